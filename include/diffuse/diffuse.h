@@ -1,0 +1,25 @@
+/*
+ * diffuse: text-to-image diffusion pipelines from diffusers-format model folders.
+ *
+ * This header includes the whole public API. Each part has its own header; read them in
+ * this order: status and dtypes, the runtime (contexts, tensors, ops), weights and files,
+ * text, models, schedulers, pipelines, images.
+ */
+#ifndef DIFFUSE_H
+#define DIFFUSE_H
+
+#include "status.h"
+#include "dtype.h"
+/* Each part adds its header below, one line each. */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library's version string ("0.1.0"). */
+DF_API const char *df_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,42 @@
+/*
+ * Heap memory and checked size arithmetic.
+ *
+ * All heap memory in diffuse comes from these functions so that tests can make the Nth
+ * allocation fail (df_alloc_fail_at) and count what is live (df_alloc_live).
+ */
+#ifndef DF_CORE_ALLOC_H
+#define DF_CORE_ALLOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+void *df_malloc(size_t n);
+void *df_calloc(size_t count, size_t size);
+void *df_realloc(void *p, size_t n);
+void  df_free(void *p);
+char *df_strdup(const char *s);
+/* 64-byte aligned memory for kernels and tensor storage; free with df_aligned_free. */
+void *df_aligned_alloc(size_t n);
+void  df_aligned_free(void *p);
+
+/* Testing hooks: the `nth` allocation from now on (1 = the next) fails, and every
+ * allocation after it succeeds again. 0 turns failure injection off. */
+void    df_alloc_fail_at(int64_t nth);
+/* Number of allocations made through these functions that are not yet freed. */
+int64_t df_alloc_live(void);
+
+static inline bool df_size_mul(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool df_size_add(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+static inline bool df_i64_mul(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+#endif

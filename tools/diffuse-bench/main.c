@@ -1,0 +1,2 @@
+#include <diffuse/status.h>
+int main(void) { return 0; }
