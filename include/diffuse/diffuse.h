@@ -10,6 +10,8 @@
 
 #include "status.h"
 #include "dtype.h"
+#include "runtime.h"
+#include "ops.h"
 /* Each part adds its header below, one line each. */
 
 #ifdef __cplusplus

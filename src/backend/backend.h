@@ -1,0 +1,183 @@
+/*
+ * The device interface and the work item every backend runs.
+ *
+ * A node is one op with its input and output views, resolved to storages. Strict eager
+ * queues a node as soon as it is made; defer-and-fuse and compiled mode collect nodes
+ * into graphs first. Either way a backend runs it through its kernel table, indexed by
+ * df_op. A storage is reference-counted: tensor handles and queued nodes hold references,
+ * so memory returns to the device's caching allocator only after the last kernel that
+ * reads it has run, and the host may write into a fresh allocation at once.
+ *
+ * The op enum comes from runtime/ops.def: it is a data table shared by the runtime (which
+ * builds nodes) and the backends (which run them).
+ */
+#ifndef DF_BACKEND_H
+#define DF_BACKEND_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <diffuse/runtime.h>
+
+#define DF_BACKEND_ABI_VERSION 1
+#define DF_NODE_MAX_IN 4
+
+typedef enum df_op {
+#define DF_OP(name, printed, n_in, kind) DF_OP_##name,
+#include "runtime/ops.def"
+#undef DF_OP
+    DF_OP_COUNT
+} df_op;
+
+typedef enum df_op_kind {
+    DF_OPK_ELEMENTWISE,
+    DF_OPK_REDUCE,
+    DF_OPK_MATMUL,
+    DF_OPK_DATA,
+    DF_OPK_OTHER,
+} df_op_kind;
+
+const char *df_op_name(df_op op);
+df_op_kind df_op_kind_of(df_op op);
+int df_op_inputs(df_op op);
+
+typedef struct df_device df_device;
+typedef struct df_node df_node;
+
+/* Something a backend keeps beside a storage: a weight packed for its GEMM, converted to
+ * another dtype, and so on. Freed with the storage. */
+typedef struct df_derived {
+    struct df_derived *next;
+    int64_t key;            /* backend-defined (layout, dtype, shape) */
+    void *data;
+    size_t bytes;
+    void (*free)(void *data);
+} df_derived;
+
+typedef struct df_storage {
+    atomic_int refs;        /* handles + nodes + graphs that hold it */
+    int handles;            /* tensor handles only (host thread) */
+    df_device *dev;
+    void *data;             /* NULL while the storage is lazy (not yet produced) */
+    size_t bytes;
+    bool external;          /* memory owned elsewhere (mapped weights): never freed here */
+    bool is_weight;         /* long-lived: may carry derived forms */
+    df_node *producer;      /* the pending node that will produce it (defer-and-fuse) */
+    df_derived *derived;    /* backend caches; touched only by the stream that runs kernels */
+} df_storage;
+
+/* What a kernel sees of one tensor. Strides and offset are in elements. */
+typedef struct df_view {
+    df_storage *st; /* NULL: the optional input is absent */
+    df_dtype dtype;
+    int ndim;
+    int64_t shape[DF_MAX_DIMS];
+    int64_t stride[DF_MAX_DIMS];
+    int64_t offset;
+} df_view;
+
+typedef struct df_attrs {
+    int64_t i[8];
+    double f[4];
+} df_attrs;
+
+struct df_node {
+    df_op op;
+    int n_in;
+    df_view in[DF_NODE_MAX_IN];
+    df_view out;        /* always dense row-major */
+    df_attrs a;
+    /* Graph bookkeeping (defer-and-fuse / compile); unused in strict eager. */
+    int id;
+    df_node *next;
+};
+
+/* Scratch memory and threading for one kernel call. */
+typedef struct df_kernel_env {
+    int threads;
+    void *scratch;
+    size_t scratch_bytes;
+} df_kernel_env;
+
+typedef df_status (*df_kernel_fn)(const df_node *n, df_kernel_env *env);
+
+/* A 64-byte aligned scratch buffer of at least `bytes`, valid until the kernel returns. */
+void *df_env_scratch(df_kernel_env *env, size_t bytes);
+
+static inline void *df_view_ptr(const df_view *v)
+{
+    return (char *)v->st->data + v->offset * (int64_t)df_dtype_size(v->dtype);
+}
+int64_t df_view_numel(const df_view *v);
+bool df_view_is_dense(const df_view *v);
+
+/* A queue of work that runs in order. */
+typedef struct df_stream df_stream;
+typedef struct df_work {
+    df_status (*run)(void *arg, df_kernel_env *env);
+    void (*done)(void *arg, df_status s); /* always called, on the stream's thread */
+    void *arg;
+} df_work;
+
+typedef struct df_backend_ops {
+    int abi_version;
+    const char *name;
+    int (*device_count)(void);
+    df_status (*device_open)(int index, int threads, void **impl);
+    void (*device_close)(void *impl);
+    df_status (*buffer_alloc)(void *impl, size_t bytes, void **out);
+    void (*buffer_free)(void *impl, void *p);
+    /* Copies between host and device memory (for the CPU both are plain memory). */
+    df_status (*copy_to_device)(void *impl, void *dst, const void *src, size_t bytes);
+    df_status (*copy_to_host)(void *impl, void *dst, const void *src, size_t bytes);
+    df_status (*stream_create)(void *impl, df_stream **out);
+    void (*stream_free)(df_stream *s);
+    /* Queues work; returns at once. Fails only if the work cannot be queued. */
+    df_status (*stream_submit)(df_stream *s, const df_work *w);
+    /* Waits for all queued work; returns the stream's first failure (sticky). */
+    df_status (*stream_sync)(df_stream *s);
+    /* Forgets the stream's failure after it has been reported. */
+    void (*stream_reset)(df_stream *s);
+    /* Compute threads the device uses (CPU), or 1. */
+    int (*device_threads)(void *impl);
+    const df_kernel_fn *kernels; /* indexed by df_op; NULL = not supported */
+} df_backend_ops;
+
+/* An opened device: its backend, its caching allocator and counters. */
+struct df_device {
+    const df_backend_ops *ops;
+    void *impl;
+    int index;
+    char name[48];
+    struct df_buffer_cache *cache;
+};
+
+const df_backend_ops *df_backend_cpu(void);
+const df_backend_ops *df_backend_find(const char *name);
+
+df_status df_device_open(const char *name, int threads, df_device **out);
+void df_device_close(df_device *dev);
+
+/* Storages: allocation through the device's caching allocator. */
+df_status df_storage_alloc(df_device *dev, size_t bytes, df_storage **out);
+df_storage *df_storage_lazy(df_device *dev, size_t bytes);
+df_status df_storage_materialize(df_storage *st);
+df_storage *df_storage_external(df_device *dev, void *data, size_t bytes);
+void df_storage_retain(df_storage *st);
+void df_storage_release(df_storage *st);
+/* The derived form with `key`, or NULL. */
+df_derived *df_storage_find_derived(df_storage *st, int64_t key);
+void df_storage_add_derived(df_storage *st, df_derived *d);
+void df_storage_drop_derived(df_storage *st);
+
+/* Memory counters of a device's caching allocator. */
+typedef struct df_mem_stats {
+    int64_t live_bytes, peak_bytes, allocated_total, cached_bytes;
+} df_mem_stats;
+void df_device_mem_stats(df_device *dev, df_mem_stats *out);
+void df_device_mem_reset_peak(df_device *dev);
+/* Returns cached, unused blocks to the backend. */
+void df_device_trim(df_device *dev);
+
+#endif

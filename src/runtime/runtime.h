@@ -1,0 +1,75 @@
+/*
+ * Internal view of contexts and tensor handles, shared by the runtime's files and the
+ * execution modes.
+ */
+#ifndef DF_RUNTIME_H
+#define DF_RUNTIME_H
+
+#include <diffuse/ops.h>
+#include <diffuse/runtime.h>
+
+#include "backend/backend.h"
+
+struct df_tensor {
+    df_view v;      /* holds one reference on v.st */
+    df_ctx *ctx;
+    int64_t slot;   /* index in ctx->live; -1 when persistent (owned by the caller) */
+};
+
+/* The hooks an execution mode provides. Strict eager is the default set. */
+typedef struct df_executor {
+    /* Takes ownership of the node (its storages are already retained). */
+    df_status (*submit)(df_ctx *ctx, df_node *node);
+    /* Runs everything pending so that storages are produced (not necessarily finished). */
+    df_status (*flush)(df_ctx *ctx);
+    /* Called when a tensor handle is released (lazy modes track liveness). */
+    void (*handle_released)(df_ctx *ctx, df_storage *st);
+    void (*destroy)(df_ctx *ctx);
+} df_executor;
+
+struct df_ctx {
+    df_device *dev;
+    df_stream *stream;
+    df_dtype compute;
+    df_eager_mode mode;
+    const df_executor *exec;
+    void *exec_state;
+    int64_t fuse_max_nodes;
+    bool launch_blocking;   /* DIFFUSE_LAUNCH_BLOCKING=1: wait after every op */
+
+    df_status status;       /* first failure, sticky */
+    char status_msg[1024];
+
+    df_tensor **live;       /* handles in creation order; scopes are ranges of it */
+    int64_t n_live, cap_live;
+
+    df_stats stats;
+    int64_t allocated_base; /* allocator total at the last df_stats_reset */
+    double step_clock;      /* time of the previous df_mark_step */
+    double step_seconds;    /* summed wall time of steps after the first */
+    int64_t steps_timed;
+};
+
+/* Records the first failure of the context (with the thread's current message) and
+ * returns NULL, for ops: `return df_ctx_fail(ctx, df_errorf(...))`. */
+df_tensor *df_ctx_fail(df_ctx *ctx, df_status s);
+/* Returns the context's failure again as the thread's current error (for reporting). */
+df_status df_ctx_raise(df_ctx *ctx);
+
+/* A handle over view `v` (takes over one reference on v->st), registered in the
+ * current scope. NULL (and the context failed) when out of memory. */
+df_tensor *df_handle_new(df_ctx *ctx, const df_view *v);
+
+/* Builds a node's output (dense, n->out.dtype/ndim/shape already set), retains its inputs
+ * and gives the node to the executor. Returns the output handle. */
+df_tensor *df_emit(df_ctx *ctx, df_node *n);
+
+/* Strict eager: queue a node's kernel on the stream. */
+extern const df_executor df_exec_eager;
+df_status df_eager_submit(df_ctx *ctx, df_node *node);
+/* Releases the references a node holds and frees it. */
+void df_node_free(df_node *n);
+
+double df_now(void);
+
+#endif

@@ -1,0 +1,250 @@
+/*
+ * Tensor handles and views.
+ *
+ * A handle is a view (dtype, shape, strides in elements, offset) over a reference-counted
+ * storage. View functions (reshape, permute, slice, expand, ...) make a new handle over the
+ * same storage and move no data; only a reshape of a non-contiguous tensor copies first.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "runtime/runtime.h"
+
+static void dense_strides(df_view *v)
+{
+    int64_t s = 1;
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        v->stride[d] = s;
+        s *= v->shape[d];
+    }
+}
+
+df_tensor *df_handle_new(df_ctx *ctx, const df_view *v)
+{
+    df_tensor *t = df_malloc(sizeof *t);
+    if (t && ctx->n_live == ctx->cap_live) {
+        int64_t cap = ctx->cap_live ? ctx->cap_live * 2 : 1024;
+        df_tensor **live = df_realloc(ctx->live, (size_t)cap * sizeof *live);
+        if (!live) {
+            df_free(t);
+            t = NULL;
+        } else {
+            ctx->live = live;
+            ctx->cap_live = cap;
+        }
+    }
+    if (!t) {
+        df_storage_release(v->st);
+        return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "out of memory for a tensor handle"));
+    }
+    t->v = *v;
+    t->ctx = ctx;
+    t->slot = ctx->n_live;
+    ctx->live[ctx->n_live++] = t;
+    v->st->handles++;
+    return t;
+}
+
+void df_tensor_free(df_tensor *t)
+{
+    if (!t)
+        return;
+    df_ctx *ctx = t->ctx;
+    if (t->slot >= 0 && t->slot < ctx->n_live && ctx->live[t->slot] == t)
+        ctx->live[t->slot] = NULL;
+    df_storage *st = t->v.st;
+    st->handles--;
+    if (ctx->exec && ctx->exec->handle_released)
+        ctx->exec->handle_released(ctx, st);
+    df_storage_release(st);
+    df_free(t);
+}
+
+df_tensor *df_tensor_persist(df_tensor *t)
+{
+    if (t && t->slot >= 0) {
+        t->ctx->live[t->slot] = NULL;
+        t->slot = -1;
+    }
+    if (t)
+        t->v.st->is_weight = true; /* long-lived: kernels may keep packed forms of it */
+    return t;
+}
+
+static bool check_shape(df_ctx *ctx, const char *what, const int64_t *shape, int ndim,
+                        size_t elem, size_t *bytes)
+{
+    if (ndim < 0 || ndim > DF_MAX_DIMS) {
+        df_ctx_fail(ctx, df_errorf(DF_E_SHAPE, "%s: %d dimensions (at most %d)", what, ndim,
+                                   DF_MAX_DIMS));
+        return false;
+    }
+    size_t n = elem;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0 || !df_size_mul(n, (size_t)shape[d], &n)) {
+            df_ctx_fail(ctx, df_errorf(DF_E_SHAPE, "%s: bad size %lld in dimension %d", what,
+                                       (long long)shape[d], d));
+            return false;
+        }
+    }
+    *bytes = n;
+    return true;
+}
+
+static df_tensor *new_dense(df_ctx *ctx, const char *what, df_dtype dtype, const int64_t *shape,
+                            int ndim, const void *external)
+{
+    if (ctx->status != DF_OK)
+        return NULL;
+    size_t es = df_dtype_size(dtype), bytes;
+    if (es == 0)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "%s: invalid dtype %d", what, (int)dtype));
+    if (!check_shape(ctx, what, shape, ndim, es, &bytes))
+        return NULL;
+    df_view v = {.dtype = dtype, .ndim = ndim};
+    memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
+    dense_strides(&v);
+    if (external) {
+        v.st = df_storage_external(ctx->dev, (void *)external, bytes);
+        if (!v.st)
+            return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", what));
+        v.st->is_weight = true;
+    } else {
+        df_status s = df_storage_alloc(ctx->dev, bytes, &v.st);
+        if (s != DF_OK)
+            return df_ctx_fail(ctx, df_error_context(s, "%s", what));
+    }
+    return df_handle_new(ctx, &v);
+}
+
+df_tensor *df_tensor_from_host(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim,
+                               const void *data)
+{
+    df_tensor *t = new_dense(ctx, "tensor_from_host", dtype, shape, ndim, NULL);
+    if (!t)
+        return NULL;
+    /* A fresh allocation: no queued kernel can still use this memory (storages return to
+     * the allocator only after their last kernel ran), so the copy may happen now. */
+    df_status s = ctx->dev->ops->copy_to_device(ctx->dev->impl, t->v.st->data, data,
+                                                t->v.st->bytes);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s);
+    return t;
+}
+
+df_tensor *df_tensor_wrap(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim,
+                          const void *data)
+{
+    if (!data)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "tensor_wrap: NULL data"));
+    return new_dense(ctx, "tensor_wrap", dtype, shape, ndim, data);
+}
+
+df_tensor *df_full(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim, double value)
+{
+    if (ctx->status != DF_OK)
+        return NULL;
+    size_t bytes;
+    if (!check_shape(ctx, "full", shape, ndim, 1, &bytes))
+        return NULL;
+    df_node *n = df_calloc(1, sizeof *n);
+    if (!n)
+        return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "full: out of memory"));
+    n->op = DF_OP_FILL;
+    n->out.dtype = dtype;
+    n->out.ndim = ndim;
+    memcpy(n->out.shape, shape, (size_t)ndim * sizeof *shape);
+    n->a.f[0] = value;
+    return df_emit(ctx, n);
+}
+
+df_tensor *df_zeros(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim)
+{
+    return df_full(ctx, dtype, shape, ndim, 0.0);
+}
+
+df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size_t dst_bytes)
+{
+    if (!t)
+        return ctx->status != DF_OK ? df_ctx_raise(ctx)
+                                    : df_errorf(DF_E_ARG, "tensor_read: NULL tensor");
+    int64_t numel = df_tensor_numel(t);
+    size_t need;
+    if (!df_size_mul((size_t)numel, df_dtype_size(as), &need) || dst_bytes < need || !dst)
+        return df_errorf(DF_E_ARG, "tensor_read: %lld elements of %s need %zu bytes, got %zu",
+                         (long long)numel, df_dtype_name(as), need, dst_bytes);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *src = t;
+    if (!df_view_is_dense(&t->v))
+        src = df_contiguous(ctx, t);
+    df_status s = df_sync(ctx);
+    if (s == DF_OK) {
+        size_t bytes = (size_t)numel * df_dtype_size(src->v.dtype);
+        const void *p = df_view_ptr(&src->v);
+        if (as == src->v.dtype) {
+            s = ctx->dev->ops->copy_to_host(ctx->dev->impl, dst, p, bytes);
+        } else {
+            void *tmp = df_malloc(bytes);
+            if (!tmp) {
+                s = df_errorf(DF_E_OOM, "tensor_read: out of memory");
+            } else {
+                s = ctx->dev->ops->copy_to_host(ctx->dev->impl, tmp, p, bytes);
+                if (s == DF_OK)
+                    s = df_convert(tmp, src->v.dtype, dst, as, numel);
+                df_free(tmp);
+            }
+        }
+    }
+    df_scope_end(ctx, mark, NULL);
+    return s;
+}
+
+df_dtype df_tensor_dtype(const df_tensor *t)
+{
+    return t->v.dtype;
+}
+
+int df_tensor_ndim(const df_tensor *t)
+{
+    return t->v.ndim;
+}
+
+int64_t df_tensor_dim(const df_tensor *t, int d)
+{
+    if (d < 0)
+        d += t->v.ndim;
+    return d >= 0 && d < t->v.ndim ? t->v.shape[d] : 0;
+}
+
+const int64_t *df_tensor_shape(const df_tensor *t)
+{
+    return t->v.shape;
+}
+
+int64_t df_tensor_numel(const df_tensor *t)
+{
+    return df_view_numel(&t->v);
+}
+
+bool df_tensor_is_contiguous(const df_tensor *t)
+{
+    return df_view_is_dense(&t->v);
+}
+
+const char *df_tensor_describe(const df_tensor *t, char *buf, size_t cap)
+{
+    if (!t) {
+        snprintf(buf, cap, "(null)");
+        return buf;
+    }
+    size_t used = 0;
+    used += (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->v.ndim && used < cap; d++)
+        used += (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld",
+                                 (long long)t->v.shape[d]);
+    if (used < cap)
+        snprintf(buf + used, cap - used, "] %s", df_dtype_name(t->v.dtype));
+    return buf;
+}

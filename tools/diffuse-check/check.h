@@ -1,0 +1,65 @@
+/*
+ * diffuse-check: runs golden case folders (../shared/golden/README.md gives the format).
+ *
+ * main.c loads a case (case.json, case.safetensors, the model folder it names), picks the
+ * handler for its "kind", and the handler runs the computation with the library and
+ * compares each output through check_compare_*(). A handler returns 0 when every output
+ * is within tolerance, 1 otherwise (a case that cannot be run is a failure, with the
+ * reason printed).
+ */
+#ifndef DIFFUSE_CHECK_H
+#define DIFFUSE_CHECK_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <diffuse/diffuse.h>
+
+typedef struct check_case {
+    const char *name;        /* case.json "case" */
+    const char *dir;         /* the case folder */
+    const char *model_dir;   /* case.json "dir" resolved against the case folder; NULL if null */
+    const char *kind;        /* case.json "kind" */
+    const char *cls;         /* case.json "class" */
+    const df_json *root;     /* case.json */
+    const df_json *args;     /* case.json "args" */
+    df_safetensors *tensors; /* case.safetensors */
+    const char *mode;        /* "eager", "fuse", "compile", "blocks" (compiled repeated blocks) */
+    const char *device;      /* "cpu" unless --device */
+    df_dtype compute;        /* --dtype: F32 (default) or BF16 */
+    int threads;             /* --threads, 0 = default */
+    double tol_scale;        /* tolerance multiplier (1; bf16 compute uses its own rule) */
+    int verbose;
+    FILE *stats_json;        /* --stats-json target or NULL */
+} check_case;
+
+/* Reads tensor `name` of case.safetensors ("in.x", "out.y") converted to f64 / i64.
+ * *out is malloc'd (free()); shape and ndim receive its shape (shape has room for 8). */
+df_status check_read_f64(const check_case *c, const char *name, double **out, int64_t *shape,
+                         int *ndim);
+df_status check_read_i64(const check_case *c, const char *name, int64_t **out, int64_t *shape,
+                         int *ndim);
+/* Same, as f32 (what the library computes with). */
+df_status check_read_f32(const check_case *c, const char *name, float **out, int64_t *shape,
+                         int *ndim);
+
+/* Compares `got` (n values) with out.<output>: the case's tolerance, or exact equality when
+ * the output is listed in "exact". Prints one line: output, max-abs, rel-L2, limits,
+ * PASS/FAIL. Returns 0 on pass, 1 on fail (also when the shapes' element counts differ). */
+int check_compare_f64(const check_case *c, const char *output, const double *got, int64_t n);
+int check_compare_f32(const check_case *c, const char *output, const float *got, int64_t n);
+int check_compare_i64(const check_case *c, const char *output, const int64_t *got, int64_t n);
+
+/* Prints "case: reason" for a case that cannot run, and returns 1. */
+int check_fail(const check_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The handlers, one per kind, each in its own file (kind_<kind>.c). */
+int check_kind_model_forward(check_case *c);
+int check_kind_scheduler(check_case *c);
+int check_kind_vae_decode(check_case *c);
+int check_kind_pipeline(check_case *c);
+int check_kind_tokenizer(check_case *c);
+int check_kind_text_encoder(check_case *c);
+int check_kind_rng(check_case *c);
+
+#endif
