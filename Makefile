@@ -1,0 +1,64 @@
+# diffuse — top-level commands. The real build is CMake; this file only drives it.
+#
+#   make deps    install the Debian packages diffuse needs (as root; does nothing if present)
+#   make         Release build: build/bin/{diffuse,diffuse-bench,diffuse-check}
+#   make check   deps, then a Release build and a Debug ASan+UBSan build, each running ctest
+#   make demo    build, make a tiny FLUX.1 pipeline folder, generate demo/demo.png from it
+#   make fuzz    build the libFuzzer targets with clang and run each for FUZZ_SECONDS
+#   make install PREFIX=/usr/local
+
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
+FUZZ_SECONDS ?= 60
+CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
+
+DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
+               libutf8proc-dev libdnnl-dev libopenmpi-dev openmpi-bin clang
+
+.PHONY: all deps build check check-release check-asan demo fuzz install clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
+	elif [ "$$(id -u)" != 0 ]; then echo "deps: missing:$$missing (run 'make deps' as root)"; exit 1; \
+	else echo "deps: installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+
+build:
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	cmake --build build -j$(JOBS)
+
+check: deps check-release check-asan
+
+check-release: build
+	cd build && ctest $(CTEST_FLAGS)
+
+check-asan:
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDIFFUSE_SANITIZE=ON >/dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest $(CTEST_FLAGS)
+
+demo: deps build
+	./build/bin/diffuse make-tiny --arch flux demo/tiny-flux
+	./build/bin/diffuse generate -m demo/tiny-flux -p "a red fox in the snow, watercolor" \
+	    -W 256 -H 256 --seed 42 -o demo/demo.png --stats-json demo/stats.json
+	./build/bin/diffuse info demo/demo.png
+
+fuzz:
+	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+	    -DCMAKE_BUILD_TYPE=Debug -DDIFFUSE_FUZZ=ON >/dev/null
+	cmake --build build-fuzz -j$(JOBS)
+	cd build-fuzz && for f in bin/fuzz_*; do \
+	    name=$$(basename $$f); mkdir -p fuzz-corpus/$$name; \
+	    ./$$f -max_total_time=$(FUZZ_SECONDS) -timeout=10 fuzz-corpus/$$name \
+	        ../tests/fuzz/corpus/$${name#fuzz_} || exit 1; done
+
+install: build
+	cmake --install build
+
+clean:
+	rm -rf build build-asan build-fuzz demo

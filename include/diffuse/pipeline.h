@@ -1,0 +1,93 @@
+/*
+ * Pipelines: a whole diffusers folder (model_index.json) from prompt to image.
+ *
+ * df_pipeline_load reads model_index.json, picks the pipeline class (FluxPipeline today),
+ * loads its components and creates the context they run in. df_pipeline_run encodes the
+ * prompts, draws the starting noise exactly as torch.randn does for the seed, runs the
+ * denoising loop (calling df_mark_step once per step) and decodes the latents.
+ */
+#ifndef DIFFUSE_PIPELINE_H
+#define DIFFUSE_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "image.h"
+#include "runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_pipeline df_pipeline;
+
+typedef struct df_load_opts {
+    const char *device;  /* NULL: df_device_default() */
+    int threads;         /* 0: all cores */
+    df_dtype dtype;      /* compute dtype: DF_DTYPE_F32 or DF_DTYPE_BF16; 0 with auto_dtype */
+    bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with fast bf16, else f32 */
+    df_eager_mode mode;  /* strict eager or defer-and-fuse */
+} df_load_opts;
+
+/* Called after every denoising step. */
+typedef void (*df_progress_fn)(int step, int steps, double seconds_elapsed, void *user);
+
+/* Prints "step i/N  s/step  ETA" to stderr: a bar on a terminal, plain lines otherwise. */
+DF_API void df_progress_bar(int step, int steps, double seconds_elapsed, void *user);
+
+typedef struct df_gen_params {
+    const char *prompt;          /* one prompt, or: */
+    const char *const *prompts;  /* n_prompts prompts (a batch) */
+    int n_prompts;
+    int num_images;              /* images per prompt; 0 = 1 */
+    int height, width;           /* 0: the model's default (1024 for FLUX.1) */
+    int steps;                   /* 0: the model's default (schnell 4, dev 28) */
+    float guidance;              /* guidance scale (FLUX.1-dev's embedded guidance) */
+    bool guidance_set;           /* false: the model's default (dev 3.5) */
+    uint64_t seed;
+    int max_sequence_length;     /* T5 tokens; 0: 256 for schnell, 512 for dev */
+    bool vae_tiling;
+    /* Optional inputs instead of prompts / noise (for parity checks): row-major f32. */
+    const float *prompt_embeds;        /* [B, L, joint_attention_dim] */
+    int64_t prompt_embeds_len;         /* L */
+    const float *pooled_prompt_embeds; /* [B, pooled_projection_dim] */
+    const float *latents;              /* packed initial latents [B, seq, C*4] */
+    df_progress_fn progress;
+    void *progress_user;
+} df_gen_params;
+
+typedef struct df_gen_output {
+    int count;               /* images */
+    int width, height;
+    df_image **images;       /* count RGB8 images */
+    float *image_f32;        /* [count, H, W, 3] in [0, 1] (VaeImageProcessor "np" output) */
+    float *latents;          /* final latents, [count, seq, C] (FLUX packed) */
+    int64_t latents_shape[4];
+    int latents_ndim;
+    int steps;
+    float guidance;
+} df_gen_output;
+
+/* Loads the pipeline in `dir` (the folder with model_index.json). opts may be NULL.
+ * DF_E_IO / DF_E_FORMAT for missing or malformed files (naming them), DF_E_UNSUPPORTED for a
+ * pipeline or component class diffuse does not implement. Free with df_pipeline_free. */
+DF_API df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out);
+
+/* Runs text to image. On success *out holds the images (free with df_gen_output_free).
+ * DF_E_ARG for invalid parameters (sizes not multiples of 16, steps < 1, invalid UTF-8 in a
+ * prompt), naming the parameter. */
+DF_API df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
+DF_API void df_gen_output_free(df_gen_output *out);
+
+/* The pipeline's class ("FluxPipeline"), its context, and its default parameters. */
+DF_API const char *df_pipeline_class(const df_pipeline *p);
+DF_API df_ctx *df_pipeline_ctx(df_pipeline *p);
+DF_API void df_pipeline_defaults(const df_pipeline *p, int *steps, float *guidance,
+                                 int *max_sequence_length, int *size);
+
+DF_API void df_pipeline_free(df_pipeline *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

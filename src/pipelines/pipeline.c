@@ -1,0 +1,148 @@
+/*
+ * Pipeline loading and the parts every pipeline class shares: picking the class from
+ * model_index.json, creating the context the components run in, the progress bar and the
+ * output's lifetime.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <diffuse/layout.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "pipelines/pipeline.h"
+
+static const df_pipeline_kind *const classes[] = {&df_flux_pipeline_class};
+
+bool df_pipeline_has_component(const df_model_index *idx, const char *name)
+{
+    const df_component *c = df_model_index_find(idx, name);
+    return c && c->cls;
+}
+
+df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *idx,
+                                    const char *name, char *buf, size_t cap)
+{
+    if (!df_pipeline_has_component(idx, name))
+        return df_errorf(DF_E_FORMAT, "%s/model_index.json: the pipeline needs component "
+                         "'%s', which is missing or null", p->dir, name);
+    return df_layout_component_dir(p->dir, name, buf, cap);
+}
+
+df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
+{
+    *out = NULL;
+    df_model_index *idx = NULL;
+    DF_TRY(df_model_index_load(dir, &idx));
+    const char *cls = df_model_index_class(idx);
+    const df_pipeline_kind *pc = NULL;
+    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
+        if (cls && strcmp(cls, classes[i]->name) == 0)
+            pc = classes[i];
+    if (!pc) {
+        df_status s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is "
+                                "not supported (supported: FluxPipeline)", dir,
+                                cls ? cls : "(none)");
+        df_model_index_free(idx);
+        return s;
+    }
+    df_pipeline *p = df_calloc(1, sizeof *p);
+    if (!p) {
+        df_model_index_free(idx);
+        return df_errorf(DF_E_OOM, "out of memory loading %s", dir);
+    }
+    p->cls = pc;
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    p->opts = opts ? *opts : (df_load_opts){.auto_dtype = true};
+    df_dtype compute = p->opts.auto_dtype ? DF_DTYPE_F32 : p->opts.dtype;
+    df_status s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
+                                               .threads = p->opts.threads,
+                                               .compute = compute,
+                                               .mode = p->opts.mode},
+                                &p->ctx);
+    if (s == DF_OK)
+        s = pc->load(p, idx);
+    df_model_index_free(idx);
+    if (s != DF_OK) {
+        df_pipeline_free(p);
+        return s;
+    }
+    *out = p;
+    return DF_OK;
+}
+
+df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!g)
+        return df_errorf(DF_E_ARG, "generate: no parameters");
+    df_status s = p->cls->run(p, g, out);
+    if (s != DF_OK) {
+        df_gen_output_free(out);
+        df_ctx_reset_error(p->ctx);
+    }
+    return s;
+}
+
+void df_gen_output_free(df_gen_output *out)
+{
+    if (!out)
+        return;
+    for (int i = 0; out->images && i < out->count; i++)
+        df_image_free(out->images[i]);
+    df_free(out->images);
+    df_free(out->image_f32);
+    df_free(out->latents);
+    memset(out, 0, sizeof *out);
+}
+
+const char *df_pipeline_class(const df_pipeline *p)
+{
+    return p->cls->name;
+}
+
+df_ctx *df_pipeline_ctx(df_pipeline *p)
+{
+    return p->ctx;
+}
+
+void df_pipeline_defaults(const df_pipeline *p, int *steps, float *guidance, int *max_seq,
+                          int *size)
+{
+    if (steps)
+        *steps = p->default_steps;
+    if (guidance)
+        *guidance = p->default_guidance;
+    if (max_seq)
+        *max_seq = p->default_max_seq;
+    if (size)
+        *size = p->default_size;
+}
+
+void df_pipeline_free(df_pipeline *p)
+{
+    if (!p)
+        return;
+    if (p->impl)
+        p->cls->free(p->impl);
+    df_ctx_free(p->ctx);
+    df_free(p);
+}
+
+void df_progress_bar(int step, int steps, double elapsed, void *user)
+{
+    (void)user;
+    double per = step > 0 ? elapsed / step : 0;
+    double eta = per * (steps - step);
+    if (isatty(STDERR_FILENO)) {
+        int width = 30, done = steps ? step * width / steps : width;
+        fprintf(stderr, "\r[%.*s%*s] step %d/%d  %.2f s/step  ETA %.0f s ", done,
+                "##############################", width - done, "", step, steps, per, eta);
+        if (step == steps)
+            fputc('\n', stderr);
+    } else {
+        fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.0f s\n", step, steps, per, eta);
+    }
+    fflush(stderr);
+}

@@ -1,0 +1,35 @@
+/* What every pipeline class provides to pipeline.c (load by class, run, free). */
+#ifndef DF_PIPELINES_PIPELINE_H
+#define DF_PIPELINES_PIPELINE_H
+
+#include <diffuse/layout.h>
+#include <diffuse/pipeline.h>
+
+typedef struct df_pipeline_kind {
+    const char *name; /* model_index.json "_class_name" */
+    df_status (*load)(df_pipeline *p, const df_model_index *idx);
+    df_status (*run)(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
+    void (*free)(void *impl);
+} df_pipeline_kind;
+
+struct df_pipeline {
+    const df_pipeline_kind *cls;
+    void *impl;
+    df_ctx *ctx;
+    char dir[2048];
+    df_load_opts opts;
+    /* Defaults a class sets at load. */
+    int default_steps, default_max_seq, default_size;
+    float default_guidance;
+};
+
+extern const df_pipeline_kind df_flux_pipeline_class;
+
+/* The folder of component `name` of the pipeline, or an error naming it when the index
+ * lists it as null or the folder is missing. */
+df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *idx,
+                                    const char *name, char *buf, size_t cap);
+/* Whether the index names the component (not [null, null]). */
+bool df_pipeline_has_component(const df_model_index *idx, const char *name);
+
+#endif

@@ -1,0 +1,131 @@
+/*
+ * Golden kind "pipeline": a whole pipeline call, from prompt embeddings (pipe-*) or from
+ * prompt strings (t2i-*), with given latents or a seeded generator. Outputs: the final
+ * latents, the float image in [0, 1] (NHWC) and the uint8 image.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+static int get_int(check_case *c, const char *key, int dflt, int *out)
+{
+    int64_t v;
+    if (df_json_get_int_or(c->args, key, dflt, &v) != DF_OK)
+        return check_fail(c, "args.%s: %s", key, df_error_message());
+    *out = (int)v;
+    return 0;
+}
+
+/* args.<key> = "in.<name>": reads the tensor; absent / null leaves *out NULL. */
+static int get_tensor(check_case *c, const char *key, float **out, int64_t *shape, int *ndim)
+{
+    *out = NULL;
+    const df_json *j = df_json_get(c->args, key);
+    if (!j || df_json_is_null(j))
+        return 0;
+    const char *name = df_json_string(j);
+    if (!name || strncmp(name, "in.", 3) != 0)
+        return check_fail(c, "args.%s: expected \"in.<tensor>\"", key);
+    if (check_read_f32(c, name, out, shape, ndim) != DF_OK)
+        return check_fail(c, "%s: %s", name, df_error_message());
+    return 0;
+}
+
+int check_kind_pipeline(check_case *c)
+{
+    if (strcmp(c->cls, "FluxPipeline") != 0)
+        return check_fail(c, "class %s is not implemented yet", c->cls);
+    if (!c->model_dir)
+        return check_fail(c, "the case names no pipeline folder");
+
+    df_gen_params g = {0};
+    int rc = 0;
+    float *embeds = NULL, *pooled = NULL, *latents = NULL;
+    int64_t es[8], ps[8], ls[8];
+    int en = 0, pn = 0, ln = 0;
+    rc |= get_int(c, "height", 0, &g.height);
+    rc |= get_int(c, "width", 0, &g.width);
+    rc |= get_int(c, "num_inference_steps", 0, &g.steps);
+    rc |= get_int(c, "max_sequence_length", 0, &g.max_sequence_length);
+    rc |= get_int(c, "num_images_per_prompt", 1, &g.num_images);
+    double guidance;
+    if (df_json_get_double_or(c->args, "guidance_scale", 3.5, &guidance) != DF_OK)
+        rc |= check_fail(c, "args.guidance_scale: %s", df_error_message());
+    g.guidance = (float)guidance;
+    g.guidance_set = true;
+    rc |= get_tensor(c, "prompt_embeds", &embeds, es, &en);
+    rc |= get_tensor(c, "pooled_prompt_embeds", &pooled, ps, &pn);
+    rc |= get_tensor(c, "latents", &latents, ls, &ln);
+    const char *prompt_list[64];
+    const df_json *pj = df_json_get(c->args, "prompt");
+    if (pj && df_json_type_of(pj) == DF_JSON_STRING) {
+        g.prompt = df_json_string(pj);
+    } else if (pj && df_json_type_of(pj) == DF_JSON_ARRAY) {
+        g.n_prompts = (int)df_json_array_size(pj);
+        if (g.n_prompts > 64)
+            rc |= check_fail(c, "too many prompts");
+        for (int i = 0; i < g.n_prompts && i < 64; i++)
+            prompt_list[i] = df_json_string(df_json_array_get(pj, i));
+        g.prompts = prompt_list;
+    }
+    const df_json *gen = df_json_get(c->args, "generator");
+    if (gen && !df_json_is_null(gen)) {
+        int64_t seed;
+        if (df_json_get_int(gen, "seed", &seed) != DF_OK)
+            rc |= check_fail(c, "args.generator: %s", df_error_message());
+        g.seed = (uint64_t)seed;
+    }
+    if (embeds) {
+        g.prompt_embeds = embeds;
+        g.prompt_embeds_len = es[1];
+        g.pooled_prompt_embeds = pooled;
+        g.n_prompts = (int)es[0];
+    }
+    g.latents = latents;
+
+    df_pipeline *p = NULL;
+    df_gen_output out = {0};
+    if (rc == 0) {
+        df_eager_mode mode = strcmp(c->mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER;
+        df_status s = df_pipeline_load(c->model_dir,
+                                       &(df_load_opts){.device = c->device, .threads = c->threads,
+                                                       .dtype = c->compute, .mode = mode},
+                                       &p);
+        if (s == DF_OK)
+            s = df_pipeline_run(p, &g, &out);
+        if (s != DF_OK)
+            rc = check_fail(c, "%s", df_error_message());
+    }
+    if (rc == 0) {
+        int64_t n_lat = out.latents_shape[0] * out.latents_shape[1] * out.latents_shape[2];
+        int64_t n_img = (int64_t)out.count * out.height * out.width * 3;
+        rc |= check_compare_f32(c, "latents_final", out.latents, n_lat);
+        rc |= check_compare_f32(c, "image", out.image_f32, n_img);
+        double *u8 = malloc((size_t)n_img * sizeof *u8);
+        if (!u8) {
+            rc |= check_fail(c, "out of memory");
+        } else {
+            int64_t per = (int64_t)out.height * out.width * 3;
+            for (int b = 0; b < out.count; b++)
+                for (int64_t i = 0; i < per; i++)
+                    u8[b * per + i] = out.images[b]->pixels[i];
+            rc |= check_compare_f64(c, "image_uint8", u8, n_img);
+            free(u8);
+        }
+        if (c->stats_json) {
+            df_stats st;
+            char json[2048];
+            df_ctx_stats(df_pipeline_ctx(p), &st);
+            df_stats_to_json(&st, json, sizeof json);
+            fprintf(c->stats_json, "%s\n", json);
+        }
+    }
+    df_gen_output_free(&out);
+    df_pipeline_free(p);
+    free(embeds);
+    free(pooled);
+    free(latents);
+    return rc;
+}

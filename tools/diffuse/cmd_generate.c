@@ -1,0 +1,300 @@
+/*
+ * diffuse generate: text to image.
+ *
+ * Options follow the DESIGN's CLI; anything not given comes from the model folder's
+ * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens). Several images are
+ * written as NAME.png, NAME-1.png, ... Every PNG carries the generation parameters in a
+ * tEXt chunk, and is written to a temporary name and renamed.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <diffuse/diffuse.h>
+
+#include "cli.h"
+
+static void help(FILE *f)
+{
+    fprintf(f,
+        "usage: diffuse generate -m MODEL_DIR (-p PROMPT | --prompt-file FILE) [options]\n"
+        "\n"
+        "  -m, --model DIR            diffusers pipeline folder (with model_index.json)\n"
+        "  -p, --prompt TEXT          the prompt (UTF-8)\n"
+        "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
+        "                             newline is dropped)\n"
+        "  -o, --output FILE          PNG to write (default: out.png)\n"
+        "  -W, --width N              image width, a multiple of 16 (default: model's, 1024)\n"
+        "  -H, --height N             image height, a multiple of 16 (default: model's, 1024)\n"
+        "      --steps N              denoising steps (default: schnell 4, dev 28)\n"
+        "      --guidance X           guidance scale (FLUX.1-dev; default 3.5; schnell ignores it)\n"
+        "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
+        "  -n, --num-images N         images per prompt (default 1)\n"
+        "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512)\n"
+        "      --dtype f32|bf16|auto  compute dtype (default auto: bf16 for bf16 checkpoints on\n"
+        "                             CPUs with AMX/AVX512-BF16, else f32)\n"
+        "      --mode eager|fuse|compile  execution mode (default eager)\n"
+        "      --compile-blocks       compile the repeated transformer blocks\n"
+        "      --offload none|model|sequential  weight residency (default none)\n"
+        "      --device NAME          cpu, cuda, cuda:1 (default: $DIFFUSE_DEVICE or the best found)\n"
+        "      --threads N            compute threads (default: all cores)\n"
+        "      --vae-tiling           decode the image in tiles (bounded memory for large images)\n"
+        "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
+        "  -v, --verbose              print timings and memory at the end\n"
+        "  -h, --help                 this text\n"
+        "\n"
+        "example:\n"
+        "  diffuse generate -m ./FLUX.1-schnell -p \"a golden retriever surfing a wave\" \\\n"
+        "      -W 1024 -H 1024 --seed 0 -o out.png\n");
+}
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "diffuse generate: %s expects an integer in [%ld, %ld], got '%s'\n", opt,
+                lo, hi, s);
+        return 2;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "diffuse generate: cannot read prompt file '%s': %s\n", path,
+                strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+            }
+            buf = nb;
+        }
+    }
+    fclose(f);
+    if (!buf) {
+        fprintf(stderr, "diffuse generate: out of memory reading '%s'\n", path);
+        return NULL;
+    }
+    if (memchr(buf, '\0', len)) {
+        fprintf(stderr, "diffuse generate: prompt file '%s' contains a NUL byte\n", path);
+        free(buf);
+        return NULL;
+    }
+    if (len && buf[len - 1] == '\n')
+        len--;
+    if (len && buf[len - 1] == '\r')
+        len--;
+    buf[len] = '\0';
+    return buf;
+}
+
+/* out.png -> out-3.png */
+static void numbered(char *dst, size_t cap, const char *path, int i)
+{
+    if (i == 0) {
+        snprintf(dst, cap, "%s", path);
+        return;
+    }
+    const char *dot = strrchr(path, '.');
+    const char *slash = strrchr(path, '/');
+    if (!dot || (slash && dot < slash))
+        dot = path + strlen(path);
+    snprintf(dst, cap, "%.*s-%d%s", (int)(dot - path), path, i, dot);
+}
+
+int cmd_generate(int argc, char **argv)
+{
+    enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
+           O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
+        {"prompt-file", required_argument, 0, O_PROMPT_FILE},
+        {"output", required_argument, 0, 'o'},    {"width", required_argument, 0, 'W'},
+        {"height", required_argument, 0, 'H'},    {"steps", required_argument, 0, O_STEPS},
+        {"guidance", required_argument, 0, O_GUIDANCE}, {"seed", required_argument, 0, O_SEED},
+        {"num-images", required_argument, 0, 'n'},
+        {"max-sequence-length", required_argument, 0, O_MAXSEQ},
+        {"dtype", required_argument, 0, O_DTYPE}, {"mode", required_argument, 0, O_MODE},
+        {"compile-blocks", no_argument, 0, O_COMPILE_BLOCKS},
+        {"offload", required_argument, 0, O_OFFLOAD}, {"device", required_argument, 0, O_DEVICE},
+        {"threads", required_argument, 0, O_THREADS}, {"vae-tiling", no_argument, 0, O_TILING},
+        {"stats-json", required_argument, 0, O_STATS}, {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+    const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
+    const char *stats_path = NULL;
+    df_load_opts lo = {.auto_dtype = true};
+    df_gen_params g = {0};
+    int verbose = 0, rc;
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, "m:p:o:W:H:n:vh", longopts, NULL)) != -1;) {
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'p': prompt = optarg; break;
+        case O_PROMPT_FILE: prompt_file = optarg; break;
+        case 'o': output = optarg; break;
+        case 'W': if ((rc = parse_int("--width", optarg, 16, 16384, &g.width))) return rc; break;
+        case 'H': if ((rc = parse_int("--height", optarg, 16, 16384, &g.height))) return rc; break;
+        case 'n': if ((rc = parse_int("--num-images", optarg, 1, 64, &g.num_images))) return rc; break;
+        case O_STEPS: if ((rc = parse_int("--steps", optarg, 1, 1000, &g.steps))) return rc; break;
+        case O_MAXSEQ:
+            if ((rc = parse_int("--max-sequence-length", optarg, 1, 512, &g.max_sequence_length)))
+                return rc;
+            break;
+        case O_THREADS: if ((rc = parse_int("--threads", optarg, 1, 1024, &lo.threads))) return rc; break;
+        case O_GUIDANCE: {
+            char *end;
+            g.guidance = strtof(optarg, &end);
+            if (*end || end == optarg) {
+                fprintf(stderr, "diffuse generate: --guidance expects a number, got '%s'\n", optarg);
+                return 2;
+            }
+            g.guidance_set = true;
+            break;
+        }
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            g.seed = strtoull(optarg, &end, 10);
+            if (errno || *end || end == optarg || optarg[0] == '-') {
+                fprintf(stderr, "diffuse generate: --seed expects a non-negative integer, got '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        }
+        case O_DTYPE:
+            if (!strcmp(optarg, "auto")) {
+                lo.auto_dtype = true;
+            } else if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {
+                lo.auto_dtype = false;
+                df_dtype_parse(optarg, &lo.dtype);
+            } else {
+                fprintf(stderr, "diffuse generate: --dtype is f32, bf16 or auto, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_MODE:
+            if (!strcmp(optarg, "eager")) {
+                lo.mode = DF_DEFER_NEVER;
+            } else if (!strcmp(optarg, "fuse")) {
+                lo.mode = DF_DEFER_AND_FUSE;
+            } else if (!strcmp(optarg, "compile")) {
+                fprintf(stderr, "diffuse generate: --mode compile is not implemented yet\n");
+                return 1;
+            } else {
+                fprintf(stderr, "diffuse generate: --mode is eager, fuse or compile, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case O_COMPILE_BLOCKS:
+            fprintf(stderr, "diffuse generate: --compile-blocks is not implemented yet\n");
+            return 1;
+        case O_OFFLOAD:
+            if (strcmp(optarg, "none") != 0) {
+                if (strcmp(optarg, "model") && strcmp(optarg, "sequential")) {
+                    fprintf(stderr, "diffuse generate: --offload is none, model or sequential\n");
+                    return 2;
+                }
+                fprintf(stderr, "diffuse generate: --offload %s is not implemented yet\n", optarg);
+                return 1;
+            }
+            break;
+        case O_DEVICE: lo.device = optarg; break;
+        case O_TILING: g.vae_tiling = true; break;
+        case O_STATS: stats_path = optarg; break;
+        case 'v': verbose = 1; break;
+        case 'h': help(stdout); return 0;
+        default: help(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "diffuse generate: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!model || (!prompt && !prompt_file) || (prompt && prompt_file)) {
+        fprintf(stderr, "diffuse generate: need -m MODEL_DIR and one of -p PROMPT or "
+                        "--prompt-file FILE (see --help)\n");
+        return 2;
+    }
+    char *file_prompt = NULL;
+    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file)))
+        return 1;
+
+    df_pipeline *p = NULL;
+    df_gen_output out = {0};
+    int status = 1;
+    double t0 = 0;
+    df_status s = df_pipeline_load(model, &lo, &p);
+    if (s == DF_OK) {
+        g.prompt = prompt;
+        g.progress = df_progress_bar;
+        df_stats_reset(df_pipeline_ctx(p));
+        s = df_pipeline_run(p, &g, &out);
+    }
+    (void)t0;
+    if (s == DF_OK) {
+        status = 0;
+        for (int i = 0; i < out.count && status == 0; i++) {
+            char path[4096], *params = NULL;
+            numbered(path, sizeof path, output, i);
+            const char *slash = strrchr(model, '/');
+            df_image_params ip = {.prompt = prompt, .steps = out.steps, .sampler = "Euler",
+                                  .cfg_scale = out.guidance, .seed = g.seed + 0,
+                                  .width = out.width, .height = out.height,
+                                  .model = slash && slash[1] ? slash + 1 : model};
+            s = df_image_format_parameters(&ip, &params);
+            if (s == DF_OK)
+                s = df_image_save_png(out.images[i], path, params);
+            df_image_text_free(params);
+            if (s != DF_OK) {
+                fprintf(stderr, "diffuse generate: %s\n", df_error_message());
+                status = 1;
+            } else {
+                printf("%s\n", path);
+            }
+        }
+    } else {
+        fprintf(stderr, "diffuse generate: %s\n", df_error_message());
+    }
+    if (p && (stats_path || verbose)) {
+        df_stats st;
+        df_ctx_stats(df_pipeline_ctx(p), &st);
+        char json[2048];
+        df_stats_to_json(&st, json, sizeof json);
+        if (stats_path) {
+            FILE *f = fopen(stats_path, "w");
+            if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f) != 0) {
+                fprintf(stderr, "diffuse generate: cannot write %s: %s\n", stats_path,
+                        strerror(errno));
+                status = 1;
+            }
+        }
+        if (verbose)
+            fprintf(stderr, "steps %lld, %.3f s/step, peak device bytes %.1f MiB, peak RSS "
+                            "%.1f MiB, resident weights %.1f MiB\n",
+                    (long long)st.steps, st.seconds_per_step, st.peak_bytes / 1048576.0,
+                    st.peak_rss_bytes / 1048576.0, st.resident_weight_bytes / 1048576.0);
+    }
+    df_gen_output_free(&out);
+    df_pipeline_free(p);
+    free(file_prompt);
+    return status;
+}

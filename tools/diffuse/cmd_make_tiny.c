@@ -1,0 +1,657 @@
+/*
+ * diffuse make-tiny: writes a small pipeline folder with seeded random weights, in exactly
+ * the layout diffusers' save_pretrained writes, so that the whole program runs without a
+ * download (the demo, the tests, a user trying the tool).
+ *
+ * Everything is generated here: the configs, the weights (normal draws scaled by
+ * 1/sqrt(fan_in), norms at 1, biases small), a CLIP byte-level BPE vocabulary (the 256
+ * byte symbols, their end-of-word forms and a few merges) and a T5 SentencePiece model
+ * (letters, digits, punctuation and a few words, written as the protobuf spiece.model).
+ * The image such a model draws is structured noise: it proves the machinery, not art.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <diffuse/diffuse.h>
+
+#include "cli.h"
+
+typedef struct tiny {
+    char dir[2048];
+    df_rng rng;
+    df_dtype dtype;
+    df_st_writer *w;
+    df_status s;
+} tiny;
+
+/* ---- small file helpers ------------------------------------------------------------ */
+
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "diffuse make-tiny: cannot create %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int write_text(const tiny *t, const char *rel, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", t->dir, rel);
+    FILE *f = fopen(path, "wb");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "diffuse make-tiny: cannot write %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- weights ---------------------------------------------------------------------------- */
+
+static void add(tiny *t, const char *name, const int64_t *shape, int ndim, float std, float mean)
+{
+    if (t->s != DF_OK)
+        return;
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) {
+        t->s = DF_E_OOM;
+        return;
+    }
+    if (std > 0)
+        df_rng_randn_f32(&t->rng, v, n);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = std > 0 ? mean + std * v[i] : mean;
+    t->s = df_st_writer_add_f32(t->w, name, t->dtype, shape, ndim, v);
+    free(v);
+}
+
+#define SH(...) (const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+
+static void linear(tiny *t, const char *name, int64_t out, int64_t in, int bias)
+{
+    char n[512];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(t, n, SH(out, in), 1.0f / sqrtf((float)in), 0);
+    if (bias) {
+        snprintf(n, sizeof n, "%s.bias", name);
+        add(t, n, SH(out), 0.02f, 0);
+    }
+}
+
+static void norm(tiny *t, const char *name, int64_t dim, int bias)
+{
+    char n[512];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(t, n, SH(dim), 0.05f, 1.0f);
+    if (bias) {
+        snprintf(n, sizeof n, "%s.bias", name);
+        add(t, n, SH(dim), 0.02f, 0);
+    }
+}
+
+static void conv(tiny *t, const char *name, int64_t out, int64_t in, int64_t k)
+{
+    char n[512];
+    snprintf(n, sizeof n, "%s.weight", name);
+    add(t, n, SH(out, in, k, k), 1.0f / sqrtf((float)(in * k * k)), 0);
+    snprintf(n, sizeof n, "%s.bias", name);
+    add(t, n, SH(out), 0.02f, 0);
+}
+
+static int begin(tiny *t, const char *component)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", t->dir, component);
+    if (make_dir(path))
+        return -1;
+    t->s = df_st_writer_create(&t->w);
+    return t->s == DF_OK ? 0 : -1;
+}
+
+static int finish(tiny *t, const char *file)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", t->dir, file);
+    if (t->s == DF_OK)
+        t->s = df_st_writer_finish(t->w, path);
+    df_st_writer_free(t->w);
+    t->w = NULL;
+    if (t->s != DF_OK) {
+        fprintf(stderr, "diffuse make-tiny: %s: %s\n", path, df_error_message());
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- sizes ------------------------------------------------------------------------------ */
+
+enum {
+    CLIP_D = 64, CLIP_LAYERS = 2, CLIP_HEADS = 4, CLIP_FF = 128,
+    T5_D = 64, T5_KV = 16, T5_HEADS = 4, T5_FF = 128, T5_LAYERS = 2,
+    FX_HEADS = 2, FX_HEAD_DIM = 32, FX_DOUBLE = 1, FX_SINGLE = 2, FX_IN = 64,
+    VAE_LATENT = 16,
+};
+#define FX_INNER (FX_HEADS * FX_HEAD_DIM)
+static const int vae_channels[4] = {32, 32, 64, 64};
+
+/* ---- CLIP tokenizer and encoder ----------------------------------------------------- */
+
+/* The byte-level BPE alphabet: printable Latin-1 bytes stand for themselves, the others
+ * are shifted to U+0100 and up (the CLIP / GPT-2 convention). */
+static int byte_symbol(int b)
+{
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF))
+        return b;
+    int n = 0;
+    for (int c = 0; c < b; c++)
+        if (!((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF)))
+            n++;
+    return 256 + n;
+}
+
+/* Appends the JSON-escaped UTF-8 form of code point cp. */
+static size_t put_cp(char *s, int cp)
+{
+    if (cp == '"' || cp == '\\')
+        return (size_t)sprintf(s, "\\%c", cp);
+    if (cp < 0x80)
+        return (size_t)sprintf(s, "%c", cp);
+    if (cp < 0x800)
+        return (size_t)sprintf(s, "%c%c", 0xC0 | (cp >> 6), 0x80 | (cp & 0x3F));
+    return (size_t)sprintf(s, "%c%c%c", 0xE0 | (cp >> 12), 0x80 | ((cp >> 6) & 0x3F),
+                           0x80 | (cp & 0x3F));
+}
+
+static const char *const clip_merges[][2] = {
+    {"t", "h"}, {"th", "e</w>"}, {"a", "n"}, {"i", "n"}, {"o", "n</w>"}, {"e", "r</w>"},
+    {"o", "f</w>"}, {"a", "</w>"}, {"s", "t"}, {"r", "e"},
+};
+#define N_MERGES (int)(sizeof clip_merges / sizeof clip_merges[0])
+
+static int write_clip_tokenizer(tiny *t, int *vocab_size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer", t->dir);
+    if (make_dir(path))
+        return -1;
+    size_t cap = 1 << 16, len = 0;
+    char *v = malloc(cap);
+    if (!v)
+        return -1;
+    int id = 0;
+    len += (size_t)sprintf(v + len, "{");
+    for (int pass = 0; pass < 2; pass++)
+        for (int b = 0; b < 256; b++) {
+            len += (size_t)sprintf(v + len, "%s\"", id ? "," : "");
+            len += put_cp(v + len, byte_symbol(b));
+            len += (size_t)sprintf(v + len, "%s\":%d", pass ? "</w>" : "", id++);
+        }
+    for (int m = 0; m < N_MERGES; m++)
+        len += (size_t)sprintf(v + len, ",\"%s%s\":%d", clip_merges[m][0], clip_merges[m][1], id++);
+    len += (size_t)sprintf(v + len, ",\"<|startoftext|>\":%d,\"<|endoftext|>\":%d}", id, id + 1);
+    *vocab_size = id + 2;
+    int rc = write_text(t, "tokenizer/vocab.json", v);
+    len = (size_t)sprintf(v, "#version: 0.2\n");
+    for (int m = 0; m < N_MERGES; m++)
+        len += (size_t)sprintf(v + len, "%s %s\n", clip_merges[m][0], clip_merges[m][1]);
+    rc = rc ? rc : write_text(t, "tokenizer/merges.txt", v);
+    free(v);
+    rc = rc ? rc : write_text(t, "tokenizer/special_tokens_map.json",
+        "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
+        " \"pad_token\": \"<|endoftext|>\", \"unk_token\": \"<|endoftext|>\"}\n");
+    rc = rc ? rc : write_text(t, "tokenizer/tokenizer_config.json",
+        "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
+        " \"pad_token\": \"<|endoftext|>\", \"unk_token\": \"<|endoftext|>\",\n"
+        " \"model_max_length\": 77, \"tokenizer_class\": \"CLIPTokenizer\",\n"
+        " \"clean_up_tokenization_spaces\": true, \"errors\": \"replace\"}\n");
+    return rc;
+}
+
+static int write_clip(tiny *t, int vocab)
+{
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"CLIPTextModel\"],\n  \"bos_token_id\": 0,\n"
+             "  \"eos_token_id\": 2,\n  \"hidden_act\": \"quick_gelu\",\n  \"hidden_size\": %d,\n"
+             "  \"intermediate_size\": %d,\n  \"layer_norm_eps\": 1e-05,\n"
+             "  \"max_position_embeddings\": 77,\n  \"model_type\": \"clip_text_model\",\n"
+             "  \"num_attention_heads\": %d,\n  \"num_hidden_layers\": %d,\n  \"pad_token_id\": 1,\n"
+             "  \"projection_dim\": %d,\n  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
+             CLIP_D, CLIP_FF, CLIP_HEADS, CLIP_LAYERS, CLIP_D,
+             t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
+    if (begin(t, "text_encoder") || write_text(t, "text_encoder/config.json", cfg))
+        return -1;
+    add(t, "text_model.embeddings.token_embedding.weight", SH(vocab, CLIP_D), 0.5f, 0);
+    add(t, "text_model.embeddings.position_embedding.weight", SH(77, CLIP_D), 0.1f, 0);
+    for (int l = 0; l < CLIP_LAYERS; l++) {
+        char p[256];
+        const char *lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                             "self_attn.out_proj"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(p, sizeof p, "text_model.encoder.layers.%d.%s", l, lin[i]);
+            linear(t, p, CLIP_D, CLIP_D, 1);
+        }
+        snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc1", l);
+        linear(t, p, CLIP_FF, CLIP_D, 1);
+        snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc2", l);
+        linear(t, p, CLIP_D, CLIP_FF, 1);
+        snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm1", l);
+        norm(t, p, CLIP_D, 1);
+        snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm2", l);
+        norm(t, p, CLIP_D, 1);
+    }
+    norm(t, "text_model.final_layer_norm", CLIP_D, 1);
+    return finish(t, "text_encoder/model.safetensors");
+}
+
+/* ---- T5 SentencePiece model and encoder ------------------------------------------------ */
+
+typedef struct buf {
+    unsigned char *p;
+    size_t len, cap;
+} buf;
+
+static void put(buf *b, const void *d, size_t n)
+{
+    if (b->len + n > b->cap) {
+        size_t cap = (b->len + n) * 2;
+        unsigned char *p = realloc(b->p, cap);
+        if (!p)
+            return;
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, d, n);
+    b->len += n;
+}
+
+static void varint(buf *b, uint64_t v)
+{
+    unsigned char c[10];
+    int n = 0;
+    do {
+        c[n++] = (unsigned char)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    put(b, c, (size_t)n);
+}
+
+static void field_varint(buf *b, int field, int64_t v)
+{
+    varint(b, (uint64_t)field << 3);
+    varint(b, (uint64_t)v);
+}
+
+static void field_bytes(buf *b, int field, const void *d, size_t n)
+{
+    varint(b, (uint64_t)field << 3 | 2);
+    varint(b, n);
+    put(b, d, n);
+}
+
+static void piece(buf *model, const char *text, float score, int type)
+{
+    buf p = {0};
+    field_bytes(&p, 1, text, strlen(text));
+    varint(&p, 2 << 3 | 5);
+    put(&p, &score, 4);
+    field_varint(&p, 3, type);
+    field_bytes(model, 1, p.p, p.len);
+    free(p.p);
+}
+
+static int write_t5_tokenizer(tiny *t, int *vocab_size)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_2", t->dir);
+    if (make_dir(path))
+        return -1;
+    enum { NORMAL = 1, UNKNOWN = 2, CONTROL = 3 };
+    buf m = {0};
+    int n = 0;
+    piece(&m, "<pad>", 0, CONTROL), n++;
+    piece(&m, "</s>", 0, CONTROL), n++;
+    piece(&m, "<unk>", 0, UNKNOWN), n++;
+    #define SP "\xe2\x96\x81" /* U+2581, SentencePiece's word boundary */
+    static const char *const words[] = {SP "the", SP "a", SP "of", SP "in", SP "and", SP "fox"};
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        piece(&m, words[i], -4.0f - 0.1f * (float)i, NORMAL), n++;
+    piece(&m, "\xe2\x96\x81", -5.0f, NORMAL), n++;
+    for (int c = 'a'; c <= 'z'; c++) {
+        char s[8];
+        snprintf(s, sizeof s, "\xe2\x96\x81%c", c);
+        piece(&m, s, -7.0f - 0.01f * (float)(c - 'a'), NORMAL), n++;
+    }
+    const char *singles = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()";
+    for (const char *c = singles; *c; c++) {
+        char s[2] = {*c, 0};
+        piece(&m, s, -9.0f - 0.01f * (float)(c - singles), NORMAL), n++;
+    }
+    buf trainer = {0};
+    field_varint(&trainer, 3, 1); /* model_type UNIGRAM */
+    field_varint(&trainer, 4, n); /* vocab_size */
+    field_varint(&trainer, 40, 2); /* unk_id */
+    field_varint(&trainer, 41, -1); /* bos_id */
+    field_varint(&trainer, 42, 1); /* eos_id */
+    field_varint(&trainer, 43, 0); /* pad_id */
+    field_bytes(&m, 2, trainer.p, trainer.len);
+    buf normalizer = {0};
+    field_bytes(&normalizer, 1, "nmt_nfkc", 8);
+    field_varint(&normalizer, 3, 1); /* add_dummy_prefix */
+    field_varint(&normalizer, 4, 1); /* remove_extra_whitespaces */
+    field_varint(&normalizer, 5, 1); /* escape_whitespaces */
+    field_bytes(&m, 3, normalizer.p, normalizer.len);
+    free(trainer.p);
+    free(normalizer.p);
+    snprintf(path, sizeof path, "%s/tokenizer_2/spiece.model", t->dir);
+    FILE *f = fopen(path, "wb");
+    int rc = (!f || !m.p || fwrite(m.p, 1, m.len, f) != m.len) ? -1 : 0;
+    if (f && fclose(f) != 0)
+        rc = -1;
+    free(m.p);
+    if (rc) {
+        fprintf(stderr, "diffuse make-tiny: cannot write %s\n", path);
+        return -1;
+    }
+    /* The 100 <extra_id_N> tokens follow the pieces, N = 0 last. */
+    char *text = malloc(1 << 15);
+    if (!text)
+        return -1;
+    size_t len = (size_t)sprintf(text, "{");
+    for (int i = 0; i < 100; i++)
+        len += (size_t)sprintf(text + len, "%s\"<extra_id_%d>\": %d", i ? ", " : "", i, n + 99 - i);
+    sprintf(text + len, "}\n");
+    rc = write_text(t, "tokenizer_2/added_tokens.json", text);
+    len = (size_t)sprintf(text, "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
+                                "\"unk_token\": \"<unk>\", \"extra_ids\": 100, \"legacy\": true,\n"
+                                " \"model_max_length\": 512, \"tokenizer_class\": \"T5Tokenizer\",\n"
+                                " \"additional_special_tokens\": [");
+    for (int i = 0; i < 100; i++)
+        len += (size_t)sprintf(text + len, "%s\"<extra_id_%d>\"", i ? ", " : "", i);
+    sprintf(text + len, "]}\n");
+    rc = rc ? rc : write_text(t, "tokenizer_2/tokenizer_config.json", text);
+    rc = rc ? rc : write_text(t, "tokenizer_2/special_tokens_map.json",
+                              "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
+                              "\"unk_token\": \"<unk>\"}\n");
+    free(text);
+    *vocab_size = n + 100;
+    return rc;
+}
+
+static int write_t5(tiny *t, int vocab)
+{
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_ff\": %d,\n  \"d_kv\": %d,\n"
+             "  \"d_model\": %d,\n  \"dense_act_fn\": \"gelu_new\",\n  \"eos_token_id\": 1,\n"
+             "  \"feed_forward_proj\": \"gated-gelu\",\n  \"is_gated_act\": true,\n"
+             "  \"layer_norm_epsilon\": 1e-06,\n  \"model_type\": \"t5\",\n  \"num_heads\": %d,\n"
+             "  \"num_layers\": %d,\n  \"pad_token_id\": 0,\n"
+             "  \"relative_attention_max_distance\": 128,\n"
+             "  \"relative_attention_num_buckets\": 32,\n  \"tie_word_embeddings\": false,\n"
+             "  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
+             T5_FF, T5_KV, T5_D, T5_HEADS, T5_LAYERS,
+             t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
+    if (begin(t, "text_encoder_2") || write_text(t, "text_encoder_2/config.json", cfg))
+        return -1;
+    add(t, "shared.weight", SH(vocab, T5_D), 1.0f, 0);
+    int inner = T5_KV * T5_HEADS;
+    for (int l = 0; l < T5_LAYERS; l++) {
+        char p[256];
+        const char *qkv[] = {"q", "k", "v"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.%s", l, qkv[i]);
+            linear(t, p, inner, T5_D, 0);
+        }
+        snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.o", l);
+        linear(t, p, T5_D, inner, 0);
+        if (l == 0)
+            add(t, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                SH(32, T5_HEADS), 0.5f, 0);
+        snprintf(p, sizeof p, "encoder.block.%d.layer.0.layer_norm", l);
+        norm(t, p, T5_D, 0);
+        snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_0", l);
+        linear(t, p, T5_FF, T5_D, 0);
+        snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_1", l);
+        linear(t, p, T5_FF, T5_D, 0);
+        snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wo", l);
+        linear(t, p, T5_D, T5_FF, 0);
+        snprintf(p, sizeof p, "encoder.block.%d.layer.1.layer_norm", l);
+        norm(t, p, T5_D, 0);
+    }
+    norm(t, "encoder.final_layer_norm", T5_D, 0);
+    return finish(t, "text_encoder_2/model.safetensors");
+}
+
+/* ---- FLUX transformer --------------------------------------------------------------------- */
+
+static int write_flux(tiny *t)
+{
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"_class_name\": \"FluxTransformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+             "  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [8, 12, 12],\n"
+             "  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"joint_attention_dim\": %d,\n"
+             "  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
+             "  \"out_channels\": null,\n  \"patch_size\": 1,\n  \"pooled_projection_dim\": %d\n}\n",
+             FX_HEAD_DIM, FX_IN, T5_D, FX_HEADS, FX_DOUBLE, FX_SINGLE, CLIP_D);
+    if (begin(t, "transformer") || write_text(t, "transformer/config.json", cfg))
+        return -1;
+    const int D = FX_INNER, M = 4 * FX_INNER;
+    linear(t, "x_embedder", D, FX_IN, 1);
+    linear(t, "context_embedder", D, T5_D, 1);
+    linear(t, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
+    linear(t, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
+    linear(t, "time_text_embed.text_embedder.linear_1", D, CLIP_D, 1);
+    linear(t, "time_text_embed.text_embedder.linear_2", D, D, 1);
+    char p[256];
+    for (int b = 0; b < FX_DOUBLE; b++) {
+        static const char *const sq[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                                         "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+                                         "attn.to_add_out"};
+        for (int i = 0; i < 8; i++) {
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, sq[i]);
+            linear(t, p, D, D, 1);
+        }
+        static const char *const qk[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(p, sizeof p, "transformer_blocks.%d.attn.%s", b, qk[i]);
+            norm(t, p, FX_HEAD_DIM, 0);
+        }
+        snprintf(p, sizeof p, "transformer_blocks.%d.norm1.linear", b);
+        linear(t, p, 6 * D, D, 1);
+        snprintf(p, sizeof p, "transformer_blocks.%d.norm1_context.linear", b);
+        linear(t, p, 6 * D, D, 1);
+        static const char *const ff[] = {"ff", "ff_context"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.0.proj", b, ff[i]);
+            linear(t, p, M, D, 1);
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.2", b, ff[i]);
+            linear(t, p, D, M, 1);
+        }
+    }
+    for (int b = 0; b < FX_SINGLE; b++) {
+        static const char *const qkv[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "single_transformer_blocks.%d.%s", b, qkv[i]);
+            linear(t, p, D, D, 1);
+        }
+        snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_q", b);
+        norm(t, p, FX_HEAD_DIM, 0);
+        snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_k", b);
+        norm(t, p, FX_HEAD_DIM, 0);
+        snprintf(p, sizeof p, "single_transformer_blocks.%d.norm.linear", b);
+        linear(t, p, 3 * D, D, 1);
+        snprintf(p, sizeof p, "single_transformer_blocks.%d.proj_mlp", b);
+        linear(t, p, M, D, 1);
+        snprintf(p, sizeof p, "single_transformer_blocks.%d.proj_out", b);
+        linear(t, p, D, D + M, 1);
+    }
+    linear(t, "norm_out.linear", 2 * D, D, 1);
+    linear(t, "proj_out", FX_IN, D, 1);
+    return finish(t, "transformer/diffusion_pytorch_model.safetensors");
+}
+
+/* ---- VAE (decoder half; the encoder is not needed to generate) ------------------------- */
+
+static void resnet(tiny *t, const char *p, int cin, int cout)
+{
+    char n[256];
+    snprintf(n, sizeof n, "%s.norm1", p);
+    norm(t, n, cin, 1);
+    snprintf(n, sizeof n, "%s.conv1", p);
+    conv(t, n, cout, cin, 3);
+    snprintf(n, sizeof n, "%s.norm2", p);
+    norm(t, n, cout, 1);
+    snprintf(n, sizeof n, "%s.conv2", p);
+    conv(t, n, cout, cout, 3);
+    if (cin != cout) {
+        snprintf(n, sizeof n, "%s.conv_shortcut", p);
+        conv(t, n, cout, cin, 1);
+    }
+}
+
+static int write_vae(tiny *t)
+{
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"_class_name\": \"AutoencoderKL\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+             "  \"act_fn\": \"silu\",\n  \"block_out_channels\": [%d, %d, %d, %d],\n"
+             "  \"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\", "
+             "\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"],\n  \"force_upcast\": true,\n"
+             "  \"in_channels\": 3,\n  \"latent_channels\": %d,\n  \"layers_per_block\": 1,\n"
+             "  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": 8,\n"
+             "  \"out_channels\": 3,\n  \"sample_size\": 256,\n  \"scaling_factor\": 0.3611,\n"
+             "  \"shift_factor\": 0.1159,\n  \"up_block_types\": [\"UpDecoderBlock2D\", "
+             "\"UpDecoderBlock2D\", \"UpDecoderBlock2D\", \"UpDecoderBlock2D\"],\n"
+             "  \"use_post_quant_conv\": false,\n  \"use_quant_conv\": false\n}\n",
+             vae_channels[0], vae_channels[1], vae_channels[2], vae_channels[3], VAE_LATENT);
+    if (begin(t, "vae") || write_text(t, "vae/config.json", cfg))
+        return -1;
+    int top = vae_channels[3];
+    conv(t, "decoder.conv_in", top, VAE_LATENT, 3);
+    resnet(t, "decoder.mid_block.resnets.0", top, top);
+    resnet(t, "decoder.mid_block.resnets.1", top, top);
+    norm(t, "decoder.mid_block.attentions.0.group_norm", top, 1);
+    static const char *const att[] = {"to_q", "to_k", "to_v", "to_out.0"};
+    for (int i = 0; i < 4; i++) {
+        char n[256];
+        snprintf(n, sizeof n, "decoder.mid_block.attentions.0.%s", att[i]);
+        linear(t, n, top, top, 1);
+    }
+    int cin = top;
+    for (int b = 0; b < 4; b++) {
+        int cout = vae_channels[3 - b];
+        for (int r = 0; r < 2; r++) {
+            char n[256];
+            snprintf(n, sizeof n, "decoder.up_blocks.%d.resnets.%d", b, r);
+            resnet(t, n, r ? cout : cin, cout);
+        }
+        if (b < 3) {
+            char n[256];
+            snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv", b);
+            conv(t, n, cout, cout, 3);
+        }
+        cin = cout;
+    }
+    norm(t, "decoder.conv_norm_out", vae_channels[0], 1);
+    conv(t, "decoder.conv_out", 3, vae_channels[0], 3);
+    return finish(t, "vae/diffusion_pytorch_model.safetensors");
+}
+
+/* ---- the command ------------------------------------------------------------------------ */
+
+int cmd_make_tiny(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"arch", required_argument, 0, 'a'},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"dtype", required_argument, 0, 'd'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *arch = "flux";
+    tiny t = {.dtype = DF_DTYPE_F32};
+    uint64_t seed = 0;
+    optind = 1;
+    for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
+        switch (c) {
+        case 'a': arch = optarg; break;
+        case 's': seed = strtoull(optarg, NULL, 10); break;
+        case 'd':
+            if (!df_dtype_parse(optarg, &t.dtype) ||
+                (t.dtype != DF_DTYPE_F32 && t.dtype != DF_DTYPE_BF16 && t.dtype != DF_DTYPE_F16)) {
+                fprintf(stderr, "diffuse make-tiny: --dtype is f32, bf16 or f16\n");
+                return 2;
+            }
+            break;
+        case 'h':
+            printf("usage: diffuse make-tiny [--arch flux] [--seed N] [--dtype f32|bf16|f16] DIR\n"
+                   "Writes a small FLUX.1-architecture pipeline folder with seeded random\n"
+                   "weights in the diffusers layout (model_index.json, scheduler/, text_encoder/,\n"
+                   "text_encoder_2/, tokenizer/, tokenizer_2/, transformer/, vae/).\n");
+            return 0;
+        default: return 2;
+        }
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "usage: diffuse make-tiny [--arch flux] [--seed N] [--dtype D] DIR\n");
+        return 2;
+    }
+    if (strcmp(arch, "flux") != 0) {
+        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux)\n", arch);
+        return strcmp(arch, "sd3") == 0 ? 1 : 2;
+    }
+    snprintf(t.dir, sizeof t.dir, "%s", argv[optind]);
+    /* Create parents one level at a time ("demo/tiny-flux"). */
+    for (char *s = t.dir + 1; *s; s++)
+        if (*s == '/') {
+            *s = '\0';
+            if (make_dir(t.dir))
+                return 1;
+            *s = '/';
+        }
+    if (make_dir(t.dir))
+        return 1;
+    df_rng_init(&t.rng, seed);
+    int clip_vocab = 0, t5_vocab = 0;
+    int rc = write_text(&t, "model_index.json",
+        "{\n  \"_class_name\": \"FluxPipeline\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+        "  \"feature_extractor\": [null, null],\n  \"image_encoder\": [null, null],\n"
+        "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
+        "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\"],\n"
+        "  \"text_encoder_2\": [\"transformers\", \"T5EncoderModel\"],\n"
+        "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
+        "  \"tokenizer_2\": [\"transformers\", \"T5Tokenizer\"],\n"
+        "  \"transformer\": [\"diffusers\", \"FluxTransformer2DModel\"],\n"
+        "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n");
+    char sched[4096];
+    snprintf(sched, sizeof sched, "%s/scheduler", t.dir);
+    rc = rc ? rc : make_dir(sched);
+    rc = rc ? rc : write_text(&t, "scheduler/scheduler_config.json",
+        "{\n  \"_class_name\": \"FlowMatchEulerDiscreteScheduler\",\n"
+        "  \"_diffusers_version\": \"0.37.1\",\n  \"base_image_seq_len\": 256,\n"
+        "  \"base_shift\": 0.5,\n  \"invert_sigmas\": false,\n  \"max_image_seq_len\": 4096,\n"
+        "  \"max_shift\": 1.15,\n  \"num_train_timesteps\": 1000,\n  \"shift\": 1.0,\n"
+        "  \"shift_terminal\": null,\n  \"stochastic_sampling\": false,\n"
+        "  \"time_shift_type\": \"exponential\",\n  \"use_beta_sigmas\": false,\n"
+        "  \"use_dynamic_shifting\": false,\n  \"use_exponential_sigmas\": false,\n"
+        "  \"use_karras_sigmas\": false\n}\n");
+    rc = rc ? rc : write_clip_tokenizer(&t, &clip_vocab);
+    rc = rc ? rc : write_clip(&t, clip_vocab);
+    rc = rc ? rc : write_t5_tokenizer(&t, &t5_vocab);
+    rc = rc ? rc : write_t5(&t, t5_vocab);
+    rc = rc ? rc : write_flux(&t);
+    rc = rc ? rc : write_vae(&t);
+    if (rc)
+        return 1;
+    printf("%s\n", t.dir);
+    return 0;
+}
