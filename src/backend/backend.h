@@ -93,6 +93,41 @@ struct df_node {
     df_node *next;
 };
 
+/*
+ * A fused elementwise kernel (built by the defer-and-fuse optimiser): for every row of the
+ * dense output, an optional normalisation "head" (LAYER_NORM / RMS_NORM of head_x's row),
+ * then a straight-line program over registers that each hold one row. Inputs are views
+ * broadcast to the output's shape; the last dimension is the row.
+ */
+#define DF_FUSED_MAX_IN 16
+#define DF_FUSED_MAX_INSN 48
+
+typedef enum df_fused_opcode {
+    DF_FI_LOAD,       /* r[dst] = in[a] */
+    DF_FI_HEAD,       /* r[dst] = norm(head_x row) */
+    DF_FI_ADD, DF_FI_SUB, DF_FI_MUL, DF_FI_DIV,
+    DF_FI_SCALE,      /* r[dst] = f0 * r[a] + f1 */
+    DF_FI_SILU, DF_FI_GELU, DF_FI_GELU_TANH, DF_FI_QUICK_GELU,
+    DF_FI_COPY,       /* r[dst] = r[a] */
+} df_fused_opcode;
+
+typedef struct df_fused_insn {
+    uint8_t op, dst, a, b;
+    float f0, f1;
+} df_fused_insn;
+
+typedef struct df_fused {
+    df_view out;
+    int n_in;
+    df_view in[DF_FUSED_MAX_IN];
+    int n_insn;
+    df_fused_insn insn[DF_FUSED_MAX_INSN];
+    int n_regs, out_reg;
+    int head_op;              /* DF_OP_LAYER_NORM, DF_OP_RMS_NORM, or -1 */
+    df_view head_x, head_w, head_b;
+    float head_eps;
+} df_fused;
+
 /* Scratch memory and threading for one kernel call. */
 typedef struct df_kernel_env {
     int threads;
@@ -142,6 +177,8 @@ typedef struct df_backend_ops {
     /* Compute threads the device uses (CPU), or 1. */
     int (*device_threads)(void *impl);
     const df_kernel_fn *kernels; /* indexed by df_op; NULL = not supported */
+    /* Runs a fused elementwise kernel; NULL = the backend cannot fuse. */
+    df_status (*run_fused)(const df_fused *f, df_kernel_env *env);
 } df_backend_ops;
 
 /* An opened device: its backend, its caching allocator and counters. */

@@ -1,11 +1,625 @@
 /*
- * Defer-and-fuse mode. TODO(#7): record, optimise and cache graphs.
+ * Defer-and-fuse mode: ops are recorded into a pending graph and run at sync points.
+ *
+ * A graph is cut at a host read, df_sync(), df_mark_step() or when it reaches
+ * ctx->fuse_max_nodes nodes. Then:
+ *   1. liveness: a node is needed if a tensor handle still sees its output or a needed node
+ *      reads it; the rest is dropped without ever being allocated;
+ *   2. fusion: chains of pointwise ops (add, sub, mul, div, scale, activations, f32 copies)
+ *      whose intermediate results nobody else reads become one kernel, and a layer/RMS norm
+ *      feeding such a chain becomes its "head" (normalisation + AdaLN modulation in one
+ *      pass); a matrix product's epilogue chain is thereby one pass right after it;
+ *   3. memory: outputs still seen by handles get their own buffers; every other
+ *      intermediate gets an offset in one arena, planned from the kernels' order so that
+ *      buffers whose lifetimes do not overlap share memory.
+ * The plan is cached under a hash of the graph's structure: ops, integer attributes,
+ * shapes, dtypes, view layouts, which node feeds which input, which outputs are visible.
+ * Data pointers and float attributes (timestep-dependent scales, eps) are not part of it:
+ * they are read from the nodes at every run, so the same denoising step, or the same block
+ * at another depth, reuses the plan. Planning is a few linear passes over the graph, so it
+ * runs inline: the first step pays microseconds, not a compile.
  */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
 #include "core/status.h"
 #include "runtime/lazy.h"
 
+typedef struct lz_group {
+    int root, head, n_members;
+    int n_in;
+    struct { int node, slot; } in[DF_FUSED_MAX_IN];
+    int n_insn;
+    df_fused_insn insn[DF_FUSED_MAX_INSN];
+    int insn_node[DF_FUSED_MAX_INSN]; /* node whose float attributes an insn takes */
+    int n_regs, out_reg;
+} lz_group;
+
+enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT };
+
+typedef struct lz_program {
+    struct lz_program *next;
+    uint64_t key;
+    int n;
+    uint8_t *kind;      /* per node */
+    int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
+    int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
+    int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
+    int64_t arena_bytes;
+    lz_group *groups;
+    int n_groups;
+} lz_program;
+
+typedef struct lz_state {
+    df_node **nodes;
+    int n, cap;
+    lz_program *cache;
+} lz_state;
+
+/* ---- structure hash -------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001b3ull;
+}
+
+static int producer_of(const df_view *v)
+{
+    return v->st && v->st->producer && !v->st->data ? v->st->producer->id : -1;
+}
+
+static uint64_t hash_view(uint64_t h, const df_view *v)
+{
+    h = mix(h, (uint64_t)(v->st != NULL));
+    if (!v->st)
+        return h;
+    h = mix(h, (uint64_t)(int64_t)producer_of(v));
+    h = mix(h, (uint64_t)v->dtype);
+    h = mix(h, (uint64_t)v->ndim);
+    h = mix(h, (uint64_t)v->offset);
+    for (int d = 0; d < v->ndim; d++)
+        h = mix(mix(h, (uint64_t)v->shape[d]), (uint64_t)v->stride[d]);
+    return h;
+}
+
+static uint64_t graph_key(df_node *const *nodes, int n)
+{
+    uint64_t h = mix(0xcbf29ce484222325ull, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        const df_node *x = nodes[i];
+        h = mix(h, (uint64_t)x->op);
+        for (int k = 0; k < 8; k++)
+            h = mix(h, (uint64_t)x->a.i[k]);
+        h = mix(h, (uint64_t)(x->out.st->handles > 0));
+        h = hash_view(h, &x->out);
+        for (int k = 0; k < x->n_in; k++)
+            h = hash_view(h, &x->in[k]);
+    }
+    return h;
+}
+
+static void program_free(lz_program *p);
+
+/* ---- planning ---------------------------------------------------------------------------- */
+
+static bool pointwise(const df_node *x)
+{
+    switch (x->op) {
+    case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL: case DF_OP_DIV: case DF_OP_SCALE:
+    case DF_OP_SILU: case DF_OP_GELU: case DF_OP_GELU_TANH: case DF_OP_QUICK_GELU:
+        return x->out.dtype == DF_DTYPE_F32;
+    case DF_OP_COPY:
+        return x->out.dtype == DF_DTYPE_F32 &&
+               (x->in[0].dtype == DF_DTYPE_F32 || x->in[0].dtype == DF_DTYPE_BF16 ||
+                x->in[0].dtype == DF_DTYPE_F16);
+    default:
+        return false;
+    }
+}
+
+/* Whether input view v of a node is exactly the dense output of node p. */
+static bool identity_view(const df_view *v, const df_node *p)
+{
+    if (v->st != p->out.st || v->offset != 0 || v->ndim != p->out.ndim || v->dtype != p->out.dtype)
+        return false;
+    for (int d = 0; d < v->ndim; d++)
+        if (v->shape[d] != p->out.shape[d] || (v->shape[d] != 1 && v->stride[d] != p->out.stride[d]))
+            return false;
+    return true;
+}
+
+static df_fused_opcode opcode_of(df_op op)
+{
+    switch (op) {
+    case DF_OP_ADD: return DF_FI_ADD;
+    case DF_OP_SUB: return DF_FI_SUB;
+    case DF_OP_MUL: return DF_FI_MUL;
+    case DF_OP_DIV: return DF_FI_DIV;
+    case DF_OP_SCALE: return DF_FI_SCALE;
+    case DF_OP_SILU: return DF_FI_SILU;
+    case DF_OP_GELU: return DF_FI_GELU;
+    case DF_OP_GELU_TANH: return DF_FI_GELU_TANH;
+    case DF_OP_QUICK_GELU: return DF_FI_QUICK_GELU;
+    default: return DF_FI_COPY;
+    }
+}
+
+typedef struct planner {
+    df_node *const *nodes;
+    int n;
+    int *root_of;   /* node -> root of the fused group it belongs to, or -1 */
+    bool *is_head;  /* node is the normalisation head of its group */
+    bool overflow;
+} planner;
+
+/* Emits the instructions computing node x inside group g; returns its register. */
+static int gen(planner *pl, lz_group *g, int x)
+{
+    const df_node *nd = pl->nodes[x];
+    int regs[2] = {0, 0};
+    for (int k = 0; k < nd->n_in && k < 2; k++) {
+        const df_view *v = &nd->in[k];
+        int prod = producer_of(v);
+        bool inside = prod >= 0 && pl->root_of[prod] == g->root;
+        if (pl->overflow || g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
+            pl->overflow = true;
+            return 0;
+        }
+        if (inside && !pl->is_head[prod]) {
+            regs[k] = gen(pl, g, prod);
+        } else if (inside) {
+            g->insn[g->n_insn] = (df_fused_insn){.op = DF_FI_HEAD, .dst = (uint8_t)g->n_regs};
+            g->insn_node[g->n_insn++] = prod;
+            regs[k] = g->n_regs++;
+        } else {
+            if (g->n_in >= DF_FUSED_MAX_IN) {
+                pl->overflow = true;
+                return 0;
+            }
+            g->in[g->n_in].node = x;
+            g->in[g->n_in].slot = k;
+            g->insn[g->n_insn] = (df_fused_insn){.op = DF_FI_LOAD, .dst = (uint8_t)g->n_regs,
+                                                 .a = (uint8_t)g->n_in++};
+            g->insn_node[g->n_insn++] = -1;
+            regs[k] = g->n_regs++;
+        }
+    }
+    if (nd->op == DF_OP_COPY)
+        return regs[0];
+    if (g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
+        pl->overflow = true;
+        return 0;
+    }
+    g->insn[g->n_insn] = (df_fused_insn){.op = (uint8_t)opcode_of(nd->op),
+                                         .dst = (uint8_t)g->n_regs, .a = (uint8_t)regs[0],
+                                         .b = (uint8_t)regs[1]};
+    g->insn_node[g->n_insn++] = x;
+    return g->n_regs++;
+}
+
+static bool is_norm(const df_node *x)
+{
+    return x->op == DF_OP_LAYER_NORM || x->op == DF_OP_RMS_NORM;
+}
+
+/* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
+static void find_groups(df_node *const *nodes, int n, const lz_program *p, const int *uses,
+                        int *parent, bool *is_head)
+{
+    int *size = df_calloc((size_t)n + 1, sizeof *size);
+    bool *has_head = df_calloc((size_t)n + 1, sizeof *has_head);
+    if (!size || !has_head) {
+        df_free(size);
+        df_free(has_head);
+        return; /* no fusion: every parent stays -1 */
+    }
+    for (int i = 0; i < n; i++) {
+        const df_node *x = nodes[i];
+        if (p->kind[i] == K_DEAD || !pointwise(x))
+            continue;
+        size[i] = 1;
+        for (int k = 0; k < x->n_in && k < 2; k++) {
+            int prod = producer_of(&x->in[k]);
+            if (prod < 0 || uses[prod] != 1 || parent[prod] >= 0 ||
+                nodes[prod]->out.st->handles > 0 || !identity_view(&x->in[k], nodes[prod]))
+                continue;
+            if (pointwise(nodes[prod]) && size[i] + size[prod] <= 24 &&
+                !(has_head[i] && has_head[prod])) {
+                parent[prod] = i;
+                size[i] += size[prod];
+                has_head[i] = has_head[i] || has_head[prod];
+            } else if (is_norm(nodes[prod]) && !has_head[i]) {
+                parent[prod] = i;
+                is_head[prod] = true;
+                has_head[i] = true;
+            }
+        }
+    }
+    df_free(size);
+    df_free(has_head);
+}
+
+static lz_program *plan(df_node *const *nodes, int n, bool can_fuse)
+{
+    size_t n1 = (size_t)n + 1;
+    lz_program *p = df_calloc(1, sizeof *p);
+    int *uses = df_calloc(n1, sizeof *uses);
+    int *order = df_calloc(n1, sizeof *order); /* kernel position per node */
+    int *last = df_calloc(n1, sizeof *last);   /* last kernel position reading it */
+    int *parent = df_malloc(n1 * sizeof *parent);
+    bool *is_head = df_calloc(n1, sizeof *is_head);
+    if (p) {
+        p->n = n;
+        p->kind = df_calloc(n1, 1);
+        p->group = df_malloc(n1 * sizeof *p->group);
+        p->root_of = df_malloc(n1 * sizeof *p->root_of);
+        p->offset = df_malloc(n1 * sizeof *p->offset);
+        p->groups = df_calloc(n1, sizeof *p->groups);
+    }
+    if (!p || !uses || !order || !last || !parent || !is_head || !p->kind || !p->group ||
+        !p->root_of || !p->offset || !p->groups) {
+        program_free(p);
+        p = NULL;
+        goto done;
+    }
+    /* 1. Liveness, backwards. */
+    for (int i = n - 1; i >= 0; i--) {
+        const df_node *x = nodes[i];
+        p->group[i] = p->root_of[i] = parent[i] = -1;
+        p->offset[i] = -1;
+        p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
+        if (p->kind[i] == K_DEAD)
+            continue;
+        for (int k = 0; k < x->n_in; k++) {
+            int prod = producer_of(&x->in[k]);
+            if (prod >= 0)
+                uses[prod]++;
+        }
+    }
+    /* 2. Fusion: groups, their roots, their code. */
+    if (can_fuse)
+        find_groups(nodes, n, p, uses, parent, is_head);
+    for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
+        p->root_of[i] = parent[i] < 0 ? -1 : (p->root_of[parent[i]] >= 0 ? p->root_of[parent[i]] : parent[i]);
+    planner pl = {.nodes = nodes, .n = n, .root_of = p->root_of, .is_head = is_head};
+    for (int i = 0; i < n; i++) {
+        bool any = false;
+        for (int j = 0; j < i && !any && p->kind[i] != K_DEAD && p->root_of[i] < 0; j++)
+            any = p->root_of[j] == i;
+        if (!any)
+            continue;
+        lz_group *g = &p->groups[p->n_groups];
+        *g = (lz_group){.root = i, .head = -1};
+        for (int j = 0; j < i; j++)
+            if (p->root_of[j] == i && is_head[j])
+                g->head = j;
+        pl.overflow = false;
+        g->out_reg = gen(&pl, g, i);
+        if (pl.overflow) { /* too big for one kernel: its nodes run one by one */
+            for (int j = 0; j < i; j++)
+                if (p->root_of[j] == i)
+                    p->root_of[j] = -1;
+            continue;
+        }
+        p->kind[i] = K_ROOT;
+        p->group[i] = p->n_groups++;
+        g->n_members = 1;
+        for (int j = 0; j < i; j++)
+            if (p->root_of[j] == i) {
+                p->kind[j] = K_MEMBER;
+                g->n_members++;
+            }
+    }
+    /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. */
+    int pos = 0;
+    for (int i = 0; i < n; i++)
+        if (p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT)
+            order[i] = pos++;
+    for (int i = 0; i < n; i++) {
+        if (p->kind[i] == K_MEMBER)
+            order[i] = order[p->root_of[i]];
+        last[i] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (p->kind[i] == K_DEAD)
+            continue;
+        for (int k = 0; k < nodes[i]->n_in; k++) {
+            int prod = producer_of(&nodes[i]->in[k]);
+            if (prod >= 0 && order[i] > last[prod])
+                last[prod] = order[i];
+        }
+    }
+    typedef struct { int64_t off, bytes; int begin, end; } placed;
+    placed *pls = df_malloc(n1 * sizeof *pls);
+    int np = 0;
+    for (int i = 0; pls && i < n; i++) {
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT) || nodes[i]->out.st->handles > 0)
+            continue;
+        int64_t bytes = ((int64_t)nodes[i]->out.st->bytes + 63) / 64 * 64;
+        int begin = order[i], end = last[i] < order[i] ? order[i] : last[i];
+        int64_t off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int k = 0; k < np; k++)
+                if (begin <= pls[k].end && pls[k].begin <= end && off < pls[k].off + pls[k].bytes &&
+                    pls[k].off < off + bytes) {
+                    off = pls[k].off + pls[k].bytes;
+                    moved = true;
+                }
+        }
+        pls[np++] = (placed){off, bytes, begin, end};
+        p->offset[i] = off;
+        if (off + bytes > p->arena_bytes)
+            p->arena_bytes = off + bytes;
+    }
+    if (!pls) { /* no plan: every intermediate gets its own buffer */
+        for (int i = 0; i < n; i++)
+            p->offset[i] = -1;
+        p->arena_bytes = 0;
+    }
+    df_free(pls);
+done:
+    df_free(uses);
+    df_free(order);
+    df_free(last);
+    df_free(parent);
+    df_free(is_head);
+    return p;
+}
+
+static void program_free(lz_program *p)
+{
+    if (!p)
+        return;
+    df_free(p->root_of);
+    df_free(p->kind);
+    df_free(p->group);
+    df_free(p->offset);
+    df_free(p->groups);
+    df_free(p);
+}
+
+/* ---- running a planned graph ------------------------------------------------------------- */
+
+typedef struct fused_item {
+    df_fused f;
+    df_node **owned; /* the group's nodes, freed when it has run */
+    int n_owned;
+} fused_item;
+
+static df_status run_fused(void *arg, df_kernel_env *env)
+{
+    fused_item *it = arg;
+    return it->owned[0]->out.st->dev->ops->run_fused(&it->f, env);
+}
+
+static void done_fused(void *arg, df_status s)
+{
+    fused_item *it = arg;
+    if (s != DF_OK)
+        df_error_context(s, "fused kernel of %d ops", it->n_owned);
+    for (int i = 0; i < it->n_owned; i++)
+        df_node_free(it->owned[i]);
+    df_free(it->owned);
+    df_free(it);
+}
+
+static df_status release_arena(void *arg, df_kernel_env *env)
+{
+    (void)arg;
+    (void)env;
+    return DF_OK;
+}
+
+static void done_arena(void *arg, df_status s)
+{
+    (void)s;
+    df_storage_release(arg);
+}
+
+static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
+                              const lz_group *g)
+{
+    fused_item *it = df_calloc(1, sizeof *it);
+    if (it)
+        it->owned = df_malloc((size_t)g->n_members * sizeof *it->owned);
+    if (!it || !it->owned) {
+        df_free(it);
+        return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
+    }
+    df_fused *f = &it->f;
+    f->out = nodes[g->root]->out;
+    f->n_in = g->n_in;
+    for (int k = 0; k < g->n_in; k++)
+        f->in[k] = nodes[g->in[k].node]->in[g->in[k].slot];
+    f->n_insn = g->n_insn;
+    f->n_regs = g->n_regs;
+    f->out_reg = g->out_reg;
+    f->head_op = -1;
+    for (int k = 0; k < g->n_insn; k++) {
+        f->insn[k] = g->insn[k];
+        int src = g->insn_node[k];
+        if (src >= 0 && g->insn[k].op == DF_FI_SCALE) {
+            f->insn[k].f0 = (float)nodes[src]->a.f[0];
+            f->insn[k].f1 = (float)nodes[src]->a.f[1];
+        }
+    }
+    if (g->head >= 0) {
+        const df_node *h = nodes[g->head];
+        f->head_op = h->op;
+        f->head_x = h->in[0];
+        f->head_w = h->in[1];
+        f->head_b = h->op == DF_OP_LAYER_NORM ? h->in[2] : (df_view){0};
+        f->head_eps = (float)h->a.f[0];
+    }
+    for (int i = 0; i <= g->root; i++)
+        if (i == g->root || p->root_of[i] == g->root)
+            it->owned[it->n_owned++] = nodes[i];
+    df_status s = ctx->dev->ops->stream_submit(
+        ctx->stream, &(df_work){.run = run_fused, .done = done_fused, .arg = it});
+    if (s != DF_OK) {
+        done_fused(it, DF_OK);
+        return s;
+    }
+    ctx->stats.ops_enqueued++;
+    ctx->stats.fused_kernels++;
+    return DF_OK;
+}
+
+static df_status execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
+{
+    df_status s = DF_OK;
+    df_storage *arena = NULL;
+    if (p->arena_bytes > 0)
+        s = df_storage_alloc(ctx->dev, (size_t)p->arena_bytes, &arena);
+    /* Memory for every materialised output, then the kernels in order. */
+    for (int i = 0; s == DF_OK && i < n; i++) {
+        df_storage *st = nodes[i]->out.st;
+        if (p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT)
+            continue;
+        if (p->offset[i] >= 0) {
+            st->data = (char *)arena->data + p->offset[i];
+            st->external = true; /* the arena owns the memory */
+        } else {
+            s = df_storage_materialize(st);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        nodes[i]->out.st->producer = NULL;
+    for (int i = 0; i < n; i++) {
+        if (s != DF_OK || p->kind[i] == K_DEAD) {
+            df_node_free(nodes[i]); /* never run: nothing reads its output */
+            continue;
+        }
+        if (p->kind[i] == K_SINGLE)
+            s = df_eager_submit(ctx, nodes[i]);
+        else if (p->kind[i] == K_ROOT)
+            s = submit_group(ctx, nodes, p, &p->groups[p->group[i]]);
+        /* K_MEMBER nodes are owned by their group's kernel */
+    }
+    if (arena) {
+        if (s == DF_OK)
+            s = ctx->dev->ops->stream_submit(
+                ctx->stream, &(df_work){.run = release_arena, .done = done_arena, .arg = arena});
+        if (s != DF_OK) {
+            ctx->dev->ops->stream_sync(ctx->stream);
+            df_storage_release(arena);
+        }
+    }
+    return s;
+}
+
+/* ---- the executor --------------------------------------------------------------------------- */
+
+static df_status lazy_flush(df_ctx *ctx)
+{
+    lz_state *z = ctx->exec_state;
+    if (!z || z->n == 0)
+        return DF_OK;
+    int n = z->n;
+    df_node **nodes = z->nodes;
+    z->nodes = NULL;
+    z->n = z->cap = 0;
+    ctx->stats.graphs_built++;
+    uint64_t key = graph_key(nodes, n);
+    lz_program *p = z->cache;
+    while (p && (p->key != key || p->n != n))
+        p = p->next;
+    if (p) {
+        ctx->stats.cache_hits++;
+    } else {
+        double t0 = df_now();
+        p = plan(nodes, n, ctx->dev->ops->run_fused != NULL);
+        ctx->stats.compile_ms += (df_now() - t0) * 1e3;
+        ctx->stats.cache_misses++;
+        ctx->stats.graphs_compiled++;
+        if (!p) {
+            for (int i = 0; i < n; i++)
+                df_node_free(nodes[i]);
+            df_free(nodes);
+            return df_errorf(DF_E_OOM, "out of memory planning a graph of %d ops", n);
+        }
+        p->key = key;
+        p->next = z->cache;
+        z->cache = p;
+    }
+    if (p->arena_bytes > ctx->stats.arena_bytes)
+        ctx->stats.arena_bytes = p->arena_bytes;
+    df_status s = execute(ctx, nodes, n, p);
+    df_free(nodes);
+    return s;
+}
+
+static df_status lazy_submit(df_ctx *ctx, df_node *node)
+{
+    lz_state *z = ctx->exec_state;
+    if (!ctx->dev->ops->kernels[node->op]) {
+        df_status s = df_errorf(DF_E_UNSUPPORTED, "op '%s' is not supported on %s",
+                                df_op_name(node->op), ctx->dev->name);
+        df_node_free(node);
+        return s;
+    }
+    /* Cut before adding: the new node's handle does not exist yet, so it must not be
+     * judged dead by the flush. */
+    if (z->n >= ctx->fuse_max_nodes) {
+        df_status s = lazy_flush(ctx);
+        if (s != DF_OK) {
+            df_node_free(node);
+            return s;
+        }
+    }
+    if (z->n == z->cap) {
+        int cap = z->cap ? 2 * z->cap : 256;
+        df_node **nn = df_realloc(z->nodes, (size_t)cap * sizeof *nn);
+        if (!nn) {
+            df_node_free(node);
+            return df_errorf(DF_E_OOM, "out of memory recording op '%s'", df_op_name(node->op));
+        }
+        z->nodes = nn;
+        z->cap = cap;
+    }
+    node->id = z->n;
+    node->out.st->producer = node;
+    z->nodes[z->n++] = node;
+    return DF_OK;
+}
+
+static void lazy_destroy(df_ctx *ctx)
+{
+    lz_state *z = ctx->exec_state;
+    if (!z)
+        return;
+    for (int i = 0; i < z->n; i++)
+        df_node_free(z->nodes[i]);
+    df_free(z->nodes);
+    for (lz_program *p = z->cache, *next; p; p = next) {
+        next = p->next;
+        program_free(p);
+    }
+    df_free(z);
+    ctx->exec_state = NULL;
+}
+
+static const df_executor exec_lazy = {
+    .submit = lazy_submit,
+    .flush = lazy_flush,
+    .destroy = lazy_destroy,
+};
+
 df_status df_lazy_attach(df_ctx *ctx)
 {
-    (void)ctx;
-    return df_errorf(DF_E_UNSUPPORTED, "the defer-and-fuse mode is not implemented yet");
+    lz_state *z = df_calloc(1, sizeof *z);
+    if (!z)
+        return df_errorf(DF_E_OOM, "out of memory");
+    ctx->exec_state = z;
+    ctx->exec = &exec_lazy;
+    return DF_OK;
+}
+
+int64_t df_lazy_pending(const df_ctx *ctx)
+{
+    const lz_state *z = ctx->mode == DF_DEFER_AND_FUSE ? ctx->exec_state : NULL;
+    return z ? z->n : 0;
 }

@@ -6,5 +6,7 @@
 
 /* Switches the context's executor to defer-and-fuse. */
 df_status df_lazy_attach(df_ctx *ctx);
+/* Nodes recorded and not yet run (0 in strict eager). */
+int64_t df_lazy_pending(const df_ctx *ctx);
 
 #endif

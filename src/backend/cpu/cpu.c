@@ -222,6 +222,7 @@ static const df_backend_ops cpu_ops = {
     .stream_reset   = cpu_stream_reset,
     .device_threads = cpu_device_threads,
     .kernels        = df_cpu_kernels,
+    .run_fused      = df_cpu_fused,
 };
 
 const df_backend_ops *df_backend_cpu(void)

@@ -41,6 +41,9 @@ DF_CPU_KERNEL(matmul);
 DF_CPU_KERNEL(attention);
 DF_CPU_KERNEL(conv2d);
 
+/* k_fused.c: the defer-and-fuse mode's fused elementwise kernel. */
+df_status df_cpu_fused(const df_fused *f, df_kernel_env *env);
+
 /* Reads element i of a dense f32/bf16/f16 array as f32 (for weights of any float dtype). */
 static inline float df_load_f32(const void *p, df_dtype t, int64_t i)
 {

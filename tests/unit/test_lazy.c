@@ -1,0 +1,203 @@
+/*
+ * Defer-and-fuse mode: recording, cutting, fusion, liveness and the graph cache.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include <diffuse/diffuse.h>
+
+#include "runtime/lazy.h"
+#include "runtime/runtime.h"
+
+static df_ctx *new_ctx(df_eager_mode mode)
+{
+    df_ctx *ctx = NULL;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .mode = mode}, &ctx), DF_OK);
+    assert_int_equal(df_get_eager_mode(ctx), mode);
+    return ctx;
+}
+
+/* y = silu(2x + 1) * x + b, with every intermediate released by its scope. */
+static df_tensor *chain(df_ctx *ctx, df_tensor *x, df_tensor *b)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *t = df_scale(ctx, x, 2.0f, 1.0f);
+    t = df_silu(ctx, t);
+    t = df_mul(ctx, t, x);
+    t = df_add(ctx, t, b); /* b broadcasts over rows */
+    return df_scope_end(ctx, mark, t);
+}
+
+static void fill(float *v, int n, float s)
+{
+    for (int i = 0; i < n; i++)
+        v[i] = s * sinf(0.37f * (float)i + 0.1f);
+}
+
+static void test_chain_becomes_one_kernel_and_matches_eager(void **state)
+{
+    (void)state;
+    enum { R = 64, C = 96 };
+    static float x[R * C], b[C], want[R * C], got[R * C];
+    fill(x, R * C, 2.0f);
+    fill(b, C, 0.5f);
+    df_ctx *eager = new_ctx(DF_DEFER_NEVER), *lazy = new_ctx(DF_DEFER_AND_FUSE);
+    df_tensor *y0 = chain(eager, df_tensor_from_host(eager, DF_DTYPE_F32, DF_SHAPE(R, C), x),
+                          df_tensor_from_host(eager, DF_DTYPE_F32, DF_SHAPE(C), b));
+    assert_int_equal(df_tensor_read(eager, y0, DF_DTYPE_F32, want, sizeof want), DF_OK);
+
+    df_tensor *xl = df_tensor_from_host(lazy, DF_DTYPE_F32, DF_SHAPE(R, C), x);
+    df_tensor *bl = df_tensor_from_host(lazy, DF_DTYPE_F32, DF_SHAPE(C), b);
+    df_stats_reset(lazy);
+    df_tensor *y1 = chain(lazy, xl, bl);
+    assert_null(y1->v.st->data); /* recorded, not run */
+    assert_int_equal(df_lazy_pending(lazy), 4);
+    assert_int_equal(df_tensor_read(lazy, y1, DF_DTYPE_F32, got, sizeof got), DF_OK);
+    df_stats st;
+    df_ctx_stats(lazy, &st);
+    assert_int_equal(st.fused_kernels, 1);
+    assert_int_equal(st.ops_enqueued, 1); /* four ops, one kernel */
+    /* Only the output was allocated: the three intermediates never existed. */
+    assert_int_equal(st.bytes_allocated, (R * C * 4 + 255) / 256 * 256);
+    double num = 0, den = 0;
+    for (int i = 0; i < R * C; i++) {
+        num += (got[i] - want[i]) * (double)(got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    assert_true(sqrt(num / den) <= 1e-6);
+    df_ctx_free(eager);
+    df_ctx_free(lazy);
+}
+
+static void test_repeated_steps_hit_the_cache(void **state)
+{
+    (void)state;
+    enum { N = 256 };
+    float x[N], b[N], out[N];
+    fill(x, N, 1.0f);
+    fill(b, N, 1.0f);
+    df_ctx *ctx = new_ctx(DF_DEFER_AND_FUSE);
+    df_tensor *lat = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N), x);
+    df_tensor *bt = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N), b);
+    df_stats_reset(ctx);
+    for (int step = 0; step < 4; step++) {
+        df_scope mark = df_scope_begin(ctx);
+        /* The scale changes each step, like a sigma: it must not change the graph's key. */
+        df_tensor *v = df_scale(ctx, chain(ctx, lat, bt), 0.1f * (float)(step + 1), 0.0f);
+        df_tensor *next = df_add(ctx, lat, v);
+        df_scope_end(ctx, mark, next);
+        df_tensor_free(lat);
+        lat = next;
+        assert_int_equal(df_mark_step(ctx), DF_OK);
+    }
+    assert_int_equal(df_tensor_read(ctx, lat, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.graphs_built, 4);
+    assert_int_equal(st.graphs_compiled, 1);
+    assert_int_equal(st.cache_misses, 1);
+    assert_int_equal(st.cache_hits, 3);
+    /* The same computation in strict eager. */
+    df_ctx *e = new_ctx(DF_DEFER_NEVER);
+    df_tensor *le = df_tensor_from_host(e, DF_DTYPE_F32, DF_SHAPE(N), x);
+    df_tensor *be = df_tensor_from_host(e, DF_DTYPE_F32, DF_SHAPE(N), b);
+    for (int step = 0; step < 4; step++)
+        le = df_add(e, le, df_scale(e, chain(e, le, be), 0.1f * (float)(step + 1), 0.0f));
+    float want[N];
+    assert_int_equal(df_tensor_read(e, le, DF_DTYPE_F32, want, sizeof want), DF_OK);
+    for (int i = 0; i < N; i++)
+        assert_float_equal(out[i], want[i], 1e-5 * (1 + fabs(want[i])));
+    df_ctx_free(e);
+    df_ctx_free(ctx);
+}
+
+static void test_host_read_in_the_middle_cuts_the_graph(void **state)
+{
+    (void)state;
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, mid[8], out[8];
+    df_ctx *ctx = new_ctx(DF_DEFER_AND_FUSE);
+    df_tensor *a = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(8), x);
+    df_stats_reset(ctx);
+    df_tensor *b = df_scale(ctx, a, 3.0f, 0.0f);
+    df_tensor *c = df_add(ctx, b, a); /* 4x */
+    assert_int_equal(df_tensor_read(ctx, b, DF_DTYPE_F32, mid, sizeof mid), DF_OK);
+    df_tensor *d = df_mul(ctx, c, b); /* 12 x^2, recorded after the cut */
+    assert_int_equal(df_lazy_pending(ctx), 1);
+    assert_int_equal(df_tensor_read(ctx, d, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    for (int i = 0; i < 8; i++) {
+        assert_float_equal(mid[i], 3 * x[i], 0);
+        assert_float_equal(out[i], 12 * x[i] * x[i], 1e-4);
+    }
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.graphs_built, 2);
+    df_ctx_free(ctx);
+}
+
+static void test_unread_results_are_never_computed(void **state)
+{
+    (void)state;
+    float x[16] = {0}, out[16];
+    df_ctx *ctx = new_ctx(DF_DEFER_AND_FUSE);
+    df_tensor *a = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(16), x);
+    df_stats_reset(ctx);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *unused = df_gelu(ctx, df_scale(ctx, a, 5.0f, 0.0f));
+    (void)unused;
+    df_tensor *kept = df_scale(ctx, a, 1.0f, 2.0f);
+    df_scope_end(ctx, mark, kept);
+    assert_int_equal(df_tensor_read(ctx, kept, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    assert_float_equal(out[3], 2.0f, 0);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.ops_enqueued, 1);
+    df_ctx_free(ctx);
+}
+
+static void test_node_limit_cuts_and_keeps_live_results(void **state)
+{
+    (void)state;
+    float x[4] = {1, 1, 1, 1}, out[4];
+    df_ctx *ctx = NULL;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .mode = DF_DEFER_AND_FUSE,
+                                                  .fuse_max_nodes = 3},
+                                   &ctx),
+                     DF_OK);
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(4), x);
+    for (int i = 0; i < 10; i++)
+        t = df_scale(ctx, t, 1.0f, 1.0f);
+    assert_true(df_lazy_pending(ctx) <= 3);
+    assert_int_equal(df_tensor_read(ctx, t, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    assert_float_equal(out[0], 11.0f, 0);
+    df_ctx_free(ctx);
+}
+
+static void test_environment_selects_the_mode(void **state)
+{
+    (void)state;
+    setenv("DIFFUSE_DEFER_AND_FUSE", "1", 1);
+    df_ctx *ctx = NULL;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    assert_int_equal(df_get_eager_mode(ctx), DF_DEFER_AND_FUSE);
+    df_ctx_free(ctx);
+    unsetenv("DIFFUSE_DEFER_AND_FUSE");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_becomes_one_kernel_and_matches_eager),
+        cmocka_unit_test(test_repeated_steps_hit_the_cache),
+        cmocka_unit_test(test_host_read_in_the_middle_cuts_the_graph),
+        cmocka_unit_test(test_unread_results_are_never_computed),
+        cmocka_unit_test(test_node_limit_cuts_and_keeps_live_results),
+        cmocka_unit_test(test_environment_selects_the_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
