@@ -38,7 +38,7 @@ typedef struct lz_group {
 
 enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT };
 
-typedef struct lz_program {
+struct lz_program {
     struct lz_program *next;
     uint64_t key;
     int n;
@@ -49,7 +49,7 @@ typedef struct lz_program {
     int64_t arena_bytes;
     lz_group *groups;
     int n_groups;
-} lz_program;
+};
 
 typedef struct lz_state {
     df_node **nodes;
@@ -100,7 +100,6 @@ static uint64_t graph_key(df_node *const *nodes, int n)
     return h;
 }
 
-static void program_free(lz_program *p);
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
@@ -241,7 +240,7 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
     df_free(has_head);
 }
 
-static lz_program *plan(df_node *const *nodes, int n, bool can_fuse)
+lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
 {
     size_t n1 = (size_t)n + 1;
     lz_program *p = df_calloc(1, sizeof *p);
@@ -260,7 +259,7 @@ static lz_program *plan(df_node *const *nodes, int n, bool can_fuse)
     }
     if (!p || !uses || !order || !last || !parent || !is_head || !p->kind || !p->group ||
         !p->root_of || !p->offset || !p->groups) {
-        program_free(p);
+        df_graph_plan_free(p);
         p = NULL;
         goto done;
     }
@@ -369,7 +368,7 @@ done:
     return p;
 }
 
-static void program_free(lz_program *p)
+void df_graph_plan_free(lz_program *p)
 {
     if (!p)
         return;
@@ -468,7 +467,7 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
     return DF_OK;
 }
 
-static df_status execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
+df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
 {
     df_status s = DF_OK;
     df_storage *arena = NULL;
@@ -531,7 +530,7 @@ static df_status lazy_flush(df_ctx *ctx)
         ctx->stats.cache_hits++;
     } else {
         double t0 = df_now();
-        p = plan(nodes, n, ctx->dev->ops->run_fused != NULL);
+        p = df_graph_plan_make(nodes, n, ctx->dev->ops->run_fused != NULL);
         ctx->stats.compile_ms += (df_now() - t0) * 1e3;
         ctx->stats.cache_misses++;
         ctx->stats.graphs_compiled++;
@@ -547,7 +546,7 @@ static df_status lazy_flush(df_ctx *ctx)
     }
     if (p->arena_bytes > ctx->stats.arena_bytes)
         ctx->stats.arena_bytes = p->arena_bytes;
-    df_status s = execute(ctx, nodes, n, p);
+    df_status s = df_graph_execute(ctx, nodes, n, p);
     df_free(nodes);
     return s;
 }
@@ -596,7 +595,7 @@ static void lazy_destroy(df_ctx *ctx)
     df_free(z->nodes);
     for (lz_program *p = z->cache, *next; p; p = next) {
         next = p->next;
-        program_free(p);
+        df_graph_plan_free(p);
     }
     df_free(z);
     ctx->exec_state = NULL;
@@ -622,4 +621,17 @@ int64_t df_lazy_pending(const df_ctx *ctx)
 {
     const lz_state *z = ctx->mode == DF_DEFER_AND_FUSE ? ctx->exec_state : NULL;
     return z ? z->n : 0;
+}
+
+int64_t df_graph_plan_arena(const lz_program *p)
+{
+    return p->arena_bytes;
+}
+
+int df_graph_plan_kernels(const lz_program *p)
+{
+    int k = 0;
+    for (int i = 0; i < p->n; i++)
+        k += p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT;
+    return k;
 }

@@ -43,6 +43,8 @@ struct df_ctx {
     df_tensor **live;       /* handles in creation order; scopes are ranges of it */
     int64_t n_live, cap_live;
 
+    const df_tensor *reading; /* the tensor df_tensor_read is waiting for (for messages) */
+
     df_stats stats;
     int64_t allocated_base; /* allocator total at the last df_stats_reset */
     double step_clock;      /* time of the previous df_mark_step */

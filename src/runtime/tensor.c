@@ -179,7 +179,9 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     df_tensor *src = t;
     if (!df_view_is_dense(&t->v))
         src = df_contiguous(ctx, t);
+    ctx->reading = src;
     df_status s = df_sync(ctx);
+    ctx->reading = NULL;
     if (s == DF_OK) {
         size_t bytes = (size_t)numel * df_dtype_size(src->v.dtype);
         const void *p = df_view_ptr(&src->v);
