@@ -13,6 +13,21 @@
 #include "runtime.h"
 #include "ops.h"
 /* Each part adds its header below, one line each. */
+#include "safetensors_writer.h"
+#include "pipeline.h"
+#include "json.h"
+#include "safetensors.h"
+#include "weights.h"
+#include "layout.h"
+#include "cpu.h"
+#include "rng.h"
+#include "scheduler.h"
+#include "image.h"
+#include "clip.h"
+#include "t5.h"
+#include "flux.h"
+#include "vae.h"
+#include "tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {

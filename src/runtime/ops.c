@@ -21,6 +21,15 @@
 
 df_tensor *df_emit(df_ctx *ctx, df_node *n)
 {
+    for (int i = 0; i < DF_NODE_MAX_IN; i++) {
+        const df_storage *st = n->in[i].st;
+        if (st && !st->data && !st->producer) {
+            df_op op = n->op;
+            df_free(n);
+            return df_ctx_fail(ctx, df_errorf(DF_E_STATE, "%s: an input was never computed "
+                                              "(the op that made it failed)", df_op_name(op)));
+        }
+    }
     df_view *o = &n->out;
     size_t bytes = df_dtype_size(o->dtype);
     int64_t s = 1;

@@ -182,6 +182,9 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     ctx->reading = src;
     df_status s = df_sync(ctx);
     ctx->reading = NULL;
+    if (s == DF_OK && !src->v.st->data)
+        s = df_errorf(DF_E_STATE, "tensor_read: the tensor was never computed (the op that "
+                      "made it failed)");
     if (s == DF_OK) {
         size_t bytes = (size_t)numel * df_dtype_size(src->v.dtype);
         const void *p = df_view_ptr(&src->v);
