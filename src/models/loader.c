@@ -7,6 +7,8 @@
  * in a bitmap over the checkpoint's name order, so the unexpected-tensor check is one pass.
  */
 #include <stdarg.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -17,6 +19,15 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "runtime/runtime.h"
+
+typedef struct bound {
+    char *name;
+    df_tensor *t;
+    const void *data; /* the bytes in the mapping */
+    size_t bytes;
+    bool resident;
+} bound;
 
 struct df_weight_set {
     df_ctx *ctx;
@@ -24,7 +35,7 @@ struct df_weight_set {
     df_json *config;
     char dir[1024];
     char component[64];
-    df_tensor **tensors;
+    bound *tensors;
     int n, cap;
     uint8_t *used; /* per tensor of the checkpoint, in df_weights_at order */
     int64_t count;
@@ -65,8 +76,12 @@ void df_weight_set_free(df_weight_set *ws)
         return;
     if (ws->n)
         df_sync(ws->ctx); /* queued kernels may still read the mapping */
-    for (int i = 0; i < ws->n; i++)
-        df_tensor_free(ws->tensors[i]);
+    for (int i = 0; i < ws->n; i++) {
+        if (ws->tensors[i].resident)
+            df_stats_add_weights(ws->ctx, 0, -(int64_t)ws->tensors[i].bytes);
+        df_tensor_free(ws->tensors[i].t);
+        df_free(ws->tensors[i].name);
+    }
     df_free(ws->tensors);
     df_free(ws->used);
     df_json_free(ws->config);
@@ -136,7 +151,7 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
                          "F32, BF16 or F16", ws->component, name, info.dtype_name);
     if (ws->n == ws->cap) {
         int cap = ws->cap ? 2 * ws->cap : 256;
-        df_tensor **t = df_realloc(ws->tensors, (size_t)cap * sizeof *t);
+        bound *t = df_realloc(ws->tensors, (size_t)cap * sizeof *t);
         if (!t)
             return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
         ws->tensors = t;
@@ -149,9 +164,15 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     if (!t)
         return df_error_context(df_ctx_status(ws->ctx), "%s: tensor '%s'", ws->component, name);
-    ws->tensors[ws->n++] = df_tensor_persist(t);
+    char *copy = df_strdup(name);
+    if (!copy) {
+        df_tensor_free(t);
+        return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
+    }
+    ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = info.data,
+                                   .bytes = info.nbytes, .resident = true};
     ws->bytes += (int64_t)info.nbytes;
-    df_stats_add_weights(ws->ctx, 0, (int64_t)info.nbytes);
+    df_stats_add_weights(ws->ctx, (int64_t)info.nbytes, (int64_t)info.nbytes);
     int64_t i = index_of(ws, name);
     if (i >= 0)
         ws->used[i] = 1;
@@ -224,4 +245,99 @@ void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix)
         if (df_weights_at(ws->w, i, &info) == DF_OK && strncmp(info.name, prefix, n) == 0)
             ws->used[i] = 1;
     }
+}
+
+/* ---- residency ------------------------------------------------------------------------- */
+
+static bool matches(const bound *b, const char *prefix)
+{
+    return !prefix || strncmp(b->name, prefix, strlen(prefix)) == 0;
+}
+
+static void advise(const void *data, size_t bytes, int advice)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t begin = (uintptr_t)data / page * page;
+    uintptr_t end = ((uintptr_t)data + bytes + page - 1) / page * page;
+    if (end > begin)
+        madvise((void *)begin, end - begin, advice); /* advice only: failure changes nothing */
+}
+
+typedef struct release_job {
+    df_weight_set *ws;
+    char prefix[256];
+    bool all;
+} release_job;
+
+static df_status release_run(void *arg, df_kernel_env *env)
+{
+    (void)env;
+    release_job *j = arg;
+    for (int i = 0; i < j->ws->n; i++) {
+        bound *b = &j->ws->tensors[i];
+        if (!matches(b, j->all ? NULL : j->prefix))
+            continue;
+        df_storage_drop_derived(b->t->v.st); /* packed / converted forms */
+        if (b->t->v.st->external)
+            advise(b->data, b->bytes, MADV_DONTNEED);
+    }
+    return DF_OK;
+}
+
+static void release_done(void *arg, df_status s)
+{
+    (void)s;
+    df_free(arg);
+}
+
+df_status df_ws_release(df_weight_set *ws, const char *prefix)
+{
+    df_ctx *ctx = ws->ctx;
+    release_job *j = df_calloc(1, sizeof *j);
+    if (!j)
+        return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
+    j->ws = ws;
+    j->all = prefix == NULL;
+    if (prefix)
+        snprintf(j->prefix, sizeof j->prefix, "%s", prefix);
+    /* After every kernel already asked for: flush pending graphs, then queue the job. */
+    df_status s = ctx->exec->flush(ctx);
+    if (s == DF_OK)
+        s = ctx->dev->ops->stream_submit(
+            ctx->stream, &(df_work){.run = release_run, .done = release_done, .arg = j});
+    else
+        df_free(j);
+    if (s != DF_OK)
+        return s;
+    for (int i = 0; i < ws->n; i++) {
+        bound *b = &ws->tensors[i];
+        if (b->resident && matches(b, prefix)) {
+            b->resident = false;
+            df_stats_add_weights(ctx, 0, -(int64_t)b->bytes);
+        }
+    }
+    return DF_OK;
+}
+
+void df_ws_acquire(df_weight_set *ws, const char *prefix)
+{
+    for (int i = 0; i < ws->n; i++) {
+        bound *b = &ws->tensors[i];
+        if (!matches(b, prefix))
+            continue;
+        if (b->t->v.st->external)
+            advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
+        if (!b->resident) {
+            b->resident = true;
+            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->bytes);
+        }
+    }
+}
+
+int64_t df_ws_resident_bytes(const df_weight_set *ws)
+{
+    int64_t n = 0;
+    for (int i = 0; i < ws->n; i++)
+        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].bytes : 0;
+    return n;
 }

@@ -49,4 +49,16 @@ df_status df_ws_check_all_used(df_weight_set *ws);
 /* Bytes of the tensors bound so far. */
 int64_t df_ws_bytes(const df_weight_set *ws);
 
+/*
+ * Residency, for offloading. A bound weight is resident: its pages are mapped and backends
+ * may keep packed forms of it. df_ws_release() (after all work already queued) drops the
+ * packed forms and the mapping's pages of every tensor whose name starts with `prefix`
+ * (NULL: all); the file stays mapped, so the next use faults the pages back in.
+ * df_ws_acquire() marks them resident again and asks the kernel to read them ahead.
+ * df_stats' resident_weight_bytes follows both.
+ */
+df_status df_ws_release(df_weight_set *ws, const char *prefix);
+void df_ws_acquire(df_weight_set *ws, const char *prefix);
+int64_t df_ws_resident_bytes(const df_weight_set *ws);
+
 #endif
