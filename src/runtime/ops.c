@@ -17,6 +17,8 @@
 #include "core/status.h"
 #include "runtime/runtime.h"
 
+#include <diffuse/dist.h>
+
 /* --- the dispatch point ----------------------------------------------------------------- */
 
 df_tensor *df_emit(df_ctx *ctx, df_node *n)
@@ -600,5 +602,34 @@ df_tensor *df_upsample_nearest2x(df_ctx *ctx, df_tensor *x)
     n->in[0] = x->v;
     set_out(n, DF_DTYPE_F32, 4,
             (int64_t[]){x->v.shape[0], x->v.shape[1], 2 * x->v.shape[2], 2 * x->v.shape[3]});
+    return df_emit(ctx, n);
+}
+
+/* --- tensor parallelism ------------------------------------------------------------------- */
+
+void df_ctx_set_comm(df_ctx *ctx, df_comm *comm)
+{
+    ctx->comm = comm;
+}
+
+df_comm *df_ctx_comm(const df_ctx *ctx)
+{
+    return ctx->comm;
+}
+
+df_tensor *df_all_reduce(df_ctx *ctx, df_tensor *x)
+{
+    if (!ready(ctx, 1, x))
+        return NULL;
+    char dx[96];
+    if (x->v.dtype != DF_DTYPE_F32)
+        return fail_shape(ctx, NULL, "all_reduce", "%s must be f32", desc(x, dx));
+    x = dense(ctx, x);
+    df_node *n = node_new(ctx, DF_OP_ALL_REDUCE);
+    if (!n || !x)
+        return df_free(n), NULL;
+    n->in[0] = x->v;
+    n->a.i[0] = (int64_t)(intptr_t)ctx->comm;
+    set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     return df_emit(ctx, n);
 }

@@ -43,6 +43,7 @@ struct df_ctx {
     df_tensor **live;       /* handles in creation order; scopes are ranges of it */
     int64_t n_live, cap_live;
 
+    struct df_comm *comm;     /* tensor parallelism: the ranks this context works with */
     const df_tensor *reading; /* the tensor df_tensor_read is waiting for (for messages) */
 
     df_stats stats;

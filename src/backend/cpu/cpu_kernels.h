@@ -41,6 +41,9 @@ DF_CPU_KERNEL(matmul);
 DF_CPU_KERNEL(attention);
 DF_CPU_KERNEL(conv2d);
 
+/* k_dist.c */
+DF_CPU_KERNEL(all_reduce);
+
 /* k_fused.c: the defer-and-fuse mode's fused elementwise kernel. */
 df_status df_cpu_fused(const df_fused *f, df_kernel_env *env);
 
