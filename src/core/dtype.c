@@ -144,6 +144,15 @@ static double load_one(const void *src, df_dtype t, int64_t i)
     return 0;
 }
 
+/* Float to integer: truncation toward zero, NaN to 0, out-of-range values clamped (a plain
+ * cast would be undefined behaviour there). */
+static double to_int_range(double v, double lo, double hi)
+{
+    if (v != v)
+        return 0;
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 static void store_one(void *dst, df_dtype t, int64_t i, double v)
 {
     switch (t) {
@@ -151,9 +160,11 @@ static void store_one(void *dst, df_dtype t, int64_t i, double v)
     case DF_DTYPE_BF16: ((uint16_t *)dst)[i] = df_f32_to_bf16((float)v); break;
     case DF_DTYPE_F16:  ((uint16_t *)dst)[i] = df_f32_to_f16((float)v); break;
     case DF_DTYPE_F64:  ((double *)dst)[i] = v; break;
-    case DF_DTYPE_I32:  ((int32_t *)dst)[i] = (int32_t)v; break;
-    case DF_DTYPE_I64:  ((int64_t *)dst)[i] = (int64_t)v; break;
-    case DF_DTYPE_U8:   ((uint8_t *)dst)[i] = (uint8_t)v; break;
+    case DF_DTYPE_I32:  ((int32_t *)dst)[i] = (int32_t)to_int_range(v, -2147483648.0, 2147483647.0); break;
+    case DF_DTYPE_I64:
+        ((int64_t *)dst)[i] = (int64_t)to_int_range(v, -9223372036854775808.0, 9223372036854774784.0);
+        break;
+    case DF_DTYPE_U8:   ((uint8_t *)dst)[i] = (uint8_t)to_int_range(v, 0, 255); break;
     case DF_DTYPE_COUNT: break;
     }
 }
