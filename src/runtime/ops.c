@@ -290,7 +290,7 @@ static bool param_ok(const df_tensor *p, int64_t d)
 }
 
 static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, df_tensor *b,
-                            double eps)
+                            double eps, int64_t groups)
 {
     x = dense(ctx, x);
     w = dense(ctx, w);
@@ -306,6 +306,7 @@ static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, d
     if (b)
         n->in[2] = b->v;
     n->a.f[0] = eps;
+    n->a.i[0] = groups;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     return df_emit(ctx, n);
 }
@@ -314,7 +315,7 @@ df_tensor *df_softmax(df_ctx *ctx, df_tensor *x)
 {
     if (!ready(ctx, 1, x))
         return NULL;
-    return norm_node(ctx, DF_OP_SOFTMAX, x, NULL, NULL, 0);
+    return norm_node(ctx, DF_OP_SOFTMAX, x, NULL, NULL, 0, 0);
 }
 
 df_tensor *df_layer_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, float eps)
@@ -326,7 +327,7 @@ df_tensor *df_layer_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, 
     if (x->v.ndim < 1 || !param_ok(w, d) || !param_ok(b, d))
         return fail_shape(ctx, NULL, "layer_norm", "weight/bias must be [%lld] for %s",
                           (long long)d, desc(x, dx));
-    return norm_node(ctx, DF_OP_LAYER_NORM, x, w, b, eps);
+    return norm_node(ctx, DF_OP_LAYER_NORM, x, w, b, eps, 0);
 }
 
 df_tensor *df_rms_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, float eps)
@@ -338,7 +339,7 @@ df_tensor *df_rms_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, float eps)
     if (x->v.ndim < 1 || !param_ok(w, d))
         return fail_shape(ctx, NULL, "rms_norm", "weight must be [%lld] for %s", (long long)d,
                           desc(x, dx));
-    return norm_node(ctx, DF_OP_RMS_NORM, x, w, NULL, eps);
+    return norm_node(ctx, DF_OP_RMS_NORM, x, w, NULL, eps, 0);
 }
 
 df_tensor *df_group_norm(df_ctx *ctx, df_tensor *x, int groups, df_tensor *w, df_tensor *b,
@@ -351,8 +352,7 @@ df_tensor *df_group_norm(df_ctx *ctx, df_tensor *x, int groups, df_tensor *w, df
     if (x->v.ndim < 2 || groups <= 0 || c % groups || !param_ok(w, c) || !param_ok(b, c))
         return fail_shape(ctx, NULL, "group_norm", "%s in %d groups (weight/bias [%lld])",
                           desc(x, dx), groups, (long long)c);
-    df_tensor *r = norm_node(ctx, DF_OP_GROUP_NORM, x, w, b, eps);
-    return r;
+    return norm_node(ctx, DF_OP_GROUP_NORM, x, w, b, eps, groups);
 }
 
 /* --- positions and time ------------------------------------------------------------------- */
