@@ -1,10 +1,11 @@
 /*
  * Pipelines: a whole diffusers folder (model_index.json) from prompt to image.
  *
- * df_pipeline_load reads model_index.json, picks the pipeline class (FluxPipeline today),
- * loads its components and creates the context they run in. df_pipeline_run encodes the
- * prompts, draws the starting noise exactly as torch.randn does for the seed, runs the
- * denoising loop (calling df_mark_step once per step) and decodes the latents.
+ * df_pipeline_load reads model_index.json, picks the pipeline class (FluxPipeline,
+ * StableDiffusion3Pipeline), loads its components and creates the context they run in.
+ * df_pipeline_run encodes the prompts, draws the starting noise exactly as torch.randn does
+ * for the seed, runs the denoising loop (calling df_mark_step once per step) and decodes
+ * the latents.
  */
 #ifndef DIFFUSE_PIPELINE_H
 #define DIFFUSE_PIPELINE_H
@@ -12,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "compile.h"
 #include "image.h"
 #include "runtime.h"
 
@@ -27,6 +29,9 @@ typedef struct df_load_opts {
     df_dtype dtype;      /* compute dtype: DF_DTYPE_F32 or DF_DTYPE_BF16; 0 with auto_dtype */
     bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with fast bf16, else f32 */
     df_eager_mode mode;  /* strict eager or defer-and-fuse */
+    bool compile;        /* compile the transformer's forward (static shapes, traced once
+                            per image size; see compile.h); the rest runs in `mode` */
+    bool compile_blocks; /* compile the transformer's repeated blocks instead */
 } df_load_opts;
 
 /* Called after every denoising step. */
@@ -51,9 +56,25 @@ typedef struct df_gen_params {
     const float *prompt_embeds;        /* [B, L, joint_attention_dim] */
     int64_t prompt_embeds_len;         /* L */
     const float *pooled_prompt_embeds; /* [B, pooled_projection_dim] */
-    const float *latents;              /* packed initial latents [B, seq, C*4] */
+    const float *latents;              /* packed initial latents [B, seq, C*4] (FLUX);
+                                        * [B, C, H/8, W/8] (SD3) */
     df_progress_fn progress;
     void *progress_user;
+    /* Classifier-free guidance (SD3: on when guidance > 1; default 7.0, 28 steps). */
+    const char *negative_prompt;       /* NULL: "" (diffusers' default) */
+    const float *negative_prompt_embeds;        /* [B, L, joint_attention_dim], with the
+                                                 * prompt embeddings (same L) */
+    const float *negative_pooled_prompt_embeds; /* [B, pooled_projection_dim] */
+    int clip_skip;               /* SD3: CLIP layers skipped from the end; 0 = none
+                                  * (hidden_states[-2]); the negative prompt ignores it */
+    /* Skip-layer guidance (SD3.5): at steps i with slg_start*N < i < slg_stop*N an extra
+     * positive-only forward leaves out slg_layers and the guided prediction gains
+     * slg_scale * (cond - skip). Off without layers; zero fields take the defaults. */
+    const int *slg_layers;
+    int n_slg_layers;
+    float slg_scale;             /* 0: 2.8 */
+    double slg_start;            /* 0: 0.01 (double: i > N * start in Python's double) */
+    double slg_stop;             /* 0: 0.2 */
 } df_gen_params;
 
 typedef struct df_gen_output {
@@ -61,7 +82,8 @@ typedef struct df_gen_output {
     int width, height;
     df_image **images;       /* count RGB8 images */
     float *image_f32;        /* [count, H, W, 3] in [0, 1] (VaeImageProcessor "np" output) */
-    float *latents;          /* final latents, [count, seq, C] (FLUX packed) */
+    float *latents;          /* final latents, [count, seq, C] (FLUX packed), [count, C, h, w]
+                              * (SD3) */
     int64_t latents_shape[4];
     int latents_ndim;
     int steps;

@@ -37,7 +37,20 @@ typedef struct flux_pipe {
     df_flux *transformer;
     df_vae *vae;
     df_scheduler_config sched;
+    df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux_pipe;
+
+/* The transformer's forward as a module, for df_compile. Inputs in df_flux_inputs order. */
+static df_status transformer_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                     df_tensor **out)
+{
+    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
+    out[0] = df_flux_forward(ctx, self, &fi);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+static const df_module transformer_module = {
+    .name = "FluxTransformer2DModel", .n_in = 7, .n_out = 1, .forward = transformer_forward};
 
 static void flux_free(void *impl)
 {
@@ -48,6 +61,7 @@ static void flux_free(void *impl)
     df_t5_free(f->t5);
     df_flux_free(f->transformer);
     df_vae_free(f->vae);
+    df_compiled_free(f->compiled);
     df_free(f);
 }
 
@@ -112,6 +126,9 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
                              (long long)df_clip_get_config(f->clip)->hidden_size,
                              (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
     }
+    if (p->opts.compile)
+        DF_TRY(df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true},
+                          &f->compiled));
     bool dev = df_flux_config(f->transformer)->guidance_embeds;
     p->default_steps = dev ? 28 : 4;
     p->default_guidance = dev ? 3.5f : 0.0f;
@@ -303,8 +320,17 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
             .guidance = cfg->guidance_embeds
                             ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), gs) : NULL,
         };
-        df_tensor *v = df_flux_forward(ctx, f->transformer, &in);
-        s = df_mark_step(ctx);
+        df_tensor *v = NULL;
+        if (f->compiled) {
+            df_tensor *args[7] = {in.hidden_states, in.encoder_hidden_states,
+                                  in.pooled_projections, in.timestep, in.img_ids, in.txt_ids,
+                                  in.guidance};
+            s = df_compiled_call(ctx, f->compiled, f->transformer, args, &v);
+        } else {
+            v = df_flux_forward(ctx, f->transformer, &in);
+        }
+        if (s == DF_OK)
+            s = df_mark_step(ctx);
         if (s == DF_OK)
             s = df_tensor_read(ctx, v, DF_DTYPE_F32, noise, (size_t)n_lat * sizeof *noise);
         if (s == DF_OK)

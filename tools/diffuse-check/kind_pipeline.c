@@ -35,29 +35,53 @@ static int get_tensor(check_case *c, const char *key, float **out, int64_t *shap
 
 int check_kind_pipeline(check_case *c)
 {
-    if (strcmp(c->cls, "FluxPipeline") != 0)
+    bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0;
+    if (strcmp(c->cls, "FluxPipeline") != 0 && !sd3)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "the case names no pipeline folder");
 
     df_gen_params g = {0};
     int rc = 0;
-    float *embeds = NULL, *pooled = NULL, *latents = NULL;
-    int64_t es[8], ps[8], ls[8];
-    int en = 0, pn = 0, ln = 0;
+    float *embeds = NULL, *pooled = NULL, *latents = NULL, *neg = NULL, *neg_pooled = NULL;
+    int64_t es[8], ps[8], ls[8], ns[8], nps[8];
+    int en = 0, pn = 0, ln = 0, nn = 0, npn = 0;
+    int slg[64];
     rc |= get_int(c, "height", 0, &g.height);
     rc |= get_int(c, "width", 0, &g.width);
     rc |= get_int(c, "num_inference_steps", 0, &g.steps);
     rc |= get_int(c, "max_sequence_length", 0, &g.max_sequence_length);
     rc |= get_int(c, "num_images_per_prompt", 1, &g.num_images);
     double guidance;
-    if (df_json_get_double_or(c->args, "guidance_scale", 3.5, &guidance) != DF_OK)
+    if (df_json_get_double_or(c->args, "guidance_scale", sd3 ? 7.0 : 3.5, &guidance) != DF_OK)
         rc |= check_fail(c, "args.guidance_scale: %s", df_error_message());
     g.guidance = (float)guidance;
     g.guidance_set = true;
     rc |= get_tensor(c, "prompt_embeds", &embeds, es, &en);
     rc |= get_tensor(c, "pooled_prompt_embeds", &pooled, ps, &pn);
     rc |= get_tensor(c, "latents", &latents, ls, &ln);
+    /* StableDiffusion3Pipeline: negative prompt / embeddings, clip_skip, skip-layer guidance */
+    rc |= get_tensor(c, "negative_prompt_embeds", &neg, ns, &nn);
+    rc |= get_tensor(c, "negative_pooled_prompt_embeds", &neg_pooled, nps, &npn);
+    g.negative_prompt_embeds = neg;
+    g.negative_pooled_prompt_embeds = neg_pooled;
+    g.negative_prompt = df_json_string(df_json_get(c->args, "negative_prompt"));
+    rc |= get_int(c, "clip_skip", 0, &g.clip_skip);
+    const df_json *sl = df_json_get(c->args, "skip_guidance_layers");
+    if (!df_json_is_null(sl)) {
+        g.n_slg_layers = (int)df_json_array_size(sl);
+        if (df_json_type_of(sl) != DF_JSON_ARRAY || g.n_slg_layers > 64)
+            rc |= check_fail(c, "args.skip_guidance_layers: expected a list of block indices");
+        for (int i = 0; i < g.n_slg_layers && i < 64; i++)
+            slg[i] = (int)df_json_number(df_json_array_get(sl, i));
+        g.slg_layers = slg;
+    }
+    double slg_scale;
+    if (df_json_get_double_or(c->args, "skip_layer_guidance_scale", 2.8, &slg_scale) != DF_OK ||
+        df_json_get_double_or(c->args, "skip_layer_guidance_start", 0.01, &g.slg_start) != DF_OK ||
+        df_json_get_double_or(c->args, "skip_layer_guidance_stop", 0.2, &g.slg_stop) != DF_OK)
+        rc |= check_fail(c, "args: %s", df_error_message());
+    g.slg_scale = (float)slg_scale;
     const char *prompt_list[64];
     const df_json *pj = df_json_get(c->args, "prompt");
     if (pj && df_json_type_of(pj) == DF_JSON_STRING) {
@@ -88,10 +112,14 @@ int check_kind_pipeline(check_case *c)
     df_pipeline *p = NULL;
     df_gen_output out = {0};
     if (rc == 0) {
-        df_eager_mode mode = strcmp(c->mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER;
+        /* compile / blocks: the transformer compiled, everything else deferred and fused. */
+        bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
+        df_eager_mode mode = strcmp(c->mode, "eager") == 0 ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
         df_status s = df_pipeline_load(c->model_dir,
                                        &(df_load_opts){.device = c->device, .threads = c->threads,
-                                                       .dtype = c->compute, .mode = mode},
+                                                       .dtype = c->compute, .mode = mode,
+                                                       .compile = compile,
+                                                       .compile_blocks = blocks},
                                        &p);
         if (s == DF_OK)
             s = df_pipeline_run(p, &g, &out);
@@ -99,7 +127,9 @@ int check_kind_pipeline(check_case *c)
             rc = check_fail(c, "%s", df_error_message());
     }
     if (rc == 0) {
-        int64_t n_lat = out.latents_shape[0] * out.latents_shape[1] * out.latents_shape[2];
+        int64_t n_lat = 1;
+        for (int d = 0; d < out.latents_ndim; d++)
+            n_lat *= out.latents_shape[d];
         int64_t n_img = (int64_t)out.count * out.height * out.width * 3;
         rc |= check_compare_f32(c, "latents_final", out.latents, n_lat);
         rc |= check_compare_f32(c, "image", out.image_f32, n_img);
@@ -127,5 +157,7 @@ int check_kind_pipeline(check_case *c)
     free(embeds);
     free(pooled);
     free(latents);
+    free(neg);
+    free(neg_pooled);
     return rc;
 }
