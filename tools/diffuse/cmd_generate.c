@@ -2,12 +2,14 @@
  * diffuse generate: text to image.
  *
  * Options follow the DESIGN's CLI; anything not given comes from the model folder's
- * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens). Several images are
+ * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens; SD3: 28 steps, CFG 7.0,
+ * skip-layer guidance only with --slg-layers). Several images are
  * written as NAME.png, NAME-1.png, ... Every PNG carries the generation parameters in a
  * tEXt chunk, and is written to a temporary name and renamed.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +32,14 @@ static void help(FILE *f)
         "  -W, --width N              image width, a multiple of 16 (default: model's, 1024)\n"
         "  -H, --height N             image height, a multiple of 16 (default: model's, 1024)\n"
         "      --steps N              denoising steps (default: schnell 4, dev 28)\n"
-        "      --guidance X           guidance scale (FLUX.1-dev; default 3.5; schnell ignores it)\n"
+        "      --guidance X           guidance scale (FLUX.1-dev 3.5, schnell ignores it; SD3: CFG\n"
+        "                             scale, default 7.0, classifier-free guidance when > 1)\n"
+        "      --negative-prompt TEXT SD3: the negative prompt for CFG (default empty)\n"
+        "      --clip-skip N          SD3: CLIP layers to skip from the end (default 0)\n"
+        "      --slg-layers L,L,...   SD3.5: skip-layer guidance on these blocks (e.g. 7,8,9)\n"
+        "      --slg-scale X          skip-layer guidance scale (default 2.8)\n"
+        "      --slg-start X          fraction of the steps where it starts (default 0.01)\n"
+        "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512)\n"
@@ -105,6 +114,40 @@ static char *read_file(const char *path)
     return buf;
 }
 
+/* A finite number (--slg-scale, --slg-start, --slg-stop). */
+static int parse_number(const char *opt, const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !isfinite(v)) {
+        fprintf(stderr, "diffuse generate: %s expects a number, got '%s'\n", opt, s);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+/* "7,8,9" -> {7, 8, 9} (--slg-layers). */
+static int parse_layers(const char *s, int *out, int cap, int *n)
+{
+    *n = 0;
+    for (const char *p = s;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > 100000 || *n == cap || (*end && *end != ',')) {
+            fprintf(stderr, "diffuse generate: --slg-layers expects block indices like 7,8,9 "
+                            "(at most %d), got '%s'\n", cap, s);
+            return 2;
+        }
+        out[(*n)++] = (int)v;
+        if (!*end)
+            return 0;
+        p = end + 1;
+    }
+}
+
 /* out.png -> out-3.png */
 static void numbered(char *dst, size_t cap, const char *path, int i)
 {
@@ -122,7 +165,8 @@ static void numbered(char *dst, size_t cap, const char *path, int i)
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
-           O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS };
+           O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
+           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -136,12 +180,19 @@ int cmd_generate(int argc, char **argv)
         {"offload", required_argument, 0, O_OFFLOAD}, {"device", required_argument, 0, O_DEVICE},
         {"threads", required_argument, 0, O_THREADS}, {"vae-tiling", no_argument, 0, O_TILING},
         {"stats-json", required_argument, 0, O_STATS}, {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},
+        {"negative-prompt", required_argument, 0, O_NEGATIVE},
+        {"clip-skip", required_argument, 0, O_CLIP_SKIP},
+        {"slg-layers", required_argument, 0, O_SLG_LAYERS},
+        {"slg-scale", required_argument, 0, O_SLG_SCALE},
+        {"slg-start", required_argument, 0, O_SLG_START},
+        {"slg-stop", required_argument, 0, O_SLG_STOP}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
     int verbose = 0, rc;
+    int slg_layers[64];
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "m:p:o:W:H:n:vh", longopts, NULL)) != -1;) {
         switch (c) {
@@ -196,8 +247,8 @@ int cmd_generate(int argc, char **argv)
             } else if (!strcmp(optarg, "fuse")) {
                 lo.mode = DF_DEFER_AND_FUSE;
             } else if (!strcmp(optarg, "compile")) {
-                fprintf(stderr, "diffuse generate: --mode compile is not implemented yet\n");
-                return 1;
+                lo.mode = DF_DEFER_AND_FUSE; /* the transformer compiled, the rest fused */
+                lo.compile = true;
             } else {
                 fprintf(stderr, "diffuse generate: --mode is eager, fuse or compile, not '%s'\n",
                         optarg);
@@ -216,6 +267,31 @@ int cmd_generate(int argc, char **argv)
                 fprintf(stderr, "diffuse generate: --offload %s is not implemented yet\n", optarg);
                 return 1;
             }
+            break;
+        case O_NEGATIVE: g.negative_prompt = optarg; break;
+        case O_CLIP_SKIP:
+            if ((rc = parse_int("--clip-skip", optarg, 0, 64, &g.clip_skip)))
+                return rc;
+            break;
+        case O_SLG_LAYERS:
+            if ((rc = parse_layers(optarg, slg_layers, 64, &g.n_slg_layers)))
+                return rc;
+            g.slg_layers = slg_layers;
+            break;
+        case O_SLG_SCALE: {
+            double v;
+            if ((rc = parse_number("--slg-scale", optarg, &v)))
+                return rc;
+            g.slg_scale = (float)v;
+            break;
+        }
+        case O_SLG_START:
+            if ((rc = parse_number("--slg-start", optarg, &g.slg_start)))
+                return rc;
+            break;
+        case O_SLG_STOP:
+            if ((rc = parse_number("--slg-stop", optarg, &g.slg_stop)))
+                return rc;
             break;
         case O_DEVICE: lo.device = optarg; break;
         case O_TILING: g.vae_tiling = true; break;
@@ -256,7 +332,8 @@ int cmd_generate(int argc, char **argv)
             char path[4096], *params = NULL;
             numbered(path, sizeof path, output, i);
             const char *slash = strrchr(model, '/');
-            df_image_params ip = {.prompt = prompt, .steps = out.steps, .sampler = "Euler",
+            df_image_params ip = {.prompt = prompt, .negative_prompt = g.negative_prompt,
+                                  .steps = out.steps, .sampler = "Euler",
                                   .cfg_scale = out.guidance, .seed = g.seed + 0,
                                   .width = out.width, .height = out.height,
                                   .model = slash && slash[1] ? slash + 1 : model};
