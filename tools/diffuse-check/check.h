@@ -33,6 +33,14 @@ typedef struct check_case {
     FILE *stats_json;        /* --stats-json target or NULL */
 } check_case;
 
+/* With --dtype bf16 every float output must be within this relative L2 error. */
+#define CHECK_BF16_REL_L2 2e-2
+
+/* Context options for the case: device, threads, compute dtype, and the execution mode for
+ * components that are not compiled (eager: strict eager; fuse, compile, blocks: defer-and-
+ * fuse, since in the compiled modes only the transformer is compiled, as in the CLI). */
+df_ctx_opts check_ctx_opts(const check_case *c);
+
 /* Reads tensor `name` of case.safetensors ("in.x", "out.y") converted to f64 / i64.
  * *out is malloc'd (free()); shape and ndim receive its shape (shape has room for 8). */
 df_status check_read_f64(const check_case *c, const char *name, double **out, int64_t *shape,

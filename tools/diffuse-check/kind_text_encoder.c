@@ -1,0 +1,173 @@
+/*
+ * Golden kind "text_encoder": transformers' text encoders from the case's component folder.
+ *
+ * CLIPTextModel / CLIPTextModelWithProjection: args.input_ids [B, S] through df_clip_encode,
+ * outputs last_hidden_state, pooler_output, text_embeds and hidden_states_m2
+ * (= hidden_states[-2]). T5EncoderModel: args.input_ids through df_t5_encode without a mask
+ * (last_hidden_state) and with args.attention_mask (last_hidden_state_masked). Each output
+ * the case lists is compared; an output name this handler does not know fails the case.
+ * MistralModel belongs to a later issue and is reported as not implemented.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+/* The outputs one run produced, by the case's output names. */
+typedef struct te_outputs {
+    const char *names[8];
+    df_tensor *tensors[8];
+    int n;
+} te_outputs;
+
+static void put(te_outputs *o, const char *name, df_tensor *t)
+{
+    if (t && o->n < 8) {
+        o->names[o->n] = name;
+        o->tensors[o->n++] = t;
+    }
+}
+
+static df_tensor *find(const te_outputs *o, const char *name)
+{
+    for (int i = 0; i < o->n; i++)
+        if (strcmp(o->names[i], name) == 0)
+            return o->tensors[i];
+    return NULL;
+}
+
+/* Reads args.<key> ("in.x", an integer tensor) into a new tensor; *host keeps the values. */
+static int int_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **t, int64_t **host)
+{
+    const char *name;
+    int64_t shape[8];
+    int ndim;
+    *t = NULL;
+    *host = NULL;
+    if (df_json_get_string(c->args, key, &name) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    if (check_read_i64(c, name, host, shape, &ndim) != DF_OK)
+        return check_fail(c, "%s: %s", name, df_error_message());
+    *t = df_tensor_from_host(ctx, DF_DTYPE_I64, shape, ndim, *host);
+    if (!*t)
+        return check_fail(c, "%s: %s", name, df_error_message());
+    return 0;
+}
+
+static int compare_outputs(check_case *c, df_ctx *ctx, const te_outputs *o)
+{
+    const df_json *outputs;
+    if (df_json_get_object(c->root, "outputs", &outputs) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    int failures = 0;
+    for (int64_t i = 0; i < df_json_object_size(outputs); i++) {
+        const char *name;
+        df_json_object_at(outputs, i, &name);
+        df_tensor *t = find(o, name);
+        if (!t) {
+            failures += check_fail(c, "output '%s' is not produced by %s", name, c->cls);
+            continue;
+        }
+        int64_t n = df_tensor_numel(t);
+        float *got = malloc((size_t)n * sizeof *got);
+        if (!got || df_tensor_read(ctx, t, DF_DTYPE_F32, got, (size_t)n * sizeof *got) != DF_OK)
+            failures +=
+                check_fail(c, "output '%s': %s", name, got ? df_error_message() : "out of memory");
+        else
+            failures += check_compare_f32(c, name, got, n);
+        free(got);
+    }
+    return failures ? 1 : 0;
+}
+
+static int run_clip(check_case *c, df_ctx *ctx, te_outputs *o)
+{
+    df_clip *m;
+    if (df_clip_load(ctx, c->model_dir, &m) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    bool want_proj = strcmp(c->cls, "CLIPTextModelWithProjection") == 0;
+    if (df_clip_get_config(m)->with_projection != want_proj) {
+        df_clip_free(m);
+        return check_fail(c, "%s: the checkpoint %s text_projection.weight, unlike a %s",
+                          c->model_dir, want_proj ? "lacks" : "has", c->cls);
+    }
+    df_tensor *ids;
+    int64_t *host;
+    int rc = int_arg(c, ctx, "input_ids", &ids, &host);
+    df_clip_output out;
+    if (rc == 0 && df_clip_encode(ctx, m, ids, host,
+                                  &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1},
+                                  &out) != DF_OK)
+        rc = check_fail(c, "%s", df_error_message());
+    if (rc == 0) {
+        put(o, "last_hidden_state", out.last_hidden_state);
+        put(o, "pooler_output", out.pooler_output);
+        put(o, "text_embeds", out.text_embeds);
+        put(o, "hidden_states_m2", out.hidden_states[0]);
+        rc = compare_outputs(c, ctx, o);
+    }
+    free(host);
+    df_clip_free(m);
+    return rc;
+}
+
+static int run_t5(check_case *c, df_ctx *ctx, te_outputs *o)
+{
+    df_t5 *m;
+    if (df_t5_load(ctx, c->model_dir, &m) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    df_tensor *ids, *mask = NULL, *plain, *masked = NULL;
+    int64_t *host, *mask_host = NULL;
+    int rc = int_arg(c, ctx, "input_ids", &ids, &host);
+    if (rc == 0 && df_t5_encode(ctx, m, ids, NULL, &plain) != DF_OK)
+        rc = check_fail(c, "%s", df_error_message());
+    if (rc == 0 && !df_json_is_null(df_json_get(c->args, "attention_mask"))) {
+        rc = int_arg(c, ctx, "attention_mask", &mask, &mask_host);
+        if (rc == 0 && df_t5_encode(ctx, m, ids, mask, &masked) != DF_OK)
+            rc = check_fail(c, "%s", df_error_message());
+    }
+    if (rc == 0) {
+        put(o, "last_hidden_state", plain);
+        put(o, "last_hidden_state_masked", masked);
+        rc = compare_outputs(c, ctx, o);
+    }
+    free(host);
+    free(mask_host);
+    df_t5_free(m);
+    return rc;
+}
+
+static void write_stats(check_case *c, df_ctx *ctx)
+{
+    if (!c->stats_json)
+        return;
+    df_stats s;
+    char buf[2048];
+    df_ctx_stats(ctx, &s);
+    df_stats_to_json(&s, buf, sizeof buf);
+    fprintf(c->stats_json, "%s\n", buf);
+}
+
+int check_kind_text_encoder(check_case *c)
+{
+    bool clip =
+        strcmp(c->cls, "CLIPTextModel") == 0 || strcmp(c->cls, "CLIPTextModelWithProjection") == 0;
+    bool t5 = strcmp(c->cls, "T5EncoderModel") == 0;
+    if (!clip && !t5)
+        return check_fail(c, "class %s is not implemented yet", c->cls);
+    if (!c->model_dir)
+        return check_fail(c, "case.json \"dir\" is null; a text encoder needs its folder");
+
+    df_ctx *ctx;
+    df_ctx_opts opts = check_ctx_opts(c);
+    if (df_ctx_create(&opts, &ctx) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    te_outputs o = {0};
+    df_scope mark = df_scope_begin(ctx);
+    int rc = clip ? run_clip(c, ctx, &o) : run_t5(c, ctx, &o);
+    df_scope_end(ctx, mark, NULL);
+    write_stats(c, ctx);
+    df_ctx_free(ctx);
+    return rc;
+}
