@@ -23,6 +23,16 @@ extern "C" {
 
 typedef struct df_pipeline df_pipeline;
 
+/* Where weights live between uses (diffusers' enable_model_cpu_offload and
+ * enable_sequential_cpu_offload). On the CPU, "resident" means mapped into memory and
+ * packed for the GEMM; released weights keep only their file mapping. */
+typedef enum df_offload {
+    DF_OFFLOAD_NONE,       /* every component resident from load on */
+    DF_OFFLOAD_MODEL,      /* each component resident only while it runs */
+    DF_OFFLOAD_SEQUENTIAL, /* the transformer's blocks resident one at a time, the next
+                              block read ahead while the current one runs */
+} df_offload;
+
 typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */
@@ -32,6 +42,7 @@ typedef struct df_load_opts {
     bool compile;        /* compile the transformer's forward (static shapes, traced once
                             per image size; see compile.h); the rest runs in `mode` */
     bool compile_blocks; /* compile the transformer's repeated blocks instead */
+    df_offload offload;
 } df_load_opts;
 
 /* Called after every denoising step. */
@@ -88,6 +99,13 @@ typedef struct df_gen_output {
     int latents_ndim;
     int steps;
     float guidance;
+    /* Weight residency and memory after each phase of the run (encode, denoise, decode). */
+    int n_phases;
+    struct {
+        const char *phase;
+        int64_t resident_weight_bytes;
+        int64_t rss_bytes;
+    } phases[8];
 } df_gen_output;
 
 /* Loads the pipeline in `dir` (the folder with model_index.json). opts may be NULL.

@@ -68,6 +68,7 @@ typedef struct df_stats {
     int64_t arena_bytes;           /* planned arena of compiled programs */
     int64_t steps;                 /* df_mark_step() calls */
     double seconds_per_step;       /* mean wall time between df_mark_step() calls */
+    int64_t rss_bytes;             /* the process's resident set now */
 } df_stats;
 
 /* The device chosen when none is named: $DIFFUSE_DEVICE, else the best that answers. */

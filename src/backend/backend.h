@@ -172,6 +172,8 @@ typedef struct df_backend_ops {
     df_status (*stream_submit)(df_stream *s, const df_work *w);
     /* Waits for all queued work; returns the stream's first failure (sticky). */
     df_status (*stream_sync)(df_stream *s);
+    /* Waits until at most `depth` items are queued and not finished. */
+    void (*stream_throttle)(df_stream *s, size_t depth);
     /* Forgets the stream's failure after it has been reported. */
     void (*stream_reset)(df_stream *s);
     /* Compute threads the device uses (CPU), or 1. */

@@ -27,6 +27,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "models/residency.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 
@@ -63,6 +64,18 @@ static void flux_free(void *impl)
     df_vae_free(f->vae);
     df_compiled_free(f->compiled);
     df_free(f);
+}
+
+/* Offloading: a component is made resident before it runs and released after. */
+static void onload(const df_pipeline *p, df_weight_set *ws)
+{
+    if (ws && p->opts.offload != DF_OFFLOAD_NONE)
+        df_ws_acquire(ws, NULL);
+}
+
+static df_status offload(const df_pipeline *p, df_weight_set *ws)
+{
+    return ws && p->opts.offload != DF_OFFLOAD_NONE ? df_ws_release(ws, NULL) : DF_OK;
 }
 
 static df_status expect_class(const df_pipeline *p, const df_model_index *idx, const char *name,
@@ -129,6 +142,16 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     if (p->opts.compile)
         DF_TRY(df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true},
                           &f->compiled));
+    if (p->opts.compile_blocks)
+        DF_TRY(df_flux_compile_repeated_blocks(f->transformer,
+                                               &(df_compile_opts){.fullgraph = true}));
+    if (p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
+        DF_TRY(df_flux_set_sequential_offload(f->transformer, true));
+    /* With offloading nothing stays resident after loading. */
+    DF_TRY(offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
+    DF_TRY(offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
+    DF_TRY(offload(p, df_flux_weight_set(f->transformer)));
+    DF_TRY(offload(p, df_vae_weight_set(f->vae)));
     bool dev = df_flux_config(f->transformer)->guidance_embeds;
     p->default_steps = dev ? 28 : 4;
     p->default_guidance = dev ? 3.5f : 0.0f;
@@ -254,7 +277,14 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                                      g->pooled_prompt_embeds);
         s = df_ctx_status(ctx);
     } else {
+        onload(p, df_clip_weight_set(f->clip));
+        onload(p, df_t5_weight_set(f->t5));
         s = encode_prompts(p, f, prompts, np, per, max_seq, &embeds, &pooled);
+        if (s == DF_OK)
+            s = offload(p, df_clip_weight_set(f->clip));
+        if (s == DF_OK)
+            s = offload(p, df_t5_weight_set(f->t5));
+        df_pipeline_note_phase(p, out, "encode");
     }
 
     float *lat = df_malloc((size_t)n_lat * sizeof *lat);
@@ -302,6 +332,8 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     df_tensor *txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt);
     if (s == DF_OK)
         s = df_ctx_status(ctx);
+    if (p->opts.offload == DF_OFFLOAD_MODEL)
+        onload(p, df_flux_weight_set(f->transformer));
     double t0 = df_now();
     for (int i = 0; i < steps && s == DF_OK; i++) {
         df_scope mark = df_scope_begin(ctx);
@@ -340,8 +372,12 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
             g->progress(i + 1, steps, df_now() - t0, g->progress_user);
     }
     df_scheduler_free(sched);
+    if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
+        s = offload(p, df_flux_weight_set(f->transformer));
+    df_pipeline_note_phase(p, out, "denoise");
 
     /* Decode. */
+    onload(p, df_vae_weight_set(f->vae));
     int64_t n_img = (int64_t)B * 3 * H * W;
     float *decoded = s == DF_OK ? df_malloc((size_t)n_img * sizeof *decoded) : NULL;
     if (s == DF_OK && !decoded)
@@ -357,6 +393,9 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                               : df_vae_decode(ctx, f->vae, z, &img);
         if (s == DF_OK)
             s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
+        if (s == DF_OK)
+            s = offload(p, df_vae_weight_set(f->vae));
+        df_pipeline_note_phase(p, out, "decode");
     }
     if (s == DF_OK) {
         out->count = B;

@@ -25,6 +25,10 @@ struct df_pipeline {
 
 extern const df_pipeline_kind df_flux_pipeline_class;
 
+/* Records the residency and memory after `phase` in the output. */
+void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
+extern const df_pipeline_kind df_sd3_pipeline_class;
+
 /* The folder of component `name` of the pipeline, or an error naming it when the index
  * lists it as null or the folder is missing. */
 df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *idx,

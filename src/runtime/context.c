@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -250,6 +251,12 @@ void df_ctx_stats(df_ctx *ctx, df_stats *out)
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
     out->seconds_per_step = ctx->steps_timed ? ctx->step_seconds / (double)ctx->steps_timed : 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages_total, pages_resident;
+    if (f && fscanf(f, "%ld %ld", &pages_total, &pages_resident) == 2)
+        out->rss_bytes = (int64_t)pages_resident * sysconf(_SC_PAGESIZE);
+    if (f)
+        fclose(f);
 }
 
 void df_stats_reset(df_ctx *ctx)
@@ -279,12 +286,12 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     "\"fused_kernels\":%lld,\"bytes_allocated\":%lld,\"peak_bytes\":%lld,"
                     "\"peak_rss_bytes\":%lld,\"weight_bytes_read\":%lld,"
                     "\"resident_weight_bytes\":%lld,\"arena_bytes\":%lld,\"steps\":%lld,"
-                    "\"seconds_per_step\":%.6f}",
+                    "\"seconds_per_step\":%.6f,\"rss_bytes\":%lld}",
                     (long long)s->ops_enqueued, (long long)s->graphs_built,
                     (long long)s->graphs_compiled, (long long)s->cache_hits,
                     (long long)s->cache_misses, s->compile_ms, (long long)s->fused_kernels,
                     (long long)s->bytes_allocated, (long long)s->peak_bytes,
                     (long long)s->peak_rss_bytes, (long long)s->weight_bytes_read,
                     (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
-                    (long long)s->steps, s->seconds_per_step);
+                    (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes);
 }

@@ -10,6 +10,8 @@
 #include "core/status.h"
 #include "runtime/runtime.h"
 
+#define DF_MAX_QUEUED_OPS 32
+
 void df_node_free(df_node *n)
 {
     if (!n)
@@ -69,6 +71,11 @@ df_status df_eager_submit(df_ctx *ctx, df_node *node)
     ctx->stats.ops_enqueued++;
     if (ctx->launch_blocking)
         return ctx->dev->ops->stream_sync(ctx->stream);
+    /* Outputs are allocated when an op is queued, so a host far ahead of the stream would
+     * hold every queued op's memory at once. Like a GPU driver's launch queue, the queue
+     * has a bounded depth: past it the host waits for the oldest work to finish. */
+    if (ctx->dev->ops->stream_throttle)
+        ctx->dev->ops->stream_throttle(ctx->stream, DF_MAX_QUEUED_OPS);
     return DF_OK;
 }
 

@@ -105,8 +105,7 @@ static void *worker(void *arg)
             snprintf(s->failed_msg, sizeof s->failed_msg, "%s", df_error_message());
         }
         s->busy = false;
-        if (s->count == 0)
-            pthread_cond_broadcast(&s->idle);
+        pthread_cond_broadcast(&s->idle); /* sync waits for empty, throttle for shallower */
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -192,6 +191,14 @@ static df_status cpu_stream_sync(df_stream *s)
     return st;
 }
 
+static void cpu_stream_throttle(df_stream *s, size_t depth)
+{
+    pthread_mutex_lock(&s->mu);
+    while (s->count + (s->busy ? 1 : 0) > depth && s->failed == DF_OK)
+        pthread_cond_wait(&s->idle, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void cpu_stream_reset(df_stream *s)
 {
     pthread_mutex_lock(&s->mu);
@@ -220,6 +227,7 @@ static const df_backend_ops cpu_ops = {
     .stream_submit  = cpu_stream_submit,
     .stream_sync    = cpu_stream_sync,
     .stream_reset   = cpu_stream_reset,
+    .stream_throttle = cpu_stream_throttle,
     .device_threads = cpu_device_threads,
     .kernels        = df_cpu_kernels,
     .run_fused      = df_cpu_fused,

@@ -1,0 +1,122 @@
+/*
+ * The VAE decoder: diffusers' AutoencoderKL, decoder side, and the steps around it that
+ * the pipelines share (FLUX latent unpacking, un-scaling, image post-processing).
+ *
+ * A df_vae is loaded from a diffusers `vae/` folder (config.json + weights). Only the
+ * decoder is built: decoder.* and post_quant_conv.* are bound, while the encoder's tensors
+ * (encoder.*, quant_conv.*) that full checkpoints carry are skipped on purpose. Any other
+ * tensor the config does not call for is an error.
+ *
+ * The decode path of a pipeline reads:
+ *     df_vae_unpack_latents(ctx, packed, h, w, &z);   FLUX only: (B, S, 4C) -> (B, C, h, w)
+ *     df_vae_unscale(ctx, vae, z, &z);                 z / scaling_factor + shift_factor
+ *     df_vae_decode(ctx, vae, z, &img);                (B, C, h, w) -> (B, 3, 8h, 8w)
+ *     df_tensor_read(ctx, img, DF_DTYPE_F32, buf, ...);
+ *     df_vae_postprocess_rgb8(buf, B, 3, 8h, 8w, pixels);
+ *
+ * Tensors returned by these functions belong to the context's current scope, like op
+ * results (runtime.h).
+ */
+#ifndef DIFFUSE_VAE_H
+#define DIFFUSE_VAE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most entries block_out_channels may have. */
+#define DF_VAE_MAX_BLOCKS 8
+
+typedef struct df_vae df_vae;
+
+/* The decoder's settings, read from vae/config.json. */
+typedef struct df_vae_info {
+    int64_t latent_channels; /* z channels */
+    int64_t out_channels;    /* image channels (3) */
+    int n_blocks;            /* len(block_out_channels) */
+    int64_t block_out_channels[DF_VAE_MAX_BLOCKS];
+    int layers_per_block; /* each up block has this + 1 ResNets */
+    int norm_num_groups;
+    bool mid_block_add_attention; /* default true */
+    bool use_post_quant_conv;     /* default true (SD1/SDXL); FLUX, SD3: false */
+    double scaling_factor;        /* default 0.18215 */
+    double shift_factor;          /* null or absent: 0 */
+    int64_t scale_factor;         /* 2^(n_blocks - 1): pixels per latent */
+} df_vae_info;
+
+/*
+ * Loads the AutoencoderKL decoder in `dir` (the folder holding config.json and
+ * diffusion_pytorch_model.safetensors). Weights stay in the mapped file, in their stored
+ * dtype. On success *out is owned by the caller; free it with df_vae_free(). Fails with
+ * DF_E_IO when a file cannot be read; DF_E_FORMAT when the config is malformed or
+ * impossible (empty block_out_channels, norm_num_groups not dividing a channel count, ...)
+ * or the weights disagree with it (missing tensor, wrong shape, unexpected decoder
+ * tensor); DF_E_UNSUPPORTED for another class, block type or activation.
+ */
+DF_API df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out);
+
+/* The decoder's settings (borrowed; valid while vae lives). */
+DF_API const df_vae_info *df_vae_config(const df_vae *vae);
+
+/*
+ * FluxPipeline._unpack_latents: packed latents [B, (h/2)(w/2), 4C] -> [B, C, h, w], where
+ * packed channel c*4 + dy*2 + dx of token (y, x) lands at (c, 2y + dy, 2x + dx). h and w
+ * are the latent height and width (pixels / vae scale factor). DF_E_SHAPE when h or w is
+ * odd or not positive, or the packed shape does not match.
+ */
+DF_API df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h, int64_t w,
+                                       df_tensor **out);
+/* The inverse, FluxPipeline._pack_latents: [B, C, h, w] -> [B, (h/2)(w/2), 4C]. */
+DF_API df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out);
+
+/* latents / scaling_factor + shift_factor (any shape), as the pipelines do before decode. */
+DF_API df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
+                                df_tensor **out);
+
+/*
+ * AutoencoderKL.decode: latents [B, latent_channels, h, w] -> [B, out_channels, h*f, w*f]
+ * with f = scale_factor (8 for four blocks), f32. Each block's temporaries are released
+ * when it ends and the call waits for each block to run, so the memory in use is about
+ * one block's working set (it returns when the last block has run). DF_E_SHAPE when the
+ * latents do not fit; a failed op is reported here and leaves the context failed.
+ */
+DF_API df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out);
+
+/*
+ * The same decode, tile by tile, so memory stays bounded for large images: the latents are
+ * cut into tiles of tile_latent x tile_latent (the last tile of a row or column is
+ * smaller) that overlap their neighbours by overlap_latent; each tile is decoded on its
+ * own and neighbouring tiles are blended linearly across the overlap (overlap_latent * f
+ * pixels). 0 picks the defaults, 64 (512 pixels) and 16 (a quarter of a smaller tile). The
+ * memory in use is about one tile's working set plus the image. Because GroupNorm sees one
+ * tile's statistics instead of the whole image's, the result is close to, not equal to,
+ * df_vae_decode's. Latents that fit in one tile are decoded whole. DF_E_ARG when
+ * tile_latent < 2 * overlap_latent or either is negative.
+ */
+DF_API df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
+                                     int64_t tile_latent, int64_t overlap_latent, df_tensor **out);
+
+/* Frees the decoder and its weights (waits for queued work that reads them). NULL is fine. */
+DF_API void df_vae_free(df_vae *vae);
+
+/*
+ * VaeImageProcessor.postprocess on host memory. decoded is [B, C, H, W] f32 as decode
+ * returns it. _f32 writes [B, H, W, C] floats clamp(x / 2 + 0.5, 0, 1) (output_type "np");
+ * _rgb8 writes [B, H, W, C] bytes round(image * 255) with the product in float32 and ties
+ * to even, as numpy does (output_type "pil"); NaN becomes 0. DF_E_ARG for NULL pointers or
+ * sizes below 1.
+ */
+DF_API df_status df_vae_postprocess_f32(const float *decoded, int64_t batch, int64_t channels,
+                                        int64_t height, int64_t width, float *out);
+DF_API df_status df_vae_postprocess_rgb8(const float *decoded, int64_t batch, int64_t channels,
+                                         int64_t height, int64_t width, uint8_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

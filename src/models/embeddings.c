@@ -1,0 +1,76 @@
+/*
+ * Conditioning embeddings and adaptive layer norms shared by the diffusion transformers.
+ *
+ * Each function mirrors one diffusers module (named in embeddings.h) with the op API only,
+ * so it runs unchanged in every execution mode. Choices:
+ * - Modulation vectors are views (chunks) of one linear output, unsqueezed to [B, 1, D];
+ *   the elementwise ops broadcast them over the sequence without copies.
+ * - The timestep scale (FLUX multiplies sigma by 1000) is an attribute of the sinusoid op,
+ *   applied in f32 before the frequencies, as diffusers computes `timesteps.float() * freq`
+ *   on the already scaled value: for an f32 t, float(t) * 1000.0f rounds once, exactly as
+ *   float(double(t) * 1000) does.
+ */
+#include "models/embeddings.h"
+
+#include "core/status.h"
+
+df_status df_emb_mlp_bind(df_weight_set *ws, df_emb_mlp *out, int64_t in, int64_t hidden,
+                          int64_t out_f, bool bias, const char *prefix)
+{
+    DF_TRY(df_ws_linear(ws, &out->linear_1, hidden, in, bias, "%s.linear_1", prefix));
+    DF_TRY(df_ws_linear(ws, &out->linear_2, out_f, hidden, bias, "%s.linear_2", prefix));
+    return DF_OK;
+}
+
+df_tensor *df_emb_mlp_forward(df_ctx *ctx, const df_emb_mlp *mlp, df_tensor *x)
+{
+    df_tensor *h = df_silu(ctx, df_linear(ctx, x, &mlp->linear_1)); /* [..., hidden] */
+    return df_linear(ctx, h, &mlp->linear_2);                       /* [..., out]    */
+}
+
+df_tensor *df_emb_timestep(df_ctx *ctx, const df_emb_mlp *mlp, df_tensor *t, int dim, float scale)
+{
+    /* Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0): [cos, sin] */
+    df_tensor *proj =
+        df_timestep_embedding(ctx, t, dim, true, 0.0f, scale, 10000.0f); /* [B, dim] */
+    return df_emb_mlp_forward(ctx, mlp, proj);                           /* [B, out] */
+}
+
+void df_emb_modulation(df_ctx *ctx, const df_linear_weights *linear, df_tensor *cond, int n,
+                       df_tensor **out)
+{
+    df_tensor *emb = df_linear(ctx, df_silu(ctx, cond), linear); /* [B, n*D] */
+    for (int i = 0; i < n; i++)
+        out[i] = df_unsqueeze(ctx, df_chunk(ctx, emb, n, 1, i), 1); /* [B, 1, D] */
+    if (df_ctx_status(ctx) != DF_OK)
+        for (int i = 0; i < n; i++)
+            out[i] = NULL;
+}
+
+df_tensor *df_emb_modulate(df_ctx *ctx, df_tensor *x, df_tensor *shift, df_tensor *scale, float eps)
+{
+    df_tensor *h = df_layer_norm(ctx, x, NULL, NULL, eps); /* [B, S, D] */
+    h = df_mul(ctx, h, df_scale(ctx, scale, 1.0f, 1.0f));  /* * (1 + scale) */
+    return df_add(ctx, h, shift);                          /* + shift [B, S, D] */
+}
+
+df_tensor *df_emb_ada_norm_continuous(df_ctx *ctx, const df_linear_weights *linear, df_tensor *x,
+                                      df_tensor *cond, float eps)
+{
+    df_tensor *mod[2];
+    df_emb_modulation(ctx, linear, cond, 2, mod); /* scale, shift: [B, 1, D] each */
+    return df_emb_modulate(ctx, x, mod[1], mod[0], eps);
+}
+
+df_tensor *df_emb_rope_table(df_ctx *ctx, df_tensor *txt_ids, df_tensor *img_ids,
+                             const int *axes_dim, int n_axes, double theta)
+{
+    if (!txt_ids || !img_ids)
+        return NULL;
+    if (df_tensor_dtype(txt_ids) != df_tensor_dtype(img_ids)) {
+        txt_ids = df_cast(ctx, txt_ids, DF_DTYPE_F64); /* exact for f32/f16/bf16 and ids < 2^53 */
+        img_ids = df_cast(ctx, img_ids, DF_DTYPE_F64);
+    }
+    df_tensor *ids = df_concat(ctx, txt_ids, img_ids, 0);    /* [S, A] text first */
+    return df_rope_table(ctx, ids, axes_dim, n_axes, theta); /* [S, sum/2, 2]     */
+}

@@ -1,0 +1,746 @@
+/*
+ * The FLUX.1 transformer: diffusers' FluxTransformer2DModel (0.37), on the op API.
+ *
+ * Loading reads config.json with diffusers' defaults for absent keys and rejects values
+ * it cannot run before anything is allocated; then every weight is bound by its diffusers
+ * name and expected shape through a weight set (loader.h), which keeps the checkpoint's
+ * dtype and reports a missing, mis-shaped or unexpected tensor by name.
+ *
+ * The forward reads like FluxTransformer2DModel.forward, with two choices that do not
+ * change the function computed:
+ * - The single-stream blocks run on the joint sequence [text, image] from the first to
+ *   the last: diffusers concatenates before and splits after each block, which moves the
+ *   same numbers.
+ * - Block outputs are kept with one fixed scope mark per block loop, so each block's end
+ *   also releases the previous block's outputs: eager memory stays one block's working set.
+ * Per-head RMS norms come before RoPE; attention runs over [text, image] with the RoPE
+ * table of cat(txt_ids, img_ids) (conventions in ../shared/reference/conventions.md).
+ *
+ * Sequential offload (df_flux_set_sequential_offload) only adds residency calls around the
+ * blocks (loader.h: acquire reads the next block ahead, release drops a block's pages and
+ * packed forms after its queued kernels ran); the ops are the same.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <diffuse/compile.h>
+#include <diffuse/flux.h>
+#include <diffuse/layout.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "models/embeddings.h"
+#include "models/loader.h"
+#include "models/residency.h"
+#include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
+
+#define FLUX_EPS           1e-6f   /* every LayerNorm and RMSNorm of the model */
+#define FLUX_TIME_CHANNELS 256     /* sinusoidal features of timestep and guidance */
+#define FLUX_TIME_SCALE    1000.0f /* the model embeds 1000 * sigma and 1000 * guidance */
+#define FLUX_ROPE_THETA    10000.0
+#define FLUX_MAX_SIZE      (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
+
+/* q, k, v projections of one stream with their per-head RMS norms. */
+typedef struct qkv_weights {
+    df_linear_weights to_q, to_k, to_v; /* [D, D] */
+    df_tensor *norm_q, *norm_k;         /* [Dh] */
+} qkv_weights;
+
+/* FluxTransformerBlock: image stream (norm1, attn.to_*, ff) and text stream
+ * (norm1_context, attn.add_*_proj, ff_context). */
+typedef struct double_block {
+    df_linear_weights norm1, norm1_context; /* [6D, D] */
+    qkv_weights img, txt;
+    df_linear_weights to_out, to_add_out; /* [D, D] */
+    df_linear_weights ff_in, ff_out;      /* [4D, D], [D, 4D] */
+    df_linear_weights ff_ctx_in, ff_ctx_out;
+} double_block;
+
+/* FluxSingleTransformerBlock. */
+typedef struct single_block {
+    df_linear_weights norm; /* [3D, D] */
+    qkv_weights attn;
+    df_linear_weights proj_mlp; /* [4D, D] */
+    df_linear_weights proj_out; /* [D, 5D] */
+} single_block;
+
+struct df_flux {
+    df_ctx *ctx;
+    df_flux_cfg cfg;
+    int axes[DF_FLUX_MAX_AXES];
+    df_weight_set *ws;
+    df_linear_weights x_embedder, context_embedder; /* [D, in], [D, joint] */
+    df_emb_mlp time_embedder, guidance_embedder, text_embedder;
+    double_block *blocks;
+    single_block *singles;
+    df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
+    bool sequential;                      /* sequential offload: blocks resident one at a time */
+    /* Compiled repeated blocks: one program per block class, weights as arguments. */
+    df_compiled *double_c, *single_c;
+    struct block_ref *refs;               /* [num_layers + num_single_layers] */
+};
+
+/* A block as a compiled module's instance: the model and the block's index. */
+typedef struct block_ref {
+    df_flux *m;
+    int i;
+} block_ref;
+
+/* Sizes of one forward call. */
+typedef struct dims {
+    int64_t B, s_img, s_txt, S, D, H;
+} dims;
+
+/* --- config ------------------------------------------------------------------------------ */
+
+static df_status get_size(const df_json *cfg, const char *key, int64_t dflt, int64_t min,
+                          int64_t *out)
+{
+    DF_TRY(df_json_get_int_or(cfg, key, dflt, out));
+    if (*out < min || *out > FLUX_MAX_SIZE)
+        return df_errorf(DF_E_FORMAT, "%s: key '%s' is %lld; expected an integer in [%lld, %lld]",
+                         df_json_source(cfg), key, (long long)*out, (long long)min,
+                         (long long)FLUX_MAX_SIZE);
+    return DF_OK;
+}
+
+static df_status check_config(const df_json *cfg, df_flux_cfg *c)
+{
+    const char *src = df_json_source(cfg);
+    const char *cls = NULL;
+    DF_TRY(df_json_get_string_or(cfg, "_class_name", NULL, &cls));
+    if (cls && strcmp(cls, "FluxTransformer2DModel") != 0)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: key '_class_name' is '%s'; expected "
+                         "'FluxTransformer2DModel'",
+                         src, cls);
+
+    DF_TRY(get_size(cfg, "patch_size", 1, 1, &c->patch_size));
+    if (c->patch_size != 1)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: key 'patch_size' is %lld; only 1 is supported", src,
+                         (long long)c->patch_size);
+    DF_TRY(get_size(cfg, "in_channels", 64, 1, &c->in_channels));
+    DF_TRY(get_size(cfg, "out_channels", c->in_channels, 1, &c->out_channels));
+    DF_TRY(get_size(cfg, "num_layers", 19, 0, &c->num_layers));
+    DF_TRY(get_size(cfg, "num_single_layers", 38, 0, &c->num_single_layers));
+    DF_TRY(get_size(cfg, "attention_head_dim", 128, 1, &c->attention_head_dim));
+    DF_TRY(get_size(cfg, "num_attention_heads", 24, 1, &c->num_attention_heads));
+    DF_TRY(get_size(cfg, "joint_attention_dim", 4096, 1, &c->joint_attention_dim));
+    DF_TRY(get_size(cfg, "pooled_projection_dim", 768, 1, &c->pooled_projection_dim));
+    DF_TRY(df_json_get_bool_or(cfg, "guidance_embeds", false, &c->guidance_embeds));
+
+    if (df_json_is_null(df_json_get(cfg, "axes_dims_rope"))) {
+        c->n_axes = 3;
+        c->axes_dims_rope[0] = 16, c->axes_dims_rope[1] = 56, c->axes_dims_rope[2] = 56;
+    } else {
+        int64_t n = 0;
+        DF_TRY(
+            df_json_get_int_array(cfg, "axes_dims_rope", c->axes_dims_rope, DF_FLUX_MAX_AXES, &n));
+        if (n < 1)
+            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' is empty", src);
+        c->n_axes = (int)n;
+    }
+    int64_t sum = 0;
+    for (int a = 0; a < c->n_axes; a++) {
+        int64_t d = c->axes_dims_rope[a];
+        if (d <= 0 || d % 2 || d > FLUX_MAX_SIZE)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: key 'axes_dims_rope[%d]' is %lld; expected a "
+                             "positive even size (RoPE rotates pairs)",
+                             src, a, (long long)d);
+        sum += d;
+    }
+    if (sum != c->attention_head_dim)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: key 'axes_dims_rope' sums to %lld but "
+                         "'attention_head_dim' is %lld; RoPE must cover the whole head",
+                         src, (long long)sum, (long long)c->attention_head_dim);
+    c->inner_dim = c->num_attention_heads * c->attention_head_dim;
+    return DF_OK;
+}
+
+static df_status read_config(const char *dir, df_flux_cfg *c)
+{
+    df_json *cfg = NULL;
+    DF_TRY(df_layout_open_config(dir, &cfg));
+    df_status s = check_config(cfg, c);
+    df_json_free(cfg);
+    return s;
+}
+
+/* --- weights ----------------------------------------------------------------------------- */
+
+static df_status bind_qkv(df_weight_set *ws, qkv_weights *w, int64_t D, int64_t Dh, const char *p,
+                          const char *q, const char *k, const char *v, const char *nq,
+                          const char *nk)
+{
+    DF_TRY(df_ws_linear(ws, &w->to_q, D, D, true, "%s.%s", p, q));
+    DF_TRY(df_ws_linear(ws, &w->to_k, D, D, true, "%s.%s", p, k));
+    DF_TRY(df_ws_linear(ws, &w->to_v, D, D, true, "%s.%s", p, v));
+    DF_TRY(df_ws_tensor(ws, &w->norm_q, 1, (int64_t[]){Dh}, "%s.%s.weight", p, nq));
+    DF_TRY(df_ws_tensor(ws, &w->norm_k, 1, (int64_t[]){Dh}, "%s.%s.weight", p, nk));
+    return DF_OK;
+}
+
+static df_status bind_double(df_weight_set *ws, double_block *b, int64_t D, int64_t Dh, int i)
+{
+    char p[64];
+    snprintf(p, sizeof p, "transformer_blocks.%d", i);
+    DF_TRY(df_ws_linear(ws, &b->norm1, 6 * D, D, true, "%s.norm1.linear", p));
+    DF_TRY(df_ws_linear(ws, &b->norm1_context, 6 * D, D, true, "%s.norm1_context.linear", p));
+    char a[80];
+    snprintf(a, sizeof a, "%s.attn", p);
+    DF_TRY(bind_qkv(ws, &b->img, D, Dh, a, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
+    DF_TRY(bind_qkv(ws, &b->txt, D, Dh, a, "add_q_proj", "add_k_proj", "add_v_proj", "norm_added_q",
+                    "norm_added_k"));
+    DF_TRY(df_ws_linear(ws, &b->to_out, D, D, true, "%s.attn.to_out.0", p));
+    DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, true, "%s.attn.to_add_out", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_in, 4 * D, D, true, "%s.ff.net.0.proj", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_out, D, 4 * D, true, "%s.ff.net.2", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_ctx_in, 4 * D, D, true, "%s.ff_context.net.0.proj", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_ctx_out, D, 4 * D, true, "%s.ff_context.net.2", p));
+    return DF_OK;
+}
+
+static df_status bind_single(df_weight_set *ws, single_block *b, int64_t D, int64_t Dh, int i)
+{
+    char p[64];
+    snprintf(p, sizeof p, "single_transformer_blocks.%d", i);
+    DF_TRY(df_ws_linear(ws, &b->norm, 3 * D, D, true, "%s.norm.linear", p));
+    char a[80];
+    snprintf(a, sizeof a, "%s.attn", p);
+    DF_TRY(bind_qkv(ws, &b->attn, D, Dh, a, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
+    DF_TRY(df_ws_linear(ws, &b->proj_mlp, 4 * D, D, true, "%s.proj_mlp", p));
+    DF_TRY(df_ws_linear(ws, &b->proj_out, D, 5 * D, true, "%s.proj_out", p));
+    return DF_OK;
+}
+
+/* The config's depth `n` of blocks named `prefix`.<i>.<probe> must be what the checkpoint
+ * holds: block n-1 present, block n absent. */
+static df_status check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,
+                             const char *prefix, const char *probe)
+{
+    if (n > 0 && !df_ws_has(ws, "%s.%lld.%s", prefix, (long long)(n - 1), probe)) {
+        int have = 0;
+        while (have < n && df_ws_has(ws, "%s.%d.%s", prefix, have, probe))
+            have++;
+        return df_errorf(DF_E_FORMAT,
+                         "%s/config.json: key '%s' is %lld but the weights hold "
+                         "%d such blocks (no tensor '%s.%d.%s')",
+                         dir, key, (long long)n, have, prefix, have, probe);
+    }
+    if (df_ws_has(ws, "%s.%lld.%s", prefix, (long long)n, probe))
+        return df_errorf(DF_E_FORMAT,
+                         "%s/config.json: key '%s' is %lld but the weights hold "
+                         "more blocks (tensor '%s.%lld.%s')",
+                         dir, key, (long long)n, prefix, (long long)n, probe);
+    return DF_OK;
+}
+
+static df_status bind_weights(df_flux *m, const char *dir)
+{
+    const df_flux_cfg *c = &m->cfg;
+    df_weight_set *ws = m->ws;
+    int64_t D = c->inner_dim, Dh = c->attention_head_dim;
+    DF_TRY(check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
+                       "norm1.linear.weight"));
+    DF_TRY(check_depth(ws, dir, "num_single_layers", c->num_single_layers,
+                       "single_transformer_blocks", "norm.linear.weight"));
+
+    DF_TRY(df_ws_linear(ws, &m->x_embedder, D, c->in_channels, true, "x_embedder"));
+    DF_TRY(df_ws_linear(ws, &m->context_embedder, D, c->joint_attention_dim, true,
+                        "context_embedder"));
+    DF_TRY(df_emb_mlp_bind(ws, &m->time_embedder, FLUX_TIME_CHANNELS, D, D, true,
+                           "time_text_embed.timestep_embedder"));
+    if (c->guidance_embeds)
+        DF_TRY(df_emb_mlp_bind(ws, &m->guidance_embedder, FLUX_TIME_CHANNELS, D, D, true,
+                               "time_text_embed.guidance_embedder"));
+    DF_TRY(df_emb_mlp_bind(ws, &m->text_embedder, c->pooled_projection_dim, D, D, true,
+                           "time_text_embed.text_embedder"));
+    for (int i = 0; i < c->num_layers; i++)
+        DF_TRY(bind_double(ws, &m->blocks[i], D, Dh, i));
+    for (int i = 0; i < c->num_single_layers; i++)
+        DF_TRY(bind_single(ws, &m->singles[i], D, Dh, i));
+    DF_TRY(df_ws_linear(ws, &m->norm_out, 2 * D, D, true, "norm_out.linear"));
+    DF_TRY(df_ws_linear(ws, &m->proj_out, c->patch_size * c->patch_size * c->out_channels, D, true,
+                        "proj_out"));
+    return df_ws_check_all_used(ws);
+}
+
+df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
+{
+    if (!out)
+        return df_errorf(DF_E_ARG, "df_flux_load: out is NULL");
+    *out = NULL;
+    if (!ctx || !dir)
+        return df_errorf(DF_E_ARG, "df_flux_load: ctx and dir are required");
+    df_flux_cfg cfg = {0};
+    DF_TRY(read_config(dir, &cfg));
+
+    df_flux *m = df_calloc(1, sizeof *m);
+    if (!m)
+        return df_errorf(DF_E_OOM, "transformer: out of memory");
+    m->ctx = ctx;
+    m->cfg = cfg;
+    for (int a = 0; a < cfg.n_axes; a++)
+        m->axes[a] = (int)cfg.axes_dims_rope[a];
+    df_status s = DF_OK;
+    m->blocks = df_calloc(cfg.num_layers ? (size_t)cfg.num_layers : 1, sizeof *m->blocks);
+    m->singles =
+        df_calloc(cfg.num_single_layers ? (size_t)cfg.num_single_layers : 1, sizeof *m->singles);
+    if (!m->blocks || !m->singles)
+        s = df_errorf(DF_E_OOM, "transformer: out of memory");
+    if (s == DF_OK)
+        s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
+    if (s == DF_OK)
+        s = bind_weights(m, dir);
+    if (s != DF_OK) {
+        df_flux_free(m);
+        return s;
+    }
+    *out = m;
+    return DF_OK;
+}
+
+const df_flux_cfg *df_flux_config(const df_flux *m)
+{
+    return m ? &m->cfg : NULL;
+}
+
+int64_t df_flux_weight_bytes(const df_flux *m)
+{
+    return m && m->ws ? df_ws_bytes(m->ws) : 0;
+}
+
+df_weight_set *df_flux_weight_set(const df_flux *m)
+{
+    return m ? m->ws : NULL;
+}
+
+df_status df_flux_set_sequential_offload(df_flux *m, bool on)
+{
+    if (!m)
+        return df_errorf(DF_E_ARG, "df_flux_set_sequential_offload: model is NULL");
+    m->sequential = on;
+    if (on)
+        return df_ws_release(m->ws, NULL); /* each forward acquires what it runs */
+    df_ws_acquire(m->ws, NULL);
+    return DF_OK;
+}
+
+void df_flux_free(df_flux *m)
+{
+    if (!m)
+        return;
+    df_compiled_free(m->double_c);
+    df_compiled_free(m->single_c);
+    df_free(m->refs);
+    df_weight_set_free(m->ws);
+    df_free(m->blocks);
+    df_free(m->singles);
+    df_free(m);
+}
+
+/* --- inputs ------------------------------------------------------------------------------ */
+
+static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want,
+                             bool ids)
+{
+    char got[128];
+    if (!t)
+        return df_errorf(DF_E_ARG, "flux forward: input '%s' is missing", name);
+    df_dtype dt = df_tensor_dtype(t);
+    bool is_f =
+        dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16 || dt == DF_DTYPE_F16 || dt == DF_DTYPE_F64;
+    bool fits =
+        df_tensor_ndim(t) == ndim && (is_f || (ids && (dt == DF_DTYPE_I32 || dt == DF_DTYPE_I64)));
+    for (int d = 0; fits && d < ndim; d++)
+        fits = want[d] < 0 ? df_tensor_dim(t, d) > 0 : df_tensor_dim(t, d) == want[d];
+    if (fits)
+        return DF_OK;
+    char w[128];
+    int used = snprintf(w, sizeof w, "[");
+    for (int d = 0; d < ndim && used < (int)sizeof w; d++)
+        used += want[d] < 0 ? snprintf(w + used, sizeof w - (size_t)used, d ? ", *" : "*")
+                            : snprintf(w + used, sizeof w - (size_t)used, d ? ", %lld" : "%lld",
+                                       (long long)want[d]);
+    if (used < (int)sizeof w)
+        snprintf(w + used, sizeof w - (size_t)used, "]");
+    return df_errorf(DF_E_SHAPE, "flux forward: input '%s' is %s; expected %s %s", name,
+                     df_tensor_describe(t, got, sizeof got), w,
+                     ids ? "(float or integer)" : "float");
+}
+
+/* [S, A] ids, or the deprecated [N, S, A] form of which diffusers uses row 0. */
+static df_status check_ids(const char *name, const df_tensor *t, int64_t S, int64_t A)
+{
+    if (t && df_tensor_ndim(t) == 3)
+        return check_input(name, t, 3, (int64_t[]){-1, S, A}, true);
+    return check_input(name, t, 2, (int64_t[]){S, A}, true);
+}
+
+/* A [B] or [1] tensor (timestep, guidance). */
+static df_status check_per_batch(const char *name, const df_tensor *t, int64_t B)
+{
+    if (t && df_tensor_ndim(t) == 1 && df_tensor_dim(t, 0) == 1)
+        return check_input(name, t, 1, (int64_t[]){1}, false);
+    return check_input(name, t, 1, (int64_t[]){B}, false);
+}
+
+static df_status check_inputs(const df_flux *m, const df_flux_inputs *in, dims *d)
+{
+    const df_flux_cfg *c = &m->cfg;
+    DF_TRY(check_input("hidden_states", in->hidden_states, 3, (int64_t[]){-1, -1, c->in_channels},
+                       false));
+    d->B = df_tensor_dim(in->hidden_states, 0);
+    d->s_img = df_tensor_dim(in->hidden_states, 1);
+    DF_TRY(check_input("encoder_hidden_states", in->encoder_hidden_states, 3,
+                       (int64_t[]){d->B, -1, c->joint_attention_dim}, false));
+    d->s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
+    d->S = d->s_txt + d->s_img;
+    d->D = c->inner_dim;
+    d->H = c->num_attention_heads;
+    DF_TRY(check_input("pooled_projections", in->pooled_projections, 2,
+                       (int64_t[]){d->B, c->pooled_projection_dim}, false));
+    DF_TRY(check_per_batch("timestep", in->timestep, d->B));
+    DF_TRY(check_ids("img_ids", in->img_ids, d->s_img, c->n_axes));
+    DF_TRY(check_ids("txt_ids", in->txt_ids, d->s_txt, c->n_axes));
+    if (c->guidance_embeds)
+        DF_TRY(check_per_batch("guidance", in->guidance, d->B));
+    else if (in->guidance)
+        return df_errorf(DF_E_ARG, "flux forward: input 'guidance' given, but this model has "
+                                   "no guidance embedder (config.json guidance_embeds is false)");
+    return DF_OK;
+}
+
+/* [S, A] view of ids given as [S, A] or [N, S, A]. */
+static df_tensor *ids_2d(df_ctx *ctx, df_tensor *ids)
+{
+    if (df_tensor_ndim(ids) == 2)
+        return ids;
+    int64_t S = df_tensor_dim(ids, 1), A = df_tensor_dim(ids, 2);
+    return df_reshape(ctx, df_slice(ctx, ids, 0, 0, 1), DF_SHAPE(S, A)); /* row 0 */
+}
+
+/* --- blocks ------------------------------------------------------------------------------ */
+
+/* One stream's q, k, v as heads [B, S, H, Dh]; q and k RMS-normed per head. x [B, S, D]. */
+static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const dims *d, int64_t S,
+                        df_tensor **q, df_tensor **k, df_tensor **v)
+{
+    *q = df_reshape(ctx, df_linear(ctx, x, &w->to_q), DF_SHAPE(d->B, S, d->H, -1)); /* [B,S,H,Dh] */
+    *k = df_reshape(ctx, df_linear(ctx, x, &w->to_k), DF_SHAPE(d->B, S, d->H, -1)); /* [B,S,H,Dh] */
+    *v = df_reshape(ctx, df_linear(ctx, x, &w->to_v), DF_SHAPE(d->B, S, d->H, -1)); /* [B,S,H,Dh] */
+    *q = df_rms_norm(ctx, *q, w->norm_q, FLUX_EPS); /* per head, [B, S, H, Dh] */
+    *k = df_rms_norm(ctx, *k, w->norm_k, FLUX_EPS); /* per head, [B, S, H, Dh] */
+}
+
+/* Attention over the joint sequence with RoPE on q and k.
+ * q, k, v [B, S, H, Dh], pe [S, Dh/2, 2] -> [B, S, H*Dh]. */
+static df_tensor *rope_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
+                                 df_tensor *pe, const dims *d)
+{
+    q = df_rope(ctx, df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
+    k = df_rope(ctx, df_permute(ctx, k, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
+    v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));                   /* [B, H, S, Dh] view */
+    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f);   /* [B, H, S, Dh], 1/sqrt(Dh) */
+    o = df_transpose(ctx, o, 1, 2);                                 /* [B, S, H, Dh] dense */
+    return df_reshape(ctx, o, DF_SHAPE(d->B, d->S, d->D));          /* [B, S, D] */
+}
+
+/* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
+static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                               const df_linear_weights *out, df_tensor *x)
+{
+    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D] */
+    return df_linear(ctx, h, out);                           /* [B, S, D]  */
+}
+
+/* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
+ * streams are written back into *x and *c. */
+static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
+                                 df_tensor *temb, df_tensor *pe, const dims *d)
+{
+    /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp: [B, 1, D] each */
+    df_tensor *mx[6], *mc[6];
+    df_emb_modulation(ctx, &b->norm1, temb, 6, mx);
+    df_emb_modulation(ctx, &b->norm1_context, temb, 6, mc);
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
+
+    df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
+    project_qkv(ctx, &b->img, nx, d, d->s_img, &qx, &kx, &vx); /* [B, S_img, H, Dh] */
+    project_qkv(ctx, &b->txt, nc, d, d->s_txt, &qc, &kc, &vc); /* [B, S_txt, H, Dh] */
+    df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
+    df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
+    df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
+    df_tensor *o = rope_attention(ctx, q, k, v, pe, d);        /* [B, S, D] */
+    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, D] */
+    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, D] */
+
+    df_tensor *ax = df_linear(ctx, ox, &b->to_out);               /* [B, S_img, D] */
+    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));      /* [B, S_img, D] */
+    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);        /* [B, S_img, D] */
+    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx); /* [B, S_img, D] */
+    *x = df_add(ctx, hx, df_mul(ctx, mx[5], fx));                 /* [B, S_img, D] */
+
+    df_tensor *ac = df_linear(ctx, oc, &b->to_add_out);                   /* [B, S_txt, D] */
+    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));              /* [B, S_txt, D] */
+    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                /* [B, S_txt, D] */
+    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc); /* [B, S_txt, D] */
+    *c = df_add(ctx, hc, df_mul(ctx, mc[5], fc));                         /* [B, S_txt, D] */
+}
+
+/* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
+static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_tensor *x,
+                                       df_tensor *temb, df_tensor *pe, const dims *d)
+{
+    df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
+    df_emb_modulation(ctx, &b->norm, temb, 3, mod);
+    df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS);    /* [B, S, D]  */
+    df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D] */
+    df_tensor *q, *k, *v;
+    project_qkv(ctx, &b->attn, n, d, d->S, &q, &k, &v);       /* [B, S, H, Dh] */
+    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);    /* [B, S, D]  */
+    df_tensor *h = df_concat(ctx, attn, mlp, 2);              /* [B, S, 5D] */
+    h = df_mul(ctx, mod[2], df_linear(ctx, h, &b->proj_out)); /* [B, S, D]  */
+    return df_add(ctx, x, h);                                 /* residual   */
+}
+
+/* --- sequential offload ------------------------------------------------------------------ */
+
+/* The weights outside the blocks, resident for the whole forward. */
+static const char *const outer_prefixes[] = {"x_embedder.", "context_embedder.", "time_text_embed.",
+                                             "norm_out.", "proj_out."};
+
+/* Block i of the forward's order (double blocks, then single blocks) as a name prefix. */
+static void block_prefix(const df_flux *m, int64_t i, char *buf, size_t cap)
+{
+    if (i < m->cfg.num_layers)
+        snprintf(buf, cap, "transformer_blocks.%lld.", (long long)i);
+    else
+        snprintf(buf, cap, "single_transformer_blocks.%lld.", (long long)(i - m->cfg.num_layers));
+}
+
+/* Before block i: block i resident (already, unless i == 0) and block i+1 read ahead while
+ * block i runs. */
+static void offload_before(df_flux *m, int64_t i)
+{
+    char p[64];
+    int64_t n = m->cfg.num_layers + m->cfg.num_single_layers;
+    for (int64_t k = i == 0 ? 0 : i + 1; m->sequential && k <= i + 1 && k < n; k++) {
+        block_prefix(m, k, p, sizeof p);
+        df_ws_acquire(m->ws, p);
+    }
+}
+
+/* After block i's ops are queued: its weights leave once they have run. */
+static void offload_after(df_ctx *ctx, df_flux *m, int64_t i)
+{
+    char p[64];
+    block_prefix(m, i, p, sizeof p);
+    df_status s = m->sequential ? df_ws_release(m->ws, p) : DF_OK;
+    if (s != DF_OK)
+        df_ctx_fail(ctx, s);
+}
+
+static void offload_outer(df_ctx *ctx, df_flux *m, bool acquire)
+{
+    for (size_t i = 0; m->sequential && i < sizeof outer_prefixes / sizeof *outer_prefixes; i++) {
+        df_status s = DF_OK;
+        if (acquire)
+            df_ws_acquire(m->ws, outer_prefixes[i]);
+        else
+            s = df_ws_release(m->ws, outer_prefixes[i]);
+        if (s != DF_OK)
+            df_ctx_fail(ctx, s);
+    }
+}
+
+/* --- compiled repeated blocks ------------------------------------------------------------ */
+
+/* The sizes a block call needs, from its inputs. x [B, S_x, D], c [B, S_c, D] or NULL. */
+static dims block_dims(const df_flux *m, const df_tensor *x, const df_tensor *c)
+{
+    dims d = {.B = df_tensor_dim(x, 0), .D = m->cfg.inner_dim, .H = m->cfg.num_attention_heads};
+    d.s_img = df_tensor_dim(x, 1);
+    d.s_txt = c ? df_tensor_dim(c, 1) : 0;
+    d.S = d.s_img + d.s_txt;
+    return d;
+}
+
+/* in: x, c, temb, pe; out: x, c. */
+static df_status double_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                       df_tensor **out)
+{
+    const block_ref *r = self;
+    dims d = block_dims(r->m, in[0], in[1]);
+    out[0] = in[0], out[1] = in[1];
+    double_block_forward(ctx, &r->m->blocks[r->i], &out[0], &out[1], in[2], in[3], &d);
+    return df_ctx_status(ctx);
+}
+
+/* in: h (the joint sequence), temb, pe; out: h. */
+static df_status single_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                       df_tensor **out)
+{
+    const block_ref *r = self;
+    dims d = block_dims(r->m, in[0], NULL);
+    out[0] = single_block_forward(ctx, &r->m->singles[r->i - r->m->cfg.num_layers], in[0], in[1],
+                                  in[2], &d);
+    return df_ctx_status(ctx);
+}
+
+static int add_linear(df_tensor **w, int n, const df_linear_weights *l)
+{
+    w[n++] = l->weight;
+    if (l->bias)
+        w[n++] = l->bias;
+    return n;
+}
+
+static int add_qkv(df_tensor **w, int n, const qkv_weights *q)
+{
+    n = add_linear(w, n, &q->to_q);
+    n = add_linear(w, n, &q->to_k);
+    n = add_linear(w, n, &q->to_v);
+    w[n++] = q->norm_q;
+    w[n++] = q->norm_k;
+    return n;
+}
+
+static int double_module_weights(void *self, df_tensor **w)
+{
+    const block_ref *r = self;
+    const double_block *b = &r->m->blocks[r->i];
+    int n = add_linear(w, 0, &b->norm1);
+    n = add_linear(w, n, &b->norm1_context);
+    n = add_qkv(w, n, &b->img);
+    n = add_qkv(w, n, &b->txt);
+    const df_linear_weights *rest[] = {&b->to_out, &b->to_add_out, &b->ff_in,
+                                       &b->ff_out, &b->ff_ctx_in, &b->ff_ctx_out};
+    for (size_t k = 0; k < sizeof rest / sizeof *rest; k++)
+        n = add_linear(w, n, rest[k]);
+    return n;
+}
+
+static int single_module_weights(void *self, df_tensor **w)
+{
+    const block_ref *r = self;
+    const single_block *b = &r->m->singles[r->i - r->m->cfg.num_layers];
+    int n = add_linear(w, 0, &b->norm);
+    n = add_qkv(w, n, &b->attn);
+    n = add_linear(w, n, &b->proj_mlp);
+    return add_linear(w, n, &b->proj_out);
+}
+
+static const df_module double_module = {.name = "FluxTransformerBlock", .n_in = 4, .n_out = 2,
+                                        .forward = double_module_forward,
+                                        .weights = double_module_weights};
+static const df_module single_module = {.name = "FluxSingleTransformerBlock", .n_in = 3,
+                                        .n_out = 1, .forward = single_module_forward,
+                                        .weights = single_module_weights};
+
+df_status df_flux_compile_repeated_blocks(df_flux *m, const df_compile_opts *opts)
+{
+    if (!m)
+        return df_errorf(DF_E_ARG, "df_flux_compile_repeated_blocks: model is NULL");
+    if (m->double_c || m->single_c)
+        return DF_OK;
+    int64_t n = m->cfg.num_layers + m->cfg.num_single_layers;
+    m->refs = df_calloc((size_t)(n ? n : 1), sizeof *m->refs);
+    if (!m->refs)
+        return df_errorf(DF_E_OOM, "out of memory compiling FLUX blocks");
+    for (int64_t i = 0; i < n; i++)
+        m->refs[i] = (block_ref){m, (int)i};
+    df_status s = df_compile(&double_module, opts, &m->double_c);
+    if (s == DF_OK)
+        s = df_compile(&single_module, opts, &m->single_c);
+    if (s != DF_OK) {
+        df_compiled_free(m->double_c);
+        df_compiled_free(m->single_c);
+        m->double_c = m->single_c = NULL;
+    }
+    return s;
+}
+
+int df_flux_compiled_programs(const df_flux *m)
+{
+    return (m->double_c ? df_compiled_programs(m->double_c) : 0) +
+           (m->single_c ? df_compiled_programs(m->single_c) : 0);
+}
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+/* CombinedTimestep(Guidance)TextProjEmbeddings: [B, D] (or [1, D] broadcasting later). */
+static df_tensor *conditioning(df_ctx *ctx, const df_flux *m, const df_flux_inputs *in)
+{
+    const int ch = FLUX_TIME_CHANNELS;
+    const float k = FLUX_TIME_SCALE;
+    df_tensor *temb = df_emb_timestep(ctx, &m->time_embedder, in->timestep, ch, k); /* [B, D] */
+    if (m->cfg.guidance_embeds) {
+        df_tensor *g =
+            df_emb_timestep(ctx, &m->guidance_embedder, in->guidance, ch, k); /* [B, D] */
+        temb = df_add(ctx, temb, g);
+    }
+    df_tensor *pooled = df_emb_mlp_forward(ctx, &m->text_embedder, in->pooled_projections);
+    return df_add(ctx, temb, pooled); /* [B, D] */
+}
+
+df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
+{
+    if (!ctx)
+        return NULL;
+    if (df_ctx_status(ctx) != DF_OK)
+        return NULL;
+    if (!m || !in)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux forward: model and inputs are required"));
+    if (ctx != m->ctx)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux forward: the model was loaded into "
+                                                    "another context"));
+    dims d;
+    df_status s = check_inputs(m, in, &d);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s);
+
+    df_scope outer = df_scope_begin(ctx);
+    offload_outer(ctx, m, true);
+    df_tensor *x = df_linear(ctx, in->hidden_states, &m->x_embedder); /* [B, S_img, D] */
+    df_tensor *temb = conditioning(ctx, m, in);                       /* [B, D] */
+    df_tensor *txt = in->encoder_hidden_states;
+    df_tensor *c = df_linear(ctx, txt, &m->context_embedder); /* [B, S_txt, D] */
+    df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
+                                      m->axes, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
+
+    /* One fixed mark: ending it after block i also releases block i-1's outputs. */
+    df_scope mark = df_scope_begin(ctx);
+    for (int i = 0; i < m->cfg.num_layers; i++) {
+        offload_before(m, i);
+        if (m->double_c) {
+            df_tensor *io[2];
+            df_compiled_call(ctx, m->double_c, &m->refs[i], (df_tensor *[]){x, c, temb, pe}, io);
+            x = io[0], c = io[1];
+        } else {
+            double_block_forward(ctx, &m->blocks[i], &x, &c, temb, pe, &d);
+        }
+        offload_after(ctx, m, i);
+        df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
+    }
+    df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
+    mark = df_scope_begin(ctx);
+    for (int i = 0; i < m->cfg.num_single_layers; i++) {
+        offload_before(m, m->cfg.num_layers + i);
+        if (m->single_c)
+            df_compiled_call(ctx, m->single_c, &m->refs[m->cfg.num_layers + i],
+                             (df_tensor *[]){h, temb, pe}, &h);
+        else
+            h = single_block_forward(ctx, &m->singles[i], h, temb, pe, &d);
+        offload_after(ctx, m, m->cfg.num_layers + i);
+        df_scope_end(ctx, mark, h);
+    }
+    x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
+    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
+    df_tensor *out = df_linear(ctx, x, &m->proj_out);                     /* [B, S_img, out] */
+    offload_outer(ctx, m, false);
+    return df_scope_end(ctx, outer, out);
+}

@@ -1,0 +1,20 @@
+/*
+ * Each model's weight set, for the pipelines' offload hooks (loader.h: df_ws_release,
+ * df_ws_acquire). Borrowed pointers, valid while the model lives.
+ */
+#ifndef DF_MODELS_RESIDENCY_H
+#define DF_MODELS_RESIDENCY_H
+
+#include <diffuse/clip.h>
+#include <diffuse/flux.h>
+#include <diffuse/t5.h>
+#include <diffuse/vae.h>
+
+#include "models/loader.h"
+
+df_weight_set *df_clip_weight_set(const df_clip *m);
+df_weight_set *df_t5_weight_set(const df_t5 *m);
+df_weight_set *df_flux_weight_set(const df_flux *m);
+df_weight_set *df_vae_weight_set(const df_vae *m);
+
+#endif

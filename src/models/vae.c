@@ -1,0 +1,620 @@
+/*
+ * AutoencoderKL's decoder (diffusers), built from vae/config.json.
+ *
+ *   z -> post_quant_conv (1x1, when use_post_quant_conv) -> decoder.conv_in (3x3)
+ *     -> mid_block: ResNet, attention (one head of width C, residual), ResNet
+ *     -> up_blocks.0 .. up_blocks.n-1 (0 = lowest resolution): layers_per_block + 1 ResNets,
+ *        then, in all but the last, nearest 2x upsampling and a 3x3 conv
+ *     -> conv_norm_out (GroupNorm) -> SiLU -> conv_out (3x3)
+ *
+ * Every GroupNorm uses norm_num_groups groups and eps 1e-6; a ResNet has a 1x1
+ * conv_shortcut where it changes the channel count. The up blocks walk block_out_channels
+ * backwards, as diffusers' Decoder does.
+ *
+ * Loading binds decoder.* and post_quant_conv.* by their checkpoint names. A full
+ * AutoencoderKL checkpoint also holds the encoder (encoder.*, quant_conv.*): those tensors
+ * are skipped explicitly, and any other tensor the config does not call for is an error.
+ * The config is checked as a whole before any weight is bound or any block allocated, so
+ * an impossible one (no blocks, a group count that does not divide a channel count, ...)
+ * fails with one message naming the key.
+ *
+ * Decoding keeps one scope open and ends it after every block, keeping only the block's
+ * output, then waits for the block to run (end_block): strict eager mode allocates an
+ * op's output when the op is queued, so this wait is what keeps the memory in use near
+ * one block's working set instead of the whole decoder's.
+ *
+ * Tiled decoding (df_vae_decode_tiled) is our own scheme, not diffusers' exact one: tiles
+ * of a fixed latent size on a fixed stride (size - overlap), the last one of a row or
+ * column cut short at the edge; each tile decoded alone; neighbours blended linearly over
+ * the overlap, with weight (i + 0.5) / E for the later tile at pixel i of an E-pixel
+ * overlap (diffusers uses i / E and crops instead). Each pixel lies in at most two tiles
+ * per axis (tile >= 2 * overlap), so the blend is a pair of separable 1-D ramps, done
+ * with slices, elementwise ops and concatenation on the device. The default, 64-latent
+ * tiles (512 pixels) overlapping by 16 (a 128-pixel blend), cuts a 1024x1024 image into
+ * 3 x 3 tiles, each with about a quarter of the whole image's working set.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <diffuse/json.h>
+#include <diffuse/ops.h>
+#include <diffuse/vae.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "models/loader.h"
+#include "models/residency.h"
+
+#define GN_EPS               1e-6f
+#define MAX_LAYERS_PER_BLOCK 64
+#define MAX_CHANNELS         (1 << 16)
+
+typedef struct conv {
+    df_tensor *w, *b; /* [O, C, k, k], [O] */
+} conv;
+
+typedef struct norm {
+    df_tensor *w, *b; /* [C], [C] */
+} norm;
+
+/* ResnetBlock2D without time embedding. */
+typedef struct resnet {
+    norm norm1, norm2;
+    conv conv1, conv2;
+    conv shortcut; /* w == NULL when the channel count stays */
+} resnet;
+
+/* The mid block's Attention: one head over all C channels. */
+typedef struct attention {
+    norm group_norm;
+    df_linear_weights to_q, to_k, to_v, to_out;
+} attention;
+
+typedef struct up_block {
+    resnet *resnets; /* layers_per_block + 1 */
+    conv upsample;   /* w == NULL in the last block */
+} up_block;
+
+struct df_vae {
+    df_vae_info info;
+    df_weight_set *ws;
+    conv post_quant_conv; /* w == NULL when the config has none */
+    conv conv_in;
+    resnet mid_resnets[2];
+    attention mid_attn;
+    up_block up[DF_VAE_MAX_BLOCKS];
+    norm norm_out;
+    conv conv_out;
+};
+
+/* --- config ------------------------------------------------------------------------------ */
+
+static df_status read_config(const df_json *cfg, df_vae_info *info)
+{
+    const char *src = df_json_source(cfg);
+    const char *cls;
+    DF_TRY(df_json_get_string_or(cfg, "_class_name", "AutoencoderKL", &cls));
+    if (strcmp(cls, "AutoencoderKL") != 0)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: class %s is not implemented (the VAE decoder "
+                         "reads AutoencoderKL)",
+                         src, cls);
+    const char *act;
+    DF_TRY(df_json_get_string_or(cfg, "act_fn", "silu", &act));
+    if (strcmp(act, "silu") != 0)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: act_fn '%s' is not supported (only silu)", src,
+                         act);
+
+    int64_t n_blocks, v;
+    DF_TRY(df_json_get_int_array(cfg, "block_out_channels", info->block_out_channels,
+                                 DF_VAE_MAX_BLOCKS, &n_blocks));
+    if (n_blocks < 1)
+        return df_errorf(DF_E_FORMAT, "%s: block_out_channels is empty", src);
+    info->n_blocks = (int)n_blocks;
+    info->scale_factor = (int64_t)1 << (n_blocks - 1);
+
+    DF_TRY(df_json_get_int_or(cfg, "latent_channels", 4, &info->latent_channels));
+    DF_TRY(df_json_get_int_or(cfg, "out_channels", 3, &info->out_channels));
+    DF_TRY(df_json_get_int_or(cfg, "layers_per_block", 1, &v));
+    if (v < 0 || v > MAX_LAYERS_PER_BLOCK)
+        return df_errorf(DF_E_FORMAT, "%s: layers_per_block is %lld (expected 0 to %d)", src,
+                         (long long)v, MAX_LAYERS_PER_BLOCK);
+    info->layers_per_block = (int)v;
+    DF_TRY(df_json_get_int_or(cfg, "norm_num_groups", 32, &v));
+    if (v < 1 || v > MAX_CHANNELS)
+        return df_errorf(DF_E_FORMAT, "%s: norm_num_groups is %lld (expected at least 1)", src,
+                         (long long)v);
+    info->norm_num_groups = (int)v;
+
+    if (info->latent_channels < 1 || info->latent_channels > MAX_CHANNELS)
+        return df_errorf(DF_E_FORMAT, "%s: latent_channels is %lld", src,
+                         (long long)info->latent_channels);
+    if (info->out_channels < 1 || info->out_channels > MAX_CHANNELS)
+        return df_errorf(DF_E_FORMAT, "%s: out_channels is %lld", src,
+                         (long long)info->out_channels);
+    for (int i = 0; i < info->n_blocks; i++) {
+        int64_t c = info->block_out_channels[i];
+        if (c < 1 || c > MAX_CHANNELS)
+            return df_errorf(DF_E_FORMAT, "%s: block_out_channels[%d] is %lld", src, i,
+                             (long long)c);
+        if (c % info->norm_num_groups)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: norm_num_groups %d does not divide "
+                             "block_out_channels[%d] = %lld",
+                             src, info->norm_num_groups, i, (long long)c);
+    }
+
+    /* Only UpDecoderBlock2D exists for AutoencoderKL; absent means all of them. */
+    const df_json *types = df_json_get(cfg, "up_block_types");
+    if (!df_json_is_null(types)) {
+        DF_TRY(df_json_get_array(cfg, "up_block_types", &types));
+        if (df_json_array_size(types) != n_blocks)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: up_block_types has %lld entries but "
+                             "block_out_channels has %lld",
+                             src, (long long)df_json_array_size(types), (long long)n_blocks);
+        for (int64_t i = 0; i < n_blocks; i++) {
+            const char *t;
+            DF_TRY(df_json_to_string(df_json_array_get(types, i), &t));
+            if (strcmp(t, "UpDecoderBlock2D") != 0)
+                return df_errorf(DF_E_UNSUPPORTED,
+                                 "%s: up_block_types[%lld] is '%s' (only "
+                                 "UpDecoderBlock2D is supported)",
+                                 src, (long long)i, t);
+        }
+    }
+
+    DF_TRY(
+        df_json_get_bool_or(cfg, "mid_block_add_attention", true, &info->mid_block_add_attention));
+    DF_TRY(df_json_get_bool_or(cfg, "use_post_quant_conv", true, &info->use_post_quant_conv));
+    DF_TRY(df_json_get_double_or(cfg, "scaling_factor", 0.18215, &info->scaling_factor));
+    DF_TRY(df_json_get_double_or(cfg, "shift_factor", 0.0, &info->shift_factor));
+    if (info->scaling_factor == 0)
+        return df_errorf(DF_E_FORMAT, "%s: scaling_factor is 0", src);
+    return DF_OK;
+}
+
+/* --- weights ----------------------------------------------------------------------------- */
+
+static df_status bind_conv(df_weight_set *ws, conv *c, int64_t out_c, int64_t in_c, int64_t k,
+                           const char *name)
+{
+    DF_TRY(df_ws_tensor(ws, &c->w, 4, (int64_t[]){out_c, in_c, k, k}, "%s.weight", name));
+    return df_ws_tensor(ws, &c->b, 1, (int64_t[]){out_c}, "%s.bias", name);
+}
+
+static df_status bind_norm(df_weight_set *ws, norm *n, int64_t ch, const char *name)
+{
+    DF_TRY(df_ws_tensor(ws, &n->w, 1, (int64_t[]){ch}, "%s.weight", name));
+    return df_ws_tensor(ws, &n->b, 1, (int64_t[]){ch}, "%s.bias", name);
+}
+
+static df_status bind_resnet(df_weight_set *ws, resnet *r, int64_t in_c, int64_t out_c,
+                             const char *prefix)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.norm1", prefix);
+    DF_TRY(bind_norm(ws, &r->norm1, in_c, name));
+    snprintf(name, sizeof name, "%s.conv1", prefix);
+    DF_TRY(bind_conv(ws, &r->conv1, out_c, in_c, 3, name));
+    snprintf(name, sizeof name, "%s.norm2", prefix);
+    DF_TRY(bind_norm(ws, &r->norm2, out_c, name));
+    snprintf(name, sizeof name, "%s.conv2", prefix);
+    DF_TRY(bind_conv(ws, &r->conv2, out_c, out_c, 3, name));
+    if (in_c != out_c) {
+        snprintf(name, sizeof name, "%s.conv_shortcut", prefix);
+        DF_TRY(bind_conv(ws, &r->shortcut, out_c, in_c, 1, name));
+    }
+    return DF_OK;
+}
+
+static df_status bind_attention(df_weight_set *ws, attention *a, int64_t ch, const char *prefix)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.group_norm", prefix);
+    DF_TRY(bind_norm(ws, &a->group_norm, ch, name));
+    DF_TRY(df_ws_linear(ws, &a->to_q, ch, ch, true, "%s.to_q", prefix));
+    DF_TRY(df_ws_linear(ws, &a->to_k, ch, ch, true, "%s.to_k", prefix));
+    DF_TRY(df_ws_linear(ws, &a->to_v, ch, ch, true, "%s.to_v", prefix));
+    return df_ws_linear(ws, &a->to_out, ch, ch, true, "%s.to_out.0", prefix);
+}
+
+static df_status bind_weights(df_vae *vae)
+{
+    const df_vae_info *c = &vae->info;
+    df_weight_set *ws = vae->ws;
+    int64_t top = c->block_out_channels[c->n_blocks - 1];
+    if (c->use_post_quant_conv)
+        DF_TRY(bind_conv(ws, &vae->post_quant_conv, c->latent_channels, c->latent_channels, 1,
+                         "post_quant_conv"));
+    DF_TRY(bind_conv(ws, &vae->conv_in, top, c->latent_channels, 3, "decoder.conv_in"));
+    DF_TRY(bind_resnet(ws, &vae->mid_resnets[0], top, top, "decoder.mid_block.resnets.0"));
+    if (c->mid_block_add_attention)
+        DF_TRY(bind_attention(ws, &vae->mid_attn, top, "decoder.mid_block.attentions.0"));
+    DF_TRY(bind_resnet(ws, &vae->mid_resnets[1], top, top, "decoder.mid_block.resnets.1"));
+
+    int64_t prev = top;
+    for (int i = 0; i < c->n_blocks; i++) {
+        int64_t out_c = c->block_out_channels[c->n_blocks - 1 - i];
+        up_block *u = &vae->up[i];
+        u->resnets = df_calloc((size_t)c->layers_per_block + 1, sizeof *u->resnets);
+        if (!u->resnets)
+            return df_errorf(DF_E_OOM, "vae: out of memory");
+        char name[256];
+        for (int j = 0; j <= c->layers_per_block; j++) {
+            snprintf(name, sizeof name, "decoder.up_blocks.%d.resnets.%d", i, j);
+            DF_TRY(bind_resnet(ws, &u->resnets[j], j == 0 ? prev : out_c, out_c, name));
+        }
+        if (i < c->n_blocks - 1) {
+            snprintf(name, sizeof name, "decoder.up_blocks.%d.upsamplers.0.conv", i);
+            DF_TRY(bind_conv(ws, &u->upsample, out_c, out_c, 3, name));
+        }
+        prev = out_c;
+    }
+    DF_TRY(bind_norm(ws, &vae->norm_out, c->block_out_channels[0], "decoder.conv_norm_out"));
+    DF_TRY(bind_conv(ws, &vae->conv_out, c->out_channels, c->block_out_channels[0], 3,
+                     "decoder.conv_out"));
+
+    /* The encoder half of the checkpoint is not ours to bind. */
+    df_ws_ignore_prefix(ws, "encoder.");
+    df_ws_ignore_prefix(ws, "quant_conv.");
+    return df_ws_check_all_used(ws);
+}
+
+df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out)
+{
+    *out = NULL;
+    if (!ctx || !dir)
+        return df_errorf(DF_E_ARG, "df_vae_load: NULL %s", ctx ? "dir" : "ctx");
+    df_vae *vae = df_calloc(1, sizeof *vae);
+    if (!vae)
+        return df_errorf(DF_E_OOM, "vae: out of memory");
+    const df_json *cfg;
+    df_status s = df_weight_set_open(ctx, dir, "vae", &vae->ws);
+    if (s == DF_OK)
+        s = df_weight_set_config(vae->ws, &cfg);
+    if (s == DF_OK)
+        s = read_config(cfg, &vae->info);
+    if (s == DF_OK)
+        s = bind_weights(vae);
+    if (s != DF_OK) {
+        df_vae_free(vae);
+        return s;
+    }
+    *out = vae;
+    return DF_OK;
+}
+
+const df_vae_info *df_vae_config(const df_vae *vae)
+{
+    return vae ? &vae->info : NULL;
+}
+
+df_weight_set *df_vae_weight_set(const df_vae *vae)
+{
+    return vae ? vae->ws : NULL;
+}
+
+void df_vae_free(df_vae *vae)
+{
+    if (!vae)
+        return;
+    df_weight_set_free(vae->ws); /* waits for queued kernels that read the weights */
+    for (int i = 0; i < DF_VAE_MAX_BLOCKS; i++)
+        df_free(vae->up[i].resnets);
+    df_free(vae);
+}
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+static df_tensor *conv_fwd(df_ctx *ctx, const conv *c, df_tensor *x)
+{
+    int64_t k = df_tensor_dim(c->w, 2);
+    return df_conv2d(ctx, x, c->w, c->b, 1, (int)(k / 2)); /* "same" padding: 1 for 3x3 */
+}
+
+static df_tensor *norm_fwd(df_ctx *ctx, const norm *n, int groups, df_tensor *x)
+{
+    return df_group_norm(ctx, x, groups, n->w, n->b, GN_EPS);
+}
+
+/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W] */
+static df_tensor *resnet_fwd(df_ctx *ctx, const resnet *r, int groups, df_tensor *x)
+{
+    df_tensor *h = df_silu(ctx, norm_fwd(ctx, &r->norm1, groups, x));
+    h = conv_fwd(ctx, &r->conv1, h); /* [B, Cout, H, W] */
+    h = df_silu(ctx, norm_fwd(ctx, &r->norm2, groups, h));
+    h = conv_fwd(ctx, &r->conv2, h);
+    if (r->shortcut.w)
+        x = conv_fwd(ctx, &r->shortcut, x); /* 1x1: Cin -> Cout */
+    return df_add(ctx, x, h);
+}
+
+/* Attention with one head of width C over the H*W positions, plus the residual.
+ * x: [B, C, H, W] */
+static df_tensor *attention_fwd(df_ctx *ctx, const attention *a, int groups, df_tensor *x)
+{
+    int64_t B = df_tensor_dim(x, 0), C = df_tensor_dim(x, 1);
+    int64_t H = df_tensor_dim(x, 2), W = df_tensor_dim(x, 3);
+    df_tensor *h = norm_fwd(ctx, &a->group_norm, groups, x);
+    h = df_reshape(ctx, h, DF_SHAPE(B, C, H * W));
+    h = df_transpose(ctx, h, 1, 2);                                   /* [B, HW, C] */
+    df_tensor *q = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_q), 1); /* [B, 1, HW, C] */
+    df_tensor *k = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_k), 1);
+    df_tensor *v = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_v), 1);
+    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* scale 1/sqrt(C) */
+    o = df_reshape(ctx, o, DF_SHAPE(B, H * W, C));
+    o = df_linear(ctx, o, &a->to_out);
+    o = df_transpose(ctx, o, 1, 2); /* [B, C, HW] */
+    o = df_reshape(ctx, o, DF_SHAPE(B, C, H, W));
+    return df_add(ctx, o, x);
+}
+
+/* Ends a block: releases everything made since `mark` but h, and waits for the block to
+ * run. The decode reuses one mark for all its blocks, so each end also releases the
+ * previous block's output. The wait matters in strict eager mode, which allocates each
+ * op's output when the op is queued: without it the host would queue the whole decoder
+ * at once and all its activations would be allocated together; with it, the memory in
+ * use stays near one block's working set. */
+static df_tensor *end_block(df_ctx *ctx, df_scope mark, df_tensor *h)
+{
+    h = df_scope_end(ctx, mark, h);
+    df_sync(ctx); /* a failure stays on the context; finish() reports it */
+    return h;
+}
+
+/* The status of the work queued so far, once the decode has given up or finished. */
+static df_status finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
+{
+    df_status s = df_ctx_status(ctx);
+    if (s == DF_OK && !result)
+        s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
+    *out = s == DF_OK ? result : NULL;
+    return s;
+}
+
+df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !vae || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_decode: NULL argument");
+    DF_TRY(df_ctx_status(ctx));
+    const df_vae_info *c = &vae->info;
+    char d[96];
+    if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) != c->latent_channels)
+        return df_errorf(DF_E_SHAPE, "vae decode: latents %s, expected [B, %lld, h, w]",
+                         df_tensor_describe(latents, d, sizeof d), (long long)c->latent_channels);
+    int g = c->norm_num_groups;
+
+    /* One scope for the whole decode, ended after every block (see end_block). */
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = latents;
+    if (vae->post_quant_conv.w)
+        h = conv_fwd(ctx, &vae->post_quant_conv, h);
+    h = end_block(ctx, mark, conv_fwd(ctx, &vae->conv_in, h)); /* [B, C_top, h, w] */
+
+    h = end_block(ctx, mark, resnet_fwd(ctx, &vae->mid_resnets[0], g, h));
+    if (c->mid_block_add_attention)
+        h = end_block(ctx, mark, attention_fwd(ctx, &vae->mid_attn, g, h));
+    h = end_block(ctx, mark, resnet_fwd(ctx, &vae->mid_resnets[1], g, h));
+
+    for (int i = 0; i < c->n_blocks; i++) {
+        const up_block *u = &vae->up[i];
+        for (int j = 0; j <= c->layers_per_block; j++)
+            h = end_block(ctx, mark, resnet_fwd(ctx, &u->resnets[j], g, h));
+        if (u->upsample.w) {
+            df_tensor *up = df_upsample_nearest2x(ctx, h); /* [B, C, 2H, 2W] */
+            h = end_block(ctx, mark, conv_fwd(ctx, &u->upsample, up));
+        }
+    }
+
+    h = df_silu(ctx, norm_fwd(ctx, &vae->norm_out, g, h));
+    h = end_block(ctx, mark, conv_fwd(ctx, &vae->conv_out, h)); /* [B, 3, H, W] */
+    return finish(ctx, h, out);
+}
+
+/* --- tiled decoding ---------------------------------------------------------------------- */
+
+#define DEFAULT_TILE    64
+#define DEFAULT_OVERLAP 16
+
+/* a and b overlap by e entries along dim (a's last e, b's first e): the result keeps a's
+ * head, the linear blend a + (b - a) * ramp over the overlap, then b's tail. */
+static df_tensor *join(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim, int64_t e, df_tensor *ramp)
+{
+    if (e == 0)
+        return df_concat(ctx, a, b, dim);
+    int64_t la = df_tensor_dim(a, dim), lb = df_tensor_dim(b, dim);
+    df_tensor *a_tail = df_slice(ctx, a, dim, la - e, la);
+    df_tensor *mix = df_sub(ctx, df_slice(ctx, b, dim, 0, e), a_tail);
+    mix = df_add(ctx, a_tail, df_mul(ctx, mix, ramp));
+    df_tensor *head = df_concat(ctx, df_slice(ctx, a, dim, 0, la - e), mix, dim);
+    return df_concat(ctx, head, df_slice(ctx, b, dim, e, lb), dim);
+}
+
+/* The blend weights of the later tile, (i + 0.5) / e, shaped to broadcast along dim. */
+static df_tensor *make_ramp(df_ctx *ctx, int64_t e, int dim)
+{
+    if (e == 0)
+        return NULL;
+    float *r = df_malloc((size_t)e * sizeof *r);
+    if (!r) {
+        df_errorf(DF_E_OOM, "vae: out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < e; i++)
+        r[i] = (float)(((double)i + 0.5) / (double)e);
+    int64_t shape[4] = {1, 1, 1, 1};
+    shape[dim] = e;
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, 4, r);
+    df_free(r);
+    return t;
+}
+
+/* Tiles along an axis of length n: start k * stride, length min(tile, n - start). */
+static int64_t tile_count(int64_t n, int64_t tile, int64_t stride)
+{
+    return n <= tile ? 1 : 1 + (n - tile + stride - 1) / stride;
+}
+
+df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
+                              int64_t tile_latent, int64_t overlap_latent, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !vae || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_decode_tiled: NULL argument");
+    if (tile_latent == 0)
+        tile_latent = DEFAULT_TILE;
+    if (overlap_latent == 0)
+        overlap_latent = tile_latent >= 2 * DEFAULT_OVERLAP ? DEFAULT_OVERLAP : tile_latent / 4;
+    if (tile_latent < 1 || overlap_latent < 0 || tile_latent < 2 * overlap_latent)
+        return df_errorf(DF_E_ARG,
+                         "vae tiled decode: tile %lld and overlap %lld latents "
+                         "(need tile >= 1 and 0 <= 2 * overlap <= tile)",
+                         (long long)tile_latent, (long long)overlap_latent);
+    if (df_tensor_ndim(latents) != 4)
+        return df_vae_decode(ctx, vae, latents, out); /* reports the shape */
+    int64_t h = df_tensor_dim(latents, 2), w = df_tensor_dim(latents, 3);
+    if (h <= tile_latent && w <= tile_latent)
+        return df_vae_decode(ctx, vae, latents, out);
+
+    int64_t stride = tile_latent - overlap_latent;
+    int64_t ny = tile_count(h, tile_latent, stride), nx = tile_count(w, tile_latent, stride);
+    int64_t e = overlap_latent * vae->info.scale_factor; /* overlap in pixels */
+
+    /* Marks are reused as in df_vae_decode: each end releases the superseded strip or
+     * image along with the tile's temporaries. */
+    df_scope outer = df_scope_begin(ctx);
+    df_tensor *ramp_y = make_ramp(ctx, e, 2), *ramp_x = make_ramp(ctx, e, 3);
+    df_tensor *image = NULL;
+    df_status s = df_ctx_status(ctx);
+    if (s == DF_OK && e && (!ramp_y || !ramp_x))
+        s = DF_E_OOM; /* make_ramp's allocation failed */
+    for (int64_t ty = 0; ty < ny && s == DF_OK; ty++) {
+        int64_t y0 = ty * stride, y1 = y0 + tile_latent < h ? y0 + tile_latent : h;
+        df_scope row = df_scope_begin(ctx);
+        df_tensor *strip = NULL;
+        for (int64_t tx = 0; tx < nx && s == DF_OK; tx++) {
+            int64_t x0 = tx * stride, x1 = x0 + tile_latent < w ? x0 + tile_latent : w;
+            df_tensor *z = df_slice(ctx, df_slice(ctx, latents, 2, y0, y1), 3, x0, x1);
+            df_tensor *tile = NULL;
+            s = z ? df_vae_decode(ctx, vae, z, &tile) : df_ctx_status(ctx);
+            if (s == DF_OK)
+                strip = strip ? join(ctx, strip, tile, 3, e, ramp_x) : tile;
+            strip = df_scope_end(ctx, row, s == DF_OK ? strip : NULL);
+        }
+        if (s == DF_OK)
+            image = image ? join(ctx, image, strip, 2, e, ramp_y) : strip;
+        df_scope_end_n(ctx, outer, (df_tensor *[]){ramp_y, ramp_x, s == DF_OK ? image : NULL}, 3);
+    }
+    image = df_scope_end(ctx, outer, s == DF_OK ? image : NULL);
+    if (s != DF_OK)
+        return s;
+    return finish(ctx, image, out);
+}
+
+/* --- latent layout and scaling ----------------------------------------------------------- */
+
+df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h, int64_t w,
+                                df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !packed)
+        return df_errorf(DF_E_ARG, "df_vae_unpack_latents: NULL argument");
+    DF_TRY(df_ctx_status(ctx));
+    char d[96];
+    bool fits = df_tensor_ndim(packed) == 3 && h >= 2 && w >= 2 && h % 2 == 0 && w % 2 == 0;
+    int64_t B = fits ? df_tensor_dim(packed, 0) : 0, C4 = fits ? df_tensor_dim(packed, 2) : 0;
+    if (!fits || C4 % 4 || df_tensor_dim(packed, 1) != (h / 2) * (w / 2))
+        return df_errorf(DF_E_SHAPE,
+                         "unpack latents: packed %s for a %lld x %lld latent "
+                         "(expected [B, %lld, 4C] with h and w even)",
+                         df_tensor_describe(packed, d, sizeof d), (long long)h, (long long)w,
+                         (long long)((h / 2) * (w / 2)));
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *x = df_reshape(ctx, packed, DF_SHAPE(B, h / 2, w / 2, C4 / 4, 2, 2));
+    x = df_permute(ctx, x, DF_SHAPE(0, 3, 1, 4, 2, 5)); /* [B, C, h/2, 2, w/2, 2] */
+    x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, C4 / 4, h, w)));
+    return finish(ctx, x, out);
+}
+
+df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_pack_latents: NULL argument");
+    DF_TRY(df_ctx_status(ctx));
+    char d[96];
+    if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 2) % 2 ||
+        df_tensor_dim(latents, 3) % 2)
+        return df_errorf(DF_E_SHAPE,
+                         "pack latents: %s, expected [B, C, h, w] with h and w "
+                         "even",
+                         df_tensor_describe(latents, d, sizeof d));
+    int64_t B = df_tensor_dim(latents, 0), C = df_tensor_dim(latents, 1);
+    int64_t h = df_tensor_dim(latents, 2), w = df_tensor_dim(latents, 3);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *x = df_reshape(ctx, latents, DF_SHAPE(B, C, h / 2, 2, w / 2, 2));
+    x = df_permute(ctx, x, DF_SHAPE(0, 2, 4, 1, 3, 5)); /* [B, h/2, w/2, C, 2, 2] */
+    x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, (h / 2) * (w / 2), C * 4)));
+    return finish(ctx, x, out);
+}
+
+df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !vae || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_unscale: NULL argument");
+    DF_TRY(df_ctx_status(ctx));
+    const df_vae_info *c = &vae->info;
+    df_tensor *x = df_scale(ctx, latents, (float)(1.0 / c->scaling_factor), (float)c->shift_factor);
+    return finish(ctx, x, out);
+}
+
+/* --- post-processing on the host --------------------------------------------------------- */
+
+static df_status check_image_args(const char *fn, const void *in, const void *out, int64_t b,
+                                  int64_t c, int64_t h, int64_t w)
+{
+    if (!in || !out || b < 1 || c < 1 || h < 1 || w < 1)
+        return df_errorf(DF_E_ARG, "%s: %s (batch %lld, channels %lld, %lld x %lld)", fn,
+                         !in || !out ? "NULL buffer" : "empty image", (long long)b, (long long)c,
+                         (long long)h, (long long)w);
+    return DF_OK;
+}
+
+/* clamp(x / 2 + 0.5, 0, 1) in float32; NaN stays NaN as in torch. */
+static float to_unit(float x)
+{
+    float v = x * 0.5f + 0.5f;
+    return v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
+}
+
+df_status df_vae_postprocess_f32(const float *decoded, int64_t batch, int64_t channels,
+                                 int64_t height, int64_t width, float *out)
+{
+    DF_TRY(
+        check_image_args("df_vae_postprocess_f32", decoded, out, batch, channels, height, width));
+    int64_t hw = height * width;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t c = 0; c < channels; c++)
+            for (int64_t p = 0; p < hw; p++)
+                out[(b * hw + p) * channels + c] = to_unit(decoded[(b * channels + c) * hw + p]);
+    return DF_OK;
+}
+
+df_status df_vae_postprocess_rgb8(const float *decoded, int64_t batch, int64_t channels,
+                                  int64_t height, int64_t width, uint8_t *out)
+{
+    DF_TRY(
+        check_image_args("df_vae_postprocess_rgb8", decoded, out, batch, channels, height, width));
+    int64_t hw = height * width;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t c = 0; c < channels; c++)
+            for (int64_t p = 0; p < hw; p++) {
+                float v = to_unit(decoded[(b * channels + c) * hw + p]) * 255.0f;
+                out[(b * hw + p) * channels + c] = v == v ? (uint8_t)nearbyintf(v) : 0;
+            }
+    return DF_OK;
+}

@@ -1,0 +1,478 @@
+/*
+ * Workload "flux": the FLUX.1 transformer at full width (hidden 3072 = 24 heads of 128,
+ * MLP 4x, joint_attention_dim 4096, pooled 768, in_channels 64) with random bf16 weights
+ * and reduced depth (2 double + 4 single blocks; `--double N --single N` change it), at
+ * the token counts of 256x256 and 512x512 images: 256+512 and 1024+512 (image + text),
+ * in f32 and bf16 compute, on 2 threads unless --threads says otherwise. --quick runs a
+ * tiny model (hidden 128) at 16+8 and 64+8 tokens.
+ *
+ * Three checkpoints are written into a temporary folder by a streaming safetensors writer
+ * (header first, then each tensor generated in chunks): the embedders alone (0 blocks),
+ * the double blocks alone, and the single blocks alone. Timing each forward (after one
+ * warm-up run that packs weights and touches pages) gives per-block times without looking
+ * inside the model:
+ *     ms per double block = (T_double - T_embed) / n_double
+ *     ms per single block = (T_single - T_embed) / n_single
+ *     forward (n_double + n_single) = T_double + T_single - T_embed
+ *
+ * GFLOP/s count the matrix products analytically (B = 1, S = S_img + S_txt, D = hidden):
+ *     double block  24 S D^2 + 4 S^2 D + 24 D^2
+ *                   (q,k,v of both streams 6 S D^2, to_out + to_add_out 2 S D^2,
+ *                    ff + ff_context 16 S D^2, q k^T and p v 4 S^2 D, two 6D x D
+ *                    modulations 24 D^2)
+ *     single block  24 S D^2 + 4 S^2 D + 6 D^2
+ *                   (q,k,v 6 S D^2, proj_mlp 8 S D^2, proj_out (5D -> D) 10 S D^2,
+ *                    attention 4 S^2 D, the 3D x D modulation 6 D^2)
+ *     embedders     2 S_img C D + 2 S_txt J D + 2 (256 D + D^2) + 2 (P D + D^2)
+ *                   + 4 D^2 + 2 S_img D C   (C in_channels, J joint, P pooled)
+ * Norms, RoPE, activations and residual adds are O(S D) and left out. Each rate is set
+ * against the machine's GEMM ceiling for the compute dtype (bench_ceiling_gflops).
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+typedef struct shape {
+    int64_t D, heads, in_ch, joint, pooled;
+    int64_t axes[3];
+} shape;
+
+static const shape full_shape = {3072, 24, 64, 4096, 768, {16, 56, 56}};
+static const shape tiny_shape = {128, 4, 16, 64, 32, {8, 12, 12}};
+
+/* The three checkpoints: embedders only, the double blocks, the single blocks. */
+static const char *const model_names[3] = {"embed", "double", "single"};
+
+/* ---- the random checkpoint --------------------------------------------------------------- */
+
+typedef struct wt {
+    char name[96];
+    int64_t rows, cols; /* cols 0: a vector of `rows` */
+    float scale;        /* uniform in [-scale, scale); 0: all ones (RMS norm weights) */
+} wt;
+
+typedef struct wlist {
+    wt *w;
+    int n, cap;
+} wlist;
+
+static int add(wlist *l, int64_t rows, int64_t cols, float scale, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int add(wlist *l, int64_t rows, int64_t cols, float scale, const char *fmt, ...)
+{
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 64;
+        wt *w = realloc(l->w, (size_t)cap * sizeof *w);
+        if (!w)
+            return 1;
+        l->w = w;
+        l->cap = cap;
+    }
+    wt *w = &l->w[l->n++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->name, sizeof w->name, fmt, ap);
+    va_end(ap);
+    w->rows = rows;
+    w->cols = cols;
+    w->scale = scale;
+    return 0;
+}
+
+/* A linear layer [out, in] with bias: weights of variance 1/in, small biases. */
+static int add_linear(wlist *l, int64_t out, int64_t in, const char *fmt, const char *p, int i)
+{
+    char base[80];
+    snprintf(base, sizeof base, fmt, p, i);
+    int bad = add(l, out, in, sqrtf(3.0f / (float)in), "%s.weight", base);
+    return bad || add(l, out, 0, 0.02f, "%s.bias", base);
+}
+
+static int weight_list(const shape *s, int n_double, int n_single, wlist *l)
+{
+    int64_t D = s->D, Dh = D / s->heads;
+    int bad = add_linear(l, D, s->in_ch, "%sx_embedder", "", 0);
+    bad = bad || add_linear(l, D, s->joint, "%scontext_embedder", "", 0);
+    bad = bad || add_linear(l, D, 256, "%stime_text_embed.timestep_embedder.linear_1", "", 0);
+    bad = bad || add_linear(l, D, D, "%stime_text_embed.timestep_embedder.linear_2", "", 0);
+    bad = bad || add_linear(l, D, s->pooled, "%stime_text_embed.text_embedder.linear_1", "", 0);
+    bad = bad || add_linear(l, D, D, "%stime_text_embed.text_embedder.linear_2", "", 0);
+    bad = bad || add_linear(l, 2 * D, D, "%snorm_out.linear", "", 0);
+    bad = bad || add_linear(l, s->in_ch, D, "%sproj_out", "", 0);
+    const char *p = "transformer_blocks";
+    for (int i = 0; !bad && i < n_double; i++) {
+        bad = add_linear(l, 6 * D, D, "%s.%d.norm1.linear", p, i) ||
+              add_linear(l, 6 * D, D, "%s.%d.norm1_context.linear", p, i);
+        static const char *const proj[8] = {"to_q",       "to_k",       "to_v",     "add_q_proj",
+                                            "add_k_proj", "add_v_proj", "to_out.0", "to_add_out"};
+        for (int k = 0; !bad && k < 8; k++) {
+            char fmt[64];
+            snprintf(fmt, sizeof fmt, "%%s.%%d.attn.%s", proj[k]);
+            bad = add_linear(l, D, D, fmt, p, i);
+        }
+        static const char *const norms[4] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+        for (int k = 0; !bad && k < 4; k++)
+            bad = add(l, Dh, 0, 0, "%s.%d.attn.%s.weight", p, i, norms[k]);
+        bad = bad || add_linear(l, 4 * D, D, "%s.%d.ff.net.0.proj", p, i) ||
+              add_linear(l, D, 4 * D, "%s.%d.ff.net.2", p, i) ||
+              add_linear(l, 4 * D, D, "%s.%d.ff_context.net.0.proj", p, i) ||
+              add_linear(l, D, 4 * D, "%s.%d.ff_context.net.2", p, i);
+    }
+    p = "single_transformer_blocks";
+    for (int i = 0; !bad && i < n_single; i++) {
+        bad = add_linear(l, 3 * D, D, "%s.%d.norm.linear", p, i) ||
+              add_linear(l, D, D, "%s.%d.attn.to_q", p, i) ||
+              add_linear(l, D, D, "%s.%d.attn.to_k", p, i) ||
+              add_linear(l, D, D, "%s.%d.attn.to_v", p, i) ||
+              add(l, Dh, 0, 0, "%s.%d.attn.norm_q.weight", p, i) ||
+              add(l, Dh, 0, 0, "%s.%d.attn.norm_k.weight", p, i) ||
+              add_linear(l, 4 * D, D, "%s.%d.proj_mlp", p, i) ||
+              add_linear(l, D, 5 * D, "%s.%d.proj_out", p, i);
+    }
+    return bad;
+}
+
+static uint64_t next_random(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static int write_values(FILE *f, const wt *w, uint64_t *rng)
+{
+    uint16_t buf[8192];
+    int64_t n = w->rows * (w->cols ? w->cols : 1);
+    for (int64_t done = 0; done < n;) {
+        int64_t k = n - done < 8192 ? n - done : 8192;
+        for (int64_t i = 0; i < k; i++) {
+            float u = (float)(next_random(rng) >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+            buf[i] = df_f32_to_bf16(w->scale > 0 ? (2 * u - 1) * w->scale : 1.0f);
+        }
+        if (fwrite(buf, sizeof *buf, (size_t)k, f) != (size_t)k)
+            return 1;
+        done += k;
+    }
+    return 0;
+}
+
+static int write_safetensors(const char *path, const wlist *l)
+{
+    size_t cap = 256 * (size_t)l->n + 64, len = 0;
+    char *h = malloc(cap);
+    if (!h)
+        return 1;
+    uint64_t off = 0;
+    len += (size_t)snprintf(h + len, cap - len, "{");
+    for (int i = 0; i < l->n; i++) {
+        const wt *w = &l->w[i];
+        uint64_t bytes = 2 * (uint64_t)w->rows * (uint64_t)(w->cols ? w->cols : 1);
+        char dims[48];
+        if (w->cols)
+            snprintf(dims, sizeof dims, "%" PRId64 ",%" PRId64, w->rows, w->cols);
+        else
+            snprintf(dims, sizeof dims, "%" PRId64, w->rows);
+        len += (size_t)snprintf(h + len, cap - len,
+                                "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":[%s],"
+                                "\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
+                                i ? "," : "", w->name, dims, off, off + bytes);
+        off += bytes;
+    }
+    len += (size_t)snprintf(h + len, cap - len, "}");
+    while (len % 8 && len < cap)
+        h[len++] = ' ';
+    FILE *f = fopen(path, "wb");
+    uint8_t hl[8];
+    for (int i = 0; i < 8; i++)
+        hl[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    int bad = !f || fwrite(hl, 1, 8, f) != 8 || fwrite(h, 1, len, f) != len;
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; !bad && i < l->n; i++)
+        bad = write_values(f, &l->w[i], &rng);
+    if (f && fclose(f) != 0)
+        bad = 1;
+    free(h);
+    return bad;
+}
+
+/* "a/b" into out; 1 when it does not fit. */
+static int join(char *out, size_t cap, const char *a, const char *b)
+{
+    return snprintf(out, cap, "%s/%s", a, b) >= (int)cap;
+}
+
+static int write_model(const char *dir, const shape *s, int n_double, int n_single)
+{
+    char path[1200];
+    if (mkdir(dir, 0755) != 0 ||
+        join(path, sizeof path, dir, "diffusion_pytorch_model.safetensors"))
+        return 1;
+    wlist l = {0};
+    int bad = weight_list(s, n_double, n_single, &l) || write_safetensors(path, &l);
+    free(l.w);
+    FILE *f = bad || join(path, sizeof path, dir, "config.json") ? NULL : fopen(path, "w");
+    if (!f)
+        return 1;
+    fprintf(f,
+            "{\n  \"_class_name\": \"FluxTransformer2DModel\",\n  \"patch_size\": 1,\n"
+            "  \"in_channels\": %" PRId64 ",\n  \"out_channels\": null,\n"
+            "  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
+            "  \"attention_head_dim\": %" PRId64 ",\n  \"num_attention_heads\": %" PRId64 ",\n"
+            "  \"joint_attention_dim\": %" PRId64 ",\n  \"pooled_projection_dim\": %" PRId64
+            ",\n  \"guidance_embeds\": false,\n  \"axes_dims_rope\": [%" PRId64 ", %" PRId64
+            ", %" PRId64 "]\n}\n",
+            s->in_ch, n_double, n_single, s->D / s->heads, s->heads, s->joint, s->pooled,
+            s->axes[0], s->axes[1], s->axes[2]);
+    return fclose(f) != 0;
+}
+
+static void remove_model(const char *dir)
+{
+    char path[1200];
+    if (!join(path, sizeof path, dir, "diffusion_pytorch_model.safetensors"))
+        unlink(path);
+    if (!join(path, sizeof path, dir, "config.json"))
+        unlink(path);
+    rmdir(dir);
+}
+
+/* ---- the measurement --------------------------------------------------------------------- */
+
+static double double_gflop(const shape *s, double S)
+{
+    double D = (double)s->D;
+    return (24 * S * D * D + 4 * S * S * D + 24 * D * D) / 1e9;
+}
+
+static double single_gflop(const shape *s, double S)
+{
+    double D = (double)s->D;
+    return (24 * S * D * D + 4 * S * S * D + 6 * D * D) / 1e9;
+}
+
+static double embed_gflop(const shape *s, double s_img, double s_txt)
+{
+    double D = (double)s->D, C = (double)s->in_ch;
+    return (2 * s_img * C * D + 2 * s_txt * (double)s->joint * D + 2 * (256 * D + D * D) +
+            2 * ((double)s->pooled * D + D * D) + 4 * D * D + 2 * s_img * D * C) /
+           1e9;
+}
+
+static float *random_values(int64_t n, uint64_t seed)
+{
+    float *v = malloc((size_t)n * sizeof *v + 1);
+    for (int64_t i = 0; v && i < n; i++)
+        v[i] = (float)(next_random(&seed) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+    return v;
+}
+
+/* Random inputs for one forward with s_img image tokens on a square grid and s_txt text
+ * tokens (ids all zero, as FluxPipeline makes them). */
+static int make_inputs(df_ctx *ctx, const shape *s, int64_t s_img, int64_t s_txt,
+                       df_flux_inputs *in)
+{
+    int64_t side = (int64_t)sqrt((double)s_img);
+    float *x = random_values(s_img * s->in_ch, 1), *t = random_values(s_txt * s->joint, 2);
+    float *p = random_values(s->pooled, 3), sigma = 0.75f;
+    float *img = calloc((size_t)s_img * 3, sizeof *img),
+          *txt = calloc((size_t)s_txt * 3, sizeof *txt);
+    int bad = !x || !t || !p || !img || !txt;
+    for (int64_t i = 0; !bad && i < s_img; i++) {
+        img[3 * i + 1] = (float)(i / side);
+        img[3 * i + 2] = (float)(i % side);
+    }
+    if (!bad)
+        *in = (df_flux_inputs){
+            .hidden_states =
+                df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, s_img, s->in_ch), x),
+            .encoder_hidden_states =
+                df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, s_txt, s->joint), t),
+            .pooled_projections = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, s->pooled), p),
+            .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &sigma),
+            .img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s_img, 3), img),
+            .txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s_txt, 3), txt),
+        };
+    free(x);
+    free(t);
+    free(p);
+    free(img);
+    free(txt);
+    return bad || df_ctx_status(ctx) != DF_OK;
+}
+
+/* Seconds of one forward, until the device has finished it. */
+static int run_once(df_ctx *ctx, df_flux *m, const df_flux_inputs *in, double *seconds)
+{
+    double t0 = bench_now();
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *out = df_flux_forward(ctx, m, in);
+    df_status st = df_sync(ctx);
+    df_scope_end(ctx, mark, NULL);
+    *seconds = bench_now() - t0;
+    if (!out || st != DF_OK) {
+        fprintf(stderr, "flux: %s\n", df_error_message());
+        return 1;
+    }
+    return 0;
+}
+
+typedef struct run_cfg {
+    const shape *s;
+    int n_double, n_single;
+    int threads;
+    df_dtype dtype;
+    const char *mode;
+    int64_t tokens[2][2]; /* {image, text} per token setting */
+    int n_tokens;
+} run_cfg;
+
+/* Warm-up then best of `repeats` forwards of the model in `dir` at each token setting:
+ * sec[k] for setting k. */
+static int time_model(const bench_opts *o, const run_cfg *rc, const char *dir, double *sec,
+                      int64_t *peak)
+{
+    df_ctx *ctx;
+    df_eager_mode mode = strcmp(rc->mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER;
+    if (df_ctx_create(&(df_ctx_opts){.threads = rc->threads, .compute = rc->dtype, .mode = mode},
+                      &ctx) != DF_OK) {
+        fprintf(stderr, "flux: %s\n", df_error_message());
+        return 1;
+    }
+    df_flux *m = NULL;
+    int bad = df_flux_load(ctx, dir, &m) != DF_OK;
+    if (bad)
+        fprintf(stderr, "flux: %s\n", df_error_message());
+    int repeats = o->quick ? 3 : 2; /* tiny shapes are cheap: more runs against noise */
+    for (int k = 0; !bad && k < rc->n_tokens; k++) {
+        df_scope mark = df_scope_begin(ctx);
+        df_flux_inputs in;
+        double s;
+        bad = make_inputs(ctx, rc->s, rc->tokens[k][0], rc->tokens[k][1], &in) ||
+              run_once(ctx, m, &in, &s);
+        df_stats_reset(ctx);
+        for (int r = 0; !bad && r < repeats; r++) {
+            bad = run_once(ctx, m, &in, &s);
+            if (r == 0 || s < sec[k])
+                sec[k] = s;
+        }
+        df_stats st;
+        df_ctx_stats(ctx, &st);
+        if (st.peak_bytes > peak[k])
+            peak[k] = st.peak_bytes;
+        df_scope_end(ctx, mark, NULL);
+    }
+    df_flux_free(m);
+    df_ctx_free(ctx);
+    return bad;
+}
+
+static void report(const bench_opts *o, const run_cfg *rc, const char *what, int k, double sec,
+                   double gflop, double ceiling, int64_t peak)
+{
+    char shape[96], extra[96];
+    snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " %s", rc->tokens[k][0], rc->tokens[k][1],
+             what);
+    double rate = sec > 0 ? gflop / sec : 0;
+    snprintf(extra, sizeof extra, ",\"gflop\":%.2f", gflop); /* the report prints the ratio */
+    bench_report(o, "flux", shape, rc->threads, df_dtype_name(rc->dtype), rc->mode, sec * 1e3, rate,
+                 ceiling, peak, extra);
+}
+
+static int measure(const bench_opts *o, const run_cfg *rc, const char *root)
+{
+    double sec[3][2] = {{0}};
+    int64_t peak[2] = {0};
+    for (int i = 0; i < 3; i++) {
+        char dir[1100];
+        if (join(dir, sizeof dir, root, model_names[i]) || time_model(o, rc, dir, sec[i], peak))
+            return 1;
+    }
+    double ceiling = bench_ceiling_gflops(rc->dtype, rc->threads);
+    for (int k = 0; k < rc->n_tokens; k++) {
+        double s_img = (double)rc->tokens[k][0], S = s_img + (double)rc->tokens[k][1];
+        double t_d = (sec[1][k] - sec[0][k]) / rc->n_double;
+        double t_s = (sec[2][k] - sec[0][k]) / rc->n_single;
+        double total = sec[1][k] + sec[2][k] - sec[0][k];
+        double flop = embed_gflop(rc->s, s_img, (double)rc->tokens[k][1]) +
+                      rc->n_double * double_gflop(rc->s, S) + rc->n_single * single_gflop(rc->s, S);
+        char what[48];
+        report(o, rc, "double block", k, t_d, double_gflop(rc->s, S), ceiling, peak[k]);
+        report(o, rc, "single block", k, t_s, single_gflop(rc->s, S), ceiling, peak[k]);
+        snprintf(what, sizeof what, "forward %d+%d", rc->n_double, rc->n_single);
+        report(o, rc, what, k, total, flop, ceiling, peak[k]);
+    }
+    return 0;
+}
+
+int bench_flux(const bench_opts *o)
+{
+    run_cfg rc = {.s = o->quick ? &tiny_shape : &full_shape,
+                  .n_double = 2,
+                  .n_single = 4,
+                  .threads = o->threads ? o->threads : 2,
+                  .n_tokens = 2};
+    for (int i = 0; i + 1 < o->argc; i += 2) {
+        if (strcmp(o->argv[i], "--double") == 0)
+            rc.n_double = atoi(o->argv[i + 1]);
+        else if (strcmp(o->argv[i], "--single") == 0)
+            rc.n_single = atoi(o->argv[i + 1]);
+        else
+            break;
+    }
+    if (rc.n_double < 1 || rc.n_single < 1) {
+        fprintf(stderr, "flux: usage: flux [--double N] [--single N] (N >= 1)\n");
+        return 1;
+    }
+    const int64_t full_tokens[2][2] = {{256, 512}, {1024, 512}},
+                  tiny_tokens[2][2] = {{16, 8}, {64, 8}};
+    memcpy(rc.tokens, o->quick ? tiny_tokens : full_tokens, sizeof rc.tokens);
+
+    const char *tmp = getenv("TMPDIR");
+    char root[1024];
+    snprintf(root, sizeof root, "%s/diffuse-bench-flux-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root)) {
+        fprintf(stderr, "flux: cannot create a folder from %s\n", root);
+        return 1;
+    }
+    const int depth[3][2] = {{0, 0}, {rc.n_double, 0}, {0, rc.n_single}};
+    int bad = 0;
+    for (int i = 0; !bad && i < 3; i++) {
+        char dir[1100];
+        bad = join(dir, sizeof dir, root, model_names[i]) ||
+              write_model(dir, rc.s, depth[i][0], depth[i][1]);
+        if (bad)
+            fprintf(stderr, "flux: cannot write the random checkpoint %s/%s\n", root,
+                    model_names[i]);
+    }
+
+    static const char *const modes[2] = {"eager", "fuse"};
+    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    int failures = bad;
+    for (int di = 0; !bad && di < 2; di++) {
+        if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
+            continue;
+        for (int mi = 0; mi < 2; mi++) {
+            if (o->mode ? strcmp(o->mode, modes[mi]) != 0 : mi > 0)
+                continue; /* without --mode: eager only until the other modes exist */
+            rc.dtype = dtypes[di];
+            rc.mode = modes[mi];
+            failures += measure(o, &rc, root);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        char dir[1100];
+        if (!join(dir, sizeof dir, root, model_names[i]))
+            remove_model(dir);
+    }
+    rmdir(root);
+    return failures ? 1 : 0;
+}

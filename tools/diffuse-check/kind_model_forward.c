@@ -1,0 +1,153 @@
+/*
+ * Golden kind "model_forward": `class.from_pretrained(dir)(**args)[0]` compared with
+ * out.sample.
+ *
+ * The model is loaded from the case's own folder with the library's loader, in a context
+ * made from --device, --threads, --dtype and --mode. Each argument is either "in.<name>"
+ * (read as f32 and uploaded as a tensor), null (the input is absent), or a number (a [1]
+ * tensor holding it); return_dict is ignored. Only FluxTransformer2DModel runs for now;
+ * the other transformer classes fail with "not implemented yet".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+
+int check_sd3_forward(check_case *c, df_ctx *ctx); /* kind_sd3.c */
+
+/* One uploaded argument: NULL when the argument is null or absent. */
+static int tensor_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out)
+{
+    *out = NULL;
+    const df_json *a = df_json_get(c->args, key);
+    if (df_json_is_null(a))
+        return 0;
+    if (df_json_type_of(a) == DF_JSON_NUMBER) {
+        float v = (float)df_json_number(a);
+        *out = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, &v);
+        return *out ? 0 : check_fail(c, "args.%s: %s", key, df_error_message());
+    }
+    const char *name;
+    if (df_json_to_string(a, &name) != DF_OK)
+        return check_fail(c, "args.%s: %s", key, df_error_message());
+    float *data;
+    int64_t shape[8];
+    int ndim;
+    if (check_read_f32(c, name, &data, shape, &ndim) != DF_OK)
+        return check_fail(c, "args.%s: cannot read tensor '%s': %s", key, name, df_error_message());
+    *out = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, ndim, data);
+    free(data);
+    if (!*out)
+        return check_fail(c, "args.%s: cannot upload '%s': %s", key, name, df_error_message());
+    return 0;
+}
+
+static int compare_output(check_case *c, df_ctx *ctx, df_tensor *out)
+{
+    if (!out) {
+        df_sync(ctx); /* makes the context's error the thread's message */
+        return check_fail(c, "forward failed: %s", df_error_message());
+    }
+    int64_t n = df_tensor_numel(out);
+    float *got = malloc((size_t)n * sizeof *got + 1);
+    if (!got)
+        return check_fail(c, "out of memory");
+    int rc;
+    if (df_tensor_read(ctx, out, DF_DTYPE_F32, got, (size_t)n * sizeof *got) != DF_OK)
+        rc = check_fail(c, "forward failed: %s", df_error_message());
+    else
+        rc = check_compare_f32(c, "sample", got, n);
+    free(got);
+    return rc;
+}
+
+static void write_stats(check_case *c, df_ctx *ctx)
+{
+    if (!c->stats_json)
+        return;
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    char buf[2048];
+    df_stats_to_json(&st, buf, sizeof buf);
+    fprintf(c->stats_json, "%s\n", buf);
+}
+
+/* The whole transformer as a module, for --mode compile. */
+static df_status flux_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                     df_tensor **out)
+{
+    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
+    out[0] = df_flux_forward(ctx, self, &fi);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+static const df_module flux_module = {
+    .name = "FluxTransformer2DModel", .n_in = 7, .n_out = 1, .forward = flux_module_forward};
+
+static int run_flux(check_case *c, df_ctx *ctx)
+{
+    df_flux *m;
+    if (df_flux_load(ctx, c->model_dir, &m) != DF_OK)
+        return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
+    static const char *const keys[] = {"hidden_states",
+                                       "encoder_hidden_states",
+                                       "pooled_projections",
+                                       "timestep",
+                                       "img_ids",
+                                       "txt_ids",
+                                       "guidance"};
+    df_tensor *t[7];
+    int rc = 0;
+    for (int i = 0; i < 7 && rc == 0; i++)
+        rc = tensor_arg(c, ctx, keys[i], &t[i]);
+    bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
+    df_compiled *whole = NULL;
+    if (rc == 0 && compile &&
+        df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &whole) != DF_OK)
+        rc = check_fail(c, "compile: %s", df_error_message());
+    if (rc == 0 && blocks &&
+        df_flux_compile_repeated_blocks(m, &(df_compile_opts){.fullgraph = true}) != DF_OK)
+        rc = check_fail(c, "compile blocks: %s", df_error_message());
+    /* The compiled modes run twice: the first call traces, the second replays. */
+    for (int call = 0; rc == 0 && call < (compile || blocks ? 2 : 1); call++) {
+        df_tensor *out = NULL;
+        if (whole) {
+            if (df_compiled_call(ctx, whole, m, t, &out) != DF_OK)
+                rc = check_fail(c, "compiled call %d: %s", call, df_error_message());
+        } else {
+            df_flux_inputs in = {t[0], t[1], t[2], t[3], t[4], t[5], t[6]};
+            out = df_flux_forward(ctx, m, &in);
+        }
+        if (rc == 0)
+            rc = compare_output(c, ctx, out);
+    }
+    if (rc == 0 && blocks && df_flux_compiled_programs(m) != 2)
+        rc = check_fail(c, "compiled blocks made %d programs, expected 2 (one per block class)",
+                        df_flux_compiled_programs(m));
+    write_stats(c, ctx);
+    df_compiled_free(whole);
+    df_flux_free(m);
+    return rc;
+}
+
+int check_kind_model_forward(check_case *c)
+{
+    bool flux = strcmp(c->cls, "FluxTransformer2DModel") == 0;
+    bool sd3 = strcmp(c->cls, "SD3Transformer2DModel") == 0; /* kind_sd3.c */
+    if (!flux && !sd3 && strcmp(c->cls, "Flux2Transformer2DModel") == 0)
+        return check_fail(c, "class %s is not implemented yet", c->cls);
+    if (!flux && !sd3)
+        return check_fail(c, "model_forward: unknown class %s", c->cls);
+    if (!c->model_dir)
+        return check_fail(c, "model_forward needs a model folder (case.json \"dir\")");
+
+    df_ctx *ctx;
+    df_ctx_opts opts = check_ctx_opts(c);
+    if (df_ctx_create(&opts, &ctx) != DF_OK)
+        return check_fail(c, "cannot create a context on %s: %s",
+                          c->device ? c->device : "the default device", df_error_message());
+    int rc = sd3 ? check_sd3_forward(c, ctx) : run_flux(c, ctx);
+    df_ctx_free(ctx);
+    return rc;
+}
