@@ -4,6 +4,7 @@
 #   make         Release build: build/bin/{diffuse,diffuse-bench,diffuse-check}
 #   make check   deps, then a Release build and a Debug ASan+UBSan build, each running ctest
 #   make demo    build, make a tiny FLUX.1 pipeline folder, generate demo/demo.png from it
+#   make demo-sd3  the same with a tiny SD3.5-architecture pipeline (CFG, skip-layer guidance)
 #   make fuzz    build the libFuzzer targets with clang and run each for FUZZ_SECONDS
 #   make install PREFIX=/usr/local
 
@@ -15,7 +16,7 @@ CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
                libutf8proc-dev libdnnl-dev libopenmpi-dev openmpi-bin clang
 
-.PHONY: all deps build check check-release check-asan demo fuzz install clean
+.PHONY: all deps build check check-release check-asan demo demo-sd3 fuzz install clean
 
 all: build
 
@@ -47,6 +48,13 @@ demo: deps build
 	./build/bin/diffuse generate -m demo/tiny-flux -p "a red fox in the snow, watercolor" \
 	    -W 256 -H 256 --seed 42 -o demo/demo.png --stats-json demo/stats.json
 	./build/bin/diffuse info demo/demo.png
+
+demo-sd3: deps build
+	./build/bin/diffuse make-tiny --arch sd3 demo/tiny-sd3
+	./build/bin/diffuse generate -m demo/tiny-sd3 -p "a red fox in the snow, watercolor" \
+	    --negative-prompt "blurry" -W 256 -H 256 --steps 8 --guidance 4.5 --slg-layers 1 \
+	    --seed 42 -o demo/demo-sd3.png --stats-json demo/stats-sd3.json
+	./build/bin/diffuse info demo/demo-sd3.png
 
 fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

@@ -1,6 +1,6 @@
 # Golden parity tests: diffuse-check runs every case of ../shared/golden whose class diffuse
 # implements, in every execution mode that exists. Cases of classes not implemented yet
-# (FLUX.2, SD3, Mistral) are listed separately and not run; diffuse-check itself fails them
+# (FLUX.2, Mistral) are listed separately and not run; diffuse-check itself fails them
 # ("not implemented yet") rather than skipping.
 set(DF_GOLDEN_CASES
     rng-randn-f32-small rng-randn-f32-seed42-latent rng-randn-bf16-seed42
@@ -9,10 +9,13 @@ set(DF_GOLDEN_CASES
     te-clip-l te-clip-g te-t5
     flux-transformer
     vae-decode-flux vae-decode-sd3
-    pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42)
-set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 vae-decode-flux2 te-mistral
+    pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
     sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0)
-set(DF_GOLDEN_MODES eager)
+set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 vae-decode-flux2 te-mistral)
+# eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
+# deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
+set(DF_GOLDEN_MODES eager fuse compile)
+set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell)
 
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})
@@ -22,8 +25,13 @@ if(EXISTS ${DF_GOLDEN_DIR})
       set_tests_properties(golden/${mode}/${case} PROPERTIES TIMEOUT 600)
     endforeach()
   endforeach()
+  foreach(case ${DF_GOLDEN_BLOCKS_CASES})
+    add_test(NAME golden/blocks/${case}
+             COMMAND diffuse-check --mode blocks --threads 2 ${DF_GOLDEN_DIR}/${case})
+    set_tests_properties(golden/blocks/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
-  foreach(case flux-transformer)
+  foreach(case flux-transformer te-t5 t2i-flux-schnell)
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
   endforeach()

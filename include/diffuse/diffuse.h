@@ -15,6 +15,8 @@
 /* Each part adds its header below, one line each. */
 #include "safetensors_writer.h"
 #include "pipeline.h"
+#include "compile.h"
+#include "dist.h"
 #include "json.h"
 #include "safetensors.h"
 #include "weights.h"
@@ -26,6 +28,7 @@
 #include "clip.h"
 #include "t5.h"
 #include "flux.h"
+#include "sd3.h"
 #include "vae.h"
 #include "tokenizer.h"
 

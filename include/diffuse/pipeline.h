@@ -99,10 +99,12 @@ typedef struct df_gen_output {
     int latents_ndim;
     int steps;
     float guidance;
-    /* Weight residency and memory after each phase of the run (encode, denoise, decode). */
+    /* Weight residency and memory of each phase of the run (encode, denoise, decode): the
+     * most weight bytes resident during it, what stayed resident after it, and the RSS. */
     int n_phases;
     struct {
         const char *phase;
+        int64_t peak_resident_weight_bytes;
         int64_t resident_weight_bytes;
         int64_t rss_bytes;
     } phases[8];

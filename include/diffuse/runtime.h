@@ -69,6 +69,7 @@ typedef struct df_stats {
     int64_t steps;                 /* df_mark_step() calls */
     double seconds_per_step;       /* mean wall time between df_mark_step() calls */
     int64_t rss_bytes;             /* the process's resident set now */
+    int64_t peak_resident_weight_bytes; /* most weight bytes resident at once */
 } df_stats;
 
 /* The device chosen when none is named: $DIFFUSE_DEVICE, else the best that answers. */
@@ -110,6 +111,8 @@ DF_API void df_stats_reset(df_ctx *ctx);
 DF_API int df_stats_to_json(const df_stats *s, char *buf, size_t cap);
 /* Adds weight bytes read / resident (for loaders). */
 DF_API void df_stats_add_weights(df_ctx *ctx, int64_t bytes_read, int64_t resident_delta);
+/* Restarts peak_resident_weight_bytes from the current residency (for per-phase peaks). */
+DF_API void df_stats_reset_resident_peak(df_ctx *ctx);
 
 /* --- tensors -------------------------------------------------------------------------- */
 

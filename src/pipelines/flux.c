@@ -268,6 +268,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     df_scope outer = df_scope_begin(ctx);
     df_status s = DF_OK;
     df_tensor *embeds = NULL, *pooled = NULL;
+    df_stats_reset_resident_peak(ctx);
     int64_t L = max_seq;
     if (g->prompt_embeds) {
         L = g->prompt_embeds_len;

@@ -13,7 +13,8 @@
 #include "core/status.h"
 #include "pipelines/pipeline.h"
 
-static const df_pipeline_kind *const classes[] = {&df_flux_pipeline_class};
+static const df_pipeline_kind *const classes[] = {&df_flux_pipeline_class,
+                                                   &df_sd3_pipeline_class};
 
 bool df_pipeline_has_component(const df_model_index *idx, const char *name)
 {
@@ -42,7 +43,8 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
             pc = classes[i];
     if (!pc) {
         df_status s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is "
-                                "not supported (supported: FluxPipeline)", dir,
+                                "not supported (supported: FluxPipeline, "
+                                "StableDiffusion3Pipeline)", dir,
                                 cls ? cls : "(none)");
         df_model_index_free(idx);
         return s;
@@ -145,4 +147,19 @@ void df_progress_bar(int step, int steps, double elapsed, void *user)
         fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.0f s\n", step, steps, per, eta);
     }
     fflush(stderr);
+}
+
+void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase)
+{
+    if (out->n_phases >= (int)(sizeof out->phases / sizeof out->phases[0]))
+        return;
+    df_sync(p->ctx); /* queued releases have happened */
+    df_stats st;
+    df_ctx_stats(p->ctx, &st);
+    out->phases[out->n_phases].phase = phase;
+    out->phases[out->n_phases].peak_resident_weight_bytes = st.peak_resident_weight_bytes;
+    out->phases[out->n_phases].resident_weight_bytes = st.resident_weight_bytes;
+    out->phases[out->n_phases].rss_bytes = st.rss_bytes;
+    out->n_phases++;
+    df_stats_reset_resident_peak(p->ctx);
 }

@@ -264,6 +264,7 @@ void df_stats_reset(df_ctx *ctx)
     int64_t resident = ctx->stats.resident_weight_bytes;
     memset(&ctx->stats, 0, sizeof ctx->stats);
     ctx->stats.resident_weight_bytes = resident;
+    ctx->stats.peak_resident_weight_bytes = resident;
     ctx->step_seconds = 0;
     ctx->steps_timed = 0;
     df_device_mem_reset_peak(ctx->dev);
@@ -276,6 +277,13 @@ void df_stats_add_weights(df_ctx *ctx, int64_t bytes_read, int64_t resident_delt
 {
     ctx->stats.weight_bytes_read += bytes_read;
     ctx->stats.resident_weight_bytes += resident_delta;
+    if (ctx->stats.resident_weight_bytes > ctx->stats.peak_resident_weight_bytes)
+        ctx->stats.peak_resident_weight_bytes = ctx->stats.resident_weight_bytes;
+}
+
+void df_stats_reset_resident_peak(df_ctx *ctx)
+{
+    ctx->stats.peak_resident_weight_bytes = ctx->stats.resident_weight_bytes;
 }
 
 int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
@@ -286,12 +294,14 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     "\"fused_kernels\":%lld,\"bytes_allocated\":%lld,\"peak_bytes\":%lld,"
                     "\"peak_rss_bytes\":%lld,\"weight_bytes_read\":%lld,"
                     "\"resident_weight_bytes\":%lld,\"arena_bytes\":%lld,\"steps\":%lld,"
-                    "\"seconds_per_step\":%.6f,\"rss_bytes\":%lld}",
+                    "\"seconds_per_step\":%.6f,\"rss_bytes\":%lld,"
+                    "\"peak_resident_weight_bytes\":%lld}",
                     (long long)s->ops_enqueued, (long long)s->graphs_built,
                     (long long)s->graphs_compiled, (long long)s->cache_hits,
                     (long long)s->cache_misses, s->compile_ms, (long long)s->fused_kernels,
                     (long long)s->bytes_allocated, (long long)s->peak_bytes,
                     (long long)s->peak_rss_bytes, (long long)s->weight_bytes_read,
                     (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
-                    (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes);
+                    (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes,
+                    (long long)s->peak_resident_weight_bytes);
 }

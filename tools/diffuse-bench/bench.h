@@ -41,4 +41,28 @@ void bench_report(const bench_opts *o, const char *workload, const char *shape, 
                   const char *dtype, const char *mode, double ms, double gflops,
                   double ceiling_gflops, int64_t peak_bytes, const char *extra);
 
+/* CPU seconds used so far by the whole process (all threads). On a shared machine, rates
+ * from CPU time (flop * threads / cpu seconds) are steadier than wall-clock ones. */
+double bench_cpu_now(void);
+
+/* The best GEMM rate (GFLOP/s) the provider reaches on this machine for `dtype` (f32 or
+ * bf16) on `threads` threads (0 = all cores): large square-ish products with inputs
+ * already in the dtype and weights prepacked, measured once per process and remembered.
+ * Returns 0 when it cannot be measured. */
+double bench_ceiling_gflops(df_dtype dtype, int threads);
+/* The same ceiling from CPU time: flop * threads / CPU seconds over all its runs. */
+double bench_ceiling_cpu_gflops(df_dtype dtype, int threads);
+
+/* --quick as given on the command line, for helpers that have no bench_opts (the ceiling
+ * then measures smaller products, once each). */
+extern bool bench_quick;
+
+/* n uniform values in [-1, 1), reproducible from `seed`. */
+void bench_fill_random(float *p, int64_t n, uint64_t seed);
+
+/* The workloads (one file each). */
+int bench_ceiling(const bench_opts *o);   /* bench_gemm.c */
+int bench_gemm(const bench_opts *o);      /* bench_gemm.c */
+int bench_attention(const bench_opts *o); /* bench_attention.c */
+
 #endif

@@ -139,6 +139,8 @@ static int run_case(const options *o, const char *dir)
     printf("%s %s (%s, %s, %s, %s) %.2f s\n", rc ? "FAIL" : "PASS", c.name,
            c.kind ? c.kind : "?", c.mode, c.device, df_dtype_name(c.compute), now() - t0);
     fflush(stdout);
+    if (o->stats)
+        fflush(o->stats); /* keep what was measured even if a later case crashes */
     df_safetensors_free(c.tensors);
     df_json_free(root);
     return rc;

@@ -256,16 +256,19 @@ int cmd_generate(int argc, char **argv)
             }
             break;
         case O_COMPILE_BLOCKS:
-            fprintf(stderr, "diffuse generate: --compile-blocks is not implemented yet\n");
-            return 1;
+            lo.compile_blocks = true;
+            break;
         case O_OFFLOAD:
-            if (strcmp(optarg, "none") != 0) {
-                if (strcmp(optarg, "model") && strcmp(optarg, "sequential")) {
-                    fprintf(stderr, "diffuse generate: --offload is none, model or sequential\n");
-                    return 2;
-                }
-                fprintf(stderr, "diffuse generate: --offload %s is not implemented yet\n", optarg);
-                return 1;
+            if (!strcmp(optarg, "none")) {
+                lo.offload = DF_OFFLOAD_NONE;
+            } else if (!strcmp(optarg, "model")) {
+                lo.offload = DF_OFFLOAD_MODEL;
+            } else if (!strcmp(optarg, "sequential")) {
+                lo.offload = DF_OFFLOAD_SEQUENTIAL;
+            } else {
+                fprintf(stderr, "diffuse generate: --offload is none, model or sequential, "
+                                "not '%s'\n", optarg);
+                return 2;
             }
             break;
         case O_NEGATIVE: g.negative_prompt = optarg; break;
@@ -364,6 +367,13 @@ int cmd_generate(int argc, char **argv)
                 status = 1;
             }
         }
+        if (verbose)
+            for (int i = 0; i < out.n_phases; i++)
+                fprintf(stderr, "%-8s weights resident: peak %8.1f MiB, after %8.1f MiB; "
+                                "RSS %8.1f MiB\n",
+                        out.phases[i].phase, out.phases[i].peak_resident_weight_bytes / 1048576.0,
+                        out.phases[i].resident_weight_bytes / 1048576.0,
+                        out.phases[i].rss_bytes / 1048576.0);
         if (verbose)
             fprintf(stderr, "steps %lld, %.3f s/step, peak device bytes %.1f MiB, peak RSS "
                             "%.1f MiB, resident weights %.1f MiB\n",

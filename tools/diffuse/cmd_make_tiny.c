@@ -8,10 +8,18 @@
  * byte symbols, their end-of-word forms and a few merges) and a T5 SentencePiece model
  * (letters, digits, punctuation and a few words, written as the protobuf spiece.model).
  * The image such a model draws is structured noise: it proves the machinery, not art.
+ *
+ * Two architectures: flux (FluxPipeline: CLIP-L, T5, FluxTransformer2DModel) and sd3
+ * (StableDiffusion3Pipeline shaped like SD3.5-medium: CLIP-L and CLIP-G with projections,
+ * the latter padding with "!", T5 as wide as both CLIPs together, an MMDiT with dual
+ * attention in its first blocks, q/k RMS norms and the stored sin-cos position grid,
+ * scheduler shift 3.0, the SD3 VAE scaling). The writers take the folder and sizes as
+ * parameters so both share them.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,9 +147,27 @@ enum {
     T5_D = 64, T5_KV = 16, T5_HEADS = 4, T5_FF = 128, T5_LAYERS = 2,
     FX_HEADS = 2, FX_HEAD_DIM = 32, FX_DOUBLE = 1, FX_SINGLE = 2, FX_IN = 64,
     VAE_LATENT = 16,
+    /* SD3.5-like: CLIP-G wider than CLIP-L, T5 as wide as both (joint_attention_dim),
+     * three blocks of which the first two have dual attention. */
+    SD3_CLIP_G_D = 96, SD3_CLIP_PROJ = 64, SD3_T5_D = 192,
+    SD3_HEADS = 2, SD3_HEAD_DIM = 32, SD3_LAYERS = 3, SD3_PATCH = 2, SD3_POS_MAX = 32,
+    SD3_SAMPLE = 32,
 };
 #define FX_INNER (FX_HEADS * FX_HEAD_DIM)
+#define SD3_INNER (SD3_HEADS * SD3_HEAD_DIM)
 static const int vae_channels[4] = {32, 32, 64, 64};
+
+/* One CLIP text encoder's sizes; proj > 0 makes it a CLIPTextModelWithProjection. */
+typedef struct clip_dims {
+    int d, layers, heads, ff, proj;
+    const char *act;
+} clip_dims;
+
+static const clip_dims flux_clip = {CLIP_D, CLIP_LAYERS, CLIP_HEADS, CLIP_FF, 0, "quick_gelu"};
+static const clip_dims sd3_clip_l = {CLIP_D, CLIP_LAYERS, CLIP_HEADS, CLIP_FF, SD3_CLIP_PROJ,
+                                     "quick_gelu"};
+static const clip_dims sd3_clip_g = {SD3_CLIP_G_D, CLIP_LAYERS, CLIP_HEADS, 2 * SD3_CLIP_G_D,
+                                     SD3_CLIP_PROJ, "gelu"};
 
 /* ---- CLIP tokenizer and encoder ----------------------------------------------------- */
 
@@ -177,10 +203,12 @@ static const char *const clip_merges[][2] = {
 };
 #define N_MERGES (int)(sizeof clip_merges / sizeof clip_merges[0])
 
-static int write_clip_tokenizer(tiny *t, int *vocab_size)
+/* The CLIP tokenizer folder `folder`; `pad` is its pad token (CLIP-L <|endoftext|>, SD3's
+ * CLIP-G "!"). */
+static int write_clip_tokenizer(tiny *t, const char *folder, const char *pad, int *vocab_size)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer", t->dir);
+    char path[4096], rel[256], text[1024];
+    snprintf(path, sizeof path, "%s/%s", t->dir, folder);
     if (make_dir(path))
         return -1;
     size_t cap = 1 << 16, len = 0;
@@ -199,58 +227,71 @@ static int write_clip_tokenizer(tiny *t, int *vocab_size)
         len += (size_t)sprintf(v + len, ",\"%s%s\":%d", clip_merges[m][0], clip_merges[m][1], id++);
     len += (size_t)sprintf(v + len, ",\"<|startoftext|>\":%d,\"<|endoftext|>\":%d}", id, id + 1);
     *vocab_size = id + 2;
-    int rc = write_text(t, "tokenizer/vocab.json", v);
+    snprintf(rel, sizeof rel, "%s/vocab.json", folder);
+    int rc = write_text(t, rel, v);
     len = (size_t)sprintf(v, "#version: 0.2\n");
     for (int m = 0; m < N_MERGES; m++)
         len += (size_t)sprintf(v + len, "%s %s\n", clip_merges[m][0], clip_merges[m][1]);
-    rc = rc ? rc : write_text(t, "tokenizer/merges.txt", v);
+    snprintf(rel, sizeof rel, "%s/merges.txt", folder);
+    rc = rc ? rc : write_text(t, rel, v);
     free(v);
-    rc = rc ? rc : write_text(t, "tokenizer/special_tokens_map.json",
-        "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
-        " \"pad_token\": \"<|endoftext|>\", \"unk_token\": \"<|endoftext|>\"}\n");
-    rc = rc ? rc : write_text(t, "tokenizer/tokenizer_config.json",
-        "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
-        " \"pad_token\": \"<|endoftext|>\", \"unk_token\": \"<|endoftext|>\",\n"
-        " \"model_max_length\": 77, \"tokenizer_class\": \"CLIPTokenizer\",\n"
-        " \"clean_up_tokenization_spaces\": true, \"errors\": \"replace\"}\n");
+    snprintf(rel, sizeof rel, "%s/special_tokens_map.json", folder);
+    snprintf(text, sizeof text,
+             "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
+             " \"pad_token\": \"%s\", \"unk_token\": \"<|endoftext|>\"}\n", pad);
+    rc = rc ? rc : write_text(t, rel, text);
+    snprintf(rel, sizeof rel, "%s/tokenizer_config.json", folder);
+    snprintf(text, sizeof text,
+             "{\"bos_token\": \"<|startoftext|>\", \"eos_token\": \"<|endoftext|>\",\n"
+             " \"pad_token\": \"%s\", \"unk_token\": \"<|endoftext|>\",\n"
+             " \"model_max_length\": 77, \"tokenizer_class\": \"CLIPTokenizer\",\n"
+             " \"clean_up_tokenization_spaces\": true, \"errors\": \"replace\"}\n", pad);
+    rc = rc ? rc : write_text(t, rel, text);
     return rc;
 }
 
-static int write_clip(tiny *t, int vocab)
+/* A CLIP text encoder in `folder` (text_encoder, text_encoder_2). */
+static int write_clip(tiny *t, const char *folder, const clip_dims *c, int vocab)
 {
-    char cfg[2048];
+    char cfg[2048], rel[256];
     snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"CLIPTextModel\"],\n  \"bos_token_id\": 0,\n"
-             "  \"eos_token_id\": 2,\n  \"hidden_act\": \"quick_gelu\",\n  \"hidden_size\": %d,\n"
+             "{\n  \"architectures\": [\"%s\"],\n  \"bos_token_id\": 0,\n"
+             "  \"eos_token_id\": 2,\n  \"hidden_act\": \"%s\",\n  \"hidden_size\": %d,\n"
              "  \"intermediate_size\": %d,\n  \"layer_norm_eps\": 1e-05,\n"
              "  \"max_position_embeddings\": 77,\n  \"model_type\": \"clip_text_model\",\n"
              "  \"num_attention_heads\": %d,\n  \"num_hidden_layers\": %d,\n  \"pad_token_id\": 1,\n"
              "  \"projection_dim\": %d,\n  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
-             CLIP_D, CLIP_FF, CLIP_HEADS, CLIP_LAYERS, CLIP_D,
+             c->proj ? "CLIPTextModelWithProjection" : "CLIPTextModel", c->act, c->d, c->ff,
+             c->heads, c->layers, c->proj ? c->proj : c->d,
              t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
-    if (begin(t, "text_encoder") || write_text(t, "text_encoder/config.json", cfg))
+    snprintf(rel, sizeof rel, "%s/config.json", folder);
+    if (begin(t, folder) || write_text(t, rel, cfg))
         return -1;
-    add(t, "text_model.embeddings.token_embedding.weight", SH(vocab, CLIP_D), 0.5f, 0);
-    add(t, "text_model.embeddings.position_embedding.weight", SH(77, CLIP_D), 0.1f, 0);
-    for (int l = 0; l < CLIP_LAYERS; l++) {
+    const int D = c->d;
+    add(t, "text_model.embeddings.token_embedding.weight", SH(vocab, D), 0.5f, 0);
+    add(t, "text_model.embeddings.position_embedding.weight", SH(77, D), 0.1f, 0);
+    for (int l = 0; l < c->layers; l++) {
         char p[256];
         const char *lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                              "self_attn.out_proj"};
         for (int i = 0; i < 4; i++) {
             snprintf(p, sizeof p, "text_model.encoder.layers.%d.%s", l, lin[i]);
-            linear(t, p, CLIP_D, CLIP_D, 1);
+            linear(t, p, D, D, 1);
         }
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc1", l);
-        linear(t, p, CLIP_FF, CLIP_D, 1);
+        linear(t, p, c->ff, D, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc2", l);
-        linear(t, p, CLIP_D, CLIP_FF, 1);
+        linear(t, p, D, c->ff, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm1", l);
-        norm(t, p, CLIP_D, 1);
+        norm(t, p, D, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm2", l);
-        norm(t, p, CLIP_D, 1);
+        norm(t, p, D, 1);
     }
-    norm(t, "text_model.final_layer_norm", CLIP_D, 1);
-    return finish(t, "text_encoder/model.safetensors");
+    norm(t, "text_model.final_layer_norm", D, 1);
+    if (c->proj)
+        add(t, "text_projection.weight", SH(c->proj, D), 1.0f / sqrtf((float)D), 0);
+    snprintf(rel, sizeof rel, "%s/model.safetensors", folder);
+    return finish(t, rel);
 }
 
 /* ---- T5 SentencePiece model and encoder ------------------------------------------------ */
@@ -309,10 +350,11 @@ static void piece(buf *model, const char *text, float score, int type)
     free(p.p);
 }
 
-static int write_t5_tokenizer(tiny *t, int *vocab_size)
+/* The T5 SentencePiece tokenizer folder `folder` (tokenizer_2, SD3's tokenizer_3). */
+static int write_t5_tokenizer(tiny *t, const char *folder, int *vocab_size)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer_2", t->dir);
+    char path[4096], rel[256];
+    snprintf(path, sizeof path, "%s/%s", t->dir, folder);
     if (make_dir(path))
         return -1;
     enum { NORMAL = 1, UNKNOWN = 2, CONTROL = 3 };
@@ -322,7 +364,8 @@ static int write_t5_tokenizer(tiny *t, int *vocab_size)
     piece(&m, "</s>", 0, CONTROL), n++;
     piece(&m, "<unk>", 0, UNKNOWN), n++;
     #define SP "\xe2\x96\x81" /* U+2581, SentencePiece's word boundary */
-    static const char *const words[] = {SP "the", SP "a", SP "of", SP "in", SP "and", SP "fox"};
+    /* (single letters after a boundary come below; a piece may appear only once) */
+    static const char *const words[] = {SP "the", SP "of", SP "in", SP "and", SP "fox"};
     for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
         piece(&m, words[i], -4.0f - 0.1f * (float)i, NORMAL), n++;
     piece(&m, "\xe2\x96\x81", -5.0f, NORMAL), n++;
@@ -352,7 +395,7 @@ static int write_t5_tokenizer(tiny *t, int *vocab_size)
     field_bytes(&m, 3, normalizer.p, normalizer.len);
     free(trainer.p);
     free(normalizer.p);
-    snprintf(path, sizeof path, "%s/tokenizer_2/spiece.model", t->dir);
+    snprintf(path, sizeof path, "%s/%s/spiece.model", t->dir, folder);
     FILE *f = fopen(path, "wb");
     int rc = (!f || !m.p || fwrite(m.p, 1, m.len, f) != m.len) ? -1 : 0;
     if (f && fclose(f) != 0)
@@ -370,7 +413,8 @@ static int write_t5_tokenizer(tiny *t, int *vocab_size)
     for (int i = 0; i < 100; i++)
         len += (size_t)sprintf(text + len, "%s\"<extra_id_%d>\": %d", i ? ", " : "", i, n + 99 - i);
     sprintf(text + len, "}\n");
-    rc = write_text(t, "tokenizer_2/added_tokens.json", text);
+    snprintf(rel, sizeof rel, "%s/added_tokens.json", folder);
+    rc = write_text(t, rel, text);
     len = (size_t)sprintf(text, "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
                                 "\"unk_token\": \"<unk>\", \"extra_ids\": 100, \"legacy\": true,\n"
                                 " \"model_max_length\": 512, \"tokenizer_class\": \"T5Tokenizer\",\n"
@@ -378,8 +422,10 @@ static int write_t5_tokenizer(tiny *t, int *vocab_size)
     for (int i = 0; i < 100; i++)
         len += (size_t)sprintf(text + len, "%s\"<extra_id_%d>\"", i ? ", " : "", i);
     sprintf(text + len, "]}\n");
-    rc = rc ? rc : write_text(t, "tokenizer_2/tokenizer_config.json", text);
-    rc = rc ? rc : write_text(t, "tokenizer_2/special_tokens_map.json",
+    snprintf(rel, sizeof rel, "%s/tokenizer_config.json", folder);
+    rc = rc ? rc : write_text(t, rel, text);
+    snprintf(rel, sizeof rel, "%s/special_tokens_map.json", folder);
+    rc = rc ? rc : write_text(t, rel,
                               "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
                               "\"unk_token\": \"<unk>\"}\n");
     free(text);
@@ -387,9 +433,10 @@ static int write_t5_tokenizer(tiny *t, int *vocab_size)
     return rc;
 }
 
-static int write_t5(tiny *t, int vocab)
+/* A T5 encoder of width d_model in `folder` (text_encoder_2, SD3's text_encoder_3). */
+static int write_t5(tiny *t, const char *folder, int d_model, int vocab)
 {
-    char cfg[2048];
+    char cfg[2048], rel[256];
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_ff\": %d,\n  \"d_kv\": %d,\n"
              "  \"d_model\": %d,\n  \"dense_act_fn\": \"gelu_new\",\n  \"eos_token_id\": 1,\n"
@@ -399,37 +446,40 @@ static int write_t5(tiny *t, int vocab)
              "  \"relative_attention_max_distance\": 128,\n"
              "  \"relative_attention_num_buckets\": 32,\n  \"tie_word_embeddings\": false,\n"
              "  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
-             T5_FF, T5_KV, T5_D, T5_HEADS, T5_LAYERS,
+             T5_FF, T5_KV, d_model, T5_HEADS, T5_LAYERS,
              t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
-    if (begin(t, "text_encoder_2") || write_text(t, "text_encoder_2/config.json", cfg))
+    snprintf(rel, sizeof rel, "%s/config.json", folder);
+    if (begin(t, folder) || write_text(t, rel, cfg))
         return -1;
-    add(t, "shared.weight", SH(vocab, T5_D), 1.0f, 0);
+    const int T5D = d_model;
+    add(t, "shared.weight", SH(vocab, T5D), 1.0f, 0);
     int inner = T5_KV * T5_HEADS;
     for (int l = 0; l < T5_LAYERS; l++) {
         char p[256];
         const char *qkv[] = {"q", "k", "v"};
         for (int i = 0; i < 3; i++) {
             snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.%s", l, qkv[i]);
-            linear(t, p, inner, T5_D, 0);
+            linear(t, p, inner, T5D, 0);
         }
         snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.o", l);
-        linear(t, p, T5_D, inner, 0);
+        linear(t, p, T5D, inner, 0);
         if (l == 0)
             add(t, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                 SH(32, T5_HEADS), 0.5f, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.0.layer_norm", l);
-        norm(t, p, T5_D, 0);
+        norm(t, p, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_0", l);
-        linear(t, p, T5_FF, T5_D, 0);
+        linear(t, p, T5_FF, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_1", l);
-        linear(t, p, T5_FF, T5_D, 0);
+        linear(t, p, T5_FF, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wo", l);
-        linear(t, p, T5_D, T5_FF, 0);
+        linear(t, p, T5D, T5_FF, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.layer_norm", l);
-        norm(t, p, T5_D, 0);
+        norm(t, p, T5D, 0);
     }
-    norm(t, "encoder.final_layer_norm", T5_D, 0);
-    return finish(t, "text_encoder_2/model.safetensors");
+    norm(t, "encoder.final_layer_norm", T5D, 0);
+    snprintf(rel, sizeof rel, "%s/model.safetensors", folder);
+    return finish(t, rel);
 }
 
 /* ---- FLUX transformer --------------------------------------------------------------------- */
@@ -501,6 +551,94 @@ static int write_flux(tiny *t)
     return finish(t, "transformer/diffusion_pytorch_model.safetensors");
 }
 
+/* ---- SD3 transformer (SD3.5-like: dual attention, q/k RMS norms) ------------------------ */
+
+/* The sin-cos grid PatchEmbed stores for pos_embed_max_size M (diffusers'
+ * get_2d_sincos_pos_embed with base_size = sample_size / patch_size): for grid cell (i, j)
+ * the first D/2 channels encode the column, the last D/2 the row, each [sin, cos] over
+ * D/4 frequencies 10000^(-k/(D/4)). */
+static void sincos_grid(float *out, int M, int D, int base)
+{
+    int q = D / 4;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < M; j++) {
+            float *e = out + ((size_t)i * M + j) * D;
+            double pos[2] = {(double)j / ((double)M / base), (double)i / ((double)M / base)};
+            for (int a = 0; a < 2; a++)
+                for (int k = 0; k < q; k++) {
+                    double angle = pos[a] / pow(10000.0, (double)k / q);
+                    e[a * 2 * q + k] = (float)sin(angle);
+                    e[a * 2 * q + q + k] = (float)cos(angle);
+                }
+        }
+}
+
+static int write_sd3(tiny *t)
+{
+    const int D = SD3_INNER, P = SD3_PATCH, M = SD3_POS_MAX, pooled = 2 * SD3_CLIP_PROJ;
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\n  \"_class_name\": \"SD3Transformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+             "  \"attention_head_dim\": %d,\n  \"caption_projection_dim\": %d,\n"
+             "  \"dual_attention_layers\": [0, 1],\n  \"in_channels\": %d,\n"
+             "  \"joint_attention_dim\": %d,\n  \"num_attention_heads\": %d,\n"
+             "  \"num_layers\": %d,\n  \"out_channels\": %d,\n  \"patch_size\": %d,\n"
+             "  \"pooled_projection_dim\": %d,\n  \"pos_embed_max_size\": %d,\n"
+             "  \"qk_norm\": \"rms_norm\",\n  \"sample_size\": %d\n}\n",
+             SD3_HEAD_DIM, D, VAE_LATENT, SD3_T5_D, SD3_HEADS, SD3_LAYERS, VAE_LATENT, P, pooled,
+             M, SD3_SAMPLE);
+    if (begin(t, "transformer") || write_text(t, "transformer/config.json", cfg))
+        return -1;
+    conv(t, "pos_embed.proj", D, VAE_LATENT, P);
+    float *grid = malloc((size_t)M * M * D * sizeof *grid);
+    if (!grid)
+        return -1;
+    sincos_grid(grid, M, D, SD3_SAMPLE / P);
+    if (t->s == DF_OK)
+        t->s = df_st_writer_add_f32(t->w, "pos_embed.pos_embed", t->dtype, SH(1, M * M, D), grid);
+    free(grid);
+    linear(t, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
+    linear(t, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
+    linear(t, "time_text_embed.text_embedder.linear_1", D, pooled, 1);
+    linear(t, "time_text_embed.text_embedder.linear_2", D, D, 1);
+    linear(t, "context_embedder", D, SD3_T5_D, 1);
+    char p[256];
+    for (int b = 0; b < SD3_LAYERS; b++) {
+        bool dual = b < 2, last = b == SD3_LAYERS - 1;
+        static const char *const proj[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
+                                           "attn.add_q_proj", "attn.add_k_proj",
+                                           "attn.add_v_proj", "attn.to_add_out",
+                                           "attn2.to_q", "attn2.to_k", "attn2.to_v",
+                                           "attn2.to_out.0"};
+        for (int i = 0; i < 12; i++) {
+            if ((i == 7 && last) || (i >= 8 && !dual))
+                continue;
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, proj[i]);
+            linear(t, p, D, D, 1);
+        }
+        static const char *const qk[] = {"attn.norm_q", "attn.norm_k", "attn.norm_added_q",
+                                         "attn.norm_added_k", "attn2.norm_q", "attn2.norm_k"};
+        for (int i = 0; i < (dual ? 6 : 4); i++) {
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, qk[i]);
+            norm(t, p, SD3_HEAD_DIM, 0);
+        }
+        snprintf(p, sizeof p, "transformer_blocks.%d.norm1.linear", b);
+        linear(t, p, (dual ? 9 : 6) * D, D, 1);
+        snprintf(p, sizeof p, "transformer_blocks.%d.norm1_context.linear", b);
+        linear(t, p, (last ? 2 : 6) * D, D, 1);
+        static const char *const ff[] = {"ff", "ff_context"};
+        for (int i = 0; i < (last ? 1 : 2); i++) {
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.0.proj", b, ff[i]);
+            linear(t, p, 4 * D, D, 1);
+            snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.2", b, ff[i]);
+            linear(t, p, D, 4 * D, 1);
+        }
+    }
+    linear(t, "norm_out.linear", 2 * D, D, 1);
+    linear(t, "proj_out", P * P * VAE_LATENT, D, 1);
+    return finish(t, "transformer/diffusion_pytorch_model.safetensors");
+}
+
 /* ---- VAE (decoder half; the encoder is not needed to generate) ------------------------- */
 
 static void resnet(tiny *t, const char *p, int cin, int cout)
@@ -520,7 +658,8 @@ static void resnet(tiny *t, const char *p, int cin, int cout)
     }
 }
 
-static int write_vae(tiny *t)
+/* The VAE with the pipeline's latent scaling (FLUX.1 0.3611 / 0.1159, SD3 1.5305 / 0.0609). */
+static int write_vae(tiny *t, double scaling, double shift)
 {
     char cfg[2048];
     snprintf(cfg, sizeof cfg,
@@ -530,11 +669,12 @@ static int write_vae(tiny *t)
              "\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"],\n  \"force_upcast\": true,\n"
              "  \"in_channels\": 3,\n  \"latent_channels\": %d,\n  \"layers_per_block\": 1,\n"
              "  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": 8,\n"
-             "  \"out_channels\": 3,\n  \"sample_size\": 256,\n  \"scaling_factor\": 0.3611,\n"
-             "  \"shift_factor\": 0.1159,\n  \"up_block_types\": [\"UpDecoderBlock2D\", "
+             "  \"out_channels\": 3,\n  \"sample_size\": 256,\n  \"scaling_factor\": %g,\n"
+             "  \"shift_factor\": %g,\n  \"up_block_types\": [\"UpDecoderBlock2D\", "
              "\"UpDecoderBlock2D\", \"UpDecoderBlock2D\", \"UpDecoderBlock2D\"],\n"
              "  \"use_post_quant_conv\": false,\n  \"use_quant_conv\": false\n}\n",
-             vae_channels[0], vae_channels[1], vae_channels[2], vae_channels[3], VAE_LATENT);
+             vae_channels[0], vae_channels[1], vae_channels[2], vae_channels[3], VAE_LATENT,
+             scaling, shift);
     if (begin(t, "vae") || write_text(t, "vae/config.json", cfg))
         return -1;
     int top = vae_channels[3];
@@ -570,6 +710,30 @@ static int write_vae(tiny *t)
 
 /* ---- the command ------------------------------------------------------------------------ */
 
+static const char flux_index[] =
+    "{\n  \"_class_name\": \"FluxPipeline\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+    "  \"feature_extractor\": [null, null],\n  \"image_encoder\": [null, null],\n"
+    "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
+    "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\"],\n"
+    "  \"text_encoder_2\": [\"transformers\", \"T5EncoderModel\"],\n"
+    "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
+    "  \"tokenizer_2\": [\"transformers\", \"T5Tokenizer\"],\n"
+    "  \"transformer\": [\"diffusers\", \"FluxTransformer2DModel\"],\n"
+    "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n";
+
+static const char sd3_index[] =
+    "{\n  \"_class_name\": \"StableDiffusion3Pipeline\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+    "  \"feature_extractor\": [null, null],\n  \"image_encoder\": [null, null],\n"
+    "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
+    "  \"text_encoder\": [\"transformers\", \"CLIPTextModelWithProjection\"],\n"
+    "  \"text_encoder_2\": [\"transformers\", \"CLIPTextModelWithProjection\"],\n"
+    "  \"text_encoder_3\": [\"transformers\", \"T5EncoderModel\"],\n"
+    "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
+    "  \"tokenizer_2\": [\"transformers\", \"CLIPTokenizer\"],\n"
+    "  \"tokenizer_3\": [\"transformers\", \"T5Tokenizer\"],\n"
+    "  \"transformer\": [\"diffusers\", \"SD3Transformer2DModel\"],\n"
+    "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n";
+
 int cmd_make_tiny(int argc, char **argv)
 {
     static const struct option longopts[] = {{"arch", required_argument, 0, 'a'},
@@ -593,21 +757,26 @@ int cmd_make_tiny(int argc, char **argv)
             }
             break;
         case 'h':
-            printf("usage: diffuse make-tiny [--arch flux] [--seed N] [--dtype f32|bf16|f16] DIR\n"
-                   "Writes a small FLUX.1-architecture pipeline folder with seeded random\n"
-                   "weights in the diffusers layout (model_index.json, scheduler/, text_encoder/,\n"
-                   "text_encoder_2/, tokenizer/, tokenizer_2/, transformer/, vae/).\n");
+            printf("usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype f32|bf16|f16] "
+                   "DIR\n"
+                   "Writes a small pipeline folder with seeded random weights in the diffusers\n"
+                   "layout: flux (FluxPipeline: model_index.json, scheduler/, text_encoder/ +\n"
+                   "tokenizer/ (CLIP-L), text_encoder_2/ + tokenizer_2/ (T5), transformer/, vae/)\n"
+                   "or sd3 (StableDiffusion3Pipeline, SD3.5-like: CLIP-L, CLIP-G and T5 as\n"
+                   "text_encoder(_2, _3)/ + tokenizer(_2, _3)/, an MMDiT with dual attention).\n");
             return 0;
         default: return 2;
         }
     }
     if (optind + 1 != argc) {
-        fprintf(stderr, "usage: diffuse make-tiny [--arch flux] [--seed N] [--dtype D] DIR\n");
+        fprintf(stderr, "usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype D] DIR\n");
         return 2;
     }
-    if (strcmp(arch, "flux") != 0) {
-        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux)\n", arch);
-        return strcmp(arch, "sd3") == 0 ? 1 : 2;
+    bool sd3 = strcmp(arch, "sd3") == 0;
+    if (strcmp(arch, "flux") != 0 && !sd3) {
+        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux, sd3)\n",
+                arch);
+        return 2;
     }
     snprintf(t.dir, sizeof t.dir, "%s", argv[optind]);
     /* Create parents one level at a time ("demo/tiny-flux"). */
@@ -622,34 +791,37 @@ int cmd_make_tiny(int argc, char **argv)
         return 1;
     df_rng_init(&t.rng, seed);
     int clip_vocab = 0, t5_vocab = 0;
-    int rc = write_text(&t, "model_index.json",
-        "{\n  \"_class_name\": \"FluxPipeline\",\n  \"_diffusers_version\": \"0.37.1\",\n"
-        "  \"feature_extractor\": [null, null],\n  \"image_encoder\": [null, null],\n"
-        "  \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
-        "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\"],\n"
-        "  \"text_encoder_2\": [\"transformers\", \"T5EncoderModel\"],\n"
-        "  \"tokenizer\": [\"transformers\", \"CLIPTokenizer\"],\n"
-        "  \"tokenizer_2\": [\"transformers\", \"T5Tokenizer\"],\n"
-        "  \"transformer\": [\"diffusers\", \"FluxTransformer2DModel\"],\n"
-        "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n");
+    int rc = write_text(&t, "model_index.json", sd3 ? sd3_index : flux_index);
     char sched[4096];
     snprintf(sched, sizeof sched, "%s/scheduler", t.dir);
     rc = rc ? rc : make_dir(sched);
-    rc = rc ? rc : write_text(&t, "scheduler/scheduler_config.json",
+    char sched_cfg[1024];
+    snprintf(sched_cfg, sizeof sched_cfg,
         "{\n  \"_class_name\": \"FlowMatchEulerDiscreteScheduler\",\n"
         "  \"_diffusers_version\": \"0.37.1\",\n  \"base_image_seq_len\": 256,\n"
         "  \"base_shift\": 0.5,\n  \"invert_sigmas\": false,\n  \"max_image_seq_len\": 4096,\n"
-        "  \"max_shift\": 1.15,\n  \"num_train_timesteps\": 1000,\n  \"shift\": 1.0,\n"
+        "  \"max_shift\": 1.15,\n  \"num_train_timesteps\": 1000,\n  \"shift\": %s,\n"
         "  \"shift_terminal\": null,\n  \"stochastic_sampling\": false,\n"
         "  \"time_shift_type\": \"exponential\",\n  \"use_beta_sigmas\": false,\n"
         "  \"use_dynamic_shifting\": false,\n  \"use_exponential_sigmas\": false,\n"
-        "  \"use_karras_sigmas\": false\n}\n");
-    rc = rc ? rc : write_clip_tokenizer(&t, &clip_vocab);
-    rc = rc ? rc : write_clip(&t, clip_vocab);
-    rc = rc ? rc : write_t5_tokenizer(&t, &t5_vocab);
-    rc = rc ? rc : write_t5(&t, t5_vocab);
-    rc = rc ? rc : write_flux(&t);
-    rc = rc ? rc : write_vae(&t);
+        "  \"use_karras_sigmas\": false\n}\n", sd3 ? "3.0" : "1.0");
+    rc = rc ? rc : write_text(&t, "scheduler/scheduler_config.json", sched_cfg);
+    rc = rc ? rc : write_clip_tokenizer(&t, "tokenizer", "<|endoftext|>", &clip_vocab);
+    if (sd3) {
+        rc = rc ? rc : write_clip(&t, "text_encoder", &sd3_clip_l, clip_vocab);
+        rc = rc ? rc : write_clip_tokenizer(&t, "tokenizer_2", "!", &clip_vocab);
+        rc = rc ? rc : write_clip(&t, "text_encoder_2", &sd3_clip_g, clip_vocab);
+        rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_3", &t5_vocab);
+        rc = rc ? rc : write_t5(&t, "text_encoder_3", SD3_T5_D, t5_vocab);
+        rc = rc ? rc : write_sd3(&t);
+        rc = rc ? rc : write_vae(&t, 1.5305, 0.0609);
+    } else {
+        rc = rc ? rc : write_clip(&t, "text_encoder", &flux_clip, clip_vocab);
+        rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_2", &t5_vocab);
+        rc = rc ? rc : write_t5(&t, "text_encoder_2", T5_D, t5_vocab);
+        rc = rc ? rc : write_flux(&t);
+        rc = rc ? rc : write_vae(&t, 0.3611, 0.1159);
+    }
     if (rc)
         return 1;
     printf("%s\n", t.dir);

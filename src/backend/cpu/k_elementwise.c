@@ -44,8 +44,7 @@ typedef struct walk {
  * element, s[k] is its stride in elements. Operand 0 is the destination. */
 typedef void (*segment_fn)(const void *arg, char *const p[], const int64_t s[], int64_t len);
 
-static void walk_init(walk *w, int nops, const df_view *const v[], int ndim,
-                      const int64_t *shape)
+static void walk_init(walk *w, int nops, const df_view *const v[], int ndim, const int64_t *shape)
 {
     w->nops = nops;
     w->nd = 0;
@@ -128,27 +127,27 @@ static void walk_run(const walk *w, int threads, segment_fn fn, const void *arg)
 /* Converts n elements from src (stride ss) to dst (stride ds), strides in elements. */
 typedef void (*convert_fn)(const void *src, int64_t ss, void *dst, int64_t ds, int64_t n);
 
-#define CONVERT_FN(name, ST, DT, EXPR)                                                     \
-    static void name(const void *src_, int64_t ss, void *dst_, int64_t ds, int64_t n)       \
-    {                                                                                      \
-        const ST *restrict s = src_;                                                       \
-        DT *restrict d = dst_;                                                             \
-        if (ss == 1 && ds == 1) {                                                          \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                ST v = s[i];                                                               \
-                d[i] = EXPR;                                                               \
-            }                                                                              \
-        } else if (ds == 1) {                                                              \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                ST v = s[i * ss];                                                          \
-                d[i] = EXPR;                                                               \
-            }                                                                              \
-        } else {                                                                           \
-            for (int64_t i = 0; i < n; i++) {                                              \
-                ST v = s[i * ss];                                                          \
-                d[i * ds] = EXPR;                                                          \
-            }                                                                              \
-        }                                                                                  \
+#define CONVERT_FN(name, ST, DT, EXPR)                                                             \
+    static void name(const void *src_, int64_t ss, void *dst_, int64_t ds, int64_t n)              \
+    {                                                                                              \
+        const ST *restrict s = src_;                                                               \
+        DT *restrict d = dst_;                                                                     \
+        if (ss == 1 && ds == 1) {                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                ST v = s[i];                                                                       \
+                d[i] = EXPR;                                                                       \
+            }                                                                                      \
+        } else if (ds == 1) {                                                                      \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                ST v = s[i * ss];                                                                  \
+                d[i] = EXPR;                                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                ST v = s[i * ss];                                                                  \
+                d[i * ds] = EXPR;                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 static inline int64_t sat_i64(double v)
@@ -172,13 +171,13 @@ static inline uint8_t sat_u8(double v)
 #define WIDEN_I32(v)  ((int64_t)(v))
 #define WIDEN_I64(v)  (v)
 #define WIDEN_U8(v)   ((int64_t)(v))
-#define KIND_F32  F
-#define KIND_BF16 F
-#define KIND_F16  F
-#define KIND_F64  D
-#define KIND_I32  I
-#define KIND_I64  I
-#define KIND_U8   I
+#define KIND_F32      F
+#define KIND_BF16     F
+#define KIND_F16      F
+#define KIND_F64      D
+#define KIND_I32      I
+#define KIND_I64      I
+#define KIND_U8       I
 /* ... and each destination narrows from those three (F: float, D: double, I: int64). */
 #define NARROW_F32_F(x)  (x)
 #define NARROW_F32_D(x)  ((float)(x))
@@ -206,16 +205,18 @@ static inline uint8_t sat_u8(double v)
 #define NARROW(D, K, x)  NARROW_(D, K, x)
 
 /* The dtypes, twice: a macro cannot expand itself, and the table is a list of lists. */
-#define DTYPES_OUTER(X, ...)                                                               \
-    X(F32, float, __VA_ARGS__) X(BF16, uint16_t, __VA_ARGS__) X(F16, uint16_t, __VA_ARGS__) \
-    X(F64, double, __VA_ARGS__) X(I32, int32_t, __VA_ARGS__) X(I64, int64_t, __VA_ARGS__)   \
+/* clang-format off */
+#define DTYPES_OUTER(X, ...)                                                                       \
+    X(F32, float, __VA_ARGS__)    X(BF16, uint16_t, __VA_ARGS__) X(F16, uint16_t, __VA_ARGS__)     \
+    X(F64, double, __VA_ARGS__)   X(I32, int32_t, __VA_ARGS__)   X(I64, int64_t, __VA_ARGS__)      \
     X(U8, uint8_t, __VA_ARGS__)
-#define DTYPES_INNER(X, ...)                                                               \
-    X(F32, float, __VA_ARGS__) X(BF16, uint16_t, __VA_ARGS__) X(F16, uint16_t, __VA_ARGS__) \
-    X(F64, double, __VA_ARGS__) X(I32, int32_t, __VA_ARGS__) X(I64, int64_t, __VA_ARGS__)   \
+#define DTYPES_INNER(X, ...)                                                                       \
+    X(F32, float, __VA_ARGS__)    X(BF16, uint16_t, __VA_ARGS__) X(F16, uint16_t, __VA_ARGS__)     \
+    X(F64, double, __VA_ARGS__)   X(I32, int32_t, __VA_ARGS__)   X(I64, int64_t, __VA_ARGS__)      \
     X(U8, uint8_t, __VA_ARGS__)
+/* clang-format on */
 
-#define DEF_CONVERT(D, DT, S, ST)                                                          \
+#define DEF_CONVERT(D, DT, S, ST)                                                                  \
     CONVERT_FN(convert_##S##_##D, ST, DT, NARROW(D, KIND_##S, WIDEN_##S(v)))
 #define DEF_CONVERTS_FROM(S, ST, unused) DTYPES_INNER(DEF_CONVERT, S, ST)
 DTYPES_OUTER(DEF_CONVERTS_FROM, 0)
@@ -226,31 +227,65 @@ static const convert_fn convert_table[DF_DTYPE_COUNT][DF_DTYPE_COUNT] = {
     DTYPES_OUTER(TABLE_ROW, 0)};
 
 /* Same dtype: a copy by element size. */
-#define COPY_FN(name, T)                                                                   \
-    static void name(const void *src_, int64_t ss, void *dst_, int64_t ds, int64_t n)       \
-    {                                                                                      \
-        const T *restrict s = src_;                                                        \
-        T *restrict d = dst_;                                                              \
-        if (ss == 1 && ds == 1)                                                            \
-            memcpy(d, s, (size_t)n * sizeof(T));                                           \
-        else                                                                               \
-            for (int64_t i = 0; i < n; i++)                                                \
-                d[i * ds] = s[i * ss];                                                     \
+#define COPY_FN(name, T)                                                                           \
+    static void name(const void *src_, int64_t ss, void *dst_, int64_t ds, int64_t n)              \
+    {                                                                                              \
+        const T *restrict s = src_;                                                                \
+        T *restrict d = dst_;                                                                      \
+        if (ss == 1 && ds == 1)                                                                    \
+            memcpy(d, s, (size_t)n * sizeof(T));                                                   \
+        else if (ds == 1)                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                d[i] = s[i * ss];                                                                  \
+        else                                                                                       \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                d[i * ds] = s[i * ss];                                                             \
     }
 COPY_FN(copy_1, uint8_t)
 COPY_FN(copy_2, uint16_t)
 COPY_FN(copy_4, uint32_t)
 COPY_FN(copy_8, uint64_t)
 
+#ifdef __F16C__
+#include <immintrin.h>
+
+/* f32 -> f16 with the F16C instruction, which rounds exactly as df_f32_to_f16 does (checked
+ * over all 2^32 inputs, NaN payloads included). The other direction keeps the bit-exact C
+ * version: the instruction quiets signalling NaNs, the library does not. */
+static void convert_f32_f16_f16c(const void *src, int64_t ss, void *dst, int64_t ds, int64_t n)
+{
+    if (ss != 1 || ds != 1) {
+        convert_F32_F16(src, ss, dst, ds, n);
+        return;
+    }
+    const float *s = src;
+    uint16_t *d = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        d[i] = df_cpu_f32_f16(s[i]);
+}
+#endif
+
 static convert_fn converter(df_dtype from, df_dtype to)
 {
+#ifdef __F16C__
+    if (from == DF_DTYPE_F32 && to == DF_DTYPE_F16)
+        return convert_f32_f16_f16c;
+#endif
     if (from != to)
         return convert_table[from][to];
     switch (df_dtype_size(from)) {
-    case 1:  return copy_1;
-    case 2:  return copy_2;
-    case 4:  return copy_4;
-    default: return copy_8;
+    case 1:
+        return copy_1;
+    case 2:
+        return copy_2;
+    case 4:
+        return copy_4;
+    default:
+        return copy_8;
     }
 }
 
@@ -277,15 +312,14 @@ static void copy_segment(const void *arg, char *const p[], const int64_t s[], in
 
 typedef struct tiled {
     walk w;
-    int dim;        /* the dimension in which the source is unit-stride */
+    int dim; /* the dimension in which the source is unit-stride */
     convert_fn fn;
 } tiled;
 
 static bool tiled_plan(const walk *w, convert_fn fn, tiled *t)
 {
     int nd = w->nd;
-    if (nd < 2 || w->stride[1][nd - 1] == 1 || w->stride[0][nd - 1] != 1 ||
-        w->shape[nd - 1] < TILE)
+    if (nd < 2 || w->stride[1][nd - 1] == 1 || w->stride[0][nd - 1] != 1 || w->shape[nd - 1] < TILE)
         return false;
     for (int d = nd - 2; d >= 0; d--) {
         if (w->stride[1][d] == 1 && w->shape[d] >= TILE) {
@@ -324,9 +358,8 @@ static void tiled_run(const tiled *t, int threads)
         int64_t c0 = ct * TILE, c1 = c0 + TILE < cols ? c0 + TILE : cols;
         for (int64_t r = r0; r < r1; r++) {
             char *dst = w->base[0] + (off[0] + r * w->stride[0][dim] + c0) * (int64_t)w->esize[0];
-            char *src = w->base[1] +
-                        (off[1] + r * w->stride[1][dim] + c0 * w->stride[1][last]) *
-                            (int64_t)w->esize[1];
+            char *src = w->base[1] + (off[1] + r * w->stride[1][dim] + c0 * w->stride[1][last]) *
+                                         (int64_t)w->esize[1];
             t->fn(src, w->stride[1][last], dst, 1, c1 - c0);
         }
     }
@@ -352,14 +385,14 @@ DF_CPU_KERNEL(copy)
 
 /* ---- fill ----------------------------------------------------------------------------- */
 
-#define FILL_FN(name, T)                                                                   \
-    static void name(void *dst, const void *value, int64_t n)                              \
-    {                                                                                      \
-        T v;                                                                               \
-        memcpy(&v, value, sizeof v);                                                       \
-        T *restrict d = dst;                                                               \
-        for (int64_t i = 0; i < n; i++)                                                    \
-            d[i] = v;                                                                      \
+#define FILL_FN(name, T)                                                                           \
+    static void name(void *dst, const void *value, int64_t n)                                      \
+    {                                                                                              \
+        T v;                                                                                       \
+        memcpy(&v, value, sizeof v);                                                               \
+        T *restrict d = dst;                                                                       \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            d[i] = v;                                                                              \
     }
 FILL_FN(fill_1, uint8_t)
 FILL_FN(fill_2, uint16_t)
@@ -375,8 +408,10 @@ DF_CPU_KERNEL(fill)
     double value = n->a.f[0];
     convert_fn to_dtype = converter(DF_DTYPE_F64, out->dtype);
     to_dtype(&value, 1, one, 1, 1);
-    void (*fill)(void *, const void *, int64_t) =
-        es == 1 ? fill_1 : es == 2 ? fill_2 : es == 4 ? fill_4 : fill_8;
+    void (*fill)(void *, const void *, int64_t) = es == 1   ? fill_1
+                                                  : es == 2 ? fill_2
+                                                  : es == 4 ? fill_4
+                                                            : fill_8;
     char *base = df_view_ptr(out);
     int nblk = total >= DF_CPU_PAR_MIN ? df_cpu_threads(env) : 1;
     int64_t chunk = (total + nblk - 1) / nblk;
@@ -392,22 +427,22 @@ DF_CPU_KERNEL(fill)
 /* ---- binary --------------------------------------------------------------------------- */
 
 /* One op in three forms: vector-vector, vector-scalar, scalar-vector. */
-#define BINARY_FNS(name, OP)                                                               \
-    static void name##_vv(float *restrict o, const float *restrict a,                      \
-                          const float *restrict b, int64_t n)                              \
-    {                                                                                      \
-        for (int64_t i = 0; i < n; i++)                                                    \
-            o[i] = a[i] OP b[i];                                                           \
-    }                                                                                      \
-    static void name##_vs(float *restrict o, const float *restrict a, float b, int64_t n)  \
-    {                                                                                      \
-        for (int64_t i = 0; i < n; i++)                                                    \
-            o[i] = a[i] OP b;                                                              \
-    }                                                                                      \
-    static void name##_sv(float *restrict o, float a, const float *restrict b, int64_t n)  \
-    {                                                                                      \
-        for (int64_t i = 0; i < n; i++)                                                    \
-            o[i] = a OP b[i];                                                              \
+#define BINARY_FNS(name, OP)                                                                       \
+    static void name##_vv(float *restrict o, const float *restrict a, const float *restrict b,     \
+                          int64_t n)                                                               \
+    {                                                                                              \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            o[i] = a[i] OP b[i];                                                                   \
+    }                                                                                              \
+    static void name##_vs(float *restrict o, const float *restrict a, float b, int64_t n)          \
+    {                                                                                              \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            o[i] = a[i] OP b;                                                                      \
+    }                                                                                              \
+    static void name##_sv(float *restrict o, float a, const float *restrict b, int64_t n)          \
+    {                                                                                              \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            o[i] = a OP b[i];                                                                      \
     }
 BINARY_FNS(add, +)
 BINARY_FNS(sub, -)
@@ -486,7 +521,10 @@ DF_CPU_KERNEL(binary)
     };
     const df_view *out = &n->out;
     binary_arg arg = {
-        .f = fns[n->op == DF_OP_ADD ? 0 : n->op == DF_OP_SUB ? 1 : n->op == DF_OP_MUL ? 2 : 3],
+        .f = fns[n->op == DF_OP_ADD   ? 0
+                 : n->op == DF_OP_SUB ? 1
+                 : n->op == DF_OP_MUL ? 2
+                                      : 3],
         .ta = n->in[0].dtype,
         .tb = n->in[1].dtype,
         .ea = df_dtype_size(n->in[0].dtype),
@@ -507,19 +545,19 @@ static void act_scale(float *restrict o, const float *restrict x, int64_t n, flo
         o[i] = alpha * x[i] + beta;
 }
 
-static void act_silu(float *restrict o, const float *restrict x, int64_t n, float alpha,
-                     float beta)
+static void act_silu(float *restrict o, const float *restrict x, int64_t n, float alpha, float beta)
 {
     for (int64_t i = 0; i < n; i++)
         o[i] = df_cpu_x_sigmoid(x[i], x[i]);
 }
 
 /* 0.5 x (1 + erf(x / sqrt 2)) = 0.5 x erfc(-x / sqrt 2) */
-static void act_gelu(float *restrict o, const float *restrict x, int64_t n, float alpha,
-                     float beta)
+static void act_gelu(float *restrict o, const float *restrict x, int64_t n, float alpha, float beta)
 {
-    for (int64_t i = 0; i < n; i++)
-        o[i] = 0.5f * x[i] * erfcf(-x[i] * 0.70710678118654752f);
+    for (int64_t i = 0; i < n; i++) {
+        float e = erfcf(-x[i] * 0.70710678118654752f);
+        o[i] = e == 0.0f ? -0.0f : 0.5f * x[i] * e; /* the limit at -inf, not NaN */
+    }
 }
 
 /* 0.5 x (1 + tanh(y)) = x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3) */
@@ -581,11 +619,21 @@ DF_CPU_KERNEL(unary)
         .es = df_dtype_size(n->in[0].dtype),
     };
     switch (n->op) {
-    case DF_OP_SCALE:      arg.f = act_scale; break;
-    case DF_OP_SILU:       arg.f = act_silu; break;
-    case DF_OP_GELU:       arg.f = act_gelu; break;
-    case DF_OP_GELU_TANH:  arg.f = act_gelu_tanh; break;
-    case DF_OP_QUICK_GELU: arg.f = act_quick_gelu; break;
+    case DF_OP_SCALE:
+        arg.f = act_scale;
+        break;
+    case DF_OP_SILU:
+        arg.f = act_silu;
+        break;
+    case DF_OP_GELU:
+        arg.f = act_gelu;
+        break;
+    case DF_OP_GELU_TANH:
+        arg.f = act_gelu_tanh;
+        break;
+    case DF_OP_QUICK_GELU:
+        arg.f = act_quick_gelu;
+        break;
     default:
         return df_errorf(DF_E_INTERNAL, "cpu: op '%s' is not a unary op", df_op_name(n->op));
     }

@@ -1,0 +1,97 @@
+/*
+ * Images: 8-bit RGB pixels, PNG files, and the generation parameters stored in them.
+ *
+ * A df_image owns height * width * 3 bytes, row by row, R G B per pixel. PNG files carry
+ * the generation parameters in a text chunk with the keyword "parameters", in the form
+ * the common web UIs write and read:
+ *
+ *     a golden retriever surfing a wave
+ *     Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 42, Size: 512x512, Model: FLUX.1-schnell
+ *
+ * Files are written to a temporary name in the same folder and renamed, so a failed save
+ * never leaves a half-written file and never replaces a good one.
+ */
+#ifndef DIFFUSE_IMAGE_H
+#define DIFFUSE_IMAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_image {
+    int width, height;
+    int channels;    /* always 3 (RGB) */
+    uint8_t *pixels; /* [height][width][channels], owned by the image */
+} df_image;
+
+/* A width x height RGB image with all pixels 0; free it with df_image_free(). Fails with
+ * DF_E_ARG for a size below 1 or above 2^31 - 1, DF_E_OOM when memory runs out. */
+DF_API df_status df_image_create(int width, int height, df_image **out);
+
+/*
+ * Writes `img` to `path` as an 8-bit RGB PNG. When `parameters` is not NULL or empty it is
+ * stored in a text chunk named "parameters": tEXt when it is all Latin-1 text, iTXt (UTF-8)
+ * otherwise. The file is written under a temporary name in the same folder and renamed
+ * over `path` only when complete. Fails with DF_E_ARG for a malformed image or
+ * parameters that are not valid UTF-8, DF_E_IO (naming the path) when the folder is not
+ * writable or the disk fails; `path` is then untouched.
+ */
+DF_API df_status df_image_save_png(const df_image *img, const char *path, const char *parameters);
+
+/*
+ * Reads a PNG of any colour type and bit depth as 8-bit RGB (grey is replicated, palettes
+ * expanded, 16-bit samples keep their high byte, alpha is dropped). When parameters_out
+ * is not NULL it receives the "parameters" text as UTF-8 (free with df_image_text_free),
+ * or NULL when the file has none. Fails with DF_E_IO when the file cannot be read,
+ * DF_E_FORMAT when it is not a valid PNG.
+ */
+DF_API df_status df_image_load_png(const char *path, df_image **out, char **parameters_out);
+
+DF_API void df_image_free(df_image *img); /* NULL is fine */
+
+/* Frees a string returned by the functions of this header. NULL is fine. */
+DF_API void df_image_text_free(char *text);
+
+/* ---- generation parameters ---- */
+
+/* The fields of the parameters text. Strings are UTF-8; NULL (or 0) fields are left out
+ * when formatting, except sampler, which defaults to "Euler". */
+typedef struct df_image_params {
+    const char *prompt;
+    const char *negative_prompt; /* "Negative prompt: ..." line; NULL = none */
+    int steps;
+    const char *sampler;
+    double cfg_scale;
+    uint64_t seed;
+    int width, height;
+    const char *model;
+} df_image_params;
+
+/*
+ * Formats `p` in the web-UI form: the prompt, an optional "Negative prompt:" line, then
+ * "Steps: N, Sampler: S, CFG scale: G, Seed: N, Size: WxH, Model: M". Values that hold a
+ * comma, colon or newline are quoted as JSON strings, as the web UIs do. *out is owned by
+ * the caller (df_image_text_free). Fails only with DF_E_OOM.
+ */
+DF_API df_status df_image_format_parameters(const df_image_params *p, char **out);
+
+/*
+ * Parses text in that form into *out, whose strings it allocates; release them with
+ * df_image_params_deinit(). Keys it does not know are skipped; missing ones stay 0/NULL.
+ * Text without a parameters line is all prompt. Fails only with DF_E_OOM.
+ */
+DF_API df_status df_image_parse_parameters(const char *text, df_image_params *out);
+
+/* Frees the strings df_image_parse_parameters() allocated and zeroes *p. */
+DF_API void df_image_params_deinit(df_image_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

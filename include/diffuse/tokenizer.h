@@ -1,0 +1,112 @@
+/*
+ * Tokenizers: prompt text to the token ids the text encoders take.
+ *
+ * A tokenizer is loaded from a diffusers tokenizer folder and behaves as the transformers
+ * class the pipelines use:
+ *   - CLIP byte-level BPE (vocab.json + merges.txt): the slow CLIPTokenizer without ftfy.
+ *     Ids are <|startoftext|> text... <|endoftext|>; padding uses the folder's pad token
+ *     (CLIP-L: <|endoftext|>, SD3's CLIP-G tokenizer_2: "!").
+ *   - T5 SentencePiece unigram (spiece.model): the slow T5Tokenizer with legacy=True.
+ *     Ids are text... </s>; padding uses <pad> (id 0).
+ * tokenizer_config.json, special_tokens_map.json and added_tokens.json, when present, name
+ * the special tokens and the added tokens (e.g. T5's <extra_id_N>); added-token strings in
+ * the text are matched before anything else (leftmost, longest first) and map straight to
+ * their ids.
+ *
+ * Text is UTF-8 with an explicit length (it may contain NUL characters). Invalid UTF-8 is an
+ * error (DF_E_ARG naming the byte offset), never silently replaced. Empty text gives just
+ * the special tokens. A tokenizer is immutable after loading: one may encode from several
+ * threads at once.
+ */
+#ifndef DIFFUSE_TOKENIZER_H
+#define DIFFUSE_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_tokenizer df_tokenizer;
+
+typedef enum df_tokenizer_type {
+    DF_TOKENIZER_CLIP_BPE = 1,   /* vocab.json + merges.txt */
+    DF_TOKENIZER_T5_UNIGRAM = 2, /* spiece.model */
+} df_tokenizer_type;
+
+/* The largest max_length df_tokenizer_encode accepts (2^30). */
+#define DF_TOKENIZE_MAX_LENGTH ((int64_t)1 << 30)
+
+/* Options for df_tokenizer_encode; zero fields mean the default. */
+typedef struct df_tokenize_opts {
+    int64_t max_length; /* 0 = the folder's model_max_length (CLIP 77; T5 as configured) */
+    bool pad;           /* pad with the pad token up to max_length */
+    bool truncate;      /* keep at most max_length ids, the closing special token included */
+} df_tokenize_opts;
+
+/* One encoded text. Fill with df_tokenizer_encode, release with df_tokens_deinit. */
+typedef struct df_tokens {
+    int64_t *ids;            /* [count] */
+    int64_t *attention_mask; /* [count]: 1 for a token, 0 for padding */
+    int64_t count;
+} df_tokens;
+
+typedef struct df_tokenizer_info {
+    df_tokenizer_type type;
+    int64_t vocab_size; /* base vocabulary plus added tokens (largest id + 1) */
+    int64_t bos_id;     /* -1 when the tokenizer adds none (T5) */
+    int64_t eos_id;
+    int64_t pad_id;
+    int64_t unk_id;
+    int64_t model_max_length; /* from tokenizer_config.json; CLIP defaults to 77 */
+} df_tokenizer_info;
+
+/*
+ * Loads the tokenizer in `dir` (e.g. "<model>/tokenizer"). A folder with vocab.json and
+ * merges.txt is CLIP BPE; one with spiece.model is T5 unigram. On success *out is owned by
+ * the caller; free it with df_tokenizer_free(). Fails with DF_E_IO when the files cannot be
+ * read, DF_E_FORMAT when one is malformed, DF_E_UNSUPPORTED for a folder with neither kind
+ * of file (e.g. only a fast tokenizer.json) or a sentencepiece model that is not unigram.
+ */
+DF_API df_status df_tokenizer_load(const char *dir, df_tokenizer **out);
+
+/* Which kind of tokenizer this is. */
+DF_API df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok);
+
+/* "clip-bpe" or "t5-unigram". */
+DF_API const char *df_tokenizer_type_name(df_tokenizer_type type);
+
+/* Special ids and sizes; *out is filled in. */
+DF_API void df_tokenizer_get_info(const df_tokenizer *tok, df_tokenizer_info *out);
+
+/*
+ * Encodes `len` bytes of UTF-8 `text` (text may be NULL when len is 0) into *out, which the
+ * caller releases with df_tokens_deinit(). opts may be NULL (no truncation, no padding).
+ * Without truncation the result may be longer than max_length; with truncation the text's
+ * ids are cut so that the result, special tokens included, has max_length ids (as
+ * transformers' truncation=True). Fails with DF_E_ARG for invalid UTF-8 (the message gives
+ * the byte offset), a max_length outside [0, DF_TOKENIZE_MAX_LENGTH], truncation to a
+ * max_length too small to hold the special tokens, or padding without a pad token;
+ * DF_E_OOM when memory runs out. *out is zeroed on failure.
+ */
+DF_API df_status df_tokenizer_encode(const df_tokenizer *tok, const char *text, size_t len,
+                                     const df_tokenize_opts *opts, df_tokens *out);
+
+/* Releases the arrays of *t and zeroes it. Safe on a zeroed struct. */
+DF_API void df_tokens_deinit(df_tokens *t);
+
+/* The token string of `id` (the vocabulary's own spelling: "photo</w>", "▁photo",
+ * "<extra_id_0>"), borrowed from the tokenizer; NULL when no token has that id. */
+DF_API const char *df_tokenizer_id_to_piece(const df_tokenizer *tok, int64_t id);
+
+/* NULL is fine. */
+DF_API void df_tokenizer_free(df_tokenizer *tok);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,741 @@
+/*
+ * The GEMM interface (gemm.h) over oneDNN's matmul primitive.
+ *
+ * Choices:
+ * - One oneDNN engine for the process. Each thread that runs products gets its own oneDNN
+ *   stream and its own plan cache, kept in thread-specific slots and freed when the thread
+ *   exits; the stream threads of contexts are the only threads that make plans, so a
+ *   context's plans go away with it. No lock is needed anywhere.
+ * - A plan is a created primitive plus the memory descriptors to run it with; the cache
+ *   evicts the least recently used plan when full. The plan key holds the OpenMP thread
+ *   count, because oneDNN divides work by the count it saw when the primitive was made;
+ *   serial plans are made with the count set to 1 so that they may run inside a parallel
+ *   region (oneDNN runs nested calls on the calling thread).
+ * - Weights of linear layers are reordered once into the layout oneDNN prefers for
+ *   weights in `any` format. On the machines measured (AVX-512, AVX512-BF16) that layout
+ *   does not depend on M, but nothing here assumes so: the derived form is keyed by the
+ *   layout itself, so a layout that changes with M costs one more packing for that
+ *   layout, and calls with the usual token counts keep hitting the first one.
+ * - f32 -> bf16 conversion of activations rounds to nearest even (AVX512-BF16's
+ *   vcvtneps2bf16 where present, which also treats subnormal inputs as zero).
+ * - Products with k == 0 (and empty ones) never reach oneDNN: C gets bias or zeros.
+ * - bf16 compute needs a CPU where oneDNN handles bf16 (AVX-512 and up, emulated where
+ *   there is no AVX512-BF16); elsewhere the kernels compute in f32 (df_gemm_compute_dtype).
+ */
+#include <immintrin.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "backend/cpu/gemm.h"
+#include "core/alloc.h"
+#include "core/status.h"
+
+/* --- the provider: one engine; per thread a stream and a plan cache ------------------- */
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static bool init_ok;
+static dnnl_engine_t engine;
+static pthread_key_t stream_key, cache_key;
+static atomic_llong pack_count;
+
+struct df_gemm_plan;
+typedef struct plan_cache {
+    struct df_gemm_plan *plans[DF_GEMM_PLAN_CACHE];
+    int n;
+    uint64_t clock;
+} plan_cache;
+
+static void free_stream(void *s)
+{
+    dnnl_stream_destroy(s);
+}
+
+static void free_cache(void *p);
+
+static void init_provider(void)
+{
+    if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success)
+        return;
+    if (pthread_key_create(&stream_key, free_stream) != 0 ||
+        pthread_key_create(&cache_key, free_cache) != 0)
+        return;
+    init_ok = true;
+}
+
+static df_status provider_ready(void)
+{
+    pthread_once(&init_once, init_provider);
+    return init_ok ? DF_OK : df_errorf(DF_E_DEVICE, "oneDNN: could not create the CPU engine");
+}
+
+static df_status dnnl_failed(dnnl_status_t r, const char *what)
+{
+    df_status s = r == dnnl_out_of_memory   ? DF_E_OOM
+                  : r == dnnl_unimplemented ? DF_E_UNSUPPORTED
+                                            : DF_E_DEVICE;
+    return df_errorf(s, "oneDNN: %s failed (dnnl status %d)", what, (int)r);
+}
+
+static df_status thread_stream(dnnl_stream_t *out)
+{
+    dnnl_stream_t s = pthread_getspecific(stream_key);
+    if (!s) {
+        dnnl_status_t r = dnnl_stream_create(&s, engine, dnnl_stream_default_flags);
+        if (r != dnnl_success)
+            return dnnl_failed(r, "creating a stream");
+        if (pthread_setspecific(stream_key, s) != 0) {
+            dnnl_stream_destroy(s);
+            return df_errorf(DF_E_OOM, "oneDNN: no room to keep this thread's stream");
+        }
+    }
+    *out = s;
+    return DF_OK;
+}
+
+int64_t df_gemm_pack_count(void)
+{
+    return atomic_load(&pack_count);
+}
+
+/* oneDNN 2.6 computes and reorders bf16 only from AVX-512 (natively or emulated) up. */
+static bool provider_has_bf16(void)
+{
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned core = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & core) == core;
+}
+
+df_dtype df_gemm_compute_dtype(int requested)
+{
+    return requested == DF_DTYPE_BF16 && provider_has_bf16() ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+}
+
+bool df_cpu_has_fast_bf16(void)
+{
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    return (isa & bf16) == bf16; /* AMX levels include the AVX512-BF16 bits */
+}
+
+/* --- plans ---------------------------------------------------------------------------- */
+
+typedef enum b_layout { B_PLAIN, B_TRANS, B_PACKED } b_layout;
+
+typedef struct plan_key {
+    int64_t batch, m, n, k, lda, ldb, ldc, sa, sb, sc;
+    int32_t type, layout, threads, serial, bias, accumulate;
+} plan_key;
+
+struct df_gemm_plan {
+    plan_key key;
+    dnnl_primitive_t prim; /* NULL for an empty product (m, n or k is 0) */
+    dnnl_memory_desc_t a_md, b_md, bias_md, c_md, scratch_md;
+    size_t scratch_bytes; /* serial plans: the caller's scratchpad */
+    uint64_t used;
+};
+
+static void free_cache(void *p)
+{
+    plan_cache *c = p;
+    for (int i = 0; i < c->n; i++) {
+        if (c->plans[i]->prim)
+            dnnl_primitive_destroy(c->plans[i]->prim);
+        df_free(c->plans[i]);
+    }
+    df_free(c);
+}
+
+/* The key of d with every default filled in, so that equal products have equal keys. */
+static plan_key key_of(const df_gemm_desc *d, b_layout layout)
+{
+    plan_key k;
+    memset(&k, 0, sizeof k); /* padding too: keys are compared with memcmp */
+    k.batch = d->batch > 1 ? d->batch : 1;
+    k.m = d->m;
+    k.n = d->n;
+    k.k = d->k;
+    k.lda = d->lda ? d->lda : d->k;
+    k.ldb = layout == B_PACKED ? 0 : d->ldb ? d->ldb : (d->b_trans ? d->k : d->n);
+    k.ldc = d->ldc ? d->ldc : d->n;
+    if (k.batch > 1) {
+        k.sa = d->stride_a ? d->stride_a : d->m * k.lda;
+        k.sb = d->stride_b;
+        k.sc = d->stride_c ? d->stride_c : d->m * k.ldc;
+    }
+    k.type = d->type == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+    k.layout = layout;
+    k.threads = d->serial ? 1 : omp_get_max_threads();
+    k.serial = d->serial;
+    k.bias = d->bias;
+    k.accumulate = d->accumulate;
+    return k;
+}
+
+/* A [rows, cols] matrix (or a batch of them) with the given element strides. */
+static void matrix_md(dnnl_memory_desc_t *md, const plan_key *k, int64_t batch, int64_t rows,
+                      int64_t cols, dnnl_data_type_t dt, int64_t sbatch, int64_t srow, int64_t scol)
+{
+    if (k->batch > 1)
+        dnnl_memory_desc_init_by_strides(md, 3, (dnnl_dims_t){batch, rows, cols}, dt,
+                                         (dnnl_dims_t){sbatch, srow, scol});
+    else
+        dnnl_memory_desc_init_by_strides(md, 2, (dnnl_dims_t){rows, cols}, dt,
+                                         (dnnl_dims_t){srow, scol});
+}
+
+static df_status plan_create(const plan_key *k, df_gemm_plan **out)
+{
+    *out = NULL;
+    df_gemm_plan *p = df_calloc(1, sizeof *p);
+    if (!p)
+        return df_errorf(DF_E_OOM, "gemm: out of memory for a plan");
+    p->key = *k;
+    if (k->m == 0 || k->n == 0 || k->k == 0) {
+        *out = p;
+        return DF_OK;
+    }
+    dnnl_data_type_t dt = k->type == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+    int nd = k->batch > 1 ? 3 : 2;
+    int64_t bb = k->sb ? k->batch : 1; /* B's batch: 1 when shared */
+    matrix_md(&p->a_md, k, k->batch, k->m, k->k, dt, k->sa, k->lda, 1);
+    if (k->layout == B_PACKED) {
+        dnnl_dims_t dims = {k->k, k->n};
+        if (nd == 3)
+            dims[0] = bb, dims[1] = k->k, dims[2] = k->n;
+        dnnl_memory_desc_init_by_tag(&p->b_md, nd, dims, dt, dnnl_format_tag_any);
+    } else if (k->layout == B_TRANS) {
+        matrix_md(&p->b_md, k, bb, k->k, k->n, dt, k->sb ? k->sb : k->n * k->ldb, 1, k->ldb);
+    } else {
+        matrix_md(&p->b_md, k, bb, k->k, k->n, dt, k->sb ? k->sb : k->k * k->ldb, k->ldb, 1);
+    }
+    matrix_md(&p->bias_md, k, 1, 1, k->n, dnnl_f32, k->n, k->n, 1);
+    matrix_md(&p->c_md, k, k->batch, k->m, k->n, dnnl_f32, k->sc, k->ldc, 1);
+
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t r =
+        dnnl_matmul_desc_init(&desc, &p->a_md, &p->b_md, k->bias ? &p->bias_md : NULL, &p->c_md);
+    const char *what = "describing a matmul";
+    if (r == dnnl_success)
+        r = dnnl_primitive_attr_create(&attr);
+    /* Serial plans run on several threads at once, each with its own scratchpad. */
+    if (r == dnnl_success && k->serial)
+        r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    if (r == dnnl_success && k->accumulate) {
+        what = "setting up accumulation";
+        r = dnnl_post_ops_create(&ops);
+        if (r == dnnl_success)
+            r = dnnl_post_ops_append_sum(ops, 1.0f);
+        if (r == dnnl_success)
+            r = dnnl_primitive_attr_set_post_ops(attr, ops);
+    }
+    if (r == dnnl_success) {
+        /* oneDNN sizes its work split by the thread count it sees now. */
+        int prev = omp_get_max_threads();
+        if (k->threads != prev)
+            omp_set_num_threads(k->threads);
+        what = "creating a matmul";
+        r = dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL);
+        if (r == dnnl_success) {
+            p->b_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+            if (k->serial) {
+                p->scratch_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+                p->scratch_bytes = dnnl_memory_desc_get_size(&p->scratch_md);
+            }
+            r = dnnl_primitive_create(&p->prim, pd);
+        }
+        if (k->threads != prev)
+            omp_set_num_threads(prev);
+    }
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (ops)
+        dnnl_post_ops_destroy(ops);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    if (r != dnnl_success) {
+        df_free(p);
+        return df_error_context(dnnl_failed(r, what), "gemm %lldx%lldx%lld (batch %lld, %s)",
+                                (long long)k->m, (long long)k->n, (long long)k->k,
+                                (long long)k->batch, df_dtype_name((df_dtype)k->type));
+    }
+    *out = p;
+    return DF_OK;
+}
+
+static df_status plan_lookup(const plan_key *key, const df_gemm_plan **out)
+{
+    *out = NULL;
+    DF_TRY(provider_ready());
+    plan_cache *c = pthread_getspecific(cache_key);
+    if (!c) {
+        c = df_calloc(1, sizeof *c);
+        if (!c || pthread_setspecific(cache_key, c) != 0) {
+            df_free(c);
+            return df_errorf(DF_E_OOM, "gemm: out of memory for the plan cache");
+        }
+    }
+    c->clock++;
+    for (int i = 0; i < c->n; i++) {
+        if (memcmp(&c->plans[i]->key, key, sizeof *key) == 0) {
+            c->plans[i]->used = c->clock;
+            *out = c->plans[i];
+            return DF_OK;
+        }
+    }
+    df_gemm_plan *p;
+    DF_TRY(plan_create(key, &p));
+    p->used = c->clock;
+    int slot = c->n;
+    if (c->n == DF_GEMM_PLAN_CACHE) {
+        slot = 0;
+        for (int i = 1; i < c->n; i++)
+            if (c->plans[i]->used < c->plans[slot]->used)
+                slot = i;
+        if (c->plans[slot]->prim)
+            dnnl_primitive_destroy(c->plans[slot]->prim);
+        df_free(c->plans[slot]);
+    } else {
+        c->n++;
+    }
+    c->plans[slot] = p;
+    *out = p;
+    return DF_OK;
+}
+
+df_status df_gemm_plan_get(const df_gemm_desc *d, const df_gemm_plan **out)
+{
+    plan_key key = key_of(d, d->b_trans ? B_TRANS : B_PLAIN);
+    return plan_lookup(&key, out);
+}
+
+/* k == 0: C = bias (or 0), plus C itself when accumulating. */
+static void run_empty(const plan_key *k, const float *bias, float *c)
+{
+    if (k->k != 0)
+        return; /* m or n is 0: nothing to write */
+    for (int64_t b = 0; b < k->batch; b++) {
+        for (int64_t i = 0; i < k->m; i++) {
+            float *row = c + b * k->sc + i * k->ldc;
+            for (int64_t j = 0; j < k->n; j++)
+                row[j] = (k->accumulate ? row[j] : 0.0f) + (bias ? bias[j] : 0.0f);
+        }
+    }
+}
+
+size_t df_gemm_plan_scratch(const df_gemm_plan *p)
+{
+    return p->scratch_bytes;
+}
+
+df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, const float *bias,
+                           float *c, void *scratch)
+{
+    if (!p->prim) {
+        run_empty(&p->key, p->key.bias ? bias : NULL, c);
+        return DF_OK;
+    }
+    dnnl_stream_t s;
+    DF_TRY(thread_stream(&s));
+    struct {
+        int arg;
+        const dnnl_memory_desc_t *md;
+        const void *ptr;
+    } in[5] = {{DNNL_ARG_SRC, &p->a_md, a},
+               {DNNL_ARG_WEIGHTS, &p->b_md, b},
+               {DNNL_ARG_DST, &p->c_md, c},
+               {0, NULL, NULL},
+               {0, NULL, NULL}};
+    int na = 3;
+    if (p->key.bias)
+        in[na++] = (typeof(in[0])){DNNL_ARG_BIAS, &p->bias_md, bias};
+    if (p->scratch_bytes) {
+        DF_ASSERT(scratch != NULL);
+        in[na++] = (typeof(in[0])){DNNL_ARG_SCRATCHPAD, &p->scratch_md, scratch};
+    }
+    dnnl_memory_t mem[5] = {NULL};
+    dnnl_exec_arg_t args[5];
+    dnnl_status_t r = dnnl_success;
+    for (int i = 0; i < na && r == dnnl_success; i++) {
+        r = dnnl_memory_create(&mem[i], in[i].md, engine, (void *)in[i].ptr);
+        args[i].arg = in[i].arg;
+        args[i].memory = mem[i];
+    }
+    if (r == dnnl_success)
+        r = dnnl_primitive_execute(p->prim, s, na, args);
+    if (r == dnnl_success)
+        r = dnnl_stream_wait(s);
+    for (int i = 0; i < na; i++)
+        if (mem[i])
+            dnnl_memory_destroy(mem[i]);
+    return r == dnnl_success ? DF_OK : dnnl_failed(r, "running a matmul");
+}
+
+df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, float *c)
+{
+    DF_ASSERT(!d->serial);
+    const df_gemm_plan *p;
+    DF_TRY(df_gemm_plan_get(d, &p));
+    return df_gemm_plan_run(p, a, b, bias, c, NULL);
+}
+
+/* --- conversions ------------------------------------------------------------------------ */
+
+__attribute__((target("avx512f,avx512bf16"))) static void
+to_bf16_avx512bf16(const float *src, uint16_t *dst, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+        _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)h);
+    }
+    for (; i < n; i++)
+        dst[i] = df_f32_to_bf16(src[i]);
+}
+
+/* The same rounding as df_f32_to_bf16, sixteen at a time. */
+__attribute__((target("avx512f"))) static void to_bf16_avx512(const float *src, uint16_t *dst,
+                                                              int64_t n)
+{
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+    const __m512i quiet = _mm512_set1_epi32(0x40);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i u = _mm512_loadu_si512(src + i);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, lsb)), 16);
+        r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), quiet);
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++)
+        dst[i] = df_f32_to_bf16(src[i]);
+}
+
+void df_gemm_f32_to_bf16(const float *src, uint16_t *dst, int64_t n)
+{
+    if (__builtin_cpu_supports("avx512bf16"))
+        to_bf16_avx512bf16(src, dst, n);
+    else if (__builtin_cpu_supports("avx512f"))
+        to_bf16_avx512(src, dst, n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = df_f32_to_bf16(src[i]);
+}
+
+/* n elements from one float dtype to another, split over the thread's OpenMP team. */
+static void convert(const void *src, df_dtype st, void *dst, df_dtype dt, int64_t n)
+{
+    const int64_t chunk = 1 << 14;
+    int64_t chunks = (n + chunk - 1) / chunk;
+    size_t ss = df_dtype_size(st), ds = df_dtype_size(dt);
+#pragma omp parallel for schedule(static) if (chunks > 1 && !omp_in_parallel())
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t i0 = c * chunk, len = n - i0 < chunk ? n - i0 : chunk;
+        const char *s = (const char *)src + (size_t)i0 * ss;
+        char *d = (char *)dst + (size_t)i0 * ds;
+        if (st == DF_DTYPE_F32 && dt == DF_DTYPE_BF16)
+            df_gemm_f32_to_bf16((const float *)s, (uint16_t *)d, len);
+        else if (st == DF_DTYPE_BF16 && dt == DF_DTYPE_F32)
+            for (int64_t i = 0; i < len; i++)
+                ((float *)d)[i] = df_bf16_to_f32(((const uint16_t *)s)[i]);
+        else
+            df_convert(s, st, d, dt, len);
+    }
+}
+
+/* --- derived forms of weights ----------------------------------------------------------- */
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 31);
+}
+
+size_t df_gemm_operand_scratch(const df_view *v, df_dtype type)
+{
+    if (v->dtype == type || v->st->is_weight)
+        return 0;
+    return (size_t)df_view_numel(v) * df_dtype_size(type);
+}
+
+df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const void **out)
+{
+    const void *src = df_view_ptr(v);
+    int64_t n = df_view_numel(v);
+    if (v->dtype == type || n == 0) {
+        *out = src;
+        return DF_OK;
+    }
+    if (!v->st->is_weight) {
+        convert(src, v->dtype, scratch, type, n);
+        *out = scratch;
+        return DF_OK;
+    }
+    uint64_t h =
+        mix(mix(mix(mix(0x706c61696eull /* "plain" */, (uint64_t)type), (uint64_t)v->dtype),
+                (uint64_t)v->offset),
+            (uint64_t)n);
+    df_derived *d = df_storage_find_derived(v->st, (int64_t)h);
+    if (!d) {
+        size_t bytes = (size_t)n * df_dtype_size(type);
+        void *buf = df_aligned_alloc(bytes);
+        d = df_calloc(1, sizeof *d);
+        if (!buf || !d) {
+            df_aligned_free(buf);
+            df_free(d);
+            return df_errorf(DF_E_OOM,
+                             "gemm: out of memory converting a %lld-element weight "
+                             "to %s",
+                             (long long)n, df_dtype_name(type));
+        }
+        convert(src, v->dtype, buf, type, n);
+        *d = (df_derived){.key = (int64_t)h, .data = buf, .bytes = bytes, .free = df_aligned_free};
+        df_storage_add_derived(v->st, d);
+        atomic_fetch_add(&pack_count, 1);
+    }
+    *out = d->data;
+    return DF_OK;
+}
+
+typedef struct packed_weight {
+    dnnl_memory_desc_t md;
+    void *data;
+} packed_weight;
+
+static void packed_free(void *p)
+{
+    packed_weight *pw = p;
+    df_aligned_free(pw->data);
+    df_free(pw);
+}
+
+static uint64_t md_hash(const dnnl_memory_desc_t *md)
+{
+    uint64_t h = mix(mix(0x7061636bull /* "pack" */, (uint64_t)md->ndims), (uint64_t)md->data_type);
+    for (int i = 0; i < md->ndims; i++)
+        h = mix(mix(h, (uint64_t)md->dims[i]), (uint64_t)md->padded_dims[i]);
+    h = mix(h, (uint64_t)md->format_kind);
+    if (md->format_kind == dnnl_blocked) {
+        const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
+        for (int i = 0; i < md->ndims; i++)
+            h = mix(h, (uint64_t)b->strides[i]);
+        for (int i = 0; i < b->inner_nblks; i++)
+            h = mix(mix(h, (uint64_t)b->inner_blks[i]), (uint64_t)b->inner_idxs[i]);
+    }
+    return h;
+}
+
+/* Reorders w [n, k] (the [k, n] B operand, transposed) into `md`, the plan's layout. */
+static df_status pack(const df_view *w, const dnnl_memory_desc_t *md, void *dst)
+{
+    int64_t n = w->shape[0], k = w->shape[1];
+    const void *src = df_view_ptr(w);
+    df_dtype st = w->dtype;
+    void *tmp = NULL;
+    if (st != DF_DTYPE_F32 && (st != DF_DTYPE_BF16 || !provider_has_bf16())) {
+        /* f16, f64, or bf16 the provider cannot read: through f32 */
+        tmp = df_aligned_alloc((size_t)(n * k) * sizeof(float));
+        if (!tmp)
+            return df_errorf(DF_E_OOM, "gemm: out of memory packing a weight");
+        convert(src, st, tmp, DF_DTYPE_F32, n * k);
+        src = tmp;
+        st = DF_DTYPE_F32;
+    }
+    dnnl_memory_desc_t src_md;
+    dnnl_memory_desc_init_by_strides(&src_md, 2, (dnnl_dims_t){k, n},
+                                     st == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32,
+                                     (dnnl_dims_t){1, k});
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md_mem = NULL;
+    dnnl_stream_t s;
+    df_status status = thread_stream(&s);
+    dnnl_status_t r = dnnl_success;
+    if (status == DF_OK) {
+        r = dnnl_reorder_primitive_desc_create(&pd, &src_md, engine, md, engine, NULL);
+        if (r == dnnl_success)
+            r = dnnl_primitive_create(&prim, pd);
+        if (r == dnnl_success)
+            r = dnnl_memory_create(&ms, &src_md, engine, (void *)src);
+        if (r == dnnl_success)
+            r = dnnl_memory_create(&md_mem, md, engine, dst);
+        if (r == dnnl_success)
+            r = dnnl_primitive_execute(
+                prim, s, 2, (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md_mem}});
+        if (r == dnnl_success)
+            r = dnnl_stream_wait(s);
+        if (r != dnnl_success)
+            status = dnnl_failed(r, "packing a weight");
+    }
+    if (ms)
+        dnnl_memory_destroy(ms);
+    if (md_mem)
+        dnnl_memory_destroy(md_mem);
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    df_aligned_free(tmp);
+    return status;
+}
+
+/* The weight w packed into the layout of plan p, made once and kept on w's storage. */
+static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const void **out)
+{
+    uint64_t h = mix(mix(mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
+                     (uint64_t)w->shape[0] * 0x100000001ull + (uint64_t)w->shape[1]);
+    df_derived *d = df_storage_find_derived(w->st, (int64_t)h);
+    if (d && dnnl_memory_desc_equal(&((packed_weight *)d->data)->md, &p->b_md)) {
+        *out = ((packed_weight *)d->data)->data;
+        return DF_OK;
+    }
+    size_t bytes = dnnl_memory_desc_get_size(&p->b_md);
+    packed_weight *pw = df_calloc(1, sizeof *pw);
+    d = df_calloc(1, sizeof *d);
+    if (pw)
+        pw->data = df_aligned_alloc(bytes);
+    if (!pw || !d || !pw->data) {
+        if (pw)
+            df_aligned_free(pw->data);
+        df_free(pw);
+        df_free(d);
+        return df_errorf(DF_E_OOM, "gemm: out of memory for a packed [%lld, %lld] weight",
+                         (long long)w->shape[0], (long long)w->shape[1]);
+    }
+    pw->md = p->b_md;
+    df_status s = pack(w, &p->b_md, pw->data);
+    if (s != DF_OK) {
+        packed_free(pw);
+        df_free(d);
+        return s;
+    }
+    *d = (df_derived){.key = (int64_t)h, .data = pw, .bytes = bytes, .free = packed_free};
+    df_storage_add_derived(w->st, d);
+    atomic_fetch_add(&pack_count, 1);
+    *out = pw->data;
+    return DF_OK;
+}
+
+/* --- linear ------------------------------------------------------------------------------ */
+
+static size_t round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
+                         const df_view *bias, df_dtype compute, float *out)
+{
+    int64_t n = w->shape[0], k = w->shape[1];
+    if (m == 0 || n == 0)
+        return DF_OK;
+    compute = df_gemm_compute_dtype(compute);
+    bool packed = w->st->is_weight && k > 0;
+    size_t sx = round64(df_gemm_operand_scratch(x, compute));
+    size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, compute));
+    size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;
+    char *scratch = NULL;
+    if (sx + sw + sb > 0 && !(scratch = df_env_scratch(env, sx + sw + sb)))
+        return df_errorf(DF_E_OOM, "linear: out of memory for %zu bytes of scratch", sx + sw + sb);
+
+    const void *xa, *wb = NULL, *bb = NULL;
+    DF_TRY(df_gemm_operand(x, compute, scratch, &xa));
+    if (bias)
+        DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
+    df_gemm_desc d = {
+        .m = m, .n = n, .k = k, .type = compute, .b_trans = true, .bias = bias != NULL};
+    const df_gemm_plan *p;
+    if (packed) {
+        plan_key key = key_of(&d, B_PACKED);
+        DF_TRY(plan_lookup(&key, &p));
+        if (p->prim)
+            DF_TRY(packed_weight_of(w, p, &wb));
+    } else {
+        DF_TRY(df_gemm_operand(w, compute, scratch + sx, &wb));
+        DF_TRY(df_gemm_plan_get(&d, &p));
+    }
+    return df_gemm_plan_run(p, xa, wb, bb, out, NULL);
+}
+
+/* --- the provider's own rate ------------------------------------------------------------ */
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+df_status df_cpu_gemm_rate(df_dtype dtype, int threads, int64_t m, int64_t n, int64_t k, int reps,
+                           double *out_gflops)
+{
+    *out_gflops = 0;
+    if ((dtype != DF_DTYPE_F32 && dtype != DF_DTYPE_BF16) || m <= 0 || n <= 0 || k <= 0 ||
+        threads < 0)
+        return df_errorf(DF_E_ARG,
+                         "gemm rate: need f32 or bf16 and positive sizes, got %s "
+                         "%lldx%lldx%lld on %d threads",
+                         df_dtype_name(dtype), (long long)m, (long long)n, (long long)k, threads);
+    DF_TRY(provider_ready());
+    int prev = omp_get_max_threads();
+    omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs());
+    df_gemm_desc d = {.m = m, .n = n, .k = k, .type = dtype};
+    plan_key key = key_of(&d, B_PACKED);
+    df_gemm_plan *p = NULL;
+    df_status s = plan_create(&key, &p);
+    void *a = NULL, *b = NULL;
+    float *c = NULL;
+    if (s == DF_OK) {
+        size_t es = df_dtype_size(dtype);
+        size_t bbytes = dnnl_memory_desc_get_size(&p->b_md);
+        a = df_aligned_alloc((size_t)(m * k) * es);
+        b = df_aligned_alloc(bbytes);
+        c = df_aligned_alloc((size_t)(m * n) * sizeof(float));
+        if (!a || !b || !c)
+            s = df_errorf(DF_E_OOM, "gemm rate: out of memory for %lldx%lldx%lld", (long long)m,
+                          (long long)n, (long long)k);
+        if (s == DF_OK) {
+            /* Values of moderate size: the rate must not depend on subnormals. */
+            float one = 1.0f / 64;
+            uint16_t one16 = df_f32_to_bf16(one);
+            for (size_t i = 0; i < (size_t)(m * k); i++)
+                if (dtype == DF_DTYPE_BF16)
+                    ((uint16_t *)a)[i] = one16;
+                else
+                    ((float *)a)[i] = one;
+            for (size_t i = 0; i < bbytes / es; i++)
+                if (dtype == DF_DTYPE_BF16)
+                    ((uint16_t *)b)[i] = one16;
+                else
+                    ((float *)b)[i] = one;
+        }
+    }
+    double best = 0;
+    for (int r = -1; s == DF_OK && r < (reps > 0 ? reps : 1); r++) {
+        double t0 = now_seconds();
+        s = df_gemm_plan_run(p, a, b, NULL, c, NULL);
+        double t = now_seconds() - t0;
+        if (r >= 0 && t > 0 && 2.0 * (double)m * (double)n * (double)k / t * 1e-9 > best)
+            best = 2.0 * (double)m * (double)n * (double)k / t * 1e-9;
+    }
+    df_aligned_free(a);
+    df_aligned_free(b);
+    df_aligned_free(c);
+    if (p && p->prim)
+        dnnl_primitive_destroy(p->prim);
+    df_free(p);
+    omp_set_num_threads(prev);
+    if (s == DF_OK)
+        *out_gflops = best;
+    return s;
+}

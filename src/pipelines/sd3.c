@@ -1,0 +1,626 @@
+/*
+ * StableDiffusion3Pipeline (SD3, SD3.5), as diffusers' pipeline_stable_diffusion_3.py runs it.
+ *
+ * Prompts: CLIP-L and CLIP-G (both CLIPTextModelWithProjection) give hidden_states[-2]
+ * (-(clip_skip + 2) with clip_skip; the negative prompt always uses -2, as diffusers passes
+ * clip_skip=None for it), concatenated on features and zero-padded to joint_attention_dim;
+ * T5's last hidden state (max_sequence_length tokens, no mask) follows on the sequence axis.
+ * Without text_encoder_3 the T5 part is zeros of 77 tokens (the CLIP tokenizer's length),
+ * as diffusers does. Pooled = cat(CLIP-L text_embeds, CLIP-G text_embeds).
+ *
+ * Guidance: with guidance > 1 the negative prompt ("" by default) is encoded too and the
+ * transformer runs once per step on the batch [negative, positive];
+ * noise = uncond + guidance * (cond - uncond) is formed on the host in float32, as the
+ * float32 pipeline does. Skip-layer guidance adds, at steps i with start*N < i < stop*N,
+ * (cond - skip) * scale, where `skip` is a positive-only forward without the listed blocks.
+ *
+ * Noise: (B, in_channels, H/8, W/8) drawn in float32 from one torch-compatible generator
+ * (no packing). Schedule: the scheduler's own linspace (no sigmas passed) with its static
+ * shift; mu from the patch-grid length only when the config asks for dynamic shifting.
+ * The transformer gets timestep = t in [0, 1000]; the flow-match Euler step runs on the
+ * host in float32 (the scheduler's own rounding); df_mark_step() marks each step. With
+ * df_load_opts.compile the transformer's forward is compiled (traced once per image size).
+ * Decoding un-scales (latents / scaling_factor + shift_factor) and runs the VAE decoder.
+ *
+ * Defaults: 28 steps, guidance 7.0, 256 T5 tokens, sample_size * 8 pixels. Components
+ * listed as null in model_index.json are allowed when the caller passes prompt embeddings
+ * (and negative ones for guidance) instead of prompts.
+ */
+#include <math.h>
+#include <string.h>
+
+#include <diffuse/clip.h>
+#include <diffuse/rng.h>
+#include <diffuse/scheduler.h>
+#include <diffuse/sd3.h>
+#include <diffuse/t5.h>
+#include <diffuse/tokenizer.h>
+#include <diffuse/vae.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "pipelines/pipeline.h"
+#include "runtime/runtime.h"
+
+#define SD3_MAX_SEQ 512 /* diffusers refuses longer T5 sequences */
+
+typedef struct sd3_pipe {
+    df_tokenizer *tok_l, *tok_g, *tok_t5;
+    df_clip *clip_l, *clip_g;
+    df_t5 *t5; /* NULL: the T5 part of the prompt is zeros */
+    df_sd3 *transformer;
+    df_vae *vae;
+    df_scheduler_config sched;
+    int64_t clip_len;      /* the CLIP tokenizer's model_max_length (77) */
+    df_compiled *compiled; /* the transformer's forward, when compiled */
+} sd3_pipe;
+
+/* The transformer's forward as a module, for df_compile: hidden_states,
+ * encoder_hidden_states, pooled_projections, timestep. (The skip-layer forward of
+ * skip-layer guidance runs uncompiled: it is a different graph, and runs in few steps.) */
+static df_status transformer_forward(df_ctx *ctx, void *self, df_tensor *const *in, df_tensor **out)
+{
+    df_sd3_inputs si = {.hidden_states = in[0],
+                        .encoder_hidden_states = in[1],
+                        .pooled_projections = in[2],
+                        .timestep = in[3]};
+    out[0] = df_sd3_forward(ctx, self, &si);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+static const df_module transformer_module = {
+    .name = "SD3Transformer2DModel", .n_in = 4, .n_out = 1, .forward = transformer_forward};
+
+static void sd3_free(void *impl)
+{
+    sd3_pipe *s = impl;
+    df_tokenizer_free(s->tok_l);
+    df_tokenizer_free(s->tok_g);
+    df_tokenizer_free(s->tok_t5);
+    df_clip_free(s->clip_l);
+    df_clip_free(s->clip_g);
+    df_t5_free(s->t5);
+    df_sd3_free(s->transformer);
+    df_vae_free(s->vae);
+    df_compiled_free(s->compiled);
+    df_free(s);
+}
+
+/* --- loading ----------------------------------------------------------------------------- */
+
+static df_status expect_class(const df_pipeline *p, const df_model_index *idx, const char *name,
+                              const char *cls)
+{
+    const df_component *c = df_model_index_find(idx, name);
+    if (c && c->cls && strcmp(c->cls, cls) != 0)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s/model_index.json: component '%s' is a %s; "
+                         "StableDiffusion3Pipeline supports %s",
+                         p->dir, name, c->cls, cls);
+    return DF_OK;
+}
+
+static df_status load_tokenizer(df_pipeline *p, const df_model_index *idx, const char *name,
+                                df_tokenizer **out)
+{
+    char dir[DF_PATH_MAX];
+    DF_TRY(df_pipeline_component_dir(p, idx, name, dir, sizeof dir));
+    DF_TRY_CTX(df_tokenizer_load(dir, out), "%s", dir);
+    return DF_OK;
+}
+
+static df_status load_clip(df_pipeline *p, const df_model_index *idx, const char *name,
+                           df_clip **out)
+{
+    char dir[DF_PATH_MAX];
+    DF_TRY(df_pipeline_component_dir(p, idx, name, dir, sizeof dir));
+    DF_TRY_CTX(df_clip_load(p->ctx, dir, out), "%s", dir);
+    if (!df_clip_get_config(*out)->with_projection)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: StableDiffusion3Pipeline needs a "
+                         "CLIPTextModelWithProjection (text_projection.weight), the pooled "
+                         "prompt is its text_embeds",
+                         dir);
+    return DF_OK;
+}
+
+/* Tokenizers and text encoders; all optional together (prompt embeddings instead), T5 on
+ * its own too. Widths must fit the transformer. */
+static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *idx)
+{
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    s->clip_len = 77;
+    if (!df_pipeline_has_component(idx, "text_encoder") &&
+        !df_pipeline_has_component(idx, "text_encoder_2") &&
+        !df_pipeline_has_component(idx, "text_encoder_3"))
+        return DF_OK;
+    DF_TRY(load_tokenizer(p, idx, "tokenizer", &s->tok_l));
+    DF_TRY(load_tokenizer(p, idx, "tokenizer_2", &s->tok_g));
+    DF_TRY(load_clip(p, idx, "text_encoder", &s->clip_l));
+    DF_TRY(load_clip(p, idx, "text_encoder_2", &s->clip_g));
+    df_tokenizer_info info;
+    df_tokenizer_get_info(s->tok_l, &info);
+    s->clip_len = info.model_max_length > 0 ? info.model_max_length : 77;
+    const df_clip_config *l = df_clip_get_config(s->clip_l), *g = df_clip_get_config(s->clip_g);
+    if (s->clip_len > l->max_position_embeddings || s->clip_len > g->max_position_embeddings)
+        return df_errorf(DF_E_FORMAT,
+                         "%s/tokenizer: model_max_length %lld is longer than the "
+                         "CLIP encoders' max_position_embeddings (%lld, %lld)",
+                         p->dir, (long long)s->clip_len, (long long)l->max_position_embeddings,
+                         (long long)g->max_position_embeddings);
+    if (df_pipeline_has_component(idx, "text_encoder_3")) {
+        DF_TRY(load_tokenizer(p, idx, "tokenizer_3", &s->tok_t5));
+        char dir[DF_PATH_MAX];
+        DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_3", dir, sizeof dir));
+        DF_TRY_CTX(df_t5_load(p->ctx, dir, &s->t5), "%s", dir);
+        if (df_t5_get_config(s->t5)->d_model != c->joint_attention_dim)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: text_encoder_3 d_model %lld differs from the "
+                             "transformer's joint_attention_dim %lld",
+                             p->dir, (long long)df_t5_get_config(s->t5)->d_model,
+                             (long long)c->joint_attention_dim);
+    }
+    if (l->hidden_size + g->hidden_size > c->joint_attention_dim ||
+        l->projection_dim + g->projection_dim != c->pooled_projection_dim)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: CLIP widths (hidden %lld + %lld, projections %lld + "
+                         "%lld) do not fit the transformer's joint_attention_dim %lld and "
+                         "pooled_projection_dim %lld",
+                         p->dir, (long long)l->hidden_size, (long long)g->hidden_size,
+                         (long long)l->projection_dim, (long long)g->projection_dim,
+                         (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
+    return DF_OK;
+}
+
+static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
+{
+    sd3_pipe *s = df_calloc(1, sizeof *s);
+    if (!s)
+        return df_errorf(DF_E_OOM, "out of memory");
+    p->impl = s;
+    DF_TRY(expect_class(p, idx, "transformer", "SD3Transformer2DModel"));
+    DF_TRY(expect_class(p, idx, "vae", "AutoencoderKL"));
+    DF_TRY(expect_class(p, idx, "text_encoder", "CLIPTextModelWithProjection"));
+    DF_TRY(expect_class(p, idx, "text_encoder_2", "CLIPTextModelWithProjection"));
+    DF_TRY(expect_class(p, idx, "text_encoder_3", "T5EncoderModel"));
+    DF_TRY(expect_class(p, idx, "scheduler", "FlowMatchEulerDiscreteScheduler"));
+    if (df_pipeline_has_component(idx, "image_encoder"))
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s/model_index.json: IP-Adapter image encoders are "
+                         "not supported",
+                         p->dir);
+
+    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
+    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
+    df_scheduler *sch = NULL;
+    DF_TRY(df_scheduler_load(path, &sch));
+    s->sched = *df_scheduler_get_config(sch);
+    df_scheduler_free(sch);
+
+    DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
+    DF_TRY_CTX(df_sd3_load(p->ctx, dir, &s->transformer), "%s", dir);
+    DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
+    DF_TRY_CTX(df_vae_load(p->ctx, dir, &s->vae), "%s", dir);
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    const df_vae_info *vi = df_vae_config(s->vae);
+    if (vi->latent_channels != c->in_channels || vi->latent_channels != c->out_channels)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: the VAE has %lld latent channels but the transformer "
+                         "takes %lld and predicts %lld",
+                         p->dir, (long long)vi->latent_channels, (long long)c->in_channels,
+                         (long long)c->out_channels);
+    DF_TRY(load_text(p, s, idx));
+    if (p->opts.compile)
+        DF_TRY(
+            df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true}, &s->compiled));
+
+    p->default_steps = 28;
+    p->default_guidance = 7.0f;
+    p->default_max_seq = 256;
+    p->default_size = (int)(c->sample_size * vi->scale_factor);
+    return DF_OK;
+}
+
+/* --- prompt encoding --------------------------------------------------------------------- */
+
+/* ids [n * per, len]: text i's ids in rows i*per .. i*per + per - 1. */
+static df_status tokenize(const df_tokenizer *tok, const char *const *texts, int n, int per,
+                          int64_t len, int64_t *ids)
+{
+    for (int i = 0; i < n; i++) {
+        df_tokens t = {0};
+        df_status s = df_tokenizer_encode(
+            tok, texts[i], strlen(texts[i]),
+            &(df_tokenize_opts){.max_length = len, .pad = true, .truncate = true}, &t);
+        if (s == DF_OK && t.count != len)
+            s = df_errorf(DF_E_INTERNAL, "tokenizer returned %lld ids, not %lld",
+                          (long long)t.count, (long long)len);
+        for (int r = 0; r < per && s == DF_OK; r++)
+            memcpy(ids + (size_t)(i * per + r) * (size_t)len, t.ids, (size_t)len * sizeof *ids);
+        df_tokens_deinit(&t);
+        if (s != DF_OK)
+            return df_error_context(s, "prompt %d", i);
+    }
+    return DF_OK;
+}
+
+/* One CLIP model on the rows' ids: hidden state `layer` [R, len, D] and text_embeds [R, P]. */
+static df_status clip_encode(df_ctx *ctx, const df_clip *m, const df_tokenizer *tok,
+                             const char *const *texts, int n, int per, int64_t len, int layer,
+                             df_tensor **hidden, df_tensor **pooled)
+{
+    int64_t R = (int64_t)n * per;
+    int64_t *ids = df_malloc((size_t)R * (size_t)len * sizeof *ids);
+    if (!ids)
+        return df_errorf(DF_E_OOM, "out of memory for token ids");
+    df_status s = tokenize(tok, texts, n, per, len, ids);
+    if (s == DF_OK) {
+        df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(R, len), ids);
+        df_clip_output o = {0};
+        s = t ? df_clip_encode(ctx, m, t, ids,
+                               &(df_clip_request){.hidden_states = {layer}, .n_hidden_states = 1},
+                               &o)
+              : df_ctx_status(ctx);
+        *hidden = o.hidden_states[0];
+        *pooled = o.text_embeds;
+    }
+    df_free(ids);
+    return s;
+}
+
+/* encode_prompt for n texts, each repeated per times: embeds [R, clip_len + L, J] and pooled
+ * [R, P]; `clip_skip` picks hidden_states[-(clip_skip + 2)]. */
+static df_status encode_texts(df_pipeline *p, sd3_pipe *s, const char *const *texts, int n, int per,
+                              int clip_skip, int max_seq, df_tensor **embeds, df_tensor **pooled)
+{
+    df_ctx *ctx = p->ctx;
+    int64_t R = (int64_t)n * per, J = df_sd3_config(s->transformer)->joint_attention_dim;
+    int layer = -(clip_skip + 2);
+    df_tensor *hl, *pl, *hg, *pg, *t5;
+    DF_TRY_CTX(clip_encode(ctx, s->clip_l, s->tok_l, texts, n, per, s->clip_len, layer, &hl, &pl),
+               "text_encoder");
+    DF_TRY_CTX(clip_encode(ctx, s->clip_g, s->tok_g, texts, n, per, s->clip_len, layer, &hg, &pg),
+               "text_encoder_2");
+    df_tensor *clip = df_concat(ctx, hl, hg, 2); /* [R, clip_len, Dl + Dg] */
+    int64_t pad = J - df_tensor_dim(hl, 2) - df_tensor_dim(hg, 2);
+    if (pad > 0)
+        clip = df_concat(ctx, clip, df_zeros(ctx, DF_DTYPE_F32, DF_SHAPE(R, s->clip_len, pad)),
+                         2); /* [R, clip_len, J] */
+    if (s->t5) {
+        int64_t *ids = df_malloc((size_t)R * (size_t)max_seq * sizeof *ids);
+        if (!ids)
+            return df_errorf(DF_E_OOM, "out of memory for token ids");
+        df_status st = tokenize(s->tok_t5, texts, n, per, max_seq, ids);
+        df_tensor *t =
+            st == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(R, max_seq), ids) : NULL;
+        if (st == DF_OK)
+            st = t ? df_t5_encode(ctx, s->t5, t, NULL, &t5) : df_ctx_status(ctx);
+        df_free(ids);
+        DF_TRY_CTX(st, "text_encoder_3");
+    } else {
+        t5 = df_zeros(ctx, DF_DTYPE_F32, DF_SHAPE(R, s->clip_len, J));
+    }
+    *embeds = df_concat(ctx, clip, t5, 1); /* [R, clip_len + L, J] */
+    *pooled = df_concat(ctx, pl, pg, 1);   /* [R, Pl + Pg] */
+    return df_ctx_status(ctx);
+}
+
+/* Caller-given embeddings [n, L, J] and pooled [n, P], each row repeated per times. */
+static df_status upload_embeds(df_ctx *ctx, const float *e, const float *pooled, int n, int per,
+                               int64_t L, int64_t J, int64_t P, df_tensor **out_e,
+                               df_tensor **out_p)
+{
+    int64_t R = (int64_t)n * per;
+    float *be = df_malloc((size_t)R * (size_t)(L * J) * sizeof *be);
+    float *bp = df_malloc((size_t)R * (size_t)P * sizeof *bp);
+    df_status s = be && bp ? DF_OK : df_errorf(DF_E_OOM, "out of memory for prompt embeddings");
+    for (int64_t r = 0; r < R && s == DF_OK; r++) {
+        memcpy(be + r * L * J, e + (r / per) * L * J, (size_t)(L * J) * sizeof *be);
+        memcpy(bp + r * P, pooled + (r / per) * P, (size_t)P * sizeof *bp);
+    }
+    if (s == DF_OK) {
+        *out_e = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, L, J), be);
+        *out_p = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, P), bp);
+        s = df_ctx_status(ctx);
+    }
+    df_free(be);
+    df_free(bp);
+    return s;
+}
+
+/* --- the call ---------------------------------------------------------------------------- */
+
+typedef struct run_cfg {
+    int H, W, steps, max_seq, per, rows, B;
+    float guidance;
+    bool cfg; /* classifier-free guidance (guidance > 1) */
+    float slg_scale;
+    double slg_start, slg_stop;
+    const char *const *prompts; /* rows texts, or NULL with prompt embeddings */
+} run_cfg;
+
+static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, run_cfg *r)
+{
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    int factor = (int)(df_vae_config(s->vae)->scale_factor * c->patch_size);
+    r->H = g->height ? g->height : p->default_size;
+    r->W = g->width ? g->width : p->default_size;
+    r->steps = g->steps ? g->steps : p->default_steps;
+    r->guidance = g->guidance_set ? g->guidance : p->default_guidance;
+    r->max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq;
+    r->per = g->num_images > 0 ? g->num_images : 1;
+    r->cfg = r->guidance > 1.0f;
+    r->slg_scale = g->slg_scale != 0 ? g->slg_scale : 2.8f;
+    r->slg_start = g->slg_start != 0 ? g->slg_start : 0.01;
+    r->slg_stop = g->slg_stop != 0 ? g->slg_stop : 0.2;
+    if (r->H <= 0 || r->W <= 0 || r->H % factor || r->W % factor)
+        return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d", r->H,
+                         r->W, factor);
+    if (r->steps < 1 || r->steps > 1000)
+        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
+    if (r->max_seq < 1 || r->max_seq > SD3_MAX_SEQ)
+        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, %d], not %d", SD3_MAX_SEQ,
+                         r->max_seq);
+    if (!isfinite(r->guidance) || !isfinite(r->slg_scale) || !isfinite(r->slg_start) ||
+        !isfinite(r->slg_stop))
+        return df_errorf(DF_E_ARG, "guidance and skip-layer guidance settings must be finite");
+    if (g->clip_skip < 0)
+        return df_errorf(DF_E_ARG, "clip_skip must be >= 0, not %d", g->clip_skip);
+    if (g->n_slg_layers < 0 || (g->n_slg_layers > 0 && !g->slg_layers))
+        return df_errorf(DF_E_ARG, "%d skip-layer guidance layers given without a list",
+                         g->n_slg_layers);
+    for (int i = 0; i < g->n_slg_layers; i++)
+        if (g->slg_layers[i] < 0 || g->slg_layers[i] >= c->num_layers)
+            return df_errorf(DF_E_ARG,
+                             "skip-layer guidance layer %d is not a block of this "
+                             "transformer (num_layers %lld)",
+                             g->slg_layers[i], (long long)c->num_layers);
+
+    r->prompts = g->prompts;
+    int np = g->n_prompts;
+    if (!r->prompts && g->prompt) {
+        r->prompts = &g->prompt;
+        np = 1;
+    }
+    if (g->prompt_embeds) {
+        if (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1)
+            return df_errorf(DF_E_ARG, "prompt embeddings need their length and pooled "
+                                       "embeddings");
+        r->rows = g->n_prompts > 0 ? g->n_prompts : 1;
+        r->prompts = NULL;
+    } else {
+        if (np < 1 || !r->prompts)
+            return df_errorf(DF_E_ARG, "no prompt given");
+        for (int i = 0; i < np; i++)
+            if (!r->prompts[i])
+                return df_errorf(DF_E_ARG, "prompt %d is NULL", i);
+        if (!s->clip_l)
+            return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
+        r->rows = np;
+    }
+    if (g->negative_prompt_embeds && !g->negative_pooled_prompt_embeds)
+        return df_errorf(DF_E_ARG, "negative prompt embeddings need negative pooled embeddings");
+    if (r->cfg && !g->negative_prompt_embeds && !s->clip_l)
+        return df_errorf(DF_E_ARG,
+                         "%s has no text encoders: guidance %g needs negative prompt "
+                         "embeddings",
+                         p->dir, (double)r->guidance);
+    r->B = r->rows * r->per;
+    return DF_OK;
+}
+
+/* The positive and (with guidance) negative embeddings, each [B, L, J] / [B, P]. */
+static df_status prompt_embeddings(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
+                                   const run_cfg *r, df_tensor **pe, df_tensor **pp, df_tensor **ne,
+                                   df_tensor **np)
+{
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    int64_t J = c->joint_attention_dim, P = c->pooled_projection_dim;
+    *ne = *np = NULL;
+    if (g->prompt_embeds)
+        DF_TRY(upload_embeds(p->ctx, g->prompt_embeds, g->pooled_prompt_embeds, r->rows, r->per,
+                             g->prompt_embeds_len, J, P, pe, pp));
+    else
+        DF_TRY(encode_texts(p, s, r->prompts, r->rows, r->per, g->clip_skip, r->max_seq, pe, pp));
+    if (!r->cfg)
+        return DF_OK;
+    if (g->negative_prompt_embeds) {
+        DF_TRY(upload_embeds(p->ctx, g->negative_prompt_embeds, g->negative_pooled_prompt_embeds,
+                             r->rows, r->per, df_tensor_dim(*pe, 1), J, P, ne, np));
+    } else {
+        const char **neg = df_malloc((size_t)r->rows * sizeof *neg);
+        if (!neg)
+            return df_errorf(DF_E_OOM, "out of memory");
+        for (int i = 0; i < r->rows; i++)
+            neg[i] = g->negative_prompt ? g->negative_prompt : "";
+        df_status st = encode_texts(p, s, neg, r->rows, r->per, 0, r->max_seq, ne, np);
+        df_free(neg);
+        DF_TRY_CTX(st, "negative prompt");
+        if (df_tensor_dim(*ne, 1) != df_tensor_dim(*pe, 1))
+            return df_errorf(DF_E_ARG,
+                             "the negative prompt encodes to %lld tokens but the "
+                             "prompt embeddings have %lld",
+                             (long long)df_tensor_dim(*ne, 1), (long long)df_tensor_dim(*pe, 1));
+    }
+    return DF_OK;
+}
+
+/* The denoising loop over host latents lat [B, C, h, w]. */
+static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
+                         df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
+                         float *lat, int64_t C, int64_t h, int64_t w)
+{
+    df_ctx *ctx = p->ctx;
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    int64_t n = (int64_t)r->B * C * h * w, rows = r->cfg ? 2 * r->B : r->B;
+    float *pred = df_malloc((size_t)(rows * C * h * w) * sizeof *pred);
+    float *skip = g->n_slg_layers > 0 && r->cfg ? df_malloc((size_t)n * sizeof *skip) : NULL;
+    float *noise = df_malloc((size_t)n * sizeof *noise);
+    if (!pred || !noise || (g->n_slg_layers > 0 && r->cfg && !skip)) {
+        df_free(pred), df_free(skip), df_free(noise);
+        return df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
+    }
+    df_scheduler *sched = NULL;
+    df_status st = df_scheduler_create(&s->sched, &sched);
+    if (st == DF_OK) {
+        int64_t seq = (h / c->patch_size) * (w / c->patch_size);
+        double mu =
+            df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
+                                    s->sched.base_shift, s->sched.max_shift);
+        st = df_scheduler_set_timesteps(sched, r->steps, NULL,
+                                        s->sched.use_dynamic_shifting ? &mu : NULL);
+    }
+    if (st == DF_OK)
+        st = df_scheduler_set_begin_index(sched, 0);
+    double t0 = df_now();
+    for (int i = 0; i < r->steps && st == DF_OK; i++) {
+        df_scope mark = df_scope_begin(ctx);
+        float t = df_scheduler_timesteps(sched)[i];
+        df_tensor *x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
+        df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &t);
+        df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, embeds, pooled, ts};
+        df_tensor *v = NULL;
+        if (s->compiled)
+            st = df_compiled_call(ctx, s->compiled, s->transformer, args, &v);
+        else
+            v = df_sd3_forward(ctx, s->transformer,
+                               &(df_sd3_inputs){.hidden_states = args[0],
+                                                .encoder_hidden_states = embeds,
+                                                .pooled_projections = pooled,
+                                                .timestep = ts});
+        bool slg =
+            skip && (double)i > r->steps * r->slg_start && (double)i < r->steps * r->slg_stop;
+        df_tensor *vs = slg ? df_sd3_forward(ctx, s->transformer,
+                                             &(df_sd3_inputs){.hidden_states = x,
+                                                              .encoder_hidden_states = pos_e,
+                                                              .pooled_projections = pos_p,
+                                                              .timestep = ts,
+                                                              .skip_layers = g->slg_layers,
+                                                              .n_skip_layers = g->n_slg_layers})
+                            : NULL;
+        if (st == DF_OK)
+            st = df_mark_step(ctx);
+        if (st == DF_OK)
+            st = df_tensor_read(ctx, v, DF_DTYPE_F32, pred,
+                                (size_t)(rows * C * h * w) * sizeof *pred);
+        if (st == DF_OK && slg)
+            st = df_tensor_read(ctx, vs, DF_DTYPE_F32, skip, (size_t)n * sizeof *skip);
+        if (st == DF_OK && r->cfg) {
+            /* noise = uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], float32 */
+            for (int64_t k = 0; k < n; k++) {
+                float u = pred[k], cond = pred[n + k];
+                float diff = cond - u, guided = r->guidance * diff;
+                noise[k] = u + guided;
+                if (slg) {
+                    float d2 = cond - skip[k], add = d2 * r->slg_scale;
+                    noise[k] = noise[k] + add;
+                }
+            }
+        } else if (st == DF_OK) {
+            memcpy(noise, pred, (size_t)n * sizeof *noise);
+        }
+        if (st == DF_OK)
+            st = df_scheduler_step(sched, noise, lat, n);
+        df_scope_end(ctx, mark, NULL);
+        if (st == DF_OK && g->progress)
+            g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
+    }
+    df_scheduler_free(sched);
+    df_free(pred);
+    df_free(skip);
+    df_free(noise);
+    return st;
+}
+
+/* Decodes lat [B, C, h, w] and fills the output's images. */
+static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
+                        const float *lat, int64_t C, int64_t h, int64_t w, df_gen_output *out)
+{
+    df_ctx *ctx = p->ctx;
+    int64_t n_img = (int64_t)r->B * 3 * r->H * r->W;
+    float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
+    if (!decoded)
+        return df_errorf(DF_E_OOM, "out of memory for the image");
+    df_tensor *z = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
+    df_tensor *img = NULL;
+    df_status st = z ? df_vae_unscale(ctx, s->vae, z, &z) : df_ctx_status(ctx);
+    if (st == DF_OK)
+        st = g->vae_tiling ? df_vae_decode_tiled(ctx, s->vae, z, 64, 8, &img)
+                           : df_vae_decode(ctx, s->vae, z, &img);
+    if (st == DF_OK)
+        st = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
+    if (st == DF_OK) {
+        out->count = r->B;
+        out->width = r->W;
+        out->height = r->H;
+        out->steps = r->steps;
+        out->guidance = r->guidance;
+        out->images = df_calloc((size_t)r->B, sizeof *out->images);
+        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
+        st = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+    }
+    if (st == DF_OK)
+        st = df_vae_postprocess_f32(decoded, r->B, 3, r->H, r->W, out->image_f32);
+    for (int b = 0; b < r->B && st == DF_OK; b++) {
+        st = df_image_create(r->W, r->H, &out->images[b]);
+        if (st == DF_OK)
+            st = df_vae_postprocess_rgb8(decoded + (size_t)b * 3 * r->H * r->W, 1, 3, r->H, r->W,
+                                         out->images[b]->pixels);
+    }
+    df_free(decoded);
+    return st;
+}
+
+static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
+{
+    sd3_pipe *s = p->impl;
+    df_ctx *ctx = p->ctx;
+    run_cfg r = {0};
+    DF_TRY(check_params(p, s, g, &r));
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    int64_t f = df_vae_config(s->vae)->scale_factor;
+    int64_t C = c->in_channels, h = r.H / f, w = r.W / f, n_lat = (int64_t)r.B * C * h * w;
+
+    df_scope outer = df_scope_begin(ctx);
+    df_tensor *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
+    df_status st = prompt_embeddings(p, s, g, &r, &pe, &pp, &ne, &np);
+    df_tensor *embeds = pe, *pooled = pp;
+    if (st == DF_OK && r.cfg) {
+        embeds = df_concat(ctx, ne, pe, 0); /* [negative, positive] */
+        pooled = df_concat(ctx, np, pp, 0);
+        st = df_ctx_status(ctx);
+    }
+
+    float *lat = df_malloc((size_t)n_lat * sizeof *lat);
+    if (st == DF_OK && !lat)
+        st = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
+    if (st == DF_OK && g->latents) {
+        memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
+    } else if (st == DF_OK) {
+        df_rng rng;
+        df_rng_init(&rng, g->seed);
+        st = df_rng_randn_f32(&rng, lat, n_lat);
+    }
+    if (st == DF_OK)
+        st = denoise(p, s, g, &r, embeds, pooled, pe, pp, lat, C, h, w);
+    if (st == DF_OK)
+        st = decode(p, s, g, &r, lat, C, h, w, out);
+    if (st == DF_OK) {
+        out->latents = lat;
+        lat = NULL;
+        out->latents_ndim = 4;
+        out->latents_shape[0] = r.B, out->latents_shape[1] = C;
+        out->latents_shape[2] = h, out->latents_shape[3] = w;
+    }
+    df_free(lat);
+    df_scope_end(ctx, outer, NULL);
+    return st;
+}
+
+const df_pipeline_kind df_sd3_pipeline_class = {
+    .name = "StableDiffusion3Pipeline",
+    .load = sd3_load,
+    .run = sd3_run,
+    .free = sd3_free,
+};

@@ -1,0 +1,716 @@
+/*
+ * Public tokenizer API (include/diffuse/tokenizer.h): loading a tokenizer folder, the
+ * special and added tokens, and the steps transformers' slow tokenizers share around the
+ * model-specific encoders (clip_bpe.c, t5_unigram.c).
+ *
+ * Special tokens are resolved as PreTrainedTokenizer.from_pretrained does:
+ *  - tokenizer_config.json gives bos/eos/unk/sep/pad/cls/mask_token,
+ *    additional_special_tokens, model_max_length and, in current files, added_tokens_decoder
+ *    (id -> {content, lstrip, rstrip, ...});
+ *  - only when it has no added_tokens_decoder (older folders) do special_tokens_map.json
+ *    (overriding the config's names) and added_tokens.json (content -> id) count;
+ *  - T5Tokenizer first places <extra_id_0..extra_ids-1> at ids piece_count-1+extra_ids-i
+ *    (lstrip and rstrip), unless additional_special_tokens names none of them;
+ *  - every special token not yet an added token becomes one: its vocabulary id when the
+ *    vocabulary has it, else the next free id.
+ * The class defaults fill what the files leave out (CLIP: <|startoftext|>, <|endoftext|>
+ * for eos/unk/pad; T5: </s>, <unk>, <pad>, 100 extra ids); a JSON null means "none".
+ *
+ * Encoding (PreTrainedTokenizer.tokenize + prepare_for_model):
+ *  1. added-token strings are cut out of the text, leftmost first and longest at the same
+ *     start (transformers' trie split); an added token with rstrip/lstrip eats the Python
+ *     whitespace after/before it; single_word is not supported (no tokenizer here sets it);
+ *  2. every other piece of text goes through the model's encoder;
+ *  3. truncation keeps max_length - (number of special tokens) text ids, the special tokens
+ *     are added (CLIP: BOS + ids + EOS; T5: ids + EOS unless the last id already is EOS, as
+ *     T5Tokenizer does), and padding appends the pad id with attention mask 0.
+ * Where transformers would only log an error (truncation that cannot fit the special
+ * tokens), we return DF_E_ARG instead.
+ */
+#include <diffuse/tokenizer.h>
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "text/clip_bpe.h"
+#include "text/str_map.h"
+#include "text/t5_unigram.h"
+#include "text/text_util.h"
+
+typedef struct added_token {
+    char *content;
+    size_t len;
+    int64_t id;
+    bool lstrip, rstrip;
+} added_token;
+
+struct df_tokenizer {
+    df_tokenizer_type type;
+    df_clip_bpe *clip;
+    df_t5_unigram *t5;
+    added_token *added; /* in the order transformers adds them */
+    int nadded;
+    df_str_map added_map; /* content -> id */
+    bool first_byte[256]; /* bytes an added token can start with */
+    int64_t bos_id, eos_id, pad_id, unk_id;
+    int64_t model_max_length;
+    int64_t vocab_size;
+};
+
+/* ---- special-token names ---------------------------------------------------------------- */
+
+enum { SP_BOS, SP_EOS, SP_UNK, SP_SEP, SP_PAD, SP_CLS, SP_MASK, SP_COUNT };
+static const char *const sp_keys[SP_COUNT] = {"bos_token", "eos_token", "unk_token", "sep_token",
+                                              "pad_token", "cls_token", "mask_token"};
+
+typedef struct token_spec {
+    const char *content; /* NULL = none */
+    bool lstrip, rstrip;
+} token_spec;
+
+typedef struct config {
+    cJSON *tok_config, *special_map, *added_json; /* owned; each may be NULL */
+    token_spec sp[SP_COUNT];
+    token_spec *extra; /* additional_special_tokens */
+    int nextra;
+    bool extra_given;
+    const cJSON *added_decoder; /* tokenizer_config's added_tokens_decoder */
+    int64_t model_max_length;   /* 0 = not given */
+    int64_t extra_ids;          /* T5 */
+    bool legacy;                /* T5 */
+} config;
+
+static void config_free(config *c)
+{
+    cJSON_Delete(c->tok_config);
+    cJSON_Delete(c->special_map);
+    cJSON_Delete(c->added_json);
+    df_free(c->extra);
+}
+
+static df_status read_json(const char *dir, const char *file, cJSON **out)
+{
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    if (!df_file_exists(path))
+        return DF_OK;
+    char *text;
+    size_t len;
+    DF_TRY(df_read_file(path, &text, &len));
+    *out = cJSON_ParseWithLength(text, len);
+    df_free(text);
+    if (!*out)
+        return df_errorf(DF_E_FORMAT, "%s: not valid JSON", path);
+    if (!cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return df_errorf(DF_E_FORMAT, "%s: expected a JSON object", path);
+    }
+    return DF_OK;
+}
+
+/* A token given as "string" or {"content": "string", "lstrip": .., "rstrip": ..}. */
+static bool parse_token(const cJSON *v, token_spec *out)
+{
+    memset(out, 0, sizeof *out);
+    if (cJSON_IsString(v)) {
+        out->content = v->valuestring;
+        return true;
+    }
+    if (cJSON_IsObject(v)) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(v, "content");
+        if (!cJSON_IsString(c))
+            return false;
+        out->content = c->valuestring;
+        out->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "lstrip"));
+        out->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "rstrip"));
+        return true;
+    }
+    return cJSON_IsNull(v);
+}
+
+/* Reads the special names of one JSON object into c (later files override earlier). */
+static df_status read_names(config *c, const cJSON *obj, const char *dir, const char *file)
+{
+    for (int k = 0; k < SP_COUNT; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, sp_keys[k]);
+        if (v && !parse_token(v, &c->sp[k]))
+            return df_errorf(DF_E_FORMAT,
+                             "%s/%s: \"%s\" must be a string, an object with "
+                             "\"content\", or null",
+                             dir, file, sp_keys[k]);
+    }
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, "additional_special_tokens");
+    if (!list || cJSON_IsNull(list))
+        return DF_OK;
+    if (!cJSON_IsArray(list))
+        return df_errorf(DF_E_FORMAT, "%s/%s: \"additional_special_tokens\" must be a list", dir,
+                         file);
+    int n = cJSON_GetArraySize(list);
+    token_spec *extra = df_calloc((size_t)(n > 0 ? n : 1), sizeof *extra);
+    if (!extra)
+        return df_errorf(DF_E_OOM, "%s/%s: out of memory", dir, file);
+    int i = 0;
+    for (const cJSON *it = list->child; it; it = it->next) {
+        if (!parse_token(it, &extra[i]) || !extra[i].content) {
+            df_free(extra);
+            return df_errorf(DF_E_FORMAT, "%s/%s: additional_special_tokens[%d] is not a token",
+                             dir, file, i);
+        }
+        i++;
+    }
+    df_free(c->extra);
+    c->extra = extra;
+    c->nextra = i;
+    c->extra_given = true;
+    return DF_OK;
+}
+
+static int64_t json_int(const cJSON *obj, const char *key, int64_t dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != v->valuedouble)
+        return dflt;
+    if (v->valuedouble > 1e15 || v->valuedouble < -1e15) /* "very large" = no limit */
+        return 0;
+    return (int64_t)v->valuedouble;
+}
+
+static df_status read_config(config *c, const char *dir, df_tokenizer_type type)
+{
+    if (type == DF_TOKENIZER_CLIP_BPE) {
+        c->sp[SP_BOS].content = "<|startoftext|>";
+        c->sp[SP_EOS].content = c->sp[SP_UNK].content = c->sp[SP_PAD].content = "<|endoftext|>";
+        c->model_max_length = 77;
+    } else {
+        c->sp[SP_EOS].content = "</s>";
+        c->sp[SP_UNK].content = "<unk>";
+        c->sp[SP_PAD].content = "<pad>";
+    }
+    c->extra_ids = 100;
+    c->legacy = true;
+
+    DF_TRY(read_json(dir, "tokenizer_config.json", &c->tok_config));
+    if (c->tok_config) {
+        const cJSON *tc = c->tok_config;
+        DF_TRY(read_names(c, tc, dir, "tokenizer_config.json"));
+        c->model_max_length = json_int(tc, "model_max_length", c->model_max_length);
+        c->extra_ids = json_int(tc, "extra_ids", 100);
+        const cJSON *legacy = cJSON_GetObjectItemCaseSensitive(tc, "legacy");
+        c->legacy = !cJSON_IsFalse(legacy);
+        c->added_decoder = cJSON_GetObjectItemCaseSensitive(tc, "added_tokens_decoder");
+        if (c->added_decoder && !cJSON_IsObject(c->added_decoder))
+            return df_errorf(DF_E_FORMAT,
+                             "%s/tokenizer_config.json: \"added_tokens_decoder\" must be an "
+                             "object of id -> token",
+                             dir);
+    }
+    if (!c->added_decoder) { /* the legacy files count only without added_tokens_decoder */
+        DF_TRY(read_json(dir, "special_tokens_map.json", &c->special_map));
+        if (c->special_map)
+            DF_TRY(read_names(c, c->special_map, dir, "special_tokens_map.json"));
+        DF_TRY(read_json(dir, "added_tokens.json", &c->added_json));
+    }
+    if (c->extra_ids < 0 || c->extra_ids > 1000)
+        return df_errorf(DF_E_FORMAT, "%s/tokenizer_config.json: extra_ids %lld out of range", dir,
+                         (long long)c->extra_ids);
+    if (c->model_max_length < 0)
+        c->model_max_length = 0;
+    return DF_OK;
+}
+
+/* ---- added tokens ------------------------------------------------------------------------ */
+
+/* Sets (or replaces) the added token with this id; a later definition of the same content
+ * wins the content -> id lookup. */
+static df_status add_token(df_tokenizer *t, const char *content, int64_t id, bool lstrip,
+                           bool rstrip)
+{
+    size_t len = strlen(content);
+    if (len == 0)
+        return DF_OK;
+    int slot = -1;
+    for (int i = 0; i < t->nadded; i++)
+        if (t->added[i].id == id)
+            slot = i;
+    if (slot < 0) {
+        added_token *a = df_realloc(t->added, (size_t)(t->nadded + 1) * sizeof *a);
+        if (!a)
+            return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+        t->added = a;
+        slot = t->nadded++;
+        memset(&t->added[slot], 0, sizeof *t->added);
+    }
+    added_token *a = &t->added[slot];
+    char *copy = df_strdup(content);
+    if (!copy)
+        return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+    df_free(a->content);
+    *a = (added_token){copy, len, id, lstrip, rstrip};
+    return DF_OK;
+}
+
+static bool added_lookup(const df_tokenizer *t, const char *s, size_t len, int64_t *id)
+{
+    int32_t v;
+    if (!df_str_map_get(&t->added_map, s, len, &v))
+        return false;
+    *id = v;
+    return true;
+}
+
+static df_status rebuild_added_map(df_tokenizer *t)
+{
+    df_str_map_deinit(&t->added_map);
+    df_str_map_init(&t->added_map);
+    memset(t->first_byte, 0, sizeof t->first_byte);
+    for (int i = 0; i < t->nadded; i++) {
+        if (!df_str_map_put(&t->added_map, t->added[i].content, t->added[i].len,
+                            (int32_t)t->added[i].id, NULL))
+            return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+        t->first_byte[(uint8_t)t->added[i].content[0]] = true;
+    }
+    return DF_OK;
+}
+
+/* The base vocabulary's id of a token string, or -1. */
+static int64_t base_id(const df_tokenizer *t, const char *s)
+{
+    size_t len = strlen(s);
+    if (t->type == DF_TOKENIZER_CLIP_BPE) {
+        int32_t id;
+        return df_clip_bpe_token_id(t->clip, s, len, &id) ? id : -1;
+    }
+    int32_t id = df_t5_unigram_piece_to_id(t->t5, s, len);
+    const char *p = df_t5_unigram_piece(t->t5, id);
+    return p && strcmp(p, s) == 0 ? id : -1;
+}
+
+static int64_t base_count(const df_tokenizer *t)
+{
+    return t->type == DF_TOKENIZER_CLIP_BPE ? df_clip_bpe_vocab_count(t->clip)
+                                            : df_t5_unigram_piece_count(t->t5);
+}
+
+static df_status ensure_special(df_tokenizer *t, const token_spec *spec, int64_t *next_id)
+{
+    int64_t id;
+    if (!spec->content || !spec->content[0] ||
+        added_lookup(t, spec->content, strlen(spec->content), &id))
+        return DF_OK;
+    id = base_id(t, spec->content);
+    if (id < 0)
+        id = (*next_id)++;
+    int before = t->nadded;
+    DF_TRY(add_token(t, spec->content, id, spec->lstrip, spec->rstrip));
+    if (t->nadded == before) /* replaced the token that had this id */
+        return rebuild_added_map(t);
+    if (!df_str_map_put(&t->added_map, spec->content, strlen(spec->content), (int32_t)id, NULL))
+        return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+    t->first_byte[(uint8_t)spec->content[0]] = true;
+    return DF_OK;
+}
+
+static df_status read_added(df_tokenizer *t, const config *c, const char *dir)
+{
+    if (t->type == DF_TOKENIZER_T5_UNIGRAM) { /* T5Tokenizer.__init__'s extra ids */
+        int nextra_named = 0;
+        for (int i = 0; i < c->nextra; i++)
+            nextra_named += strstr(c->extra[i].content, "<extra_id_") != NULL;
+        if (c->extra_given && nextra_named > 0 && c->extra_ids > 0 && nextra_named != c->extra_ids)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: extra_ids is %lld but additional_special_tokens names %d "
+                             "<extra_id_N> tokens",
+                             dir, (long long)c->extra_ids, nextra_named);
+        int64_t n = c->extra_given ? nextra_named : c->extra_ids;
+        int64_t pieces = df_t5_unigram_piece_count(t->t5);
+        for (int64_t i = 0; i < n; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "<extra_id_%lld>", (long long)i);
+            DF_TRY(add_token(t, name, pieces - 1 + c->extra_ids - i, true, true));
+        }
+    }
+    if (c->added_decoder) {
+        for (const cJSON *it = c->added_decoder->child; it; it = it->next) {
+            char *end;
+            long long id = strtoll(it->string, &end, 10);
+            token_spec spec;
+            if (*end || end == it->string || id < 0 || id > INT32_MAX || !parse_token(it, &spec) ||
+                !spec.content)
+                return df_errorf(DF_E_FORMAT,
+                                 "%s/tokenizer_config.json: added_tokens_decoder entry '%.32s' "
+                                 "is not id -> {\"content\": ...}",
+                                 dir, it->string);
+            DF_TRY(add_token(t, spec.content, id, spec.lstrip, spec.rstrip));
+        }
+    } else if (c->added_json) {
+        for (const cJSON *it = c->added_json->child; it; it = it->next) {
+            double v = it->valuedouble;
+            if (!cJSON_IsNumber(it) || v < 0 || v > INT32_MAX || v != (double)(int64_t)v)
+                return df_errorf(DF_E_FORMAT, "%s/added_tokens.json: '%.32s' needs an integer id",
+                                 dir, it->string);
+            DF_TRY(add_token(t, it->string, (int64_t)v, false, false));
+        }
+    }
+    DF_TRY(rebuild_added_map(t));
+
+    /* Special tokens that are not added tokens yet become ones (PreTrainedTokenizer.__init__,
+     * in the order bos, eos, unk, sep, pad, cls, mask, additional_special_tokens). */
+    int64_t next_id = base_count(t);
+    for (int i = 0; i < t->nadded; i++)
+        next_id += base_id(t, t->added[i].content) < 0;
+    for (int k = 0; k < SP_COUNT; k++)
+        DF_TRY(ensure_special(t, &c->sp[k], &next_id));
+    bool named = false;
+    for (int i = 0; i < c->nextra; i++) {
+        named |= strstr(c->extra[i].content, "<extra_id_") != NULL;
+        DF_TRY(ensure_special(t, &c->extra[i], &next_id));
+    }
+    if (t->type == DF_TOKENIZER_T5_UNIGRAM && c->extra_given && !named) {
+        for (int64_t i = 0; i < c->extra_ids; i++) { /* appended to additional_special_tokens */
+            char name[32];
+            snprintf(name, sizeof name, "<extra_id_%lld>", (long long)i);
+            token_spec spec = {name, false, false};
+            DF_TRY(ensure_special(t, &spec, &next_id));
+        }
+    }
+    return DF_OK;
+}
+
+static int64_t special_id(const df_tokenizer *t, const char *content)
+{
+    int64_t id;
+    if (!content)
+        return -1;
+    if (added_lookup(t, content, strlen(content), &id))
+        return id;
+    return base_id(t, content);
+}
+
+/* ---- loading ------------------------------------------------------------------------------ */
+
+df_status df_tokenizer_load(const char *dir, df_tokenizer **out)
+{
+    *out = NULL;
+    if (!dir)
+        return df_errorf(DF_E_ARG, "df_tokenizer_load: dir is NULL");
+    char vocab[4096], merges[4096], spiece[4096], fast[4096];
+    snprintf(vocab, sizeof vocab, "%s/vocab.json", dir);
+    snprintf(merges, sizeof merges, "%s/merges.txt", dir);
+    snprintf(spiece, sizeof spiece, "%s/spiece.model", dir);
+    snprintf(fast, sizeof fast, "%s/tokenizer.json", dir);
+
+    df_tokenizer *t = df_calloc(1, sizeof *t);
+    if (!t)
+        return df_errorf(DF_E_OOM, "%s: out of memory", dir);
+    df_str_map_init(&t->added_map);
+    df_status s;
+    if (df_file_exists(vocab) && df_file_exists(merges)) {
+        t->type = DF_TOKENIZER_CLIP_BPE;
+        s = df_clip_bpe_load(dir, &t->clip);
+    } else if (df_file_exists(spiece)) {
+        t->type = DF_TOKENIZER_T5_UNIGRAM;
+        s = df_t5_unigram_load(spiece, &t->t5);
+    } else if (df_file_exists(fast)) {
+        s = df_errorf(DF_E_UNSUPPORTED,
+                      "%s: only tokenizer.json (a fast tokenizer) is present; diffuse reads "
+                      "vocab.json + merges.txt (CLIP) or spiece.model (T5)",
+                      dir);
+    } else {
+        s = df_errorf(DF_E_IO,
+                      "%s: no tokenizer files (expected vocab.json + merges.txt, or "
+                      "spiece.model)",
+                      dir);
+    }
+
+    config c = {0};
+    if (s == DF_OK)
+        s = read_config(&c, dir, t->type);
+    if (s == DF_OK && t->type == DF_TOKENIZER_T5_UNIGRAM && !c.legacy)
+        s = df_errorf(DF_E_UNSUPPORTED,
+                      "%s/tokenizer_config.json: \"legacy\": false (the non-legacy T5Tokenizer "
+                      "handling of spaces after special tokens) is not supported",
+                      dir);
+    if (s == DF_OK)
+        s = read_added(t, &c, dir);
+    if (s == DF_OK) {
+        t->bos_id = t->type == DF_TOKENIZER_CLIP_BPE ? special_id(t, c.sp[SP_BOS].content) : -1;
+        t->eos_id = special_id(t, c.sp[SP_EOS].content);
+        t->pad_id = special_id(t, c.sp[SP_PAD].content);
+        t->unk_id = special_id(t, c.sp[SP_UNK].content);
+        if (t->type == DF_TOKENIZER_T5_UNIGRAM && t->unk_id < 0)
+            t->unk_id = df_t5_unigram_unk_id(t->t5);
+        t->model_max_length = c.model_max_length;
+        if (t->eos_id < 0 || (t->type == DF_TOKENIZER_CLIP_BPE && t->bos_id < 0))
+            s = df_errorf(DF_E_FORMAT, "%s: the tokenizer has no %s token", dir,
+                          t->eos_id < 0 ? "eos" : "bos");
+    }
+    if (s == DF_OK) {
+        t->vocab_size = base_count(t);
+        if (t->type == DF_TOKENIZER_CLIP_BPE && df_clip_bpe_id_limit(t->clip) > t->vocab_size)
+            t->vocab_size = df_clip_bpe_id_limit(t->clip);
+        for (int i = 0; i < t->nadded; i++)
+            if (t->added[i].id + 1 > t->vocab_size)
+                t->vocab_size = t->added[i].id + 1;
+    }
+    config_free(&c);
+    if (s != DF_OK) {
+        df_tokenizer_free(t);
+        return s;
+    }
+    *out = t;
+    return DF_OK;
+}
+
+void df_tokenizer_free(df_tokenizer *tok)
+{
+    if (!tok)
+        return;
+    df_clip_bpe_free(tok->clip);
+    df_t5_unigram_free(tok->t5);
+    for (int i = 0; i < tok->nadded; i++)
+        df_free(tok->added[i].content);
+    df_free(tok->added);
+    df_str_map_deinit(&tok->added_map);
+    df_free(tok);
+}
+
+df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok)
+{
+    return tok->type;
+}
+
+const char *df_tokenizer_type_name(df_tokenizer_type type)
+{
+    switch (type) {
+    case DF_TOKENIZER_CLIP_BPE:
+        return "clip-bpe";
+    case DF_TOKENIZER_T5_UNIGRAM:
+        return "t5-unigram";
+    }
+    return "unknown";
+}
+
+void df_tokenizer_get_info(const df_tokenizer *tok, df_tokenizer_info *out)
+{
+    *out = (df_tokenizer_info){
+        .type = tok->type,
+        .vocab_size = tok->vocab_size,
+        .bos_id = tok->bos_id,
+        .eos_id = tok->eos_id,
+        .pad_id = tok->pad_id,
+        .unk_id = tok->unk_id,
+        .model_max_length = tok->model_max_length,
+    };
+}
+
+const char *df_tokenizer_id_to_piece(const df_tokenizer *tok, int64_t id)
+{
+    for (int i = 0; i < tok->nadded; i++)
+        if (tok->added[i].id == id)
+            return tok->added[i].content;
+    if (tok->type == DF_TOKENIZER_CLIP_BPE)
+        return df_clip_bpe_id_to_token(tok->clip, id);
+    return df_t5_unigram_piece(tok->t5, id);
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+typedef struct segment {
+    size_t begin, end; /* bytes of the text */
+    int added;         /* index into tok->added, or -1 for text */
+} segment;
+
+typedef struct seg_list {
+    segment *data;
+    size_t len, cap;
+} seg_list;
+
+static bool seg_push(seg_list *l, segment s)
+{
+    if (l->len == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 16, bytes;
+        segment *d = df_size_mul(cap, sizeof *d, &bytes) ? df_realloc(l->data, bytes) : NULL;
+        if (!d)
+            return false;
+        l->data = d;
+        l->cap = cap;
+    }
+    l->data[l->len++] = s;
+    return true;
+}
+
+/* Leftmost, then longest, added-token match at or after `from`; -1 when none. */
+static int find_added(const df_tokenizer *t, const char *text, size_t len, size_t from, size_t *at)
+{
+    for (size_t i = from; i < len; i++) {
+        if (!t->first_byte[(uint8_t)text[i]])
+            continue;
+        int best = -1;
+        for (int k = 0; k < t->nadded; k++) {
+            const added_token *a = &t->added[k];
+            if (a->len <= len - i && memcmp(text + i, a->content, a->len) == 0 &&
+                (best < 0 || a->len > t->added[best].len))
+                best = k;
+        }
+        if (best >= 0) {
+            *at = i;
+            return best;
+        }
+    }
+    return -1;
+}
+
+static size_t lstrip_py(const char *s, size_t b, size_t e)
+{
+    while (b < e) {
+        int32_t cp;
+        size_t n = df_utf8_next(s + b, e - b, &cp);
+        if (!df_py_isspace(cp))
+            break;
+        b += n;
+    }
+    return b;
+}
+
+static size_t rstrip_py(const char *s, size_t b, size_t e)
+{
+    while (e > b) {
+        size_t k = e - 1;
+        while (k > b && ((uint8_t)s[k] & 0xC0) == 0x80)
+            k--;
+        int32_t cp;
+        df_utf8_next(s + k, e - k, &cp);
+        if (!df_py_isspace(cp))
+            break;
+        e = k;
+    }
+    return e;
+}
+
+static df_status split_added(const df_tokenizer *t, const char *text, size_t len, seg_list *out)
+{
+    size_t pos = 0, at;
+    int k;
+    while (pos < len) {
+        k = t->nadded ? find_added(t, text, len, pos, &at) : -1;
+        size_t text_end = k >= 0 ? at : len;
+        if (text_end > pos && !seg_push(out, (segment){pos, text_end, -1}))
+            return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+        if (k < 0)
+            break;
+        if (!seg_push(out, (segment){at, at + t->added[k].len, k}))
+            return df_errorf(DF_E_OOM, "tokenizer: out of memory");
+        pos = at + t->added[k].len;
+    }
+    for (size_t i = 0; i < out->len; i++) { /* lstrip / rstrip eat the neighbours' spaces */
+        if (out->data[i].added < 0)
+            continue;
+        const added_token *a = &t->added[out->data[i].added];
+        if (a->rstrip && i + 1 < out->len && out->data[i + 1].added < 0)
+            out->data[i + 1].begin = lstrip_py(text, out->data[i + 1].begin, out->data[i + 1].end);
+        if (a->lstrip && i > 0 && out->data[i - 1].added < 0)
+            out->data[i - 1].end = rstrip_py(text, out->data[i - 1].begin, out->data[i - 1].end);
+    }
+    return DF_OK;
+}
+
+void df_tokens_deinit(df_tokens *t)
+{
+    if (!t)
+        return;
+    df_free(t->ids);
+    df_free(t->attention_mask);
+    memset(t, 0, sizeof *t);
+}
+
+df_status df_tokenizer_encode(const df_tokenizer *tok, const char *text, size_t len,
+                              const df_tokenize_opts *opts, df_tokens *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    if (!tok || !out)
+        return df_errorf(DF_E_ARG, "df_tokenizer_encode: tokenizer and out must not be NULL");
+    if (!text && len > 0)
+        return df_errorf(DF_E_ARG, "df_tokenizer_encode: text is NULL but len is %zu", len);
+    df_tokenize_opts o = opts ? *opts : (df_tokenize_opts){0};
+    if ((o.pad || o.truncate) && o.max_length == 0) {
+        o.max_length = tok->model_max_length;
+        if (o.max_length == 0)
+            return df_errorf(DF_E_ARG, "tokenize: padding or truncation needs a max_length and "
+                                       "tokenizer_config.json gives no model_max_length");
+    }
+    if (o.max_length < 0 || o.max_length > DF_TOKENIZE_MAX_LENGTH)
+        return df_errorf(DF_E_ARG, "tokenize: max_length %lld is outside [0, %lld]",
+                         (long long)o.max_length, (long long)DF_TOKENIZE_MAX_LENGTH);
+    if (o.pad && tok->pad_id < 0)
+        return df_errorf(DF_E_ARG,
+                         "tokenize: padding asked for but the tokenizer has no pad token");
+    if (len > 0)
+        DF_TRY(df_utf8_check(text, len, "prompt"));
+
+    seg_list segs = {0};
+    df_i64_vec ids = {0};
+    df_status s = split_added(tok, text, len, &segs);
+    for (size_t i = 0; i < segs.len && s == DF_OK; i++) {
+        const segment *g = &segs.data[i];
+        if (g->added >= 0) {
+            if (!df_i64_vec_push(&ids, tok->added[g->added].id))
+                s = df_errorf(DF_E_OOM, "tokenize: out of memory");
+        } else if (g->end > g->begin) {
+            if (tok->type == DF_TOKENIZER_CLIP_BPE)
+                s = df_clip_bpe_encode(tok->clip, text + g->begin, g->end - g->begin,
+                                       &tok->added_map, tok->unk_id, &ids);
+            else
+                s = df_t5_unigram_encode(tok->t5, text + g->begin, g->end - g->begin,
+                                         &tok->added_map, &ids);
+        }
+    }
+    df_free(segs.data);
+
+    /* truncation, special tokens, padding */
+    const int64_t nspecial = tok->type == DF_TOKENIZER_CLIP_BPE ? 2 : 1;
+    if (s == DF_OK && o.truncate && (int64_t)ids.len + nspecial > o.max_length) {
+        if (o.max_length <= nspecial)
+            s = df_errorf(DF_E_ARG,
+                          "tokenize: max_length %lld leaves no room for text beside the %lld "
+                          "special token(s)",
+                          (long long)o.max_length, (long long)nspecial);
+        else
+            ids.len = (size_t)(o.max_length - nspecial);
+    }
+    int64_t n = 0, total = 0;
+    if (s == DF_OK) {
+        bool add_eos = tok->type == DF_TOKENIZER_CLIP_BPE || ids.len == 0 ||
+                       ids.data[ids.len - 1] != tok->eos_id;
+        n = (int64_t)ids.len + (tok->bos_id >= 0 ? 1 : 0) + (add_eos ? 1 : 0);
+        total = o.pad && o.max_length > n ? o.max_length : n;
+        out->ids = df_malloc((size_t)total * sizeof *out->ids);
+        out->attention_mask = df_malloc((size_t)total * sizeof *out->attention_mask);
+        if (!out->ids || !out->attention_mask) {
+            s = df_errorf(DF_E_OOM, "tokenize: out of memory");
+        } else {
+            int64_t k = 0;
+            if (tok->bos_id >= 0)
+                out->ids[k++] = tok->bos_id;
+            for (size_t i = 0; i < ids.len; i++)
+                out->ids[k++] = ids.data[i];
+            if (add_eos)
+                out->ids[k++] = tok->eos_id;
+            for (int64_t i = 0; i < total; i++) {
+                if (i >= n)
+                    out->ids[i] = tok->pad_id;
+                out->attention_mask[i] = i < n;
+            }
+            out->count = total;
+        }
+    }
+    df_i64_vec_free(&ids);
+    if (s != DF_OK)
+        df_tokens_deinit(out);
+    return s;
+}

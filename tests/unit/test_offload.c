@@ -1,0 +1,125 @@
+/*
+ * Offloading: the residency each offload level promises, and identical images.
+ *
+ * Runs on the tiny FLUX.1 pipeline that `diffuse make-tiny` writes (its components have
+ * very different sizes: CLIP, T5, a transformer of three blocks, a VAE); the folder is
+ * given as the first argument (tests/offload.cmake makes it first): DF_TEST_NEEDS_ARGS.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include <diffuse/diffuse.h>
+
+#include "models/loader.h"
+#include "models/residency.h"
+
+static const char *model_dir;
+
+typedef struct run {
+    df_gen_output out;
+    int64_t clip, t5, transformer, vae, largest_block;
+} run;
+
+static void generate(df_offload level, run *r)
+{
+    df_pipeline *p = NULL;
+    assert_int_equal(df_pipeline_load(model_dir, &(df_load_opts){.threads = 2, .offload = level},
+                                      &p),
+                     DF_OK);
+    assert_int_equal(df_pipeline_run(p, &(df_gen_params){.prompt = "a red fox", .height = 64,
+                                                         .width = 64, .steps = 2, .seed = 7},
+                                     &r->out),
+                     DF_OK);
+    assert_int_equal(r->out.n_phases, 3);
+    df_pipeline_free(p);
+}
+
+/* Sizes of each component's weights, from a plain load of each. */
+static void component_sizes(run *r)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    char dir[4096];
+    const char *names[4] = {"text_encoder", "text_encoder_2", "transformer", "vae"};
+    int64_t *sizes[4] = {&r->clip, &r->t5, &r->transformer, &r->vae};
+    for (int i = 0; i < 4; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", model_dir, names[i]);
+        df_weights *w;
+        assert_int_equal(df_weights_open(dir, &w), DF_OK);
+        *sizes[i] = (int64_t)df_weights_total_bytes(w);
+        if (i == 2) { /* the largest block: all tensors of one block prefix */
+            int64_t best = 0;
+            for (int b = 0; b < 3; b++) {
+                char prefix[64];
+                snprintf(prefix, sizeof prefix, b == 0 ? "transformer_blocks.0."
+                                                       : "single_transformer_blocks.%d.", b - 1);
+                int64_t n = 0;
+                for (int64_t k = 0; k < df_weights_count(w); k++) {
+                    df_tensor_info info;
+                    df_weights_at(w, k, &info);
+                    if (strncmp(info.name, prefix, strlen(prefix)) == 0)
+                        n += (int64_t)info.nbytes;
+                }
+                best = n > best ? n : best;
+            }
+            r->largest_block = best;
+        }
+        df_weights_free(w);
+    }
+    df_ctx_free(ctx);
+}
+
+static void test_offload_levels(void **state)
+{
+    (void)state;
+    static run none, model, seq;
+    component_sizes(&none);
+    generate(DF_OFFLOAD_NONE, &none);
+    generate(DF_OFFLOAD_MODEL, &model);
+    generate(DF_OFFLOAD_SEQUENTIAL, &seq);
+    int64_t total = none.clip + none.t5 + none.transformer + none.vae;
+
+    /* No offload: everything resident the whole time. */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(none.out.phases[i].peak_resident_weight_bytes, total);
+        assert_int_equal(none.out.phases[i].resident_weight_bytes, total);
+    }
+    /* Model offload: only the running component; nothing left behind. */
+    assert_string_equal(model.out.phases[0].phase, "encode");
+    assert_int_equal(model.out.phases[0].peak_resident_weight_bytes, none.clip + none.t5);
+    assert_int_equal(model.out.phases[1].peak_resident_weight_bytes, none.transformer);
+    assert_int_equal(model.out.phases[2].peak_resident_weight_bytes, none.vae);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(model.out.phases[i].resident_weight_bytes, 0);
+    /* Sequential: the transformer never wholly resident; at most two blocks plus the
+     * weights outside the blocks. */
+    assert_true(seq.out.phases[1].peak_resident_weight_bytes < none.transformer);
+    assert_true(seq.out.phases[1].peak_resident_weight_bytes > 0);
+    assert_true(seq.out.phases[1].peak_resident_weight_bytes <=
+                none.transformer - none.largest_block + 2 * none.largest_block);
+    /* The same image at every level, bit for bit. */
+    size_t bytes = (size_t)none.out.width * (size_t)none.out.height * 3;
+    assert_memory_equal(none.out.images[0]->pixels, model.out.images[0]->pixels, bytes);
+    assert_memory_equal(none.out.images[0]->pixels, seq.out.images[0]->pixels, bytes);
+    assert_memory_equal(none.out.latents, seq.out.latents,
+                        (size_t)none.out.latents_shape[1] * (size_t)none.out.latents_shape[2] * 4);
+    df_gen_output_free(&none.out);
+    df_gen_output_free(&model.out);
+    df_gen_output_free(&seq.out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_offload TINY_FLUX_DIR\n");
+        return 2;
+    }
+    model_dir = argv[1];
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_offload_levels)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,353 @@
+/*
+ * `diffuse inspect PATH`: lists and validates weights and model folders.
+ *
+ * PATH may be a .safetensors file, a *.safetensors.index.json, a component folder
+ * (config.json + weights) or a pipeline folder (model_index.json). Everything the loader
+ * would read is opened and validated: every JSON file of every component folder, every
+ * weight file and index entry, and, for a class whose model code registered a check, every
+ * weight against the config. Tensors are listed with dtype, shape and bytes, then totals.
+ *
+ * Broken input prints one line on stderr ("error: " and the library's message, which names
+ * the file and what is wrong) and exits 1; a usage error exits 2. Names from files are
+ * printed with control characters escaped, so a hostile tensor name can neither break the
+ * one-line rule nor drive the terminal. SIGPIPE is ignored (`inspect ... | head` must not
+ * kill us); a failed write to stdout is reported as an error instead.
+ */
+#include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <diffuse/diffuse.h>
+
+#include "cli.h"
+
+typedef struct inspect {
+    bool summary; /* no per-tensor lines */
+    int components;
+    int files;
+    int64_t tensors;
+    uint64_t bytes;
+} inspect;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: diffuse inspect [--summary] PATH\n"
+               "  PATH  a .safetensors file, a .safetensors.index.json, a component folder\n"
+               "        (config.json + weights) or a pipeline folder (model_index.json)\n"
+               "  -s, --summary  list files and totals, not each tensor\n");
+}
+
+/* Prints s with bytes below 0x20 and 0x7f written as \xNN. */
+static void put_clean(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+}
+
+static int fail(void)
+{
+    fputs("error: ", stderr);
+    put_clean(stderr, df_error_message());
+    fputc('\n', stderr);
+    return 1;
+}
+
+static int fail_msg(const char *path, const char *what)
+{
+    fputs("error: ", stderr);
+    put_clean(stderr, path);
+    fprintf(stderr, ": %s\n", what);
+    return 1;
+}
+
+static const char *human(uint64_t bytes, char *buf, size_t cap)
+{
+    static const char *const units[] = {"B", "KB", "MB", "GB", "TB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1000 && u < 4) {
+        v /= 1000;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, units[u]);
+    return buf;
+}
+
+static void print_tensor(const df_tensor_info *t, int width)
+{
+    char shape[200];
+    size_t n = 0;
+    shape[0] = '\0';
+    for (int d = 0; d < t->ndim && n < sizeof shape - 24; d++)
+        n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", d ? ", " : "",
+                              (long long)t->shape[d]);
+    fputs("    ", stdout);
+    put_clean(stdout, t->name);
+    int pad = width - (int)strlen(t->name);
+    printf("%*s  %-7s [%s]%*s %zu%s\n", pad > 0 ? pad : 0, "", t->dtype_name, shape,
+           (int)(n < 18 ? 18 - n : 0), "", t->nbytes,
+           t->dtype == DF_DTYPE_COUNT ? "  (dtype not loadable by diffuse)" : "");
+}
+
+static int list_weights(inspect *in, const df_weights *w)
+{
+    char h[32];
+    int64_t count = df_weights_count(w);
+    uint64_t bytes = df_weights_total_bytes(w);
+    int shards = df_weights_shard_count(w);
+    printf("  weights ");
+    put_clean(stdout, df_weights_path(w));
+    printf(": %lld tensors, %s (%llu bytes)", (long long)count, human(bytes, h, sizeof h),
+           (unsigned long long)bytes);
+    if (shards > 1)
+        printf(" in %d shards", shards);
+    printf("\n");
+    for (int i = 0; shards > 1 && i < shards; i++) {
+        const df_safetensors *st = df_weights_shard(w, i);
+        printf("    shard ");
+        put_clean(stdout, df_safetensors_path(st));
+        printf(": %lld tensors\n", (long long)df_safetensors_count(st));
+    }
+    int width = 0;
+    for (int64_t i = 0; i < count && !in->summary; i++) {
+        df_tensor_info t;
+        if (df_weights_at(w, i, &t) != DF_OK)
+            return fail();
+        int len = (int)strlen(t.name);
+        width = len > width ? (len < 60 ? len : 60) : width;
+    }
+    for (int64_t i = 0; i < count && !in->summary; i++) {
+        df_tensor_info t;
+        if (df_weights_at(w, i, &t) != DF_OK)
+            return fail();
+        print_tensor(&t, width);
+    }
+    in->files += shards;
+    in->tensors += count;
+    in->bytes += bytes;
+    return 0;
+}
+
+static int inspect_weights_file(inspect *in, const char *path)
+{
+    df_weights *w;
+    if (df_weights_open(path, &w) != DF_OK)
+        return fail();
+    int rc = list_weights(in, w);
+    df_weights_free(w);
+    return rc;
+}
+
+static int by_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Parses every *.json file of `dir` (validating it); *has_config says if config.json is one. */
+static int check_json_files(const char *dir, bool *has_config)
+{
+    *has_config = false;
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail_msg(dir, "cannot open the folder");
+    char *names[256];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < 256;) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0)
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], by_str);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        df_json *j;
+        if (rc == 0 && names[i] && df_layout_open_json(dir, names[i], &j) != DF_OK)
+            rc = fail();
+        else if (rc == 0 && names[i])
+            df_json_free(j);
+        if (names[i] && strcmp(names[i], "config.json") == 0)
+            *has_config = true;
+        free(names[i]);
+    }
+    return rc;
+}
+
+/* The class a config.json names: diffusers' "_class_name" or transformers' "architectures". */
+static const char *config_class(const df_json *cfg)
+{
+    const char *cls = df_json_string(df_json_get(cfg, "_class_name"));
+    if (!cls)
+        cls = df_json_string(df_json_array_get(df_json_get(cfg, "architectures"), 0));
+    return cls;
+}
+
+/* A component folder; `cls` is the class from model_index.json or NULL. */
+static int inspect_component(inspect *in, const char *dir, const char *label, const char *cls)
+{
+    bool has_config;
+    if (check_json_files(dir, &has_config))
+        return 1;
+    df_json *cfg = NULL;
+    if (has_config && df_layout_open_config(dir, &cfg) != DF_OK)
+        return fail();
+    if (!cls && cfg)
+        cls = config_class(cfg);
+    printf("component ");
+    put_clean(stdout, label);
+    if (cls) {
+        printf(": ");
+        put_clean(stdout, cls);
+    }
+    printf("\n");
+    in->components++;
+    char wpath[DF_PATH_MAX];
+    df_status s = df_layout_find_weights(dir, wpath, sizeof wpath);
+    int rc = 0;
+    df_weights *w = NULL;
+    if (s == DF_OK) {
+        if (df_weights_open(wpath, &w) != DF_OK)
+            rc = fail();
+        else
+            rc = list_weights(in, w);
+    } else if (has_config || s != DF_E_IO) {
+        rc = fail(); /* a model config without weights, or only .bin files */
+    }
+    df_model_check_fn check = cls ? df_model_check_find(cls) : NULL;
+    if (rc == 0 && check && w) {
+        if (check(dir, cfg, w) != DF_OK)
+            rc = fail();
+        else
+            printf("  weights match the %s config\n", cls);
+    }
+    df_weights_free(w);
+    df_json_free(cfg);
+    return rc;
+}
+
+static int inspect_pipeline(inspect *in, const char *dir)
+{
+    df_model_index *idx;
+    if (df_model_index_load(dir, &idx) != DF_OK)
+        return fail();
+    const char *cls = df_model_index_class(idx);
+    const char *ver = df_json_string(df_json_get(df_model_index_json(idx), "_diffusers_version"));
+    printf("pipeline ");
+    put_clean(stdout, dir);
+    if (cls) {
+        printf(": ");
+        put_clean(stdout, cls);
+    }
+    if (ver) {
+        printf(" (diffusers ");
+        put_clean(stdout, ver);
+        printf(")");
+    }
+    printf("\n");
+    int rc = 0;
+    for (int i = 0; i < df_model_index_count(idx) && rc == 0; i++) {
+        const df_component *c = df_model_index_at(idx, i);
+        if (!c->cls) {
+            printf("component ");
+            put_clean(stdout, c->name);
+            printf(": not included\n");
+            continue;
+        }
+        char cdir[DF_PATH_MAX];
+        if (df_layout_component_dir(dir, c->name, cdir, sizeof cdir) != DF_OK)
+            rc = fail();
+        else
+            rc = inspect_component(in, cdir, c->name, c->cls);
+    }
+    df_model_index_free(idx);
+    return rc;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static int inspect_path(inspect *in, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return fail_msg(path, "no such file or folder");
+    if (S_ISDIR(sb.st_mode)) {
+        char probe[DF_PATH_MAX];
+        snprintf(probe, sizeof probe, "%s/model_index.json", path);
+        if (stat(probe, &sb) == 0)
+            return inspect_pipeline(in, path);
+        return inspect_component(in, path, path, NULL);
+    }
+    if (!S_ISREG(sb.st_mode))
+        return fail_msg(path, "not a regular file or folder");
+    if (ends_with(path, ".json") && !ends_with(path, ".safetensors.index.json")) {
+        df_json *j;
+        if (df_json_parse_file(path, &j) != DF_OK)
+            return fail();
+        printf("json ");
+        put_clean(stdout, path);
+        printf(": valid (%s", df_json_type_name(df_json_type_of(j)));
+        if (df_json_type_of(j) == DF_JSON_OBJECT)
+            printf(" of %lld keys", (long long)df_json_object_size(j));
+        printf(")\n");
+        df_json_free(j);
+        in->files++;
+        return 0;
+    }
+    return inspect_weights_file(in, path);
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    inspect in = {0};
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "-s") == 0 || strcmp(a, "--summary") == 0) {
+            in.summary = true;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "diffuse inspect: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "diffuse inspect: one PATH only\n");
+            usage(stderr);
+            return 2;
+        } else {
+            path = a;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    int rc = inspect_path(&in, path);
+    if (rc == 0) {
+        char h[32];
+        printf("total: %d component%s, %d file%s, %lld tensors, %s (%llu bytes)\n",
+               in.components, in.components == 1 ? "" : "s", in.files,
+               in.files == 1 ? "" : "s", (long long)in.tensors, human(in.bytes, h, sizeof h),
+               (unsigned long long)in.bytes);
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        if (rc == 0)
+            fputs("error: cannot write the listing to stdout\n", stderr);
+        return 1;
+    }
+    return rc;
+}
