@@ -15,7 +15,8 @@ set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 vae-decode-flux2 te-mistral)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)
-set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell)
+set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
+    sd3-transformer pipe-sd3 t2i-sd3)
 
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})
@@ -31,7 +32,7 @@ if(EXISTS ${DF_GOLDEN_DIR})
     set_tests_properties(golden/blocks/${case} PROPERTIES TIMEOUT 600)
   endforeach()
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
-  foreach(case flux-transformer te-t5 t2i-flux-schnell)
+  foreach(case flux-transformer te-t5 t2i-flux-schnell sd3-transformer t2i-sd3)
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
   endforeach()

@@ -37,9 +37,17 @@ DF_API df_status df_comm_broadcast(df_comm *c, void *buf, size_t bytes, int root
 /* Every rank gets every rank's `bytes`, in rank order, in recv (size * bytes). */
 DF_API df_status df_comm_all_gather(df_comm *c, const void *send, void *recv, size_t bytes);
 DF_API df_status df_comm_barrier(df_comm *c);
-/* The largest status over ranks (DF_OK when all are fine): lets every rank stop together
- * when one fails. */
+/* The status of the lowest failing rank (DF_OK when all are fine): lets every rank stop
+ * together when one fails. A rank that failed keeps its own status and message; the others
+ * get "rank K: <rank K's message>", so rank 0 can print the failure once. A collective:
+ * every rank must call it at the same point. */
 DF_API df_status df_comm_agree(df_comm *c, df_status local);
+/* Stops every rank, for a failure between two agreement points (other ranks may wait in a
+ * collective this rank will not join). MPI: prints "diffuse: rank K of N: <the calling
+ * thread's error message>" to stderr and calls MPI_Abort, which ends the whole job (this
+ * process included). Threads: every collective of every rank, waiting or later, fails at
+ * once with DF_E_STATE. No-op for NULL or a single rank. */
+DF_API void df_comm_abort(df_comm *c);
 /* Frees a communicator; for MPI, the last one finalises MPI. NULL is fine. */
 DF_API void df_comm_free(df_comm *c);
 

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "compile.h"
 #include "runtime.h"
 #include "status.h"
 
@@ -99,6 +100,16 @@ DF_API int64_t df_sd3_weight_bytes(const df_sd3 *m);
  * names the input).
  */
 DF_API df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in);
+
+/*
+ * Compiles the repeated blocks (JointTransformerBlock): one program per block variant
+ * (with or without dual attention, context_pre_only or not) and input shape, with each
+ * block's weights as arguments, so the compile cost does not grow with depth. opts may be
+ * NULL. The model's forward uses them from then on (skip layers included).
+ */
+DF_API df_status df_sd3_compile_repeated_blocks(df_sd3 *m, const df_compile_opts *opts);
+/* Programs compiled so far by df_sd3_compile_repeated_blocks (0 when not enabled). */
+DF_API int df_sd3_compiled_programs(const df_sd3 *m);
 
 /* Frees the model and its weights (waits for queued work that reads them). NULL is fine. */
 DF_API void df_sd3_free(df_sd3 *m);

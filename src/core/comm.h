@@ -17,6 +17,7 @@ typedef struct df_comm_ops {
     df_status (*broadcast)(df_comm *c, void *buf, size_t bytes, int root);
     df_status (*all_gather)(df_comm *c, const void *send, void *recv, size_t bytes);
     df_status (*barrier)(df_comm *c);
+    void (*abort)(df_comm *c); /* stops every rank (see df_comm_abort) */
     void (*free)(df_comm *c);
 } df_comm_ops;
 

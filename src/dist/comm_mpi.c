@@ -1,11 +1,16 @@
 /*
  * The MPI communicator (OpenMPI). Collectives are issued from the device stream's thread,
  * one at a time, so MPI is initialised with MPI_THREAD_SERIALIZED at least.
+ *
+ * Aborting (df_comm_abort) is MPI_Abort: ranks blocked inside a collective that the failing
+ * rank will never join can only be freed by ending the job, so the failing rank prints its
+ * message first (it is the only one that has it) and the launcher ends every rank.
  */
 #include <diffuse/dist.h>
 
 #include <mpi.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "core/alloc.h"
 #include "core/comm.h"
@@ -62,6 +67,14 @@ static df_status m_barrier(df_comm *c)
     return check(MPI_Barrier(MPI_COMM_WORLD), "barrier");
 }
 
+static void m_abort(df_comm *c)
+{
+    fprintf(stderr, "diffuse: rank %d of %d: %s; stopping all ranks\n", c->rank, c->size,
+            df_error_message());
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 static void m_free(df_comm *c)
 {
     df_free(c);
@@ -78,6 +91,7 @@ static const df_comm_ops mpi_ops = {
     .broadcast = m_broadcast,
     .all_gather = m_all_gather,
     .barrier = m_barrier,
+    .abort = m_abort,
     .free = m_free,
 };
 

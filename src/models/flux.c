@@ -16,6 +16,12 @@
  * Per-head RMS norms come before RoPE; attention runs over [text, image] with the RoPE
  * table of cat(txt_ids, img_ids) (conventions in ../shared/reference/conventions.md).
  *
+ * Tensor parallelism: when the context has a communicator of N > 1 ranks (df_ctx_comm), the
+ * model loads sharded by the plan below (tp_plan, diffusers' _tp_plan): each rank binds only
+ * its slice of the split linears (loader.h) and runs H/N of the attention heads and 1/N of
+ * every MLP; the forward is the same code with local head counts and an all-reduce after
+ * each rowwise product (tp_sum), so every rank ends each block with the full hidden states.
+ *
  * Sequential offload (df_flux_set_sequential_offload) only adds residency calls around the
  * blocks (loader.h: acquire reads the next block ahead, release drops a block's pages and
  * packed forms after its queued kernels ran); the ops are the same.
@@ -34,11 +40,43 @@
 #include "models/residency.h"
 #include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
+#include <diffuse/dist.h>
+
 #define FLUX_EPS           1e-6f   /* every LayerNorm and RMSNorm of the model */
 #define FLUX_TIME_CHANNELS 256     /* sinusoidal features of timestep and guidance */
 #define FLUX_TIME_SCALE    1000.0f /* the model embeds 1000 * sigma and 1000 * guidance */
 #define FLUX_ROPE_THETA    10000.0
 #define FLUX_MAX_SIZE      (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
+
+/*
+ * The tensor-parallel plan (diffusers' FluxTransformer2DModel._tp_plan). Attention heads
+ * are split across ranks: q, k, v colwise (each rank computes whole heads, as the rows of
+ * to_q are head-major), the output projections rowwise followed by an all-reduce. The MLPs
+ * run colwise then rowwise (GELU is elementwise, so each rank's slice of the hidden layer
+ * is complete). The single block's proj_out reads cat[attn (D), mlp (4D)], so its columns
+ * are split as two packed blocks, matching the rank's [attn heads, mlp slice]. Replicated:
+ * the embedders, the AdaLN modulation linears (norm1*, norm.linear), the q/k RMS norms
+ * (per head, shared by all heads), norm_out and proj_out.
+ */
+static const df_tp_rule tp_plan[] = {
+    {"transformer_blocks.*.attn.to_q", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.to_k", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.to_v", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.to_out.0", DF_SHARD_ROWWISE},
+    {"transformer_blocks.*.attn.add_q_proj", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.add_k_proj", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.add_v_proj", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.attn.to_add_out", DF_SHARD_ROWWISE},
+    {"transformer_blocks.*.ff.net.0.proj", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.ff.net.2", DF_SHARD_ROWWISE},
+    {"transformer_blocks.*.ff_context.net.0.proj", DF_SHARD_COLWISE},
+    {"transformer_blocks.*.ff_context.net.2", DF_SHARD_ROWWISE},
+    {"single_transformer_blocks.*.attn.to_q", DF_SHARD_COLWISE},
+    {"single_transformer_blocks.*.attn.to_k", DF_SHARD_COLWISE},
+    {"single_transformer_blocks.*.attn.to_v", DF_SHARD_COLWISE},
+    {"single_transformer_blocks.*.proj_mlp", DF_SHARD_COLWISE},
+    {"single_transformer_blocks.*.proj_out", DF_SHARD_ROWWISE, 2, {1, 4}}, /* [attn, mlp] */
+};
 
 /* q, k, v projections of one stream with their per-head RMS norms. */
 typedef struct qkv_weights {
@@ -75,6 +113,7 @@ struct df_flux {
     single_block *singles;
     df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
     bool sequential;                      /* sequential offload: blocks resident one at a time */
+    int tp;                               /* tensor-parallel ranks the model is split over */
     /* Compiled repeated blocks: one program per block class, weights as arguments. */
     df_compiled *double_c, *single_c;
     struct block_ref *refs;               /* [num_layers + num_single_layers] */
@@ -86,9 +125,10 @@ typedef struct block_ref {
     int i;
 } block_ref;
 
-/* Sizes of one forward call. */
+/* Sizes of one forward call. H: this rank's attention heads; tp: ranks. */
 typedef struct dims {
     int64_t B, s_img, s_txt, S, D, H;
+    int tp;
 } dims;
 
 /* --- config ------------------------------------------------------------------------------ */
@@ -267,6 +307,22 @@ static df_status bind_weights(df_flux *m, const char *dir)
     return df_ws_check_all_used(ws);
 }
 
+/* Splits the model over the context's ranks, if it has several. */
+static df_status shard(df_flux *m, const char *dir)
+{
+    df_comm *comm = df_ctx_comm(m->ctx);
+    m->tp = df_comm_size(comm);
+    if (m->tp <= 1)
+        return DF_OK;
+    if (m->cfg.num_attention_heads % m->tp)
+        return df_errorf(DF_E_ARG, "%s/config.json: num_attention_heads %lld is not divisible by "
+                         "the %d tensor-parallel ranks (heads are split across ranks)", dir,
+                         (long long)m->cfg.num_attention_heads, m->tp);
+    df_ws_set_tp_plan(m->ws, tp_plan, (int)(sizeof tp_plan / sizeof *tp_plan),
+                      df_comm_rank(comm), m->tp);
+    return DF_OK;
+}
+
 df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
 {
     if (!out)
@@ -292,6 +348,8 @@ df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
         s = df_errorf(DF_E_OOM, "transformer: out of memory");
     if (s == DF_OK)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
+    if (s == DF_OK)
+        s = shard(m, dir);
     if (s == DF_OK)
         s = bind_weights(m, dir);
     if (s != DF_OK) {
@@ -399,7 +457,8 @@ static df_status check_inputs(const df_flux *m, const df_flux_inputs *in, dims *
     d->s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
     d->S = d->s_txt + d->s_img;
     d->D = c->inner_dim;
-    d->H = c->num_attention_heads;
+    d->H = c->num_attention_heads / m->tp; /* this rank's heads */
+    d->tp = m->tp;
     DF_TRY(check_input("pooled_projections", in->pooled_projections, 2,
                        (int64_t[]){d->B, c->pooled_projection_dim}, false));
     DF_TRY(check_per_batch("timestep", in->timestep, d->B));
@@ -436,7 +495,7 @@ static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const d
 }
 
 /* Attention over the joint sequence with RoPE on q and k.
- * q, k, v [B, S, H, Dh], pe [S, Dh/2, 2] -> [B, S, H*Dh]. */
+ * q, k, v [B, S, H, Dh], pe [S, Dh/2, 2] -> [B, S, H*Dh] (H*Dh = D on one rank). */
 static df_tensor *rope_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                  df_tensor *pe, const dims *d)
 {
@@ -445,15 +504,21 @@ static df_tensor *rope_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_ten
     v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));                   /* [B, H, S, Dh] view */
     df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f);   /* [B, H, S, Dh], 1/sqrt(Dh) */
     o = df_transpose(ctx, o, 1, 2);                                 /* [B, S, H, Dh] dense */
-    return df_reshape(ctx, o, DF_SHAPE(d->B, d->S, d->D));          /* [B, S, D] */
+    return df_reshape(ctx, o, DF_SHAPE(d->B, d->S, -1));            /* [B, S, H*Dh] */
+}
+
+/* The sum over the ranks of a rowwise product's partial results (itself on one rank). */
+static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
+{
+    return d->tp > 1 ? df_all_reduce(ctx, x) : x;
 }
 
 /* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
-                               const df_linear_weights *out, df_tensor *x)
+                               const df_linear_weights *out, df_tensor *x, const dims *d)
 {
-    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D] */
-    return df_linear(ctx, h, out);                           /* [B, S, D]  */
+    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D/tp] */
+    return tp_sum(ctx, d, df_linear(ctx, h, out));           /* [B, S, D]  */
 }
 
 /* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -474,20 +539,20 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
     df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
     df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
-    df_tensor *o = rope_attention(ctx, q, k, v, pe, d);        /* [B, S, D] */
-    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, D] */
-    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, D] */
+    df_tensor *o = rope_attention(ctx, q, k, v, pe, d);        /* [B, S, H*Dh] */
+    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, H*Dh] */
+    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
 
-    df_tensor *ax = df_linear(ctx, ox, &b->to_out);               /* [B, S_img, D] */
+    df_tensor *ax = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out)); /* [B, S_img, D] */
     df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));      /* [B, S_img, D] */
     nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);        /* [B, S_img, D] */
-    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx); /* [B, S_img, D] */
+    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d); /* [B, S_img, D] */
     *x = df_add(ctx, hx, df_mul(ctx, mx[5], fx));                 /* [B, S_img, D] */
 
-    df_tensor *ac = df_linear(ctx, oc, &b->to_add_out);                   /* [B, S_txt, D] */
+    df_tensor *ac = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out));   /* [B, S_txt, D] */
     df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));              /* [B, S_txt, D] */
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                /* [B, S_txt, D] */
-    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc); /* [B, S_txt, D] */
+    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d); /* [B, S_txt, D] */
     *c = df_add(ctx, hc, df_mul(ctx, mc[5], fc));                         /* [B, S_txt, D] */
 }
 
@@ -498,13 +563,13 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
     df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
     df_emb_modulation(ctx, &b->norm, temb, 3, mod);
     df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS);    /* [B, S, D]  */
-    df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D] */
+    df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D/tp] */
     df_tensor *q, *k, *v;
-    project_qkv(ctx, &b->attn, n, d, d->S, &q, &k, &v);       /* [B, S, H, Dh] */
-    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);    /* [B, S, D]  */
-    df_tensor *h = df_concat(ctx, attn, mlp, 2);              /* [B, S, 5D] */
-    h = df_mul(ctx, mod[2], df_linear(ctx, h, &b->proj_out)); /* [B, S, D]  */
-    return df_add(ctx, x, h);                                 /* residual   */
+    project_qkv(ctx, &b->attn, n, d, d->S, &q, &k, &v);          /* [B, S, H, Dh] */
+    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);       /* [B, S, D/tp] */
+    df_tensor *h = df_concat(ctx, attn, mlp, 2);                 /* [B, S, 5D/tp] */
+    h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));         /* [B, S, D] */
+    return df_add(ctx, x, df_mul(ctx, mod[2], h));               /* residual */
 }
 
 /* --- sequential offload ------------------------------------------------------------------ */
@@ -562,7 +627,8 @@ static void offload_outer(df_ctx *ctx, df_flux *m, bool acquire)
 /* The sizes a block call needs, from its inputs. x [B, S_x, D], c [B, S_c, D] or NULL. */
 static dims block_dims(const df_flux *m, const df_tensor *x, const df_tensor *c)
 {
-    dims d = {.B = df_tensor_dim(x, 0), .D = m->cfg.inner_dim, .H = m->cfg.num_attention_heads};
+    dims d = {.B = df_tensor_dim(x, 0), .D = m->cfg.inner_dim,
+              .H = m->cfg.num_attention_heads / m->tp, .tp = m->tp};
     d.s_img = df_tensor_dim(x, 1);
     d.s_txt = c ? df_tensor_dim(c, 1) : 0;
     d.S = d.s_img + d.s_txt;

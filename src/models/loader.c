@@ -5,6 +5,12 @@
  * reads it. A weight whose bytes are not aligned to its element size (possible in a
  * hand-made file) is copied into aligned memory instead. Which tensors were bound is kept
  * in a bitmap over the checkpoint's name order, so the unexpected-tensor check is one pass.
+ *
+ * Tensor parallelism (loader.h): a model's plan is a short table of name patterns; binding
+ * consults it, so model code binds every weight by its full shape and gets this rank's part.
+ * A single row range wraps the mapping like a whole tensor; column ranges and packed row
+ * ranges are read through df_weights into a buffer and copied into a tensor the set owns.
+ * Bytes read are counted per slice, so df_stats shows what this rank touched.
  */
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -40,6 +46,10 @@ struct df_weight_set {
     uint8_t *used; /* per tensor of the checkpoint, in df_weights_at order */
     int64_t count;
     int64_t bytes;
+    /* Tensor-parallel plan (df_ws_set_tp_plan); tp_shard is the last rule's shard. */
+    const df_tp_rule *tp_rules;
+    int tp_n, tp_rank, tp_world;
+    df_shard tp_shard;
 };
 
 df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component,
@@ -127,57 +137,317 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + used, cap - used, "]");
 }
 
-static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
-                      df_tensor **out)
+/* Looks `name` up and checks it against the expected shape and the weight dtypes. */
+static df_status find_checked(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
+                              df_tensor_info *info)
 {
-    *out = NULL;
-    df_tensor_info info;
     if (!df_weights_contains(ws->w, name))
         return df_errorf(DF_E_FORMAT, "%s: %s: missing tensor '%s'", ws->component,
                          df_weights_path(ws->w), name);
-    DF_TRY(df_weights_find(ws->w, name, &info));
-    bool fits = info.ndim == ndim;
+    DF_TRY(df_weights_find(ws->w, name, info));
+    bool fits = info->ndim == ndim;
     for (int d = 0; fits && d < ndim; d++)
-        fits = shape[d] < 0 || info.shape[d] == shape[d];
+        fits = shape[d] < 0 || info->shape[d] == shape[d];
     if (!fits) {
         char want[160], got[160];
         shape_str(want, sizeof want, ndim, shape);
-        shape_str(got, sizeof got, info.ndim, info.shape);
+        shape_str(got, sizeof got, info->ndim, info->shape);
         return df_errorf(DF_E_FORMAT, "%s: tensor '%s' has shape %s, expected %s",
                          ws->component, name, got, want);
     }
-    if (info.dtype != DF_DTYPE_F32 && info.dtype != DF_DTYPE_BF16 && info.dtype != DF_DTYPE_F16)
+    if (info->dtype != DF_DTYPE_F32 && info->dtype != DF_DTYPE_BF16 &&
+        info->dtype != DF_DTYPE_F16)
         return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s; weights must be "
-                         "F32, BF16 or F16", ws->component, name, info.dtype_name);
-    if (ws->n == ws->cap) {
-        int cap = ws->cap ? 2 * ws->cap : 256;
-        bound *t = df_realloc(ws->tensors, (size_t)cap * sizeof *t);
-        if (!t)
-            return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
-        ws->tensors = t;
-        ws->cap = cap;
-    }
-    df_tensor *t;
-    if ((uintptr_t)info.data % info.elem_size == 0)
-        t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
-    else
-        t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
+                         "F32, BF16 or F16", ws->component, name, info->dtype_name);
+    return DF_OK;
+}
+
+static void mark_used(df_weight_set *ws, const char *name)
+{
+    int64_t i = index_of(ws, name);
+    if (i >= 0)
+        ws->used[i] = 1;
+}
+
+/* Keeps `t` (made over `data`, `bytes` of it) as the bound tensor `name`; `read` bytes of the
+ * file were read for it. Frees `t` on failure. */
+static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const void *data,
+                      size_t bytes, size_t read)
+{
     if (!t)
         return df_error_context(df_ctx_status(ws->ctx), "%s: tensor '%s'", ws->component, name);
+    if (ws->n == ws->cap) {
+        int cap = ws->cap ? 2 * ws->cap : 256;
+        bound *b = df_realloc(ws->tensors, (size_t)cap * sizeof *b);
+        if (!b) {
+            df_tensor_free(t);
+            return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
+        }
+        ws->tensors = b;
+        ws->cap = cap;
+    }
     char *copy = df_strdup(name);
     if (!copy) {
         df_tensor_free(t);
         return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
     }
-    ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = info.data,
-                                   .bytes = info.nbytes, .resident = true};
-    ws->bytes += (int64_t)info.nbytes;
-    df_stats_add_weights(ws->ctx, (int64_t)info.nbytes, (int64_t)info.nbytes);
-    int64_t i = index_of(ws, name);
-    if (i >= 0)
-        ws->used[i] = 1;
+    ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
+                                   .bytes = bytes, .resident = true};
+    ws->bytes += (int64_t)bytes;
+    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)bytes);
+    mark_used(ws, name);
+    return DF_OK;
+}
+
+static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
+                      df_tensor **out)
+{
+    *out = NULL;
+    df_tensor_info info;
+    DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    df_tensor *t;
+    if ((uintptr_t)info.data % info.elem_size == 0)
+        t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
+    else
+        t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
+    DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
     *out = t;
     return DF_OK;
+}
+
+/* ---- tensor parallelism ---------------------------------------------------------------- */
+
+/* This rank's ranges [lo, hi) of a dimension of `size`: one per packed block. */
+static df_status shard_ranges(const df_weight_set *ws, const char *name, int dim, int64_t size,
+                              const df_shard *sh, int64_t ranges[][2], int *n_ranges)
+{
+    int np = sh->n_parts > 1 ? sh->n_parts : 1;
+    if (np > DF_SHARD_MAX_PARTS)
+        return df_errorf(DF_E_ARG, "%s: tensor '%s': %d packed parts (at most %d)",
+                         ws->component, name, np, DF_SHARD_MAX_PARTS);
+    int64_t units = 0;
+    for (int p = 0; p < np; p++)
+        units += np > 1 ? sh->parts[p] : 1;
+    if (units < 1 || size % units)
+        return df_errorf(DF_E_ARG, "%s: tensor '%s': dimension %d of size %lld does not split "
+                         "into %d packed blocks of %lld units", ws->component, name, dim,
+                         (long long)size, np, (long long)units);
+    int64_t off = 0;
+    for (int p = 0; p < np; p++) {
+        int64_t len = size / units * (np > 1 ? sh->parts[p] : 1);
+        if (len % sh->world)
+            return df_errorf(DF_E_ARG, "%s: tensor '%s': dimension %d%s has size %lld, which is "
+                             "not divisible by the %d tensor-parallel ranks", ws->component,
+                             name, dim, np > 1 ? " (one packed block)" : "", (long long)len,
+                             sh->world);
+        ranges[p][0] = off + len / sh->world * sh->rank;
+        ranges[p][1] = ranges[p][0] + len / sh->world;
+        off += len;
+    }
+    *n_ranges = np;
+    return DF_OK;
+}
+
+/* Reads the ranges of `dim` (0: rows, 1: columns of a 2-D tensor) into dst, concatenated
+ * along `dim`; dst is [local rows, local cols] for dim 1. */
+static df_status read_ranges(df_weight_set *ws, const df_tensor_info *info, int dim,
+                             int64_t ranges[][2], int n, int64_t local, uint8_t *dst)
+{
+    size_t es = info->elem_size;
+    if (dim == 0) {
+        int64_t row = info->shape[0] ? info->numel / info->shape[0] : 0;
+        for (int p = 0; p < n; p++) {
+            size_t bytes = (size_t)((ranges[p][1] - ranges[p][0]) * row) * es;
+            DF_TRY(df_weights_read_rows(ws->w, info->name, ranges[p][0], ranges[p][1],
+                                        info->dtype, dst, bytes));
+            dst += bytes;
+        }
+        return DF_OK;
+    }
+    int64_t rows = info->shape[0], col0 = 0;
+    for (int p = 0; p < n; p++) {
+        int64_t w = ranges[p][1] - ranges[p][0];
+        size_t bytes = (size_t)(rows * w) * es;
+        uint8_t *part = n == 1 ? dst : df_malloc(bytes ? bytes : 1);
+        if (!part)
+            return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
+        df_status s = df_weights_read_cols(ws->w, info->name, ranges[p][0], ranges[p][1],
+                                           info->dtype, part, bytes);
+        for (int64_t r = 0; s == DF_OK && n > 1 && r < rows; r++)
+            memcpy(dst + (size_t)(r * local + col0) * es, part + (size_t)(r * w) * es,
+                   (size_t)w * es);
+        if (n > 1)
+            df_free(part);
+        DF_TRY(s);
+        col0 += w;
+    }
+    return DF_OK;
+}
+
+/* Binds this rank's part of `name` split along `dim`. */
+static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
+                            int dim, const df_shard *sh, df_tensor **out)
+{
+    *out = NULL;
+    df_tensor_info info;
+    DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    if (dim > 1 || (dim == 1 && info.ndim != 2))
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': only rows, or the columns of a 2-D "
+                         "tensor, can be split across ranks", ws->component, name);
+    int64_t ranges[DF_SHARD_MAX_PARTS][2];
+    int n = 0;
+    DF_TRY(shard_ranges(ws, name, dim, info.shape[dim], sh, ranges, &n));
+    int64_t local_shape[DF_SAFETENSORS_MAX_DIMS], local = 0;
+    memcpy(local_shape, info.shape, sizeof local_shape);
+    for (int p = 0; p < n; p++)
+        local += ranges[p][1] - ranges[p][0];
+    local_shape[dim] = local;
+    int64_t numel = 1;
+    for (int d = 0; d < info.ndim; d++)
+        numel *= local_shape[d];
+    size_t bytes = (size_t)numel * info.elem_size;
+
+    if (dim == 0 && n == 1) { /* contiguous: wrap that part of the mapping */
+        int64_t row = info.shape[0] ? info.numel / info.shape[0] : 0;
+        const uint8_t *data = (const uint8_t *)info.data + (size_t)(ranges[0][0] * row) * info.elem_size;
+        df_tensor *t = (uintptr_t)data % info.elem_size == 0
+                           ? df_tensor_wrap(ws->ctx, info.dtype, local_shape, info.ndim, data)
+                           : df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, data);
+        DF_TRY(keep(ws, name, t, data, bytes, bytes));
+        *out = t;
+        return DF_OK;
+    }
+    uint8_t *buf = df_malloc(bytes ? bytes : 1);
+    if (!buf)
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component, name);
+    uint64_t before = df_weights_bytes_read(ws->w);
+    df_status s = read_ranges(ws, &info, dim, ranges, n, local, buf);
+    size_t read = (size_t)(df_weights_bytes_read(ws->w) - before);
+    df_tensor *t = s == DF_OK ? df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, buf)
+                              : NULL;
+    df_free(buf);
+    DF_TRY(s);
+    DF_TRY(keep(ws, name, t, NULL, bytes, read));
+    *out = t;
+    return DF_OK;
+}
+
+static bool splits(const df_shard *sh)
+{
+    return sh && sh->style != DF_SHARD_REPLICATE && sh->world > 1;
+}
+
+static df_status check_shard(const df_weight_set *ws, const char *name, const df_shard *sh)
+{
+    if (sh && sh->world > 1 && (sh->rank < 0 || sh->rank >= sh->world))
+        return df_errorf(DF_E_ARG, "%s: tensor '%s': rank %d of %d", ws->component, name,
+                         sh->rank, sh->world);
+    return DF_OK;
+}
+
+static df_status linear_sharded(df_weight_set *ws, df_linear_weights *out, int64_t out_f,
+                                int64_t in_f, bool bias, const df_shard *sh, const char *base)
+{
+    char name[512];
+    *out = (df_linear_weights){0};
+    snprintf(name, sizeof name, "%s.weight", base);
+    DF_TRY(check_shard(ws, name, sh));
+    if (!splits(sh)) {
+        DF_TRY(bind(ws, name, 2, (int64_t[]){out_f, in_f}, &out->weight));
+    } else {
+        int dim = sh->style == DF_SHARD_COLWISE ? 0 : 1;
+        DF_TRY(bind_split(ws, name, 2, (int64_t[]){out_f, in_f}, dim, sh, &out->weight));
+    }
+    if (!bias)
+        return DF_OK;
+    snprintf(name, sizeof name, "%s.bias", base);
+    if (splits(sh) && sh->style == DF_SHARD_COLWISE)
+        return bind_split(ws, name, 1, (int64_t[]){out_f}, 0, sh, &out->bias);
+    if (splits(sh) && sh->rank != 0) { /* rowwise: rank 0 adds the bias once */
+        df_tensor_info info;
+        DF_TRY(find_checked(ws, name, 1, (int64_t[]){out_f}, &info));
+        mark_used(ws, name);
+        return DF_OK;
+    }
+    return bind(ws, name, 1, (int64_t[]){out_f}, &out->bias);
+}
+
+static df_status tensor_sharded(df_weight_set *ws, df_tensor **out, int ndim,
+                                const int64_t *shape, const df_shard *sh, const char *name)
+{
+    DF_TRY(check_shard(ws, name, sh));
+    if (!splits(sh))
+        return bind(ws, name, ndim, shape, out);
+    if (ndim < 1)
+        return df_errorf(DF_E_ARG, "%s: tensor '%s' is a scalar and cannot be split",
+                         ws->component, name);
+    int dim = sh->style == DF_SHARD_COLWISE ? ndim - 1 : 0;
+    return bind_split(ws, name, ndim, shape, dim, sh, out);
+}
+
+/* '*' matches one or more digits (a block index); everything else literally. */
+static bool plan_match(const char *pattern, const char *name, size_t name_len)
+{
+    const char *end = name + name_len;
+    for (; *pattern; pattern++) {
+        if (*pattern == '*') {
+            if (name == end || *name < '0' || *name > '9')
+                return false;
+            while (name < end && *name >= '0' && *name <= '9')
+                name++;
+        } else if (name == end || *name++ != *pattern) {
+            return false;
+        }
+    }
+    return name == end;
+}
+
+/* The plan's shard for module `name` (its first `len` characters); NULL: replicated. */
+static const df_shard *plan_shard(df_weight_set *ws, const char *name, size_t len)
+{
+    if (ws->tp_world <= 1)
+        return NULL;
+    for (int i = 0; i < ws->tp_n; i++) {
+        const df_tp_rule *r = &ws->tp_rules[i];
+        if (!plan_match(r->module, name, len))
+            continue;
+        ws->tp_shard = (df_shard){.style = r->style, .rank = ws->tp_rank,
+                                  .world = ws->tp_world, .n_parts = r->n_parts};
+        memcpy(ws->tp_shard.parts, r->parts, sizeof r->parts);
+        return &ws->tp_shard;
+    }
+    return NULL;
+}
+
+void df_ws_set_tp_plan(df_weight_set *ws, const df_tp_rule *rules, int n, int rank, int world)
+{
+    ws->tp_rules = rules;
+    ws->tp_n = n;
+    ws->tp_rank = rank;
+    ws->tp_world = world;
+}
+
+df_status df_ws_linear_sharded(df_weight_set *ws, df_linear_weights *out, int64_t out_f,
+                               int64_t in_f, bool bias, const df_shard *sh, const char *fmt, ...)
+{
+    char base[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(base, sizeof base, fmt, ap);
+    va_end(ap);
+    return linear_sharded(ws, out, out_f, in_f, bias, sh, base);
+}
+
+df_status df_ws_tensor_sharded(df_weight_set *ws, df_tensor **out, int ndim, const int64_t *shape,
+                               const df_shard *sh, const char *fmt, ...)
+{
+    char name[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    *out = NULL;
+    return tensor_sharded(ws, out, ndim, shape, sh, name);
 }
 
 df_status df_ws_tensor(df_weight_set *ws, df_tensor **out, int ndim, const int64_t *shape,
@@ -188,25 +458,22 @@ df_status df_ws_tensor(df_weight_set *ws, df_tensor **out, int ndim, const int64
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    return bind(ws, name, ndim, shape, out);
+    *out = NULL;
+    size_t len = strlen(name), suffix = strlen(".weight");
+    if (len > suffix && strcmp(name + len - suffix, ".weight") == 0)
+        len -= suffix; /* plans name modules */
+    return tensor_sharded(ws, out, ndim, shape, plan_shard(ws, name, len), name);
 }
 
 df_status df_ws_linear(df_weight_set *ws, df_linear_weights *out, int64_t out_f, int64_t in_f,
                        bool bias, const char *fmt, ...)
 {
-    char base[480], name[512];
+    char base[480];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(base, sizeof base, fmt, ap);
     va_end(ap);
-    *out = (df_linear_weights){0};
-    snprintf(name, sizeof name, "%s.weight", base);
-    DF_TRY(bind(ws, name, 2, (int64_t[]){out_f, in_f}, &out->weight));
-    if (bias) {
-        snprintf(name, sizeof name, "%s.bias", base);
-        DF_TRY(bind(ws, name, 1, (int64_t[]){out_f}, &out->bias));
-    }
-    return DF_OK;
+    return linear_sharded(ws, out, out_f, in_f, bias, plan_shard(ws, base, strlen(base)), base);
 }
 
 bool df_ws_has(df_weight_set *ws, const char *fmt, ...)

@@ -50,6 +50,69 @@ df_status df_ws_check_all_used(df_weight_set *ws);
 int64_t df_ws_bytes(const df_weight_set *ws);
 
 /*
+ * Tensor parallelism: binding only this rank's slice of a weight.
+ *
+ * A linear layer [out_f, in_f] split "colwise" keeps the rows (output features)
+ * [r*out_f/N, (r+1)*out_f/N) and the same slice of its bias; split "rowwise" it keeps the
+ * columns (input features) [r*in_f/N, ...) and its bias whole, bound on rank 0 only: the
+ * rowwise product gives partial sums that an all-reduce adds up, and the bias must be added
+ * once, so rank 0 adds it inside its product and the other ranks bind none (the tensor is
+ * still marked as used). For a plain tensor (an embedding table [rows, cols]), colwise
+ * splits the last dimension and rowwise the first, as torch's ColwiseParallel and
+ * RowwiseParallel do for nn.Embedding.
+ *
+ * Packed weights (a fused projection, or an input that is a concatenation) give the split
+ * dimension as blocks in proportion `parts` (e.g. {1, 4} for cat[attn (D), mlp (4D)]):
+ * each block is split across the ranks separately and the rank's pieces are concatenated,
+ * like diffusers' PackedColwiseParallel / PackedRowwiseParallel.
+ *
+ * A range of rows is contiguous in the file: the tensor wraps that sub-range of the mapping
+ * (no copy; only its pages are ever touched). A range of columns, or several packed row
+ * ranges, is read (df_weights_read_cols / _read_rows) into memory the set owns. df_stats'
+ * weight_bytes_read counts only the slice. A size not divisible by the number of ranks is
+ * DF_E_ARG naming the tensor, the size and the ranks.
+ */
+typedef enum df_shard_style {
+    DF_SHARD_REPLICATE = 0, /* the whole tensor on every rank */
+    DF_SHARD_COLWISE,       /* output features (weight rows, bias); a table's last dimension */
+    DF_SHARD_ROWWISE,       /* input features (weight columns); a table's first dimension */
+} df_shard_style;
+
+#define DF_SHARD_MAX_PARTS 4
+
+typedef struct df_shard {
+    df_shard_style style;
+    int rank, world;
+    int n_parts;                   /* 0 or 1: the split dimension is one block */
+    int parts[DF_SHARD_MAX_PARTS]; /* packed: relative block sizes along the split dimension */
+} df_shard;
+
+/* df_ws_linear, keeping only this rank's part (`out_f`, `in_f` are the full sizes). */
+df_status df_ws_linear_sharded(df_weight_set *ws, df_linear_weights *out, int64_t out_f,
+                               int64_t in_f, bool bias, const df_shard *sh, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+/* df_ws_tensor, keeping only this rank's part (`shape` is the full shape). */
+df_status df_ws_tensor_sharded(df_weight_set *ws, df_tensor **out, int ndim, const int64_t *shape,
+                               const df_shard *sh, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/*
+ * A model's tensor-parallel plan: which of its modules are split, by name, as diffusers
+ * writes `_tp_plan`. `module` is the name without ".weight"; a '*' stands for a block index
+ * (one or more digits). Modules not listed are replicated.
+ */
+typedef struct df_tp_rule {
+    const char *module;
+    df_shard_style style;
+    int n_parts;
+    int parts[DF_SHARD_MAX_PARTS];
+} df_tp_rule;
+
+/* From now on df_ws_linear / df_ws_tensor split the modules the plan names, for `rank` of
+ * `world` ranks (world <= 1: nothing is split). The rules are borrowed: keep them static. */
+void df_ws_set_tp_plan(df_weight_set *ws, const df_tp_rule *rules, int n, int rank, int world);
+
+/*
  * Residency, for offloading. A bound weight is resident: its pages are mapped and backends
  * may keep packed forms of it. df_ws_release() (after all work already queued) drops the
  * packed forms and the mapping's pages of every tensor whose name starts with `prefix`

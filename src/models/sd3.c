@@ -24,12 +24,16 @@
  * - norm_out (AdaLayerNormContinuous, chunks (scale, shift)), proj_out, then unpatchify:
  *   token (y, x) channel (p, q, c) goes to pixel (c, y*P + p, x*P + q).
  * Skip-layer guidance leaves the listed blocks out, as diffusers' `skip_layers` does.
+ * Compiled repeated blocks compile one program per block variant (dual attention or not,
+ * context_pre_only or not: the weights and outputs differ), with the block's weights as
+ * arguments, so all same-variant blocks share it.
  * Block outputs are kept with one fixed scope mark per block loop, so each block's end also
  * releases the previous block's outputs: eager memory stays one block's working set.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include <diffuse/compile.h>
 #include <diffuse/layout.h>
 #include <diffuse/sd3.h>
 
@@ -74,7 +78,17 @@ struct df_sd3 {
     df_linear_weights context_embedder; /* [D, joint] */
     joint_block *blocks;
     df_linear_weights norm_out, proj_out; /* [2D, D], [P*P*out, D] */
+    /* Compiled repeated blocks: one program family per block variant (see variant()),
+     * weights as arguments. */
+    df_compiled *block_c[4];
+    struct block_ref *refs; /* [num_layers] */
 };
+
+/* A block as a compiled module's instance: the model and the block's index. */
+typedef struct block_ref {
+    df_sd3 *m;
+    int i;
+} block_ref;
 
 /* Sizes of one forward call. */
 typedef struct dims {
@@ -321,6 +335,9 @@ void df_sd3_free(df_sd3 *m)
 {
     if (!m)
         return;
+    for (int v = 0; v < 4; v++)
+        df_compiled_free(m->block_c[v]);
+    df_free(m->refs);
     df_weight_set_free(m->ws);
     df_free(m->blocks);
     df_free(m);
@@ -483,6 +500,138 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
     *c = hc;
 }
 
+/* --- compiled repeated blocks ------------------------------------------------------------ */
+
+/* JointTransformerBlock comes in up to four shapes of weights and outputs: with or without
+ * dual attention, context_pre_only or not. Each is its own module (and program). */
+static int variant(const joint_block *b)
+{
+    return (b->dual ? 2 : 0) + (b->pre_only ? 1 : 0);
+}
+
+/* in: x [B, S_img, D], c [B, S_txt, D], temb [B, D]; out: x and (unless pre_only) c. */
+static df_status block_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                      df_tensor **out)
+{
+    const block_ref *r = self;
+    dims d = {
+        .B = df_tensor_dim(in[0], 0), .D = r->m->cfg.inner_dim, .H = r->m->cfg.num_attention_heads};
+    d.s_img = df_tensor_dim(in[0], 1);
+    d.s_txt = df_tensor_dim(in[1], 1);
+    d.S = d.s_img + d.s_txt;
+    df_tensor *x = in[0], *c = in[1];
+    const joint_block *b = &r->m->blocks[r->i];
+    joint_block_forward(ctx, b, &x, &c, in[2], &d);
+    out[0] = x;
+    if (!b->pre_only)
+        out[1] = c;
+    return df_ctx_status(ctx);
+}
+
+static int add_linear(df_tensor **w, int n, const df_linear_weights *l)
+{
+    w[n++] = l->weight;
+    if (l->bias)
+        w[n++] = l->bias;
+    return n;
+}
+
+static int add_qkv(df_tensor **w, int n, const qkv_weights *q)
+{
+    n = add_linear(w, n, &q->to_q);
+    n = add_linear(w, n, &q->to_k);
+    n = add_linear(w, n, &q->to_v);
+    if (q->norm_q) {
+        w[n++] = q->norm_q;
+        w[n++] = q->norm_k;
+    }
+    return n;
+}
+
+/* The block's weights in a fixed order (at most 42). */
+static int block_module_weights(void *self, df_tensor **w)
+{
+    const block_ref *r = self;
+    const joint_block *b = &r->m->blocks[r->i];
+    int n = add_linear(w, 0, &b->norm1);
+    n = add_linear(w, n, &b->norm1_context);
+    n = add_qkv(w, n, &b->img);
+    n = add_qkv(w, n, &b->txt);
+    n = add_linear(w, n, &b->to_out);
+    if (!b->pre_only)
+        n = add_linear(w, n, &b->to_add_out);
+    if (b->dual) {
+        n = add_qkv(w, n, &b->img2);
+        n = add_linear(w, n, &b->to_out2);
+    }
+    n = add_linear(w, n, &b->ff_in);
+    n = add_linear(w, n, &b->ff_out);
+    if (!b->pre_only) {
+        n = add_linear(w, n, &b->ff_ctx_in);
+        n = add_linear(w, n, &b->ff_ctx_out);
+    }
+    return n;
+}
+
+static const df_module block_modules[4] = {
+    {.name = "JointTransformerBlock",
+     .n_in = 3,
+     .n_out = 2,
+     .forward = block_module_forward,
+     .weights = block_module_weights},
+    {.name = "JointTransformerBlock(context_pre_only)",
+     .n_in = 3,
+     .n_out = 1,
+     .forward = block_module_forward,
+     .weights = block_module_weights},
+    {.name = "JointTransformerBlock(dual_attention)",
+     .n_in = 3,
+     .n_out = 2,
+     .forward = block_module_forward,
+     .weights = block_module_weights},
+    {.name = "JointTransformerBlock(dual_attention, context_pre_only)",
+     .n_in = 3,
+     .n_out = 1,
+     .forward = block_module_forward,
+     .weights = block_module_weights},
+};
+
+df_status df_sd3_compile_repeated_blocks(df_sd3 *m, const df_compile_opts *opts)
+{
+    if (!m)
+        return df_errorf(DF_E_ARG, "df_sd3_compile_repeated_blocks: model is NULL");
+    if (m->refs)
+        return DF_OK;
+    int64_t n = m->cfg.num_layers;
+    m->refs = df_calloc((size_t)(n ? n : 1), sizeof *m->refs);
+    if (!m->refs)
+        return df_errorf(DF_E_OOM, "out of memory compiling SD3 blocks");
+    df_status s = DF_OK;
+    for (int64_t i = 0; i < n && s == DF_OK; i++) {
+        m->refs[i] = (block_ref){m, (int)i};
+        int v = variant(&m->blocks[i]);
+        if (!m->block_c[v])
+            s = df_compile(&block_modules[v], opts, &m->block_c[v]);
+    }
+    if (s != DF_OK) {
+        for (int v = 0; v < 4; v++) {
+            df_compiled_free(m->block_c[v]);
+            m->block_c[v] = NULL;
+        }
+        df_free(m->refs);
+        m->refs = NULL;
+    }
+    return s;
+}
+
+int df_sd3_compiled_programs(const df_sd3 *m)
+{
+    int n = 0;
+    for (int v = 0; m && v < 4; v++)
+        n += m->block_c[v] ? df_compiled_programs(m->block_c[v]) : 0;
+    return n;
+}
+
 /* --- forward ----------------------------------------------------------------------------- */
 
 /* PatchEmbed: [B, C, H, W] -> [B, h*w, D] tokens plus the centre crop of the position grid. */
@@ -544,7 +693,17 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
     for (int i = 0; i < m->cfg.num_layers; i++) {
         if (skipped(in, i))
             continue;
-        joint_block_forward(ctx, &m->blocks[i], &x, &c, temb, &d);
+        const joint_block *b = &m->blocks[i];
+        df_compiled *cb = m->block_c[variant(b)];
+        if (cb) {
+            df_tensor *io[2] = {NULL, NULL};
+            s = df_compiled_call(ctx, cb, &m->refs[i], (df_tensor *[]){x, c, temb}, io);
+            if (s != DF_OK)
+                df_ctx_fail(ctx, s);
+            x = io[0], c = b->pre_only ? NULL : io[1];
+        } else {
+            joint_block_forward(ctx, b, &x, &c, temb, &d);
+        }
         df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
     }
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, SD3_EPS); /* [B, S_img, D] */

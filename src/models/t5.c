@@ -16,6 +16,11 @@
  *   added to the bias once ([B, H, S, S]); transformers adds finfo.min the same way.
  * - The tied embedding is `shared.weight` or `encoder.embed_tokens.weight`; a checkpoint
  *   holding both binds both (they must have the same shape) and uses the encoder's.
+ * - Tensor parallelism: with a communicator of N > 1 ranks on the context, the encoder loads
+ *   sharded by tp_plan: each rank runs num_heads/N heads (q, k, v colwise, o rowwise, and
+ *   its heads' columns of the relative position bias table) and d_ff/N of the gated
+ *   feed-forward (wi_0, wi_1 colwise, wo rowwise); an all-reduce after o and wo gives every
+ *   rank the full hidden states. The embedding and the norms are replicated.
  * - Only "gated-gelu" feed-forwards are implemented (T5 v1.1, FLUX, SD3); "relu" (T5 v1.0)
  *   and the others are DF_E_UNSUPPORTED.
  */
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <diffuse/dist.h>
 #include <diffuse/json.h>
 #include <diffuse/ops.h>
 #include <diffuse/t5.h>
@@ -35,6 +41,19 @@
 #include "models/residency.h"
 #include "models/text_config.h"
 
+/* The tensor-parallel plan (see the top of the file); T5 has no biases to place. */
+static const df_tp_rule tp_plan[] = {
+    {"encoder.block.*.layer.0.SelfAttention.q", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.k", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.v", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.0.SelfAttention.o", DF_SHARD_ROWWISE},
+    /* [num_buckets, H]: colwise splits the last dimension, the heads */
+    {"encoder.block.0.layer.0.SelfAttention.relative_attention_bias", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_0", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_1", DF_SHARD_COLWISE},
+    {"encoder.block.*.layer.1.DenseReluDense.wo", DF_SHARD_ROWWISE},
+};
+
 typedef struct t5_block {
     df_tensor *attn_norm;             /* layer.0.layer_norm [d_model] */
     df_linear_weights q, k, v, o;     /* [H*d_kv, d_model] x3, [d_model, H*d_kv] */
@@ -44,6 +63,8 @@ typedef struct t5_block {
 
 struct df_t5 {
     df_t5_config cfg;
+    int tp;        /* tensor-parallel ranks */
+    int64_t heads; /* this rank's heads: num_heads / tp */
     df_weight_set *ws;
     df_tensor *embed;         /* [V, d_model] */
     df_tensor *relative_bias; /* [num_buckets, H], block 0 only */
@@ -137,6 +158,23 @@ static df_status bind_weights(df_t5 *m)
     return df_ws_check_all_used(ws);
 }
 
+/* Splits the encoder over the context's ranks, if it has several. */
+static df_status shard(df_t5 *m, df_ctx *ctx, const char *name)
+{
+    df_comm *comm = df_ctx_comm(ctx);
+    m->tp = df_comm_size(comm);
+    m->heads = m->cfg.num_heads / m->tp;
+    if (m->tp <= 1)
+        return DF_OK;
+    if (m->cfg.num_heads % m->tp || m->cfg.d_ff % m->tp)
+        return df_errorf(DF_E_ARG, "%s: num_heads %" PRId64 " and d_ff %" PRId64 " must both be "
+                         "divisible by the %d tensor-parallel ranks", name, m->cfg.num_heads,
+                         m->cfg.d_ff, m->tp);
+    df_ws_set_tp_plan(m->ws, tp_plan, (int)(sizeof tp_plan / sizeof *tp_plan),
+                      df_comm_rank(comm), m->tp);
+    return DF_OK;
+}
+
 df_status df_t5_load(df_ctx *ctx, const char *dir, df_t5 **out)
 {
     *out = NULL;
@@ -156,6 +194,8 @@ df_status df_t5_load(df_ctx *ctx, const char *dir, df_t5 **out)
         if (!m->blocks)
             s = df_errorf(DF_E_OOM, "t5: out of memory");
     }
+    if (s == DF_OK)
+        s = shard(m, ctx, name);
     if (s == DF_OK)
         s = bind_weights(m);
     if (s != DF_OK) {
@@ -202,7 +242,7 @@ static int32_t position_bucket(int64_t rel, int64_t num_buckets, int64_t max_dis
     return (int32_t)(bucket + large);
 }
 
-/* T5Attention.compute_bias: [1, H, S, S] f32, dense. */
+/* T5Attention.compute_bias: [1, H, S, S] f32, dense (H: this rank's heads). */
 static df_tensor *position_bias(df_ctx *ctx, const df_t5 *m, int64_t s)
 {
     const df_t5_config *c = &m->cfg;
@@ -232,11 +272,19 @@ static df_tensor *split_heads(df_ctx *ctx, df_tensor *x, int64_t heads, int64_t 
     return df_permute(ctx, x, DF_SHAPE(0, 2, 1, 3));
 }
 
-/* T5Block.forward (encoder). x: [B, S, d_model], bias: additive [1 or B, H, S, S] */
-static df_tensor *block_forward(df_ctx *ctx, const df_t5_config *c, const t5_block *bl,
-                                df_tensor *x, df_tensor *bias)
+/* The sum over the ranks of a rowwise product's partial results (itself on one rank). */
+static df_tensor *tp_sum(df_ctx *ctx, const df_t5 *m, df_tensor *x)
 {
-    int64_t b = df_tensor_dim(x, 0), s = df_tensor_dim(x, 1), h = c->num_heads;
+    return m->tp > 1 ? df_all_reduce(ctx, x) : x;
+}
+
+/* T5Block.forward (encoder). x: [B, S, d_model], bias: additive [1 or B, H, S, S], H this
+ * rank's heads. */
+static df_tensor *block_forward(df_ctx *ctx, const df_t5 *m, const t5_block *bl, df_tensor *x,
+                                df_tensor *bias)
+{
+    const df_t5_config *c = &m->cfg;
+    int64_t b = df_tensor_dim(x, 0), s = df_tensor_dim(x, 1), h = m->heads;
     float eps = (float)c->layer_norm_epsilon;
     df_tensor *n = df_rms_norm(ctx, x, bl->attn_norm, eps);
     df_tensor *q = split_heads(ctx, df_linear(ctx, n, &bl->q), h, c->d_kv);
@@ -244,11 +292,12 @@ static df_tensor *block_forward(df_ctx *ctx, const df_t5_config *c, const t5_blo
     df_tensor *v = split_heads(ctx, df_linear(ctx, n, &bl->v), h, c->d_kv);
     df_tensor *a = df_attention(ctx, q, k, v, bias, false, 1.0f); /* [B, H, S, d_kv], unscaled */
     a = df_reshape(ctx, df_transpose(ctx, a, 1, 2), DF_SHAPE(b, s, h * c->d_kv));
-    x = df_add(ctx, x, df_linear(ctx, a, &bl->o));
+    x = df_add(ctx, x, tp_sum(ctx, m, df_linear(ctx, a, &bl->o)));
     n = df_rms_norm(ctx, x, bl->ff_norm, eps);
-    df_tensor *gate = df_gelu_tanh(ctx, df_linear(ctx, n, &bl->wi_0)); /* [B, S, d_ff] */
-    df_tensor *up = df_linear(ctx, n, &bl->wi_1);                      /* [B, S, d_ff] */
-    return df_add(ctx, x, df_linear(ctx, df_mul(ctx, gate, up), &bl->wo));
+    df_tensor *gate = df_gelu_tanh(ctx, df_linear(ctx, n, &bl->wi_0)); /* [B, S, d_ff/tp] */
+    df_tensor *up = df_linear(ctx, n, &bl->wi_1);                      /* [B, S, d_ff/tp] */
+    df_tensor *ff = df_linear(ctx, df_mul(ctx, gate, up), &bl->wo);    /* [B, S, d_model] */
+    return df_add(ctx, x, tp_sum(ctx, m, ff));
 }
 
 static df_status check_inputs(df_tensor *ids, df_tensor *mask)
@@ -292,7 +341,7 @@ df_status df_t5_encode(df_ctx *ctx, const df_t5 *m, df_tensor *ids, df_tensor *a
     }
     df_tensor *x = df_gather(ctx, m->embed, ids); /* [B, S, d_model] */
     for (int i = 0; i < c->num_layers; i++) {
-        x = block_forward(ctx, c, &m->blocks[i], x, bias);
+        x = block_forward(ctx, m, &m->blocks[i], x, bias);
         df_scope_end_n(ctx, base, (df_tensor *[]){bias, x}, 2);
     }
     x = df_rms_norm(ctx, x, m->final_norm, (float)c->layer_norm_epsilon);

@@ -19,7 +19,8 @@
  * shift; mu from the patch-grid length only when the config asks for dynamic shifting.
  * The transformer gets timestep = t in [0, 1000]; the flow-match Euler step runs on the
  * host in float32 (the scheduler's own rounding); df_mark_step() marks each step. With
- * df_load_opts.compile the transformer's forward is compiled (traced once per image size).
+ * df_load_opts.compile the transformer's forward is compiled (traced once per image size),
+ * with compile_blocks its repeated blocks.
  * Decoding un-scales (latents / scaling_factor + shift_factor) and runs the VAE decoder.
  *
  * Defaults: 28 steps, guidance 7.0, 256 T5 tokens, sample_size * 8 pixels. Components
@@ -214,6 +215,9 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     if (p->opts.compile)
         DF_TRY(
             df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true}, &s->compiled));
+    if (p->opts.compile_blocks)
+        DF_TRY(
+            df_sd3_compile_repeated_blocks(s->transformer, &(df_compile_opts){.fullgraph = true}));
 
     p->default_steps = 28;
     p->default_guidance = 7.0f;

@@ -228,14 +228,16 @@ static void write_config(const char *dir, const char *from, const char *to)
 static void write_weights(const char *dir, const st_file *f)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    int len = snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    assert_true(len > 0 && len < (int)sizeof path);
     st_write(path, f);
 }
 
 static void remove_weights(const char *dir)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    int len = snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
+    assert_true(len > 0 && len < (int)sizeof path);
     remove(path);
 }
 

@@ -7,6 +7,7 @@
  *   the output, and skipping block 1 of 3 equals a 2-block model made of blocks 0 and 2
  *   (the independent meaning of "leave the block out");
  * - a batch of two rows equals each row run alone (CFG batches [uncond, cond]);
+ * - compiled repeated blocks: one program per block variant, the plain forward's output;
  * - forward input errors and malformed model folders (config values, depth, tensors
  *   missing, unexpected or mis-shaped), and an out-of-memory sweep of the loader;
  * - a tiny SD3.5-architecture pipeline written by `diffuse make-tiny --arch sd3` generates
@@ -341,6 +342,46 @@ static void test_skip_layers(void **state)
     free(skip1);
     free(plain);
     df_sd3_free(two);
+    df_sd3_free(m);
+    df_ctx_free(ctx);
+    df_safetensors_free(g.st);
+}
+
+/* Compiled repeated blocks: one program per block variant (here dual, plain and
+ * context_pre_only), the same output as the plain forward, skip layers included, and no new
+ * program on a second call. */
+static void test_compiled_repeated_blocks(void **state)
+{
+    (void)state;
+    golden g = golden_load();
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2}, &ctx), DF_OK);
+    df_sd3 *m = NULL, *c = NULL;
+    assert_int_equal(df_sd3_load(ctx, MODEL_DIR, &m), DF_OK);
+    assert_int_equal(df_sd3_load(ctx, MODEL_DIR, &c), DF_OK);
+    assert_int_equal(df_sd3_compiled_programs(c), 0);
+    assert_int_equal(df_sd3_compile_repeated_blocks(c, &(df_compile_opts){.fullgraph = true}),
+                     DF_OK);
+    df_sd3_inputs in = golden_inputs(ctx, &g), skip = in;
+    static const int one[1] = {1};
+    skip.skip_layers = one, skip.n_skip_layers = 1;
+    int64_t n, k;
+    float *want = forward(ctx, m, &in, &n), *want_skip = forward(ctx, m, &skip, &n);
+    for (int call = 0; call < 2; call++) {
+        float *got = forward(ctx, c, &in, &k), *got_skip = forward(ctx, c, &skip, &k);
+        assert_int_equal(k, n);
+        printf("compiled blocks, call %d: max diff %.3g, with skip layer 1 %.3g, %d programs\n",
+               call, max_diff(got, want, n), max_diff(got_skip, want_skip, n),
+               df_sd3_compiled_programs(c));
+        assert_true(max_diff(got, want, n) <= 1e-5);
+        assert_true(max_diff(got_skip, want_skip, n) <= 1e-5);
+        assert_int_equal(df_sd3_compiled_programs(c), 3);
+        free(got);
+        free(got_skip);
+    }
+    free(want);
+    free(want_skip);
+    df_sd3_free(c);
     df_sd3_free(m);
     df_ctx_free(ctx);
     df_safetensors_free(g.st);
@@ -789,6 +830,7 @@ int main(void)
         cmocka_unit_test(test_golden_bf16_compute_within_2e_2),
         cmocka_unit_test(test_skip_layers),
         cmocka_unit_test(test_batch_of_two_rows_matches_single_rows),
+        cmocka_unit_test(test_compiled_repeated_blocks),
         cmocka_unit_test(test_bad_inputs_fail_the_context_naming_the_input),
         cmocka_unit_test(test_bad_configs_are_refused),
         cmocka_unit_test(test_bad_weights_are_named),

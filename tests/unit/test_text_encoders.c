@@ -311,7 +311,8 @@ static void write_weights(const char *src_dir, const char *dst_dir, df_dtype dty
         st_add(&f, extra, "I64", (int64_t[]){1, 77}, 2, pos, sizeof pos);
     }
     df_safetensors_free(src);
-    snprintf(path, sizeof path, "%s/model.safetensors", dst_dir);
+    int len = snprintf(path, sizeof path, "%s/model.safetensors", dst_dir);
+    assert_true(len > 0 && len < (int)sizeof path);
     st_write(&f, path);
 }
 

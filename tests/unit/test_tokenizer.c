@@ -177,13 +177,25 @@ enum { MAX_UNITS = 2048 };
 
 static bool base_used[MAX_UNITS]; /* each node needs its own base, as darts-clone ensures */
 
+/* strncmp(a, b, n) == 0, written out: gcc's inlined strncmp warns on the short literals. */
+static bool same_prefix(const char *a, const char *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != b[i])
+            return false;
+        if (!a[i])
+            return true;
+    }
+    return true;
+}
+
 static void place(uint32_t *u, bool *used, uint32_t q, const char *prefix, size_t depth,
                   const rule *rules, int n, const uint32_t *value_of)
 {
     bool child[256] = {false}, terminal = false;
     uint32_t value = 0;
     for (int i = 0; i < n; i++) {
-        if (strncmp(rules[i].from, prefix, depth) != 0)
+        if (!same_prefix(rules[i].from, prefix, depth))
             continue;
         if (strlen(rules[i].from) == depth) {
             terminal = true;

@@ -341,9 +341,11 @@ static void put_conv(writer *wr, const char *name, int64_t o, int64_t i, int64_t
 static void put_norm(writer *wr, const char *name, int64_t c)
 {
     char full[256];
-    snprintf(full, sizeof full, "%s.weight", name);
+    int len = snprintf(full, sizeof full, "%s.weight", name);
+    assert_true(len > 0 && len < (int)sizeof full);
     put(wr, full, (int64_t[]){c}, 1, 0.2f, 1.0f);
-    snprintf(full, sizeof full, "%s.bias", name);
+    len = snprintf(full, sizeof full, "%s.bias", name);
+    assert_true(len > 0 && len < (int)sizeof full);
     put(wr, full, (int64_t[]){c}, 1, 0.2f, 0);
 }
 

@@ -578,7 +578,8 @@ static int write_sd3(tiny *t)
     const int D = SD3_INNER, P = SD3_PATCH, M = SD3_POS_MAX, pooled = 2 * SD3_CLIP_PROJ;
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
-             "{\n  \"_class_name\": \"SD3Transformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+             "{\n  \"_class_name\": \"SD3Transformer2DModel\",\n"
+             "  \"_diffusers_version\": \"0.37.1\",\n"
              "  \"attention_head_dim\": %d,\n  \"caption_projection_dim\": %d,\n"
              "  \"dual_attention_layers\": [0, 1],\n  \"in_channels\": %d,\n"
              "  \"joint_attention_dim\": %d,\n  \"num_attention_heads\": %d,\n"
