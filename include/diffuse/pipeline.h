@@ -43,6 +43,15 @@ typedef struct df_load_opts {
                             per image size; see compile.h); the rest runs in `mode` */
     bool compile_blocks; /* compile the transformer's repeated blocks instead */
     df_offload offload;
+    /* Tensor parallelism (FluxPipeline): the transformer and T5 split over `tp` ranks, one
+     * process each. 0 or 1: none. With `comm` NULL, tp > 1 initialises MPI (df_dist_init;
+     * the program must run under mpirun -np tp) and the pipeline owns the communicator;
+     * otherwise `comm` (MPI or threads, borrowed, of size tp; tp 0 takes its size) is used.
+     * Every rank calls load and run with the same arguments; rank 0 tokenizes, draws the
+     * noise, runs CLIP and the VAE and broadcasts what the others need, so the result does
+     * not depend on tp. Only rank 0's output holds images; the others get the latents. */
+    int tp;
+    struct df_comm *comm;
 } df_load_opts;
 
 /* Called after every denoising step. */

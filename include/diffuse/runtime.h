@@ -103,6 +103,17 @@ DF_API df_tensor *df_scope_end(df_ctx *ctx, df_scope mark, df_tensor *keep);
 /* The same for several kept tensors (NULL entries are skipped). */
 DF_API void df_scope_end_n(df_ctx *ctx, df_scope mark, df_tensor **keep, int n);
 
+/* Per-op-kind kernel time (profiling, off by default; DIFFUSE_PROFILE=1 turns it on for
+ * every context). Fused kernels count under "fused". */
+typedef struct df_profile_entry {
+    const char *op;
+    int64_t calls;
+    double ms;
+} df_profile_entry;
+DF_API void df_ctx_set_profiling(df_ctx *ctx, bool on);
+/* Fills up to `cap` entries, largest time first (waits for queued work); returns the count. */
+DF_API int df_ctx_profile(df_ctx *ctx, df_profile_entry *out, int cap);
+
 /* Counters since creation (or the last df_stats_reset). */
 DF_API void df_ctx_stats(df_ctx *ctx, df_stats *out);
 DF_API void df_stats_reset(df_ctx *ctx);

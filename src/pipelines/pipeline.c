@@ -2,11 +2,16 @@
  * Pipeline loading and the parts every pipeline class shares: picking the class from
  * model_index.json, creating the context the components run in, the progress bar and the
  * output's lifetime.
+ *
+ * Tensor parallelism (df_load_opts.tp): the communicator is set up before the context, bound
+ * to it (so the models load sharded), and after loading every rank agrees on the result: a
+ * rank that failed to load stops all of them, and rank 0 holds the failing rank's message.
  */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <diffuse/dist.h>
 #include <diffuse/layout.h>
 
 #include "core/alloc.h"
@@ -29,6 +34,32 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
         return df_errorf(DF_E_FORMAT, "%s/model_index.json: the pipeline needs component "
                          "'%s', which is missing or null", p->dir, name);
     return df_layout_component_dir(p->dir, name, buf, cap);
+}
+
+/* The tensor-parallel ranks the options ask for, if any. */
+static df_status tp_setup(df_pipeline *p, const df_pipeline_kind *pc)
+{
+    int tp = p->opts.tp;
+    if (tp < 0)
+        return df_errorf(DF_E_ARG, "tp must be at least 1, not %d", tp);
+    if (tp <= 1 && !p->opts.comm)
+        return DF_OK;
+    if (p->opts.comm) {
+        p->comm = p->opts.comm;
+    } else {
+        DF_TRY(df_dist_init(NULL, NULL, &p->comm));
+        p->owns_comm = true;
+    }
+    int ranks = df_comm_size(p->comm);
+    if (tp == 0)
+        tp = ranks;
+    if (tp != ranks)
+        return df_errorf(DF_E_ARG, "tensor parallelism over %d ranks was asked for, but %d "
+                         "ranks were launched (mpirun -np %d)", tp, ranks, tp);
+    if (tp > 1 && pc != &df_flux_pipeline_class)
+        return df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
+                         "implemented for FluxPipeline, not %s", p->dir, pc->name);
+    return DF_OK;
 }
 
 df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
@@ -58,13 +89,19 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
     snprintf(p->dir, sizeof p->dir, "%s", dir);
     p->opts = opts ? *opts : (df_load_opts){.auto_dtype = true};
     df_dtype compute = p->opts.auto_dtype ? DF_DTYPE_F32 : p->opts.dtype;
-    df_status s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
-                                               .threads = p->opts.threads,
-                                               .compute = compute,
-                                               .mode = p->opts.mode},
-                                &p->ctx);
+    df_status s = tp_setup(p, pc);
     if (s == DF_OK)
+        s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
+                                         .threads = p->opts.threads,
+                                         .compute = compute,
+                                         .mode = p->opts.mode},
+                          &p->ctx);
+    if (s == DF_OK) {
+        df_ctx_set_comm(p->ctx, p->comm);
         s = pc->load(p, idx);
+    }
+    if (p->comm)
+        s = df_comm_agree(p->comm, s); /* all ranks loaded, or all stop */
     df_model_index_free(idx);
     if (s != DF_OK) {
         df_pipeline_free(p);
@@ -129,6 +166,8 @@ void df_pipeline_free(df_pipeline *p)
     if (p->impl)
         p->cls->free(p->impl);
     df_ctx_free(p->ctx);
+    if (p->owns_comm)
+        df_comm_free(p->comm);
     df_free(p);
 }
 

@@ -18,6 +18,8 @@ struct df_pipeline {
     df_ctx *ctx;
     char dir[2048];
     df_load_opts opts;
+    struct df_comm *comm; /* tensor-parallel ranks, or NULL */
+    bool owns_comm;
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
     float default_guidance;

@@ -53,6 +53,7 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
     ctx->exec = &df_exec_eager;
     ctx->fuse_max_nodes = o.fuse_max_nodes > 0 ? o.fuse_max_nodes : 4096;
     ctx->launch_blocking = env_flag("DIFFUSE_LAUNCH_BLOCKING");
+    ctx->profiling = env_flag("DIFFUSE_PROFILE");
     df_status s = df_device_open(o.device ? o.device : df_device_default(), o.threads, &ctx->dev);
     if (s == DF_OK)
         s = ctx->dev->ops->stream_create(ctx->dev->impl, &ctx->stream);
@@ -263,6 +264,10 @@ void df_stats_reset(df_ctx *ctx)
 {
     int64_t resident = ctx->stats.resident_weight_bytes;
     memset(&ctx->stats, 0, sizeof ctx->stats);
+    for (int i = 0; i <= DF_OP_COUNT; i++) {
+        atomic_store(&ctx->prof_ns[i], 0);
+        atomic_store(&ctx->prof_calls[i], 0);
+    }
     ctx->stats.resident_weight_bytes = resident;
     ctx->stats.peak_resident_weight_bytes = resident;
     ctx->step_seconds = 0;
@@ -304,4 +309,38 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
                     (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes,
                     (long long)s->peak_resident_weight_bytes);
+}
+
+/* --- profiling -------------------------------------------------------------------------- */
+
+void df_profile_add(df_ctx *ctx, int slot, double seconds)
+{
+    atomic_fetch_add(&ctx->prof_ns[slot], (int64_t)(seconds * 1e9));
+    atomic_fetch_add(&ctx->prof_calls[slot], 1);
+}
+
+void df_ctx_set_profiling(df_ctx *ctx, bool on)
+{
+    ctx->profiling = on;
+}
+
+int df_ctx_profile(df_ctx *ctx, df_profile_entry *out, int cap)
+{
+    df_sync(ctx);
+    int n = 0;
+    for (int i = 0; i <= DF_OP_COUNT && n < cap; i++) {
+        int64_t calls = atomic_load(&ctx->prof_calls[i]);
+        if (!calls)
+            continue;
+        out[n++] = (df_profile_entry){.op = i == DF_OP_COUNT ? "fused" : df_op_name((df_op)i),
+                                      .calls = calls,
+                                      .ms = (double)atomic_load(&ctx->prof_ns[i]) * 1e-6};
+    }
+    for (int i = 1; i < n; i++) /* largest first */
+        for (int j = i; j > 0 && out[j].ms > out[j - 1].ms; j--) {
+            df_profile_entry t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return n;
 }

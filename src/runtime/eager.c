@@ -25,12 +25,18 @@ void df_node_free(df_node *n)
 typedef struct eager_item {
     df_node *node;
     df_kernel_fn kernel;
+    df_ctx *profile; /* set when profiling */
 } eager_item;
 
 static df_status run_node(void *arg, df_kernel_env *env)
 {
     eager_item *it = arg;
-    return it->kernel(it->node, env);
+    if (!it->profile)
+        return it->kernel(it->node, env);
+    double t0 = df_now();
+    df_status s = it->kernel(it->node, env);
+    df_profile_add(it->profile, it->node->op, df_now() - t0);
+    return s;
 }
 
 static void done_node(void *arg, df_status s)
@@ -61,6 +67,7 @@ df_status df_eager_submit(df_ctx *ctx, df_node *node)
     }
     it->node = node;
     it->kernel = k;
+    it->profile = ctx->profiling ? ctx : NULL;
     s = ctx->dev->ops->stream_submit(ctx->stream,
                                      &(df_work){.run = run_node, .done = done_node, .arg = it});
     if (s != DF_OK) {

@@ -384,6 +384,7 @@ void df_graph_plan_free(lz_program *p)
 
 typedef struct fused_item {
     df_fused f;
+    df_ctx *profile;
     df_node **owned; /* the group's nodes, freed when it has run */
     int n_owned;
 } fused_item;
@@ -391,7 +392,11 @@ typedef struct fused_item {
 static df_status run_fused(void *arg, df_kernel_env *env)
 {
     fused_item *it = arg;
-    return it->owned[0]->out.st->dev->ops->run_fused(&it->f, env);
+    double t0 = it->profile ? df_now() : 0;
+    df_status s = it->owned[0]->out.st->dev->ops->run_fused(&it->f, env);
+    if (it->profile)
+        df_profile_add(it->profile, DF_OP_COUNT, df_now() - t0);
+    return s;
 }
 
 static void done_fused(void *arg, df_status s)
@@ -429,6 +434,7 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
         return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
     }
     df_fused *f = &it->f;
+    it->profile = ctx->profiling ? ctx : NULL;
     f->out = nodes[g->root]->out;
     f->n_in = g->n_in;
     for (int k = 0; k < g->n_in; k++)

@@ -46,6 +46,10 @@ struct df_ctx {
     struct df_comm *comm;     /* tensor parallelism: the ranks this context works with */
     const df_tensor *reading; /* the tensor df_tensor_read is waiting for (for messages) */
 
+    bool profiling;
+    _Atomic int64_t prof_ns[DF_OP_COUNT + 1]; /* per op kind; the last slot: fused kernels */
+    _Atomic int64_t prof_calls[DF_OP_COUNT + 1];
+
     df_stats stats;
     int64_t allocated_base; /* allocator total at the last df_stats_reset */
     double step_clock;      /* time of the previous df_mark_step */
@@ -74,5 +78,7 @@ df_status df_eager_submit(df_ctx *ctx, df_node *node);
 void df_node_free(df_node *n);
 
 double df_now(void);
+/* Adds one kernel's time to the context's profile (called on the stream thread). */
+void df_profile_add(df_ctx *ctx, int slot, double seconds);
 
 #endif

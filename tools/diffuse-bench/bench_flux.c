@@ -476,3 +476,271 @@ int bench_flux(const bench_opts *o)
     rmdir(root);
     return failures ? 1 : 0;
 }
+
+/* ---- workload "modes": the execution modes side by side ---------------------------------- */
+
+/* The whole transformer as a module, for df_compile. */
+static df_status flux_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                     df_tensor **out)
+{
+    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
+    out[0] = df_flux_forward(ctx, self, &fi);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+static const df_module flux_module = {
+    .name = "FluxTransformer2DModel", .n_in = 7, .n_out = 1, .forward = flux_module_forward};
+
+typedef struct mode_run {
+    const char *mode;
+    df_flux *m;
+    df_compiled *whole;
+} mode_run;
+
+/* One forward in the run's mode, until the device has finished it. */
+static int forward_once(df_ctx *ctx, mode_run *r, const df_flux_inputs *in, double *seconds)
+{
+    double t0 = bench_now();
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *out = NULL;
+    df_status st;
+    if (r->whole) {
+        df_tensor *args[7] = {in->hidden_states, in->encoder_hidden_states,
+                              in->pooled_projections, in->timestep, in->img_ids, in->txt_ids,
+                              in->guidance};
+        st = df_compiled_call(ctx, r->whole, r->m, args, &out);
+    } else {
+        out = df_flux_forward(ctx, r->m, in);
+        st = df_mark_step(ctx); /* what the pipelines do once per step */
+    }
+    if (st == DF_OK)
+        st = df_sync(ctx);
+    df_scope_end(ctx, mark, NULL);
+    *seconds = bench_now() - t0;
+    if (!out || st != DF_OK) {
+        fprintf(stderr, "modes: %s: %s\n", r->mode, df_error_message());
+        return 1;
+    }
+    return 0;
+}
+
+static bool is_matrix_product(const char *op)
+{
+    return !strcmp(op, "linear") || !strcmp(op, "matmul") || !strcmp(op, "attention") ||
+           !strcmp(op, "conv2d");
+}
+
+static void print_profile(const bench_opts *o, df_ctx *ctx, const char *label)
+{
+    df_profile_entry e[64];
+    int n = df_ctx_profile(ctx, e, 64);
+    double total = 0, outside = 0;
+    for (int i = 0; i < n; i++) {
+        total += e[i].ms;
+        outside += is_matrix_product(e[i].op) ? 0 : e[i].ms;
+    }
+    if (o->json) {
+        printf("{\"workload\":\"modes\",\"profile\":\"%s\",\"total_ms\":%.2f,"
+               "\"outside_matrix_products_ms\":%.2f,\"ops\":{", label, total, outside);
+        for (int i = 0; i < n; i++)
+            printf("%s\"%s\":%.2f", i ? "," : "", e[i].op, e[i].ms);
+        printf("}}\n");
+        return;
+    }
+    printf("  profile %s: kernels %.1f ms, outside matrix products %.1f ms (%.0f%%)\n", label,
+           total, outside, total > 0 ? 100 * outside / total : 0);
+    for (int i = 0; i < n && i < 12; i++)
+        printf("    %-18s %8.1f ms %5.1f%%  %6lld calls\n", e[i].op, e[i].ms,
+               total > 0 ? 100 * e[i].ms / total : 0, (long long)e[i].calls);
+}
+
+static int measure_mode(const bench_opts *o, const run_cfg *rc, const char *dir, const char *mode,
+                        int k)
+{
+    bool compile = !strcmp(mode, "compile"), blocks = !strcmp(mode, "blocks");
+    df_ctx *ctx;
+    df_eager_mode em = !strcmp(mode, "eager") ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
+    if (df_ctx_create(&(df_ctx_opts){.threads = rc->threads, .compute = rc->dtype, .mode = em},
+                      &ctx) != DF_OK) {
+        fprintf(stderr, "modes: %s\n", df_error_message());
+        return 1;
+    }
+    mode_run r = {.mode = mode};
+    int bad = df_flux_load(ctx, dir, &r.m) != DF_OK;
+    if (!bad && compile)
+        bad = df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &r.whole) != DF_OK;
+    if (!bad && blocks)
+        bad = df_flux_compile_repeated_blocks(r.m, &(df_compile_opts){.fullgraph = true}) != DF_OK;
+    if (bad)
+        fprintf(stderr, "modes: %s\n", df_error_message());
+    df_scope mark = df_scope_begin(ctx);
+    df_flux_inputs in;
+    double first = 0, s, sum = 0;
+    int repeats = o->quick ? 3 : 2;
+    df_stats st0 = {0}, st = {0};
+    bad = bad || make_inputs(ctx, rc->s, rc->tokens[k][0], rc->tokens[k][1], &in);
+    /* The first call packs weights, plans or compiles; it is reported on its own. */
+    df_stats_reset(ctx);
+    bad = bad || forward_once(ctx, &r, &in, &first);
+    df_ctx_stats(ctx, &st0);
+    df_stats_reset(ctx);
+    df_ctx_set_profiling(ctx, o->profile);
+    for (int i = 0; !bad && i < repeats; i++) {
+        bad = forward_once(ctx, &r, &in, &s);
+        sum += s;
+    }
+    df_ctx_stats(ctx, &st);
+    if (!bad) {
+        double S = (double)(rc->tokens[k][0] + rc->tokens[k][1]);
+        double flop = embed_gflop(rc->s, (double)rc->tokens[k][0], (double)rc->tokens[k][1]) +
+                      rc->n_double * double_gflop(rc->s, S) + rc->n_single * single_gflop(rc->s, S);
+        double sec = sum / repeats;
+        char shape[96], extra[256];
+        snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
+                 rc->tokens[k][1], rc->n_double, rc->n_single);
+        snprintf(extra, sizeof extra,
+                 ",\"first_ms\":%.1f,\"compile_ms\":%.2f,\"graphs_compiled\":%lld,"
+                 "\"cache_hits\":%lld,\"fused_kernels\":%lld,\"kernels\":%lld",
+                 first * 1e3, st0.compile_ms, (long long)st0.graphs_compiled,
+                 (long long)st.cache_hits, (long long)(st.fused_kernels / repeats),
+                 (long long)(st.ops_enqueued / repeats));
+        bench_report(o, "modes", shape, rc->threads, df_dtype_name(rc->dtype), mode, sec * 1e3,
+                     flop / sec, bench_ceiling_gflops(rc->dtype, rc->threads),
+                     st.peak_bytes > st0.peak_bytes ? st.peak_bytes : st0.peak_bytes, extra);
+        if (!o->json)
+            printf("  %s: first call %.1f ms (compile %.2f ms), %lld kernels per step, %lld "
+                   "fused\n",
+                   mode, first * 1e3, st0.compile_ms, (long long)(st.ops_enqueued / repeats),
+                   (long long)(st.fused_kernels / repeats));
+        if (o->profile) {
+            char label[128];
+            snprintf(label, sizeof label, "%s %s %s", shape, df_dtype_name(rc->dtype), mode);
+            print_profile(o, ctx, label);
+        }
+    }
+    df_scope_end(ctx, mark, NULL);
+    df_compiled_free(r.whole);
+    df_flux_free(r.m);
+    df_ctx_free(ctx);
+    return bad;
+}
+
+int bench_modes(const bench_opts *o)
+{
+    run_cfg rc = {.s = o->quick ? &tiny_shape : &full_shape,
+                  .n_double = 1,
+                  .n_single = 2,
+                  .threads = o->threads ? o->threads : 2,
+                  .n_tokens = 2};
+    for (int i = 0; i + 1 < o->argc; i += 2) {
+        if (strcmp(o->argv[i], "--double") == 0)
+            rc.n_double = atoi(o->argv[i + 1]);
+        else if (strcmp(o->argv[i], "--single") == 0)
+            rc.n_single = atoi(o->argv[i + 1]);
+    }
+    if (rc.n_double < 1 || rc.n_single < 1) {
+        fprintf(stderr, "modes: usage: modes [--double N] [--single N] (N >= 1)\n");
+        return 1;
+    }
+    const int64_t full_tokens[2][2] = {{256, 512}, {1024, 512}},
+                  tiny_tokens[2][2] = {{16, 8}, {64, 8}};
+    memcpy(rc.tokens, o->quick ? tiny_tokens : full_tokens, sizeof rc.tokens);
+    const char *tmp = getenv("TMPDIR");
+    char root[1024], dir[1100];
+    snprintf(root, sizeof root, "%s/diffuse-bench-modes-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root) || join(dir, sizeof dir, root, "model") ||
+        write_model(dir, rc.s, rc.n_double, rc.n_single)) {
+        fprintf(stderr, "modes: cannot write the random checkpoint under %s\n", root);
+        return 1;
+    }
+    static const char *const modes[4] = {"eager", "fuse", "compile", "blocks"};
+    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    int failures = 0;
+    for (int di = 0; di < 2; di++) {
+        if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
+            continue;
+        rc.dtype = dtypes[di];
+        for (int k = 0; k < rc.n_tokens; k++)
+            for (int mi = 0; mi < 4; mi++)
+                if (!o->mode || !strcmp(o->mode, modes[mi]))
+                    failures += measure_mode(o, &rc, dir, modes[mi], k);
+    }
+    remove_model(dir);
+    rmdir(root);
+    return failures ? 1 : 0;
+}
+
+/* ---- workload "compile": compile time against depth --------------------------------------- */
+
+/* Compile time (recording + planning) of the whole transformer and of its repeated blocks,
+ * at FLUX.1's full depth (19 + 38) and at depth 8. The work is proportional to the number
+ * of ops, not to tensor sizes (nothing is generated or tuned per shape), so the model is
+ * FLUX.1-shaped but narrow (hidden 128) to keep the checkpoint small; --width 3072 gives the
+ * real width if the disk and time allow. */
+int bench_compile(const bench_opts *o)
+{
+    shape s = tiny_shape;
+    for (int i = 0; i + 1 < o->argc; i += 2)
+        if (!strcmp(o->argv[i], "--width")) {
+            s = full_shape;
+            s.D = atoi(o->argv[i + 1]);
+            s.heads = s.D / 128 > 0 ? s.D / 128 : 1;
+        }
+    const int depths[2][2] = {{8, 8}, {19, 38}};
+    const char *tmp = getenv("TMPDIR");
+    char root[1024], dir[1100];
+    snprintf(root, sizeof root, "%s/diffuse-bench-compile-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(root) || join(dir, sizeof dir, root, "model"))
+        return 1;
+    int failures = 0;
+    int threads = o->threads ? o->threads : 2;
+    for (int d = 0; d < 2; d++) {
+        if (write_model(dir, &s, depths[d][0], depths[d][1])) {
+            fprintf(stderr, "compile: cannot write the checkpoint\n");
+            failures++;
+            break;
+        }
+        run_cfg rc = {.s = &s, .n_double = depths[d][0], .n_single = depths[d][1],
+                      .threads = threads, .dtype = DF_DTYPE_F32, .n_tokens = 1,
+                      .tokens = {{1024, 512}}};
+        for (int mi = 0; mi < 2; mi++) {
+            const char *mode = mi ? "blocks" : "compile";
+            df_ctx *ctx;
+            if (df_ctx_create(&(df_ctx_opts){.threads = threads, .mode = DF_DEFER_AND_FUSE},
+                              &ctx) != DF_OK)
+                return 1;
+            mode_run r = {.mode = mode};
+            int bad = df_flux_load(ctx, dir, &r.m) != DF_OK;
+            if (!bad && !mi)
+                bad = df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &r.whole);
+            if (!bad && mi)
+                bad = df_flux_compile_repeated_blocks(r.m, &(df_compile_opts){.fullgraph = true});
+            df_flux_inputs in;
+            double first = 0, again = 0;
+            df_stats st;
+            bad = bad || make_inputs(ctx, rc.s, 1024, 512, &in);
+            df_stats_reset(ctx);
+            bad = bad || forward_once(ctx, &r, &in, &first);
+            df_ctx_stats(ctx, &st);
+            bad = bad || forward_once(ctx, &r, &in, &again);
+            if (bad) {
+                fprintf(stderr, "compile: %s\n", df_error_message());
+                failures++;
+            } else {
+                char shape[96], extra[128];
+                snprintf(shape, sizeof shape, "depth %d+%d, 1024+512 tokens, hidden %" PRId64,
+                         depths[d][0], depths[d][1], s.D);
+                snprintf(extra, sizeof extra, ",\"compile_ms\":%.2f,\"programs\":%lld",
+                         st.compile_ms, (long long)st.graphs_compiled);
+                bench_report(o, "compile", shape, threads, "f32", mode, st.compile_ms, 0, 0,
+                             st.arena_bytes, extra);
+            }
+            df_compiled_free(r.whole);
+            df_flux_free(r.m);
+            df_ctx_free(ctx);
+        }
+        remove_model(dir);
+    }
+    rmdir(root);
+    return failures ? 1 : 0;
+}

@@ -2,7 +2,7 @@
  * diffuse-bench: the command line, the workload table, and the report format.
  *
  *   diffuse-bench [--json] [--quick] [--profile] [--threads N] [--dtype f32|bf16]
- *                 [--mode eager|fuse] WORKLOAD [args]
+ *                 [--mode eager|fuse|compile|blocks] WORKLOAD [args]
  *
  * The common options may come before or after the workload's name; everything else after
  * the name is the workload's own arguments. A measurement is printed as a table row (a
@@ -21,6 +21,9 @@ int bench_tokenizer(const bench_opts *o);
 int bench_flux(const bench_opts *o);
 int bench_t5(const bench_opts *o);
 int bench_vae(const bench_opts *o);
+int bench_modes(const bench_opts *o);
+int bench_compile(const bench_opts *o);
+int bench_sd3(const bench_opts *o);
 
 static const bench_workload workloads[] = {
     {"ceiling", "best GEMM rate of the provider (oneDNN), f32 and bf16, 1 and 2 threads",
@@ -40,6 +43,14 @@ static const bench_workload workloads[] = {
     {"flux", "FLUX.1 transformer blocks at full width [--double N] [--single N]", bench_flux},
     {"t5", "T5-XXL-width encoder layers on 256 and 512 tokens", bench_t5},
     {"vae", "VAE decoder whole and tiled [SIZE [TILE [OVERLAP]]]", bench_vae},
+    {"modes",
+     "FLUX.1-width transformer in every execution mode side by side: first call, ms per step, "
+     "peak memory, kernels; --profile adds time per op kind [--double N] [--single N]",
+     bench_modes},
+    {"compile", "compile time of the whole transformer and of its repeated blocks at depth 8 "
+                "and 19+38 [--width 3072]",
+     bench_compile},
+    {"sd3", "SD3.5-medium-width transformer step with CFG at 512x512", bench_sd3},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 
@@ -122,7 +133,7 @@ void bench_report(const bench_opts *o, const char *workload, const char *shape, 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: diffuse-bench [--json] [--quick] [--profile] [--threads N] "
-               "[--dtype f32|bf16] [--mode eager|fuse] WORKLOAD [args]\n\n"
+               "[--dtype f32|bf16] [--mode eager|fuse|compile|blocks] WORKLOAD [args]\n\n"
                "  --json       one JSON object per measurement, per line\n"
                "  --quick      small shapes, few repeats (smoke runs)\n"
                "  --profile    per-op-kind time profile, where the workload offers one\n"
