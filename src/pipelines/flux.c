@@ -9,6 +9,18 @@
  * scheduler does it); df_mark_step() marks the step. Decoding unpacks, un-scales and runs
  * the VAE decoder.
  *
+ * Tensor parallelism (df_load_opts.tp, a communicator on the context): the transformer and
+ * T5 load sharded on every rank; the tokenizers, CLIP and the VAE load and run on rank 0
+ * only (they are small next to the transformer, and other ranks would only repeat the same
+ * work). Rank 0 decides the run's sizes, tokenizes, runs CLIP, draws the noise and
+ * broadcasts what the others need (T5 ids, pooled embeddings, latents, and the latents
+ * again after each step, so every rank holds the same numbers and the result does not
+ * depend on the number of ranks). Failures: where a rank can fail alone with no collective
+ * pending (tokenizing, CLIP, the arguments) all ranks agree on the status (df_comm_agree),
+ * so they stop together and rank 0 has the message; a rank whose sharded forward failed
+ * cannot join the next collective, so it stops every rank (df_comm_abort). Host-side
+ * collectives wait for the device first, so they never overlap the stream's all-reduces.
+ *
  * Defaults come from the model: a transformer without guidance embedding is schnell-like
  * (4 steps, guidance ignored, 256 T5 tokens), one with it is dev-like (28 steps, guidance
  * 3.5, 512 tokens). Components listed as null in model_index.json are allowed when the
@@ -18,6 +30,7 @@
 #include <string.h>
 
 #include <diffuse/clip.h>
+#include <diffuse/dist.h>
 #include <diffuse/flux.h>
 #include <diffuse/rng.h>
 #include <diffuse/scheduler.h>
@@ -88,6 +101,46 @@ static df_status expect_class(const df_pipeline *p, const df_model_index *idx, c
     return DF_OK;
 }
 
+/* ---- tensor parallelism (see the top of the file) ---------------------------------------- */
+
+/* Rank 0, or the only process. */
+static bool lead(const df_pipeline *p)
+{
+    return df_comm_rank(p->comm) == 0;
+}
+
+static bool tp(const df_pipeline *p)
+{
+    return df_comm_size(p->comm) > 1;
+}
+
+/* After work that ran the stream's collectives (sharded T5, transformer steps): a rank that
+ * failed there cannot join the next collective, so it stops every rank. */
+static df_status tp_check(df_pipeline *p, df_status s)
+{
+    if (s != DF_OK && tp(p))
+        df_comm_abort(p->comm);
+    return s;
+}
+
+/* Every rank's status, where a rank may have failed alone with no collective pending. */
+static df_status tp_agree(df_pipeline *p, df_status s)
+{
+    if (!tp(p))
+        return s;
+    df_status w = df_sync(p->ctx);
+    return df_comm_agree(p->comm, s != DF_OK ? s : w);
+}
+
+/* Rank 0's `bytes` at buf on every rank (after the device is idle). */
+static df_status tp_share(df_pipeline *p, void *buf, size_t bytes)
+{
+    if (!tp(p))
+        return DF_OK;
+    DF_TRY(tp_check(p, df_sync(p->ctx)));
+    return df_comm_broadcast(p->comm, buf, bytes, 0);
+}
+
 static df_status flux_load(df_pipeline *p, const df_model_index *idx)
 {
     flux_pipe *f = df_calloc(1, sizeof *f);
@@ -112,7 +165,8 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
+    if (lead(p))
+        DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
     bool text = df_pipeline_has_component(idx, "text_encoder") ||
                 df_pipeline_has_component(idx, "text_encoder_2");
@@ -121,22 +175,24 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
                                             "text_encoder_2"};
         for (int i = 0; i < 4; i++)
             DF_TRY(df_pipeline_component_dir(p, idx, parts[i], dir, sizeof dir));
-        DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
-        DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_clip), "%s", dir);
-        DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
-        DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_t5), "%s", dir);
-        DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
-        DF_TRY_CTX(df_clip_load(p->ctx, dir, &f->clip), "%s", dir);
+        if (lead(p)) {
+            DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
+            DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_clip), "%s", dir);
+            DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
+            DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_t5), "%s", dir);
+            DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
+            DF_TRY_CTX(df_clip_load(p->ctx, dir, &f->clip), "%s", dir);
+        }
         DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_2", dir, sizeof dir));
         DF_TRY_CTX(df_t5_load(p->ctx, dir, &f->t5), "%s", dir);
         const df_flux_cfg *c = df_flux_config(f->transformer);
         if (df_t5_get_config(f->t5)->d_model != c->joint_attention_dim ||
-            df_clip_get_config(f->clip)->hidden_size != c->pooled_projection_dim)
+            (f->clip && df_clip_get_config(f->clip)->hidden_size != c->pooled_projection_dim))
             return df_errorf(DF_E_FORMAT, "%s: text encoder widths (T5 %lld, CLIP %lld) do not "
                              "match the transformer's joint_attention_dim %lld and "
                              "pooled_projection_dim %lld", p->dir,
                              (long long)df_t5_get_config(f->t5)->d_model,
-                             (long long)df_clip_get_config(f->clip)->hidden_size,
+                             (long long)(f->clip ? df_clip_get_config(f->clip)->hidden_size : 0),
                              (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
     }
     if (p->opts.compile)
@@ -151,7 +207,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
     DF_TRY(offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
     DF_TRY(offload(p, df_flux_weight_set(f->transformer)));
-    DF_TRY(offload(p, df_vae_weight_set(f->vae)));
+    DF_TRY(offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
     bool dev = df_flux_config(f->transformer)->guidance_embeds;
     p->default_steps = dev ? 28 : 4;
     p->default_guidance = dev ? 3.5f : 0.0f;
@@ -160,16 +216,67 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     return DF_OK;
 }
 
-/* Text side for B rows (each prompt repeated num_images times). */
-static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const *prompts, int np,
-                                int per, int max_seq, df_tensor **embeds, df_tensor **pooled)
+/* A run's sizes, decided by rank 0 and shared so that every rank agrees. */
+typedef struct run_sizes {
+    int32_t H, W, steps, max_seq, per, np, B, factor;
+    int64_t L;           /* text tokens */
+    float guidance;
+    int32_t has_embeds;  /* prompt embeddings given instead of prompts */
+} run_sizes;
+
+/* The sizes from the parameters and the model's defaults. */
+static run_sizes resolve(const df_pipeline *p, const flux_pipe *f, const df_gen_params *g)
 {
-    df_ctx *ctx = p->ctx;
-    int B = np * per;
-    int64_t *clip_ids = df_malloc((size_t)B * 77 * sizeof *clip_ids);
-    int64_t *t5_ids = df_malloc((size_t)B * (size_t)max_seq * sizeof *t5_ids);
-    df_status s = clip_ids && t5_ids ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-    for (int i = 0; i < np && s == DF_OK; i++) {
+    run_sizes r = {
+        .H = g->height ? g->height : p->default_size,
+        .W = g->width ? g->width : p->default_size,
+        .steps = g->steps ? g->steps : p->default_steps,
+        .guidance = g->guidance_set ? g->guidance : p->default_guidance,
+        .max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq,
+        .per = g->num_images > 0 ? g->num_images : 1,
+        .np = g->prompts ? g->n_prompts : (g->prompt ? 1 : 0),
+        .factor = f->vae ? (int32_t)df_vae_config(f->vae)->scale_factor * 2 : 0,
+        .has_embeds = g->prompt_embeds != NULL,
+    };
+    r.B = (g->prompt_embeds ? 1 : r.np) * r.per;
+    if (g->prompt_embeds && g->n_prompts > 1)
+        r.B = g->n_prompts * r.per;
+    r.L = g->prompt_embeds ? g->prompt_embeds_len : r.max_seq;
+    return r;
+}
+
+static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_gen_params *g,
+                             const run_sizes *r)
+{
+    if (r->H <= 0 || r->W <= 0 || r->H % r->factor || r->W % r->factor)
+        return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d",
+                         r->H, r->W, r->factor);
+    if (r->steps < 1 || r->steps > 1000)
+        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
+    if (r->max_seq < 1 || r->max_seq > 512)
+        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, 512], not %d",
+                         r->max_seq);
+    if (!isfinite(r->guidance))
+        return df_errorf(DF_E_ARG, "guidance must be a finite number");
+    if (!lead(p))
+        return DF_OK; /* the prompts are rank 0's */
+    if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
+        return df_errorf(DF_E_ARG, "no prompt given");
+    if (!g->prompt_embeds && !f->t5)
+        return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
+    if (g->prompt_embeds && (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1))
+        return df_errorf(DF_E_ARG, "prompt embeddings need their length and pooled embeddings");
+    return DF_OK;
+}
+
+/* Rank 0 tokenizes the prompts (each repeated `per` times) into clip_ids [B, 77] and t5_ids
+ * [B, max_seq]. */
+static df_status tokenize(flux_pipe *f, const char *const *prompts, const run_sizes *r,
+                          int64_t *clip_ids, int64_t *t5_ids)
+{
+    df_status s = DF_OK;
+    int per = r->per, max_seq = r->max_seq;
+    for (int i = 0; i < r->np && s == DF_OK; i++) {
         df_tokens tc = {0}, tt = {0};
         size_t len = strlen(prompts[i]);
         s = df_tokenizer_encode(f->tok_clip, prompts[i], len,
@@ -183,9 +290,9 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
         if (s == DF_OK && (tc.count != 77 || tt.count != max_seq))
             s = df_errorf(DF_E_INTERNAL, "tokenizer returned %lld/%lld ids", (long long)tc.count,
                           (long long)tt.count);
-        for (int r = 0; r < per && s == DF_OK; r++) {
-            memcpy(clip_ids + (size_t)(i * per + r) * 77, tc.ids, 77 * sizeof *clip_ids);
-            memcpy(t5_ids + (size_t)(i * per + r) * (size_t)max_seq, tt.ids,
+        for (int k = 0; k < per && s == DF_OK; k++) {
+            memcpy(clip_ids + (size_t)(i * per + k) * 77, tc.ids, 77 * sizeof *clip_ids);
+            memcpy(t5_ids + (size_t)(i * per + k) * (size_t)max_seq, tt.ids,
                    (size_t)max_seq * sizeof *t5_ids);
         }
         df_tokens_deinit(&tc);
@@ -193,19 +300,78 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
         if (s != DF_OK)
             s = df_error_context(s, "prompt %d", i);
     }
-    if (s == DF_OK) {
+    return s;
+}
+
+/* Text side for B rows: CLIP's pooled output [B, P] and T5's hidden states [B, L, J]. */
+static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const *prompts,
+                                const run_sizes *r, df_tensor **embeds, df_tensor **pooled)
+{
+    df_ctx *ctx = p->ctx;
+    int64_t B = r->B, max_seq = r->max_seq;
+    int64_t P = df_flux_config(f->transformer)->pooled_projection_dim;
+    int64_t *clip_ids = df_malloc((size_t)B * 77 * sizeof *clip_ids);
+    int64_t *t5_ids = df_malloc((size_t)B * (size_t)max_seq * sizeof *t5_ids);
+    float *pooled_host = tp(p) ? df_malloc((size_t)(B * P) * sizeof *pooled_host) : NULL;
+    df_status s = clip_ids && t5_ids && (pooled_host || !tp(p))
+                      ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+    if (s == DF_OK && lead(p))
+        s = tokenize(f, prompts, r, clip_ids, t5_ids);
+    if (s == DF_OK && lead(p)) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, 77), clip_ids);
         df_clip_output co = {0};
         s = ids ? df_clip_encode(ctx, f->clip, ids, clip_ids, &(df_clip_request){0}, &co)
                 : df_ctx_status(ctx);
         *pooled = co.pooler_output;
+        if (s == DF_OK && tp(p))
+            s = df_tensor_read(ctx, *pooled, DF_DTYPE_F32, pooled_host,
+                               (size_t)(B * P) * sizeof *pooled_host);
+    }
+    s = tp_agree(p, s); /* tokenizing or CLIP failed on rank 0: every rank stops */
+    if (s == DF_OK && tp(p)) {
+        s = tp_share(p, t5_ids, (size_t)B * (size_t)max_seq * sizeof *t5_ids);
+        if (s == DF_OK)
+            s = tp_share(p, pooled_host, (size_t)(B * P) * sizeof *pooled_host);
+        if (s == DF_OK && !lead(p))
+            *pooled = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, P), pooled_host);
     }
     if (s == DF_OK) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, max_seq), t5_ids);
         s = ids ? df_t5_encode(ctx, f->t5, ids, NULL, embeds) : df_ctx_status(ctx);
+        s = tp_check(p, s != DF_OK ? s : (tp(p) ? df_sync(ctx) : DF_OK)); /* sharded T5 */
     }
     df_free(clip_ids);
     df_free(t5_ids);
+    df_free(pooled_host);
+    return s;
+}
+
+/* Prompt embeddings given by the caller (rank 0's, shared). */
+static df_status given_embeddings(df_pipeline *p, const df_gen_params *g, const run_sizes *r,
+                                  df_tensor **embeds, df_tensor **pooled)
+{
+    const df_flux_cfg *cfg = df_flux_config(((flux_pipe *)p->impl)->transformer);
+    int64_t ne = r->B * r->L * cfg->joint_attention_dim, np = r->B * cfg->pooled_projection_dim;
+    float *e = df_malloc((size_t)ne * sizeof *e), *q = df_malloc((size_t)np * sizeof *q);
+    df_status s = e && q ? DF_OK : df_errorf(DF_E_OOM, "out of memory for prompt embeddings");
+    if (s == DF_OK && lead(p)) {
+        memcpy(e, g->prompt_embeds, (size_t)ne * sizeof *e);
+        memcpy(q, g->pooled_prompt_embeds, (size_t)np * sizeof *q);
+    }
+    s = tp_agree(p, s);
+    if (s == DF_OK)
+        s = tp_share(p, e, (size_t)ne * sizeof *e);
+    if (s == DF_OK)
+        s = tp_share(p, q, (size_t)np * sizeof *q);
+    if (s == DF_OK) {
+        *embeds = df_tensor_from_host(p->ctx, DF_DTYPE_F32,
+                                      DF_SHAPE(r->B, r->L, cfg->joint_attention_dim), e);
+        *pooled = df_tensor_from_host(p->ctx, DF_DTYPE_F32,
+                                      DF_SHAPE(r->B, cfg->pooled_projection_dim), q);
+        s = df_ctx_status(p->ctx);
+    }
+    df_free(e);
+    df_free(q);
     return s;
 }
 
@@ -222,113 +388,89 @@ static void pack_latents(const float *src, float *dst, int64_t B, int64_t C, int
                 }
 }
 
-static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
+/* Decodes the packed latents [B, S, Ci] into the output's images (rank 0). */
+static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
+                        const float *lat, df_gen_output *out)
 {
-    flux_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
-    const df_vae_info *vi = df_vae_config(f->vae);
-
-    int H = g->height ? g->height : p->default_size, W = g->width ? g->width : p->default_size;
-    int steps = g->steps ? g->steps : p->default_steps;
-    float guidance = g->guidance_set ? g->guidance : p->default_guidance;
-    int max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq;
-    int per = g->num_images > 0 ? g->num_images : 1;
-    int factor = (int)vi->scale_factor * 2;
-    if (H <= 0 || W <= 0 || H % factor || W % factor)
-        return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d", H, W,
-                         factor);
-    if (steps < 1 || steps > 1000)
-        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", steps);
-    if (max_seq < 1 || max_seq > 512)
-        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, 512], not %d", max_seq);
-    if (!isfinite(guidance))
-        return df_errorf(DF_E_ARG, "guidance must be a finite number");
-    const char *const *prompts = g->prompts;
-    int np = g->n_prompts;
-    if (!prompts && g->prompt) {
-        prompts = &g->prompt;
-        np = 1;
-    }
-    if (!g->prompt_embeds && (np < 1 || !prompts))
-        return df_errorf(DF_E_ARG, "no prompt given");
-    if (!g->prompt_embeds && !f->t5)
-        return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
-    if (g->prompt_embeds && (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1))
-        return df_errorf(DF_E_ARG, "prompt embeddings need their length and pooled embeddings");
-    int B = (g->prompt_embeds ? 1 : np) * per;
-    if (g->prompt_embeds && g->n_prompts > 1)
-        B = g->n_prompts * per;
-
-    int64_t C = cfg->in_channels / 4;
-    int64_t h = 2 * (H / factor), w = 2 * (W / factor);
-    int64_t S = (h / 2) * (w / 2), Ci = cfg->in_channels;
-    int64_t n_lat = (int64_t)B * S * Ci;
-
-    df_scope outer = df_scope_begin(ctx);
-    df_status s = DF_OK;
-    df_tensor *embeds = NULL, *pooled = NULL;
-    df_stats_reset_resident_peak(ctx);
-    int64_t L = max_seq;
-    if (g->prompt_embeds) {
-        L = g->prompt_embeds_len;
-        embeds = df_tensor_from_host(ctx, DF_DTYPE_F32,
-                                     DF_SHAPE(B, L, cfg->joint_attention_dim), g->prompt_embeds);
-        pooled = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, cfg->pooled_projection_dim),
-                                     g->pooled_prompt_embeds);
-        s = df_ctx_status(ctx);
-    } else {
-        onload(p, df_clip_weight_set(f->clip));
-        onload(p, df_t5_weight_set(f->t5));
-        s = encode_prompts(p, f, prompts, np, per, max_seq, &embeds, &pooled);
+    int64_t B = r->B, H = r->H, W = r->W, Ci = cfg->in_channels;
+    int64_t h = 2 * (H / r->factor), w = 2 * (W / r->factor), S = (h / 2) * (w / 2);
+    onload(p, df_vae_weight_set(f->vae));
+    int64_t n_img = B * 3 * H * W;
+    float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
+    df_status s = decoded ? DF_OK : df_errorf(DF_E_OOM, "out of memory for the image");
+    if (s == DF_OK) {
+        df_tensor *packed = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
+        df_tensor *z = NULL, *img = NULL;
+        s = packed ? df_vae_unpack_latents(ctx, packed, h, w, &z) : df_ctx_status(ctx);
         if (s == DF_OK)
-            s = offload(p, df_clip_weight_set(f->clip));
+            s = df_vae_unscale(ctx, f->vae, z, &z);
         if (s == DF_OK)
-            s = offload(p, df_t5_weight_set(f->t5));
-        df_pipeline_note_phase(p, out, "encode");
+            s = g->vae_tiling ? df_vae_decode_tiled(ctx, f->vae, z, 64, 8, &img)
+                              : df_vae_decode(ctx, f->vae, z, &img);
+        if (s == DF_OK)
+            s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
+        if (s == DF_OK)
+            s = offload(p, df_vae_weight_set(f->vae));
+        df_pipeline_note_phase(p, out, "decode");
     }
+    if (s == DF_OK) {
+        out->count = (int)B;
+        out->images = df_calloc((size_t)B, sizeof *out->images);
+        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
+        s = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+        if (s == DF_OK)
+            s = df_vae_postprocess_f32(decoded, B, 3, H, W, out->image_f32);
+        for (int64_t b = 0; b < B && s == DF_OK; b++) {
+            s = df_image_create((int)W, (int)H, &out->images[b]);
+            if (s == DF_OK)
+                s = df_vae_postprocess_rgb8(decoded + (size_t)(b * 3 * H * W), 1, 3, H, W,
+                                            out->images[b]->pixels);
+        }
+    }
+    df_free(decoded);
+    return s;
+}
 
-    float *lat = df_malloc((size_t)n_lat * sizeof *lat);
-    float *noise = df_malloc((size_t)n_lat * sizeof *noise);
+/* Creates the scheduler with FluxPipeline's sigmas and mu for S image tokens. */
+static df_status make_scheduler(const flux_pipe *f, int steps, int64_t S, df_scheduler **out)
+{
+    DF_TRY(df_scheduler_create(&f->sched, out));
+    double *sig = df_malloc((size_t)steps * sizeof *sig);
+    if (!sig)
+        return df_errorf(DF_E_OOM, "out of memory");
+    df_linspace(1.0, 1.0 / steps, steps, sig);
+    double mu = df_flux_calculate_shift(S, f->sched.base_image_seq_len, f->sched.max_image_seq_len,
+                                        f->sched.base_shift, f->sched.max_shift);
+    df_status s = df_scheduler_set_timesteps(*out, steps, sig, &mu);
+    df_free(sig);
+    return s == DF_OK ? df_scheduler_set_begin_index(*out, 0) : s;
+}
+
+/* The denoising loop over the packed latents lat [B, S, Ci] (in place). */
+static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
+                         df_tensor *embeds, df_tensor *pooled, float *lat)
+{
+    df_ctx *ctx = p->ctx;
+    const df_flux_cfg *cfg = df_flux_config(f->transformer);
+    int64_t B = r->B, L = r->L, Ci = cfg->in_channels;
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor), S = (h / 2) * (w / 2);
+    int64_t n_lat = B * S * Ci;
+    float *v_host = df_malloc((size_t)n_lat * sizeof *v_host);
     float *ids = df_malloc((size_t)S * 3 * sizeof *ids);
     float *txt = df_calloc((size_t)L * 3, sizeof *txt);
     float *ts = df_malloc((size_t)B * sizeof *ts), *gs = df_malloc((size_t)B * sizeof *gs);
-    if (s == DF_OK && !(lat && noise && ids && txt && ts && gs))
-        s = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
-    if (s == DF_OK) {
-        if (g->latents) {
-            memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
-        } else {
-            df_rng rng;
-            df_rng_init(&rng, g->seed);
-            s = df_rng_randn_f32(&rng, noise, n_lat);
-            pack_latents(noise, lat, B, C, h, w);
-        }
-        for (int64_t y = 0; y < h / 2; y++)
-            for (int64_t x = 0; x < w / 2; x++) {
-                float *r = ids + (y * (w / 2) + x) * 3;
-                r[0] = 0, r[1] = (float)y, r[2] = (float)x;
-            }
-    }
     df_scheduler *sched = NULL;
-    if (s == DF_OK)
-        s = df_scheduler_create(&f->sched, &sched);
-    if (s == DF_OK) {
-        double *sig = df_malloc((size_t)steps * sizeof *sig);
-        if (!sig) {
-            s = df_errorf(DF_E_OOM, "out of memory");
-        } else {
-            df_linspace(1.0, 1.0 / steps, steps, sig);
-            double mu = df_flux_calculate_shift(S, f->sched.base_image_seq_len,
-                                                f->sched.max_image_seq_len, f->sched.base_shift,
-                                                f->sched.max_shift);
-            s = df_scheduler_set_timesteps(sched, steps, sig, &mu);
-            df_free(sig);
+    df_status s = v_host && ids && txt && ts && gs ? DF_OK
+                                                   : df_errorf(DF_E_OOM, "out of memory");
+    for (int64_t y = 0; s == DF_OK && y < h / 2; y++)
+        for (int64_t x = 0; x < w / 2; x++) {
+            float *row = ids + (y * (w / 2) + x) * 3;
+            row[0] = 0, row[1] = (float)y, row[2] = (float)x;
         }
-    }
     if (s == DF_OK)
-        s = df_scheduler_set_begin_index(sched, 0);
-
+        s = make_scheduler(f, r->steps, S, &sched);
     df_tensor *img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S, 3), ids);
     df_tensor *txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt);
     if (s == DF_OK)
@@ -336,12 +478,12 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (p->opts.offload == DF_OFFLOAD_MODEL)
         onload(p, df_flux_weight_set(f->transformer));
     double t0 = df_now();
-    for (int i = 0; i < steps && s == DF_OK; i++) {
+    for (int i = 0; i < r->steps && s == DF_OK; i++) {
         df_scope mark = df_scope_begin(ctx);
         float t = df_scheduler_timesteps(sched)[i];
-        for (int b = 0; b < B; b++) {
+        for (int64_t b = 0; b < B; b++) {
             ts[b] = (float)((double)t / 1000.0);
-            gs[b] = guidance;
+            gs[b] = r->guidance;
         }
         df_flux_inputs in = {
             .hidden_states = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat),
@@ -365,68 +507,95 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
         if (s == DF_OK)
             s = df_mark_step(ctx);
         if (s == DF_OK)
-            s = df_tensor_read(ctx, v, DF_DTYPE_F32, noise, (size_t)n_lat * sizeof *noise);
+            s = df_tensor_read(ctx, v, DF_DTYPE_F32, v_host, (size_t)n_lat * sizeof *v_host);
+        s = tp_check(p, s); /* the sharded forward */
         if (s == DF_OK)
-            s = df_scheduler_step(sched, noise, lat, n_lat);
+            s = df_scheduler_step(sched, v_host, lat, n_lat);
+        if (s == DF_OK)
+            s = tp_share(p, lat, (size_t)n_lat * sizeof *lat); /* ranks stay identical */
         df_scope_end(ctx, mark, NULL);
         if (s == DF_OK && g->progress)
-            g->progress(i + 1, steps, df_now() - t0, g->progress_user);
+            g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
     }
     df_scheduler_free(sched);
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = offload(p, df_flux_weight_set(f->transformer));
-    df_pipeline_note_phase(p, out, "denoise");
-
-    /* Decode. */
-    onload(p, df_vae_weight_set(f->vae));
-    int64_t n_img = (int64_t)B * 3 * H * W;
-    float *decoded = s == DF_OK ? df_malloc((size_t)n_img * sizeof *decoded) : NULL;
-    if (s == DF_OK && !decoded)
-        s = df_errorf(DF_E_OOM, "out of memory for the image");
-    if (s == DF_OK) {
-        df_tensor *packed = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
-        df_tensor *z = NULL, *img = NULL;
-        s = packed ? df_vae_unpack_latents(ctx, packed, h, w, &z) : df_ctx_status(ctx);
-        if (s == DF_OK)
-            s = df_vae_unscale(ctx, f->vae, z, &z);
-        if (s == DF_OK)
-            s = g->vae_tiling ? df_vae_decode_tiled(ctx, f->vae, z, 64, 8, &img)
-                              : df_vae_decode(ctx, f->vae, z, &img);
-        if (s == DF_OK)
-            s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
-        if (s == DF_OK)
-            s = offload(p, df_vae_weight_set(f->vae));
-        df_pipeline_note_phase(p, out, "decode");
-    }
-    if (s == DF_OK) {
-        out->count = B;
-        out->width = W;
-        out->height = H;
-        out->steps = steps;
-        out->guidance = cfg->guidance_embeds ? guidance : 0.0f;
-        out->images = df_calloc((size_t)B, sizeof *out->images);
-        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
-        out->latents = lat;
-        lat = NULL;
-        out->latents_ndim = 3;
-        out->latents_shape[0] = B, out->latents_shape[1] = S, out->latents_shape[2] = Ci;
-        s = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-        if (s == DF_OK)
-            s = df_vae_postprocess_f32(decoded, B, 3, H, W, out->image_f32);
-        for (int b = 0; b < B && s == DF_OK; b++) {
-            s = df_image_create(W, H, &out->images[b]);
-            if (s == DF_OK)
-                s = df_vae_postprocess_rgb8(decoded + (size_t)b * 3 * H * W, 1, 3, H, W,
-                                            out->images[b]->pixels);
-        }
-    }
-    df_free(decoded);
-    df_free(lat);
-    df_free(noise);
+    df_free(v_host);
     df_free(ids);
     df_free(txt);
     df_free(ts);
     df_free(gs);
+    return s;
+}
+
+static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
+{
+    flux_pipe *f = p->impl;
+    df_ctx *ctx = p->ctx;
+    const df_flux_cfg *cfg = df_flux_config(f->transformer);
+
+    run_sizes r = resolve(p, f, g);
+    df_status s = tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
+    if (s == DF_OK)
+        s = check_sizes(p, f, g, &r);
+    s = tp_agree(p, s);
+    if (s != DF_OK)
+        return s;
+    const char *const *prompts = g->prompts ? g->prompts : &g->prompt;
+    int64_t C = cfg->in_channels / 4, Ci = cfg->in_channels;
+    int64_t h = 2 * (r.H / r.factor), w = 2 * (r.W / r.factor), S = (h / 2) * (w / 2);
+    int64_t n_lat = (int64_t)r.B * S * Ci;
+
+    df_scope outer = df_scope_begin(ctx);
+    df_tensor *embeds = NULL, *pooled = NULL;
+    if (r.has_embeds) {
+        s = given_embeddings(p, g, &r, &embeds, &pooled);
+    } else {
+        onload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
+        onload(p, df_t5_weight_set(f->t5));
+        s = encode_prompts(p, f, prompts, &r, &embeds, &pooled);
+        if (s == DF_OK)
+            s = offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
+        if (s == DF_OK)
+            s = offload(p, df_t5_weight_set(f->t5));
+        df_pipeline_note_phase(p, out, "encode");
+    }
+
+    float *lat = df_malloc((size_t)n_lat * sizeof *lat);
+    float *noise = df_malloc((size_t)n_lat * sizeof *noise);
+    if (s == DF_OK && !(lat && noise))
+        s = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
+    if (s == DF_OK && lead(p)) { /* rank 0 draws the noise */
+        if (g->latents) {
+            memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
+        } else {
+            df_rng rng;
+            df_rng_init(&rng, g->seed);
+            s = df_rng_randn_f32(&rng, noise, n_lat);
+            pack_latents(noise, lat, r.B, C, h, w);
+        }
+    }
+    s = tp_agree(p, s);
+    if (s == DF_OK)
+        s = tp_share(p, lat, (size_t)n_lat * sizeof *lat);
+    if (s == DF_OK)
+        s = denoise(p, f, g, &r, embeds, pooled, lat);
+    df_pipeline_note_phase(p, out, "denoise");
+
+    if (s == DF_OK && lead(p))
+        s = decode(p, f, g, &r, lat, out);
+    if (s == DF_OK) {
+        out->width = r.W;
+        out->height = r.H;
+        out->steps = r.steps;
+        out->guidance = cfg->guidance_embeds ? r.guidance : 0.0f;
+        out->latents = lat;
+        lat = NULL;
+        out->latents_ndim = 3;
+        out->latents_shape[0] = r.B, out->latents_shape[1] = S, out->latents_shape[2] = Ci;
+    }
+    df_free(lat);
+    df_free(noise);
     df_scope_end(ctx, outer, NULL);
     return s;
 }

@@ -269,6 +269,8 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
     if (s == DF_OK && (!plan || !held))
         s = df_errorf(DF_E_OOM, "out of memory compiling");
     *plan_seconds = df_now() - t_plan;
+    if (plan && df_graph_plan_arena(plan) > ctx->stats.arena_bytes)
+        ctx->stats.arena_bytes = df_graph_plan_arena(plan);
     if (s == DF_OK) {
         s = df_graph_execute(ctx, nodes, n, plan);
     } else {

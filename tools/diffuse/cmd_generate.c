@@ -18,6 +18,7 @@
 #include <diffuse/diffuse.h>
 
 #include "cli.h"
+#include "tp.h"
 
 static void help(FILE *f)
 {
@@ -49,7 +50,9 @@ static void help(FILE *f)
         "      --compile-blocks       compile the repeated transformer blocks\n"
         "      --offload none|model|sequential  weight residency (default none)\n"
         "      --device NAME          cpu, cuda, cuda:1 (default: $DIFFUSE_DEVICE or the best found)\n"
-        "      --threads N            compute threads (default: all cores)\n"
+        "      --threads N            compute threads (default: all cores; per rank with --tp)\n"
+        "      --tp N                 tensor parallelism over N processes, started as\n"
+        "                             mpirun -np N diffuse generate --tp N ... (FLUX.1)\n"
         "      --vae-tiling           decode the image in tiles (bounded memory for large images)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
         "  -v, --verbose              print timings and memory at the end\n"
@@ -166,7 +169,7 @@ int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
-           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP };
+           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -186,13 +189,15 @@ int cmd_generate(int argc, char **argv)
         {"slg-layers", required_argument, 0, O_SLG_LAYERS},
         {"slg-scale", required_argument, 0, O_SLG_SCALE},
         {"slg-start", required_argument, 0, O_SLG_START},
-        {"slg-stop", required_argument, 0, O_SLG_STOP}, {0, 0, 0, 0}};
+        {"slg-stop", required_argument, 0, O_SLG_STOP},
+        {"tp", required_argument, 0, O_TP}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
     int verbose = 0, rc;
     int slg_layers[64];
+    int tp = 0, muted = cli_tp_mute_others(); /* usage errors from rank 0 only */
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "m:p:o:W:H:n:vh", longopts, NULL)) != -1;) {
         switch (c) {
@@ -298,6 +303,7 @@ int cmd_generate(int argc, char **argv)
             break;
         case O_DEVICE: lo.device = optarg; break;
         case O_TILING: g.vae_tiling = true; break;
+        case O_TP: if ((rc = parse_int("--tp", optarg, 1, 4096, &tp))) return rc; break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;
@@ -316,6 +322,14 @@ int cmd_generate(int argc, char **argv)
     char *file_prompt = NULL;
     if (prompt_file && !(prompt = file_prompt = read_file(prompt_file)))
         return 1;
+    cli_tp_unmute(muted);
+    cli_tp tpc;
+    if ((rc = cli_tp_start(tp, &lo.threads, &tpc))) {
+        free(file_prompt);
+        return rc;
+    }
+    lo.tp = tp;
+    lo.comm = tpc.comm;
 
     df_pipeline *p = NULL;
     df_gen_output out = {0};
@@ -324,7 +338,7 @@ int cmd_generate(int argc, char **argv)
     df_status s = df_pipeline_load(model, &lo, &p);
     if (s == DF_OK) {
         g.prompt = prompt;
-        g.progress = df_progress_bar;
+        g.progress = tpc.rank == 0 ? df_progress_bar : NULL;
         df_stats_reset(df_pipeline_ctx(p));
         s = df_pipeline_run(p, &g, &out);
     }
@@ -351,10 +365,10 @@ int cmd_generate(int argc, char **argv)
                 printf("%s\n", path);
             }
         }
-    } else {
+    } else if (tpc.rank == 0) { /* with --tp, rank 0 holds the failing rank's message */
         fprintf(stderr, "diffuse generate: %s\n", df_error_message());
     }
-    if (p && (stats_path || verbose)) {
+    if (p && tpc.rank == 0 && (stats_path || verbose)) {
         df_stats st;
         df_ctx_stats(df_pipeline_ctx(p), &st);
         char json[2048];
@@ -382,6 +396,7 @@ int cmd_generate(int argc, char **argv)
     }
     df_gen_output_free(&out);
     df_pipeline_free(p);
+    cli_tp_end(&tpc);
     free(file_prompt);
     return status;
 }
