@@ -77,6 +77,10 @@ typedef struct df_view {
     int64_t offset;
 } df_view;
 
+/* Activations a matrix product can apply on its way out (LINEAR's a.i[3]), set by the
+ * defer-and-fuse planner when it folds an activation into the product feeding it. */
+enum { DF_ACT_NONE, DF_ACT_GELU_TANH, DF_ACT_SILU, DF_ACT_GELU };
+
 typedef struct df_attrs {
     int64_t i[8];
     double f[4];

@@ -37,7 +37,7 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
 }
 
 /* The tensor-parallel ranks the options ask for, if any. */
-static df_status tp_setup(df_pipeline *p, const df_pipeline_kind *pc)
+static df_status tp_setup(df_pipeline *p)
 {
     int tp = p->opts.tp;
     if (tp < 0)
@@ -51,45 +51,30 @@ static df_status tp_setup(df_pipeline *p, const df_pipeline_kind *pc)
         p->owns_comm = true;
     }
     int ranks = df_comm_size(p->comm);
-    if (tp == 0)
-        tp = ranks;
-    if (tp != ranks)
+    if (tp != 0 && tp != ranks)
         return df_errorf(DF_E_ARG, "tensor parallelism over %d ranks was asked for, but %d "
                          "ranks were launched (mpirun -np %d)", tp, ranks, tp);
-    if (tp > 1 && pc != &df_flux_pipeline_class)
-        return df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
-                         "implemented for FluxPipeline, not %s", p->dir, pc->name);
     return DF_OK;
 }
 
-df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
+/* Reads model_index.json, creates the context and loads the class's components. */
+static df_status load_parts(df_pipeline *p)
 {
-    *out = NULL;
     df_model_index *idx = NULL;
-    DF_TRY(df_model_index_load(dir, &idx));
+    DF_TRY(df_model_index_load(p->dir, &idx));
     const char *cls = df_model_index_class(idx);
-    const df_pipeline_kind *pc = NULL;
     for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
         if (cls && strcmp(cls, classes[i]->name) == 0)
-            pc = classes[i];
-    if (!pc) {
-        df_status s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is "
-                                "not supported (supported: FluxPipeline, "
-                                "StableDiffusion3Pipeline)", dir,
-                                cls ? cls : "(none)");
-        df_model_index_free(idx);
-        return s;
-    }
-    df_pipeline *p = df_calloc(1, sizeof *p);
-    if (!p) {
-        df_model_index_free(idx);
-        return df_errorf(DF_E_OOM, "out of memory loading %s", dir);
-    }
-    p->cls = pc;
-    snprintf(p->dir, sizeof p->dir, "%s", dir);
-    p->opts = opts ? *opts : (df_load_opts){.auto_dtype = true};
+            p->cls = classes[i];
+    df_status s = DF_OK;
+    if (!p->cls)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is not "
+                      "supported (supported: FluxPipeline, StableDiffusion3Pipeline)", p->dir,
+                      cls ? cls : "(none)");
+    else if (df_comm_size(p->comm) > 1 && p->cls != &df_flux_pipeline_class)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
+                      "implemented for FluxPipeline, not %s", p->dir, p->cls->name);
     df_dtype compute = p->opts.auto_dtype ? DF_DTYPE_F32 : p->opts.dtype;
-    df_status s = tp_setup(p, pc);
     if (s == DF_OK)
         s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
                                          .threads = p->opts.threads,
@@ -98,11 +83,25 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
                           &p->ctx);
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
-        s = pc->load(p, idx);
+        s = p->cls->load(p, idx);
     }
+    df_model_index_free(idx);
+    return s;
+}
+
+df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
+{
+    *out = NULL;
+    df_pipeline *p = df_calloc(1, sizeof *p);
+    if (!p)
+        return df_errorf(DF_E_OOM, "out of memory loading %s", dir);
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    p->opts = opts ? *opts : (df_load_opts){.auto_dtype = true};
+    df_status s = tp_setup(p); /* first, so that a rank failing below still takes part: */
+    if (s == DF_OK)
+        s = load_parts(p);
     if (p->comm)
         s = df_comm_agree(p->comm, s); /* all ranks loaded, or all stop */
-    df_model_index_free(idx);
     if (s != DF_OK) {
         df_pipeline_free(p);
         return s;

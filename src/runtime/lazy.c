@@ -36,7 +36,8 @@ typedef struct lz_group {
     int n_regs, out_reg;
 } lz_group;
 
-enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT };
+/* K_FOLDED: an activation computed by the matrix product that feeds it (epilogue). */
+enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT, K_FOLDED };
 
 struct lz_program {
     struct lz_program *next;
@@ -45,6 +46,7 @@ struct lz_program {
     uint8_t *kind;      /* per node */
     int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
     int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
+    int *fold;          /* per LINEAR node: the activation node folded into it, or -1 */
     int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
     int64_t arena_bytes;
     lz_group *groups;
@@ -127,6 +129,16 @@ static bool identity_view(const df_view *v, const df_node *p)
         if (v->shape[d] != p->out.shape[d] || (v->shape[d] != 1 && v->stride[d] != p->out.stride[d]))
             return false;
     return true;
+}
+
+static int activation_of(df_op op)
+{
+    switch (op) {
+    case DF_OP_GELU_TANH: return DF_ACT_GELU_TANH;
+    case DF_OP_SILU: return DF_ACT_SILU;
+    case DF_OP_GELU: return DF_ACT_GELU;
+    default: return DF_ACT_NONE;
+    }
 }
 
 static df_fused_opcode opcode_of(df_op op)
@@ -216,12 +228,12 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
     }
     for (int i = 0; i < n; i++) {
         const df_node *x = nodes[i];
-        if (p->kind[i] == K_DEAD || !pointwise(x))
+        if (p->kind[i] != K_SINGLE || !pointwise(x))
             continue;
         size[i] = 1;
         for (int k = 0; k < x->n_in && k < 2; k++) {
             int prod = producer_of(&x->in[k]);
-            if (prod < 0 || uses[prod] != 1 || parent[prod] >= 0 ||
+            if (prod < 0 || uses[prod] != 1 || parent[prod] >= 0 || p->kind[prod] != K_SINGLE ||
                 nodes[prod]->out.st->handles > 0 || !identity_view(&x->in[k], nodes[prod]))
                 continue;
             if (pointwise(nodes[prod]) && size[i] + size[prod] <= 24 &&
@@ -254,11 +266,12 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
         p->kind = df_calloc(n1, 1);
         p->group = df_malloc(n1 * sizeof *p->group);
         p->root_of = df_malloc(n1 * sizeof *p->root_of);
+        p->fold = df_malloc(n1 * sizeof *p->fold);
         p->offset = df_malloc(n1 * sizeof *p->offset);
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
     if (!p || !uses || !order || !last || !parent || !is_head || !p->kind || !p->group ||
-        !p->root_of || !p->offset || !p->groups) {
+        !p->root_of || !p->fold || !p->offset || !p->groups) {
         df_graph_plan_free(p);
         p = NULL;
         goto done;
@@ -266,7 +279,7 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
     /* 1. Liveness, backwards. */
     for (int i = n - 1; i >= 0; i--) {
         const df_node *x = nodes[i];
-        p->group[i] = p->root_of[i] = parent[i] = -1;
+        p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
         p->offset[i] = -1;
         p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
         if (p->kind[i] == K_DEAD)
@@ -277,7 +290,29 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
                 uses[prod]++;
         }
     }
-    /* 2. Fusion: groups, their roots, their code. */
+    /* 2a. Epilogues: an activation that is the only reader of a linear's output is computed
+     * by the product itself (a post-op of the GEMM provider). */
+    for (int i = 0; can_fuse && i < n; i++) {
+        const df_node *l = nodes[i];
+        if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
+            l->out.st->handles > 0)
+            continue;
+        for (int j = i + 1; j < n; j++) {
+            const df_node *a = nodes[j];
+            bool reads = false;
+            for (int k = 0; k < a->n_in; k++)
+                reads = reads || producer_of(&a->in[k]) == i;
+            if (!reads)
+                continue;
+            if (p->kind[j] == K_SINGLE && activation_of(a->op) != DF_ACT_NONE &&
+                identity_view(&a->in[0], l)) {
+                p->kind[j] = K_FOLDED;
+                p->fold[i] = j;
+            }
+            break;
+        }
+    }
+    /* 2b. Fusion: groups, their roots, their code. */
     if (can_fuse)
         find_groups(nodes, n, p, uses, parent, is_head);
     for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
@@ -319,6 +354,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
     for (int i = 0; i < n; i++) {
         if (p->kind[i] == K_MEMBER)
             order[i] = order[p->root_of[i]];
+        if (p->fold[i] >= 0)
+            order[p->fold[i]] = order[i];
         last[i] = -1;
     }
     for (int i = 0; i < n; i++) {
@@ -330,13 +367,17 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
                 last[prod] = order[i];
         }
     }
+    for (int i = 0; i < n; i++) /* a folded pair's memory is the activation's output */
+        if (p->fold[i] >= 0 && last[p->fold[i]] > last[i])
+            last[i] = last[p->fold[i]];
     typedef struct { int64_t off, bytes; int begin, end; } placed;
     placed *pls = df_malloc(n1 * sizeof *pls);
     int np = 0;
     for (int i = 0; pls && i < n; i++) {
-        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT) || nodes[i]->out.st->handles > 0)
+        const df_storage *out = nodes[p->fold[i] >= 0 ? p->fold[i] : i]->out.st;
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT) || out->handles > 0)
             continue;
-        int64_t bytes = ((int64_t)nodes[i]->out.st->bytes + 63) / 64 * 64;
+        int64_t bytes = ((int64_t)out->bytes + 63) / 64 * 64;
         int begin = order[i], end = last[i] < order[i] ? order[i] : last[i];
         int64_t off = 0;
         for (bool moved = true; moved;) {
@@ -373,6 +414,7 @@ void df_graph_plan_free(lz_program *p)
     if (!p)
         return;
     df_free(p->root_of);
+    df_free(p->fold);
     df_free(p->kind);
     df_free(p->group);
     df_free(p->offset);
@@ -479,11 +521,25 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
     df_storage *arena = NULL;
     if (p->arena_bytes > 0)
         s = df_storage_alloc(ctx->dev, (size_t)p->arena_bytes, &arena);
+    /* Folded activations: the product writes the activation's output and applies it. */
+    for (int i = 0; i < n; i++) {
+        int j = p->fold[i];
+        if (j < 0)
+            continue;
+        df_storage *own = nodes[i]->out.st;
+        nodes[i]->out = nodes[j]->out;
+        df_storage_retain(nodes[i]->out.st);
+        nodes[i]->a.i[3] = activation_of(nodes[j]->op);
+        own->producer = NULL;
+        df_storage_release(own);
+        df_node_free(nodes[j]);
+        nodes[j] = NULL;
+    }
     /* Memory for every materialised output, then the kernels in order. */
     for (int i = 0; s == DF_OK && i < n; i++) {
-        df_storage *st = nodes[i]->out.st;
         if (p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT)
             continue;
+        df_storage *st = nodes[i]->out.st;
         if (p->offset[i] >= 0) {
             st->data = (char *)arena->data + p->offset[i];
             st->external = true; /* the arena owns the memory */
@@ -492,8 +548,11 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         }
     }
     for (int i = 0; i < n; i++)
-        nodes[i]->out.st->producer = NULL;
+        if (nodes[i])
+            nodes[i]->out.st->producer = NULL;
     for (int i = 0; i < n; i++) {
+        if (!nodes[i])
+            continue; /* folded into its product */
         if (s != DF_OK || p->kind[i] == K_DEAD) {
             df_node_free(nodes[i]); /* never run: nothing reads its output */
             continue;

@@ -26,6 +26,7 @@
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -128,7 +129,7 @@ typedef enum b_layout { B_PLAIN, B_TRANS, B_PACKED } b_layout;
 
 typedef struct plan_key {
     int64_t batch, m, n, k, lda, ldb, ldc, sa, sb, sc;
-    int32_t type, layout, threads, serial, bias, accumulate;
+    int32_t type, layout, threads, serial, bias, accumulate, act;
 } plan_key;
 
 struct df_gemm_plan {
@@ -173,6 +174,7 @@ static plan_key key_of(const df_gemm_desc *d, b_layout layout)
     k.serial = d->serial;
     k.bias = d->bias;
     k.accumulate = d->accumulate;
+    k.act = d->act;
     return k;
 }
 
@@ -228,11 +230,17 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
     /* Serial plans run on several threads at once, each with its own scratchpad. */
     if (r == dnnl_success && k->serial)
         r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (r == dnnl_success && k->accumulate) {
-        what = "setting up accumulation";
+    if (r == dnnl_success && (k->accumulate || k->act)) {
+        what = "setting up post-ops";
         r = dnnl_post_ops_create(&ops);
-        if (r == dnnl_success)
+        if (r == dnnl_success && k->accumulate)
             r = dnnl_post_ops_append_sum(ops, 1.0f);
+        /* swish with alpha 1 is x * sigmoid(x), i.e. SiLU */
+        dnnl_alg_kind_t alg = k->act == DF_GEMM_ACT_GELU_TANH ? dnnl_eltwise_gelu_tanh
+                              : k->act == DF_GEMM_ACT_SILU    ? dnnl_eltwise_swish
+                                                              : dnnl_eltwise_gelu_erf;
+        if (r == dnnl_success && k->act)
+            r = dnnl_post_ops_append_eltwise(ops, 1.0f, alg, 1.0f, 0.0f);
         if (r == dnnl_success)
             r = dnnl_primitive_attr_set_post_ops(attr, ops);
     }
@@ -317,6 +325,17 @@ df_status df_gemm_plan_get(const df_gemm_desc *d, const df_gemm_plan **out)
 }
 
 /* k == 0: C = bias (or 0), plus C itself when accumulating. */
+static float activate(int act, float x)
+{
+    switch (act) {
+    case DF_GEMM_ACT_GELU_TANH:
+        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case DF_GEMM_ACT_SILU: return x / (1.0f + expf(-x));
+    case DF_GEMM_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    default: return x;
+    }
+}
+
 static void run_empty(const plan_key *k, const float *bias, float *c)
 {
     if (k->k != 0)
@@ -325,7 +344,7 @@ static void run_empty(const plan_key *k, const float *bias, float *c)
         for (int64_t i = 0; i < k->m; i++) {
             float *row = c + b * k->sc + i * k->ldc;
             for (int64_t j = 0; j < k->n; j++)
-                row[j] = (k->accumulate ? row[j] : 0.0f) + (bias ? bias[j] : 0.0f);
+                row[j] = activate(k->act, (k->accumulate ? row[j] : 0.0f) + (bias ? bias[j] : 0.0f));
         }
     }
 }
@@ -634,7 +653,7 @@ static size_t round64(size_t n)
 }
 
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, float *out)
+                         const df_view *bias, df_dtype compute, int act, float *out)
 {
     int64_t n = w->shape[0], k = w->shape[1];
     if (m == 0 || n == 0)
@@ -652,8 +671,8 @@ df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const 
     DF_TRY(df_gemm_operand(x, compute, scratch, &xa));
     if (bias)
         DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
-    df_gemm_desc d = {
-        .m = m, .n = n, .k = k, .type = compute, .b_trans = true, .bias = bias != NULL};
+    df_gemm_desc d = {.m = m, .n = n, .k = k, .type = compute, .b_trans = true,
+                      .bias = bias != NULL, .act = act};
     const df_gemm_plan *p;
     if (packed) {
         plan_key key = key_of(&d, B_PACKED);

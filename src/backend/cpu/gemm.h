@@ -43,7 +43,16 @@ typedef struct df_gemm_desc {
     bool bias;                            /* adds bias [n] (f32) to every row */
     bool accumulate;                      /* C += A B instead of C = A B */
     bool serial;                          /* runs on the calling thread alone */
+    int act;                              /* DF_GEMM_ACT_*: applied to C as a post-op */
 } df_gemm_desc;
+
+/* Activations a product can apply to its result on the way out (epilogue fusion). */
+enum {
+    DF_GEMM_ACT_NONE = DF_ACT_NONE,
+    DF_GEMM_ACT_GELU_TANH = DF_ACT_GELU_TANH,
+    DF_GEMM_ACT_SILU = DF_ACT_SILU,
+    DF_GEMM_ACT_GELU = DF_ACT_GELU,
+};
 
 typedef struct df_gemm_plan df_gemm_plan;
 
@@ -70,7 +79,7 @@ df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const flo
  * product in `compute` (DF_DTYPE_F32 or DF_DTYPE_BF16). A weight storage is packed once
  * and reused; activations are converted to the compute dtype per call in env's scratch. */
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, float *out);
+                         const df_view *bias, df_dtype compute, int act, float *out);
 
 /* Operands in a dtype: the elements of dense view v as `type`. Returns v's own memory when
  * it already has that dtype, a conversion cached on v's storage when it is a weight, or a
