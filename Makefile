@@ -2,7 +2,8 @@
 #
 #   make deps    install the Debian packages diffuse needs (as root; does nothing if present)
 #   make         Release build: build/bin/{diffuse,diffuse-bench,diffuse-check}
-#   make check   deps, then a Release build and a Debug ASan+UBSan build, each running ctest
+#   make check   deps, then a Release build and a Debug ASan+UBSan build, each running ctest,
+#                then every fuzz target for a few seconds (FUZZ_CHECK_SECONDS)
 #   make demo    build, make a tiny FLUX.1 pipeline folder, generate demo/demo.png from it
 #   make demo-sd3  the same with a tiny SD3.5-architecture pipeline (CFG, skip-layer guidance)
 #   make fuzz    build the libFuzzer targets with clang and run each for FUZZ_SECONDS
@@ -11,6 +12,7 @@
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 FUZZ_SECONDS ?= 60
+FUZZ_CHECK_SECONDS ?= 10
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 
 DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
@@ -34,6 +36,7 @@ build:
 	cmake --build build -j$(JOBS)
 
 check: deps check-release check-asan
+	$(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_CHECK_SECONDS)
 
 check-release: build
 	cd build && ctest $(CTEST_FLAGS)
