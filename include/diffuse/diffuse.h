@@ -17,6 +17,7 @@
 #include "pipeline.h"
 #include "compile.h"
 #include "dist.h"
+#include "models.h"
 #include "json.h"
 #include "safetensors.h"
 #include "weights.h"

@@ -45,11 +45,12 @@ expect 1 "needs 2 x 4" "$work/shape.safetensors"
 st "$work/newline.safetensors" '{"a\\nb":{"dtype":"X","shape":[],"data_offsets":[0,0]}}'
 expect 1 "unknown dtype" "$work/newline.safetensors"
 
+# A pipeline of classes diffuse does not implement (so no model check applies to them).
 mkdir -p "$work/pipe/vae" "$work/pipe/transformer"
-printf '{"vae": ["diffusers", "AutoencoderKL"], "transformer": ["diffusers", "X"]}' \
+printf '{"vae": ["diffusers", "Y"], "transformer": ["diffusers", "X"]}' \
     >"$work/pipe/model_index.json"
 cp "$work/good.safetensors" "$work/pipe/vae/diffusion_pytorch_model.safetensors"
-printf '{"_class_name": "AutoencoderKL"}' >"$work/pipe/vae/config.json"
+printf '{"_class_name": "Y"}' >"$work/pipe/vae/config.json"
 printf '{"_class_name": "X"}' >"$work/pipe/transformer/config.json"
 expect 1 "transformer: no weights" "$work/pipe"
 cp "$work/good.safetensors" "$work/pipe/transformer/model.safetensors"
@@ -57,7 +58,7 @@ expect 0 "" "$work/pipe"
 printf '{"a": 1,}' >"$work/pipe/transformer/extra.json"
 expect 1 "extra.json:1:" "$work/pipe"
 rm "$work/pipe/transformer/extra.json"
-printf '{"vae": ["diffusers", "AutoencoderKL"], "../x": ["diffusers", "X"]}' \
+printf '{"vae": ["diffusers", "Y"], "../x": ["diffusers", "X"]}' \
     >"$work/pipe/model_index.json"
 expect 1 "plain name" "$work/pipe"
 printf '{"weight_map": {"w": "/etc/passwd"}}' >"$work/model.safetensors.index.json"
@@ -72,3 +73,19 @@ expect 2 "" "$work/good.safetensors" "$work/good.safetensors"
 rm -rf "$work"
 [ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }
 echo "all inspect checks passed"
+# Model checks: a FLUX transformer whose config asks for more blocks than the weights hold,
+# and one whose weight file lacks a tensor (the golden folder's own files, edited copies).
+golden=$(dirname "$0")/../../../shared/golden
+if [ -d "$golden/flux-transformer/model" ]; then
+    mkdir -p "$work/deep" "$work/missing"
+    cp "$golden/flux-transformer/model/diffusion_pytorch_model.safetensors" "$work/deep/"
+    sed 's/"num_layers": 2/"num_layers": 3/' "$golden/flux-transformer/model/config.json" \
+        >"$work/deep/config.json"
+    expect 1 "num_layers" "$work/deep"
+    cp "$golden/flux-transformer/model/config.json" "$work/missing/"
+    sed 's/"num_single_layers": 2/"num_single_layers": 1/' \
+        "$golden/flux-transformer/model/config.json" >"$work/missing/config.json"
+    cp "$golden/flux-transformer/model/diffusion_pytorch_model.safetensors" "$work/missing/"
+    expect 1 "single_transformer_blocks" "$work/missing"
+fi
+

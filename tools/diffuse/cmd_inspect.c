@@ -332,6 +332,10 @@ int cmd_inspect(int argc, char **argv)
             path = a;
         }
     }
+    if (df_models_register_checks() != DF_OK) {
+        fprintf(stderr, "diffuse inspect: %s\n", df_error_message());
+        return 1;
+    }
     if (!path) {
         usage(stderr);
         return 2;
