@@ -7,3 +7,9 @@ if(TARGET test_offload)
   add_test(NAME unit/test_offload_tiny COMMAND test_offload ${DF_TINY_FLUX})
   set_tests_properties(unit/test_offload_tiny PROPERTIES FIXTURES_REQUIRED tiny_flux TIMEOUT 600)
 endif()
+
+# `diffuse generate` bad-input behaviour on the same tiny folder.
+add_test(NAME cli/generate_errors
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/generate_errors.sh $<TARGET_FILE:diffuse>
+                 ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/generate_errors PROPERTIES FIXTURES_REQUIRED tiny_flux TIMEOUT 600)

@@ -319,6 +319,18 @@ int cmd_generate(int argc, char **argv)
                         "--prompt-file FILE (see --help)\n");
         return 2;
     }
+    /* Fail before minutes of work when the image could not be written anyway. */
+    char out_dir[4096];
+    snprintf(out_dir, sizeof out_dir, "%s", output);
+    char *slash_out = strrchr(out_dir, '/');
+    if (slash_out)
+        *(slash_out == out_dir ? slash_out + 1 : slash_out) = '\0';
+    else
+        snprintf(out_dir, sizeof out_dir, ".");
+    if (access(out_dir, W_OK) != 0) {
+        fprintf(stderr, "diffuse generate: cannot write '%s': %s\n", output, strerror(errno));
+        return 1;
+    }
     char *file_prompt = NULL;
     if (prompt_file && !(prompt = file_prompt = read_file(prompt_file)))
         return 1;
