@@ -547,6 +547,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     int64_t n_lat = (int64_t)r.B * S * Ci;
 
     df_scope outer = df_scope_begin(ctx);
+    df_stats_reset_resident_peak(ctx); /* phases report their own peaks, not the load's */
     df_tensor *embeds = NULL, *pooled = NULL;
     if (r.has_embeds) {
         s = given_embeddings(p, g, &r, &embeds, &pooled);

@@ -113,6 +113,38 @@ static void test_offload_levels(void **state)
     df_gen_output_free(&seq.out);
 }
 
+/* Compiled transformer: a new step count replays the program; a new size compiles once. */
+static void test_compiled_steps_do_not_recompile(void **state)
+{
+    (void)state;
+    df_pipeline *p = NULL;
+    assert_int_equal(df_pipeline_load(model_dir,
+                                      &(df_load_opts){.threads = 2, .compile = true,
+                                                      .mode = DF_DEFER_AND_FUSE},
+                                      &p),
+                     DF_OK);
+    df_ctx *ctx = df_pipeline_ctx(p);
+    df_gen_output out;
+    df_stats a, b, c;
+    df_gen_params g = {.prompt = "a red fox", .height = 64, .width = 64, .steps = 4, .seed = 1};
+    assert_int_equal(df_pipeline_run(p, &g, &out), DF_OK);
+    df_gen_output_free(&out);
+    df_ctx_stats(ctx, &a);
+    assert_true(a.graphs_compiled >= 1);
+    g.steps = 8;
+    assert_int_equal(df_pipeline_run(p, &g, &out), DF_OK);
+    df_gen_output_free(&out);
+    df_ctx_stats(ctx, &b);
+    assert_int_equal(b.graphs_compiled, a.graphs_compiled); /* 8 steps: nothing new */
+    assert_true(b.cache_hits >= a.cache_hits + 8);
+    g.height = g.width = 96;
+    assert_int_equal(df_pipeline_run(p, &g, &out), DF_OK);
+    df_gen_output_free(&out);
+    df_ctx_stats(ctx, &c);
+    assert_true(c.graphs_compiled > b.graphs_compiled); /* a new size compiles */
+    df_pipeline_free(p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -120,6 +152,9 @@ int main(int argc, char **argv)
         return 2;
     }
     model_dir = argv[1];
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_offload_levels)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_offload_levels),
+        cmocka_unit_test(test_compiled_steps_do_not_recompile),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
