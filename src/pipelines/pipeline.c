@@ -58,6 +58,22 @@ static df_status tp_setup(df_pipeline *p)
 }
 
 /* Reads model_index.json, creates the context and loads the class's components. */
+/* Appends to an out-of-memory message what would use less memory. */
+static void suggest_less_memory(df_offload level)
+{
+    const char *hint = level == DF_OFFLOAD_NONE
+                           ? "model offload (--offload model) keeps only the running component "
+                             "resident"
+                       : level == DF_OFFLOAD_MODEL
+                           ? "sequential offload (--offload sequential) keeps only two "
+                             "transformer blocks resident"
+                           : "a smaller image, --vae-tiling, or bf16 compute (--dtype bf16) "
+                             "needs less";
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s; %s", df_error_message(), hint);
+    df_errorf(DF_E_OOM, "%s", msg);
+}
+
 static df_status load_parts(df_pipeline *p)
 {
     df_model_index *idx = NULL;
@@ -85,6 +101,8 @@ static df_status load_parts(df_pipeline *p)
         df_ctx_set_comm(p->ctx, p->comm);
         s = p->cls->load(p, idx);
     }
+    if (s == DF_E_OOM)
+        suggest_less_memory(p->opts.offload);
     df_model_index_free(idx);
     return s;
 }
@@ -116,6 +134,8 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (!g)
         return df_errorf(DF_E_ARG, "generate: no parameters");
     df_status s = p->cls->run(p, g, out);
+    if (s == DF_E_OOM)
+        suggest_less_memory(p->opts.offload);
     if (s != DF_OK) {
         df_gen_output_free(out);
         df_ctx_reset_error(p->ctx);
