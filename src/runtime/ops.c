@@ -40,14 +40,15 @@ df_tensor *df_emit(df_ctx *ctx, df_node *n)
         s *= o->shape[d];
     }
     o->offset = 0;
+    const char *name = df_op_name(n->op);
     if (!df_size_mul(bytes, (size_t)s, &bytes)) {
         df_free(n);
-        return df_ctx_fail(ctx, df_errorf(DF_E_SHAPE, "%s: output too large", df_op_name(n->op)));
+        return df_ctx_fail(ctx, df_errorf(DF_E_SHAPE, "%s: output too large", name));
     }
     o->st = df_storage_lazy(ctx->dev, bytes);
     if (!o->st) {
         df_free(n);
-        return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", df_op_name(n->op)));
+        return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", name));
     }
     n->n_in = df_op_inputs(n->op);
     for (int i = 0; i < n->n_in; i++)

@@ -206,18 +206,22 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     return s;
 }
 
+/* The accessors accept NULL (the result of a failed op) so that model code can carry on
+ * to its next status check: a NULL tensor has no dimensions and no elements. */
 df_dtype df_tensor_dtype(const df_tensor *t)
 {
-    return t->v.dtype;
+    return t ? t->v.dtype : DF_DTYPE_F32;
 }
 
 int df_tensor_ndim(const df_tensor *t)
 {
-    return t->v.ndim;
+    return t ? t->v.ndim : 0;
 }
 
 int64_t df_tensor_dim(const df_tensor *t, int d)
 {
+    if (!t)
+        return 0;
     if (d < 0)
         d += t->v.ndim;
     return d >= 0 && d < t->v.ndim ? t->v.shape[d] : 0;
@@ -225,17 +229,18 @@ int64_t df_tensor_dim(const df_tensor *t, int d)
 
 const int64_t *df_tensor_shape(const df_tensor *t)
 {
-    return t->v.shape;
+    static const int64_t none[DF_MAX_DIMS];
+    return t ? t->v.shape : none;
 }
 
 int64_t df_tensor_numel(const df_tensor *t)
 {
-    return df_view_numel(&t->v);
+    return t ? df_view_numel(&t->v) : 0;
 }
 
 bool df_tensor_is_contiguous(const df_tensor *t)
 {
-    return df_view_is_dense(&t->v);
+    return t && df_view_is_dense(&t->v);
 }
 
 const char *df_tensor_describe(const df_tensor *t, char *buf, size_t cap)

@@ -15,6 +15,7 @@
 
 #include <diffuse/diffuse.h>
 
+#include "core/alloc.h"
 #include "models/loader.h"
 #include "models/residency.h"
 
@@ -145,6 +146,36 @@ static void test_compiled_steps_do_not_recompile(void **state)
     df_pipeline_free(p);
 }
 
+/* Running out of memory names what would need less. */
+static void test_out_of_memory_suggests_offload(void **state)
+{
+    (void)state;
+    df_pipeline *p = NULL;
+    assert_int_equal(df_pipeline_load(model_dir, &(df_load_opts){.threads = 1}, &p), DF_OK);
+    df_gen_output out;
+    df_gen_params g = {.prompt = "a red fox", .height = 64, .width = 64, .steps = 1, .seed = 1};
+    /* Fail the Nth allocation inside the run, for N across the whole run: every failure
+     * is a clean DF_E_OOM with the hint, never a crash or a leak of the context's state. */
+    int failures = 0;
+    for (int nth = 1; nth < 3000; nth = nth * 3 / 2 + 1) {
+        df_alloc_fail_at(nth);
+        df_status s = df_pipeline_run(p, &g, &out);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            df_gen_output_free(&out);
+            continue;
+        }
+        failures++;
+        assert_int_equal(s, DF_E_OOM);
+        assert_non_null(strstr(df_error_message(), "--offload model"));
+    }
+    assert_true(failures > 5);
+    /* The pipeline still works afterwards. */
+    assert_int_equal(df_pipeline_run(p, &g, &out), DF_OK);
+    df_gen_output_free(&out);
+    df_pipeline_free(p);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -155,6 +186,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_offload_levels),
         cmocka_unit_test(test_compiled_steps_do_not_recompile),
+        cmocka_unit_test(test_out_of_memory_suggests_offload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
