@@ -14,3 +14,17 @@ add_test(NAME sd3/generate
                  --slg-layers 1 --slg-start 0.1 --slg-stop 0.9 --seed 1 --threads 2
                  -o ${DF_TINY_SD3}.png)
 set_tests_properties(sd3/generate PROPERTIES FIXTURES_REQUIRED tiny_sd3 TIMEOUT 600)
+
+# Model offload gives the same image, bit for bit (cmake -E compare_files fails on any
+# difference).
+add_test(NAME sd3/generate-offload
+         COMMAND diffuse generate -m ${DF_TINY_SD3} -p "a red fox in the snow"
+                 --negative-prompt "blurry" -W 64 -H 64 --steps 3 --guidance 4.5
+                 --slg-layers 1 --slg-start 0.1 --slg-stop 0.9 --seed 1 --threads 2
+                 --offload model -o ${DF_TINY_SD3}-offload.png)
+set_tests_properties(sd3/generate-offload PROPERTIES FIXTURES_REQUIRED tiny_sd3
+                     FIXTURES_SETUP sd3_offload TIMEOUT 600 DEPENDS sd3/generate)
+add_test(NAME sd3/offload-identical
+         COMMAND ${CMAKE_COMMAND} -E compare_files ${DF_TINY_SD3}.png ${DF_TINY_SD3}-offload.png)
+set_tests_properties(sd3/offload-identical PROPERTIES FIXTURES_REQUIRED sd3_offload
+                     DEPENDS "sd3/generate;sd3/generate-offload")

@@ -41,6 +41,7 @@
 #include "core/status.h"
 #include "models/embeddings.h"
 #include "models/loader.h"
+#include "models/residency.h"
 #include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
 #define SD3_EPS           1e-6f              /* every LayerNorm and RMSNorm of the model */
@@ -709,4 +710,9 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, SD3_EPS); /* [B, S_img, D] */
     x = df_linear(ctx, x, &m->proj_out);                                 /* [B, S_img, P*P*C] */
     return df_scope_end(ctx, outer, unpatchify(ctx, m, x, &d));
+}
+
+df_weight_set *df_sd3_weight_set(const df_sd3 *m)
+{
+    return m ? m->ws : NULL;
 }

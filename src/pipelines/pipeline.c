@@ -16,6 +16,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "models/loader.h"
 #include "pipelines/pipeline.h"
 
 static const df_pipeline_kind *const classes[] = {&df_flux_pipeline_class,
@@ -220,4 +221,15 @@ void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phas
     out->phases[out->n_phases].rss_bytes = st.rss_bytes;
     out->n_phases++;
     df_stats_reset_resident_peak(p->ctx);
+}
+
+void df_pipeline_onload(const df_pipeline *p, df_weight_set *ws)
+{
+    if (ws && p->opts.offload != DF_OFFLOAD_NONE)
+        df_ws_acquire(ws, NULL);
+}
+
+df_status df_pipeline_offload(const df_pipeline *p, df_weight_set *ws)
+{
+    return ws && p->opts.offload != DF_OFFLOAD_NONE ? df_ws_release(ws, NULL) : DF_OK;
 }

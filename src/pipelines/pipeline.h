@@ -27,6 +27,11 @@ struct df_pipeline {
 
 extern const df_pipeline_kind df_flux_pipeline_class;
 
+/* Offloading (p->opts.offload): make a component's weights resident before it runs, and
+ * release them after its queued work (both no-ops without offload; ws may be NULL). */
+void df_pipeline_onload(const df_pipeline *p, struct df_weight_set *ws);
+df_status df_pipeline_offload(const df_pipeline *p, struct df_weight_set *ws);
+
 /* Records the residency and memory after `phase` in the output. */
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
 extern const df_pipeline_kind df_sd3_pipeline_class;

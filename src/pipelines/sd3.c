@@ -40,6 +40,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "models/residency.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 
@@ -219,6 +220,13 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
         DF_TRY(
             df_sd3_compile_repeated_blocks(s->transformer, &(df_compile_opts){.fullgraph = true}));
 
+    /* With offloading nothing stays resident after loading. (Sequential offload of the SD3
+     * transformer's blocks is not implemented: it offloads whole components, as model.) */
+    DF_TRY(df_pipeline_offload(p, s->clip_l ? df_clip_weight_set(s->clip_l) : NULL));
+    DF_TRY(df_pipeline_offload(p, s->clip_g ? df_clip_weight_set(s->clip_g) : NULL));
+    DF_TRY(df_pipeline_offload(p, s->t5 ? df_t5_weight_set(s->t5) : NULL));
+    DF_TRY(df_pipeline_offload(p, df_sd3_weight_set(s->transformer)));
+    DF_TRY(df_pipeline_offload(p, df_vae_weight_set(s->vae)));
     p->default_steps = 28;
     p->default_guidance = 7.0f;
     p->default_max_seq = 256;
@@ -588,7 +596,16 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
 
     df_scope outer = df_scope_begin(ctx);
     df_tensor *pe = NULL, *pp = NULL, *ne = NULL, *np = NULL;
+    df_stats_reset_resident_peak(ctx);
+    df_weight_set *text[3] = {s->clip_l ? df_clip_weight_set(s->clip_l) : NULL,
+                              s->clip_g ? df_clip_weight_set(s->clip_g) : NULL,
+                              s->t5 ? df_t5_weight_set(s->t5) : NULL};
+    for (int i = 0; i < 3; i++)
+        df_pipeline_onload(p, text[i]);
     df_status st = prompt_embeddings(p, s, g, &r, &pe, &pp, &ne, &np);
+    for (int i = 0; i < 3 && st == DF_OK; i++)
+        st = df_pipeline_offload(p, text[i]);
+    df_pipeline_note_phase(p, out, "encode");
     df_tensor *embeds = pe, *pooled = pp;
     if (st == DF_OK && r.cfg) {
         embeds = df_concat(ctx, ne, pe, 0); /* [negative, positive] */
@@ -606,10 +623,18 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
         df_rng_init(&rng, g->seed);
         st = df_rng_randn_f32(&rng, lat, n_lat);
     }
+    df_pipeline_onload(p, df_sd3_weight_set(s->transformer));
     if (st == DF_OK)
         st = denoise(p, s, g, &r, embeds, pooled, pe, pp, lat, C, h, w);
     if (st == DF_OK)
+        st = df_pipeline_offload(p, df_sd3_weight_set(s->transformer));
+    df_pipeline_note_phase(p, out, "denoise");
+    df_pipeline_onload(p, df_vae_weight_set(s->vae));
+    if (st == DF_OK)
         st = decode(p, s, g, &r, lat, C, h, w, out);
+    if (st == DF_OK)
+        st = df_pipeline_offload(p, df_vae_weight_set(s->vae));
+    df_pipeline_note_phase(p, out, "decode");
     if (st == DF_OK) {
         out->latents = lat;
         lat = NULL;
