@@ -309,7 +309,8 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
 
     if (dim == 0 && n == 1) { /* contiguous: wrap that part of the mapping */
         int64_t row = info.shape[0] ? info.numel / info.shape[0] : 0;
-        const uint8_t *data = (const uint8_t *)info.data + (size_t)(ranges[0][0] * row) * info.elem_size;
+        const uint8_t *data =
+            (const uint8_t *)info.data + (size_t)(ranges[0][0] * row) * info.elem_size;
         df_tensor *t = (uintptr_t)data % info.elem_size == 0
                            ? df_tensor_wrap(ws->ctx, info.dtype, local_shape, info.ndim, data)
                            : df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, data);
@@ -323,8 +324,8 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
     uint64_t before = df_weights_bytes_read(ws->w);
     df_status s = read_ranges(ws, &info, dim, ranges, n, local, buf);
     size_t read = (size_t)(df_weights_bytes_read(ws->w) - before);
-    df_tensor *t = s == DF_OK ? df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, buf)
-                              : NULL;
+    df_tensor *t =
+        s == DF_OK ? df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, buf) : NULL;
     df_free(buf);
     DF_TRY(s);
     DF_TRY(keep(ws, name, t, NULL, bytes, read));

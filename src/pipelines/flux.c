@@ -248,6 +248,8 @@ static run_sizes resolve(const df_pipeline *p, const flux_pipe *f, const df_gen_
 static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_gen_params *g,
                              const run_sizes *r)
 {
+    if (r->factor <= 0)
+        return df_errorf(DF_E_INTERNAL, "the VAE's scale factor is unknown on this rank");
     if (r->H <= 0 || r->W <= 0 || r->H % r->factor || r->W % r->factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d",
                          r->H, r->W, r->factor);

@@ -4,11 +4,11 @@
  * DF_TEST_TMP come from there).
  *
  * A tiny FLUX pipeline (diffuse make-tiny: 2 transformer heads, 4 T5 heads) is generated
- * once; the same prompt and seed then run in one process and as 2 ranks (eager, and defer
- * and fuse with compiled repeated blocks). The PNGs must agree within one level per channel.
- * Failures: --tp 3 on 2 processes, a model folder missing on rank 1 only, and --tp without
- * mpirun must end every process with a non-zero status well within the time limit, the
- * message printed once.
+ * once; the same prompt and seed then run in one process and as 2 ranks (eager, defer and
+ * fuse with compiled repeated blocks, the compiled transformer). The PNGs must agree
+ * within one level per channel. Failures: --tp 3 on 2 processes, a model folder missing on
+ * rank 1 only, and --tp without mpirun must end every process with a non-zero status well
+ * within the time limit, the message printed once.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,19 +23,21 @@
 
 #include <diffuse/diffuse.h>
 
-#define TINY   DF_TEST_TMP "/tp-tiny"
-#define LIMIT  "120" /* seconds: a hang fails the test instead of the whole suite */
-#define ARGS   "-p 'a lighthouse at dusk' -W 64 -H 48 --steps 3 --seed 7"
+#define TINY  DF_TEST_TMP "/tp-tiny"
+#define LIMIT "120" /* seconds: a hang fails the test instead of the whole suite */
+#define ARGS  "-p 'a lighthouse at dusk' -W 64 -H 48 --steps 3 --seed 7"
 /* Leak checking would report MPI's own allocations; the unit tests check ours. */
-#define ENV    "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 "
-#define MPIRUN ENV "timeout " LIMIT " '" DF_MPIRUN "' --oversubscribe --allow-run-as-root " \
-               "-x ASAN_OPTIONS "
+#define ENV "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 "
+#define MPIRUN                                                                                     \
+    ENV "timeout " LIMIT " '" DF_MPIRUN "' --oversubscribe --allow-run-as-root "                   \
+        "-x ASAN_OPTIONS "
 
 /* Runs a shell command; its exit status (124: timed out), stderr into `err` (path). */
 static int run(const char *cmd, const char *err)
 {
-    char full[4096];
-    snprintf(full, sizeof full, "%s > /dev/null 2> '%s'", cmd, err);
+    char full[8192];
+    int len = snprintf(full, sizeof full, "%s > /dev/null 2> '%s'", cmd, err);
+    assert_true(len > 0 && len < (int)sizeof full);
     int st = system(full);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
 }
@@ -131,6 +133,12 @@ static void test_two_ranks_fuse_compiled_blocks(void **state)
     two_ranks_match("--mode fuse --compile-blocks", "blocks");
 }
 
+static void test_two_ranks_compiled_transformer(void **state)
+{
+    (void)state;
+    two_ranks_match("--mode compile", "compile");
+}
+
 static void test_rank_count_mismatch(void **state)
 {
     (void)state;
@@ -167,8 +175,8 @@ static void test_tp_without_mpirun(void **state)
     (void)state;
     char cmd[4096];
     const char *err = DF_TEST_TMP "/tp-nompi.err";
-    snprintf(cmd, sizeof cmd, ENV "timeout " LIMIT " '%s' generate --tp 2 -m '%s' " ARGS
-                              " -o '%s'", DF_DIFFUSE_BIN, TINY, DF_TEST_TMP "/tp-never.png");
+    snprintf(cmd, sizeof cmd, ENV "timeout " LIMIT " '%s' generate --tp 2 -m '%s' " ARGS " -o '%s'",
+             DF_DIFFUSE_BIN, TINY, DF_TEST_TMP "/tp-never.png");
     assert_int_equal(run(cmd, err), 2);
     assert_int_equal(count_lines(err, "start it as mpirun -np 2"), 1);
 }
@@ -178,6 +186,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_ranks_eager),
         cmocka_unit_test(test_two_ranks_fuse_compiled_blocks),
+        cmocka_unit_test(test_two_ranks_compiled_transformer),
         cmocka_unit_test(test_rank_count_mismatch),
         cmocka_unit_test(test_missing_model_on_one_rank),
         cmocka_unit_test(test_tp_without_mpirun),

@@ -13,6 +13,9 @@
  * - The sharded binding itself (loader.h) against slices read through df_weights: colwise
  *   rows wrap the mapping, rowwise columns and packed blocks are copies, rowwise biases live
  *   on rank 0, sizes not divisible by N are DF_E_ARG.
+ * - The whole FluxPipeline (t2i-flux-schnell-seed42: prompt, seed, 4 steps) on 2 ranks given
+ *   through df_load_opts.comm, the prompt on rank 0 only: the same image as 1 rank and the
+ *   reference; rank 1 gets the same final latents and no image.
  * - Head counts not divisible by N are clear errors; df_comm_agree carries the failing
  *   rank's message; df_comm_abort wakes a rank waiting in a collective.
  */
@@ -95,9 +98,9 @@ typedef struct job {
     df_comm *comm;
     model_kind model;
     df_eager_mode mode;
-    bool blocks; /* compiled repeated blocks (FLUX) */
-    const host_tensor *in;  /* FLUX: hidden, encoder, pooled, timestep, img_ids, txt_ids;
-                               T5: input_ids, attention_mask */
+    bool blocks;           /* compiled repeated blocks (FLUX) */
+    const host_tensor *in; /* FLUX: hidden, encoder, pooled, timestep, img_ids, txt_ids;
+                              T5: input_ids, attention_mask */
     /* out */
     df_status s;
     char msg[512];
@@ -232,8 +235,8 @@ static void check_reference(const char *what, const float *got, const double *re
         mx = isnan(got[i]) ? INFINITY : fmax(mx, fabs(d));
     }
     double rl = sqrt(num / den);
-    printf("  %-34s vs reference: max-abs %.3g (limit %.3g), rel-L2 %.3g (limit %.3g)\n", what,
-           mx, max_abs, rl, rel_l2);
+    printf("  %-34s vs reference: max-abs %.3g (limit %.3g), rel-L2 %.3g (limit %.3g)\n", what, mx,
+           max_abs, rl, rel_l2);
     assert_true(mx <= max_abs);
     assert_true(rl <= rel_l2);
 }
@@ -242,8 +245,11 @@ static void check_reference(const char *what, const float *got, const double *re
 
 static void flux_parity(df_eager_mode mode, bool blocks, const char *label)
 {
-    static const char *const names[6] = {"in.hidden_states", "in.encoder_hidden_states",
-                                         "in.pooled_projections", "in.timestep", "in.img_ids",
+    static const char *const names[6] = {"in.hidden_states",
+                                         "in.encoder_hidden_states",
+                                         "in.pooled_projections",
+                                         "in.timestep",
+                                         "in.img_ids",
                                          "in.txt_ids"};
     host_tensor in[6];
     for (int i = 0; i < 6; i++)
@@ -389,24 +395,26 @@ static share flux_share(const char *name)
 {
     /* FluxTransformer2DModel._tp_plan, block-relative; single-block names share the list
      * (to_q/k/v colwise, proj_mlp colwise, proj_out rowwise). */
-    static const char *const col[] = {"attn.to_q",       "attn.to_k",        "attn.to_v",
-                                      "attn.add_q_proj", "attn.add_k_proj",  "attn.add_v_proj",
-                                      "ff.net.0.proj",   "ff_context.net.0.proj", "proj_mlp",
-                                      NULL};
-    static const char *const row[] = {"attn.to_out.0", "attn.to_add_out", "ff.net.2",
-                                      "ff_context.net.2", "proj_out", NULL};
+    static const char *const col[] = {"attn.to_q",       "attn.to_k",
+                                      "attn.to_v",       "attn.add_q_proj",
+                                      "attn.add_k_proj", "attn.add_v_proj",
+                                      "ff.net.0.proj",   "ff_context.net.0.proj",
+                                      "proj_mlp",        NULL};
+    static const char *const row[] = {"attn.to_out.0",    "attn.to_add_out", "ff.net.2",
+                                      "ff_context.net.2", "proj_out",        NULL};
     return classify(name, col, row, "transformer_blocks.", "single_transformer_blocks.");
 }
 
 static share t5_share(const char *name)
 {
-    static const char *const col[] = {"layer.0.SelfAttention.q", "layer.0.SelfAttention.k",
+    static const char *const col[] = {"layer.0.SelfAttention.q",
+                                      "layer.0.SelfAttention.k",
                                       "layer.0.SelfAttention.v",
                                       "layer.0.SelfAttention.relative_attention_bias",
                                       "layer.1.DenseReluDense.wi_0",
-                                      "layer.1.DenseReluDense.wi_1", NULL};
-    static const char *const row[] = {"layer.0.SelfAttention.o", "layer.1.DenseReluDense.wo",
+                                      "layer.1.DenseReluDense.wi_1",
                                       NULL};
+    static const char *const row[] = {"layer.0.SelfAttention.o", "layer.1.DenseReluDense.wo", NULL};
     return classify(name, col, row, "encoder.block.", NULL);
 }
 
@@ -443,8 +451,9 @@ static void check_bytes(const char *what, const char *dir, model_kind model,
             double bound = (double)b[SHARDED] / n + (double)(b[REPLICATED] + b[ROWWISE_BIAS]) +
                            0.01 * (double)total;
             printf("%s: rank %d of %d read %lld weight bytes (share %lld, bound %.0f, whole "
-                   "model %lld)\n", what, r, n, (long long)jobs[r].bytes_read, (long long)want,
-                   bound, (long long)total);
+                   "model %lld)\n",
+                   what, r, n, (long long)jobs[r].bytes_read, (long long)want, bound,
+                   (long long)total);
             assert_int_equal(jobs[r].bytes_read, want);
             assert_true((double)jobs[r].bytes_read <= bound);
         }
@@ -455,8 +464,11 @@ static void check_bytes(const char *what, const char *dir, model_kind model,
 static void test_bytes_read_per_rank(void **state)
 {
     (void)state;
-    static const char *const names[6] = {"in.hidden_states", "in.encoder_hidden_states",
-                                         "in.pooled_projections", "in.timestep", "in.img_ids",
+    static const char *const names[6] = {"in.hidden_states",
+                                         "in.encoder_hidden_states",
+                                         "in.pooled_projections",
+                                         "in.timestep",
+                                         "in.img_ids",
                                          "in.txt_ids"};
     host_tensor in[6];
     for (int i = 0; i < 6; i++)
@@ -510,8 +522,8 @@ static void test_sharded_linear_slices(void **state)
     /* colwise, rank 1 of 2: rows [16, 32) and bias[16:32], wrapping the mapping */
     df_linear_weights l;
     df_shard col = {.style = DF_SHARD_COLWISE, .rank = 1, .world = 2};
-    assert_int_equal(df_ws_linear_sharded(ws, &l, D, D, true, &col,
-                                          "transformer_blocks.0.attn.to_q"), DF_OK);
+    assert_int_equal(
+        df_ws_linear_sharded(ws, &l, D, D, true, &col, "transformer_blocks.0.attn.to_q"), DF_OK);
     float *full = whole("transformer_blocks.0.attn.to_q.weight", &R, &C);
     assert_int_equal(df_tensor_dim(l.weight, 0), 16);
     assert_int_equal(df_tensor_dim(l.weight, 1), 32);
@@ -529,8 +541,9 @@ static void test_sharded_linear_slices(void **state)
 
     /* rowwise, rank 1 of 2: columns [16, 32), copied; no bias (rank 0 adds it) */
     df_shard row = {.style = DF_SHARD_ROWWISE, .rank = 1, .world = 2};
-    assert_int_equal(df_ws_linear_sharded(ws, &l, D, D, true, &row,
-                                          "transformer_blocks.0.attn.to_out.0"), DF_OK);
+    assert_int_equal(
+        df_ws_linear_sharded(ws, &l, D, D, true, &row, "transformer_blocks.0.attn.to_out.0"),
+        DF_OK);
     assert_null(l.bias);
     full = whole("transformer_blocks.0.attn.to_out.0.weight", &R, &C);
     got = values(ctx, l.weight);
@@ -541,16 +554,18 @@ static void test_sharded_linear_slices(void **state)
     free(got);
     free(full);
     row.rank = 0; /* rank 0 binds the whole bias */
-    assert_int_equal(df_ws_linear_sharded(ws, &l, D, D, true, &row,
-                                          "transformer_blocks.0.attn.to_add_out"), DF_OK);
+    assert_int_equal(
+        df_ws_linear_sharded(ws, &l, D, D, true, &row, "transformer_blocks.0.attn.to_add_out"),
+        DF_OK);
     assert_non_null(l.bias);
     assert_int_equal(df_tensor_numel(l.bias), D);
 
     /* packed rowwise [1, 4] of proj_out [D, 5D], rank 1: columns [16, 32) + [32+64, 32+128) */
-    df_shard packed = {.style = DF_SHARD_ROWWISE, .rank = 1, .world = 2, .n_parts = 2,
-                       .parts = {1, 4}};
+    df_shard packed = {
+        .style = DF_SHARD_ROWWISE, .rank = 1, .world = 2, .n_parts = 2, .parts = {1, 4}};
     assert_int_equal(df_ws_linear_sharded(ws, &l, D, 5 * D, true, &packed,
-                                          "single_transformer_blocks.0.proj_out"), DF_OK);
+                                          "single_transformer_blocks.0.proj_out"),
+                     DF_OK);
     full = whole("single_transformer_blocks.0.proj_out.weight", &R, &C);
     got = values(ctx, l.weight);
     assert_int_equal(df_tensor_dim(l.weight, 1), 5 * D / 2);
@@ -563,12 +578,111 @@ static void test_sharded_linear_slices(void **state)
 
     /* 3 ranks: 32 is not divisible by 3 */
     df_shard three = {.style = DF_SHARD_COLWISE, .rank = 0, .world = 3};
-    assert_int_equal(df_ws_linear_sharded(ws, &l, D, D, true, &three,
-                                          "transformer_blocks.1.attn.to_k"), DF_E_ARG);
+    assert_int_equal(
+        df_ws_linear_sharded(ws, &l, D, D, true, &three, "transformer_blocks.1.attn.to_k"),
+        DF_E_ARG);
     assert_non_null(strstr(df_error_message(), "not divisible by the 3"));
     assert_non_null(strstr(df_error_message(), "transformer_blocks.1.attn.to_k.weight"));
     df_weight_set_free(ws);
     df_ctx_free(ctx);
+}
+
+/* ---- the pipeline ------------------------------------------------------------------------- */
+
+#define PIPE_CASE DF_GOLDEN_DIR "/t2i-flux-schnell-seed42"
+#define PIPE_DIR  DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"
+
+typedef struct pipe_job {
+    df_comm *comm;
+    const char *prompt; /* rank 0's; NULL: the case's */
+    df_status s;
+    char msg[512];
+    df_gen_output out;
+} pipe_job;
+
+static void *pipe_main(void *arg)
+{
+    pipe_job *j = arg;
+    df_pipeline *p = NULL;
+    j->s = df_pipeline_load(PIPE_DIR, &(df_load_opts){.threads = 1, .comm = j->comm}, &p);
+    bool lead = df_comm_rank(j->comm) == 0;
+    if (j->s == DF_OK) /* the prompt is rank 0's alone */
+        j->s = df_pipeline_run(p,
+                               &(df_gen_params){.prompt = !lead ? NULL
+                                                          : j->prompt
+                                                              ? j->prompt
+                                                              : "A photo of a red fox in the snow, "
+                                                                "35mm, golden hour",
+                                                .height = 64,
+                                                .width = 64,
+                                                .steps = 4,
+                                                .guidance_set = true,
+                                                .max_sequence_length = 256,
+                                                .seed = 42},
+                               &j->out);
+    if (j->s != DF_OK)
+        snprintf(j->msg, sizeof j->msg, "%s", df_error_message());
+    df_pipeline_free(p);
+    return NULL;
+}
+
+static void run_pipeline(int n, pipe_job *jobs, const char *prompt, bool expect_ok)
+{
+    df_comm *comms[MAX_RANKS];
+    assert_int_equal(df_comm_create_threads(n, comms), DF_OK);
+    pthread_t th[MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        jobs[r] = (pipe_job){.comm = comms[r], .prompt = prompt};
+        assert_int_equal(pthread_create(&th[r], NULL, pipe_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) {
+        df_comm_free(comms[r]);
+        if (expect_ok && jobs[r].s != DF_OK)
+            fail_msg("rank %d of %d: %s", r, n, jobs[r].msg);
+    }
+}
+
+static void test_pipeline_two_ranks(void **state)
+{
+    (void)state;
+    pipe_job one[1], two[2];
+    run_pipeline(1, one, NULL, true);
+    run_pipeline(2, two, NULL, true);
+    host_tensor ref = read_tensor(PIPE_CASE, "out.image", DF_DTYPE_F64);
+    double max_abs, rel_l2;
+    tolerance(PIPE_CASE, "image", &max_abs, &rel_l2);
+    assert_int_equal(two[0].out.count, 1);
+    assert_int_equal(two[1].out.count, 0); /* only rank 0 decodes */
+    assert_null(two[1].out.images);
+    int64_t n = ref.numel, nl = 1;
+    for (int d = 0; d < two[0].out.latents_ndim; d++)
+        nl *= two[0].out.latents_shape[d];
+    assert_memory_equal(two[0].out.latents, two[1].out.latents, (size_t)nl * sizeof(float));
+    double d = rel_l2_f32(two[0].out.image_f32, one[0].out.image_f32, n);
+    printf("t2i-flux-schnell-seed42 image: 2 ranks vs 1 rank rel-L2 %.3g (limit 1e-5)\n", d);
+    assert_true(d <= 1e-5);
+    check_reference("1 rank", one[0].out.image_f32, ref.data, n, max_abs, rel_l2);
+    check_reference("2 ranks", two[0].out.image_f32, ref.data, n, max_abs, rel_l2);
+    free(ref.data);
+    df_gen_output_free(&one[0].out);
+    df_gen_output_free(&two[0].out);
+    df_gen_output_free(&two[1].out);
+}
+
+/* Rank 0's prompt is not UTF-8: its tokenizer fails, and rank 1 stops with rank 0's message
+ * instead of waiting for the token ids. */
+static void test_pipeline_rank0_failure_stops_both(void **state)
+{
+    (void)state;
+    pipe_job two[2];
+    run_pipeline(2, two, "a fox \xff\xfe in the snow", false);
+    assert_int_equal(two[0].s, DF_E_ARG);
+    assert_int_equal(two[1].s, DF_E_ARG);
+    assert_non_null(strstr(two[1].msg, "rank 0: "));
+    assert_non_null(strstr(two[1].msg, two[0].msg));
+    printf("rank 1 reports: %s\n", two[1].msg);
 }
 
 /* ---- errors ------------------------------------------------------------------------------- */
@@ -576,8 +690,11 @@ static void test_sharded_linear_slices(void **state)
 static void test_heads_not_divisible_are_clear_errors(void **state)
 {
     (void)state;
-    static const char *const names[6] = {"in.hidden_states", "in.encoder_hidden_states",
-                                         "in.pooled_projections", "in.timestep", "in.img_ids",
+    static const char *const names[6] = {"in.hidden_states",
+                                         "in.encoder_hidden_states",
+                                         "in.pooled_projections",
+                                         "in.timestep",
+                                         "in.img_ids",
                                          "in.txt_ids"};
     host_tensor in[6];
     for (int i = 0; i < 6; i++)
@@ -672,6 +789,8 @@ int main(void)
         cmocka_unit_test(test_flux_two_ranks_compiled_blocks_fuse),
         cmocka_unit_test(test_t5_two_ranks),
         cmocka_unit_test(test_bytes_read_per_rank),
+        cmocka_unit_test(test_pipeline_two_ranks),
+        cmocka_unit_test(test_pipeline_rank0_failure_stops_both),
         cmocka_unit_test(test_heads_not_divisible_are_clear_errors),
         cmocka_unit_test(test_agree_carries_the_message_and_abort_wakes),
     };

@@ -24,6 +24,7 @@ int bench_vae(const bench_opts *o);
 int bench_modes(const bench_opts *o);
 int bench_compile(const bench_opts *o);
 int bench_sd3(const bench_opts *o);
+int bench_tp(const bench_opts *o);
 
 static const bench_workload workloads[] = {
     {"ceiling", "best GEMM rate of the provider (oneDNN), f32 and bf16, 1 and 2 threads",
@@ -51,6 +52,10 @@ static const bench_workload workloads[] = {
                 "and 19+38 [--width 3072]",
      bench_compile},
     {"sd3", "SD3.5-medium-width transformer step with CFG at 512x512", bench_sd3},
+    {"tp",
+     "tensor parallelism: FLUX.1-width transformer at 512x512, 1 process x 2 threads against "
+     "2 ranks x 1 thread (thread communicator) [--double N] [--single N] [--repeats N]",
+     bench_tp},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 

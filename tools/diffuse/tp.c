@@ -86,16 +86,19 @@ int cli_tp_start(int tp, int *threads, cli_tp *out)
     if (tp == 0) {
         if (launched && launch_size() > 1) {
             if (speak)
-                fprintf(stderr, "diffuse generate: mpirun started %d processes but --tp was "
-                                "not given: pass --tp %d to split the model over them\n",
+                fprintf(stderr,
+                        "diffuse generate: mpirun started %d processes but --tp was "
+                        "not given: pass --tp %d to split the model over them\n",
                         launch_size(), launch_size());
             return 2;
         }
         return 0;
     }
     if (!launched) {
-        fprintf(stderr, "diffuse generate: --tp %d runs one process per rank; start it as "
-                        "mpirun -np %d diffuse generate --tp %d ...\n", tp, tp, tp);
+        fprintf(stderr,
+                "diffuse generate: --tp %d runs one process per rank; start it as "
+                "mpirun -np %d diffuse generate --tp %d ...\n",
+                tp, tp, tp);
         return 2;
     }
     if (df_dist_init(NULL, NULL, &out->comm) != DF_OK) {
@@ -107,8 +110,10 @@ int cli_tp_start(int tp, int *threads, cli_tp *out)
     out->size = df_comm_size(out->comm);
     if (out->size != tp) {
         if (out->rank == 0)
-            fprintf(stderr, "diffuse generate: --tp %d, but mpirun started %d processes "
-                            "(use mpirun -np %d)\n", tp, out->size, tp);
+            fprintf(stderr,
+                    "diffuse generate: --tp %d, but mpirun started %d processes "
+                    "(use mpirun -np %d)\n",
+                    tp, out->size, tp);
         cli_tp_end(out);
         return 2;
     }
