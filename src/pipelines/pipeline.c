@@ -135,12 +135,17 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (!g)
         return df_errorf(DF_E_ARG, "generate: no parameters");
     df_status s = p->cls->run(p, g, out);
-    if (s == DF_E_OOM)
-        suggest_less_memory(p->opts.offload);
     if (s != DF_OK) {
+        /* Resetting the context waits for its stream, which may report the stream's own
+         * failure again: keep the run's message. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", df_error_message());
         df_gen_output_free(out);
         df_ctx_reset_error(p->ctx);
+        df_errorf(s, "%s", msg);
     }
+    if (s == DF_E_OOM)
+        suggest_less_memory(p->opts.offload);
     return s;
 }
 
