@@ -37,6 +37,7 @@
 #include "core/status.h"
 #include "models/embeddings.h"
 #include "models/loader.h"
+#include "models/model_config.h"
 #include "models/residency.h"
 #include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
@@ -136,24 +137,13 @@ typedef struct dims {
 static df_status get_size(const df_json *cfg, const char *key, int64_t dflt, int64_t min,
                           int64_t *out)
 {
-    DF_TRY(df_json_get_int_or(cfg, key, dflt, out));
-    if (*out < min || *out > FLUX_MAX_SIZE)
-        return df_errorf(DF_E_FORMAT, "%s: key '%s' is %lld; expected an integer in [%lld, %lld]",
-                         df_json_source(cfg), key, (long long)*out, (long long)min,
-                         (long long)FLUX_MAX_SIZE);
-    return DF_OK;
+    return df_config_size(cfg, key, dflt, min, FLUX_MAX_SIZE, out);
 }
 
 static df_status check_config(const df_json *cfg, df_flux_cfg *c)
 {
     const char *src = df_json_source(cfg);
-    const char *cls = NULL;
-    DF_TRY(df_json_get_string_or(cfg, "_class_name", NULL, &cls));
-    if (cls && strcmp(cls, "FluxTransformer2DModel") != 0)
-        return df_errorf(DF_E_FORMAT,
-                         "%s: key '_class_name' is '%s'; expected "
-                         "'FluxTransformer2DModel'",
-                         src, cls);
+    DF_TRY(df_config_class(cfg, "FluxTransformer2DModel"));
 
     DF_TRY(get_size(cfg, "patch_size", 1, 1, &c->patch_size));
     if (c->patch_size != 1)

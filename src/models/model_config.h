@@ -1,0 +1,16 @@
+/*
+ * Reading model configs (config.json): the checks every model class makes the same way.
+ */
+#ifndef DF_MODELS_MODEL_CONFIG_H
+#define DF_MODELS_MODEL_CONFIG_H
+
+#include <diffuse/json.h>
+
+/* Integer `key` (default `dflt` when absent) that must lie in [min, max]; the message names
+ * the file, the key, the value and the range. */
+df_status df_config_size(const df_json *cfg, const char *key, int64_t dflt, int64_t min,
+                         int64_t max, int64_t *out);
+/* When the config names its "_class_name", it must be `cls`. */
+df_status df_config_class(const df_json *cfg, const char *cls);
+
+#endif
