@@ -8,6 +8,8 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "backend/buffer_cache.h"
@@ -159,6 +161,16 @@ df_storage *df_storage_external(df_device *dev, void *data, size_t bytes)
         st->external = true;
     }
     return st;
+}
+
+void df_storage_drop_pages(const df_storage *st, const void *p, size_t n)
+{
+    if (!st->file_backed || !p || n == 0)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t begin = (uintptr_t)p / page * page;
+    uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
+    madvise((void *)begin, end - begin, MADV_DONTNEED); /* advice: failure changes nothing */
 }
 
 void df_storage_retain(df_storage *st)

@@ -63,6 +63,8 @@ typedef struct df_storage {
     size_t bytes;
     bool external;          /* memory owned elsewhere (mapped weights): never freed here */
     bool is_weight;         /* long-lived: may carry derived forms */
+    bool file_backed;       /* external memory that is a read-only file mapping: its pages
+                               can be dropped and will be read again from the file */
     df_node *producer;      /* the pending node that will produce it (defer-and-fuse) */
     df_derived *derived;    /* backend caches; touched only by the stream that runs kernels */
 } df_storage;
@@ -213,6 +215,9 @@ void df_storage_release(df_storage *st);
 df_derived *df_storage_find_derived(df_storage *st, int64_t key);
 void df_storage_add_derived(df_storage *st, df_derived *d);
 void df_storage_drop_derived(df_storage *st);
+/* Drops the pages of [p, p + n) when the storage is file-backed (a backend that keeps its
+ * own packed copy of a weight need not keep the file's pages as well). */
+void df_storage_drop_pages(const df_storage *st, const void *p, size_t n);
 
 /* Memory counters of a device's caching allocator. */
 typedef struct df_mem_stats {

@@ -191,6 +191,9 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
         df_tensor_free(t);
         return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
     }
+    /* Wrapped tensors point into the file mapping df_weights_open made: their pages can be
+     * dropped and read again (offloading, and after a backend packed its own copy). */
+    t->v.st->file_backed = t->v.st->external;
     ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
                                    .bytes = bytes, .resident = true};
     ws->bytes += (int64_t)bytes;

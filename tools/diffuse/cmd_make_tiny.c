@@ -35,6 +35,7 @@ typedef struct tiny {
     df_dtype dtype;
     df_st_writer *w;
     df_status s;
+    int fx_heads, fx_head_dim, fx_double, fx_single; /* the FLUX transformer's sizes */
 } tiny;
 
 /* ---- small file helpers ------------------------------------------------------------ */
@@ -486,17 +487,21 @@ static int write_t5(tiny *t, const char *folder, int d_model, int vocab)
 
 static int write_flux(tiny *t)
 {
+    /* RoPE axes: FLUX.1's (16, 56, 56) at head_dim 128; the same proportions otherwise
+     * ((8, 12, 12) at the default 32). */
+    int hd = t->fx_head_dim, a0 = hd == 32 ? 8 : hd / 8, a1 = (hd - a0) / 2;
     char cfg[1024];
     snprintf(cfg, sizeof cfg,
              "{\n  \"_class_name\": \"FluxTransformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
-             "  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [8, 12, 12],\n"
+             "  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [%d, %d, %d],\n"
              "  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"joint_attention_dim\": %d,\n"
              "  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
              "  \"out_channels\": null,\n  \"patch_size\": 1,\n  \"pooled_projection_dim\": %d\n}\n",
-             FX_HEAD_DIM, FX_IN, T5_D, FX_HEADS, FX_DOUBLE, FX_SINGLE, CLIP_D);
+             hd, a0, a1, hd - a0 - a1, FX_IN, T5_D, t->fx_heads, t->fx_double, t->fx_single,
+             CLIP_D);
     if (begin(t, "transformer") || write_text(t, "transformer/config.json", cfg))
         return -1;
-    const int D = FX_INNER, M = 4 * FX_INNER;
+    const int D = t->fx_heads * hd, M = 4 * D;
     linear(t, "x_embedder", D, FX_IN, 1);
     linear(t, "context_embedder", D, T5_D, 1);
     linear(t, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
@@ -504,7 +509,7 @@ static int write_flux(tiny *t)
     linear(t, "time_text_embed.text_embedder.linear_1", D, CLIP_D, 1);
     linear(t, "time_text_embed.text_embedder.linear_2", D, D, 1);
     char p[256];
-    for (int b = 0; b < FX_DOUBLE; b++) {
+    for (int b = 0; b < t->fx_double; b++) {
         static const char *const sq[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
                                          "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
                                          "attn.to_add_out"};
@@ -515,7 +520,7 @@ static int write_flux(tiny *t)
         static const char *const qk[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
         for (int i = 0; i < 4; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.attn.%s", b, qk[i]);
-            norm(t, p, FX_HEAD_DIM, 0);
+            norm(t, p, hd, 0);
         }
         snprintf(p, sizeof p, "transformer_blocks.%d.norm1.linear", b);
         linear(t, p, 6 * D, D, 1);
@@ -529,16 +534,16 @@ static int write_flux(tiny *t)
             linear(t, p, D, M, 1);
         }
     }
-    for (int b = 0; b < FX_SINGLE; b++) {
+    for (int b = 0; b < t->fx_single; b++) {
         static const char *const qkv[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
         for (int i = 0; i < 3; i++) {
             snprintf(p, sizeof p, "single_transformer_blocks.%d.%s", b, qkv[i]);
             linear(t, p, D, D, 1);
         }
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_q", b);
-        norm(t, p, FX_HEAD_DIM, 0);
+        norm(t, p, hd, 0);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_k", b);
-        norm(t, p, FX_HEAD_DIM, 0);
+        norm(t, p, hd, 0);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.norm.linear", b);
         linear(t, p, 3 * D, D, 1);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.proj_mlp", b);
@@ -740,10 +745,15 @@ int cmd_make_tiny(int argc, char **argv)
     static const struct option longopts[] = {{"arch", required_argument, 0, 'a'},
                                              {"seed", required_argument, 0, 's'},
                                              {"dtype", required_argument, 0, 'd'},
+                                             {"heads", required_argument, 0, 'H'},
+                                             {"head-dim", required_argument, 0, 'D'},
+                                             {"double", required_argument, 0, 'B'},
+                                             {"single", required_argument, 0, 'S'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *arch = "flux";
-    tiny t = {.dtype = DF_DTYPE_F32};
+    tiny t = {.dtype = DF_DTYPE_F32, .fx_heads = FX_HEADS, .fx_head_dim = FX_HEAD_DIM,
+              .fx_double = FX_DOUBLE, .fx_single = FX_SINGLE};
     uint64_t seed = 0;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
@@ -757,14 +767,30 @@ int cmd_make_tiny(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'H': case 'D': case 'B': case 'S': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            long lo = c == 'B' || c == 'S' ? 0 : 1, hi = c == 'D' ? 512 : 64;
+            if (*end || end == optarg || v < lo || v > hi || (c == 'D' && (v < 16 || v % 8))) {
+                fprintf(stderr, "diffuse make-tiny: bad value '%s' for --%s\n", optarg,
+                        c == 'H' ? "heads" : c == 'D' ? "head-dim" : c == 'B' ? "double" : "single");
+                return 2;
+            }
+            *(c == 'H' ? &t.fx_heads : c == 'D' ? &t.fx_head_dim : c == 'B' ? &t.fx_double
+                                                                         : &t.fx_single) = (int)v;
+            break;
+        }
         case 'h':
             printf("usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype f32|bf16|f16] "
-                   "DIR\n"
+                   "[--heads N --head-dim N --double N --single N] DIR\n"
                    "Writes a small pipeline folder with seeded random weights in the diffusers\n"
                    "layout: flux (FluxPipeline: model_index.json, scheduler/, text_encoder/ +\n"
                    "tokenizer/ (CLIP-L), text_encoder_2/ + tokenizer_2/ (T5), transformer/, vae/)\n"
                    "or sd3 (StableDiffusion3Pipeline, SD3.5-like: CLIP-L, CLIP-G and T5 as\n"
-                   "text_encoder(_2, _3)/ + tokenizer(_2, _3)/, an MMDiT with dual attention).\n");
+                   "text_encoder(_2, _3)/ + tokenizer(_2, _3)/, an MMDiT with dual attention).\n"
+                   "--heads, --head-dim, --double, --single size the FLUX transformer (default\n"
+                   "2 x 32, 1 + 2 blocks; FLUX.1 width is --heads 24 --head-dim 128), e.g. to\n"
+                   "try offloading on a pipeline whose transformer is gigabytes.\n");
             return 0;
         default: return 2;
         }

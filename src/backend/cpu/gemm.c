@@ -641,6 +641,10 @@ static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const
     *d = (df_derived){.key = (int64_t)h, .data = pw, .bytes = bytes, .free = packed_free};
     df_storage_add_derived(w->st, d);
     atomic_fetch_add(&pack_count, 1);
+    /* The packed copy is what runs from now on: the file's pages need not stay in memory
+     * too (they are read again if the packed copy is ever dropped). */
+    df_storage_drop_pages(w->st, df_view_ptr(w),
+                          (size_t)(w->shape[0] * w->shape[1]) * df_dtype_size(w->dtype));
     *out = pw->data;
     return DF_OK;
 }
