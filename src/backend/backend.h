@@ -65,6 +65,8 @@ typedef struct df_storage {
     bool is_weight;         /* long-lived: may carry derived forms */
     bool file_backed;       /* external memory that is a read-only file mapping: its pages
                                can be dropped and will be read again from the file */
+    bool transient;         /* a weight that is resident only briefly (sequential offload):
+                               backends use it in place rather than pack a copy each time */
     df_node *producer;      /* the pending node that will produce it (defer-and-fuse) */
     df_derived *derived;    /* backend caches; touched only by the stream that runs kernels */
 } df_storage;

@@ -370,6 +370,10 @@ df_status df_flux_set_sequential_offload(df_flux *m, bool on)
     if (!m)
         return df_errorf(DF_E_ARG, "df_flux_set_sequential_offload: model is NULL");
     m->sequential = on;
+    /* Block weights come and go every step: used in place, never packed (packing them
+     * again at every step would cost more than it saves). */
+    df_ws_set_transient(m->ws, "transformer_blocks.", on);
+    df_ws_set_transient(m->ws, "single_transformer_blocks.", on);
     if (on)
         return df_ws_release(m->ws, NULL); /* each forward acquires what it runs */
     df_ws_acquire(m->ws, NULL);

@@ -612,3 +612,10 @@ int64_t df_ws_resident_bytes(const df_weight_set *ws)
         n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].bytes : 0;
     return n;
 }
+
+void df_ws_set_transient(df_weight_set *ws, const char *prefix, bool on)
+{
+    for (int i = 0; i < ws->n; i++)
+        if (matches(&ws->tensors[i], prefix))
+            ws->tensors[i].t->v.st->transient = on;
+}

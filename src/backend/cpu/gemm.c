@@ -663,7 +663,7 @@ df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const 
     if (m == 0 || n == 0)
         return DF_OK;
     compute = df_gemm_compute_dtype(compute);
-    bool packed = w->st->is_weight && k > 0;
+    bool packed = w->st->is_weight && !w->st->transient && k > 0;
     size_t sx = round64(df_gemm_operand_scratch(x, compute));
     size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, compute));
     size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;
