@@ -1,17 +1,20 @@
 /*
  * The fused elementwise kernel of the defer-and-fuse mode (see df_fused in backend.h).
  *
- * One pass over memory: each thread takes whole rows, evaluates the program with one row
- * per register (registers live in per-thread scratch, so they stay in cache for the row
- * widths of these models), and writes the output row once. A normalisation head computes
- * its row's statistics in double, like the standalone norm kernels, so fused and unfused
- * results agree to float rounding.
+ * One pass over memory: each thread takes whole rows and evaluates the program with one
+ * row per register. Loading a dense f32 row costs nothing (the register points at the
+ * input), the instruction that makes the result writes straight into the output row, and
+ * every other register lives in per-thread scratch that stays in cache for the row widths
+ * of these models. Activations use the same vectorised exp as the standalone kernels, and
+ * a normalisation head computes its statistics like the standalone norm kernels (double,
+ * shifted sums), so fused and unfused results agree to float rounding.
  */
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/k_common.h"
 #include "core/status.h"
 
 static int64_t row_offset(const df_view *v, const df_view *out, int64_t row)
@@ -24,58 +27,56 @@ static int64_t row_offset(const df_view *v, const df_view *out, int64_t row)
     return off;
 }
 
-static void load_row(const df_view *v, const df_view *out, int64_t row, int64_t w, float *dst)
+/* Row `row` of input v: a pointer into v when it is a dense f32 row, else converted into
+ * tmp. */
+static const float *load_row(const df_view *v, const df_view *out, int64_t row, int64_t w,
+                             float *tmp)
 {
     int64_t off = row_offset(v, out, row);
     int64_t s = out->ndim ? v->stride[out->ndim - 1] : 1;
     const void *base = v->st->data;
-    if (v->dtype == DF_DTYPE_F32) {
-        const float *p = (const float *)base + off;
-        if (s == 1)
-            memcpy(dst, p, (size_t)w * sizeof *dst);
-        else if (s == 0)
-            for (int64_t j = 0; j < w; j++)
-                dst[j] = p[0];
-        else
-            for (int64_t j = 0; j < w; j++)
-                dst[j] = p[j * s];
-        return;
+    if (v->dtype == DF_DTYPE_F32 && (s == 1 || w == 1))
+        return (const float *)base + off;
+    if (v->dtype == DF_DTYPE_F32 && s == 0) {
+        float x = ((const float *)base)[off];
+        for (int64_t j = 0; j < w; j++)
+            tmp[j] = x;
+        return tmp;
     }
     for (int64_t j = 0; j < w; j++)
-        dst[j] = df_load_f32(base, v->dtype, off + j * s);
+        tmp[j] = df_load_f32(base, v->dtype, off + j * s);
+    return tmp;
 }
 
-static void head_row(const df_fused *f, int64_t row, int64_t w, float *dst)
+/* Layer norm (mean removed) or RMS norm of one row, then the optional affine. */
+static void head_row(const df_fused *f, const float *restrict x, int64_t w,
+                     const float *restrict wt, const float *restrict bias, float *restrict y)
 {
-    const float *x = (const float *)df_view_ptr(&f->head_x) + row * w;
-    double mean = 0, var = 0;
-    if (f->head_op == DF_OP_LAYER_NORM) {
-        for (int64_t j = 0; j < w; j++)
-            mean += x[j];
-        mean /= (double)w;
-        for (int64_t j = 0; j < w; j++)
-            var += ((double)x[j] - mean) * ((double)x[j] - mean);
-    } else {
-        for (int64_t j = 0; j < w; j++)
-            var += (double)x[j] * x[j];
+    bool ln = f->head_op == DF_OP_LAYER_NORM;
+    double k = ln && w > 0 ? x[0] : 0, s = 0, q = 0;
+    #pragma omp simd reduction(+ : s, q)
+    for (int64_t i = 0; i < w; i++) {
+        double v = (double)x[i] - k;
+        s += v;
+        q += v * v;
     }
-    var /= (double)w;
-    float m = (float)mean, inv = (float)(1.0 / sqrt(var + f->head_eps));
-    const df_view *wv = &f->head_w, *bv = &f->head_b;
-    for (int64_t j = 0; j < w; j++) {
-        float y = (x[j] - m) * inv;
-        if (wv->st)
-            y *= df_load_f32(df_view_ptr(wv), wv->dtype, j);
-        if (bv->st)
-            y += df_load_f32(df_view_ptr(bv), bv->dtype, j);
-        dst[j] = y;
-    }
+    double ms = ln ? s / (double)w : 0, var = q / (double)w - ms * ms;
+    double mean = k + ms;
+    float hi = (float)mean, lo = (float)(mean - hi);
+    float rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + f->head_eps));
+    for (int64_t i = 0; i < w; i++)
+        y[i] = ((x[i] - hi) - lo) * rs;
+    if (wt)
+        for (int64_t i = 0; i < w; i++)
+            y[i] *= wt[i];
+    if (bias)
+        for (int64_t i = 0; i < w; i++)
+            y[i] += bias[i];
 }
 
-static void run_insn(const df_fused_insn *in, float *const *r, int64_t w)
+static void run_insn(const df_fused_insn *in, float *restrict d, const float *restrict a,
+                     const float *restrict b, int64_t w)
 {
-    float *d = r[in->dst];
-    const float *a = r[in->a], *b = r[in->b];
     switch ((df_fused_opcode)in->op) {
     case DF_FI_ADD: for (int64_t j = 0; j < w; j++) d[j] = a[j] + b[j]; break;
     case DF_FI_SUB: for (int64_t j = 0; j < w; j++) d[j] = a[j] - b[j]; break;
@@ -87,24 +88,40 @@ static void run_insn(const df_fused_insn *in, float *const *r, int64_t w)
             d[j] = al * a[j] + be;
         break;
     }
-    case DF_FI_SILU: for (int64_t j = 0; j < w; j++) d[j] = a[j] / (1.0f + expf(-a[j])); break;
-    case DF_FI_GELU:
+    case DF_FI_SILU:
         for (int64_t j = 0; j < w; j++)
-            d[j] = 0.5f * a[j] * (1.0f + erff(a[j] * 0.70710678118654752f));
-        break;
-    case DF_FI_GELU_TANH:
-        for (int64_t j = 0; j < w; j++) {
-            float x = a[j];
-            d[j] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-        }
+            d[j] = df_cpu_x_sigmoid(a[j], a[j]);
         break;
     case DF_FI_QUICK_GELU:
-        for (int64_t j = 0; j < w; j++) d[j] = a[j] / (1.0f + expf(-1.702f * a[j]));
+        for (int64_t j = 0; j < w; j++)
+            d[j] = df_cpu_x_sigmoid(a[j], 1.702f * a[j]);
+        break;
+    case DF_FI_GELU_TANH: /* 0.5 x (1 + tanh(y)) = x sigmoid(2y) */
+        for (int64_t j = 0; j < w; j++) {
+            float x = a[j];
+            d[j] = df_cpu_x_sigmoid(x, 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
+        }
+        break;
+    case DF_FI_GELU:
+        for (int64_t j = 0; j < w; j++)
+            d[j] = 0.5f * a[j] * erfcf(-a[j] * 0.70710678118654752f);
         break;
     case DF_FI_COPY: memcpy(d, a, (size_t)w * sizeof *d); break;
     case DF_FI_LOAD:
     case DF_FI_HEAD: break;
     }
+}
+
+/* The head's weight or bias as f32 (converted once per call), or NULL. */
+static const float *param_f32(const df_view *v, int64_t w, float *tmp)
+{
+    if (!v->st)
+        return NULL;
+    if (v->dtype == DF_DTYPE_F32)
+        return df_view_ptr(v);
+    for (int64_t j = 0; j < w; j++)
+        tmp[j] = df_load_f32(df_view_ptr(v), v->dtype, j);
+    return tmp;
 }
 
 df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
@@ -117,29 +134,45 @@ df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
         return DF_OK;
     int threads = env->threads > 0 ? env->threads : 1;
     size_t per = (size_t)f->n_regs * (size_t)w;
-    float *scratch = df_env_scratch(env, per * sizeof(float) * (size_t)threads);
+    float *scratch = df_env_scratch(env, (per * (size_t)threads + 2 * (size_t)w) * sizeof(float));
     if (!scratch)
         return df_errorf(DF_E_OOM, "fused kernel: out of scratch memory (%d registers of %lld)",
                          f->n_regs, (long long)w);
+    float *params = scratch + per * (size_t)threads;
+    const float *hw = f->head_op >= 0 ? param_f32(&f->head_w, w, params) : NULL;
+    const float *hb = f->head_op >= 0 ? param_f32(&f->head_b, w, params + w) : NULL;
+    /* Which register the output comes from, and whether an instruction makes it. */
+    bool computed = false;
+    for (int k = 0; k < f->n_insn; k++)
+        if (f->insn[k].dst == f->out_reg)
+            computed = f->insn[k].op != DF_FI_LOAD;
     float *o = out->st->data;
     #pragma omp parallel num_threads(threads) if (total > 16384)
     {
         float *regs = scratch + per * (size_t)omp_get_thread_num();
-        float *r[64];
+        float *own[64];
+        const float *r[64];
         for (int i = 0; i < f->n_regs && i < 64; i++)
-            r[i] = regs + (size_t)i * (size_t)w;
+            own[i] = regs + (size_t)i * (size_t)w;
         #pragma omp for schedule(static)
         for (int64_t row = 0; row < rows; row++) {
+            float *orow = o + row * w;
             for (int k = 0; k < f->n_insn; k++) {
                 const df_fused_insn *in = &f->insn[k];
-                if (in->op == DF_FI_LOAD)
-                    load_row(&f->in[in->a], out, row, w, r[in->dst]);
-                else if (in->op == DF_FI_HEAD)
-                    head_row(f, row, w, r[in->dst]);
-                else
-                    run_insn(in, r, w);
+                float *dst = computed && in->dst == f->out_reg ? orow : own[in->dst];
+                if (in->op == DF_FI_LOAD) {
+                    r[in->dst] = load_row(&f->in[in->a], out, row, w, own[in->dst]);
+                } else if (in->op == DF_FI_HEAD) {
+                    head_row(f, (const float *)df_view_ptr(&f->head_x) + row * w, w, hw, hb,
+                             dst);
+                    r[in->dst] = dst;
+                } else {
+                    run_insn(in, dst, r[in->a], r[in->b], w);
+                    r[in->dst] = dst;
+                }
             }
-            memcpy(o + row * w, r[f->out_reg], (size_t)w * sizeof *o);
+            if (!computed)
+                memcpy(orow, r[f->out_reg], (size_t)w * sizeof *orow);
         }
     }
     return DF_OK;
