@@ -93,6 +93,18 @@ DF_API const char *df_ctx_device_name(const df_ctx *ctx);
 
 /* Waits until all queued work has run; returns the context's error, if any. */
 DF_API df_status df_sync(df_ctx *ctx);
+/* An event marks a point in the context's stream: everything asked for before it. */
+typedef struct df_event {
+    uint64_t at;
+} df_event;
+/* Records an event after all work asked for so far (pending graphs are flushed first). */
+DF_API df_status df_event_record(df_ctx *ctx, df_event *out);
+/* Whether the work before the event has finished; does not wait. */
+DF_API bool df_event_done(df_ctx *ctx, df_event ev);
+/* Waits for the work before the event (not for work queued after it); returns the
+ * context's error, if any. */
+DF_API df_status df_event_sync(df_ctx *ctx, df_event ev);
+
 /* Marks the end of a denoising step: runs pending work and counts the step. */
 DF_API df_status df_mark_step(df_ctx *ctx);
 

@@ -180,6 +180,10 @@ typedef struct df_backend_ops {
     df_status (*stream_submit)(df_stream *s, const df_work *w);
     /* Waits for all queued work; returns the stream's first failure (sticky). */
     df_status (*stream_sync)(df_stream *s);
+    /* Events: a position in the stream. record returns the position after everything queued
+     * so far; reached tells (or, with wait, waits until) the stream has finished it. */
+    uint64_t (*stream_record)(df_stream *s);
+    bool (*stream_reached)(df_stream *s, uint64_t at, bool wait);
     /* Waits until at most `depth` items are queued and not finished. */
     void (*stream_throttle)(df_stream *s, size_t depth);
     /* Forgets the stream's failure after it has been reported. */

@@ -181,6 +181,27 @@ df_status df_sync(df_ctx *ctx)
     return DF_OK;
 }
 
+df_status df_event_record(df_ctx *ctx, df_event *out)
+{
+    out->at = 0;
+    df_status s = ctx->status != DF_OK ? df_ctx_raise(ctx) : ctx->exec->flush(ctx);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
+    out->at = ctx->dev->ops->stream_record(ctx->stream);
+    return DF_OK;
+}
+
+bool df_event_done(df_ctx *ctx, df_event ev)
+{
+    return ctx->dev->ops->stream_reached(ctx->stream, ev.at, false);
+}
+
+df_status df_event_sync(df_ctx *ctx, df_event ev)
+{
+    ctx->dev->ops->stream_reached(ctx->stream, ev.at, true);
+    return ctx->status != DF_OK ? df_ctx_raise(ctx) : DF_OK;
+}
+
 df_status df_mark_step(df_ctx *ctx)
 {
     df_status s = ctx->status != DF_OK ? df_ctx_raise(ctx) : ctx->exec->flush(ctx);

@@ -148,6 +148,44 @@ static void test_eager_ops_return_before_their_kernel_runs(void **state)
     pthread_cond_destroy(&g.cv);
 }
 
+static void test_events_mark_points_in_the_stream(void **state)
+{
+    (void)state;
+    df_ctx *ctx = new_ctx();
+    gate g = {.open = false};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    float a[4] = {1, 2, 3, 4};
+    df_tensor *x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(4), a);
+    df_tensor *y = df_scale(ctx, x, 2.0f, 0.0f);
+    df_event before;
+    assert_int_equal(df_event_record(ctx, &before), DF_OK);
+    assert_int_equal(df_event_sync(ctx, before), DF_OK);
+    assert_true(df_event_done(ctx, before));
+    /* Work after a gate that holds the stream: its event is not reached until opened. */
+    assert_int_equal(ctx->dev->ops->stream_submit(ctx->stream,
+                                                  &(df_work){.run = gate_run, .arg = &g}),
+                     DF_OK);
+    df_tensor *z = df_add(ctx, y, y);
+    df_event after;
+    assert_int_equal(df_event_record(ctx, &after), DF_OK);
+    assert_true(after.at > before.at);
+    assert_false(df_event_done(ctx, after));
+    assert_true(df_event_done(ctx, before)); /* earlier events stay reached */
+    pthread_mutex_lock(&g.mu);
+    g.open = true;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    assert_int_equal(df_event_sync(ctx, after), DF_OK);
+    assert_true(df_event_done(ctx, after));
+    float out[4];
+    assert_int_equal(df_tensor_read(ctx, z, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    assert_float_equal(out[3], 16.0f, 0);
+    df_ctx_free(ctx);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+
 static void test_read_waits_for_queued_work(void **state)
 {
     (void)state;
@@ -255,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_nested_scopes_keep_several),
         cmocka_unit_test(test_views_share_storage),
         cmocka_unit_test(test_eager_ops_return_before_their_kernel_runs),
+        cmocka_unit_test(test_events_mark_points_in_the_stream),
         cmocka_unit_test(test_read_waits_for_queued_work),
         cmocka_unit_test(test_shape_error_is_sticky_and_named),
         cmocka_unit_test(test_stream_failure_reaches_the_next_wait),

@@ -29,6 +29,7 @@ struct df_stream {
     df_work *q; /* ring buffer */
     size_t cap, head, count;
     bool busy, stop;
+    uint64_t submitted, completed; /* items ever queued / finished: events are positions */
     df_status failed;
     char failed_msg[1024];
     int threads;
@@ -105,6 +106,7 @@ static void *worker(void *arg)
             snprintf(s->failed_msg, sizeof s->failed_msg, "%s", df_error_message());
         }
         s->busy = false;
+        s->completed++;
         pthread_cond_broadcast(&s->idle); /* sync waits for empty, throttle for shallower */
     }
     pthread_mutex_unlock(&s->mu);
@@ -174,6 +176,7 @@ static df_status cpu_stream_submit(df_stream *s, const df_work *w)
     }
     s->q[(s->head + s->count) % s->cap] = *w;
     s->count++;
+    s->submitted++;
     pthread_cond_signal(&s->has_work);
     pthread_mutex_unlock(&s->mu);
     return DF_OK;
@@ -197,6 +200,24 @@ static void cpu_stream_throttle(df_stream *s, size_t depth)
     while (s->count + (s->busy ? 1 : 0) > depth && s->failed == DF_OK)
         pthread_cond_wait(&s->idle, &s->mu);
     pthread_mutex_unlock(&s->mu);
+}
+
+static uint64_t cpu_stream_record(df_stream *s)
+{
+    pthread_mutex_lock(&s->mu);
+    uint64_t at = s->submitted;
+    pthread_mutex_unlock(&s->mu);
+    return at;
+}
+
+static bool cpu_stream_reached(df_stream *s, uint64_t at, bool wait)
+{
+    pthread_mutex_lock(&s->mu);
+    while (wait && s->completed < at)
+        pthread_cond_wait(&s->idle, &s->mu);
+    bool done = s->completed >= at;
+    pthread_mutex_unlock(&s->mu);
+    return done;
 }
 
 static void cpu_stream_reset(df_stream *s)
@@ -228,6 +249,8 @@ static const df_backend_ops cpu_ops = {
     .stream_sync    = cpu_stream_sync,
     .stream_reset   = cpu_stream_reset,
     .stream_throttle = cpu_stream_throttle,
+    .stream_record  = cpu_stream_record,
+    .stream_reached = cpu_stream_reached,
     .device_threads = cpu_device_threads,
     .kernels        = df_cpu_kernels,
     .run_fused      = df_cpu_fused,
