@@ -124,6 +124,25 @@ static df_tensor *dense(df_ctx *ctx, df_tensor *t)
     return t && !df_view_is_dense(&t->v) ? df_contiguous(ctx, t) : t;
 }
 
+/* A node whose inputs are a, b, c made dense (NULL entries: absent optional inputs); NULL
+ * (and the context failed) when a required input or the node could not be made. */
+static df_node *dense_node(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b, df_tensor *c)
+{
+    df_tensor *in[3] = {a, b, c};
+    df_node *n = node_new(ctx, op);
+    for (int i = 0; n && i < 3; i++) {
+        if (!in[i])
+            continue;
+        df_tensor *d = dense(ctx, in[i]);
+        if (!d) {
+            df_free(n);
+            return NULL;
+        }
+        n->in[i] = d->v;
+    }
+    return n;
+}
+
 static void set_out(df_node *n, df_dtype dtype, int ndim, const int64_t *shape)
 {
     n->out.dtype = dtype;
@@ -293,19 +312,9 @@ static bool param_ok(const df_tensor *p, int64_t d)
 static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, df_tensor *b,
                             double eps, int64_t groups)
 {
-    x = dense(ctx, x);
-    w = dense(ctx, w);
-    b = dense(ctx, b);
-    if (ctx->status != DF_OK)
-        return NULL;
-    df_node *n = node_new(ctx, op);
+    df_node *n = dense_node(ctx, op, x, w, b);
     if (!n)
         return NULL;
-    n->in[0] = x->v;
-    if (w)
-        n->in[1] = w->v;
-    if (b)
-        n->in[2] = b->v;
     n->a.f[0] = eps;
     n->a.i[0] = groups;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
@@ -445,16 +454,9 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
         !param_ok(b, w->v.shape[0]))
         return fail_shape(ctx, NULL, "linear", "x %s and weight %s (bias %s)", desc(x, dx),
                           desc(w, dw), b ? "given" : "none");
-    x = dense(ctx, x);
-    w = dense(ctx, w);
-    b = dense(ctx, b);
-    df_node *n = node_new(ctx, DF_OP_LINEAR);
-    if (!n || !x || !w)
-        return df_free(n), NULL;
-    n->in[0] = x->v;
-    n->in[1] = w->v;
-    if (b)
-        n->in[2] = b->v;
+    df_node *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);
+    if (!n)
+        return NULL;
     n->a.i[0] = ctx->compute;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     n->out.shape[x->v.ndim - 1] = w->v.shape[0];
@@ -571,16 +573,9 @@ df_tensor *df_conv2d(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, int 
     if (!fits)
         return fail_shape(ctx, NULL, "conv2d", "x %s, weight %s, stride %d, padding %d",
                           desc(x, dx), desc(w, dw), stride, padding);
-    x = dense(ctx, x);
-    w = dense(ctx, w);
-    b = dense(ctx, b);
-    df_node *n = node_new(ctx, DF_OP_CONV2D);
-    if (!n || !x || !w)
-        return df_free(n), NULL;
-    n->in[0] = x->v;
-    n->in[1] = w->v;
-    if (b)
-        n->in[2] = b->v;
+    df_node *n = dense_node(ctx, DF_OP_CONV2D, x, w, b);
+    if (!n)
+        return NULL;
     n->a.i[0] = stride;
     n->a.i[1] = padding;
     n->a.i[2] = ctx->compute;

@@ -58,6 +58,14 @@ int check_compare_f64(const check_case *c, const char *output, const double *got
 int check_compare_f32(const check_case *c, const char *output, const float *got, int64_t n);
 int check_compare_i64(const check_case *c, const char *output, const int64_t *got, int64_t n);
 
+/* args.<key> uploaded as an f32 tensor: "in.<tensor>" of case.safetensors, or a number
+ * (a [1] tensor); *out stays NULL for null or absent. Returns 0, or 1 after check_fail. */
+int check_upload_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out);
+/* Reads t (NULL: the forward failed) and compares it with out.<output>. */
+int check_compare_tensor(const check_case *c, df_ctx *ctx, const char *output, df_tensor *t);
+/* Appends the context's counters to --stats-json, one JSON object per line. */
+void check_write_stats(const check_case *c, df_ctx *ctx);
+
 /* Prints "case: reason" for a case that cannot run, and returns 1. */
 int check_fail(const check_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

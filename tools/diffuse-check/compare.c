@@ -261,3 +261,60 @@ df_ctx_opts check_ctx_opts(const check_case *c)
     return (df_ctx_opts){.device = c->device, .threads = c->threads, .compute = c->compute,
                          .mode = eager ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE};
 }
+
+int check_upload_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out)
+{
+    *out = NULL;
+    const df_json *a = df_json_get(c->args, key);
+    if (df_json_is_null(a))
+        return 0;
+    if (df_json_type_of(a) == DF_JSON_NUMBER) {
+        float v = (float)df_json_number(a);
+        *out = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, &v);
+        return *out ? 0 : check_fail(c, "args.%s: %s", key, df_error_message());
+    }
+    const char *name;
+    if (df_json_to_string(a, &name) != DF_OK)
+        return check_fail(c, "args.%s: %s", key, df_error_message());
+    float *data;
+    int64_t shape[8];
+    int ndim;
+    if (check_read_f32(c, name, &data, shape, &ndim) != DF_OK)
+        return check_fail(c, "args.%s: cannot read tensor '%s': %s", key, name, df_error_message());
+    *out = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, ndim, data);
+    free(data);
+    if (!*out)
+        return check_fail(c, "args.%s: cannot upload '%s': %s", key, name, df_error_message());
+    return 0;
+}
+
+int check_compare_tensor(const check_case *c, df_ctx *ctx, const char *output, df_tensor *t)
+{
+    if (!t) {
+        df_sync(ctx); /* makes the context's error the thread's message */
+        return check_fail(c, "forward failed: %s", df_error_message());
+    }
+    int64_t n = df_tensor_numel(t);
+    float *got = malloc((size_t)n * sizeof *got + 1);
+    if (!got)
+        return check_fail(c, "out of memory");
+    int rc;
+    if (df_tensor_read(ctx, t, DF_DTYPE_F32, got, (size_t)n * sizeof *got) != DF_OK)
+        rc = check_fail(c, "forward failed: %s", df_error_message());
+    else
+        rc = check_compare_f32(c, output, got, n);
+    free(got);
+    return rc;
+}
+
+void check_write_stats(const check_case *c, df_ctx *ctx)
+{
+    if (!c->stats_json)
+        return;
+    df_stats st;
+    char buf[2048];
+    df_ctx_stats(ctx, &st);
+    df_stats_to_json(&st, buf, sizeof buf);
+    fprintf(c->stats_json, "%s\n", buf);
+    fflush(c->stats_json);
+}

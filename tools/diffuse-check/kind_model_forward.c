@@ -16,63 +16,6 @@
 
 int check_sd3_forward(check_case *c, df_ctx *ctx); /* kind_sd3.c */
 
-/* One uploaded argument: NULL when the argument is null or absent. */
-static int tensor_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out)
-{
-    *out = NULL;
-    const df_json *a = df_json_get(c->args, key);
-    if (df_json_is_null(a))
-        return 0;
-    if (df_json_type_of(a) == DF_JSON_NUMBER) {
-        float v = (float)df_json_number(a);
-        *out = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, &v);
-        return *out ? 0 : check_fail(c, "args.%s: %s", key, df_error_message());
-    }
-    const char *name;
-    if (df_json_to_string(a, &name) != DF_OK)
-        return check_fail(c, "args.%s: %s", key, df_error_message());
-    float *data;
-    int64_t shape[8];
-    int ndim;
-    if (check_read_f32(c, name, &data, shape, &ndim) != DF_OK)
-        return check_fail(c, "args.%s: cannot read tensor '%s': %s", key, name, df_error_message());
-    *out = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, ndim, data);
-    free(data);
-    if (!*out)
-        return check_fail(c, "args.%s: cannot upload '%s': %s", key, name, df_error_message());
-    return 0;
-}
-
-static int compare_output(check_case *c, df_ctx *ctx, df_tensor *out)
-{
-    if (!out) {
-        df_sync(ctx); /* makes the context's error the thread's message */
-        return check_fail(c, "forward failed: %s", df_error_message());
-    }
-    int64_t n = df_tensor_numel(out);
-    float *got = malloc((size_t)n * sizeof *got + 1);
-    if (!got)
-        return check_fail(c, "out of memory");
-    int rc;
-    if (df_tensor_read(ctx, out, DF_DTYPE_F32, got, (size_t)n * sizeof *got) != DF_OK)
-        rc = check_fail(c, "forward failed: %s", df_error_message());
-    else
-        rc = check_compare_f32(c, "sample", got, n);
-    free(got);
-    return rc;
-}
-
-static void write_stats(check_case *c, df_ctx *ctx)
-{
-    if (!c->stats_json)
-        return;
-    df_stats st;
-    df_ctx_stats(ctx, &st);
-    char buf[2048];
-    df_stats_to_json(&st, buf, sizeof buf);
-    fprintf(c->stats_json, "%s\n", buf);
-}
-
 /* The whole transformer as a module, for --mode compile. */
 static df_status flux_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
                                      df_tensor **out)
@@ -100,7 +43,7 @@ static int run_flux(check_case *c, df_ctx *ctx)
     df_tensor *t[7];
     int rc = 0;
     for (int i = 0; i < 7 && rc == 0; i++)
-        rc = tensor_arg(c, ctx, keys[i], &t[i]);
+        rc = check_upload_arg(c, ctx, keys[i], &t[i]);
     bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
     df_compiled *whole = NULL;
     if (rc == 0 && compile &&
@@ -120,12 +63,12 @@ static int run_flux(check_case *c, df_ctx *ctx)
             out = df_flux_forward(ctx, m, &in);
         }
         if (rc == 0)
-            rc = compare_output(c, ctx, out);
+            rc = check_compare_tensor(c, ctx, "sample", out);
     }
     if (rc == 0 && blocks && df_flux_compiled_programs(m) != 2)
         rc = check_fail(c, "compiled blocks made %d programs, expected 2 (one per block class)",
                         df_flux_compiled_programs(m));
-    write_stats(c, ctx);
+    check_write_stats(c, ctx);
     df_compiled_free(whole);
     df_flux_free(m);
     return rc;

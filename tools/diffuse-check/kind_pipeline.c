@@ -144,13 +144,7 @@ int check_kind_pipeline(check_case *c)
             rc |= check_compare_f64(c, "image_uint8", u8, n_img);
             free(u8);
         }
-        if (c->stats_json) {
-            df_stats st;
-            char json[2048];
-            df_ctx_stats(df_pipeline_ctx(p), &st);
-            df_stats_to_json(&st, json, sizeof json);
-            fprintf(c->stats_json, "%s\n", json);
-        }
+        check_write_stats(c, df_pipeline_ctx(p));
     }
     df_gen_output_free(&out);
     df_pipeline_free(p);

@@ -17,27 +17,6 @@
 
 int check_sd3_forward(check_case *c, df_ctx *ctx);
 
-static int upload(check_case *c, df_ctx *ctx, const char *key, df_tensor **out)
-{
-    *out = NULL;
-    const df_json *a = df_json_get(c->args, key);
-    if (df_json_is_null(a))
-        return 0;
-    const char *name = df_json_string(a);
-    if (!name)
-        return check_fail(c, "args.%s: expected \"in.<tensor>\"", key);
-    float *data;
-    int64_t shape[8];
-    int ndim;
-    if (check_read_f32(c, name, &data, shape, &ndim) != DF_OK)
-        return check_fail(c, "args.%s: cannot read tensor '%s': %s", key, name, df_error_message());
-    *out = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, ndim, data);
-    free(data);
-    if (!*out)
-        return check_fail(c, "args.%s: cannot upload '%s': %s", key, name, df_error_message());
-    return 0;
-}
-
 /* The whole forward as a module (--mode compile); the instance is the model with the
  * case's skip layers. */
 typedef struct sd3_call {
@@ -75,35 +54,16 @@ static int block_variants(const df_sd3 *m)
     return n;
 }
 
-static int compare_output(check_case *c, df_ctx *ctx, df_tensor *out)
-{
-    if (!out) {
-        df_sync(ctx); /* makes the context's error the thread's message */
-        return check_fail(c, "forward failed: %s", df_error_message());
-    }
-    int64_t n = df_tensor_numel(out);
-    float *got = malloc((size_t)n * sizeof *got + 1);
-    if (!got)
-        return check_fail(c, "out of memory");
-    int rc;
-    if (df_tensor_read(ctx, out, DF_DTYPE_F32, got, (size_t)n * sizeof *got) != DF_OK)
-        rc = check_fail(c, "forward failed: %s", df_error_message());
-    else
-        rc = check_compare_f32(c, "sample", got, n);
-    free(got);
-    return rc;
-}
-
 int check_sd3_forward(check_case *c, df_ctx *ctx)
 {
     df_sd3 *m;
     if (df_sd3_load(ctx, c->model_dir, &m) != DF_OK)
         return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
     df_sd3_inputs in = {0};
-    int rc = upload(c, ctx, "hidden_states", &in.hidden_states);
-    rc = rc ? rc : upload(c, ctx, "encoder_hidden_states", &in.encoder_hidden_states);
-    rc = rc ? rc : upload(c, ctx, "pooled_projections", &in.pooled_projections);
-    rc = rc ? rc : upload(c, ctx, "timestep", &in.timestep);
+    int rc = check_upload_arg(c, ctx, "hidden_states", &in.hidden_states);
+    rc = rc ? rc : check_upload_arg(c, ctx, "encoder_hidden_states", &in.encoder_hidden_states);
+    rc = rc ? rc : check_upload_arg(c, ctx, "pooled_projections", &in.pooled_projections);
+    rc = rc ? rc : check_upload_arg(c, ctx, "timestep", &in.timestep);
     int skip[64];
     const df_json *sl = df_json_get(c->args, "skip_layers");
     if (rc == 0 && !df_json_is_null(sl)) {
@@ -136,7 +96,7 @@ int check_sd3_forward(check_case *c, df_ctx *ctx)
         } else {
             out = df_sd3_forward(ctx, m, &in);
         }
-        rc = compare_output(c, ctx, out);
+        rc = check_compare_tensor(c, ctx, "sample", out);
     }
     if (rc == 0 && blocks && df_sd3_compiled_programs(m) != block_variants(m))
         rc = check_fail(c, "compiled blocks made %d programs, expected %d (one per block variant)",

@@ -138,17 +138,6 @@ static int run_t5(check_case *c, df_ctx *ctx, te_outputs *o)
     return rc;
 }
 
-static void write_stats(check_case *c, df_ctx *ctx)
-{
-    if (!c->stats_json)
-        return;
-    df_stats s;
-    char buf[2048];
-    df_ctx_stats(ctx, &s);
-    df_stats_to_json(&s, buf, sizeof buf);
-    fprintf(c->stats_json, "%s\n", buf);
-}
-
 int check_kind_text_encoder(check_case *c)
 {
     bool clip =
@@ -167,7 +156,7 @@ int check_kind_text_encoder(check_case *c)
     df_scope mark = df_scope_begin(ctx);
     int rc = clip ? run_clip(c, ctx, &o) : run_t5(c, ctx, &o);
     df_scope_end(ctx, mark, NULL);
-    write_stats(c, ctx);
+    check_write_stats(c, ctx);
     df_ctx_free(ctx);
     return rc;
 }
