@@ -198,7 +198,9 @@ void df_storage_release(df_storage *st)
     df_storage_drop_derived(st);
     if (st->data && !st->external)
         df_buffer_cache_release(st->dev->cache, st->data, st->bytes);
+    df_storage *base = st->base;
     df_free(st);
+    df_storage_release(base);
 }
 
 df_derived *df_storage_find_derived(df_storage *st, int64_t key)

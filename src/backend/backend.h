@@ -67,6 +67,9 @@ typedef struct df_storage {
                                can be dropped and will be read again from the file */
     bool transient;         /* a weight that is resident only briefly (sequential offload):
                                backends use it in place rather than pack a copy each time */
+    struct df_storage *base; /* external memory inside another storage (a concat's part
+                               that the defer-and-fuse planner has its producer write in
+                               place): held until this one is freed */
     df_node *producer;      /* the pending node that will produce it (defer-and-fuse) */
     df_derived *derived;    /* backend caches; touched only by the stream that runs kernels */
 } df_storage;

@@ -259,7 +259,7 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
         p->out_view[j].st = NULL;
     }
     /* Run the trace itself (constants included), then drop the extra visibility. */
-    lz_program *plan = s == DF_OK ? df_graph_plan_make(nodes, n, ctx->dev->ops->run_fused != NULL)
+    lz_program *plan = s == DF_OK ? df_graph_plan_make(nodes, n, ctx->dev->ops)
                                   : NULL;
     df_storage **held = df_malloc(((size_t)n + 1) * sizeof *held);
     int n_held = 0;
@@ -340,7 +340,7 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
     }
     if (s == DF_OK && !p->plan) {
         double t0 = df_now();
-        p->plan = df_graph_plan_make(nodes, p->n, ctx->dev->ops->run_fused != NULL);
+        p->plan = df_graph_plan_make(nodes, p->n, ctx->dev->ops);
         ctx->stats.compile_ms += (df_now() - t0) * 1e3;
         if (!p->plan)
             s = df_errorf(DF_E_OOM, "out of memory planning a compiled program");

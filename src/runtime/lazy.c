@@ -8,7 +8,11 @@
  *   2. fusion: chains of pointwise ops (add, sub, mul, div, scale, activations, f32 copies)
  *      whose intermediate results nobody else reads become one kernel, and a layer/RMS norm
  *      feeding such a chain becomes its "head" (normalisation + AdaLN modulation in one
- *      pass); a matrix product's epilogue chain is thereby one pass right after it;
+ *      pass); a matrix product's epilogue chain is thereby one pass right after it; an
+ *      activation right after a matrix product is applied by the product itself; RMS
+ *      norm -> [concat ->] permute -> RoPE (q and k before attention) is one pass per part
+ *      that writes the rotated rows where attention reads them; and a concat whose parts
+ *      are contiguous has its inputs' producers write into it, so it copies nothing;
  *   3. memory: outputs still seen by handles get their own buffers; every other
  *      intermediate gets an offset in one arena, planned from the kernels' order so that
  *      buffers whose lifetimes do not overlap share memory.
@@ -36,8 +40,11 @@ typedef struct lz_group {
     int n_regs, out_reg;
 } lz_group;
 
-/* K_FOLDED: an activation computed by the matrix product that feeds it (epilogue). */
-enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT, K_FOLDED };
+/* K_FOLDED: an activation computed by the matrix product that feeds it (epilogue).
+ * K_ELIDED: a node whose output others write in place (a concat whose parts are written
+ * straight into it, a rope whose input is normalised and rotated in one pass): it has
+ * memory but no kernel. */
+enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT, K_FOLDED, K_ELIDED };
 
 struct lz_program {
     struct lz_program *next;
@@ -47,6 +54,10 @@ struct lz_program {
     int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
     int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
     int *fold;          /* per LINEAR node: the activation node folded into it, or -1 */
+    int *alias_of;      /* per node: the elided concat its output is a part of, or -1 */
+    int64_t *alias_off; /* ... and the part's byte offset in it */
+    int *rope_of;       /* per RMS_NORM node: the elided rope it writes (rms_norm_rope), or -1 */
+    int64_t *rope_s0;   /* ... and the first position of its part */
     int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
     int64_t arena_bytes;
     lz_group *groups;
@@ -215,6 +226,125 @@ static bool is_norm(const df_node *x)
     return x->op == DF_OP_LAYER_NORM || x->op == DF_OP_RMS_NORM;
 }
 
+/* Whether input view v is all of node p's output, in its own dense layout (any shape). */
+static bool whole_view(const df_view *v, const df_node *p)
+{
+    return v->st == p->out.st && v->offset == 0 && v->dtype == p->out.dtype &&
+           df_view_is_dense(v) && df_view_numel(v) == df_view_numel(&p->out);
+}
+
+/* Whether v is p's [B, S, H, D] output seen as [B, H, S, D] (the heads moved forward). */
+static bool heads_first_view(const df_view *v, const df_node *p)
+{
+    const df_view *o = &p->out;
+    if (v->st != o->st || v->offset != 0 || v->dtype != o->dtype || v->ndim != 4 || o->ndim != 4)
+        return false;
+    int64_t B = o->shape[0], S = o->shape[1], H = o->shape[2], D = o->shape[3];
+    const int64_t shape[4] = {B, H, S, D}, stride[4] = {S * H * D, D, H * D, 1};
+    for (int d = 0; d < 4; d++)
+        if (v->shape[d] != shape[d] || (shape[d] != 1 && v->stride[d] != stride[d]))
+            return false;
+    return true;
+}
+
+/* A node whose output only one other node reads and no handle sees. */
+static bool sole_use(df_node *const *nodes, const lz_program *p, const int *uses, int i)
+{
+    return i >= 0 && p->kind[i] == K_SINGLE && uses[i] == 1 && nodes[i]->out.st->handles == 0;
+}
+
+/* RMS norm and RoPE in one pass: rope(permute(rms_norm(x))), or the same over the concat
+ * of several rms_norm parts along the sequence (the two streams of a FLUX double block),
+ * becomes one rms_norm_rope kernel per part, each writing its rows of the rope's output.
+ * The concat is then never materialised. */
+static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int r = 0; r < n; r++) {
+        const df_node *rope = nodes[r];
+        if (p->kind[r] != K_SINGLE || rope->op != DF_OP_ROPE || rope->in[0].dtype != DF_DTYPE_F32 ||
+            rope->in[1].dtype != DF_DTYPE_F32 || !df_view_is_dense(&rope->in[1]))
+            continue;
+        int src = producer_of(&rope->in[0]);
+        if (!sole_use(nodes, p, uses, src) || !heads_first_view(&rope->in[0], nodes[src]))
+            continue;
+        int part[2], n_part = 0;
+        const df_node *c = nodes[src];
+        if (c->op == DF_OP_RMS_NORM) {
+            part[n_part++] = src;
+        } else if (c->op == DF_OP_CONCAT && c->a.i[0] == 1) {
+            for (int k = 0; k < 2; k++) {
+                int q = producer_of(&c->in[k]);
+                if (!sole_use(nodes, p, uses, q) || nodes[q]->op != DF_OP_RMS_NORM ||
+                    !whole_view(&c->in[k], nodes[q]) || (k == 1 && q == part[0]))
+                    break;
+                part[n_part++] = q;
+            }
+            if (n_part != 2)
+                continue;
+        } else {
+            continue;
+        }
+        bool ok = true;
+        for (int k = 0; k < n_part; k++) {
+            const df_node *q = nodes[part[k]];
+            ok = ok && q->out.ndim == 4 && q->in[0].dtype == DF_DTYPE_F32 &&
+                 df_view_is_dense(&q->in[0]);
+        }
+        if (!ok)
+            continue;
+        int64_t s0 = 0;
+        for (int k = 0; k < n_part; k++) {
+            p->rope_of[part[k]] = r;
+            p->rope_s0[part[k]] = s0;
+            s0 += nodes[part[k]]->out.shape[1];
+        }
+        p->kind[r] = K_ELIDED;
+        if (c->op == DF_OP_CONCAT)
+            p->kind[src] = K_DEAD;
+    }
+}
+
+/* A concat whose parts are contiguous in its output (nothing but ones before the concat
+ * dimension) and whose inputs are whole outputs of nodes nothing else reads: those nodes
+ * write their results straight into the concat's memory, and the copy disappears. */
+static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int c = 0; c < n; c++) {
+        const df_node *x = nodes[c];
+        if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
+            continue;
+        int64_t outer = 1;
+        for (int d = 0; d < x->a.i[0]; d++)
+            outer *= x->out.shape[d];
+        if (outer != 1)
+            continue;
+        int writer[2];
+        int64_t off[2], at = 0;
+        int k = 0;
+        for (; k < 2; k++) {
+            int q = producer_of(&x->in[k]), w = q;
+            if (q >= 0 && p->kind[q] == K_FOLDED) /* the product that computes it writes it */
+                for (w = q - 1; w >= 0 && p->fold[w] != q; w--)
+                    ;
+            if (q < 0 || w < 0 || uses[q] != 1 || nodes[q]->out.st->handles > 0 ||
+                (p->kind[w] != K_SINGLE && p->kind[w] != K_ROOT) || p->rope_of[w] >= 0 ||
+                p->alias_of[w] >= 0 || !whole_view(&x->in[k], nodes[q]) ||
+                (k == 1 && w == writer[0]))
+                break;
+            writer[k] = w;
+            off[k] = at;
+            at += df_view_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype);
+        }
+        if (k != 2)
+            continue;
+        for (k = 0; k < 2; k++) {
+            p->alias_of[writer[k]] = c;
+            p->alias_off[writer[k]] = off[k];
+        }
+        p->kind[c] = K_ELIDED;
+    }
+}
+
 /* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
 static void find_groups(df_node *const *nodes, int n, const lz_program *p, const int *uses,
                         int *parent, bool *is_head)
@@ -252,13 +382,15 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
     df_free(has_head);
 }
 
-lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
+lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_ops *ops)
 {
+    bool can_fuse = ops->run_fused != NULL;
     size_t n1 = (size_t)n + 1;
     lz_program *p = df_calloc(1, sizeof *p);
     int *uses = df_calloc(n1, sizeof *uses);
     int *order = df_calloc(n1, sizeof *order); /* kernel position per node */
     int *last = df_calloc(n1, sizeof *last);   /* last kernel position reading it */
+    int *first = df_malloc(n1 * sizeof *first); /* first kernel position writing it */
     int *parent = df_malloc(n1 * sizeof *parent);
     bool *is_head = df_calloc(n1, sizeof *is_head);
     if (p) {
@@ -267,11 +399,16 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
         p->group = df_malloc(n1 * sizeof *p->group);
         p->root_of = df_malloc(n1 * sizeof *p->root_of);
         p->fold = df_malloc(n1 * sizeof *p->fold);
+        p->alias_of = df_malloc(n1 * sizeof *p->alias_of);
+        p->alias_off = df_calloc(n1, sizeof *p->alias_off);
+        p->rope_of = df_malloc(n1 * sizeof *p->rope_of);
+        p->rope_s0 = df_calloc(n1, sizeof *p->rope_s0);
         p->offset = df_malloc(n1 * sizeof *p->offset);
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
-    if (!p || !uses || !order || !last || !parent || !is_head || !p->kind || !p->group ||
-        !p->root_of || !p->fold || !p->offset || !p->groups) {
+    if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind || !p->group ||
+        !p->root_of || !p->fold || !p->alias_of || !p->alias_off || !p->rope_of ||
+        !p->rope_s0 || !p->offset || !p->groups) {
         df_graph_plan_free(p);
         p = NULL;
         goto done;
@@ -280,6 +417,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
     for (int i = n - 1; i >= 0; i--) {
         const df_node *x = nodes[i];
         p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
+        p->alias_of[i] = p->rope_of[i] = -1;
+        first[i] = n;
         p->offset[i] = -1;
         p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
         if (p->kind[i] == K_DEAD)
@@ -312,7 +451,10 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
             break;
         }
     }
-    /* 2b. Fusion: groups, their roots, their code. */
+    /* 2b. Normalisation and RoPE in one pass. */
+    if (can_fuse && ops->kernels[DF_OP_RMS_NORM_ROPE])
+        plan_norm_rope(nodes, n, p, uses);
+    /* 2c. Fusion: groups, their roots, their code. */
     if (can_fuse)
         find_groups(nodes, n, p, uses, parent, is_head);
     for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
@@ -346,10 +488,13 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
                 g->n_members++;
             }
     }
-    /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. */
+    /* 2d. Concats whose parts are written in place. */
+    plan_concat_in_place(nodes, n, p, uses);
+    /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. An elided
+     * node's memory is live from the first kernel that writes into it. */
     int pos = 0;
     for (int i = 0; i < n; i++)
-        if (p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT)
+        if (p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT || p->kind[i] == K_ELIDED)
             order[i] = pos++;
     for (int i = 0; i < n; i++) {
         if (p->kind[i] == K_MEMBER)
@@ -357,6 +502,11 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
         if (p->fold[i] >= 0)
             order[p->fold[i]] = order[i];
         last[i] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int into = p->alias_of[i] >= 0 ? p->alias_of[i] : p->rope_of[i];
+        if (into >= 0 && order[i] < first[into])
+            first[into] = order[i];
     }
     for (int i = 0; i < n; i++) {
         if (p->kind[i] == K_DEAD)
@@ -375,10 +525,12 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, bool can_fuse)
     int np = 0;
     for (int i = 0; pls && i < n; i++) {
         const df_storage *out = nodes[p->fold[i] >= 0 ? p->fold[i] : i]->out.st;
-        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT) || out->handles > 0)
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
+            out->handles > 0 || p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
             continue;
         int64_t bytes = ((int64_t)out->bytes + 63) / 64 * 64;
-        int begin = order[i], end = last[i] < order[i] ? order[i] : last[i];
+        int begin = first[i] < order[i] ? first[i] : order[i];
+        int end = last[i] < order[i] ? order[i] : last[i];
         int64_t off = 0;
         for (bool moved = true; moved;) {
             moved = false;
@@ -404,6 +556,7 @@ done:
     df_free(uses);
     df_free(order);
     df_free(last);
+    df_free(first);
     df_free(parent);
     df_free(is_head);
     return p;
@@ -415,6 +568,10 @@ void df_graph_plan_free(lz_program *p)
         return;
     df_free(p->root_of);
     df_free(p->fold);
+    df_free(p->alias_of);
+    df_free(p->alias_off);
+    df_free(p->rope_of);
+    df_free(p->rope_s0);
     df_free(p->kind);
     df_free(p->group);
     df_free(p->offset);
@@ -515,6 +672,28 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
     return DF_OK;
 }
 
+/* Turns rms_norm node x into rms_norm_rope: it writes its rows, rotated, into the output
+ * of `rope` from position s0 on, and its own output is never made. */
+static void write_rotated(df_node *x, const df_node *rope, int64_t s0)
+{
+    int64_t S = x->out.shape[1], D = x->out.shape[3];
+    df_view out = rope->out; /* [B, H, S_all, D] dense: this part is rows s0 .. s0 + S */
+    out.shape[2] = S;
+    out.offset += s0 * D;
+    df_view table = rope->in[1]; /* [S_all, D/2, 2] */
+    table.shape[0] = S;
+    table.offset += s0 * table.stride[0];
+    df_storage_retain(out.st);
+    df_storage_retain(table.st);
+    df_storage *own = x->out.st;
+    own->producer = NULL;
+    df_storage_release(own);
+    x->op = DF_OP_RMS_NORM_ROPE;
+    x->out = out;
+    x->in[2] = table;
+    x->n_in = 3;
+}
+
 df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
 {
     df_status s = DF_OK;
@@ -535,9 +714,11 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         df_node_free(nodes[j]);
         nodes[j] = NULL;
     }
-    /* Memory for every materialised output, then the kernels in order. */
+    /* Memory for every materialised output, then for the parts written in place, then the
+     * kernels in order. */
     for (int i = 0; s == DF_OK && i < n; i++) {
-        if (p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT)
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
+            p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
             continue;
         df_storage *st = nodes[i]->out.st;
         if (p->offset[i] >= 0) {
@@ -547,14 +728,25 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
             s = df_storage_materialize(st);
         }
     }
+    for (int i = 0; s == DF_OK && i < n; i++) {
+        if (p->alias_of[i] >= 0) {
+            df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
+            st->data = (char *)base->data + p->alias_off[i];
+            st->external = true;
+            st->base = base; /* kept until this part is freed, whoever drops the concat */
+            df_storage_retain(base);
+        } else if (p->rope_of[i] >= 0) {
+            write_rotated(nodes[i], nodes[p->rope_of[i]], p->rope_s0[i]);
+        }
+    }
     for (int i = 0; i < n; i++)
         if (nodes[i])
             nodes[i]->out.st->producer = NULL;
     for (int i = 0; i < n; i++) {
         if (!nodes[i])
             continue; /* folded into its product */
-        if (s != DF_OK || p->kind[i] == K_DEAD) {
-            df_node_free(nodes[i]); /* never run: nothing reads its output */
+        if (s != DF_OK || p->kind[i] == K_DEAD || p->kind[i] == K_ELIDED) {
+            df_node_free(nodes[i]); /* never run: nothing reads it, or others write it */
             continue;
         }
         if (p->kind[i] == K_SINGLE)
@@ -595,7 +787,7 @@ static df_status lazy_flush(df_ctx *ctx)
         ctx->stats.cache_hits++;
     } else {
         double t0 = df_now();
-        p = df_graph_plan_make(nodes, n, ctx->dev->ops->run_fused != NULL);
+        p = df_graph_plan_make(nodes, n, ctx->dev->ops);
         ctx->stats.compile_ms += (df_now() - t0) * 1e3;
         ctx->stats.cache_misses++;
         ctx->stats.graphs_compiled++;

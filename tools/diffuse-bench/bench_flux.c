@@ -333,6 +333,7 @@ typedef struct run_cfg {
     const char *mode;
     int64_t tokens[2][2]; /* {image, text} per token setting */
     int n_tokens;
+    int repeats; /* timed forwards per mode (workload "modes") */
 } run_cfg;
 
 /* Warm-up then best of `repeats` forwards of the model in `dir` at each token setting:
@@ -530,12 +531,14 @@ static bool is_matrix_product(const char *op)
            !strcmp(op, "conv2d");
 }
 
-static void print_profile(const bench_opts *o, df_ctx *ctx, const char *label)
+/* Kernel time per op kind, divided by the `steps` it was gathered over. */
+static void print_profile(const bench_opts *o, df_ctx *ctx, const char *label, int steps)
 {
     df_profile_entry e[64];
     int n = df_ctx_profile(ctx, e, 64);
     double total = 0, outside = 0;
     for (int i = 0; i < n; i++) {
+        e[i].ms /= steps;
         total += e[i].ms;
         outside += is_matrix_product(e[i].op) ? 0 : e[i].ms;
     }
@@ -551,78 +554,125 @@ static void print_profile(const bench_opts *o, df_ctx *ctx, const char *label)
            total, outside, total > 0 ? 100 * outside / total : 0);
     for (int i = 0; i < n && i < 12; i++)
         printf("    %-18s %8.1f ms %5.1f%%  %6lld calls\n", e[i].op, e[i].ms,
-               total > 0 ? 100 * e[i].ms / total : 0, (long long)e[i].calls);
+               total > 0 ? 100 * e[i].ms / total : 0, (long long)(e[i].calls / steps));
 }
 
-static int measure_mode(const bench_opts *o, const run_cfg *rc, const char *dir, const char *mode,
-                        int k)
+static int cmp_double(const void *a, const void *b)
 {
-    bool compile = !strcmp(mode, "compile"), blocks = !strcmp(mode, "blocks");
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One mode under measurement: its context, model and inputs, and what it measured. */
+typedef struct mode_bench {
+    const char *mode;
     df_ctx *ctx;
-    df_eager_mode em = !strcmp(mode, "eager") ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
+    mode_run r;
+    df_scope mark;
+    df_flux_inputs in;
+    double first, times[64];
+    df_stats st0;
+    int bad;
+} mode_bench;
+
+/* Loads the model in the mode's context and runs the first call (which packs weights,
+ * plans or compiles), reported on its own. */
+static int mode_setup(const bench_opts *o, const run_cfg *rc, const char *dir, int k,
+                      mode_bench *b)
+{
+    bool compile = !strcmp(b->mode, "compile"), blocks = !strcmp(b->mode, "blocks");
+    df_eager_mode em = !strcmp(b->mode, "eager") ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
+    b->r.mode = b->mode;
     if (df_ctx_create(&(df_ctx_opts){.threads = rc->threads, .compute = rc->dtype, .mode = em},
-                      &ctx) != DF_OK) {
+                      &b->ctx) != DF_OK) {
         fprintf(stderr, "modes: %s\n", df_error_message());
-        return 1;
+        return b->bad = 1;
     }
-    mode_run r = {.mode = mode};
-    int bad = df_flux_load(ctx, dir, &r.m) != DF_OK;
+    int bad = df_flux_load(b->ctx, dir, &b->r.m) != DF_OK;
     if (!bad && compile)
-        bad = df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &r.whole) != DF_OK;
+        bad = df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &b->r.whole) != DF_OK;
     if (!bad && blocks)
-        bad = df_flux_compile_repeated_blocks(r.m, &(df_compile_opts){.fullgraph = true}) != DF_OK;
+        bad = df_flux_compile_repeated_blocks(b->r.m, &(df_compile_opts){.fullgraph = true}) != DF_OK;
     if (bad)
         fprintf(stderr, "modes: %s\n", df_error_message());
-    df_scope mark = df_scope_begin(ctx);
-    df_flux_inputs in;
-    double first = 0, s, sum = 0;
-    int repeats = o->quick ? 3 : 2;
-    df_stats st0 = {0}, st = {0};
-    bad = bad || make_inputs(ctx, rc->s, rc->tokens[k][0], rc->tokens[k][1], &in);
-    /* The first call packs weights, plans or compiles; it is reported on its own. */
-    df_stats_reset(ctx);
-    bad = bad || forward_once(ctx, &r, &in, &first);
-    df_ctx_stats(ctx, &st0);
-    df_stats_reset(ctx);
-    df_ctx_set_profiling(ctx, o->profile);
-    for (int i = 0; !bad && i < repeats; i++) {
-        bad = forward_once(ctx, &r, &in, &s);
-        sum += s;
+    b->mark = df_scope_begin(b->ctx);
+    bad = bad || make_inputs(b->ctx, rc->s, rc->tokens[k][0], rc->tokens[k][1], &b->in);
+    df_stats_reset(b->ctx);
+    bad = bad || forward_once(b->ctx, &b->r, &b->in, &b->first);
+    df_ctx_stats(b->ctx, &b->st0);
+    df_stats_reset(b->ctx);
+    df_ctx_set_profiling(b->ctx, o->profile);
+    return b->bad = bad;
+}
+
+static void mode_report(const bench_opts *o, const run_cfg *rc, int k, mode_bench *b)
+{
+    int repeats = rc->repeats;
+    df_stats st;
+    df_ctx_stats(b->ctx, &st);
+    double S = (double)(rc->tokens[k][0] + rc->tokens[k][1]);
+    double flop = embed_gflop(rc->s, (double)rc->tokens[k][0], (double)rc->tokens[k][1]) +
+                  rc->n_double * double_gflop(rc->s, S) + rc->n_single * single_gflop(rc->s, S);
+    /* The median step: the machine is shared, and a mean follows its worst moments. */
+    qsort(b->times, (size_t)repeats, sizeof *b->times, cmp_double);
+    double sec = repeats % 2 ? b->times[repeats / 2]
+                             : 0.5 * (b->times[repeats / 2 - 1] + b->times[repeats / 2]);
+    char shape[96], extra[320];
+    snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
+             rc->tokens[k][1], rc->n_double, rc->n_single);
+    snprintf(extra, sizeof extra,
+             ",\"first_ms\":%.1f,\"compile_ms\":%.2f,\"graphs_compiled\":%lld,"
+             "\"cache_hits\":%lld,\"fused_kernels\":%lld,\"kernels\":%lld,"
+             "\"min_ms\":%.1f,\"max_ms\":%.1f,\"repeats\":%d",
+             b->first * 1e3, b->st0.compile_ms, (long long)b->st0.graphs_compiled,
+             (long long)st.cache_hits, (long long)(st.fused_kernels / repeats),
+             (long long)(st.ops_enqueued / repeats), b->times[0] * 1e3,
+             b->times[repeats - 1] * 1e3, repeats);
+    bench_report(o, "modes", shape, rc->threads, df_dtype_name(rc->dtype), b->mode, sec * 1e3,
+                 flop / sec, bench_ceiling_gflops(rc->dtype, rc->threads),
+                 st.peak_bytes > b->st0.peak_bytes ? st.peak_bytes : b->st0.peak_bytes, extra);
+    if (!o->json)
+        printf("  %s: first call %.1f ms (compile %.2f ms), %lld kernels per step, %lld fused\n",
+               b->mode, b->first * 1e3, b->st0.compile_ms,
+               (long long)(st.ops_enqueued / repeats), (long long)(st.fused_kernels / repeats));
+    if (o->profile) {
+        char label[128];
+        snprintf(label, sizeof label, "%s %s %s, per step", shape, df_dtype_name(rc->dtype),
+                 b->mode);
+        print_profile(o, b->ctx, label, repeats);
     }
-    df_ctx_stats(ctx, &st);
-    if (!bad) {
-        double S = (double)(rc->tokens[k][0] + rc->tokens[k][1]);
-        double flop = embed_gflop(rc->s, (double)rc->tokens[k][0], (double)rc->tokens[k][1]) +
-                      rc->n_double * double_gflop(rc->s, S) + rc->n_single * single_gflop(rc->s, S);
-        double sec = sum / repeats;
-        char shape[96], extra[256];
-        snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
-                 rc->tokens[k][1], rc->n_double, rc->n_single);
-        snprintf(extra, sizeof extra,
-                 ",\"first_ms\":%.1f,\"compile_ms\":%.2f,\"graphs_compiled\":%lld,"
-                 "\"cache_hits\":%lld,\"fused_kernels\":%lld,\"kernels\":%lld",
-                 first * 1e3, st0.compile_ms, (long long)st0.graphs_compiled,
-                 (long long)st.cache_hits, (long long)(st.fused_kernels / repeats),
-                 (long long)(st.ops_enqueued / repeats));
-        bench_report(o, "modes", shape, rc->threads, df_dtype_name(rc->dtype), mode, sec * 1e3,
-                     flop / sec, bench_ceiling_gflops(rc->dtype, rc->threads),
-                     st.peak_bytes > st0.peak_bytes ? st.peak_bytes : st0.peak_bytes, extra);
-        if (!o->json)
-            printf("  %s: first call %.1f ms (compile %.2f ms), %lld kernels per step, %lld "
-                   "fused\n",
-                   mode, first * 1e3, st0.compile_ms, (long long)(st.ops_enqueued / repeats),
-                   (long long)(st.fused_kernels / repeats));
-        if (o->profile) {
-            char label[128];
-            snprintf(label, sizeof label, "%s %s %s", shape, df_dtype_name(rc->dtype), mode);
-            print_profile(o, ctx, label);
-        }
+}
+
+static void mode_teardown(mode_bench *b)
+{
+    if (b->ctx)
+        df_scope_end(b->ctx, b->mark, NULL);
+    df_compiled_free(b->r.whole);
+    df_flux_free(b->r.m);
+    df_ctx_free(b->ctx);
+}
+
+/* Every selected mode at token setting k. The timed steps take turns, one step of each mode
+ * per round, so that a slow spell of the shared machine falls on all modes alike. */
+static int measure_modes(const bench_opts *o, const run_cfg *rc, const char *dir, int k,
+                         const char *const *modes, int n_modes)
+{
+    mode_bench b[4] = {{0}};
+    int failures = 0;
+    for (int mi = 0; mi < n_modes; mi++) {
+        b[mi].mode = modes[mi];
+        failures += mode_setup(o, rc, dir, k, &b[mi]);
     }
-    df_scope_end(ctx, mark, NULL);
-    df_compiled_free(r.whole);
-    df_flux_free(r.m);
-    df_ctx_free(ctx);
-    return bad;
+    for (int i = 0; i < rc->repeats; i++)
+        for (int mi = 0; mi < n_modes; mi++)
+            if (!b[mi].bad)
+                failures += b[mi].bad = forward_once(b[mi].ctx, &b[mi].r, &b[mi].in, &b[mi].times[i]);
+    for (int mi = 0; mi < n_modes; mi++) {
+        if (!b[mi].bad)
+            mode_report(o, rc, k, &b[mi]);
+        mode_teardown(&b[mi]);
+    }
+    return failures;
 }
 
 int bench_modes(const bench_opts *o)
@@ -631,15 +681,19 @@ int bench_modes(const bench_opts *o)
                   .n_double = 1,
                   .n_single = 2,
                   .threads = o->threads ? o->threads : 2,
-                  .n_tokens = 2};
+                  .n_tokens = 2,
+                  .repeats = o->quick ? 3 : 5};
     for (int i = 0; i + 1 < o->argc; i += 2) {
         if (strcmp(o->argv[i], "--double") == 0)
             rc.n_double = atoi(o->argv[i + 1]);
         else if (strcmp(o->argv[i], "--single") == 0)
             rc.n_single = atoi(o->argv[i + 1]);
+        else if (strcmp(o->argv[i], "--repeats") == 0)
+            rc.repeats = atoi(o->argv[i + 1]);
     }
-    if (rc.n_double < 1 || rc.n_single < 1) {
-        fprintf(stderr, "modes: usage: modes [--double N] [--single N] (N >= 1)\n");
+    if (rc.n_double < 1 || rc.n_single < 1 || rc.repeats < 1 || rc.repeats > 64) {
+        fprintf(stderr,
+                "modes: usage: modes [--double N] [--single N] [--repeats 1..64] (N >= 1)\n");
         return 1;
     }
     const int64_t full_tokens[2][2] = {{256, 512}, {1024, 512}},
@@ -660,10 +714,13 @@ int bench_modes(const bench_opts *o)
         if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
             continue;
         rc.dtype = dtypes[di];
+        const char *chosen[4];
+        int n_chosen = 0;
+        for (int mi = 0; mi < 4; mi++)
+            if (!o->mode || !strcmp(o->mode, modes[mi]))
+                chosen[n_chosen++] = modes[mi];
         for (int k = 0; k < rc.n_tokens; k++)
-            for (int mi = 0; mi < 4; mi++)
-                if (!o->mode || !strcmp(o->mode, modes[mi]))
-                    failures += measure_mode(o, &rc, dir, modes[mi], k);
+            failures += measure_modes(o, &rc, dir, k, chosen, n_chosen);
     }
     remove_model(dir);
     rmdir(root);

@@ -31,6 +31,7 @@ DF_CPU_KERNEL(group_norm);
 DF_CPU_KERNEL(timestep_embed);
 DF_CPU_KERNEL(rope_table);
 DF_CPU_KERNEL(rope);
+DF_CPU_KERNEL(rms_norm_rope);
 /* k_data.c */
 DF_CPU_KERNEL(upsample2x);
 DF_CPU_KERNEL(concat);

@@ -1,5 +1,6 @@
 /*
- * Softmax and the normalisations: layer norm, RMS norm, group norm.
+ * Softmax and the normalisations: layer norm, RMS norm, group norm, and RMS norm fused
+ * with the RoPE rotation that follows it in attention (defer-and-fuse only).
  *
  * All four get dense inputs from their shape rules and work row by row (a row is the last
  * dimension; for group norm, one group of channels of one sample), rows spread over
@@ -205,6 +206,49 @@ DF_CPU_KERNEL(rms_norm)
         } else {
             for (int64_t i = 0; i < d; i++)
                 yr[i] = xr[i] * rs;
+        }
+    }
+    return DF_OK;
+}
+
+/* RMS norm over each head of q or k followed by RoPE, in one pass (made by the
+ * defer-and-fuse planner from rms_norm -> [concat] -> permute -> rope). x [B, S, H, D]
+ * dense, table [S, D/2, 2] f32 (already offset to this part's first position), out a view
+ * [B, H, S, D] with any strides: the part of the rotated tensor this x fills. The
+ * arithmetic is the two kernels' own, so the result is the same to the bit. */
+DF_CPU_KERNEL(rms_norm_rope)
+{
+    const df_view *x = &n->in[0];
+    df_node norm = *n;
+    norm.n_in = 2; /* x and weight: the table is read in place */
+    norm_io io;
+    DF_TRY(norm_setup(&norm, env, x->shape[3], 0, &io));
+    int64_t S = x->shape[1], H = x->shape[2], d = io.d, half = d / 2;
+    const float *table = df_view_ptr(&n->in[2]);
+    const df_view *o = &n->out;
+    float *out = df_view_ptr(o);
+    float eps = (float)n->a.f[0];
+    const float *w = io.w;
+    int nt = row_threads(&io);
+    #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t r = 0; r < io.rows; r++) {
+        int64_t h = r % H, s = r / H % S, b = r / H / S;
+        const float *restrict xr = io.x + r * d;
+        const float *restrict cs = table + s * d;
+        float *restrict yr = out + b * o->stride[0] + h * o->stride[1] + s * o->stride[2];
+        double q = 0;
+        #pragma omp simd reduction(+ : q)
+        for (int64_t i = 0; i < d; i++)
+            q += (double)xr[i] * xr[i];
+        float var = (float)(q / (double)d);
+        float rs = 1.0f / sqrtf(var + eps);
+        for (int64_t i = 0; i < half; i++) {
+            float x0 = xr[2 * i] * rs, x1 = xr[2 * i + 1] * rs;
+            if (w)
+                x0 *= w[2 * i], x1 *= w[2 * i + 1];
+            float c = cs[2 * i], sn = cs[2 * i + 1];
+            yr[2 * i] = x0 * c - x1 * sn;
+            yr[2 * i + 1] = x1 * c + x0 * sn;
         }
     }
     return DF_OK;

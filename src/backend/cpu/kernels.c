@@ -20,6 +20,7 @@ const df_kernel_fn df_cpu_kernels[DF_OP_COUNT] = {
     [DF_OP_TIMESTEP_EMBED] = df_cpu_timestep_embed,
     [DF_OP_ROPE_TABLE]     = df_cpu_rope_table,
     [DF_OP_ROPE]           = df_cpu_rope,
+    [DF_OP_RMS_NORM_ROPE]  = df_cpu_rms_norm_rope,
     [DF_OP_LINEAR]         = df_cpu_linear,
     [DF_OP_MATMUL]         = df_cpu_matmul,
     [DF_OP_ATTENTION]      = df_cpu_attention,
