@@ -178,6 +178,123 @@ static void test_node_limit_cuts_and_keeps_live_results(void **state)
     df_ctx_free(ctx);
 }
 
+/* Relative L2 distance of two arrays. */
+static double rel_l2(const float *got, const float *want, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += (got[i] - want[i]) * (double)(got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* q and k before attention in a FLUX double block: two streams RMS-normed per head,
+ * joined along the sequence, heads moved forward, rotated. With one stream, a single
+ * block. Returns [1, H, S, D]. */
+static df_tensor *norm_join_rotate(df_ctx *ctx, df_tensor *x1, df_tensor *w1, df_tensor *x2,
+                                   df_tensor *w2, df_tensor *table)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *q = df_rms_norm(ctx, x1, w1, 1e-6f);
+    if (x2)
+        q = df_concat(ctx, q, df_rms_norm(ctx, x2, w2, 1e-6f), 1);
+    q = df_rope(ctx, df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)), table);
+    return df_scope_end(ctx, mark, q);
+}
+
+static void test_norm_and_rope_become_one_pass_per_part(void **state)
+{
+    (void)state;
+    enum { S1 = 5, S2 = 7, H = 3, D = 8, S = S1 + S2 };
+    static float x1[S1 * H * D], x2[S2 * H * D], w1[D], w2[D], table[S * D];
+    static float want[H * S * D], got[H * S * D];
+    fill(x1, S1 * H * D, 3.0f);
+    fill(x2, S2 * H * D, -1.5f);
+    fill(w1, D, 1.0f);
+    fill(w2, D, 0.7f);
+    for (int s = 0; s < S; s++) /* (cos, sin) pairs */
+        for (int i = 0; i < D / 2; i++) {
+            table[s * D + 2 * i] = cosf(0.3f * (float)(s * (i + 1)));
+            table[s * D + 2 * i + 1] = sinf(0.3f * (float)(s * (i + 1)));
+        }
+    for (int parts = 1; parts <= 2; parts++) {
+        int64_t s_all = parts == 2 ? S : S1, n = H * s_all * D;
+        df_ctx *ctx[2] = {new_ctx(DF_DEFER_NEVER), new_ctx(DF_DEFER_AND_FUSE)};
+        float *out[2] = {want, got};
+        df_stats st[2];
+        for (int m = 0; m < 2; m++) {
+            df_ctx *c = ctx[m];
+            df_tensor *a = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(1, S1, H, D), x1);
+            df_tensor *b = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(1, S2, H, D), x2);
+            df_tensor *wa = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(D), w1);
+            df_tensor *wb = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(D), w2);
+            df_tensor *t = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(s_all, D / 2, 2), table);
+            assert_int_equal(df_sync(c), DF_OK);
+            df_stats_reset(c);
+            df_tensor *y = norm_join_rotate(c, a, wa, parts == 2 ? b : NULL, wb, t);
+            assert_non_null(y);
+            assert_int_equal(df_tensor_read(c, y, DF_DTYPE_F32, out[m], (size_t)n * 4), DF_OK);
+            df_ctx_stats(c, &st[m]);
+        }
+        /* One kernel per part instead of norms, concat and rope; only the rotated
+         * tensor is ever allocated. */
+        assert_int_equal(st[0].ops_enqueued, parts == 2 ? 4 : 2);
+        assert_int_equal(st[1].ops_enqueued, parts);
+        assert_int_equal(st[1].bytes_allocated, (n * 4 + 255) / 256 * 256);
+        assert_true(rel_l2(got, want, (int)n) <= 1e-6);
+        df_ctx_free(ctx[0]);
+        df_ctx_free(ctx[1]);
+    }
+}
+
+/* Two producers joined along `dim`: a matrix product with a GELU (folded into it in
+ * defer-and-fuse) and a scale. x [2, R, K] or [1, R, K], w [N, K], y like x's rows. */
+static df_tensor *two_parts_joined(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *y,
+                                   int dim)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *a = df_gelu_tanh(ctx, df_linear(ctx, x, &(df_linear_weights){.weight = w}));
+    df_tensor *b = df_scale(ctx, y, 0.5f, 1.0f);
+    return df_scope_end(ctx, mark, df_concat(ctx, a, b, dim));
+}
+
+static void test_contiguous_concat_parts_are_written_in_place(void **state)
+{
+    (void)state;
+    enum { R = 6, K = 16, N = 8 };
+    static float x[2 * R * K], w[N * K], y[2 * R * N], want[4 * R * N], got[4 * R * N];
+    fill(x, 2 * R * K, 1.0f);
+    fill(w, N * K, 0.25f);
+    fill(y, 2 * R * N, 2.0f);
+    /* Joined along the rows of one batch the parts are contiguous: no copy. Along the
+     * features, or with two batches, they interleave: the concat copies. */
+    const struct { int64_t batch; int dim; int64_t kernels; } cases[] = {{1, 1, 2}, {1, 2, 3},
+                                                                          {2, 1, 3}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int64_t B = cases[ci].batch, n = B * 2 * R * N;
+        df_ctx *ctx[2] = {new_ctx(DF_DEFER_NEVER), new_ctx(DF_DEFER_AND_FUSE)};
+        float *out[2] = {want, got};
+        df_stats st;
+        for (int m = 0; m < 2; m++) {
+            df_ctx *c = ctx[m];
+            df_tensor *xt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(B, R, K), x);
+            df_tensor *wt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(N, K), w);
+            df_tensor *yt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(B, R, N), y);
+            assert_int_equal(df_sync(c), DF_OK);
+            df_stats_reset(c);
+            df_tensor *j = two_parts_joined(c, xt, wt, yt, cases[ci].dim);
+            assert_non_null(j);
+            assert_int_equal(df_tensor_read(c, j, DF_DTYPE_F32, out[m], (size_t)n * 4), DF_OK);
+            df_ctx_stats(c, &st);
+        }
+        assert_int_equal(st.ops_enqueued, cases[ci].kernels);
+        assert_true(rel_l2(got, want, (int)n) <= 1e-6);
+        df_ctx_free(ctx[0]);
+        df_ctx_free(ctx[1]);
+    }
+}
+
 static void test_environment_selects_the_mode(void **state)
 {
     (void)state;
@@ -197,6 +314,8 @@ int main(void)
         cmocka_unit_test(test_host_read_in_the_middle_cuts_the_graph),
         cmocka_unit_test(test_unread_results_are_never_computed),
         cmocka_unit_test(test_node_limit_cuts_and_keeps_live_results),
+        cmocka_unit_test(test_norm_and_rope_become_one_pass_per_part),
+        cmocka_unit_test(test_contiguous_concat_parts_are_written_in_place),
         cmocka_unit_test(test_environment_selects_the_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
