@@ -97,7 +97,9 @@ struct df_node {
     df_op op;
     int n_in;
     df_view in[DF_NODE_MAX_IN];
-    df_view out;        /* always dense row-major */
+    df_view out;        /* dense row-major; the defer-and-fuse planner may point it into a
+                           larger tensor for the kernels that take that (rms_norm_rope,
+                           and linear or attention writing their columns of a concat) */
     df_attrs a;
     /* Graph bookkeeping (defer-and-fuse / compile); unused in strict eager. */
     int id;

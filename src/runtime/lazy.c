@@ -55,7 +55,10 @@ struct lz_program {
     int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
     int *fold;          /* per LINEAR node: the activation node folded into it, or -1 */
     int *alias_of;      /* per node: the elided concat its output is a part of, or -1 */
-    int64_t *alias_off; /* ... and the part's byte offset in it */
+    int64_t *alias_off; /* ... the part's byte offset in it (contiguous parts), or its
+                           first column (parts of the concat's rows) */
+    int *alias_split;   /* ... 0 for a contiguous part; else the first of the node's own
+                           trailing dimensions that make up the part's columns */
     int *rope_of;       /* per RMS_NORM node: the elided rope it writes (rms_norm_rope), or -1 */
     int64_t *rope_s0;   /* ... and the first position of its part */
     int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
@@ -304,21 +307,41 @@ static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const in
     }
 }
 
-/* A concat whose parts are contiguous in its output (nothing but ones before the concat
- * dimension) and whose inputs are whole outputs of nodes nothing else reads: those nodes
- * write their results straight into the concat's memory, and the copy disappears. */
+/* The first of v's trailing dimensions whose product is `width`, or -1. */
+static int trailing_split(const df_view *v, int64_t width)
+{
+    int64_t prod = 1;
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        prod *= v->shape[d];
+        if (prod == width)
+            return d;
+        if (prod > width)
+            break;
+    }
+    return -1;
+}
+
+/* A concat whose inputs are whole outputs of nodes nothing else reads: those nodes write
+ * their results straight into the concat's memory, and the copy disappears. Two cases:
+ * - the parts are contiguous in the output (nothing but ones before the concat
+ *   dimension): any kernel writes its dense result at the part's offset;
+ * - the concat joins rows along the last dimension (the attention output and the MLP
+ *   branch of a FLUX single block): the part is every row's slice of columns, which the
+ *   matrix products and attention can write with a row stride. */
 static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, const int *uses)
 {
     for (int c = 0; c < n; c++) {
         const df_node *x = nodes[c];
         if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
             continue;
+        int dim = (int)x->a.i[0], last = x->out.ndim - 1;
         int64_t outer = 1;
-        for (int d = 0; d < x->a.i[0]; d++)
+        for (int d = 0; d < dim; d++)
             outer *= x->out.shape[d];
-        if (outer != 1)
+        bool contiguous = outer == 1;
+        if (!contiguous && dim != last)
             continue;
-        int writer[2];
+        int writer[2], split[2] = {0, 0};
         int64_t off[2], at = 0;
         int k = 0;
         for (; k < 2; k++) {
@@ -331,15 +354,24 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
                 p->alias_of[w] >= 0 || !whole_view(&x->in[k], nodes[q]) ||
                 (k == 1 && w == writer[0]))
                 break;
+            if (!contiguous) {
+                int op = nodes[w]->op;
+                split[k] = trailing_split(&nodes[q]->out, x->in[k].shape[last]);
+                if ((op != DF_OP_LINEAR && op != DF_OP_ATTENTION) || split[k] < 1 ||
+                    x->in[k].dtype != DF_DTYPE_F32)
+                    break;
+            }
             writer[k] = w;
             off[k] = at;
-            at += df_view_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype);
+            at += contiguous ? df_view_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype)
+                             : x->in[k].shape[last];
         }
         if (k != 2)
             continue;
         for (k = 0; k < 2; k++) {
             p->alias_of[writer[k]] = c;
             p->alias_off[writer[k]] = off[k];
+            p->alias_split[writer[k]] = split[k];
         }
         p->kind[c] = K_ELIDED;
     }
@@ -401,13 +433,14 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         p->fold = df_malloc(n1 * sizeof *p->fold);
         p->alias_of = df_malloc(n1 * sizeof *p->alias_of);
         p->alias_off = df_calloc(n1, sizeof *p->alias_off);
+        p->alias_split = df_calloc(n1, sizeof *p->alias_split);
         p->rope_of = df_malloc(n1 * sizeof *p->rope_of);
         p->rope_s0 = df_calloc(n1, sizeof *p->rope_s0);
         p->offset = df_malloc(n1 * sizeof *p->offset);
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
     if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind || !p->group ||
-        !p->root_of || !p->fold || !p->alias_of || !p->alias_off || !p->rope_of ||
+        !p->root_of || !p->fold || !p->alias_of || !p->alias_off || !p->alias_split || !p->rope_of ||
         !p->rope_s0 || !p->offset || !p->groups) {
         df_graph_plan_free(p);
         p = NULL;
@@ -570,6 +603,7 @@ void df_graph_plan_free(lz_program *p)
     df_free(p->fold);
     df_free(p->alias_of);
     df_free(p->alias_off);
+    df_free(p->alias_split);
     df_free(p->rope_of);
     df_free(p->rope_s0);
     df_free(p->kind);
@@ -694,6 +728,26 @@ static void write_rotated(df_node *x, const df_node *rope, int64_t s0)
     x->n_in = 3;
 }
 
+/* Points node x's output at its columns of `whole` (a concat's output along its last
+ * dimension), from column `col` on: x's trailing dimensions from `split` on stay dense
+ * inside the part, the ones before step over whole rows. */
+static void write_columns(df_node *x, const df_view *whole, int64_t col, int split)
+{
+    df_view v = x->out;
+    int64_t stride = whole->shape[whole->ndim - 1];
+    for (int d = split - 1; d >= 0; d--) {
+        v.stride[d] = stride;
+        stride *= v.shape[d];
+    }
+    v.st = whole->st;
+    v.offset = whole->offset + col;
+    df_storage_retain(v.st);
+    df_storage *own = x->out.st;
+    own->producer = NULL;
+    df_storage_release(own);
+    x->out = v;
+}
+
 df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
 {
     df_status s = DF_OK;
@@ -729,7 +783,10 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         }
     }
     for (int i = 0; s == DF_OK && i < n; i++) {
-        if (p->alias_of[i] >= 0) {
+        if (p->alias_of[i] >= 0 && p->alias_split[i] > 0) {
+            write_columns(nodes[i], &nodes[p->alias_of[i]]->out, p->alias_off[i],
+                          p->alias_split[i]);
+        } else if (p->alias_of[i] >= 0) {
             df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
             st->data = (char *)base->data + p->alias_off[i];
             st->external = true;

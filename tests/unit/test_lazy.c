@@ -249,13 +249,15 @@ static void test_norm_and_rope_become_one_pass_per_part(void **state)
 }
 
 /* Two producers joined along `dim`: a matrix product with a GELU (folded into it in
- * defer-and-fuse) and a scale. x [2, R, K] or [1, R, K], w [N, K], y like x's rows. */
+ * defer-and-fuse), and a scale of y or (with w2) a product of y. x [B, R, K], w [N, K],
+ * y [B, R, N], w2 NULL or [N, N]. */
 static df_tensor *two_parts_joined(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *y,
-                                   int dim)
+                                   df_tensor *w2, int dim)
 {
     df_scope mark = df_scope_begin(ctx);
     df_tensor *a = df_gelu_tanh(ctx, df_linear(ctx, x, &(df_linear_weights){.weight = w}));
-    df_tensor *b = df_scale(ctx, y, 0.5f, 1.0f);
+    df_tensor *b = w2 ? df_linear(ctx, y, &(df_linear_weights){.weight = w2})
+                      : df_scale(ctx, y, 0.5f, 1.0f);
     return df_scope_end(ctx, mark, df_concat(ctx, a, b, dim));
 }
 
@@ -263,14 +265,18 @@ static void test_contiguous_concat_parts_are_written_in_place(void **state)
 {
     (void)state;
     enum { R = 6, K = 16, N = 8 };
-    static float x[2 * R * K], w[N * K], y[2 * R * N], want[4 * R * N], got[4 * R * N];
+    static float x[2 * R * K], w[N * K], w2[N * N], y[2 * R * N], want[4 * R * N],
+        got[4 * R * N];
     fill(x, 2 * R * K, 1.0f);
     fill(w, N * K, 0.25f);
+    fill(w2, N * N, -0.5f);
     fill(y, 2 * R * N, 2.0f);
-    /* Joined along the rows of one batch the parts are contiguous: no copy. Along the
-     * features, or with two batches, they interleave: the concat copies. */
-    const struct { int64_t batch; int dim; int64_t kernels; } cases[] = {{1, 1, 2}, {1, 2, 3},
-                                                                          {2, 1, 3}};
+    /* Joined along the rows of one batch the parts are contiguous: no copy. Joined along
+     * the features, products write their columns of every row: no copy either, unless a
+     * part comes from another kernel. Rows of two batches interleave: the concat copies. */
+    const struct { int64_t batch; int dim; bool products; int64_t kernels; } cases[] = {
+        {1, 1, false, 2}, {1, 2, false, 3}, {2, 1, false, 3},
+        {1, 2, true, 2},  {2, 2, true, 2},  {2, 1, true, 3}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         int64_t B = cases[ci].batch, n = B * 2 * R * N;
         df_ctx *ctx[2] = {new_ctx(DF_DEFER_NEVER), new_ctx(DF_DEFER_AND_FUSE)};
@@ -281,9 +287,11 @@ static void test_contiguous_concat_parts_are_written_in_place(void **state)
             df_tensor *xt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(B, R, K), x);
             df_tensor *wt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(N, K), w);
             df_tensor *yt = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(B, R, N), y);
+            df_tensor *w2t = df_tensor_from_host(c, DF_DTYPE_F32, DF_SHAPE(N, N), w2);
             assert_int_equal(df_sync(c), DF_OK);
             df_stats_reset(c);
-            df_tensor *j = two_parts_joined(c, xt, wt, yt, cases[ci].dim);
+            df_tensor *j = two_parts_joined(c, xt, wt, yt, cases[ci].products ? w2t : NULL,
+                                            cases[ci].dim);
             assert_non_null(j);
             assert_int_equal(df_tensor_read(c, j, DF_DTYPE_F32, out[m], (size_t)n * 4), DF_OK);
             df_ctx_stats(c, &st);

@@ -657,7 +657,8 @@ static size_t round64(size_t n)
 }
 
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, int act, float *out)
+                         const df_view *bias, df_dtype compute, int act, float *out,
+                         int64_t ldc)
 {
     int64_t n = w->shape[0], k = w->shape[1];
     if (m == 0 || n == 0)
@@ -675,7 +676,7 @@ df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const 
     DF_TRY(df_gemm_operand(x, compute, scratch, &xa));
     if (bias)
         DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
-    df_gemm_desc d = {.m = m, .n = n, .k = k, .type = compute, .b_trans = true,
+    df_gemm_desc d = {.m = m, .n = n, .k = k, .type = compute, .b_trans = true, .ldc = ldc,
                       .bias = bias != NULL, .act = act};
     const df_gemm_plan *p;
     if (packed) {

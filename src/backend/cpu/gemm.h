@@ -76,10 +76,12 @@ df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const flo
 
 /* A linear layer: out [m, n] = x [m, k] w^T (+ bias), with x dense [.., k] (any float
  * dtype), w a dense [n, k] view (f32, bf16 or f16), bias NULL or a dense [n] view, and the
- * product in `compute` (DF_DTYPE_F32 or DF_DTYPE_BF16). A weight storage is packed once
- * and reused; activations are converted to the compute dtype per call in env's scratch. */
+ * product in `compute` (DF_DTYPE_F32 or DF_DTYPE_BF16). out's rows are ldc floats apart
+ * (0: n, dense). A weight storage is packed once and reused; activations are converted to
+ * the compute dtype per call in env's scratch. */
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, int act, float *out);
+                         const df_view *bias, df_dtype compute, int act, float *out,
+                         int64_t ldc);
 
 /* Operands in a dtype: the elements of dense view v as `type`. Returns v's own memory when
  * it already has that dtype, a conversion cached on v's storage when it is a weight, or a

@@ -46,6 +46,7 @@ typedef struct attn {
     const float *mask;    /* at element (0, 0, 0, 0) of the mask view, or NULL */
     int64_t ms[4];
     float *out;                                       /* [B, Sq, H, Dv] */
+    int64_t os[3];                                    /* its strides of b, i, h */
     const df_gemm_plan *s_plan[2][2], *pv_plan[2][2]; /* [query tail?][key tail?] */
     size_t gemm_scratch;                              /* the most any plan needs per thread */
 } attn;
@@ -258,7 +259,7 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
 
     for (int64_t r = 0; r < mq; r++) {
         float inv = t->l[r] > 0 ? 1.0f / t->l[r] : 0.0f;
-        float *dst = a->out + ((b * a->Sq + i0 + r) * a->H + h) * a->Dv;
+        float *dst = a->out + b * a->os[0] + (i0 + r) * a->os[1] + h * a->os[2];
         const float *src = t->o + r * a->Dv;
         for (int64_t c = 0; c < a->Dv; c++)
             dst[c] = src[c] * inv;
@@ -353,7 +354,10 @@ DF_CPU_KERNEL(attention)
               .q = q,
               .k = k,
               .v = v,
-              .out = df_view_ptr(&n->out)};
+              .out = df_view_ptr(&n->out),
+              /* dense, or a part of a wider tensor (defer-and-fuse writes a concat's parts
+               * in place); rows of Dv are always contiguous */
+              .os = {n->out.stride[0], n->out.stride[1], n->out.stride[2]}};
     if (a.B == 0 || a.H == 0 || a.Sq == 0)
         return DF_OK;
     a.bq = a.Sq < BQ ? a.Sq : BQ;
