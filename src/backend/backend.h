@@ -196,8 +196,12 @@ typedef struct df_backend_ops {
     /* Compute threads the device uses (CPU), or 1. */
     int (*device_threads)(void *impl);
     const df_kernel_fn *kernels; /* indexed by df_op; NULL = not supported */
-    /* Runs a fused elementwise kernel; NULL = the backend cannot fuse. */
+    /* Runs a fused elementwise kernel; NULL = the backend cannot fuse. Its output may be
+     * f32 or bf16. */
     df_status (*run_fused)(const df_fused *f, df_kernel_env *env);
+    /* The dtype matrix products really compute in when `requested` is asked for (bf16
+     * falls back to f32 where the device has no bf16 products); NULL = as requested. */
+    df_dtype (*matmul_dtype)(df_dtype requested);
 } df_backend_ops;
 
 /* An opened device: its backend, its caching allocator and counters. */

@@ -60,6 +60,7 @@ struct lz_program {
     int *alias_split;   /* ... 0 for a contiguous part; else the first of the node's own
                            trailing dimensions that make up the part's columns */
     int *rope_of;       /* per RMS_NORM node: the elided rope it writes (rms_norm_rope), or -1 */
+    bool *half;         /* per fused root: writes bf16, for the bf16 products that read it */
     int64_t *rope_s0;   /* ... and the first position of its part */
     int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
     int64_t arena_bytes;
@@ -377,6 +378,32 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
     }
 }
 
+/* A fused kernel whose result only matrix products read, as their activations, where the
+ * products compute in bf16: the kernel writes bf16 instead of f32. Half the bytes go to
+ * memory, and each product reads its operand as it is instead of converting it (the FLUX
+ * modulation output feeds three or four products). */
+static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const int *uses,
+                              const df_backend_ops *ops)
+{
+    if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
+        return;
+    for (int i = 0; i < n; i++)
+        p->half[i] = p->kind[i] == K_ROOT && uses[i] > 0 && p->alias_of[i] < 0 &&
+                     nodes[i]->out.dtype == DF_DTYPE_F32 && nodes[i]->out.st->handles == 0;
+    for (int j = 0; j < n; j++) {
+        const df_node *x = nodes[j];
+        if (p->kind[j] == K_DEAD)
+            continue;
+        bool bf16_product = x->op == DF_OP_LINEAR && p->kind[j] == K_SINGLE &&
+                            ops->matmul_dtype((df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
+        for (int k = 0; k < x->n_in; k++) {
+            int q = producer_of(&x->in[k]);
+            if (q >= 0 && !(bf16_product && k == 0))
+                p->half[q] = false;
+        }
+    }
+}
+
 /* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
 static void find_groups(df_node *const *nodes, int n, const lz_program *p, const int *uses,
                         int *parent, bool *is_head)
@@ -436,12 +463,13 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         p->alias_split = df_calloc(n1, sizeof *p->alias_split);
         p->rope_of = df_malloc(n1 * sizeof *p->rope_of);
         p->rope_s0 = df_calloc(n1, sizeof *p->rope_s0);
+        p->half = df_calloc(n1, sizeof *p->half);
         p->offset = df_malloc(n1 * sizeof *p->offset);
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
     if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind || !p->group ||
         !p->root_of || !p->fold || !p->alias_of || !p->alias_off || !p->alias_split || !p->rope_of ||
-        !p->rope_s0 || !p->offset || !p->groups) {
+        !p->rope_s0 || !p->half || !p->offset || !p->groups) {
         df_graph_plan_free(p);
         p = NULL;
         goto done;
@@ -521,8 +549,10 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
                 g->n_members++;
             }
     }
-    /* 2d. Concats whose parts are written in place. */
+    /* 2d. Concats whose parts are written in place; bf16 results for bf16 products. */
     plan_concat_in_place(nodes, n, p, uses);
+    if (can_fuse)
+        plan_half_outputs(nodes, n, p, uses, ops);
     /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. An elided
      * node's memory is live from the first kernel that writes into it. */
     int pos = 0;
@@ -561,7 +591,7 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
             out->handles > 0 || p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
             continue;
-        int64_t bytes = ((int64_t)out->bytes + 63) / 64 * 64;
+        int64_t bytes = ((int64_t)(p->half[i] ? out->bytes / 2 : out->bytes) + 63) / 64 * 64;
         int begin = first[i] < order[i] ? first[i] : order[i];
         int end = last[i] < order[i] ? order[i] : last[i];
         int64_t off = 0;
@@ -606,6 +636,7 @@ void df_graph_plan_free(lz_program *p)
     df_free(p->alias_split);
     df_free(p->rope_of);
     df_free(p->rope_s0);
+    df_free(p->half);
     df_free(p->kind);
     df_free(p->group);
     df_free(p->offset);
@@ -768,6 +799,18 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         df_node_free(nodes[j]);
         nodes[j] = NULL;
     }
+    /* bf16 results: the fused kernel and its readers see the storage as bf16. */
+    for (int j = 0; j < n; j++)
+        for (int k = 0; nodes[j] && k < nodes[j]->n_in; k++) {
+            int q = producer_of(&nodes[j]->in[k]);
+            if (q >= 0 && p->half[q])
+                nodes[j]->in[k].dtype = DF_DTYPE_BF16;
+        }
+    for (int i = 0; i < n; i++)
+        if (p->half[i]) {
+            nodes[i]->out.dtype = DF_DTYPE_BF16;
+            nodes[i]->out.st->bytes /= 2;
+        }
     /* Memory for every materialised output, then for the parts written in place, then the
      * kernels in order. */
     for (int i = 0; s == DF_OK && i < n; i++) {

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
@@ -233,6 +234,11 @@ static int cpu_device_threads(void *impl)
     return ((const cpu_device *)impl)->threads;
 }
 
+static df_dtype cpu_matmul_dtype(df_dtype requested)
+{
+    return df_gemm_compute_dtype(requested);
+}
+
 static const df_backend_ops cpu_ops = {
     .abi_version    = DF_BACKEND_ABI_VERSION,
     .name           = "cpu",
@@ -254,6 +260,7 @@ static const df_backend_ops cpu_ops = {
     .device_threads = cpu_device_threads,
     .kernels        = df_cpu_kernels,
     .run_fused      = df_cpu_fused,
+    .matmul_dtype   = cpu_matmul_dtype,
 };
 
 const df_backend_ops *df_backend_cpu(void)

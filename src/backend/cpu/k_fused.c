@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/k_common.h"
 #include "core/status.h"
 
@@ -141,12 +142,15 @@ df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
     float *params = scratch + per * (size_t)threads;
     const float *hw = f->head_op >= 0 ? param_f32(&f->head_w, w, params) : NULL;
     const float *hb = f->head_op >= 0 ? param_f32(&f->head_b, w, params + w) : NULL;
-    /* Which register the output comes from, and whether an instruction makes it. */
-    bool computed = false;
+    /* Which register the output comes from, and whether an instruction makes it. A bf16
+     * output (for matrix products that compute in bf16) is rounded from the f32 row the
+     * way the products round their operands, so the product sees the same bits. */
+    bool computed = false, half = out->dtype == DF_DTYPE_BF16;
     for (int k = 0; k < f->n_insn; k++)
         if (f->insn[k].dst == f->out_reg)
-            computed = f->insn[k].op != DF_FI_LOAD;
+            computed = f->insn[k].op != DF_FI_LOAD && !half;
     float *o = out->st->data;
+    uint16_t *o16 = out->st->data;
     #pragma omp parallel num_threads(threads) if (total > 16384)
     {
         float *regs = scratch + per * (size_t)omp_get_thread_num();
@@ -171,7 +175,9 @@ df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
                     r[in->dst] = dst;
                 }
             }
-            if (!computed)
+            if (half)
+                df_gemm_f32_to_bf16(r[f->out_reg], o16 + row * w, w);
+            else if (!computed)
                 memcpy(orow, r[f->out_reg], (size_t)w * sizeof *orow);
         }
     }
