@@ -36,6 +36,15 @@ if(EXISTS ${DF_GOLDEN_DIR})
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
   endforeach()
+  # ... and so must the defer-and-fuse and compiled plans, which write some operands of bf16
+  # products in bf16 themselves.
+  foreach(mode fuse compile)
+    foreach(case flux-transformer t2i-flux-schnell sd3-transformer)
+      add_test(NAME golden/bf16-${mode}/${case}
+               COMMAND diffuse-check --dtype bf16 --mode ${mode} --threads 2
+                       ${DF_GOLDEN_DIR}/${case})
+    endforeach()
+  endforeach()
 else()
   message(WARNING "golden cases not found at ${DF_GOLDEN_DIR}; parity tests not registered")
 endif()

@@ -378,27 +378,38 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
     }
 }
 
-/* A fused kernel whose result only matrix products read, as their activations, where the
- * products compute in bf16: the kernel writes bf16 instead of f32. Half the bytes go to
- * memory, and each product reads its operand as it is instead of converting it (the FLUX
- * modulation output feeds three or four products). */
+/* Whether slot k of node x is an operand that x converts to bf16 before using it: the
+ * activations of a product, q, k and v of attention, when they compute in bf16. */
+static bool rounds_to_bf16(const df_node *x, int k, const df_backend_ops *ops)
+{
+    if (x->op == DF_OP_LINEAR && k == 0)
+        return ops->matmul_dtype((df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
+    if (x->op == DF_OP_ATTENTION && k <= 2)
+        return ops->matmul_dtype((df_dtype)x->a.i[1]) == DF_DTYPE_BF16;
+    return false;
+}
+
+/* A result that only bf16 products read, as operands they would round to bf16 anyway:
+ * the fused kernel (or the rms_norm_rope kernels filling a rope's output) writes it in
+ * bf16, rounded the way the products round. Half the bytes go to memory, the products
+ * read their operand as it is, and they see the same bits as in strict eager. (The FLUX
+ * modulation output feeds three or four products; q and k feed attention.) */
 static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const int *uses,
                               const df_backend_ops *ops)
 {
     if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return;
     for (int i = 0; i < n; i++)
-        p->half[i] = p->kind[i] == K_ROOT && uses[i] > 0 && p->alias_of[i] < 0 &&
-                     nodes[i]->out.dtype == DF_DTYPE_F32 && nodes[i]->out.st->handles == 0;
+        p->half[i] = (p->kind[i] == K_ROOT || (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE)) &&
+                     uses[i] > 0 && p->alias_of[i] < 0 && nodes[i]->out.dtype == DF_DTYPE_F32 &&
+                     nodes[i]->out.st->handles == 0;
     for (int j = 0; j < n; j++) {
         const df_node *x = nodes[j];
-        if (p->kind[j] == K_DEAD)
+        if (p->kind[j] == K_DEAD || p->kind[j] == K_ELIDED)
             continue;
-        bool bf16_product = x->op == DF_OP_LINEAR && p->kind[j] == K_SINGLE &&
-                            ops->matmul_dtype((df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
         for (int k = 0; k < x->n_in; k++) {
             int q = producer_of(&x->in[k]);
-            if (q >= 0 && !(bf16_product && k == 0))
+            if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, ops)))
                 p->half[q] = false;
         }
     }

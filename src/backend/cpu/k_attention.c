@@ -14,14 +14,15 @@
  * BQ x BK = 128 x 512 keeps a thread's tiles (scores, probabilities, accumulator) within
  * its L2 cache at head_dim 128; nearby sizes measured the same.
  *
- * In f32 compute, f32 q/k/v rows are read in place through their strides; in bf16
- * compute, K and V are converted once per call to dense bf16 copies and each task
- * converts its Q rows and P to bf16 (accumulation, the softmax and the output stay f32).
- * Other dtypes or overlapping rows go through copies.
+ * Rows already in the compute dtype (f32 rows in f32 compute; bf16 rows in bf16 compute,
+ * which the defer-and-fuse planner makes for q and k) are read in place through their
+ * strides. Otherwise, in bf16 compute, K and V are converted once per call to dense bf16
+ * copies and each task converts its Q rows; P is converted to bf16 (accumulation, the
+ * softmax and the output stay f32). Other dtypes or overlapping rows go through copies.
  *
  * Rows whose every key is masked (all -inf) come out as zeros. The exp, max and scaling
  * loops use AVX-512 where the CPU has it (checked at run time), plain C elsewhere. The
- * output is written densely as [B, Sq, H, Dv].
+ * output is [B, Sq, H, Dv], dense or with the strides of its view.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -40,7 +41,7 @@ typedef struct attn {
     bool causal, bf16, avx512;
     float scale;
     const df_view *q, *k, *v;
-    bool q_direct;        /* Q rows read in place (f32 compute, f32 rows) */
+    bool q_direct;        /* Q rows read in place (rows in the compute dtype) */
     const void *kd, *vd;  /* K, V in place (f32) or dense copies [B, H, Sk, D|Dv] */
     int64_t ks[3], vs[3]; /* element strides of kd / vd over (b, h, s) */
     const float *mask;    /* at element (0, 0, 0, 0) of the mask view, or NULL */
@@ -166,6 +167,13 @@ static const float *f32_row(const df_view *t, int64_t b, int64_t h, int64_t s)
     return (const float *)df_view_ptr(t) + b * t->stride[0] + h * t->stride[1] + s * t->stride[2];
 }
 
+/* Row (b, h, s) of a [B, H, S, n] view in its own dtype. */
+static const void *row_of(const df_view *t, int64_t b, int64_t h, int64_t s)
+{
+    int64_t off = b * t->stride[0] + h * t->stride[1] + s * t->stride[2];
+    return (const char *)df_view_ptr(t) + off * (int64_t)df_dtype_size(t->dtype);
+}
+
 /* Row (b, h, s) of a [B, H, S, n] view, as f32, into dst. */
 static void load_row(const df_view *t, int64_t b, int64_t h, int64_t s, float *dst)
 {
@@ -230,7 +238,7 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
 
     const void *qa = t->q;
     if (a->q_direct) {
-        qa = f32_row(a->q, b, h, i0);
+        qa = row_of(a->q, b, h, i0);
     } else {
         for (int64_t r = 0; r < mq; r++) {
             float *row = a->bf16 ? t->row : (float *)t->q + r * a->D;
@@ -289,10 +297,10 @@ static void dense_copy(const df_view *t, bool bf16, void *dst)
     }
 }
 
-/* f32 rows that oneDNN can read in place: f32, and rows that do not overlap. */
+/* Rows that oneDNN can read in place: in the compute dtype, and not overlapping. */
 static bool in_place(const df_view *t, bool bf16)
 {
-    return !bf16 && t->dtype == DF_DTYPE_F32 && t->stride[2] >= t->shape[3];
+    return t->dtype == (bf16 ? DF_DTYPE_BF16 : DF_DTYPE_F32) && t->stride[2] >= t->shape[3];
 }
 
 static df_status get_plans(attn *a)

@@ -20,7 +20,10 @@
  */
 #include <math.h>
 
+#include <omp.h>
+
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/k_common.h"
 #include "core/status.h"
 
@@ -222,11 +225,16 @@ DF_CPU_KERNEL(rms_norm_rope)
     df_node norm = *n;
     norm.n_in = 2; /* x and weight: the table is read in place */
     norm_io io;
-    DF_TRY(norm_setup(&norm, env, x->shape[3], 0, &io));
+    /* A bf16 output (for attention in bf16) is rounded from an f32 row per thread. */
+    bool to_bf16 = n->out.dtype == DF_DTYPE_BF16;
+    int64_t row_floats = (x->shape[3] + 15) & ~(int64_t)15;
+    size_t extra = to_bf16 ? (size_t)(df_cpu_threads(env) * row_floats) / 2 : 0;
+    DF_TRY(norm_setup(&norm, env, x->shape[3], extra, &io));
     int64_t S = x->shape[1], H = x->shape[2], d = io.d, half = d / 2;
     const float *table = df_view_ptr(&n->in[2]);
     const df_view *o = &n->out;
-    float *out = df_view_ptr(o);
+    char *out = df_view_ptr(o);
+    size_t es = df_dtype_size(o->dtype);
     float eps = (float)n->a.f[0];
     const float *w = io.w;
     int nt = row_threads(&io);
@@ -235,7 +243,9 @@ DF_CPU_KERNEL(rms_norm_rope)
         int64_t h = r % H, s = r / H % S, b = r / H / S;
         const float *restrict xr = io.x + r * d;
         const float *restrict cs = table + s * d;
-        float *restrict yr = out + b * o->stride[0] + h * o->stride[1] + s * o->stride[2];
+        int64_t at = b * o->stride[0] + h * o->stride[1] + s * o->stride[2];
+        float *restrict yr = to_bf16 ? (float *)io.extra + omp_get_thread_num() * row_floats
+                                  : (float *)(out + at * (int64_t)es);
         double q = 0;
         #pragma omp simd reduction(+ : q)
         for (int64_t i = 0; i < d; i++)
@@ -250,6 +260,8 @@ DF_CPU_KERNEL(rms_norm_rope)
             yr[2 * i] = x0 * c - x1 * sn;
             yr[2 * i + 1] = x1 * c + x0 * sn;
         }
+        if (to_bf16)
+            df_gemm_f32_to_bf16(yr, (uint16_t *)(out + at * (int64_t)es), d);
     }
     return DF_OK;
 }
