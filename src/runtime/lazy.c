@@ -389,24 +389,48 @@ static bool rounds_to_bf16(const df_node *x, int k, const df_backend_ops *ops)
     return false;
 }
 
-/* A result that only bf16 products read, as operands they would round to bf16 anyway:
- * the fused kernel (or the rms_norm_rope kernels filling a rope's output) writes it in
- * bf16, rounded the way the products round. Half the bytes go to memory, the products
- * read their operand as it is, and they see the same bits as in strict eager. (The FLUX
- * modulation output feeds three or four products; q and k feed attention.) */
+/* The node whose storage holds node i's result: the activation folded into a product. */
+static int result_node(const lz_program *p, int i)
+{
+    return p->fold[i] >= 0 ? p->fold[i] : i;
+}
+
+/* Whether node i's kernel can write a bf16 result: fused kernels, products, attention. */
+static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
+{
+    return p->kind[i] == K_ROOT ||
+           (p->kind[i] == K_SINGLE && (nodes[i]->op == DF_OP_LINEAR || nodes[i]->op == DF_OP_ATTENTION));
+}
+
+/* A result that only bf16 products read, as operands they would round to bf16 anyway, is
+ * written in bf16 by the kernel that makes it, rounded the way the products round: half
+ * the bytes go to memory, the products read their operand as it is, and they see the same
+ * bits as in strict eager. Results made in place count through their writers: a rope
+ * output (the rms_norm_rope kernels) and a concat written by its parts' kernels. In FLUX:
+ * the modulation output feeding three or four products, q and k and v feeding attention,
+ * the attention output and the MLP activation feeding the output products. */
 static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const int *uses,
                               const df_backend_ops *ops)
 {
     if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return;
-    for (int i = 0; i < n; i++)
-        p->half[i] = (p->kind[i] == K_ROOT || (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE)) &&
-                     uses[i] > 0 && p->alias_of[i] < 0 && nodes[i]->out.dtype == DF_DTYPE_F32 &&
-                     nodes[i]->out.st->handles == 0;
+    for (int i = 0; i < n; i++) {
+        bool can = writes_bf16(nodes, p, i) || (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
+        if (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_CONCAT) {
+            can = true;
+            for (int w = 0; w < i; w++)
+                if (p->alias_of[w] == i)
+                    can = can && writes_bf16(nodes, p, w);
+        }
+        int r = result_node(p, i);
+        if (can && uses[r] > 0 && p->alias_of[i] < 0 && nodes[r]->out.dtype == DF_DTYPE_F32 &&
+            nodes[r]->out.st->handles == 0)
+            p->half[r] = true;
+    }
     for (int j = 0; j < n; j++) {
         const df_node *x = nodes[j];
         if (p->kind[j] == K_DEAD || p->kind[j] == K_ELIDED)
-            continue;
+            continue; /* an elided node reads nothing: others write its result */
         for (int k = 0; k < x->n_in; k++) {
             int q = producer_of(&x->in[k]);
             if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, ops)))
@@ -602,7 +626,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
             out->handles > 0 || p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
             continue;
-        int64_t bytes = ((int64_t)(p->half[i] ? out->bytes / 2 : out->bytes) + 63) / 64 * 64;
+        int64_t bytes = p->half[result_node(p, i)] ? (int64_t)out->bytes / 2 : (int64_t)out->bytes;
+        bytes = (bytes + 63) / 64 * 64;
         int begin = first[i] < order[i] ? first[i] : order[i];
         int end = last[i] < order[i] ? order[i] : last[i];
         int64_t off = 0;
@@ -796,6 +821,24 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
     df_storage *arena = NULL;
     if (p->arena_bytes > 0)
         s = df_storage_alloc(ctx->dev, (size_t)p->arena_bytes, &arena);
+    /* bf16 results: their kernels, the kernels writing parts of them, and their readers
+     * see them as bf16 (before folding, so that a product takes its activation's view). */
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < nodes[j]->n_in; k++) {
+            int q = producer_of(&nodes[j]->in[k]);
+            if (q >= 0 && p->half[q])
+                nodes[j]->in[k].dtype = DF_DTYPE_BF16;
+        }
+    for (int i = 0; i < n; i++) {
+        if (p->alias_of[i] >= 0 && p->half[p->alias_of[i]]) {
+            nodes[result_node(p, i)]->out.dtype = DF_DTYPE_BF16;
+            nodes[result_node(p, i)]->out.st->bytes /= 2;
+        }
+        if (p->half[i]) {
+            nodes[i]->out.dtype = DF_DTYPE_BF16;
+            nodes[i]->out.st->bytes /= 2;
+        }
+    }
     /* Folded activations: the product writes the activation's output and applies it. */
     for (int i = 0; i < n; i++) {
         int j = p->fold[i];
@@ -810,18 +853,6 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         df_node_free(nodes[j]);
         nodes[j] = NULL;
     }
-    /* bf16 results: the fused kernel and its readers see the storage as bf16. */
-    for (int j = 0; j < n; j++)
-        for (int k = 0; nodes[j] && k < nodes[j]->n_in; k++) {
-            int q = producer_of(&nodes[j]->in[k]);
-            if (q >= 0 && p->half[q])
-                nodes[j]->in[k].dtype = DF_DTYPE_BF16;
-        }
-    for (int i = 0; i < n; i++)
-        if (p->half[i]) {
-            nodes[i]->out.dtype = DF_DTYPE_BF16;
-            nodes[i]->out.st->bytes /= 2;
-        }
     /* Memory for every materialised output, then for the parts written in place, then the
      * kernels in order. */
     for (int i = 0; s == DF_OK && i < n; i++) {
@@ -842,7 +873,8 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
                           p->alias_split[i]);
         } else if (p->alias_of[i] >= 0) {
             df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
-            st->data = (char *)base->data + p->alias_off[i];
+            st->data = (char *)base->data + (p->half[p->alias_of[i]] ? p->alias_off[i] / 2
+                                                                       : p->alias_off[i]);
             st->external = true;
             st->base = base; /* kept until this part is freed, whoever drops the concat */
             df_storage_retain(base);

@@ -304,9 +304,9 @@ static void test_contiguous_concat_parts_are_written_in_place(void **state)
     }
 }
 
-/* The modulated norm of a FLUX block feeding two bf16 products, then q and k (per-head
- * RMS norm and RoPE) and v feeding bf16 attention. x [1, S, D], D = H * Dh; returns the
- * attention output [1, S, D]. */
+/* The modulated norm of a FLUX block feeding three bf16 products, then q and k (per-head
+ * RMS norm and RoPE) and v feeding bf16 attention, and its output feeding a product.
+ * x [1, S, D], D = H * Dh; returns [1, S, D]. */
 static df_tensor *bf16_operands(df_ctx *ctx, df_tensor *x, df_tensor *mod, df_tensor *w,
                                 df_tensor *table, int64_t H)
 {
@@ -324,6 +324,7 @@ static df_tensor *bf16_operands(df_ctx *ctx, df_tensor *x, df_tensor *mod, df_te
     }
     df_tensor *o = df_attention(ctx, qkv[0], qkv[1], qkv[2], NULL, false, 0.0f);
     o = df_reshape(ctx, df_transpose(ctx, o, 1, 2), DF_SHAPE(1, S, D));
+    o = df_linear(ctx, o, &(df_linear_weights){.weight = w}); /* the output projection */
     return df_scope_end(ctx, mark, o);
 }
 

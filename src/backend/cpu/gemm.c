@@ -129,7 +129,7 @@ typedef enum b_layout { B_PLAIN, B_TRANS, B_PACKED } b_layout;
 
 typedef struct plan_key {
     int64_t batch, m, n, k, lda, ldb, ldc, sa, sb, sc;
-    int32_t type, layout, threads, serial, bias, accumulate, act;
+    int32_t type, layout, threads, serial, bias, accumulate, act, c_bf16;
 } plan_key;
 
 struct df_gemm_plan {
@@ -175,6 +175,7 @@ static plan_key key_of(const df_gemm_desc *d, b_layout layout)
     k.bias = d->bias;
     k.accumulate = d->accumulate;
     k.act = d->act;
+    k.c_bf16 = d->c_bf16;
     return k;
 }
 
@@ -216,7 +217,8 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
         matrix_md(&p->b_md, k, bb, k->k, k->n, dt, k->sb ? k->sb : k->k * k->ldb, k->ldb, 1);
     }
     matrix_md(&p->bias_md, k, 1, 1, k->n, dnnl_f32, k->n, k->n, 1);
-    matrix_md(&p->c_md, k, k->batch, k->m, k->n, dnnl_f32, k->sc, k->ldc, 1);
+    matrix_md(&p->c_md, k, k->batch, k->m, k->n, k->c_bf16 ? dnnl_bf16 : dnnl_f32, k->sc,
+              k->ldc, 1);
 
     dnnl_matmul_desc_t desc;
     dnnl_primitive_attr_t attr = NULL;
@@ -336,15 +338,21 @@ static float activate(int act, float x)
     }
 }
 
-static void run_empty(const plan_key *k, const float *bias, float *c)
+static void run_empty(const plan_key *k, const float *bias, void *c)
 {
     if (k->k != 0)
         return; /* m or n is 0: nothing to write */
     for (int64_t b = 0; b < k->batch; b++) {
         for (int64_t i = 0; i < k->m; i++) {
-            float *row = c + b * k->sc + i * k->ldc;
-            for (int64_t j = 0; j < k->n; j++)
-                row[j] = activate(k->act, (k->accumulate ? row[j] : 0.0f) + (bias ? bias[j] : 0.0f));
+            int64_t at = b * k->sc + i * k->ldc;
+            for (int64_t j = 0; j < k->n; j++) {
+                float acc = k->accumulate ? ((float *)c)[at + j] : 0.0f; /* f32 C only */
+                float v = activate(k->act, acc + (bias ? bias[j] : 0.0f));
+                if (k->c_bf16)
+                    ((uint16_t *)c)[at + j] = df_f32_to_bf16(v);
+                else
+                    ((float *)c)[at + j] = v;
+            }
         }
     }
 }
@@ -355,7 +363,7 @@ size_t df_gemm_plan_scratch(const df_gemm_plan *p)
 }
 
 df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, const float *bias,
-                           float *c, void *scratch)
+                           void *c, void *scratch)
 {
     if (!p->prim) {
         run_empty(&p->key, p->key.bias ? bias : NULL, c);
@@ -397,7 +405,7 @@ df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, 
     return r == dnnl_success ? DF_OK : dnnl_failed(r, "running a matmul");
 }
 
-df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, float *c)
+df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, void *c)
 {
     DF_ASSERT(!d->serial);
     const df_gemm_plan *p;
@@ -657,8 +665,8 @@ static size_t round64(size_t n)
 }
 
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, int act, float *out,
-                         int64_t ldc)
+                         const df_view *bias, df_dtype compute, int act, void *out,
+                         int64_t ldc, df_dtype out_type)
 {
     int64_t n = w->shape[0], k = w->shape[1];
     if (m == 0 || n == 0)
@@ -677,7 +685,7 @@ df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const 
     if (bias)
         DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
     df_gemm_desc d = {.m = m, .n = n, .k = k, .type = compute, .b_trans = true, .ldc = ldc,
-                      .bias = bias != NULL, .act = act};
+                      .bias = bias != NULL, .act = act, .c_bf16 = out_type == DF_DTYPE_BF16};
     const df_gemm_plan *p;
     if (packed) {
         plan_key key = key_of(&d, B_PACKED);

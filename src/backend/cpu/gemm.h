@@ -44,6 +44,8 @@ typedef struct df_gemm_desc {
     bool accumulate;                      /* C += A B instead of C = A B */
     bool serial;                          /* runs on the calling thread alone */
     int act;                              /* DF_GEMM_ACT_*: applied to C as a post-op */
+    bool c_bf16;                          /* C is bf16, rounded to nearest even (not with
+                                             accumulate); else f32 */
 } df_gemm_desc;
 
 /* Activations a product can apply to its result on the way out (epilogue fusion). */
@@ -69,19 +71,20 @@ size_t df_gemm_plan_scratch(const df_gemm_plan *p);
  * aligned, df_gemm_plan_scratch(p) bytes, or NULL when that is 0). Serial plans may run
  * on several threads at once, each with its own scratch. */
 df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, const float *bias,
-                           float *c, void *scratch);
+                           void *c, void *scratch);
 
 /* df_gemm_plan_get and df_gemm_plan_run in one call, for plans that are not serial. */
-df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, float *c);
+df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, void *c);
 
 /* A linear layer: out [m, n] = x [m, k] w^T (+ bias), with x dense [.., k] (any float
  * dtype), w a dense [n, k] view (f32, bf16 or f16), bias NULL or a dense [n] view, and the
- * product in `compute` (DF_DTYPE_F32 or DF_DTYPE_BF16). out's rows are ldc floats apart
- * (0: n, dense). A weight storage is packed once and reused; activations are converted to
- * the compute dtype per call in env's scratch. */
+ * product in `compute` (DF_DTYPE_F32 or DF_DTYPE_BF16). out is `out_type` (f32, or bf16
+ * rounded to nearest even), its rows ldc elements apart (0: n, dense). A weight storage is
+ * packed once and reused; activations are converted to the compute dtype per call in env's
+ * scratch. */
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, int act, float *out,
-                         int64_t ldc);
+                         const df_view *bias, df_dtype compute, int act, void *out,
+                         int64_t ldc, df_dtype out_type);
 
 /* Operands in a dtype: the elements of dense view v as `type`. Returns v's own memory when
  * it already has that dtype, a conversion cached on v's storage when it is a weight, or a

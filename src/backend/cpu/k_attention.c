@@ -46,7 +46,8 @@ typedef struct attn {
     int64_t ks[3], vs[3]; /* element strides of kd / vd over (b, h, s) */
     const float *mask;    /* at element (0, 0, 0, 0) of the mask view, or NULL */
     int64_t ms[4];
-    float *out;                                       /* [B, Sq, H, Dv] */
+    void *out;                                        /* [B, Sq, H, Dv], f32 or bf16 */
+    bool out_bf16;
     int64_t os[3];                                    /* its strides of b, i, h */
     const df_gemm_plan *s_plan[2][2], *pv_plan[2][2]; /* [query tail?][key tail?] */
     size_t gemm_scratch;                              /* the most any plan needs per thread */
@@ -267,10 +268,13 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
 
     for (int64_t r = 0; r < mq; r++) {
         float inv = t->l[r] > 0 ? 1.0f / t->l[r] : 0.0f;
-        float *dst = a->out + b * a->os[0] + (i0 + r) * a->os[1] + h * a->os[2];
+        int64_t at = b * a->os[0] + (i0 + r) * a->os[1] + h * a->os[2];
+        float *dst = a->out_bf16 ? t->row : (float *)a->out + at;
         const float *src = t->o + r * a->Dv;
         for (int64_t c = 0; c < a->Dv; c++)
             dst[c] = src[c] * inv;
+        if (a->out_bf16) /* for bf16 products only (defer-and-fuse) */
+            df_gemm_f32_to_bf16(dst, (uint16_t *)a->out + at, a->Dv);
     }
     return DF_OK;
 }
@@ -363,6 +367,7 @@ DF_CPU_KERNEL(attention)
               .k = k,
               .v = v,
               .out = df_view_ptr(&n->out),
+              .out_bf16 = n->out.dtype == DF_DTYPE_BF16,
               /* dense, or a part of a wider tensor (defer-and-fuse writes a concat's parts
                * in place); rows of Dv are always contiguous */
               .os = {n->out.stride[0], n->out.stride[1], n->out.stride[2]}};
@@ -399,7 +404,7 @@ DF_CPU_KERNEL(attention)
     size_t o_b = round64((size_t)(a.bq * a.Dv) * sizeof(float));
     size_t q_b = a.q_direct ? 0 : round64((size_t)(a.bq * a.D) * es);
     size_t ml_b = round64((size_t)a.bq * sizeof(float));
-    size_t row_b = round64((size_t)a.D * sizeof(float));
+    size_t row_b = round64((size_t)(a.D > a.Dv ? a.D : a.Dv) * sizeof(float));
     size_t g_b = round64(a.gemm_scratch);
     size_t per_thread = s_b + p_b + o_b + q_b + 2 * ml_b + row_b + g_b;
     size_t total = kbytes + vbytes + (size_t)threads * per_thread;

@@ -18,11 +18,12 @@ DF_CPU_KERNEL(linear)
     for (int d = 0; d < x->ndim - 1; d++)
         m *= x->shape[d];
     /* The output's rows are dense, or evenly spaced rows of a wider tensor (defer-and-fuse
-     * writes a concat's parts in place). */
+     * writes a concat's parts in place); f32, or bf16 where defer-and-fuse has only bf16
+     * products read it. */
     const df_view *o = &n->out;
     int64_t ldc = o->ndim >= 2 && !df_view_is_dense(o) ? o->stride[o->ndim - 2] : 0;
     df_status s = df_gemm_linear(env, x, m, w, bias, (df_dtype)n->a.i[0], (int)n->a.i[3],
-                                 df_view_ptr(o), ldc);
+                                 df_view_ptr(o), ldc, o->dtype);
     if (s != DF_OK)
         return df_error_context(s, "linear [%lld, %lld] x [%lld, %lld]^T", (long long)m,
                                 (long long)w->shape[1], (long long)w->shape[0],
