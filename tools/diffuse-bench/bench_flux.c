@@ -675,6 +675,20 @@ static int measure_modes(const bench_opts *o, const run_cfg *rc, const char *dir
     return failures;
 }
 
+/* Whether `mode` is one of the comma-separated names in `list`. */
+static bool mode_listed(const char *list, const char *mode)
+{
+    size_t n = strlen(mode);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, mode, n))
+            return true;
+        p += len + (end != NULL);
+    }
+    return false;
+}
+
 int bench_modes(const bench_opts *o)
 {
     run_cfg rc = {.s = o->quick ? &tiny_shape : &full_shape,
@@ -717,7 +731,7 @@ int bench_modes(const bench_opts *o)
         const char *chosen[4];
         int n_chosen = 0;
         for (int mi = 0; mi < 4; mi++)
-            if (!o->mode || !strcmp(o->mode, modes[mi]))
+            if (!o->mode || mode_listed(o->mode, modes[mi]))
                 chosen[n_chosen++] = modes[mi];
         for (int k = 0; k < rc.n_tokens; k++)
             failures += measure_modes(o, &rc, dir, k, chosen, n_chosen);

@@ -144,10 +144,28 @@ static void usage(FILE *f)
                "  --profile    per-op-kind time profile, where the workload offers one\n"
                "  --threads N  compute threads (default: 1 and 2 where the workload says so)\n"
                "  --dtype T    compute dtype f32 or bf16 (default: both)\n"
-               "  --mode M     execution mode eager or fuse (default: eager)\n\n"
+               "  --mode M     execution mode eager, fuse, compile or blocks (default: eager;\n"
+               "               modes: every mode, or a comma-separated list)\n\n"
                "workloads:\n");
     for (int i = 0; i < N_WORKLOADS; i++)
         fprintf(f, "  %-10s %s\n", workloads[i].name, workloads[i].help);
+}
+
+/* Whether v is a comma-separated list of execution modes. */
+static bool modes_valid(const char *v)
+{
+    static const char *const known[] = {"eager", "fuse", "compile", "blocks"};
+    for (const char *p = v;;) {
+        size_t len = strcspn(p, ",");
+        bool ok = false;
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+            ok = ok || (strlen(known[k]) == len && !strncmp(p, known[k], len));
+        if (!ok)
+            return false;
+        if (!p[len])
+            return true;
+        p += len + 1;
+    }
 }
 
 int main(int argc, char **argv)
@@ -189,8 +207,11 @@ int main(int argc, char **argv)
             o.dtype = v;
             i++;
         } else if (strcmp(a, "--mode") == 0 && v) {
-            if (strcmp(v, "eager") != 0 && strcmp(v, "fuse") != 0) {
-                fprintf(stderr, "diffuse-bench: --mode is eager or fuse, not '%s'\n", v);
+            if (!modes_valid(v)) {
+                fprintf(stderr,
+                        "diffuse-bench: --mode is eager, fuse, compile or blocks (or, for "
+                        "'modes', a comma-separated list of them), not '%s'\n",
+                        v);
                 free(rest);
                 return 2;
             }
@@ -211,6 +232,13 @@ int main(int argc, char **argv)
     bench_quick = o.quick;
     if (!name) {
         usage(stderr);
+        free(rest);
+        return 2;
+    }
+    if (o.mode && strcmp(name, "modes") != 0 && strcmp(o.mode, "eager") != 0 &&
+        strcmp(o.mode, "fuse") != 0) {
+        fprintf(stderr, "diffuse-bench: '%s' takes --mode eager or fuse, not '%s'\n", name,
+                o.mode);
         free(rest);
         return 2;
     }
