@@ -379,6 +379,63 @@ static void test_golden_bf16_compute_within_2e_2(void **state)
     assert_true(e.rel_l2 <= 2e-2);
 }
 
+/* The golden case's output in one execution mode (f32 or bf16 compute), malloc'd. */
+static float *output_in_mode(df_eager_mode mode, bool blocks, df_dtype compute, int64_t *n)
+{
+    golden g = golden_load();
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = compute, .mode = mode},
+                                   &ctx),
+                     DF_OK);
+    df_flux *m = NULL;
+    if (df_flux_load(ctx, MODEL_DIR, &m) != DF_OK)
+        fail_msg("load failed: %s", df_error_message());
+    if (blocks && df_flux_compile_repeated_blocks(m, &(df_compile_opts){.fullgraph = true}) != DF_OK)
+        fail_msg("compile failed: %s", df_error_message());
+    df_flux_inputs in = golden_inputs(ctx, &g);
+    float *out = forward(ctx, m, &in, n);
+    df_flux_free(m);
+    df_ctx_free(ctx);
+    st_free(&g.in);
+    return out;
+}
+
+static double rel_l2_f(const float *got, const float *want, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    return sqrt(num / den);
+}
+
+/* Defer-and-fuse and compiled blocks run the same model through the planner's rewrites
+ * (fused chains, folded activations, RMS norm + RoPE, concats in place, bf16 operands):
+ * in f32 they agree with strict eager to f32 rounding, in bf16 to well within bf16's. */
+static void test_fused_modes_agree_with_strict_eager(void **state)
+{
+    (void)state;
+    const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    for (int di = 0; di < 2; di++) {
+        int64_t n0, n1, n2;
+        float *eager = output_in_mode(DF_DEFER_NEVER, false, dtypes[di], &n0);
+        float *fuse = output_in_mode(DF_DEFER_AND_FUSE, false, dtypes[di], &n1);
+        float *blocks = output_in_mode(DF_DEFER_AND_FUSE, true, dtypes[di], &n2);
+        assert_int_equal(n1, n0);
+        assert_int_equal(n2, n0);
+        double e1 = rel_l2_f(fuse, eager, n0), e2 = rel_l2_f(blocks, eager, n0);
+        printf("%s: fuse vs eager rel-L2 %.3g, compiled blocks vs eager %.3g\n",
+               df_dtype_name(dtypes[di]), e1, e2);
+        double limit = dtypes[di] == DF_DTYPE_F32 ? 1e-5 : 2e-3;
+        assert_true(e1 <= limit);
+        assert_true(e2 <= limit);
+        free(eager);
+        free(fuse);
+        free(blocks);
+    }
+}
+
 static void test_bf16_weights_stay_bf16_and_match(void **state)
 {
     (void)state;
@@ -790,6 +847,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_f32_within_the_case_tolerance),
         cmocka_unit_test(test_golden_bf16_compute_within_2e_2),
+        cmocka_unit_test(test_fused_modes_agree_with_strict_eager),
         cmocka_unit_test(test_bf16_weights_stay_bf16_and_match),
         cmocka_unit_test(test_batch_of_two_rows_matches_single_rows),
         cmocka_unit_test(test_ids_of_other_dtypes_and_forms_give_the_same_output),
