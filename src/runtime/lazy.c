@@ -398,8 +398,9 @@ static int result_node(const lz_program *p, int i)
 /* Whether node i's kernel can write a bf16 result: fused kernels, products, attention. */
 static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
 {
+    df_op op = nodes[i]->op;
     return p->kind[i] == K_ROOT ||
-           (p->kind[i] == K_SINGLE && (nodes[i]->op == DF_OP_LINEAR || nodes[i]->op == DF_OP_ATTENTION));
+           (p->kind[i] == K_SINGLE && (op == DF_OP_LINEAR || op == DF_OP_ATTENTION));
 }
 
 /* A result that only bf16 products read, as operands they would round to bf16 anyway, is
@@ -415,7 +416,8 @@ static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const
     if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return;
     for (int i = 0; i < n; i++) {
-        bool can = writes_bf16(nodes, p, i) || (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
+        bool can = writes_bf16(nodes, p, i) ||
+                   (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
         if (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_CONCAT) {
             can = true;
             for (int w = 0; w < i; w++)
@@ -502,9 +504,10 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         p->offset = df_malloc(n1 * sizeof *p->offset);
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
-    if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind || !p->group ||
-        !p->root_of || !p->fold || !p->alias_of || !p->alias_off || !p->alias_split || !p->rope_of ||
-        !p->rope_s0 || !p->half || !p->offset || !p->groups) {
+    if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind ||
+        !p->group || !p->root_of || !p->fold || !p->alias_of || !p->alias_off ||
+        !p->alias_split || !p->rope_of || !p->rope_s0 || !p->half || !p->offset ||
+        !p->groups) {
         df_graph_plan_free(p);
         p = NULL;
         goto done;

@@ -9,9 +9,10 @@ df_status df_lazy_attach(df_ctx *ctx);
 /*
  * Graph planning, shared with compiled mode: liveness (a node is needed when a handle
  * sees its output or a needed node reads it), fusion (pointwise chains, activations into
- * matrix products, RMS norm with RoPE, concats written in place) as far as the backend's
- * kernels allow, and the arena layout of intermediates. A plan depends only on the graph's structure, so it can be applied to
- * any graph with the same structure.
+ * matrix products, RMS norm with RoPE, concats written in place, bf16 operands written in
+ * bf16) as far as the backend's kernels allow, and the arena layout of intermediates. A
+ * plan depends only on the graph's structure, so it can be applied to any graph with the
+ * same structure.
  */
 typedef struct lz_program lz_program;
 lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_ops *ops);

@@ -390,7 +390,8 @@ static float *output_in_mode(df_eager_mode mode, bool blocks, df_dtype compute, 
     df_flux *m = NULL;
     if (df_flux_load(ctx, MODEL_DIR, &m) != DF_OK)
         fail_msg("load failed: %s", df_error_message());
-    if (blocks && df_flux_compile_repeated_blocks(m, &(df_compile_opts){.fullgraph = true}) != DF_OK)
+    if (blocks &&
+        df_flux_compile_repeated_blocks(m, &(df_compile_opts){.fullgraph = true}) != DF_OK)
         fail_msg("compile failed: %s", df_error_message());
     df_flux_inputs in = golden_inputs(ctx, &g);
     float *out = forward(ctx, m, &in, n);

@@ -592,7 +592,8 @@ static int mode_setup(const bench_opts *o, const run_cfg *rc, const char *dir, i
     if (!bad && compile)
         bad = df_compile(&flux_module, &(df_compile_opts){.fullgraph = true}, &b->r.whole) != DF_OK;
     if (!bad && blocks)
-        bad = df_flux_compile_repeated_blocks(b->r.m, &(df_compile_opts){.fullgraph = true}) != DF_OK;
+        bad = df_flux_compile_repeated_blocks(b->r.m, &(df_compile_opts){.fullgraph = true}) !=
+              DF_OK;
     if (bad)
         fprintf(stderr, "modes: %s\n", df_error_message());
     b->mark = df_scope_begin(b->ctx);
@@ -666,7 +667,8 @@ static int measure_modes(const bench_opts *o, const run_cfg *rc, const char *dir
     for (int i = 0; i < rc->repeats; i++)
         for (int mi = 0; mi < n_modes; mi++)
             if (!b[mi].bad)
-                failures += b[mi].bad = forward_once(b[mi].ctx, &b[mi].r, &b[mi].in, &b[mi].times[i]);
+                failures += b[mi].bad =
+                    forward_once(b[mi].ctx, &b[mi].r, &b[mi].in, &b[mi].times[i]);
     for (int mi = 0; mi < n_modes; mi++) {
         if (!b[mi].bad)
             mode_report(o, rc, k, &b[mi]);

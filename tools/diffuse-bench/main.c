@@ -46,7 +46,8 @@ static const bench_workload workloads[] = {
     {"vae", "VAE decoder whole and tiled [SIZE [TILE [OVERLAP]]]", bench_vae},
     {"modes",
      "FLUX.1-width transformer in every execution mode side by side: first call, ms per step, "
-     "peak memory, kernels; --profile adds time per op kind [--double N] [--single N] [--repeats N]",
+     "peak memory, kernels; --profile adds time per op kind [--double N] [--single N] "
+     "[--repeats N]",
      bench_modes},
     {"compile", "compile time of the whole transformer and of its repeated blocks at depth 8 "
                 "and 19+38 [--width 3072]",
