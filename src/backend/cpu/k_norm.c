@@ -184,6 +184,18 @@ DF_CPU_KERNEL(layer_norm)
 
 /* ---- RMS norm ------------------------------------------------------------------------- */
 
+/* 1 / sqrt(mean of squares + eps) of a row: the squares summed in double, the mean
+ * rounded to f32, the rest in f32. */
+static float rms_inverse(const float *restrict x, int64_t d, float eps)
+{
+    double q = 0;
+    #pragma omp simd reduction(+ : q)
+    for (int64_t i = 0; i < d; i++)
+        q += (double)x[i] * x[i];
+    float var = (float)(q / (double)d);
+    return 1.0f / sqrtf(var + eps);
+}
+
 DF_CPU_KERNEL(rms_norm)
 {
     const df_view *x = &n->in[0];
@@ -197,12 +209,7 @@ DF_CPU_KERNEL(rms_norm)
     for (int64_t r = 0; r < io.rows; r++) {
         const float *restrict xr = io.x + r * d;
         float *restrict yr = io.y + r * d;
-        double q = 0;
-        #pragma omp simd reduction(+ : q)
-        for (int64_t i = 0; i < d; i++)
-            q += (double)xr[i] * xr[i];
-        float var = (float)(q / (double)d);
-        float rs = 1.0f / sqrtf(var + eps);
+        float rs = rms_inverse(xr, d, eps);
         if (w) {
             for (int64_t i = 0; i < d; i++)
                 yr[i] = (xr[i] * rs) * w[i];
@@ -246,12 +253,7 @@ DF_CPU_KERNEL(rms_norm_rope)
         int64_t at = b * o->stride[0] + h * o->stride[1] + s * o->stride[2];
         float *restrict yr = to_bf16 ? (float *)io.extra + omp_get_thread_num() * row_floats
                                   : (float *)(out + at * (int64_t)es);
-        double q = 0;
-        #pragma omp simd reduction(+ : q)
-        for (int64_t i = 0; i < d; i++)
-            q += (double)xr[i] * xr[i];
-        float var = (float)(q / (double)d);
-        float rs = 1.0f / sqrtf(var + eps);
+        float rs = rms_inverse(xr, d, eps);
         for (int64_t i = 0; i < half; i++) {
             float x0 = xr[2 * i] * rs, x1 = xr[2 * i + 1] * rs;
             if (w)
