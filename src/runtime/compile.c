@@ -415,9 +415,16 @@ static df_status trace(df_ctx *ctx, df_compiled *c, program *p, void *self, cons
     ctx->exec = &exec_trace;
     ctx->exec_state = &t;
     double t0 = df_now();
+    /* The forward's intermediates are released before planning, whether or not the module
+     * opens scopes of its own: a handle still alive would keep its node out of the arena. */
+    df_scope mark = df_scope_begin(ctx);
     df_status s = c->m.forward(ctx, self, b->in, out);
     if (s == DF_OK)
         s = df_ctx_status(ctx) != DF_OK ? df_ctx_raise(ctx) : DF_OK;
+    if (s != DF_OK)
+        for (int j = 0; j < c->m.n_out; j++)
+            out[j] = NULL;
+    df_scope_end_n(ctx, mark, out, c->m.n_out);
     ctx->exec = saved;
     ctx->exec_state = saved_state;
     double compile_s = df_now() - t0, plan_s = 0;

@@ -84,6 +84,7 @@ void df_ctx_free(df_ctx *ctx)
         ctx->dev->ops->stream_sync(ctx->stream);
         ctx->dev->ops->stream_free(ctx->stream);
     }
+    df_storage_release(ctx->arena);
     df_device_close(ctx->dev);
     df_free(ctx->live);
     df_free(ctx);

@@ -726,6 +726,29 @@ static void done_arena(void *arg, df_status s)
     df_storage_release(arg);
 }
 
+/* The context's arena, grown to at least `bytes`. A smaller one is released after the work
+ * already queued (which may still use it); the new one is rounded up to 1 MiB so that
+ * graphs of slightly different sizes do not each grow it. */
+static df_status arena_for(df_ctx *ctx, int64_t bytes, df_storage **out)
+{
+    if (ctx->arena && (int64_t)ctx->arena->bytes >= bytes) {
+        *out = ctx->arena;
+        return DF_OK;
+    }
+    df_storage *old = ctx->arena;
+    ctx->arena = NULL;
+    if (old && ctx->dev->ops->stream_submit(
+                   ctx->stream, &(df_work){.run = release_arena, .done = done_arena, .arg = old}) !=
+                   DF_OK) {
+        ctx->dev->ops->stream_sync(ctx->stream);
+        df_storage_release(old);
+    }
+    int64_t mib = 1 << 20;
+    DF_TRY(df_storage_alloc(ctx->dev, (size_t)((bytes + mib - 1) / mib * mib), &ctx->arena));
+    *out = ctx->arena;
+    return DF_OK;
+}
+
 static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
                               const lz_group *g)
 {
@@ -823,7 +846,7 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
     df_status s = DF_OK;
     df_storage *arena = NULL;
     if (p->arena_bytes > 0)
-        s = df_storage_alloc(ctx->dev, (size_t)p->arena_bytes, &arena);
+        s = arena_for(ctx, p->arena_bytes, &arena);
     /* bf16 results: their kernels, the kernels writing parts of them, and their readers
      * see them as bf16 (before folding, so that a product takes its activation's view). */
     for (int j = 0; j < n; j++)
@@ -900,15 +923,6 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         else if (p->kind[i] == K_ROOT)
             s = submit_group(ctx, nodes, p, &p->groups[p->group[i]]);
         /* K_MEMBER nodes are owned by their group's kernel */
-    }
-    if (arena) {
-        if (s == DF_OK)
-            s = ctx->dev->ops->stream_submit(
-                ctx->stream, &(df_work){.run = release_arena, .done = done_arena, .arg = arena});
-        if (s != DF_OK) {
-            ctx->dev->ops->stream_sync(ctx->stream);
-            df_storage_release(arena);
-        }
     }
     return s;
 }

@@ -36,6 +36,10 @@ struct df_ctx {
     void *exec_state;
     int64_t fuse_max_nodes;
     bool launch_blocking;   /* DIFFUSE_LAUNCH_BLOCKING=1: wait after every op */
+    /* The memory of planned graphs' intermediates (defer-and-fuse, compiled programs):
+     * one arena that every graph reuses. Kernels run in stream order, so a graph's kernels
+     * start only after the previous graph's are done with it. */
+    struct df_storage *arena;
 
     df_status status;       /* first failure, sticky */
     char status_msg[1024];

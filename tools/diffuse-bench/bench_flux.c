@@ -618,17 +618,19 @@ static void mode_report(const bench_opts *o, const run_cfg *rc, int k, mode_benc
     qsort(b->times, (size_t)repeats, sizeof *b->times, cmp_double);
     double sec = repeats % 2 ? b->times[repeats / 2]
                              : 0.5 * (b->times[repeats / 2 - 1] + b->times[repeats / 2]);
-    char shape[96], extra[320];
+    char shape[96], extra[400];
     snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
              rc->tokens[k][1], rc->n_double, rc->n_single);
     snprintf(extra, sizeof extra,
              ",\"first_ms\":%.1f,\"compile_ms\":%.2f,\"graphs_compiled\":%lld,"
              "\"cache_hits\":%lld,\"fused_kernels\":%lld,\"kernels\":%lld,"
-             "\"min_ms\":%.1f,\"max_ms\":%.1f,\"repeats\":%d",
+             "\"min_ms\":%.1f,\"max_ms\":%.1f,\"repeats\":%d,"
+             "\"first_peak_mib\":%.1f,\"step_peak_mib\":%.1f",
              b->first * 1e3, b->st0.compile_ms, (long long)b->st0.graphs_compiled,
              (long long)st.cache_hits, (long long)(st.fused_kernels / repeats),
              (long long)(st.ops_enqueued / repeats), b->times[0] * 1e3,
-             b->times[repeats - 1] * 1e3, repeats);
+             b->times[repeats - 1] * 1e3, repeats, b->st0.peak_bytes / 1048576.0,
+             st.peak_bytes / 1048576.0);
     bench_report(o, "modes", shape, rc->threads, df_dtype_name(rc->dtype), b->mode, sec * 1e3,
                  flop / sec, bench_ceiling_gflops(rc->dtype, rc->threads),
                  st.peak_bytes > b->st0.peak_bytes ? st.peak_bytes : b->st0.peak_bytes, extra);
