@@ -206,6 +206,47 @@ static void test_dynamic_is_rejected(void **state)
     assert_non_null(strstr(df_error_message(), "dynamic"));
 }
 
+/* softmax three times over x, with no scope of its own: the intermediates' handles are
+ * the caller's until the forward returns. */
+static df_status softmax3_forward(df_ctx *ctx, void *self, df_tensor *const *in, df_tensor **out)
+{
+    (void)self;
+    out[0] = df_softmax(ctx, df_softmax(ctx, df_softmax(ctx, in[0])));
+    return df_ctx_status(ctx);
+}
+
+static void test_intermediates_go_to_the_arena_on_the_first_call(void **state)
+{
+    (void)state;
+    enum { R = 32, C = 64 };
+    static float x[R * C], y[2][R * C];
+    for (int i = 0; i < R * C; i++)
+        x[i] = sinf(0.1f * (float)i);
+    static const df_module m = {.name = "softmax3", .n_in = 1, .n_out = 1,
+                                .forward = softmax3_forward};
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2}, &ctx), DF_OK);
+    df_compiled *c;
+    assert_int_equal(df_compile(&m, NULL, &c), DF_OK);
+    df_tensor *in = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, C), x);
+    for (int call = 0; call < 2; call++) {
+        df_stats_reset(ctx);
+        df_tensor *out;
+        assert_int_equal(df_compiled_call(ctx, c, NULL, &in, &out), DF_OK);
+        assert_int_equal(df_tensor_read(ctx, out, DF_DTYPE_F32, y[call], sizeof y[call]), DF_OK);
+        df_stats st;
+        df_ctx_stats(ctx, &st);
+        /* Both intermediates live in the planned arena, the first call (the trace) too;
+         * only the result gets memory of its own. */
+        assert_true(st.arena_bytes >= 2 * R * C * 4);
+        assert_true(st.bytes_allocated <= (call == 0 ? 2 : 1) * (1 << 20) + R * C * 4 + 256);
+        df_tensor_free(out);
+    }
+    assert_memory_equal(y[0], y[1], sizeof y[0]);
+    df_compiled_free(c);
+    df_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -214,6 +255,7 @@ int main(void)
         cmocka_unit_test(test_blocks_share_one_program),
         cmocka_unit_test(test_host_read_under_fullgraph_names_the_op),
         cmocka_unit_test(test_dynamic_is_rejected),
+        cmocka_unit_test(test_intermediates_go_to_the_arena_on_the_first_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

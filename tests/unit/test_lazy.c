@@ -373,6 +373,37 @@ static void test_bf16_operands_are_written_in_bf16_and_match_eager(void **state)
     }
 }
 
+static void test_one_arena_serves_every_graph(void **state)
+{
+    (void)state;
+    enum { R = 32, C = 64 };
+    static float x[R * C], y[R * C];
+    fill(x, R * C, 1.0f);
+    df_ctx *ctx = new_ctx(DF_DEFER_AND_FUSE);
+    df_tensor *xt = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, C), x);
+    assert_int_equal(df_sync(ctx), DF_OK);
+    const void *arena = NULL;
+    for (int step = 0; step < 3; step++) {
+        df_stats_reset(ctx);
+        df_scope mark = df_scope_begin(ctx);
+        df_tensor *t = df_softmax(ctx, df_softmax(ctx, df_softmax(ctx, xt)));
+        t = df_scope_end(ctx, mark, t); /* the intermediates' handles are gone */
+        assert_int_equal(df_tensor_read(ctx, t, DF_DTYPE_F32, y, sizeof y), DF_OK);
+        df_tensor_free(t);
+        df_stats st;
+        df_ctx_stats(ctx, &st);
+        assert_true(st.arena_bytes >= 2 * R * C * 4); /* the two intermediates */
+        /* The first graph makes the context's arena; the later ones run in the same memory
+         * (stream order keeps them apart) instead of each taking an arena of its own. */
+        assert_non_null(ctx->arena);
+        if (step == 0)
+            arena = ctx->arena->data;
+        assert_ptr_equal(ctx->arena->data, arena);
+        assert_true((int64_t)ctx->arena->bytes >= st.arena_bytes);
+    }
+    df_ctx_free(ctx);
+}
+
 static void test_environment_selects_the_mode(void **state)
 {
     (void)state;
@@ -395,6 +426,7 @@ int main(void)
         cmocka_unit_test(test_norm_and_rope_become_one_pass_per_part),
         cmocka_unit_test(test_contiguous_concat_parts_are_written_in_place),
         cmocka_unit_test(test_bf16_operands_are_written_in_bf16_and_match_eager),
+        cmocka_unit_test(test_one_arena_serves_every_graph),
         cmocka_unit_test(test_environment_selects_the_mode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
