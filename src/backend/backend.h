@@ -20,7 +20,7 @@
 
 #include <diffuse/runtime.h>
 
-#define DF_BACKEND_ABI_VERSION 1
+#define DF_BACKEND_ABI_VERSION 2 /* 2: df_storage.base, df_backend_ops.matmul_dtype */
 #define DF_NODE_MAX_IN 4
 
 typedef enum df_op {
