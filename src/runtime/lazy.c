@@ -405,8 +405,11 @@ static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
 
 /* A result that only bf16 products read, as operands they would round to bf16 anyway, is
  * written in bf16 by the kernel that makes it, rounded the way the products round: half
- * the bytes go to memory, the products read their operand as it is, and they see the same
- * bits as in strict eager. Results made in place count through their writers: a rope
+ * the bytes go to memory and the products read their operand as it is. Fused kernels,
+ * rms_norm_rope and attention give the bits strict eager gives; a product writing a bf16
+ * destination through oneDNN differs by one bf16 ulp in a few elements per million for
+ * some shapes (the provider orders the sums of a packed product with a bf16 destination
+ * differently). Results made in place count through their writers: a rope
  * output (the rms_norm_rope kernels) and a concat written by its parts' kernels. In FLUX:
  * the modulation output feeding three or four products, q and k and v feeding attention,
  * the attention output and the MLP activation feeding the output products. */
