@@ -21,7 +21,7 @@
 #include <diffuse/runtime.h>
 
 #define DF_BACKEND_ABI_VERSION 2 /* 2: df_storage.base, df_backend_ops.matmul_dtype */
-#define DF_NODE_MAX_IN 4
+#define DF_NODE_MAX_IN 5
 
 typedef enum df_op {
 #define DF_OP(name, printed, n_in, kind) DF_OP_##name,

@@ -53,7 +53,10 @@ struct lz_program {
     uint8_t *kind;      /* per node */
     int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
     int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
-    int *fold;          /* per LINEAR node: the activation node folded into it, or -1 */
+    int *fold;          /* per LINEAR node: the activation node folded into it, or the add of
+                           its gated residual epilogue; -1 when none */
+    int *gate_mul;      /* per LINEAR node: the mul of its gated residual epilogue, or -1 */
+    uint8_t *epi_slots; /* ... the mul's gate slot (bit 0) and the add's residual slot (bit 1) */
     int *alias_of;      /* per node: the elided concat its output is a part of, or -1 */
     int64_t *alias_off; /* ... the part's byte offset in it (contiguous parts), or its
                            first column (parts of the concat's rows) */
@@ -257,6 +260,87 @@ static bool sole_use(df_node *const *nodes, const lz_program *p, const int *uses
     return i >= 0 && p->kind[i] == K_SINGLE && uses[i] == 1 && nodes[i]->out.st->handles == 0;
 }
 
+/* The node that reads node i's output (the first one; the only one when uses[i] is 1). */
+static int reader_of(df_node *const *nodes, int n, int i)
+{
+    for (int j = i + 1; j < n; j++)
+        for (int k = 0; k < nodes[j]->n_in; k++)
+            if (producer_of(&nodes[j]->in[k]) == i)
+                return j;
+    return -1;
+}
+
+/* Whether v, seen in the shape of `out`, is one row of out's last dimension broadcast over
+ * all the others (an AdaLN gate [B=1, 1, D] against [1, S, D]). */
+static bool broadcast_row(const df_view *v, const df_view *out)
+{
+    int last = out->ndim - 1;
+    if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 0 || v->stride[last] != 1)
+        return false;
+    for (int d = 0; d < out->ndim; d++)
+        if (v->shape[d] != out->shape[d] || (d < last && v->shape[d] != 1 && v->stride[d] != 0))
+            return false;
+    return true;
+}
+
+/* Whether v has out's shape as f32 rows of the last dimension, evenly spaced. */
+static bool even_rows(const df_view *v, const df_view *out)
+{
+    int last = out->ndim - 1;
+    if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 1 || v->stride[last] != 1)
+        return false;
+    for (int d = 0; d < out->ndim; d++)
+        if (v->shape[d] != out->shape[d] ||
+            (d < last - 1 && v->shape[d] != 1 && v->stride[d] != v->stride[d + 1] * v->shape[d + 1]))
+            return false;
+    return v->stride[last - 1] >= v->shape[last];
+}
+
+static bool same_shape(const df_view *a, const df_view *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    return true;
+}
+
+/* The gated residual of FLUX and SD3 blocks, x + gate * linear(h): the product multiplies
+ * by the gate row and adds the residual on its way out (post-ops of the GEMM provider), so
+ * neither the product's result nor the gated one is ever written on its own. */
+static void plan_gated_residuals(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int l = 0; l < n; l++) {
+        const df_node *lin = nodes[l];
+        if (p->kind[l] != K_SINGLE || lin->op != DF_OP_LINEAR || uses[l] != 1 ||
+            p->fold[l] >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
+            continue;
+        int m = reader_of(nodes, n, l);
+        if (m < 0 || nodes[m]->op != DF_OP_MUL || p->kind[m] != K_SINGLE || uses[m] != 1 ||
+            nodes[m]->out.st->handles > 0 || !same_shape(&nodes[m]->out, &lin->out))
+            continue;
+        int ms = identity_view(&nodes[m]->in[0], lin) ? 0 : 1; /* the product's slot */
+        if (!identity_view(&nodes[m]->in[ms], lin) ||
+            !broadcast_row(&nodes[m]->in[1 - ms], &lin->out))
+            continue;
+        int a = reader_of(nodes, n, m);
+        if (a < 0 || nodes[a]->op != DF_OP_ADD || p->kind[a] != K_SINGLE ||
+            !same_shape(&nodes[a]->out, &lin->out))
+            continue;
+        int as = identity_view(&nodes[a]->in[0], nodes[m]) ? 0 : 1; /* the gated slot */
+        const df_view *res = &nodes[a]->in[1 - as];
+        int rp = producer_of(res);
+        if (!identity_view(&nodes[a]->in[as], nodes[m]) || !even_rows(res, &lin->out) ||
+            rp == l || rp == m)
+            continue;
+        p->fold[l] = a;
+        p->gate_mul[l] = m;
+        p->epi_slots[l] = (uint8_t)((1 - ms) | (1 - as) << 1);
+        p->kind[m] = p->kind[a] = K_FOLDED;
+    }
+}
+
 /* RMS norm and RoPE in one pass: rope(permute(rms_norm(x))), or the same over the concat
  * of several rms_norm parts along the sequence (the two streams of a FLUX double block),
  * becomes one rms_norm_rope kernel per part, each writing its rows of the rope's output.
@@ -399,8 +483,8 @@ static int result_node(const lz_program *p, int i)
 static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
 {
     df_op op = nodes[i]->op;
-    return p->kind[i] == K_ROOT ||
-           (p->kind[i] == K_SINGLE && (op == DF_OP_LINEAR || op == DF_OP_ATTENTION));
+    return p->kind[i] == K_ROOT || (p->kind[i] == K_SINGLE && op == DF_OP_ATTENTION) ||
+           (p->kind[i] == K_SINGLE && op == DF_OP_LINEAR && p->gate_mul[i] < 0);
 }
 
 /* A result that only bf16 products read, as operands they would round to bf16 anyway, is
@@ -498,6 +582,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         p->group = df_malloc(n1 * sizeof *p->group);
         p->root_of = df_malloc(n1 * sizeof *p->root_of);
         p->fold = df_malloc(n1 * sizeof *p->fold);
+        p->gate_mul = df_malloc(n1 * sizeof *p->gate_mul);
+        p->epi_slots = df_calloc(n1, sizeof *p->epi_slots);
         p->alias_of = df_malloc(n1 * sizeof *p->alias_of);
         p->alias_off = df_calloc(n1, sizeof *p->alias_off);
         p->alias_split = df_calloc(n1, sizeof *p->alias_split);
@@ -508,7 +594,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         p->groups = df_calloc(n1, sizeof *p->groups);
     }
     if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind ||
-        !p->group || !p->root_of || !p->fold || !p->alias_of || !p->alias_off ||
+        !p->group || !p->root_of || !p->fold || !p->gate_mul || !p->epi_slots ||
+        !p->alias_of || !p->alias_off ||
         !p->alias_split || !p->rope_of || !p->rope_s0 || !p->half || !p->offset ||
         !p->groups) {
         df_graph_plan_free(p);
@@ -519,7 +606,7 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
     for (int i = n - 1; i >= 0; i--) {
         const df_node *x = nodes[i];
         p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
-        p->alias_of[i] = p->rope_of[i] = -1;
+        p->alias_of[i] = p->rope_of[i] = p->gate_mul[i] = -1;
         first[i] = n;
         p->offset[i] = -1;
         p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
@@ -553,6 +640,9 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
             break;
         }
     }
+    /* 2a'. Gated residuals as epilogues of the products that feed them. */
+    if (can_fuse)
+        plan_gated_residuals(nodes, n, p, uses);
     /* 2b. Normalisation and RoPE in one pass. */
     if (can_fuse && ops->kernels[DF_OP_RMS_NORM_ROPE])
         plan_norm_rope(nodes, n, p, uses);
@@ -605,6 +695,8 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
             order[i] = order[p->root_of[i]];
         if (p->fold[i] >= 0)
             order[p->fold[i]] = order[i];
+        if (p->gate_mul[i] >= 0)
+            order[p->gate_mul[i]] = order[i];
         last[i] = -1;
     }
     for (int i = 0; i < n; i++) {
@@ -673,6 +765,8 @@ void df_graph_plan_free(lz_program *p)
         return;
     df_free(p->root_of);
     df_free(p->fold);
+    df_free(p->gate_mul);
+    df_free(p->epi_slots);
     df_free(p->alias_of);
     df_free(p->alias_off);
     df_free(p->alias_split);
@@ -877,6 +971,19 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         nodes[i]->out = nodes[j]->out;
         df_storage_retain(nodes[i]->out.st);
         nodes[i]->a.i[3] = activation_of(nodes[j]->op);
+        int m = p->gate_mul[i];
+        if (m >= 0) { /* the gate row from the mul, the residual from the add */
+            df_node *x = nodes[i];
+            x->in[3] = nodes[m]->in[p->epi_slots[i] & 1];
+            x->in[4] = nodes[j]->in[p->epi_slots[i] >> 1 & 1];
+            df_storage_retain(x->in[3].st);
+            df_storage_retain(x->in[4].st);
+            x->n_in = 5;
+            x->a.i[4] = 1;
+            nodes[m]->out.st->producer = NULL;
+            df_node_free(nodes[m]);
+            nodes[m] = NULL;
+        }
         own->producer = NULL;
         df_storage_release(own);
         df_node_free(nodes[j]);

@@ -27,6 +27,7 @@ typedef struct world {
     df_tensor *w, *w2;      /* [D, D], [D, 2D] */
     df_tensor *bias, *mod;  /* [D], [D] */
     df_tensor *head_w;      /* [DH]: per-head RMS norm weight */
+    df_tensor *gate;        /* [B, 1, D]: an AdaLN gate, one row per sample */
     df_tensor *table[3];    /* RoPE tables [S, DH/2, 2] for S1, S2 and S1 + S2 */
 } world;
 
@@ -39,7 +40,7 @@ static void fill(float *v, int n, float scale, float phase)
 static world make_world(df_ctx *ctx, int64_t B)
 {
     static float x1[2 * S1 * D], x2[2 * S2 * D], w[D * D], w2[D * 2 * D], bias[D], mod[D],
-        hw[DH], table[(S1 + S2) * DH];
+        hw[DH], gate[2 * D], table[(S1 + S2) * DH];
     fill(x1, 2 * S1 * D, 1.5f, 0.1f);
     fill(x2, 2 * S2 * D, -2.0f, 0.7f);
     fill(w, D * D, 0.3f, 0.2f);
@@ -47,6 +48,7 @@ static world make_world(df_ctx *ctx, int64_t B)
     fill(bias, D, 0.1f, 0.4f);
     fill(mod, D, 0.5f, 2.0f);
     fill(hw, DH, 0.8f, 0.9f);
+    fill(gate, 2 * D, 1.2f, 0.3f);
     world wd = {
         .x1 = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S1, D), x1),
         .x2 = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S2, D), x2),
@@ -55,6 +57,7 @@ static world make_world(df_ctx *ctx, int64_t B)
         .bias = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(D), bias),
         .mod = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(D), mod),
         .head_w = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(DH), hw),
+        .gate = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, 1, D), gate),
     };
     const int64_t seqs[3] = {S1, S2, S1 + S2};
     for (int k = 0; k < 3; k++) {
@@ -168,7 +171,7 @@ static void build(df_ctx *ctx, const world *w, uint32_t seed, df_tensor **out)
     pool p = {{w->x1, w->x2}, 2};
     for (int step = 0; step < STEPS; step++) {
         df_tensor *a = pick(&p, &r, 0), *b, *c, *y = NULL;
-        switch (next(&r) % 8) {
+        switch (next(&r) % 9) {
         case 0: /* a binary pointwise op */
             if ((b = pick(&p, &r, seq_of(a))))
                 y = next(&r) % 2 ? df_add(ctx, a, b) : df_mul(ctx, a, b);
@@ -209,10 +212,20 @@ static void build(df_ctx *ctx, const world *w, uint32_t seed, df_tensor **out)
             if (next(&r) % 2)
                 y = linear(ctx, y, w->w, w->bias);
             break;
-        default:
+        case 7:
             if ((b = pick(&p, &r, S1)) && (c = pick(&p, &r, S2)))
                 y = joint_attention(ctx, w, b, c);
             break;
+        default: { /* a gated residual, x + gate * linear(h), operands in either order */
+            uint32_t how = next(&r);
+            df_tensor *g = how % 2 ? w->mod : w->gate; /* one row, or one per sample */
+            if (!(b = pick(&p, &r, seq_of(a))))
+                break;
+            df_tensor *h = linear(ctx, b, w->w, how / 2 % 2 ? w->bias : NULL);
+            df_tensor *gh = how / 4 % 2 ? df_mul(ctx, g, h) : df_mul(ctx, h, g);
+            y = how / 8 % 2 ? df_add(ctx, a, gh) : df_add(ctx, gh, a);
+            break;
+        }
         }
         if (y && p.n < POOL)
             p.t[p.n++] = y;

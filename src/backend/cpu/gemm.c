@@ -129,13 +129,14 @@ typedef enum b_layout { B_PLAIN, B_TRANS, B_PACKED } b_layout;
 
 typedef struct plan_key {
     int64_t batch, m, n, k, lda, ldb, ldc, sa, sb, sc;
-    int32_t type, layout, threads, serial, bias, accumulate, act, c_bf16;
+    int32_t type, layout, threads, serial, bias, accumulate, act, c_bf16, gated;
+    int64_t ldr;
 } plan_key;
 
 struct df_gemm_plan {
     plan_key key;
     dnnl_primitive_t prim; /* NULL for an empty product (m, n or k is 0) */
-    dnnl_memory_desc_t a_md, b_md, bias_md, c_md, scratch_md;
+    dnnl_memory_desc_t a_md, b_md, bias_md, c_md, scratch_md, gate_md, res_md;
     size_t scratch_bytes; /* serial plans: the caller's scratchpad */
     uint64_t used;
 };
@@ -176,6 +177,8 @@ static plan_key key_of(const df_gemm_desc *d, b_layout layout)
     k.accumulate = d->accumulate;
     k.act = d->act;
     k.c_bf16 = d->c_bf16;
+    k.gated = d->gated_residual;
+    k.ldr = d->gated_residual ? (d->ldr ? d->ldr : d->n) : 0;
     return k;
 }
 
@@ -232,7 +235,11 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
     /* Serial plans run on several threads at once, each with its own scratchpad. */
     if (r == dnnl_success && k->serial)
         r = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    if (r == dnnl_success && (k->accumulate || k->act)) {
+    if (k->gated) {
+        matrix_md(&p->gate_md, k, 1, 1, k->n, dnnl_f32, k->n, k->n, 1);
+        matrix_md(&p->res_md, k, 1, k->m, k->n, dnnl_f32, k->m * k->ldr, k->ldr, 1);
+    }
+    if (r == dnnl_success && (k->accumulate || k->act || k->gated)) {
         what = "setting up post-ops";
         r = dnnl_post_ops_create(&ops);
         if (r == dnnl_success && k->accumulate)
@@ -243,6 +250,11 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
                                                               : dnnl_eltwise_gelu_erf;
         if (r == dnnl_success && k->act)
             r = dnnl_post_ops_append_eltwise(ops, 1.0f, alg, 1.0f, 0.0f);
+        /* the gated residual: post-ops 0 (times the gate row) and 1 (plus the residual) */
+        if (r == dnnl_success && k->gated)
+            r = dnnl_post_ops_append_binary(ops, dnnl_binary_mul, &p->gate_md);
+        if (r == dnnl_success && k->gated)
+            r = dnnl_post_ops_append_binary(ops, dnnl_binary_add, &p->res_md);
         if (r == dnnl_success)
             r = dnnl_primitive_attr_set_post_ops(attr, ops);
     }
@@ -338,7 +350,8 @@ static float activate(int act, float x)
     }
 }
 
-static void run_empty(const plan_key *k, const float *bias, void *c)
+static void run_empty(const plan_key *k, const float *bias, void *c, const float *gate,
+                      const float *residual)
 {
     if (k->k != 0)
         return; /* m or n is 0: nothing to write */
@@ -348,6 +361,8 @@ static void run_empty(const plan_key *k, const float *bias, void *c)
             for (int64_t j = 0; j < k->n; j++) {
                 float acc = k->accumulate ? ((float *)c)[at + j] : 0.0f; /* f32 C only */
                 float v = activate(k->act, acc + (bias ? bias[j] : 0.0f));
+                if (k->gated)
+                    v = residual[i * k->ldr + j] + v * gate[j];
                 if (k->c_bf16)
                     ((uint16_t *)c)[at + j] = df_f32_to_bf16(v);
                 else
@@ -362,11 +377,31 @@ size_t df_gemm_plan_scratch(const df_gemm_plan *p)
     return p->scratch_bytes;
 }
 
+static df_status plan_exec(const df_gemm_plan *p, const void *a, const void *b,
+                           const float *bias, void *c, void *scratch, const float *gate,
+                           const float *residual);
+
 df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, const float *bias,
                            void *c, void *scratch)
 {
+    DF_ASSERT(!p->key.gated);
+    return plan_exec(p, a, b, bias, c, scratch, NULL, NULL);
+}
+
+df_status df_gemm_plan_run_gated(const df_gemm_plan *p, const void *a, const void *b,
+                                 const float *bias, void *c, const float *gate,
+                                 const float *residual)
+{
+    DF_ASSERT(p->key.gated);
+    return plan_exec(p, a, b, bias, c, NULL, gate, residual);
+}
+
+static df_status plan_exec(const df_gemm_plan *p, const void *a, const void *b,
+                           const float *bias, void *c, void *scratch, const float *gate,
+                           const float *residual)
+{
     if (!p->prim) {
-        run_empty(&p->key, p->key.bias ? bias : NULL, c);
+        run_empty(&p->key, p->key.bias ? bias : NULL, c, gate, residual);
         return DF_OK;
     }
     dnnl_stream_t s;
@@ -375,20 +410,25 @@ df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, 
         int arg;
         const dnnl_memory_desc_t *md;
         const void *ptr;
-    } in[5] = {{DNNL_ARG_SRC, &p->a_md, a},
+    } in[7] = {{DNNL_ARG_SRC, &p->a_md, a},
                {DNNL_ARG_WEIGHTS, &p->b_md, b},
-               {DNNL_ARG_DST, &p->c_md, c},
-               {0, NULL, NULL},
-               {0, NULL, NULL}};
+               {DNNL_ARG_DST, &p->c_md, c}};
     int na = 3;
+    if (p->key.gated) {
+        int first = p->key.accumulate + (p->key.act != 0); /* index of the mul post-op */
+        in[na++] = (typeof(in[0])){DNNL_ARG_ATTR_MULTIPLE_POST_OP(first) | DNNL_ARG_SRC_1,
+                                   &p->gate_md, gate};
+        in[na++] = (typeof(in[0])){DNNL_ARG_ATTR_MULTIPLE_POST_OP(first + 1) | DNNL_ARG_SRC_1,
+                                   &p->res_md, residual};
+    }
     if (p->key.bias)
         in[na++] = (typeof(in[0])){DNNL_ARG_BIAS, &p->bias_md, bias};
     if (p->scratch_bytes) {
         DF_ASSERT(scratch != NULL);
         in[na++] = (typeof(in[0])){DNNL_ARG_SCRATCHPAD, &p->scratch_md, scratch};
     }
-    dnnl_memory_t mem[5] = {NULL};
-    dnnl_exec_arg_t args[5];
+    dnnl_memory_t mem[7] = {NULL};
+    dnnl_exec_arg_t args[7];
     dnnl_status_t r = dnnl_success;
     for (int i = 0; i < na && r == dnnl_success; i++) {
         r = dnnl_memory_create(&mem[i], in[i].md, engine, (void *)in[i].ptr);
@@ -664,28 +704,30 @@ static size_t round64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
-                         const df_view *bias, df_dtype compute, int act, void *out,
-                         int64_t ldc, df_dtype out_type)
+/* x [m, k] w^T (+ bias) with the rest of the product (epilogue, output) as d says. */
+static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view *w,
+                            const df_view *bias, df_gemm_desc d, void *out, const float *gate,
+                            const float *residual)
 {
-    int64_t n = w->shape[0], k = w->shape[1];
-    if (m == 0 || n == 0)
+    d.n = w->shape[0];
+    d.k = w->shape[1];
+    d.type = df_gemm_compute_dtype(d.type);
+    d.b_trans = true;
+    d.bias = bias != NULL;
+    if (d.m == 0 || d.n == 0)
         return DF_OK;
-    compute = df_gemm_compute_dtype(compute);
-    bool packed = w->st->is_weight && !w->st->transient && k > 0;
-    size_t sx = round64(df_gemm_operand_scratch(x, compute));
-    size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, compute));
+    bool packed = w->st->is_weight && !w->st->transient && d.k > 0;
+    size_t sx = round64(df_gemm_operand_scratch(x, d.type));
+    size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, d.type));
     size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;
     char *scratch = NULL;
     if (sx + sw + sb > 0 && !(scratch = df_env_scratch(env, sx + sw + sb)))
         return df_errorf(DF_E_OOM, "linear: out of memory for %zu bytes of scratch", sx + sw + sb);
 
     const void *xa, *wb = NULL, *bb = NULL;
-    DF_TRY(df_gemm_operand(x, compute, scratch, &xa));
+    DF_TRY(df_gemm_operand(x, d.type, scratch, &xa));
     if (bias)
         DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
-    df_gemm_desc d = {.m = m, .n = n, .k = k, .type = compute, .b_trans = true, .ldc = ldc,
-                      .bias = bias != NULL, .act = act, .c_bf16 = out_type == DF_DTYPE_BF16};
     const df_gemm_plan *p;
     if (packed) {
         plan_key key = key_of(&d, B_PACKED);
@@ -693,10 +735,28 @@ df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const 
         if (p->prim)
             DF_TRY(packed_weight_of(w, p, &wb));
     } else {
-        DF_TRY(df_gemm_operand(w, compute, scratch + sx, &wb));
+        DF_TRY(df_gemm_operand(w, d.type, scratch + sx, &wb));
         DF_TRY(df_gemm_plan_get(&d, &p));
     }
-    return df_gemm_plan_run(p, xa, wb, bb, out, NULL);
+    return plan_exec(p, xa, wb, bb, out, NULL, gate, residual);
+}
+
+df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
+                         const df_view *bias, df_dtype compute, int act, void *out,
+                         int64_t ldc, df_dtype out_type)
+{
+    df_gemm_desc d = {.m = m, .type = compute, .ldc = ldc, .act = act,
+                      .c_bf16 = out_type == DF_DTYPE_BF16};
+    return linear_run(env, x, w, bias, d, out, NULL, NULL);
+}
+
+df_status df_gemm_linear_gated(df_kernel_env *env, const df_view *x, int64_t m,
+                               const df_view *w, const df_view *bias, df_dtype compute,
+                               float *out, int64_t ldc, const float *gate,
+                               const float *residual, int64_t ldr)
+{
+    df_gemm_desc d = {.m = m, .type = compute, .ldc = ldc, .gated_residual = true, .ldr = ldr};
+    return linear_run(env, x, w, bias, d, out, gate, residual);
 }
 
 /* --- the provider's own rate ------------------------------------------------------------ */

@@ -46,6 +46,11 @@ typedef struct df_gemm_desc {
     int act;                              /* DF_GEMM_ACT_*: applied to C as a post-op */
     bool c_bf16;                          /* C is bf16, rounded to nearest even (not with
                                              accumulate); else f32 */
+    /* Epilogue (defer-and-fuse): C = r + g * (A B + bias), with g one f32 row of n
+     * broadcast over the rows and r f32 rows of n, ldr apart; not with act, accumulate or
+     * a batch. */
+    bool gated_residual;
+    int64_t ldr;
 } df_gemm_desc;
 
 /* Activations a product can apply to its result on the way out (epilogue fusion). */
@@ -72,6 +77,10 @@ size_t df_gemm_plan_scratch(const df_gemm_plan *p);
  * on several threads at once, each with its own scratch. */
 df_status df_gemm_plan_run(const df_gemm_plan *p, const void *a, const void *b, const float *bias,
                            void *c, void *scratch);
+/* The same with the epilogue's gate row and residual rows (plans with gated_residual). */
+df_status df_gemm_plan_run_gated(const df_gemm_plan *p, const void *a, const void *b,
+                                 const float *bias, void *c, const float *gate,
+                                 const float *residual);
 
 /* df_gemm_plan_get and df_gemm_plan_run in one call, for plans that are not serial. */
 df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const float *bias, void *c);
@@ -85,6 +94,12 @@ df_status df_gemm(const df_gemm_desc *d, const void *a, const void *b, const flo
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
                          const df_view *bias, df_dtype compute, int act, void *out,
                          int64_t ldc, df_dtype out_type);
+/* A linear layer with the gated residual epilogue: out = residual + gate * (x w^T + bias),
+ * gate a dense [n] f32 row, residual f32 rows of n, ldr apart (0: n); out f32. */
+df_status df_gemm_linear_gated(df_kernel_env *env, const df_view *x, int64_t m,
+                               const df_view *w, const df_view *bias, df_dtype compute,
+                               float *out, int64_t ldc, const float *gate,
+                               const float *residual, int64_t ldr);
 
 /* Operands in a dtype: the elements of dense view v as `type`. Returns v's own memory when
  * it already has that dtype, a conversion cached on v's storage when it is a weight, or a

@@ -22,8 +22,16 @@ DF_CPU_KERNEL(linear)
      * products read it. */
     const df_view *o = &n->out;
     int64_t ldc = o->ndim >= 2 && !df_view_is_dense(o) ? o->stride[o->ndim - 2] : 0;
-    df_status s = df_gemm_linear(env, x, m, w, bias, (df_dtype)n->a.i[0], (int)n->a.i[3],
-                                 df_view_ptr(o), ldc, o->dtype);
+    df_status s;
+    if (n->a.i[4]) { /* out = residual + gate * product: in[3] the gate row, in[4] rows */
+        const df_view *r = &n->in[4];
+        s = df_gemm_linear_gated(env, x, m, w, bias, (df_dtype)n->a.i[0], df_view_ptr(o), ldc,
+                                 df_view_ptr(&n->in[3]), df_view_ptr(r),
+                                 r->ndim >= 2 ? r->stride[r->ndim - 2] : 0);
+    } else {
+        s = df_gemm_linear(env, x, m, w, bias, (df_dtype)n->a.i[0], (int)n->a.i[3],
+                           df_view_ptr(o), ldc, o->dtype);
+    }
     if (s != DF_OK)
         return df_error_context(s, "linear [%lld, %lld] x [%lld, %lld]^T", (long long)m,
                                 (long long)w->shape[1], (long long)w->shape[0],
