@@ -7,7 +7,7 @@
  * model's weights, or host data the forward uploaded). Nodes that depend on no input and
  * no weight are constants too: they run once, with the trace, and their results are kept
  * (constant folding). A replay instantiates the template over the call's inputs and
- * weights and runs it with a plan (fusion and one arena, from lazy.c) made once per
+ * weights and runs it with a plan (fusion and one arena, from graph_plan.c) made once per
  * program. The signature that selects a program holds the shapes, strides, offsets and
  * dtypes of the inputs and weights, never their values.
  *
@@ -21,7 +21,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "runtime/lazy.h"
+#include "runtime/graph_plan.h"
 #include "runtime/runtime.h"
 
 enum { R_NONE, R_CONST, R_INPUT, R_WEIGHT, R_NODE };

@@ -1,0 +1,753 @@
+/*
+ * Graph planning, shared by defer-and-fuse (lazy.c) and compiled mode (compile.c); the
+ * plans run in graph_run.c.
+ *
+ * A plan for nodes[0..n):
+ *   1. liveness: a node is needed if a tensor handle still sees its output or a needed node
+ *      reads it; the rest is dropped without ever being allocated;
+ *   2. fusion and rewrites, as far as the backend's kernels allow:
+ *      - chains of pointwise ops (add, sub, mul, div, scale, activations, f32 copies) whose
+ *        intermediate results nobody else reads become one kernel, and a layer/RMS norm
+ *        feeding such a chain becomes its "head" (normalisation + AdaLN modulation in one
+ *        pass);
+ *      - an activation right after a matrix product, and the gated residual
+ *        x + gate * linear(h), are applied by the product itself (GEMM post-ops);
+ *      - RMS norm -> [concat ->] permute -> RoPE (q and k before attention) is one pass per
+ *        part that writes the rotated rows where attention reads them;
+ *      - a concat whose inputs nobody else reads has their producers write into it;
+ *      - in bf16 compute, a result only bf16 products read is written in bf16;
+ *   3. memory: outputs still seen by handles get their own buffers; every other
+ *      intermediate gets an offset in one arena (the context's, reused by every graph),
+ *      planned from the kernels' order so that buffers whose lifetimes do not overlap
+ *      share memory.
+ * A plan depends only on the graph's structure: ops, integer attributes, shapes, dtypes,
+ * view layouts, which node feeds which input, which outputs are visible (the cache key,
+ * df_graph_key). Data pointers and float attributes (timestep-dependent scales, eps) are
+ * read from the nodes at every run, so the same denoising step, or the same block at
+ * another depth, reuses the plan. Planning is a few linear passes over the graph, so it
+ * runs inline: the first step pays microseconds, not a compile.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "runtime/graph_plan_impl.h"
+
+/* ---- structure hash -------------------------------------------------------------------- */
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h * 0x100000001b3ull;
+}
+
+static uint64_t hash_view(uint64_t h, const df_view *v)
+{
+    h = mix(h, (uint64_t)(v->st != NULL));
+    if (!v->st)
+        return h;
+    h = mix(h, (uint64_t)(int64_t)producer_of(v));
+    h = mix(h, (uint64_t)v->dtype);
+    h = mix(h, (uint64_t)v->ndim);
+    h = mix(h, (uint64_t)v->offset);
+    for (int d = 0; d < v->ndim; d++)
+        h = mix(mix(h, (uint64_t)v->shape[d]), (uint64_t)v->stride[d]);
+    return h;
+}
+
+uint64_t df_graph_key(df_node *const *nodes, int n)
+{
+    uint64_t h = mix(0xcbf29ce484222325ull, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        const df_node *x = nodes[i];
+        h = mix(h, (uint64_t)x->op);
+        for (int k = 0; k < 8; k++)
+            h = mix(h, (uint64_t)x->a.i[k]);
+        h = mix(h, (uint64_t)(x->out.st->handles > 0));
+        h = hash_view(h, &x->out);
+        for (int k = 0; k < x->n_in; k++)
+            h = hash_view(h, &x->in[k]);
+    }
+    return h;
+}
+
+/* ---- planning ---------------------------------------------------------------------------- */
+
+static bool pointwise(const df_node *x)
+{
+    switch (x->op) {
+    case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL: case DF_OP_DIV: case DF_OP_SCALE:
+    case DF_OP_SILU: case DF_OP_GELU: case DF_OP_GELU_TANH: case DF_OP_QUICK_GELU:
+        return x->out.dtype == DF_DTYPE_F32;
+    case DF_OP_COPY:
+        return x->out.dtype == DF_DTYPE_F32 &&
+               (x->in[0].dtype == DF_DTYPE_F32 || x->in[0].dtype == DF_DTYPE_BF16 ||
+                x->in[0].dtype == DF_DTYPE_F16);
+    default:
+        return false;
+    }
+}
+
+/* Whether input view v of a node is exactly the dense output of node p. */
+static bool identity_view(const df_view *v, const df_node *p)
+{
+    if (v->st != p->out.st || v->offset != 0 || v->ndim != p->out.ndim || v->dtype != p->out.dtype)
+        return false;
+    for (int d = 0; d < v->ndim; d++)
+        if (v->shape[d] != p->out.shape[d] || (v->shape[d] != 1 && v->stride[d] != p->out.stride[d]))
+            return false;
+    return true;
+}
+
+static df_fused_opcode opcode_of(df_op op)
+{
+    switch (op) {
+    case DF_OP_ADD: return DF_FI_ADD;
+    case DF_OP_SUB: return DF_FI_SUB;
+    case DF_OP_MUL: return DF_FI_MUL;
+    case DF_OP_DIV: return DF_FI_DIV;
+    case DF_OP_SCALE: return DF_FI_SCALE;
+    case DF_OP_SILU: return DF_FI_SILU;
+    case DF_OP_GELU: return DF_FI_GELU;
+    case DF_OP_GELU_TANH: return DF_FI_GELU_TANH;
+    case DF_OP_QUICK_GELU: return DF_FI_QUICK_GELU;
+    default: return DF_FI_COPY;
+    }
+}
+
+typedef struct planner {
+    df_node *const *nodes;
+    int n;
+    int *root_of;   /* node -> root of the fused group it belongs to, or -1 */
+    bool *is_head;  /* node is the normalisation head of its group */
+    bool overflow;
+} planner;
+
+/* Emits the instructions computing node x inside group g; returns its register. */
+static int gen(planner *pl, lz_group *g, int x)
+{
+    const df_node *nd = pl->nodes[x];
+    int regs[2] = {0, 0};
+    for (int k = 0; k < nd->n_in && k < 2; k++) {
+        const df_view *v = &nd->in[k];
+        int prod = producer_of(v);
+        bool inside = prod >= 0 && pl->root_of[prod] == g->root;
+        if (pl->overflow || g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
+            pl->overflow = true;
+            return 0;
+        }
+        if (inside && !pl->is_head[prod]) {
+            regs[k] = gen(pl, g, prod);
+        } else if (inside) {
+            g->insn[g->n_insn] = (df_fused_insn){.op = DF_FI_HEAD, .dst = (uint8_t)g->n_regs};
+            g->insn_node[g->n_insn++] = prod;
+            regs[k] = g->n_regs++;
+        } else {
+            if (g->n_in >= DF_FUSED_MAX_IN) {
+                pl->overflow = true;
+                return 0;
+            }
+            g->in[g->n_in].node = x;
+            g->in[g->n_in].slot = k;
+            g->insn[g->n_insn] = (df_fused_insn){.op = DF_FI_LOAD, .dst = (uint8_t)g->n_regs,
+                                                 .a = (uint8_t)g->n_in++};
+            g->insn_node[g->n_insn++] = -1;
+            regs[k] = g->n_regs++;
+        }
+    }
+    if (nd->op == DF_OP_COPY)
+        return regs[0];
+    if (g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
+        pl->overflow = true;
+        return 0;
+    }
+    g->insn[g->n_insn] = (df_fused_insn){.op = (uint8_t)opcode_of(nd->op),
+                                         .dst = (uint8_t)g->n_regs, .a = (uint8_t)regs[0],
+                                         .b = (uint8_t)regs[1]};
+    g->insn_node[g->n_insn++] = x;
+    return g->n_regs++;
+}
+
+static bool is_norm(const df_node *x)
+{
+    return x->op == DF_OP_LAYER_NORM || x->op == DF_OP_RMS_NORM;
+}
+
+/* Whether input view v is all of node p's output, in its own dense layout (any shape). */
+static bool whole_view(const df_view *v, const df_node *p)
+{
+    return v->st == p->out.st && v->offset == 0 && v->dtype == p->out.dtype &&
+           df_view_is_dense(v) && df_view_numel(v) == df_view_numel(&p->out);
+}
+
+/* Whether v is p's [B, S, H, D] output seen as [B, H, S, D] (the heads moved forward). */
+static bool heads_first_view(const df_view *v, const df_node *p)
+{
+    const df_view *o = &p->out;
+    if (v->st != o->st || v->offset != 0 || v->dtype != o->dtype || v->ndim != 4 || o->ndim != 4)
+        return false;
+    int64_t B = o->shape[0], S = o->shape[1], H = o->shape[2], D = o->shape[3];
+    const int64_t shape[4] = {B, H, S, D}, stride[4] = {S * H * D, D, H * D, 1};
+    for (int d = 0; d < 4; d++)
+        if (v->shape[d] != shape[d] || (shape[d] != 1 && v->stride[d] != stride[d]))
+            return false;
+    return true;
+}
+
+/* A node whose output only one other node reads and no handle sees. */
+static bool sole_use(df_node *const *nodes, const lz_program *p, const int *uses, int i)
+{
+    return i >= 0 && p->kind[i] == K_SINGLE && uses[i] == 1 && nodes[i]->out.st->handles == 0;
+}
+
+/* The node that reads node i's output (the first one; the only one when uses[i] is 1). */
+static int reader_of(df_node *const *nodes, int n, int i)
+{
+    for (int j = i + 1; j < n; j++)
+        for (int k = 0; k < nodes[j]->n_in; k++)
+            if (producer_of(&nodes[j]->in[k]) == i)
+                return j;
+    return -1;
+}
+
+/* Whether v, seen in the shape of `out`, is one row of out's last dimension broadcast over
+ * all the others (an AdaLN gate [B=1, 1, D] against [1, S, D]). */
+static bool broadcast_row(const df_view *v, const df_view *out)
+{
+    int last = out->ndim - 1;
+    if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 0 || v->stride[last] != 1)
+        return false;
+    for (int d = 0; d < out->ndim; d++)
+        if (v->shape[d] != out->shape[d] || (d < last && v->shape[d] != 1 && v->stride[d] != 0))
+            return false;
+    return true;
+}
+
+/* Whether v has out's shape as f32 rows of the last dimension, evenly spaced. */
+static bool even_rows(const df_view *v, const df_view *out)
+{
+    int last = out->ndim - 1;
+    if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 1 || v->stride[last] != 1)
+        return false;
+    for (int d = 0; d < out->ndim; d++)
+        if (v->shape[d] != out->shape[d] ||
+            (d < last - 1 && v->shape[d] != 1 && v->stride[d] != v->stride[d + 1] * v->shape[d + 1]))
+            return false;
+    return v->stride[last - 1] >= v->shape[last];
+}
+
+static bool same_shape(const df_view *a, const df_view *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return false;
+    return true;
+}
+
+/* The gated residual of FLUX and SD3 blocks, x + gate * linear(h): the product multiplies
+ * by the gate row and adds the residual on its way out (post-ops of the GEMM provider), so
+ * neither the product's result nor the gated one is ever written on its own. */
+static void plan_gated_residuals(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int l = 0; l < n; l++) {
+        const df_node *lin = nodes[l];
+        if (p->kind[l] != K_SINGLE || lin->op != DF_OP_LINEAR || uses[l] != 1 ||
+            p->fold[l] >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
+            continue;
+        int m = reader_of(nodes, n, l);
+        if (m < 0 || nodes[m]->op != DF_OP_MUL || p->kind[m] != K_SINGLE || uses[m] != 1 ||
+            nodes[m]->out.st->handles > 0 || !same_shape(&nodes[m]->out, &lin->out))
+            continue;
+        int ms = identity_view(&nodes[m]->in[0], lin) ? 0 : 1; /* the product's slot */
+        if (!identity_view(&nodes[m]->in[ms], lin) ||
+            !broadcast_row(&nodes[m]->in[1 - ms], &lin->out))
+            continue;
+        int a = reader_of(nodes, n, m);
+        if (a < 0 || nodes[a]->op != DF_OP_ADD || p->kind[a] != K_SINGLE ||
+            !same_shape(&nodes[a]->out, &lin->out))
+            continue;
+        int as = identity_view(&nodes[a]->in[0], nodes[m]) ? 0 : 1; /* the gated slot */
+        const df_view *res = &nodes[a]->in[1 - as];
+        int rp = producer_of(res);
+        if (!identity_view(&nodes[a]->in[as], nodes[m]) || !even_rows(res, &lin->out) ||
+            rp == l || rp == m)
+            continue;
+        p->fold[l] = a;
+        p->gate_mul[l] = m;
+        p->epi_slots[l] = (uint8_t)((1 - ms) | (1 - as) << 1);
+        p->kind[m] = p->kind[a] = K_FOLDED;
+    }
+}
+
+/* RMS norm and RoPE in one pass: rope(permute(rms_norm(x))), or the same over the concat
+ * of several rms_norm parts along the sequence (the two streams of a FLUX double block),
+ * becomes one rms_norm_rope kernel per part, each writing its rows of the rope's output.
+ * The concat is then never materialised. */
+static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int r = 0; r < n; r++) {
+        const df_node *rope = nodes[r];
+        if (p->kind[r] != K_SINGLE || rope->op != DF_OP_ROPE || rope->in[0].dtype != DF_DTYPE_F32 ||
+            rope->in[1].dtype != DF_DTYPE_F32 || !df_view_is_dense(&rope->in[1]))
+            continue;
+        int src = producer_of(&rope->in[0]);
+        if (!sole_use(nodes, p, uses, src) || !heads_first_view(&rope->in[0], nodes[src]))
+            continue;
+        int part[2], n_part = 0;
+        const df_node *c = nodes[src];
+        if (c->op == DF_OP_RMS_NORM) {
+            part[n_part++] = src;
+        } else if (c->op == DF_OP_CONCAT && c->a.i[0] == 1) {
+            for (int k = 0; k < 2; k++) {
+                int q = producer_of(&c->in[k]);
+                if (!sole_use(nodes, p, uses, q) || nodes[q]->op != DF_OP_RMS_NORM ||
+                    !whole_view(&c->in[k], nodes[q]) || (k == 1 && q == part[0]))
+                    break;
+                part[n_part++] = q;
+            }
+            if (n_part != 2)
+                continue;
+        } else {
+            continue;
+        }
+        bool ok = true;
+        for (int k = 0; k < n_part; k++) {
+            const df_node *q = nodes[part[k]];
+            ok = ok && q->out.ndim == 4 && q->in[0].dtype == DF_DTYPE_F32 &&
+                 df_view_is_dense(&q->in[0]);
+        }
+        if (!ok)
+            continue;
+        int64_t s0 = 0;
+        for (int k = 0; k < n_part; k++) {
+            p->rope_of[part[k]] = r;
+            p->rope_s0[part[k]] = s0;
+            s0 += nodes[part[k]]->out.shape[1];
+        }
+        p->kind[r] = K_ELIDED;
+        if (c->op == DF_OP_CONCAT)
+            p->kind[src] = K_DEAD;
+    }
+}
+
+/* The first of v's trailing dimensions whose product is `width`, or -1. */
+static int trailing_split(const df_view *v, int64_t width)
+{
+    int64_t prod = 1;
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        prod *= v->shape[d];
+        if (prod == width)
+            return d;
+        if (prod > width)
+            break;
+    }
+    return -1;
+}
+
+/* A concat whose inputs are whole outputs of nodes nothing else reads: those nodes write
+ * their results straight into the concat's memory, and the copy disappears. Two cases:
+ * - the parts are contiguous in the output (nothing but ones before the concat
+ *   dimension): any kernel writes its dense result at the part's offset;
+ * - the concat joins rows along the last dimension (the attention output and the MLP
+ *   branch of a FLUX single block): the part is every row's slice of columns, which the
+ *   matrix products and attention can write with a row stride. */
+static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, const int *uses)
+{
+    for (int c = 0; c < n; c++) {
+        const df_node *x = nodes[c];
+        if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
+            continue;
+        int dim = (int)x->a.i[0], last = x->out.ndim - 1;
+        int64_t outer = 1;
+        for (int d = 0; d < dim; d++)
+            outer *= x->out.shape[d];
+        bool contiguous = outer == 1;
+        if (!contiguous && dim != last)
+            continue;
+        int writer[2], split[2] = {0, 0};
+        int64_t off[2], at = 0;
+        int k = 0;
+        for (; k < 2; k++) {
+            int q = producer_of(&x->in[k]), w = q;
+            if (q >= 0 && p->kind[q] == K_FOLDED) /* the product that computes it writes it */
+                for (w = q - 1; w >= 0 && p->fold[w] != q; w--)
+                    ;
+            if (q < 0 || w < 0 || uses[q] != 1 || nodes[q]->out.st->handles > 0 ||
+                (p->kind[w] != K_SINGLE && p->kind[w] != K_ROOT) || p->rope_of[w] >= 0 ||
+                p->alias_of[w] >= 0 || !whole_view(&x->in[k], nodes[q]) ||
+                (k == 1 && w == writer[0]))
+                break;
+            if (!contiguous) {
+                int op = nodes[w]->op;
+                split[k] = trailing_split(&nodes[q]->out, x->in[k].shape[last]);
+                if ((op != DF_OP_LINEAR && op != DF_OP_ATTENTION) || split[k] < 1 ||
+                    x->in[k].dtype != DF_DTYPE_F32)
+                    break;
+            }
+            writer[k] = w;
+            off[k] = at;
+            at += contiguous ? df_view_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype)
+                             : x->in[k].shape[last];
+        }
+        if (k != 2)
+            continue;
+        for (k = 0; k < 2; k++) {
+            p->alias_of[writer[k]] = c;
+            p->alias_off[writer[k]] = off[k];
+            p->alias_split[writer[k]] = split[k];
+        }
+        p->kind[c] = K_ELIDED;
+    }
+}
+
+/* Whether slot k of node x is an operand that x converts to bf16 before using it: the
+ * activations of a product, q, k and v of attention, when they compute in bf16. */
+static bool rounds_to_bf16(const df_node *x, int k, const df_backend_ops *ops)
+{
+    if (x->op == DF_OP_LINEAR && k == 0)
+        return ops->matmul_dtype((df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
+    if (x->op == DF_OP_ATTENTION && k <= 2)
+        return ops->matmul_dtype((df_dtype)x->a.i[1]) == DF_DTYPE_BF16;
+    return false;
+}
+
+/* Whether node i's kernel can write a bf16 result: fused kernels, products, attention. */
+static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
+{
+    df_op op = nodes[i]->op;
+    return p->kind[i] == K_ROOT || (p->kind[i] == K_SINGLE && op == DF_OP_ATTENTION) ||
+           (p->kind[i] == K_SINGLE && op == DF_OP_LINEAR && p->gate_mul[i] < 0);
+}
+
+/* A result that only bf16 products read, as operands they would round to bf16 anyway, is
+ * written in bf16 by the kernel that makes it, rounded the way the products round: half
+ * the bytes go to memory and the products read their operand as it is. Fused kernels,
+ * rms_norm_rope and attention give the bits strict eager gives; a product writing a bf16
+ * destination through oneDNN differs by one bf16 ulp in a few elements per million for
+ * some shapes (the provider orders the sums of a packed product with a bf16 destination
+ * differently). Results made in place count through their writers: a rope
+ * output (the rms_norm_rope kernels) and a concat written by its parts' kernels. In FLUX:
+ * the modulation output feeding three or four products, q and k and v feeding attention,
+ * the attention output and the MLP activation feeding the output products. */
+static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const int *uses,
+                              const df_backend_ops *ops)
+{
+    if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
+        return;
+    for (int i = 0; i < n; i++) {
+        bool can = writes_bf16(nodes, p, i) ||
+                   (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
+        if (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_CONCAT) {
+            can = true;
+            for (int w = 0; w < i; w++)
+                if (p->alias_of[w] == i)
+                    can = can && writes_bf16(nodes, p, w);
+        }
+        int r = result_node(p, i);
+        if (can && uses[r] > 0 && p->alias_of[i] < 0 && nodes[r]->out.dtype == DF_DTYPE_F32 &&
+            nodes[r]->out.st->handles == 0)
+            p->half[r] = true;
+    }
+    for (int j = 0; j < n; j++) {
+        const df_node *x = nodes[j];
+        if (p->kind[j] == K_DEAD || p->kind[j] == K_ELIDED)
+            continue; /* an elided node reads nothing: others write its result */
+        for (int k = 0; k < x->n_in; k++) {
+            int q = producer_of(&x->in[k]);
+            if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, ops)))
+                p->half[q] = false;
+        }
+    }
+}
+
+/* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
+static void find_groups(df_node *const *nodes, int n, const lz_program *p, const int *uses,
+                        int *parent, bool *is_head)
+{
+    int *size = df_calloc((size_t)n + 1, sizeof *size);
+    bool *has_head = df_calloc((size_t)n + 1, sizeof *has_head);
+    if (!size || !has_head) {
+        df_free(size);
+        df_free(has_head);
+        return; /* no fusion: every parent stays -1 */
+    }
+    for (int i = 0; i < n; i++) {
+        const df_node *x = nodes[i];
+        if (p->kind[i] != K_SINGLE || !pointwise(x))
+            continue;
+        size[i] = 1;
+        for (int k = 0; k < x->n_in && k < 2; k++) {
+            int prod = producer_of(&x->in[k]);
+            if (prod < 0 || uses[prod] != 1 || parent[prod] >= 0 || p->kind[prod] != K_SINGLE ||
+                nodes[prod]->out.st->handles > 0 || !identity_view(&x->in[k], nodes[prod]))
+                continue;
+            if (pointwise(nodes[prod]) && size[i] + size[prod] <= 24 &&
+                !(has_head[i] && has_head[prod])) {
+                parent[prod] = i;
+                size[i] += size[prod];
+                has_head[i] = has_head[i] || has_head[prod];
+            } else if (is_norm(nodes[prod]) && !has_head[i]) {
+                parent[prod] = i;
+                is_head[prod] = true;
+                has_head[i] = true;
+            }
+        }
+    }
+    df_free(size);
+    df_free(has_head);
+}
+
+lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_ops *ops)
+{
+    bool can_fuse = ops->run_fused != NULL;
+    size_t n1 = (size_t)n + 1;
+    lz_program *p = df_calloc(1, sizeof *p);
+    int *uses = df_calloc(n1, sizeof *uses);
+    int *order = df_calloc(n1, sizeof *order); /* kernel position per node */
+    int *last = df_calloc(n1, sizeof *last);   /* last kernel position reading it */
+    int *first = df_malloc(n1 * sizeof *first); /* first kernel position writing it */
+    int *parent = df_malloc(n1 * sizeof *parent);
+    bool *is_head = df_calloc(n1, sizeof *is_head);
+    if (p) {
+        p->n = n;
+        p->kind = df_calloc(n1, 1);
+        p->group = df_malloc(n1 * sizeof *p->group);
+        p->root_of = df_malloc(n1 * sizeof *p->root_of);
+        p->fold = df_malloc(n1 * sizeof *p->fold);
+        p->gate_mul = df_malloc(n1 * sizeof *p->gate_mul);
+        p->epi_slots = df_calloc(n1, sizeof *p->epi_slots);
+        p->alias_of = df_malloc(n1 * sizeof *p->alias_of);
+        p->alias_off = df_calloc(n1, sizeof *p->alias_off);
+        p->alias_split = df_calloc(n1, sizeof *p->alias_split);
+        p->rope_of = df_malloc(n1 * sizeof *p->rope_of);
+        p->rope_s0 = df_calloc(n1, sizeof *p->rope_s0);
+        p->half = df_calloc(n1, sizeof *p->half);
+        p->offset = df_malloc(n1 * sizeof *p->offset);
+        p->groups = df_calloc(n1, sizeof *p->groups);
+    }
+    if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind ||
+        !p->group || !p->root_of || !p->fold || !p->gate_mul || !p->epi_slots ||
+        !p->alias_of || !p->alias_off ||
+        !p->alias_split || !p->rope_of || !p->rope_s0 || !p->half || !p->offset ||
+        !p->groups) {
+        df_graph_plan_free(p);
+        p = NULL;
+        goto done;
+    }
+    /* 1. Liveness, backwards. */
+    for (int i = n - 1; i >= 0; i--) {
+        const df_node *x = nodes[i];
+        p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
+        p->alias_of[i] = p->rope_of[i] = p->gate_mul[i] = -1;
+        first[i] = n;
+        p->offset[i] = -1;
+        p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
+        if (p->kind[i] == K_DEAD)
+            continue;
+        for (int k = 0; k < x->n_in; k++) {
+            int prod = producer_of(&x->in[k]);
+            if (prod >= 0)
+                uses[prod]++;
+        }
+    }
+    /* 2a. Epilogues: an activation that is the only reader of a linear's output is computed
+     * by the product itself (a post-op of the GEMM provider). */
+    for (int i = 0; can_fuse && i < n; i++) {
+        const df_node *l = nodes[i];
+        if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
+            l->out.st->handles > 0)
+            continue;
+        for (int j = i + 1; j < n; j++) {
+            const df_node *a = nodes[j];
+            bool reads = false;
+            for (int k = 0; k < a->n_in; k++)
+                reads = reads || producer_of(&a->in[k]) == i;
+            if (!reads)
+                continue;
+            if (p->kind[j] == K_SINGLE && activation_of(a->op) != DF_ACT_NONE &&
+                identity_view(&a->in[0], l)) {
+                p->kind[j] = K_FOLDED;
+                p->fold[i] = j;
+            }
+            break;
+        }
+    }
+    /* 2a'. Gated residuals as epilogues of the products that feed them. */
+    if (can_fuse)
+        plan_gated_residuals(nodes, n, p, uses);
+    /* 2b. Normalisation and RoPE in one pass. */
+    if (can_fuse && ops->kernels[DF_OP_RMS_NORM_ROPE])
+        plan_norm_rope(nodes, n, p, uses);
+    /* 2c. Fusion: groups, their roots, their code. */
+    if (can_fuse)
+        find_groups(nodes, n, p, uses, parent, is_head);
+    for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
+        p->root_of[i] = parent[i] < 0 ? -1 : (p->root_of[parent[i]] >= 0 ? p->root_of[parent[i]] : parent[i]);
+    planner pl = {.nodes = nodes, .n = n, .root_of = p->root_of, .is_head = is_head};
+    for (int i = 0; i < n; i++) {
+        bool any = false;
+        for (int j = 0; j < i && !any && p->kind[i] != K_DEAD && p->root_of[i] < 0; j++)
+            any = p->root_of[j] == i;
+        if (!any)
+            continue;
+        lz_group *g = &p->groups[p->n_groups];
+        *g = (lz_group){.root = i, .head = -1};
+        for (int j = 0; j < i; j++)
+            if (p->root_of[j] == i && is_head[j])
+                g->head = j;
+        pl.overflow = false;
+        g->out_reg = gen(&pl, g, i);
+        if (pl.overflow) { /* too big for one kernel: its nodes run one by one */
+            for (int j = 0; j < i; j++)
+                if (p->root_of[j] == i)
+                    p->root_of[j] = -1;
+            continue;
+        }
+        p->kind[i] = K_ROOT;
+        p->group[i] = p->n_groups++;
+        g->n_members = 1;
+        for (int j = 0; j < i; j++)
+            if (p->root_of[j] == i) {
+                p->kind[j] = K_MEMBER;
+                g->n_members++;
+            }
+    }
+    /* 2d. Concats whose parts are written in place; bf16 results for bf16 products. */
+    plan_concat_in_place(nodes, n, p, uses);
+    if (can_fuse)
+        plan_half_outputs(nodes, n, p, uses, ops);
+    /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. An elided
+     * node's memory is live from the first kernel that writes into it. */
+    int pos = 0;
+    for (int i = 0; i < n; i++)
+        if (p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT || p->kind[i] == K_ELIDED)
+            order[i] = pos++;
+    for (int i = 0; i < n; i++) {
+        if (p->kind[i] == K_MEMBER)
+            order[i] = order[p->root_of[i]];
+        if (p->fold[i] >= 0)
+            order[p->fold[i]] = order[i];
+        if (p->gate_mul[i] >= 0)
+            order[p->gate_mul[i]] = order[i];
+        last[i] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int into = p->alias_of[i] >= 0 ? p->alias_of[i] : p->rope_of[i];
+        if (into >= 0 && order[i] < first[into])
+            first[into] = order[i];
+    }
+    for (int i = 0; i < n; i++) {
+        if (p->kind[i] == K_DEAD)
+            continue;
+        for (int k = 0; k < nodes[i]->n_in; k++) {
+            int prod = producer_of(&nodes[i]->in[k]);
+            if (prod >= 0 && order[i] > last[prod])
+                last[prod] = order[i];
+        }
+    }
+    for (int i = 0; i < n; i++) /* a folded pair's memory is the activation's output */
+        if (p->fold[i] >= 0 && last[p->fold[i]] > last[i])
+            last[i] = last[p->fold[i]];
+    typedef struct { int64_t off, bytes; int begin, end; } placed;
+    placed *pls = df_malloc(n1 * sizeof *pls);
+    int np = 0;
+    for (int i = 0; pls && i < n; i++) {
+        const df_storage *out = nodes[p->fold[i] >= 0 ? p->fold[i] : i]->out.st;
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
+            out->handles > 0 || p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
+            continue;
+        int64_t bytes = p->half[result_node(p, i)] ? (int64_t)out->bytes / 2 : (int64_t)out->bytes;
+        bytes = (bytes + 63) / 64 * 64;
+        int begin = first[i] < order[i] ? first[i] : order[i];
+        int end = last[i] < order[i] ? order[i] : last[i];
+        int64_t off = 0;
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int k = 0; k < np; k++)
+                if (begin <= pls[k].end && pls[k].begin <= end && off < pls[k].off + pls[k].bytes &&
+                    pls[k].off < off + bytes) {
+                    off = pls[k].off + pls[k].bytes;
+                    moved = true;
+                }
+        }
+        pls[np++] = (placed){off, bytes, begin, end};
+        p->offset[i] = off;
+        if (off + bytes > p->arena_bytes)
+            p->arena_bytes = off + bytes;
+    }
+    if (!pls) { /* no plan: every intermediate gets its own buffer */
+        for (int i = 0; i < n; i++)
+            p->offset[i] = -1;
+        p->arena_bytes = 0;
+    }
+    df_free(pls);
+done:
+    df_free(uses);
+    df_free(order);
+    df_free(last);
+    df_free(first);
+    df_free(parent);
+    df_free(is_head);
+    return p;
+}
+
+void df_graph_plan_free(lz_program *p)
+{
+    if (!p)
+        return;
+    df_free(p->root_of);
+    df_free(p->fold);
+    df_free(p->gate_mul);
+    df_free(p->epi_slots);
+    df_free(p->alias_of);
+    df_free(p->alias_off);
+    df_free(p->alias_split);
+    df_free(p->rope_of);
+    df_free(p->rope_s0);
+    df_free(p->half);
+    df_free(p->kind);
+    df_free(p->group);
+    df_free(p->offset);
+    df_free(p->groups);
+    df_free(p);
+}
+
+int64_t df_graph_plan_arena(const lz_program *p)
+{
+    return p->arena_bytes;
+}
+
+int df_graph_plan_kernels(const lz_program *p)
+{
+    int k = 0;
+    for (int i = 0; i < p->n; i++)
+        k += p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT;
+    return k;
+}
+
+lz_program *df_graph_plan_cached(lz_program **cache, df_node *const *nodes, int n,
+                                 const df_backend_ops *ops, bool *hit)
+{
+    uint64_t key = df_graph_key(nodes, n);
+    lz_program *p = *cache;
+    while (p && (p->key != key || p->n != n))
+        p = p->next;
+    *hit = p != NULL;
+    if (!p && (p = df_graph_plan_make(nodes, n, ops))) {
+        p->key = key;
+        p->next = *cache;
+        *cache = p;
+    }
+    return p;
+}
+
+void df_graph_cache_free(lz_program *cache)
+{
+    for (lz_program *p = cache, *next; p; p = next) {
+        next = p->next;
+        df_graph_plan_free(p);
+    }
+}

@@ -1,0 +1,72 @@
+/* What a plan holds (graph_plan.c makes plans, graph_run.c runs them): private to those
+ * two files. */
+#ifndef DF_RUNTIME_GRAPH_PLAN_IMPL_H
+#define DF_RUNTIME_GRAPH_PLAN_IMPL_H
+
+#include "runtime/graph_plan.h"
+
+typedef struct lz_group {
+    int root, head, n_members;
+    int n_in;
+    struct { int node, slot; } in[DF_FUSED_MAX_IN];
+    int n_insn;
+    df_fused_insn insn[DF_FUSED_MAX_INSN];
+    int insn_node[DF_FUSED_MAX_INSN]; /* node whose float attributes an insn takes */
+    int n_regs, out_reg;
+} lz_group;
+
+/* K_FOLDED: an activation computed by the matrix product that feeds it (epilogue).
+ * K_ELIDED: a node whose output others write in place (a concat whose parts are written
+ * straight into it, a rope whose input is normalised and rotated in one pass): it has
+ * memory but no kernel. */
+enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT, K_FOLDED, K_ELIDED };
+
+struct lz_program {
+    struct lz_program *next; /* the next plan of a cache */
+    uint64_t key;            /* df_graph_key of the graph it was made for */
+    int n;
+    uint8_t *kind;      /* per node */
+    int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
+    int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
+    int *fold;          /* per LINEAR node: the activation node folded into it, or the add of
+                           its gated residual epilogue; -1 when none */
+    int *gate_mul;      /* per LINEAR node: the mul of its gated residual epilogue, or -1 */
+    uint8_t *epi_slots; /* ... the mul's gate slot (bit 0) and the add's residual slot (bit 1) */
+    int *alias_of;      /* per node: the elided concat its output is a part of, or -1 */
+    int64_t *alias_off; /* ... the part's byte offset in it (contiguous parts), or its
+                           first column (parts of the concat's rows) */
+    int *alias_split;   /* ... 0 for a contiguous part; else the first of the node's own
+                           trailing dimensions that make up the part's columns */
+    int *rope_of;       /* per RMS_NORM node: the elided rope it writes (rms_norm_rope), or -1 */
+    int64_t *rope_s0;   /* ... and the first position of its part */
+    bool *half;         /* per result node: written in bf16, for the bf16 products reading it */
+    int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
+    int64_t arena_bytes;
+    lz_group *groups;
+    int n_groups;
+};
+
+/* The node that produces view v in the graph being planned or run, or -1. */
+static inline int producer_of(const df_view *v)
+{
+    return v->st && v->st->producer && !v->st->data ? v->st->producer->id : -1;
+}
+
+/* The GEMM post-op of an activation op, or DF_ACT_NONE. */
+static inline int activation_of(df_op op)
+{
+    switch (op) {
+    case DF_OP_GELU_TANH: return DF_ACT_GELU_TANH;
+    case DF_OP_SILU: return DF_ACT_SILU;
+    case DF_OP_GELU: return DF_ACT_GELU;
+    default: return DF_ACT_NONE;
+    }
+}
+
+/* The node whose storage holds node i's result: the activation folded into a product. */
+static inline int result_node(const lz_program *p, int i)
+{
+    return p->fold[i] >= 0 ? p->fold[i] : i;
+}
+
+#endif

@@ -1,0 +1,276 @@
+/*
+ * Running a planned graph (the plan from graph_plan.c): the arena, the rewrites the plan
+ * asks for, then the kernels in order.
+ *
+ * - The arena is the context's, reused by every graph and grown when a plan needs more:
+ *   graphs run in stream order, so the next graph's kernels start only after the previous
+ *   graph's are done with it, however far ahead the host has queued them.
+ * - Before memory is handed out, the nodes are rewritten as planned: bf16 results change
+ *   their views' dtype; a product takes its folded activation's output (and the gate and
+ *   residual of a gated residual epilogue); an rms_norm becomes rms_norm_rope writing its
+ *   rows of the rope's output; a concat's producers write into the concat's memory, at an
+ *   offset or as columns.
+ * - Fused groups run as one df_fused kernel; other nodes go to the stream one by one;
+ *   elided nodes (a rope or concat others write) and dead ones are freed unrun.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "runtime/graph_plan_impl.h"
+
+typedef struct fused_item {
+    df_fused f;
+    df_ctx *profile;
+    df_node **owned; /* the group's nodes, freed when it has run */
+    int n_owned;
+} fused_item;
+
+static df_status run_fused(void *arg, df_kernel_env *env)
+{
+    fused_item *it = arg;
+    double t0 = it->profile ? df_now() : 0;
+    df_status s = it->owned[0]->out.st->dev->ops->run_fused(&it->f, env);
+    if (it->profile)
+        df_profile_add(it->profile, DF_OP_COUNT, df_now() - t0);
+    return s;
+}
+
+static void done_fused(void *arg, df_status s)
+{
+    fused_item *it = arg;
+    if (s != DF_OK)
+        df_error_context(s, "fused kernel of %d ops", it->n_owned);
+    for (int i = 0; i < it->n_owned; i++)
+        df_node_free(it->owned[i]);
+    df_free(it->owned);
+    df_free(it);
+}
+
+static df_status release_arena(void *arg, df_kernel_env *env)
+{
+    (void)arg;
+    (void)env;
+    return DF_OK;
+}
+
+static void done_arena(void *arg, df_status s)
+{
+    (void)s;
+    df_storage_release(arg);
+}
+
+/* The context's arena, grown to at least `bytes`. A smaller one is released after the work
+ * already queued (which may still use it); the new one is rounded up to 1 MiB so that
+ * graphs of slightly different sizes do not each grow it. */
+static df_status arena_for(df_ctx *ctx, int64_t bytes, df_storage **out)
+{
+    if (ctx->arena && (int64_t)ctx->arena->bytes >= bytes) {
+        *out = ctx->arena;
+        return DF_OK;
+    }
+    df_storage *old = ctx->arena;
+    ctx->arena = NULL;
+    if (old && ctx->dev->ops->stream_submit(
+                   ctx->stream, &(df_work){.run = release_arena, .done = done_arena, .arg = old}) !=
+                   DF_OK) {
+        ctx->dev->ops->stream_sync(ctx->stream);
+        df_storage_release(old);
+    }
+    int64_t mib = 1 << 20;
+    DF_TRY(df_storage_alloc(ctx->dev, (size_t)((bytes + mib - 1) / mib * mib), &ctx->arena));
+    *out = ctx->arena;
+    return DF_OK;
+}
+
+static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
+                              const lz_group *g)
+{
+    fused_item *it = df_calloc(1, sizeof *it);
+    if (it)
+        it->owned = df_malloc((size_t)g->n_members * sizeof *it->owned);
+    if (!it || !it->owned) {
+        df_free(it);
+        return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
+    }
+    df_fused *f = &it->f;
+    it->profile = ctx->profiling ? ctx : NULL;
+    f->out = nodes[g->root]->out;
+    f->n_in = g->n_in;
+    for (int k = 0; k < g->n_in; k++)
+        f->in[k] = nodes[g->in[k].node]->in[g->in[k].slot];
+    f->n_insn = g->n_insn;
+    f->n_regs = g->n_regs;
+    f->out_reg = g->out_reg;
+    f->head_op = -1;
+    for (int k = 0; k < g->n_insn; k++) {
+        f->insn[k] = g->insn[k];
+        int src = g->insn_node[k];
+        if (src >= 0 && g->insn[k].op == DF_FI_SCALE) {
+            f->insn[k].f0 = (float)nodes[src]->a.f[0];
+            f->insn[k].f1 = (float)nodes[src]->a.f[1];
+        }
+    }
+    if (g->head >= 0) {
+        const df_node *h = nodes[g->head];
+        f->head_op = h->op;
+        f->head_x = h->in[0];
+        f->head_w = h->in[1];
+        f->head_b = h->op == DF_OP_LAYER_NORM ? h->in[2] : (df_view){0};
+        f->head_eps = (float)h->a.f[0];
+    }
+    for (int i = 0; i <= g->root; i++)
+        if (i == g->root || p->root_of[i] == g->root)
+            it->owned[it->n_owned++] = nodes[i];
+    df_status s = ctx->dev->ops->stream_submit(
+        ctx->stream, &(df_work){.run = run_fused, .done = done_fused, .arg = it});
+    if (s != DF_OK) {
+        done_fused(it, DF_OK);
+        return s;
+    }
+    ctx->stats.ops_enqueued++;
+    ctx->stats.fused_kernels++;
+    return DF_OK;
+}
+
+/* Turns rms_norm node x into rms_norm_rope: it writes its rows, rotated, into the output
+ * of `rope` from position s0 on, and its own output is never made. */
+static void write_rotated(df_node *x, const df_node *rope, int64_t s0)
+{
+    int64_t S = x->out.shape[1], D = x->out.shape[3];
+    df_view out = rope->out; /* [B, H, S_all, D] dense: this part is rows s0 .. s0 + S */
+    out.shape[2] = S;
+    out.offset += s0 * D;
+    df_view table = rope->in[1]; /* [S_all, D/2, 2] */
+    table.shape[0] = S;
+    table.offset += s0 * table.stride[0];
+    df_storage_retain(out.st);
+    df_storage_retain(table.st);
+    df_storage *own = x->out.st;
+    own->producer = NULL;
+    df_storage_release(own);
+    x->op = DF_OP_RMS_NORM_ROPE;
+    x->out = out;
+    x->in[2] = table;
+    x->n_in = 3;
+}
+
+/* Points node x's output at its columns of `whole` (a concat's output along its last
+ * dimension), from column `col` on: x's trailing dimensions from `split` on stay dense
+ * inside the part, the ones before step over whole rows. */
+static void write_columns(df_node *x, const df_view *whole, int64_t col, int split)
+{
+    df_view v = x->out;
+    int64_t stride = whole->shape[whole->ndim - 1];
+    for (int d = split - 1; d >= 0; d--) {
+        v.stride[d] = stride;
+        stride *= v.shape[d];
+    }
+    v.st = whole->st;
+    v.offset = whole->offset + col;
+    df_storage_retain(v.st);
+    df_storage *own = x->out.st;
+    own->producer = NULL;
+    df_storage_release(own);
+    x->out = v;
+}
+
+df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
+{
+    df_status s = DF_OK;
+    df_storage *arena = NULL;
+    if (p->arena_bytes > 0)
+        s = arena_for(ctx, p->arena_bytes, &arena);
+    /* bf16 results: their kernels, the kernels writing parts of them, and their readers
+     * see them as bf16 (before folding, so that a product takes its activation's view). */
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < nodes[j]->n_in; k++) {
+            int q = producer_of(&nodes[j]->in[k]);
+            if (q >= 0 && p->half[q])
+                nodes[j]->in[k].dtype = DF_DTYPE_BF16;
+        }
+    for (int i = 0; i < n; i++) {
+        if (p->alias_of[i] >= 0 && p->half[p->alias_of[i]]) {
+            nodes[result_node(p, i)]->out.dtype = DF_DTYPE_BF16;
+            nodes[result_node(p, i)]->out.st->bytes /= 2;
+        }
+        if (p->half[i]) {
+            nodes[i]->out.dtype = DF_DTYPE_BF16;
+            nodes[i]->out.st->bytes /= 2;
+        }
+    }
+    /* Folded activations: the product writes the activation's output and applies it. */
+    for (int i = 0; i < n; i++) {
+        int j = p->fold[i];
+        if (j < 0)
+            continue;
+        df_storage *own = nodes[i]->out.st;
+        nodes[i]->out = nodes[j]->out;
+        df_storage_retain(nodes[i]->out.st);
+        nodes[i]->a.i[3] = activation_of(nodes[j]->op);
+        int m = p->gate_mul[i];
+        if (m >= 0) { /* the gate row from the mul, the residual from the add */
+            df_node *x = nodes[i];
+            x->in[3] = nodes[m]->in[p->epi_slots[i] & 1];
+            x->in[4] = nodes[j]->in[p->epi_slots[i] >> 1 & 1];
+            df_storage_retain(x->in[3].st);
+            df_storage_retain(x->in[4].st);
+            x->n_in = 5;
+            x->a.i[4] = 1;
+            nodes[m]->out.st->producer = NULL;
+            df_node_free(nodes[m]);
+            nodes[m] = NULL;
+        }
+        own->producer = NULL;
+        df_storage_release(own);
+        df_node_free(nodes[j]);
+        nodes[j] = NULL;
+    }
+    /* Memory for every materialised output, then for the parts written in place, then the
+     * kernels in order. */
+    for (int i = 0; s == DF_OK && i < n; i++) {
+        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
+            p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
+            continue;
+        df_storage *st = nodes[i]->out.st;
+        if (p->offset[i] >= 0) {
+            st->data = (char *)arena->data + p->offset[i];
+            st->external = true; /* the arena owns the memory */
+        } else {
+            s = df_storage_materialize(st);
+        }
+    }
+    for (int i = 0; s == DF_OK && i < n; i++) {
+        if (p->alias_of[i] >= 0 && p->alias_split[i] > 0) {
+            write_columns(nodes[i], &nodes[p->alias_of[i]]->out, p->alias_off[i],
+                          p->alias_split[i]);
+        } else if (p->alias_of[i] >= 0) {
+            df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
+            st->data = (char *)base->data + (p->half[p->alias_of[i]] ? p->alias_off[i] / 2
+                                                                       : p->alias_off[i]);
+            st->external = true;
+            st->base = base; /* kept until this part is freed, whoever drops the concat */
+            df_storage_retain(base);
+        } else if (p->rope_of[i] >= 0) {
+            write_rotated(nodes[i], nodes[p->rope_of[i]], p->rope_s0[i]);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (nodes[i])
+            nodes[i]->out.st->producer = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!nodes[i])
+            continue; /* folded into its product */
+        if (s != DF_OK || p->kind[i] == K_DEAD || p->kind[i] == K_ELIDED) {
+            df_node_free(nodes[i]); /* never run: nothing reads it, or others write it */
+            continue;
+        }
+        if (p->kind[i] == K_SINGLE)
+            s = df_eager_submit(ctx, nodes[i]);
+        else if (p->kind[i] == K_ROOT)
+            s = submit_group(ctx, nodes, p, &p->groups[p->group[i]]);
+        /* K_MEMBER nodes are owned by their group's kernel */
+    }
+    return s;
+}
