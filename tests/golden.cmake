@@ -8,10 +8,10 @@ set(DF_GOLDEN_CASES
     tok-clip-l-77 tok-clip-g-77 tok-t5-512
     te-clip-l te-clip-g te-t5
     flux-transformer
-    vae-decode-flux vae-decode-sd3
+    vae-decode-flux vae-decode-sd3 vae-decode-flux2
     pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
     sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0)
-set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 vae-decode-flux2 te-mistral)
+set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 te-mistral)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)

@@ -14,6 +14,11 @@
  *     df_tensor_read(ctx, img, DF_DTYPE_F32, buf, ...);
  *     df_vae_postprocess_rgb8(buf, B, 3, 8h, 8w, pixels);
  *
+ * FLUX.2 (AutoencoderKLFlux2) replaces the first two steps:
+ *     df_vae_unpack_latents_with_ids(ctx, packed, ids, &z);   (B, S, 128) -> (B, 128, h, w)
+ *     df_vae_bn_denormalize(ctx, vae, z, &z);                  z * bn std + bn mean
+ *     df_vae_unpatchify_latents(ctx, z, &z);                   -> (B, 32, 2h, 2w)
+ *
  * Tensors returned by these functions belong to the context's current scope, like op
  * results (runtime.h).
  */
@@ -44,19 +49,26 @@ typedef struct df_vae_info {
     int norm_num_groups;
     bool mid_block_add_attention; /* default true */
     bool use_post_quant_conv;     /* default true (SD1/SDXL); FLUX, SD3: false */
-    double scaling_factor;        /* default 0.18215 */
+    double scaling_factor;        /* default 0.18215; AutoencoderKLFlux2: 1 (none) */
     double shift_factor;          /* null or absent: 0 */
     int64_t scale_factor;         /* 2^(n_blocks - 1): pixels per latent */
+    /* AutoencoderKLFlux2: the decoder is built from decoder_block_out_channels when the
+     * config has them (block_out_channels above then holds those), and the pipeline's
+     * latents are normalised by a BatchNorm2d over the 2x2-patchified latents. */
+    bool flux2;
+    int64_t bn_channels;   /* 4 * latent_channels (128); 0 for AutoencoderKL */
+    double batch_norm_eps; /* default 1e-4 */
 } df_vae_info;
 
 /*
- * Loads the AutoencoderKL decoder in `dir` (the folder holding config.json and
- * diffusion_pytorch_model.safetensors). Weights stay in the mapped file, in their stored
- * dtype. On success *out is owned by the caller; free it with df_vae_free(). Fails with
+ * Loads the AutoencoderKL or AutoencoderKLFlux2 decoder in `dir` (the folder holding
+ * config.json and diffusion_pytorch_model.safetensors). Weights stay in the mapped file, in
+ * their stored dtype; a FLUX.2 VAE's bn.running_mean and bn.running_var are also read to
+ * the host (missing, they fail the load, naming the file and the tensor). On success *out is owned by the caller; free it with df_vae_free(). Fails with
  * DF_E_IO when a file cannot be read; DF_E_FORMAT when the config is malformed or
  * impossible (empty block_out_channels, norm_num_groups not dividing a channel count, ...)
  * or the weights disagree with it (missing tensor, wrong shape, unexpected decoder
- * tensor); DF_E_UNSUPPORTED for another class, block type or activation.
+ * tensor); DF_E_UNSUPPORTED for another class, block type, activation or patch_size.
  */
 DF_API df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out);
 
@@ -74,9 +86,38 @@ DF_API df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h
 /* The inverse, FluxPipeline._pack_latents: [B, C, h, w] -> [B, (h/2)(w/2), 4C]. */
 DF_API df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out);
 
-/* latents / scaling_factor + shift_factor (any shape), as the pipelines do before decode. */
+/* latents / scaling_factor + shift_factor (any shape), as the pipelines do before decode.
+ * DF_E_ARG for an AutoencoderKLFlux2, which has no such factors (df_vae_bn_denormalize). */
 DF_API df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
                                 df_tensor **out);
+
+/*
+ * Flux2Pipeline._unpack_latents_with_ids: tokens [B, S, C] and their position ids, host
+ * int64 [B, S, 4] as (t, h, w, l), -> [B, C, H, W] with token i of sample b written at
+ * (h_i, w_i), H = max h + 1 and W = max w + 1 over the sample; positions no token names are
+ * 0. Every sample must span the same H x W, as torch.stack requires. DF_E_SHAPE for a
+ * packed tensor that is not 3-D; DF_E_ARG for a negative id, samples of different sizes,
+ * or two tokens of a sample at one position (torch's scatter would leave either).
+ */
+DF_API df_status df_vae_unpack_latents_with_ids(df_ctx *ctx, df_tensor *packed,
+                                                const int64_t *ids, df_tensor **out);
+
+/*
+ * Flux2Pipeline's de-normalisation before decode: latents [B, bn_channels, h, w] (the
+ * 2x2-patchified layout) -> latents * sqrt(bn.running_var + batch_norm_eps) +
+ * bn.running_mean, per channel. DF_E_ARG for a VAE that is not an AutoencoderKLFlux2,
+ * DF_E_SHAPE when the channels do not match.
+ */
+DF_API df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
+                                       df_tensor **out);
+
+/*
+ * Flux2Pipeline._unpatchify_latents: [B, 4C, h, w] -> [B, C, 2h, 2w], channel c*4 + dy*2 +
+ * dx of (y, x) landing at (c, 2y + dy, 2x + dx). _patchify is the inverse. DF_E_SHAPE for
+ * a tensor that is not 4-D, channels not a multiple of 4, or (patchify) an odd size.
+ */
+DF_API df_status df_vae_unpatchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out);
+DF_API df_status df_vae_patchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out);
 
 /*
  * AutoencoderKL.decode: latents [B, latent_channels, h, w] -> [B, out_channels, h*f, w*f]

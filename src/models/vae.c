@@ -1,11 +1,17 @@
 /*
- * AutoencoderKL's decoder (diffusers), built from vae/config.json.
+ * AutoencoderKL's and AutoencoderKLFlux2's decoder (diffusers), built from vae/config.json.
  *
  *   z -> post_quant_conv (1x1, when use_post_quant_conv) -> decoder.conv_in (3x3)
  *     -> mid_block: ResNet, attention (one head of width C, residual), ResNet
  *     -> up_blocks.0 .. up_blocks.n-1 (0 = lowest resolution): layers_per_block + 1 ResNets,
  *        then, in all but the last, nearest 2x upsampling and a 3x3 conv
  *     -> conv_norm_out (GroupNorm) -> SiLU -> conv_out (3x3)
+ *
+ * AutoencoderKLFlux2 has the same decoder (built from decoder_block_out_channels when its
+ * config has them) with post_quant_conv, plus a BatchNorm2d over the 2x2-patchified
+ * latents whose running statistics the pipeline uses to de-normalise its latents before
+ * decoding: they are read to the host at load (df_vae_bn_denormalize); the layout steps
+ * around it live in vae_flux2.c.
  *
  * Every GroupNorm uses norm_num_groups groups and eps 1e-6; a ResNet has a 1x1
  * conv_shortcut where it changes the channel count. The up blocks walk block_out_channels
@@ -86,19 +92,65 @@ struct df_vae {
     up_block up[DF_VAE_MAX_BLOCKS];
     norm norm_out;
     conv conv_out;
+    /* AutoencoderKLFlux2: bn.running_mean and sqrt(bn.running_var + eps) per patchified
+     * channel, computed once at load in float32 as torch does; NULL otherwise. */
+    float *bn_mean, *bn_std;
 };
 
 /* --- config ------------------------------------------------------------------------------ */
+
+/* AutoencoderKLFlux2's decoder_block_out_channels: null or absent means the encoder's
+ * block_out_channels; otherwise as many entries, which the decoder is built from. */
+static df_status read_decoder_channels(const df_json *cfg, df_vae_info *info)
+{
+    if (df_json_is_null(df_json_get(cfg, "decoder_block_out_channels")))
+        return DF_OK;
+    int64_t n;
+    DF_TRY(df_json_get_int_array(cfg, "decoder_block_out_channels", info->block_out_channels,
+                                 DF_VAE_MAX_BLOCKS, &n));
+    if (n != info->n_blocks)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: decoder_block_out_channels has %lld entries but "
+                         "block_out_channels has %d",
+                         df_json_source(cfg), (long long)n, info->n_blocks);
+    return DF_OK;
+}
+
+/* AutoencoderKLFlux2's BatchNorm2d over the 2x2-patchified latents: batch_norm_eps, and a
+ * patch_size of [2, 2], the only one the FLUX.2 pipelines (un)patchify with. There is no
+ * scaling_factor or shift_factor: unscaling is the identity. */
+static df_status read_batch_norm(const df_json *cfg, df_vae_info *info)
+{
+    const char *src = df_json_source(cfg);
+    DF_TRY(df_json_get_double_or(cfg, "batch_norm_eps", 1e-4, &info->batch_norm_eps));
+    if (!(info->batch_norm_eps >= 0))
+        return df_errorf(DF_E_FORMAT, "%s: batch_norm_eps is %g (expected >= 0)", src,
+                         info->batch_norm_eps);
+    if (!df_json_is_null(df_json_get(cfg, "patch_size"))) {
+        int64_t patch[2] = {0, 0}, n;
+        DF_TRY(df_json_get_int_array(cfg, "patch_size", patch, 2, &n));
+        if (n != 2 || patch[0] != 2 || patch[1] != 2)
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "%s: patch_size is not [2, 2] (the FLUX.2 pipelines "
+                             "patchify latents 2x2)",
+                             src);
+    }
+    info->bn_channels = 4 * info->latent_channels;
+    info->scaling_factor = 1.0;
+    info->shift_factor = 0.0;
+    return DF_OK;
+}
 
 static df_status read_config(const df_json *cfg, df_vae_info *info)
 {
     const char *src = df_json_source(cfg);
     const char *cls;
     DF_TRY(df_json_get_string_or(cfg, "_class_name", "AutoencoderKL", &cls));
-    if (strcmp(cls, "AutoencoderKL") != 0)
+    info->flux2 = strcmp(cls, "AutoencoderKLFlux2") == 0;
+    if (strcmp(cls, "AutoencoderKL") != 0 && !info->flux2)
         return df_errorf(DF_E_UNSUPPORTED,
                          "%s: class %s is not implemented (the VAE decoder "
-                         "reads AutoencoderKL)",
+                         "reads AutoencoderKL and AutoencoderKLFlux2)",
                          src, cls);
     const char *act;
     DF_TRY(df_json_get_string_or(cfg, "act_fn", "silu", &act));
@@ -113,6 +165,8 @@ static df_status read_config(const df_json *cfg, df_vae_info *info)
         return df_errorf(DF_E_FORMAT, "%s: block_out_channels is empty", src);
     info->n_blocks = (int)n_blocks;
     info->scale_factor = (int64_t)1 << (n_blocks - 1);
+    if (info->flux2)
+        DF_TRY(read_decoder_channels(cfg, info));
 
     DF_TRY(df_json_get_int_or(cfg, "latent_channels", 4, &info->latent_channels));
     DF_TRY(df_json_get_int_or(cfg, "out_channels", 3, &info->out_channels));
@@ -168,6 +222,8 @@ static df_status read_config(const df_json *cfg, df_vae_info *info)
     DF_TRY(
         df_json_get_bool_or(cfg, "mid_block_add_attention", true, &info->mid_block_add_attention));
     DF_TRY(df_json_get_bool_or(cfg, "use_post_quant_conv", true, &info->use_post_quant_conv));
+    if (info->flux2)
+        return read_batch_norm(cfg, info);
     DF_TRY(df_json_get_double_or(cfg, "scaling_factor", 0.18215, &info->scaling_factor));
     DF_TRY(df_json_get_double_or(cfg, "shift_factor", 0.0, &info->shift_factor));
     if (info->scaling_factor == 0)
@@ -220,7 +276,38 @@ static df_status bind_attention(df_weight_set *ws, attention *a, int64_t ch, con
     return df_ws_linear(ws, &a->to_out, ch, ch, true, "%s.to_out.0", prefix);
 }
 
-static df_status bind_weights(df_vae *vae)
+/* bn.running_mean and bn.running_var [4 * latent_channels], read to the host once: the
+ * pipeline's de-normalisation uses them on every decode, and the std needs a square root
+ * (std = sqrt(var + eps) in float32, as the pipeline computes it in the VAE's dtype). The
+ * step counter bn.num_batches_tracked is not used. */
+static df_status bind_batch_norm(df_ctx *ctx, df_vae *vae)
+{
+    df_weight_set *ws = vae->ws;
+    int64_t n = vae->info.bn_channels;
+    df_tensor *mean, *var;
+    DF_TRY(df_ws_tensor(ws, &mean, 1, (int64_t[]){n}, "bn.running_mean"));
+    DF_TRY(df_ws_tensor(ws, &var, 1, (int64_t[]){n}, "bn.running_var"));
+    df_ws_ignore_prefix(ws, "bn.num_batches_tracked");
+    vae->bn_mean = df_malloc((size_t)n * sizeof *vae->bn_mean);
+    vae->bn_std = df_malloc((size_t)n * sizeof *vae->bn_std);
+    if (!vae->bn_mean || !vae->bn_std)
+        return df_errorf(DF_E_OOM, "vae: out of memory");
+    DF_TRY(df_tensor_read(ctx, mean, DF_DTYPE_F32, vae->bn_mean, (size_t)n * sizeof(float)));
+    DF_TRY(df_tensor_read(ctx, var, DF_DTYPE_F32, vae->bn_std, (size_t)n * sizeof(float)));
+    float eps = (float)vae->info.batch_norm_eps;
+    for (int64_t i = 0; i < n; i++) {
+        float v = vae->bn_std[i] + eps;
+        if (!(v >= 0.0f))
+            return df_errorf(DF_E_FORMAT,
+                             "vae: bn.running_var[%lld] + batch_norm_eps is %g (a variance "
+                             "cannot be negative)",
+                             (long long)i, (double)v);
+        vae->bn_std[i] = sqrtf(v);
+    }
+    return DF_OK;
+}
+
+static df_status bind_weights(df_ctx *ctx, df_vae *vae)
 {
     const df_vae_info *c = &vae->info;
     df_weight_set *ws = vae->ws;
@@ -256,6 +343,9 @@ static df_status bind_weights(df_vae *vae)
     DF_TRY(bind_conv(ws, &vae->conv_out, c->out_channels, c->block_out_channels[0], 3,
                      "decoder.conv_out"));
 
+    if (c->flux2)
+        DF_TRY(bind_batch_norm(ctx, vae));
+
     /* The encoder half of the checkpoint is not ours to bind. */
     df_ws_ignore_prefix(ws, "encoder.");
     df_ws_ignore_prefix(ws, "quant_conv.");
@@ -277,7 +367,7 @@ df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out)
     if (s == DF_OK)
         s = read_config(cfg, &vae->info);
     if (s == DF_OK)
-        s = bind_weights(vae);
+        s = bind_weights(ctx, vae);
     if (s != DF_OK) {
         df_vae_free(vae);
         return s;
@@ -303,6 +393,8 @@ void df_vae_free(df_vae *vae)
     df_weight_set_free(vae->ws); /* waits for queued kernels that read the weights */
     for (int i = 0; i < DF_VAE_MAX_BLOCKS; i++)
         df_free(vae->up[i].resnets);
+    df_free(vae->bn_mean);
+    df_free(vae->bn_std);
     df_free(vae);
 }
 
@@ -568,7 +660,34 @@ df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_
         return df_errorf(DF_E_ARG, "df_vae_unscale: NULL argument");
     DF_TRY(df_ctx_status(ctx));
     const df_vae_info *c = &vae->info;
+    if (c->flux2)
+        return df_errorf(DF_E_ARG, "vae unscale: an AutoencoderKLFlux2 has no scaling_factor; "
+                                   "its latents are de-normalised by df_vae_bn_denormalize");
     df_tensor *x = df_scale(ctx, latents, (float)(1.0 / c->scaling_factor), (float)c->shift_factor);
+    return finish(ctx, x, out);
+}
+
+df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
+                                df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !vae || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_bn_denormalize: NULL argument");
+    DF_TRY(df_ctx_status(ctx));
+    const df_vae_info *c = &vae->info;
+    if (!c->flux2)
+        return df_errorf(DF_E_ARG, "vae bn de-normalisation: only an AutoencoderKLFlux2 has "
+                                   "batch-norm statistics");
+    char d[96];
+    if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) != c->bn_channels)
+        return df_errorf(DF_E_SHAPE, "vae bn de-normalisation: latents %s, expected [B, %lld, h, w]",
+                         df_tensor_describe(latents, d, sizeof d), (long long)c->bn_channels);
+    df_scope mark = df_scope_begin(ctx);
+    const int64_t shape[4] = {1, c->bn_channels, 1, 1};
+    df_tensor *std = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, 4, vae->bn_std);
+    df_tensor *mean = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, 4, vae->bn_mean);
+    df_tensor *x = df_add(ctx, df_mul(ctx, latents, std), mean); /* x * std + mean */
+    x = df_scope_end(ctx, mark, x);
     return finish(ctx, x, out);
 }
 

@@ -1,6 +1,7 @@
 /*
  * VAE decoder tests: the golden AutoencoderKL cases through the library API, FLUX latent
- * unpacking, image post-processing, tiled decoding, and the load errors.
+ * unpacking, image post-processing, tiled decoding, and the load errors. FLUX.2's
+ * AutoencoderKLFlux2 and its latent layouts are tested in test_vae_flux2.c.
  *
  * The small random models are written here with the safetensors writer, under the
  * checkpoint names diffusers uses, so the tests need no download. Expected values never
@@ -700,10 +701,10 @@ static void test_groups_must_divide_channels(void **state)
 static void test_other_classes_are_unsupported(void **state)
 {
     (void)state;
-    tiny_opts o = {.config_override = "{\"_class_name\": \"AutoencoderKLFlux2\", "
+    tiny_opts o = {.config_override = "{\"_class_name\": \"AutoencoderTiny\", "
                                       "\"block_out_channels\": [8, 16, 16]}"};
     assert_int_equal(try_load("vae_tiny_class", &o), DF_E_UNSUPPORTED);
-    assert_non_null(strstr(df_error_message(), "AutoencoderKLFlux2"));
+    assert_non_null(strstr(df_error_message(), "AutoencoderTiny"));
     tiny_opts t = {.config_override = "{\"block_out_channels\": [8, 16, 16], "
                                       "\"norm_num_groups\": 4, "
                                       "\"up_block_types\": [\"UpDecoderBlock2D\", "

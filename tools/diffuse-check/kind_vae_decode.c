@@ -7,7 +7,12 @@
  * VaeImageProcessor.postprocess to a float image and to 8-bit pixels. Each output the case
  * lists (unpacked, scaled, decoded, image, image_uint8) is compared; image_uint8 as
  * numbers, within the case's max_abs of 1. The context comes from --device, --threads,
- * --dtype and --mode. AutoencoderKLFlux2 is not implemented yet.
+ * --dtype and --mode.
+ *
+ * AutoencoderKLFlux2 replaces the unpacking and unscaling with Flux2Pipeline's own steps:
+ * the tokens (args.latents) are scattered by their position ids (args.latent_ids), de-
+ * normalised by the VAE's batch-norm statistics and unpatchified (outputs unpacked,
+ * denormalized, unpatchified) before the same decode and post-processing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +103,50 @@ static df_tensor *unpack(run_state *r, df_tensor *z)
     return r->error ? NULL : out;
 }
 
+/* The result of one FLUX.2 layout step (status st, tensor next), compared with `output`;
+ * NULL after a failure. */
+static df_tensor *flux2_step(run_state *r, const char *output, df_status st, df_tensor *next)
+{
+    if (st != DF_OK) {
+        r->failed = check_fail(r->c, "%s: %s", output, df_error_message());
+        return NULL;
+    }
+    free(read_and_compare(r, output, next));
+    return r->error ? NULL : next;
+}
+
+/* Flux2Pipeline's tail before decode: unpack by ids, de-normalise, unpatchify. */
+static df_tensor *flux2_prepare(run_state *r, df_tensor *z)
+{
+    const char *name;
+    int64_t *ids = NULL, shape[8];
+    int ndim = 0;
+    if (df_json_get_string(r->c->args, "latent_ids", &name) != DF_OK ||
+        check_read_i64(r->c, name, &ids, shape, &ndim) != DF_OK) {
+        r->failed = check_fail(r->c, "args.latent_ids: %s", df_error_message());
+        return NULL;
+    }
+    if (ndim != 3 || shape[2] != 4 || shape[0] != df_tensor_dim(z, 0) ||
+        shape[1] != df_tensor_dim(z, 1)) {
+        free(ids);
+        r->failed = check_fail(r->c, "args.latent_ids: expected [B, S, 4] for the latents");
+        return NULL;
+    }
+    df_tensor *next = NULL;
+    df_status st = df_vae_unpack_latents_with_ids(r->ctx, z, ids, &next);
+    free(ids);
+    z = flux2_step(r, "unpacked", st, next);
+    if (z) {
+        st = df_vae_bn_denormalize(r->ctx, r->vae, z, &next);
+        z = flux2_step(r, "denormalized", st, next);
+    }
+    if (z) {
+        st = df_vae_unpatchify_latents(r->ctx, z, &next);
+        z = flux2_step(r, "unpatchified", st, next);
+    }
+    return z;
+}
+
 static void postprocess(run_state *r, const float *decoded, df_tensor *t)
 {
     int64_t b = df_tensor_dim(t, 0), ch = df_tensor_dim(t, 1);
@@ -128,13 +177,17 @@ static int run(run_state *r)
     if (df_vae_load(r->ctx, r->c->model_dir, &r->vae) != DF_OK)
         return check_fail(r->c, "loading %s: %s", r->c->model_dir, df_error_message());
     df_tensor *z = upload_latents(r);
-    if (z)
-        z = unpack(r, z);
     df_tensor *scaled = NULL, *decoded = NULL;
-    if (z && df_vae_unscale(r->ctx, r->vae, z, &scaled) != DF_OK)
-        r->failed = check_fail(r->c, "unscale: %s", df_error_message());
-    if (scaled)
-        free(read_and_compare(r, "scaled", scaled));
+    if (z && df_vae_config(r->vae)->flux2) {
+        scaled = flux2_prepare(r, z);
+    } else {
+        if (z)
+            z = unpack(r, z);
+        if (z && df_vae_unscale(r->ctx, r->vae, z, &scaled) != DF_OK)
+            r->failed = check_fail(r->c, "unscale: %s", df_error_message());
+        if (scaled)
+            free(read_and_compare(r, "scaled", scaled));
+    }
     if (scaled && !r->error && df_vae_decode(r->ctx, r->vae, scaled, &decoded) != DF_OK)
         r->failed = check_fail(r->c, "decode: %s", df_error_message());
     if (decoded && !r->error) {
@@ -156,7 +209,7 @@ static int run(run_state *r)
 
 int check_kind_vae_decode(check_case *c)
 {
-    if (strcmp(c->cls, "AutoencoderKL") != 0)
+    if (strcmp(c->cls, "AutoencoderKL") != 0 && strcmp(c->cls, "AutoencoderKLFlux2") != 0)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "a vae_decode case needs \"dir\" (the vae folder)");
