@@ -1,7 +1,8 @@
 /*
  * Tests for the flow-match Euler scheduler (src/sched/flow_match_euler.c): the shift
  * formulas, the schedule's shape, config errors, the Euler step, and diffusers' own
- * schedules and steps (the sched-* golden cases).
+ * schedules and steps (the sched-* golden cases); FLUX.2's empirical mu, schedule, noise
+ * and ids (src/sched/flux2_latents.c).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include "core/alloc.h"
 #include "golden_tensors.h"
 #include "sched/flow_match_euler.h"
+#include "sched/flux2_latents.h"
 
 static df_scheduler *from_json(const char *json)
 {
@@ -67,6 +69,39 @@ static void test_empirical_mu_follows_the_two_fits(void **state)
     assert_float_equal(df_flux2_compute_empirical_mu(8192, 4), 0.00016927 * 8192 + 0.45666666,
                        1e-12);
     assert_true(df_flux2_compute_empirical_mu(8192, 4) == df_flux2_compute_empirical_mu(8192, 50));
+}
+
+/* The values diffusers printed for the pipe-flux2 and pipe-flux2-klein cases (16 tokens). */
+static void test_empirical_mu_matches_the_pipelines(void **state)
+{
+    (void)state;
+    assert_float_equal(df_flux2_compute_empirical_mu(16, 4), 1.9452163656143495, 1e-15);
+    assert_float_equal(df_flux2_compute_empirical_mu(16, 3), 1.952797189010341, 1e-15);
+}
+
+/* FLUX.2's schedule: sigmas linspace(1, 1/n, n) shifted by e^mu / (e^mu + 1/sigma - 1)
+ * with the empirical mu, a terminal 0, timesteps sigma * 1000 (pipe-flux2-klein's config). */
+static void test_flux2_schedule_shifts_linspace_by_empirical_mu(void **state)
+{
+    (void)state;
+    df_scheduler *s;
+    if (df_scheduler_load(DF_GOLDEN_DIR "/pipe-flux2-klein/pipeline/scheduler", &s) != DF_OK)
+        skip();
+    enum { N = 4 };
+    double sig[N];
+    df_linspace(1.0, 1.0 / N, N, sig);
+    double mu = df_flux2_compute_empirical_mu(16, N);
+    assert_int_equal(df_scheduler_set_timesteps(s, N, sig, &mu), DF_OK);
+    assert_int_equal(df_scheduler_num_steps(s), N);
+    const float *got = df_scheduler_sigmas(s), *ts = df_scheduler_timesteps(s);
+    for (int i = 0; i < N; i++) {
+        double want = exp(mu) / (exp(mu) + (1.0 / (1.0 - i * (1.0 - 1.0 / N) / (N - 1)) - 1.0));
+        assert_float_equal(got[i], want, 1e-6);
+        assert_float_equal(ts[i], want * 1000.0, 1e-3);
+    }
+    assert_true(got[0] == 1.0f);
+    assert_true(got[N] == 0.0f);
+    df_scheduler_free(s);
 }
 
 static void test_linspace_matches_numpy(void **state)
@@ -433,11 +468,72 @@ static void test_golden_sd3_10(void **state)
     run_golden("sched-flowmatch-sd3-10", 10, false, 0);
 }
 
+/* ---- FLUX.2's starting latents ------------------------------------------------------- */
+
+/* Seed 42 drawn as (1, 128, 8, 16) is torch's (1, 16, 32, 32) draw of the rng golden case
+ * (the same 16384 numbers from the same stream: only the count matters), then packed:
+ * token p, channel c holds draw c * 128 + p. */
+static void test_flux2_noise_is_torch_draw_packed(void **state)
+{
+    (void)state;
+    int64_t n;
+    double *want = golden_read_f64("rng-randn-f32-seed42-latent", "out.sample_0", &n);
+    if (!want)
+        skip();
+    enum { C = 128, h = 8, w = 16, HW = h * w };
+    assert_int_equal(n, C * HW);
+    float *scratch = malloc(sizeof(float) * C * HW), *got = malloc(sizeof(float) * C * HW);
+    assert_non_null(scratch);
+    assert_non_null(got);
+    df_rng rng;
+    df_rng_init(&rng, 42);
+    assert_int_equal(df_flux2_noise(&rng, 1, C, h, w, scratch, got), DF_OK);
+    /* within the rng's own tolerance against torch (test_rng: libm's log and cos differ
+     * from torch's in the last bit for some draws) */
+    for (int p = 0; p < HW; p++)
+        for (int c = 0; c < C; c++)
+            assert_float_equal(got[p * C + c], want[c * HW + p], 1e-5);
+    /* unpacking gives back the draw in torch's order */
+    float *draw = malloc(sizeof(float) * C * HW);
+    assert_non_null(draw);
+    df_flux2_unpack_latents(got, 1, C, h, w, draw);
+    assert_memory_equal(draw, scratch, sizeof(float) * C * HW);
+    free(draw);
+    assert_int_equal(df_flux2_noise(&rng, 0, C, h, w, scratch, got), DF_E_ARG);
+    free(scratch);
+    free(got);
+    free(want);
+}
+
+static void test_flux2_ids_are_raster_and_text_positions(void **state)
+{
+    (void)state;
+    enum { B = 2, h = 3, w = 5, L = 4 };
+    int64_t ids[B * h * w * 4], txt[B * L * 4];
+    df_flux2_latent_ids(B, h, w, ids);
+    for (int b = 0; b < B; b++)
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++) {
+                const int64_t *id = ids + ((b * h + y) * w + x) * 4;
+                assert_true(id[0] == 0 && id[1] == y && id[2] == x && id[3] == 0);
+            }
+    df_flux2_text_ids(B, L, txt);
+    for (int b = 0; b < B; b++)
+        for (int l = 0; l < L; l++) {
+            const int64_t *id = txt + (b * L + l) * 4;
+            assert_true(id[0] == 0 && id[1] == 0 && id[2] == 0 && id[3] == l);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_calculate_shift_is_linear_between_the_ends),
         cmocka_unit_test(test_empirical_mu_follows_the_two_fits),
+        cmocka_unit_test(test_empirical_mu_matches_the_pipelines),
+        cmocka_unit_test(test_flux2_schedule_shifts_linspace_by_empirical_mu),
+        cmocka_unit_test(test_flux2_noise_is_torch_draw_packed),
+        cmocka_unit_test(test_flux2_ids_are_raster_and_text_positions),
         cmocka_unit_test(test_linspace_matches_numpy),
         cmocka_unit_test(test_schedule_has_n_plus_one_sigmas_ending_at_zero),
         cmocka_unit_test(test_invert_sigmas_appends_one),
