@@ -213,3 +213,27 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_te
     }
     offload_after(ctx, b, g);
 }
+
+/* ---- depth ------------------------------------------------------------------------------- */
+
+/* The config's depth `n` of blocks named `prefix`.<i>.<probe> must be what the checkpoint
+ * holds: block n-1 present, block n absent. */
+df_status df_blocks_check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,
+                                const char *prefix, const char *probe)
+{
+    if (n > 0 && !df_ws_has(ws, "%s.%lld.%s", prefix, (long long)(n - 1), probe)) {
+        int have = 0;
+        while (have < n && df_ws_has(ws, "%s.%d.%s", prefix, have, probe))
+            have++;
+        return df_errorf(DF_E_FORMAT,
+                         "%s/config.json: key '%s' is %lld but the weights hold "
+                         "%d such blocks (no tensor '%s.%d.%s')",
+                         dir, key, (long long)n, have, prefix, have, probe);
+    }
+    if (df_ws_has(ws, "%s.%lld.%s", prefix, (long long)n, probe))
+        return df_errorf(DF_E_FORMAT,
+                         "%s/config.json: key '%s' is %lld but the weights hold "
+                         "more blocks (tensor '%s.%lld.%s')",
+                         dir, key, (long long)n, prefix, (long long)n, probe);
+    return DF_OK;
+}

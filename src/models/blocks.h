@@ -97,4 +97,9 @@ void df_blocks_end(df_ctx *ctx, df_blocks *b);
  * in[0..n_in), writing out[0..n_out) (all NULL after a failure, which fails the context). */
 void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_tensor **out);
 
+/* The config's depth `n` (key `key`) of blocks named `prefix`.<i>.<probe> must be what the
+ * checkpoint holds: block n-1 present, block n absent (DF_E_FORMAT naming both). */
+df_status df_blocks_check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,
+                                const char *prefix, const char *probe);
+
 #endif

@@ -239,37 +239,15 @@ static df_status bind_single(df_weight_set *ws, single_block *b, int64_t D, int6
     return DF_OK;
 }
 
-/* The config's depth `n` of blocks named `prefix`.<i>.<probe> must be what the checkpoint
- * holds: block n-1 present, block n absent. */
-static df_status check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,
-                             const char *prefix, const char *probe)
-{
-    if (n > 0 && !df_ws_has(ws, "%s.%lld.%s", prefix, (long long)(n - 1), probe)) {
-        int have = 0;
-        while (have < n && df_ws_has(ws, "%s.%d.%s", prefix, have, probe))
-            have++;
-        return df_errorf(DF_E_FORMAT,
-                         "%s/config.json: key '%s' is %lld but the weights hold "
-                         "%d such blocks (no tensor '%s.%d.%s')",
-                         dir, key, (long long)n, have, prefix, have, probe);
-    }
-    if (df_ws_has(ws, "%s.%lld.%s", prefix, (long long)n, probe))
-        return df_errorf(DF_E_FORMAT,
-                         "%s/config.json: key '%s' is %lld but the weights hold "
-                         "more blocks (tensor '%s.%lld.%s')",
-                         dir, key, (long long)n, prefix, (long long)n, probe);
-    return DF_OK;
-}
-
 static df_status bind_weights(df_flux *m, const char *dir)
 {
     const df_flux_cfg *c = &m->cfg;
     df_weight_set *ws = m->ws;
     int64_t D = c->inner_dim, Dh = c->attention_head_dim;
-    DF_TRY(check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
-                       "norm1.linear.weight"));
-    DF_TRY(check_depth(ws, dir, "num_single_layers", c->num_single_layers,
-                       "single_transformer_blocks", "norm.linear.weight"));
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
+                                 "norm1.linear.weight"));
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_single_layers", c->num_single_layers,
+                                 "single_transformer_blocks", "norm.linear.weight"));
 
     DF_TRY(df_ws_linear(ws, &m->x_embedder, D, c->in_channels, true, "x_embedder"));
     DF_TRY(df_ws_linear(ws, &m->context_embedder, D, c->joint_attention_dim, true,

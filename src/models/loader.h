@@ -81,7 +81,7 @@ typedef enum df_shard_style {
     DF_SHARD_ROWWISE,       /* input features (weight columns); a table's first dimension */
 } df_shard_style;
 
-#define DF_SHARD_MAX_PARTS 4
+#define DF_SHARD_MAX_PARTS 8
 
 typedef struct df_shard {
     df_shard_style style;
