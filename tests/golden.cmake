@@ -7,16 +7,16 @@ set(DF_GOLDEN_CASES
     sched-flowmatch-flux-schnell-4 sched-flowmatch-flux-dev-8 sched-flowmatch-sd3-10
     tok-clip-l-77 tok-clip-g-77 tok-t5-512
     te-clip-l te-clip-g te-t5
-    flux-transformer
+    flux-transformer flux2-transformer flux2-klein-transformer
     vae-decode-flux vae-decode-sd3 vae-decode-flux2
     pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
     sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0)
-set(DF_GOLDEN_NOT_YET flux2-transformer pipe-flux2 te-mistral)
+set(DF_GOLDEN_NOT_YET pipe-flux2 te-mistral)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)
 set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
-    sd3-transformer pipe-sd3 t2i-sd3)
+    sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer)
 
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})
@@ -32,14 +32,16 @@ if(EXISTS ${DF_GOLDEN_DIR})
     set_tests_properties(golden/blocks/${case} PROPERTIES TIMEOUT 600)
   endforeach()
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
-  foreach(case flux-transformer te-t5 t2i-flux-schnell sd3-transformer t2i-sd3)
+  foreach(case flux-transformer te-t5 t2i-flux-schnell sd3-transformer t2i-sd3
+          flux2-transformer flux2-klein-transformer)
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
   endforeach()
   # ... and so must the defer-and-fuse and compiled plans, which write some operands of bf16
   # products in bf16 themselves.
   foreach(mode fuse compile)
-    foreach(case flux-transformer t2i-flux-schnell sd3-transformer)
+    foreach(case flux-transformer t2i-flux-schnell sd3-transformer flux2-transformer
+            flux2-klein-transformer)
       add_test(NAME golden/bf16-${mode}/${case}
                COMMAND diffuse-check --dtype bf16 --mode ${mode} --threads 2
                        ${DF_GOLDEN_DIR}/${case})

@@ -29,6 +29,7 @@
 #include "clip.h"
 #include "t5.h"
 #include "flux.h"
+#include "flux2.h"
 #include "sd3.h"
 #include "vae.h"
 #include "tokenizer.h"

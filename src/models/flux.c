@@ -36,6 +36,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/embeddings.h"
+#include "models/blocks.h"
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
@@ -113,18 +114,11 @@ struct df_flux {
     double_block *blocks;
     single_block *singles;
     df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
-    bool sequential;                      /* sequential offload: blocks resident one at a time */
     int tp;                               /* tensor-parallel ranks the model is split over */
-    /* Compiled repeated blocks: one program per block class, weights as arguments. */
-    df_compiled *double_c, *single_c;
-    struct block_ref *refs;               /* [num_layers + num_single_layers] */
+    /* The repeated blocks in forward order (double, then single): compiled per class and
+     * offloaded one at a time (blocks.h). */
+    df_blocks rep;
 };
-
-/* A block as a compiled module's instance: the model and the block's index. */
-typedef struct block_ref {
-    df_flux *m;
-    int i;
-} block_ref;
 
 /* Sizes of one forward call. H: this rank's attention heads; tp: ranks. */
 typedef struct dims {
@@ -245,37 +239,15 @@ static df_status bind_single(df_weight_set *ws, single_block *b, int64_t D, int6
     return DF_OK;
 }
 
-/* The config's depth `n` of blocks named `prefix`.<i>.<probe> must be what the checkpoint
- * holds: block n-1 present, block n absent. */
-static df_status check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,
-                             const char *prefix, const char *probe)
-{
-    if (n > 0 && !df_ws_has(ws, "%s.%lld.%s", prefix, (long long)(n - 1), probe)) {
-        int have = 0;
-        while (have < n && df_ws_has(ws, "%s.%d.%s", prefix, have, probe))
-            have++;
-        return df_errorf(DF_E_FORMAT,
-                         "%s/config.json: key '%s' is %lld but the weights hold "
-                         "%d such blocks (no tensor '%s.%d.%s')",
-                         dir, key, (long long)n, have, prefix, have, probe);
-    }
-    if (df_ws_has(ws, "%s.%lld.%s", prefix, (long long)n, probe))
-        return df_errorf(DF_E_FORMAT,
-                         "%s/config.json: key '%s' is %lld but the weights hold "
-                         "more blocks (tensor '%s.%lld.%s')",
-                         dir, key, (long long)n, prefix, (long long)n, probe);
-    return DF_OK;
-}
-
 static df_status bind_weights(df_flux *m, const char *dir)
 {
     const df_flux_cfg *c = &m->cfg;
     df_weight_set *ws = m->ws;
     int64_t D = c->inner_dim, Dh = c->attention_head_dim;
-    DF_TRY(check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
-                       "norm1.linear.weight"));
-    DF_TRY(check_depth(ws, dir, "num_single_layers", c->num_single_layers,
-                       "single_transformer_blocks", "norm.linear.weight"));
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
+                                 "norm1.linear.weight"));
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_single_layers", c->num_single_layers,
+                                 "single_transformer_blocks", "norm.linear.weight"));
 
     DF_TRY(df_ws_linear(ws, &m->x_embedder, D, c->in_channels, true, "x_embedder"));
     DF_TRY(df_ws_linear(ws, &m->context_embedder, D, c->joint_attention_dim, true,
@@ -313,6 +285,8 @@ static df_status shard(df_flux *m, const char *dir)
     return DF_OK;
 }
 
+static df_status list_blocks(df_flux *m);
+
 df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
 {
     if (!out)
@@ -342,6 +316,8 @@ df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
         s = shard(m, dir);
     if (s == DF_OK)
         s = bind_weights(m, dir);
+    if (s == DF_OK)
+        s = list_blocks(m);
     if (s != DF_OK) {
         df_flux_free(m);
         return s;
@@ -369,24 +345,14 @@ df_status df_flux_set_sequential_offload(df_flux *m, bool on)
 {
     if (!m)
         return df_errorf(DF_E_ARG, "df_flux_set_sequential_offload: model is NULL");
-    m->sequential = on;
-    /* Block weights come and go every step: used in place, never packed (packing them
-     * again at every step would cost more than it saves). */
-    df_ws_set_transient(m->ws, "transformer_blocks.", on);
-    df_ws_set_transient(m->ws, "single_transformer_blocks.", on);
-    if (on)
-        return df_ws_release(m->ws, NULL); /* each forward acquires what it runs */
-    df_ws_acquire(m->ws, NULL);
-    return DF_OK;
+    return df_blocks_set_sequential(&m->rep, on);
 }
 
 void df_flux_free(df_flux *m)
 {
     if (!m)
         return;
-    df_compiled_free(m->double_c);
-    df_compiled_free(m->single_c);
-    df_free(m->refs);
+    df_blocks_deinit(&m->rep);
     df_weight_set_free(m->ws);
     df_free(m->blocks);
     df_free(m->singles);
@@ -566,57 +532,11 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
     return df_add(ctx, x, df_mul(ctx, mod[2], h));               /* residual */
 }
 
-/* --- sequential offload ------------------------------------------------------------------ */
+/* --- repeated blocks --------------------------------------------------------------------- */
 
-/* The weights outside the blocks, resident for the whole forward. */
+/* The weights outside the blocks, resident for the whole forward under sequential offload. */
 static const char *const outer_prefixes[] = {"x_embedder.", "context_embedder.", "time_text_embed.",
                                              "norm_out.", "proj_out."};
-
-/* Block i of the forward's order (double blocks, then single blocks) as a name prefix. */
-static void block_prefix(const df_flux *m, int64_t i, char *buf, size_t cap)
-{
-    if (i < m->cfg.num_layers)
-        snprintf(buf, cap, "transformer_blocks.%lld.", (long long)i);
-    else
-        snprintf(buf, cap, "single_transformer_blocks.%lld.", (long long)(i - m->cfg.num_layers));
-}
-
-/* Before block i: block i resident (already, unless i == 0) and block i+1 read ahead while
- * block i runs. */
-static void offload_before(df_flux *m, int64_t i)
-{
-    char p[64];
-    int64_t n = m->cfg.num_layers + m->cfg.num_single_layers;
-    for (int64_t k = i == 0 ? 0 : i + 1; m->sequential && k <= i + 1 && k < n; k++) {
-        block_prefix(m, k, p, sizeof p);
-        df_ws_acquire(m->ws, p);
-    }
-}
-
-/* After block i's ops are queued: its weights leave once they have run. */
-static void offload_after(df_ctx *ctx, df_flux *m, int64_t i)
-{
-    char p[64];
-    block_prefix(m, i, p, sizeof p);
-    df_status s = m->sequential ? df_ws_release(m->ws, p) : DF_OK;
-    if (s != DF_OK)
-        df_ctx_fail(ctx, s);
-}
-
-static void offload_outer(df_ctx *ctx, df_flux *m, bool acquire)
-{
-    for (size_t i = 0; m->sequential && i < sizeof outer_prefixes / sizeof *outer_prefixes; i++) {
-        df_status s = DF_OK;
-        if (acquire)
-            df_ws_acquire(m->ws, outer_prefixes[i]);
-        else
-            s = df_ws_release(m->ws, outer_prefixes[i]);
-        if (s != DF_OK)
-            df_ctx_fail(ctx, s);
-    }
-}
-
-/* --- compiled repeated blocks ------------------------------------------------------------ */
 
 /* The sizes a block call needs, from its inputs. x [B, S_x, D], c [B, S_c, D] or NULL. */
 static dims block_dims(const df_flux *m, const df_tensor *x, const df_tensor *c)
@@ -630,104 +550,53 @@ static dims block_dims(const df_flux *m, const df_tensor *x, const df_tensor *c)
 }
 
 /* in: x, c, temb, pe; out: x, c. */
-static df_status double_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
-                                       df_tensor **out)
+static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor *const *in,
+                                      df_tensor **out)
 {
-    const block_ref *r = self;
-    dims d = block_dims(r->m, in[0], in[1]);
+    const df_flux *m = model;
+    dims d = block_dims(m, in[0], in[1]);
     out[0] = in[0], out[1] = in[1];
-    double_block_forward(ctx, &r->m->blocks[r->i], &out[0], &out[1], in[2], in[3], &d);
+    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], &d);
     return df_ctx_status(ctx);
 }
 
 /* in: h (the joint sequence), temb, pe; out: h. */
-static df_status single_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
-                                       df_tensor **out)
+static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor *const *in,
+                                      df_tensor **out)
 {
-    const block_ref *r = self;
-    dims d = block_dims(r->m, in[0], NULL);
-    out[0] = single_block_forward(ctx, &r->m->singles[r->i - r->m->cfg.num_layers], in[0], in[1],
-                                  in[2], &d);
+    const df_flux *m = model;
+    dims d = block_dims(m, in[0], NULL);
+    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d);
     return df_ctx_status(ctx);
 }
 
-static int add_linear(df_tensor **w, int n, const df_linear_weights *l)
-{
-    w[n++] = l->weight;
-    if (l->bias)
-        w[n++] = l->bias;
-    return n;
-}
+/* diffusers' FluxTransformer2DModel._repeated_blocks. */
+static const df_block_class double_class = {.name = "FluxTransformerBlock", .n_in = 4,
+                                            .n_out = 2, .forward = double_class_forward};
+static const df_block_class single_class = {.name = "FluxSingleTransformerBlock", .n_in = 3,
+                                            .n_out = 1, .forward = single_class_forward};
 
-static int add_qkv(df_tensor **w, int n, const qkv_weights *q)
+static df_status list_blocks(df_flux *m)
 {
-    n = add_linear(w, n, &q->to_q);
-    n = add_linear(w, n, &q->to_k);
-    n = add_linear(w, n, &q->to_v);
-    w[n++] = q->norm_q;
-    w[n++] = q->norm_k;
-    return n;
+    df_blocks_init(&m->rep, m, m->ws, outer_prefixes,
+                   (int)(sizeof outer_prefixes / sizeof *outer_prefixes));
+    for (int i = 0; i < m->cfg.num_layers; i++)
+        DF_TRY(df_blocks_add(&m->rep, &double_class, i, "transformer_blocks.%d", i));
+    for (int i = 0; i < m->cfg.num_single_layers; i++)
+        DF_TRY(df_blocks_add(&m->rep, &single_class, i, "single_transformer_blocks.%d", i));
+    return DF_OK;
 }
-
-static int double_module_weights(void *self, df_tensor **w)
-{
-    const block_ref *r = self;
-    const double_block *b = &r->m->blocks[r->i];
-    int n = add_linear(w, 0, &b->norm1);
-    n = add_linear(w, n, &b->norm1_context);
-    n = add_qkv(w, n, &b->img);
-    n = add_qkv(w, n, &b->txt);
-    const df_linear_weights *rest[] = {&b->to_out, &b->to_add_out, &b->ff_in,
-                                       &b->ff_out, &b->ff_ctx_in, &b->ff_ctx_out};
-    for (size_t k = 0; k < sizeof rest / sizeof *rest; k++)
-        n = add_linear(w, n, rest[k]);
-    return n;
-}
-
-static int single_module_weights(void *self, df_tensor **w)
-{
-    const block_ref *r = self;
-    const single_block *b = &r->m->singles[r->i - r->m->cfg.num_layers];
-    int n = add_linear(w, 0, &b->norm);
-    n = add_qkv(w, n, &b->attn);
-    n = add_linear(w, n, &b->proj_mlp);
-    return add_linear(w, n, &b->proj_out);
-}
-
-static const df_module double_module = {.name = "FluxTransformerBlock", .n_in = 4, .n_out = 2,
-                                        .forward = double_module_forward,
-                                        .weights = double_module_weights};
-static const df_module single_module = {.name = "FluxSingleTransformerBlock", .n_in = 3,
-                                        .n_out = 1, .forward = single_module_forward,
-                                        .weights = single_module_weights};
 
 df_status df_flux_compile_repeated_blocks(df_flux *m, const df_compile_opts *opts)
 {
     if (!m)
         return df_errorf(DF_E_ARG, "df_flux_compile_repeated_blocks: model is NULL");
-    if (m->double_c || m->single_c)
-        return DF_OK;
-    int64_t n = m->cfg.num_layers + m->cfg.num_single_layers;
-    m->refs = df_calloc((size_t)(n ? n : 1), sizeof *m->refs);
-    if (!m->refs)
-        return df_errorf(DF_E_OOM, "out of memory compiling FLUX blocks");
-    for (int64_t i = 0; i < n; i++)
-        m->refs[i] = (block_ref){m, (int)i};
-    df_status s = df_compile(&double_module, opts, &m->double_c);
-    if (s == DF_OK)
-        s = df_compile(&single_module, opts, &m->single_c);
-    if (s != DF_OK) {
-        df_compiled_free(m->double_c);
-        df_compiled_free(m->single_c);
-        m->double_c = m->single_c = NULL;
-    }
-    return s;
+    return df_blocks_compile(&m->rep, opts);
 }
 
 int df_flux_compiled_programs(const df_flux *m)
 {
-    return (m->double_c ? df_compiled_programs(m->double_c) : 0) +
-           (m->single_c ? df_compiled_programs(m->single_c) : 0);
+    return m ? df_blocks_programs(&m->rep) : 0;
 }
 
 /* --- forward ----------------------------------------------------------------------------- */
@@ -758,13 +627,13 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     if (ctx != m->ctx)
         return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux forward: the model was loaded into "
                                                     "another context"));
-    dims d;
+    dims d = {0};
     df_status s = check_inputs(m, in, &d);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
 
     df_scope outer = df_scope_begin(ctx);
-    offload_outer(ctx, m, true);
+    df_blocks_begin(ctx, &m->rep);
     df_tensor *x = df_linear(ctx, in->hidden_states, &m->x_embedder); /* [B, S_img, D] */
     df_tensor *temb = conditioning(ctx, m, in);                       /* [B, D] */
     df_tensor *txt = in->encoder_hidden_states;
@@ -775,32 +644,20 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     /* One fixed mark: ending it after block i also releases block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers; i++) {
-        offload_before(m, i);
-        if (m->double_c) {
-            df_tensor *io[2];
-            df_compiled_call(ctx, m->double_c, &m->refs[i], (df_tensor *[]){x, c, temb, pe}, io);
-            x = io[0], c = io[1];
-        } else {
-            double_block_forward(ctx, &m->blocks[i], &x, &c, temb, pe, &d);
-        }
-        offload_after(ctx, m, i);
+        df_tensor *io[2];
+        df_blocks_run(ctx, &m->rep, i, (df_tensor *[]){x, c, temb, pe}, io);
+        x = io[0], c = io[1];
         df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
     }
     df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
     mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_single_layers; i++) {
-        offload_before(m, m->cfg.num_layers + i);
-        if (m->single_c)
-            df_compiled_call(ctx, m->single_c, &m->refs[m->cfg.num_layers + i],
-                             (df_tensor *[]){h, temb, pe}, &h);
-        else
-            h = single_block_forward(ctx, &m->singles[i], h, temb, pe, &d);
-        offload_after(ctx, m, m->cfg.num_layers + i);
+        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, (df_tensor *[]){h, temb, pe}, &h);
         df_scope_end(ctx, mark, h);
     }
     x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
     df_tensor *out = df_linear(ctx, x, &m->proj_out);                     /* [B, S_img, out] */
-    offload_outer(ctx, m, false);
+    df_blocks_end(ctx, &m->rep);
     return df_scope_end(ctx, outer, out);
 }

@@ -508,6 +508,19 @@ int64_t df_ws_bytes(const df_weight_set *ws)
     return ws->bytes;
 }
 
+int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap)
+{
+    int n = 0;
+    size_t len = strlen(prefix);
+    for (int i = 0; i < ws->n; i++)
+        if (strncmp(ws->tensors[i].name, prefix, len) == 0) {
+            if (n < cap)
+                out[n] = ws->tensors[i].t;
+            n++;
+        }
+    return n;
+}
+
 void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix)
 {
     size_t n = strlen(prefix);

@@ -48,6 +48,9 @@ void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix);
 df_status df_ws_check_all_used(df_weight_set *ws);
 /* Bytes of the tensors bound so far. */
 int64_t df_ws_bytes(const df_weight_set *ws);
+/* The tensors bound so far whose names start with `prefix`, in binding order: the first
+ * `cap` into out; returns how many there are. */
+int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap);
 
 /*
  * Tensor parallelism: binding only this rank's slice of a weight.
@@ -78,7 +81,7 @@ typedef enum df_shard_style {
     DF_SHARD_ROWWISE,       /* input features (weight columns); a table's first dimension */
 } df_shard_style;
 
-#define DF_SHARD_MAX_PARTS 4
+#define DF_SHARD_MAX_PARTS 8
 
 typedef struct df_shard {
     df_shard_style style;

@@ -7,6 +7,7 @@
 
 #include <diffuse/clip.h>
 #include <diffuse/flux.h>
+#include <diffuse/flux2.h>
 #include <diffuse/sd3.h>
 #include <diffuse/t5.h>
 #include <diffuse/vae.h>
@@ -16,6 +17,7 @@
 df_weight_set *df_clip_weight_set(const df_clip *m);
 df_weight_set *df_t5_weight_set(const df_t5 *m);
 df_weight_set *df_flux_weight_set(const df_flux *m);
+df_weight_set *df_flux2_weight_set(const df_flux2 *m);
 df_weight_set *df_vae_weight_set(const df_vae *m);
 df_weight_set *df_sd3_weight_set(const df_sd3 *m);
 

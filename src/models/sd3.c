@@ -39,6 +39,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "models/blocks.h"
 #include "models/embeddings.h"
 #include "models/loader.h"
 #include "models/model_config.h"
@@ -80,17 +81,10 @@ struct df_sd3 {
     df_linear_weights context_embedder; /* [D, joint] */
     joint_block *blocks;
     df_linear_weights norm_out, proj_out; /* [2D, D], [P*P*out, D] */
-    /* Compiled repeated blocks: one program family per block variant (see variant()),
-     * weights as arguments. */
-    df_compiled *block_c[4];
-    struct block_ref *refs; /* [num_layers] */
+    /* The repeated blocks, one class per variant (see variant()): compiled per class
+     * (blocks.h). */
+    df_blocks rep;
 };
-
-/* A block as a compiled module's instance: the model and the block's index. */
-typedef struct block_ref {
-    df_sd3 *m;
-    int i;
-} block_ref;
 
 /* Sizes of one forward call. */
 typedef struct dims {
@@ -281,6 +275,8 @@ static df_status bind_weights(df_sd3 *m, const char *dir)
     return df_ws_check_all_used(ws);
 }
 
+static df_status list_blocks(df_sd3 *m);
+
 df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
 {
     if (!out)
@@ -304,6 +300,8 @@ df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
     if (s == DF_OK)
         s = bind_weights(m, dir);
+    if (s == DF_OK)
+        s = list_blocks(m);
     if (s != DF_OK) {
         df_sd3_free(m);
         return s;
@@ -326,9 +324,7 @@ void df_sd3_free(df_sd3 *m)
 {
     if (!m)
         return;
-    for (int v = 0; v < 4; v++)
-        df_compiled_free(m->block_c[v]);
-    df_free(m->refs);
+    df_blocks_deinit(&m->rep);
     df_weight_set_free(m->ws);
     df_free(m->blocks);
     df_free(m);
@@ -501,17 +497,16 @@ static int variant(const joint_block *b)
 }
 
 /* in: x [B, S_img, D], c [B, S_txt, D], temb [B, D]; out: x and (unless pre_only) c. */
-static df_status block_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
-                                      df_tensor **out)
+static df_status block_class_forward(df_ctx *ctx, void *model, int i, df_tensor *const *in,
+                                     df_tensor **out)
 {
-    const block_ref *r = self;
-    dims d = {
-        .B = df_tensor_dim(in[0], 0), .D = r->m->cfg.inner_dim, .H = r->m->cfg.num_attention_heads};
+    const df_sd3 *m = model;
+    dims d = {.B = df_tensor_dim(in[0], 0), .D = m->cfg.inner_dim, .H = m->cfg.num_attention_heads};
     d.s_img = df_tensor_dim(in[0], 1);
     d.s_txt = df_tensor_dim(in[1], 1);
     d.S = d.s_img + d.s_txt;
     df_tensor *x = in[0], *c = in[1];
-    const joint_block *b = &r->m->blocks[r->i];
+    const joint_block *b = &m->blocks[i];
     joint_block_forward(ctx, b, &x, &c, in[2], &d);
     out[0] = x;
     if (!b->pre_only)
@@ -519,108 +514,42 @@ static df_status block_module_forward(df_ctx *ctx, void *self, df_tensor *const 
     return df_ctx_status(ctx);
 }
 
-static int add_linear(df_tensor **w, int n, const df_linear_weights *l)
-{
-    w[n++] = l->weight;
-    if (l->bias)
-        w[n++] = l->bias;
-    return n;
-}
-
-static int add_qkv(df_tensor **w, int n, const qkv_weights *q)
-{
-    n = add_linear(w, n, &q->to_q);
-    n = add_linear(w, n, &q->to_k);
-    n = add_linear(w, n, &q->to_v);
-    if (q->norm_q) {
-        w[n++] = q->norm_q;
-        w[n++] = q->norm_k;
-    }
-    return n;
-}
-
-/* The block's weights in a fixed order (at most 42). */
-static int block_module_weights(void *self, df_tensor **w)
-{
-    const block_ref *r = self;
-    const joint_block *b = &r->m->blocks[r->i];
-    int n = add_linear(w, 0, &b->norm1);
-    n = add_linear(w, n, &b->norm1_context);
-    n = add_qkv(w, n, &b->img);
-    n = add_qkv(w, n, &b->txt);
-    n = add_linear(w, n, &b->to_out);
-    if (!b->pre_only)
-        n = add_linear(w, n, &b->to_add_out);
-    if (b->dual) {
-        n = add_qkv(w, n, &b->img2);
-        n = add_linear(w, n, &b->to_out2);
-    }
-    n = add_linear(w, n, &b->ff_in);
-    n = add_linear(w, n, &b->ff_out);
-    if (!b->pre_only) {
-        n = add_linear(w, n, &b->ff_ctx_in);
-        n = add_linear(w, n, &b->ff_ctx_out);
-    }
-    return n;
-}
-
-static const df_module block_modules[4] = {
-    {.name = "JointTransformerBlock",
-     .n_in = 3,
-     .n_out = 2,
-     .forward = block_module_forward,
-     .weights = block_module_weights},
+/* diffusers' SD3Transformer2DModel._repeated_blocks, one class per variant. */
+static const df_block_class block_classes[4] = {
+    {.name = "JointTransformerBlock", .n_in = 3, .n_out = 2, .forward = block_class_forward},
     {.name = "JointTransformerBlock(context_pre_only)",
      .n_in = 3,
      .n_out = 1,
-     .forward = block_module_forward,
-     .weights = block_module_weights},
+     .forward = block_class_forward},
     {.name = "JointTransformerBlock(dual_attention)",
      .n_in = 3,
      .n_out = 2,
-     .forward = block_module_forward,
-     .weights = block_module_weights},
+     .forward = block_class_forward},
     {.name = "JointTransformerBlock(dual_attention, context_pre_only)",
      .n_in = 3,
      .n_out = 1,
-     .forward = block_module_forward,
-     .weights = block_module_weights},
+     .forward = block_class_forward},
 };
+
+static df_status list_blocks(df_sd3 *m)
+{
+    df_blocks_init(&m->rep, m, m->ws, NULL, 0);
+    for (int i = 0; i < m->cfg.num_layers; i++)
+        DF_TRY(df_blocks_add(&m->rep, &block_classes[variant(&m->blocks[i])], i,
+                             "transformer_blocks.%d", i));
+    return DF_OK;
+}
 
 df_status df_sd3_compile_repeated_blocks(df_sd3 *m, const df_compile_opts *opts)
 {
     if (!m)
         return df_errorf(DF_E_ARG, "df_sd3_compile_repeated_blocks: model is NULL");
-    if (m->refs)
-        return DF_OK;
-    int64_t n = m->cfg.num_layers;
-    m->refs = df_calloc((size_t)(n ? n : 1), sizeof *m->refs);
-    if (!m->refs)
-        return df_errorf(DF_E_OOM, "out of memory compiling SD3 blocks");
-    df_status s = DF_OK;
-    for (int64_t i = 0; i < n && s == DF_OK; i++) {
-        m->refs[i] = (block_ref){m, (int)i};
-        int v = variant(&m->blocks[i]);
-        if (!m->block_c[v])
-            s = df_compile(&block_modules[v], opts, &m->block_c[v]);
-    }
-    if (s != DF_OK) {
-        for (int v = 0; v < 4; v++) {
-            df_compiled_free(m->block_c[v]);
-            m->block_c[v] = NULL;
-        }
-        df_free(m->refs);
-        m->refs = NULL;
-    }
-    return s;
+    return df_blocks_compile(&m->rep, opts);
 }
 
 int df_sd3_compiled_programs(const df_sd3 *m)
 {
-    int n = 0;
-    for (int v = 0; m && v < 4; v++)
-        n += m->block_c[v] ? df_compiled_programs(m->block_c[v]) : 0;
-    return n;
+    return m ? df_blocks_programs(&m->rep) : 0;
 }
 
 /* --- forward ----------------------------------------------------------------------------- */
@@ -666,7 +595,7 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
     if (ctx != m->ctx)
         return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "sd3 forward: the model was loaded into "
                                                     "another context"));
-    dims d;
+    dims d = {0};
     df_status s = check_inputs(m, in, &d);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
@@ -684,17 +613,9 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
     for (int i = 0; i < m->cfg.num_layers; i++) {
         if (skipped(in, i))
             continue;
-        const joint_block *b = &m->blocks[i];
-        df_compiled *cb = m->block_c[variant(b)];
-        if (cb) {
-            df_tensor *io[2] = {NULL, NULL};
-            s = df_compiled_call(ctx, cb, &m->refs[i], (df_tensor *[]){x, c, temb}, io);
-            if (s != DF_OK)
-                df_ctx_fail(ctx, s);
-            x = io[0], c = b->pre_only ? NULL : io[1];
-        } else {
-            joint_block_forward(ctx, b, &x, &c, temb, &d);
-        }
+        df_tensor *io[2] = {NULL, NULL};
+        df_blocks_run(ctx, &m->rep, i, (df_tensor *[]){x, c, temb}, io);
+        x = io[0], c = m->blocks[i].pre_only ? NULL : io[1];
         df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
     }
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, SD3_EPS); /* [B, S_img, D] */

@@ -5,8 +5,8 @@
  * The model is loaded from the case's own folder with the library's loader, in a context
  * made from --device, --threads, --dtype and --mode. Each argument is either "in.<name>"
  * (read as f32 and uploaded as a tensor), null (the input is absent), or a number (a [1]
- * tensor holding it); return_dict is ignored. Only FluxTransformer2DModel runs for now;
- * the other transformer classes fail with "not implemented yet".
+ * tensor holding it); return_dict is ignored. FluxTransformer2DModel and
+ * Flux2Transformer2DModel run here, SD3Transformer2DModel in kind_sd3.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,13 +74,67 @@ static int run_flux(check_case *c, df_ctx *ctx)
     return rc;
 }
 
+/* The whole FLUX.2 transformer as a module, for --mode compile. */
+static df_status flux2_module_forward(df_ctx *ctx, void *self, df_tensor *const *in,
+                                      df_tensor **out)
+{
+    df_flux2_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5]};
+    out[0] = df_flux2_forward(ctx, self, &fi);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+static const df_module flux2_module = {
+    .name = "Flux2Transformer2DModel", .n_in = 6, .n_out = 1, .forward = flux2_module_forward};
+
+static int run_flux2(check_case *c, df_ctx *ctx)
+{
+    df_flux2 *m;
+    if (df_flux2_load(ctx, c->model_dir, &m) != DF_OK)
+        return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
+    static const char *const keys[] = {"hidden_states", "encoder_hidden_states", "timestep",
+                                       "img_ids",       "txt_ids",               "guidance"};
+    df_tensor *t[6];
+    int rc = 0;
+    for (int i = 0; i < 6 && rc == 0; i++)
+        rc = check_upload_arg(c, ctx, keys[i], &t[i]);
+    bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
+    df_compiled *whole = NULL;
+    if (rc == 0 && compile &&
+        df_compile(&flux2_module, &(df_compile_opts){.fullgraph = true}, &whole) != DF_OK)
+        rc = check_fail(c, "compile: %s", df_error_message());
+    if (rc == 0 && blocks &&
+        df_flux2_compile_repeated_blocks(m, &(df_compile_opts){.fullgraph = true}) != DF_OK)
+        rc = check_fail(c, "compile blocks: %s", df_error_message());
+    /* The compiled modes run twice: the first call traces, the second replays. */
+    for (int call = 0; rc == 0 && call < (compile || blocks ? 2 : 1); call++) {
+        df_tensor *out = NULL;
+        if (whole) {
+            if (df_compiled_call(ctx, whole, m, t, &out) != DF_OK)
+                rc = check_fail(c, "compiled call %d: %s", call, df_error_message());
+        } else {
+            df_flux2_inputs in = {t[0], t[1], t[2], t[3], t[4], t[5]};
+            out = df_flux2_forward(ctx, m, &in);
+        }
+        if (rc == 0)
+            rc = check_compare_tensor(c, ctx, "sample", out);
+    }
+    const df_flux2_cfg *cfg = df_flux2_config(m);
+    int classes = (cfg->num_layers > 0) + (cfg->num_single_layers > 0);
+    if (rc == 0 && blocks && df_flux2_compiled_programs(m) != classes)
+        rc = check_fail(c, "compiled blocks made %d programs, expected %d (one per block class)",
+                        df_flux2_compiled_programs(m), classes);
+    check_write_stats(c, ctx);
+    df_compiled_free(whole);
+    df_flux2_free(m);
+    return rc;
+}
+
 int check_kind_model_forward(check_case *c)
 {
     bool flux = strcmp(c->cls, "FluxTransformer2DModel") == 0;
+    bool flux2 = strcmp(c->cls, "Flux2Transformer2DModel") == 0;
     bool sd3 = strcmp(c->cls, "SD3Transformer2DModel") == 0; /* kind_sd3.c */
-    if (!flux && !sd3 && strcmp(c->cls, "Flux2Transformer2DModel") == 0)
-        return check_fail(c, "class %s is not implemented yet", c->cls);
-    if (!flux && !sd3)
+    if (!flux && !flux2 && !sd3)
         return check_fail(c, "model_forward: unknown class %s", c->cls);
     if (!c->model_dir)
         return check_fail(c, "model_forward needs a model folder (case.json \"dir\")");
@@ -90,7 +144,7 @@ int check_kind_model_forward(check_case *c)
     if (df_ctx_create(&opts, &ctx) != DF_OK)
         return check_fail(c, "cannot create a context on %s: %s",
                           c->device ? c->device : "the default device", df_error_message());
-    int rc = sd3 ? check_sd3_forward(c, ctx) : run_flux(c, ctx);
+    int rc = sd3 ? check_sd3_forward(c, ctx) : flux2 ? run_flux2(c, ctx) : run_flux(c, ctx);
     df_ctx_free(ctx);
     return rc;
 }

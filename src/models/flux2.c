@@ -1,0 +1,706 @@
+/*
+ * The FLUX.2 transformer: diffusers' Flux2Transformer2DModel (0.37), on the op API.
+ *
+ * Loading reads config.json with diffusers' defaults for absent keys and rejects values it
+ * cannot run before anything is allocated; then every weight is bound by its diffusers name
+ * and expected shape through a weight set (loader.h). No layer of the model has a bias.
+ *
+ * What differs from FLUX.1 (flux.c):
+ * - Modulation is computed once per forward and shared: double_stream_modulation_img/_txt
+ *   (two sets of shift, scale, gate each) by every double block, single_stream_modulation
+ *   (one set) by every single block. The blocks take the modulation linear's output
+ *   [B, n*D] as an input and chunk it themselves.
+ * - Feed-forwards are SwiGLU: linear_in [2M, D], silu(first half) * second half,
+ *   linear_out [D, M] (M = int(D * mlp_ratio)), composed of slice, silu and mul.
+ * - The single block fuses q, k, v and the MLP input into one projection (to_qkv_mlp_proj,
+ *   [3D + 2M, D]) and the attention and MLP outputs into one (to_out, [D, D + M]).
+ * - The conditioning is the timestep (and, with guidance_embeds, the guidance) embedding
+ *   only: no pooled text input. Both are scaled by 1000 inside, as diffusers does.
+ * - RoPE has 4 axes (t, h, w, l) and theta 2000 (config.json).
+ * As in flux.c the single blocks run on the joint sequence [text, image] from first to
+ * last, and block outputs are kept with one fixed scope mark per block loop.
+ *
+ * Tensor parallelism (a communicator of N > 1 ranks on the context): the plan of diffusers'
+ * Flux2Transformer2DModel._tp_plan, built at load time because the packed block sizes come
+ * from the config (see make_tp_plan). Each rank runs H/N heads and 1/N of every MLP; the
+ * rowwise products are all-reduced (tp_sum).
+ *
+ * Compiled repeated blocks and sequential offload come from blocks.h.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include <diffuse/dist.h>
+#include <diffuse/flux2.h>
+#include <diffuse/layout.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "models/blocks.h"
+#include "models/embeddings.h"
+#include "models/loader.h"
+#include "models/model_config.h"
+#include "models/residency.h"
+#include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
+
+#define FLUX2_TIME_SCALE 1000.0f /* the model embeds 1000 * t and 1000 * guidance */
+#define FLUX2_MAX_SIZE   (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
+#define FLUX2_TP_RULES   14
+
+/* Attention projections and per-head RMS norms of one stream of a double block. */
+typedef struct qkv_weights {
+    df_linear_weights to_q, to_k, to_v; /* [D, D] */
+    df_tensor *norm_q, *norm_k;         /* [Dh] */
+} qkv_weights;
+
+/* Flux2TransformerBlock: image stream (attn.to_*, ff) and text stream (attn.add_*_proj,
+ * ff_context). */
+typedef struct double_block {
+    qkv_weights img, txt;
+    df_linear_weights to_out, to_add_out; /* [D, D] */
+    df_linear_weights ff_in, ff_out;      /* [2M, D], [D, M] */
+    df_linear_weights ff_ctx_in, ff_ctx_out;
+} double_block;
+
+/* Flux2SingleTransformerBlock. */
+typedef struct single_block {
+    df_linear_weights qkv_mlp;  /* attn.to_qkv_mlp_proj [3D + 2M, D] */
+    df_tensor *norm_q, *norm_k; /* [Dh] */
+    df_linear_weights to_out;   /* attn.to_out [D, D + M] */
+} single_block;
+
+struct df_flux2 {
+    df_ctx *ctx;
+    df_flux2_cfg cfg;
+    int axes[DF_FLUX2_MAX_AXES];
+    df_weight_set *ws;
+    df_linear_weights x_embedder, context_embedder; /* [D, in], [D, joint] */
+    df_emb_mlp time_embedder, guidance_embedder;    /* 256 -> D -> D */
+    df_linear_weights mod_img, mod_txt, mod_single; /* [6D, D], [6D, D], [3D, D] */
+    double_block *blocks;
+    single_block *singles;
+    df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
+    int tp;                               /* tensor-parallel ranks the model is split over */
+    df_tp_rule tp_plan[FLUX2_TP_RULES];   /* the ws borrows it: lives as long as the model */
+    df_blocks rep;                        /* double, then single blocks (blocks.h) */
+};
+
+/* Sizes of one block call. H: this rank's heads; tp: ranks. */
+typedef struct dims {
+    int64_t B, s_txt, S, H;
+    int tp;
+    float eps;
+} dims;
+
+/* --- config ------------------------------------------------------------------------------ */
+
+static df_status get_size(const df_json *cfg, const char *key, int64_t dflt, int64_t min,
+                          int64_t *out)
+{
+    return df_config_size(cfg, key, dflt, min, FLUX2_MAX_SIZE, out);
+}
+
+static df_status check_config(const df_json *cfg, df_flux2_cfg *c)
+{
+    const char *src = df_json_source(cfg);
+    DF_TRY(df_config_class(cfg, "Flux2Transformer2DModel"));
+
+    DF_TRY(get_size(cfg, "patch_size", 1, 1, &c->patch_size));
+    if (c->patch_size != 1)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: key 'patch_size' is %lld; only 1 is supported", src,
+                         (long long)c->patch_size);
+    DF_TRY(get_size(cfg, "in_channels", 128, 1, &c->in_channels));
+    DF_TRY(get_size(cfg, "out_channels", c->in_channels, 1, &c->out_channels));
+    DF_TRY(get_size(cfg, "num_layers", 8, 0, &c->num_layers));
+    DF_TRY(get_size(cfg, "num_single_layers", 48, 0, &c->num_single_layers));
+    DF_TRY(get_size(cfg, "attention_head_dim", 128, 1, &c->attention_head_dim));
+    DF_TRY(get_size(cfg, "num_attention_heads", 48, 1, &c->num_attention_heads));
+    DF_TRY(get_size(cfg, "joint_attention_dim", 15360, 1, &c->joint_attention_dim));
+    DF_TRY(get_size(cfg, "timestep_guidance_channels", 256, 2, &c->timestep_guidance_channels));
+    if (c->timestep_guidance_channels % 2)
+        return df_errorf(DF_E_FORMAT, "%s: key 'timestep_guidance_channels' is %lld; expected an "
+                         "even size (cos and sin halves)", src,
+                         (long long)c->timestep_guidance_channels);
+    DF_TRY(df_json_get_double_or(cfg, "mlp_ratio", 3.0, &c->mlp_ratio));
+    DF_TRY(df_json_get_double_or(cfg, "rope_theta", 2000.0, &c->rope_theta));
+    DF_TRY(df_json_get_double_or(cfg, "eps", 1e-6, &c->eps));
+    DF_TRY(df_json_get_bool_or(cfg, "guidance_embeds", true, &c->guidance_embeds));
+    if (!(c->rope_theta > 0) || !(c->eps > 0) || !(c->eps < 1))
+        return df_errorf(DF_E_FORMAT, "%s: keys 'rope_theta' (%g) and 'eps' (%g) must be positive "
+                         "(eps below 1)", src, c->rope_theta, c->eps);
+
+    if (df_json_is_null(df_json_get(cfg, "axes_dims_rope"))) {
+        c->n_axes = 4;
+        for (int a = 0; a < 4; a++)
+            c->axes_dims_rope[a] = 32;
+    } else {
+        int64_t n = 0;
+        DF_TRY(df_json_get_int_array(cfg, "axes_dims_rope", c->axes_dims_rope, DF_FLUX2_MAX_AXES,
+                                     &n));
+        if (n < 1)
+            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' is empty", src);
+        c->n_axes = (int)n;
+    }
+    int64_t sum = 0;
+    for (int a = 0; a < c->n_axes; a++) {
+        int64_t d = c->axes_dims_rope[a];
+        if (d <= 0 || d % 2 || d > FLUX2_MAX_SIZE)
+            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope[%d]' is %lld; expected a "
+                             "positive even size (RoPE rotates pairs)", src, a, (long long)d);
+        sum += d;
+    }
+    if (sum != c->attention_head_dim)
+        return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' sums to %lld but "
+                         "'attention_head_dim' is %lld; RoPE must cover the whole head",
+                         src, (long long)sum, (long long)c->attention_head_dim);
+    c->inner_dim = c->num_attention_heads * c->attention_head_dim;
+    double mlp = (double)c->inner_dim * c->mlp_ratio;
+    if (!(mlp >= 1) || mlp > (double)FLUX2_MAX_SIZE)
+        return df_errorf(DF_E_FORMAT, "%s: key 'mlp_ratio' is %g; expected a ratio that gives an "
+                         "MLP width in [1, %lld]", src, c->mlp_ratio, (long long)FLUX2_MAX_SIZE);
+    c->mlp_hidden_dim = (int64_t)mlp; /* int(dim * mlp_ratio) */
+    return DF_OK;
+}
+
+static df_status read_config(const char *dir, df_flux2_cfg *c)
+{
+    df_json *cfg = NULL;
+    DF_TRY(df_layout_open_config(dir, &cfg));
+    df_status s = check_config(cfg, c);
+    df_json_free(cfg);
+    return s;
+}
+
+/* --- weights ----------------------------------------------------------------------------- */
+
+static df_status bind_qkv(df_weight_set *ws, qkv_weights *w, int64_t D, int64_t Dh, const char *p,
+                          const char *q, const char *k, const char *v, const char *nq,
+                          const char *nk)
+{
+    DF_TRY(df_ws_linear(ws, &w->to_q, D, D, false, "%s.attn.%s", p, q));
+    DF_TRY(df_ws_linear(ws, &w->to_k, D, D, false, "%s.attn.%s", p, k));
+    DF_TRY(df_ws_linear(ws, &w->to_v, D, D, false, "%s.attn.%s", p, v));
+    DF_TRY(df_ws_tensor(ws, &w->norm_q, 1, (int64_t[]){Dh}, "%s.attn.%s.weight", p, nq));
+    DF_TRY(df_ws_tensor(ws, &w->norm_k, 1, (int64_t[]){Dh}, "%s.attn.%s.weight", p, nk));
+    return DF_OK;
+}
+
+static df_status bind_double(df_weight_set *ws, double_block *b, const df_flux2_cfg *c, int i)
+{
+    int64_t D = c->inner_dim, Dh = c->attention_head_dim, M = c->mlp_hidden_dim;
+    char p[64];
+    snprintf(p, sizeof p, "transformer_blocks.%d", i);
+    DF_TRY(bind_qkv(ws, &b->img, D, Dh, p, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
+    DF_TRY(bind_qkv(ws, &b->txt, D, Dh, p, "add_q_proj", "add_k_proj", "add_v_proj",
+                    "norm_added_q", "norm_added_k"));
+    DF_TRY(df_ws_linear(ws, &b->to_out, D, D, false, "%s.attn.to_out.0", p));
+    DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, false, "%s.attn.to_add_out", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_in, 2 * M, D, false, "%s.ff.linear_in", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_out, D, M, false, "%s.ff.linear_out", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_ctx_in, 2 * M, D, false, "%s.ff_context.linear_in", p));
+    DF_TRY(df_ws_linear(ws, &b->ff_ctx_out, D, M, false, "%s.ff_context.linear_out", p));
+    return DF_OK;
+}
+
+static df_status bind_single(df_weight_set *ws, single_block *b, const df_flux2_cfg *c, int i)
+{
+    int64_t D = c->inner_dim, Dh = c->attention_head_dim, M = c->mlp_hidden_dim;
+    char p[64];
+    snprintf(p, sizeof p, "single_transformer_blocks.%d.attn", i);
+    DF_TRY(df_ws_linear(ws, &b->qkv_mlp, 3 * D + 2 * M, D, false, "%s.to_qkv_mlp_proj", p));
+    DF_TRY(df_ws_tensor(ws, &b->norm_q, 1, (int64_t[]){Dh}, "%s.norm_q.weight", p));
+    DF_TRY(df_ws_tensor(ws, &b->norm_k, 1, (int64_t[]){Dh}, "%s.norm_k.weight", p));
+    DF_TRY(df_ws_linear(ws, &b->to_out, D, D + M, false, "%s.to_out", p));
+    return DF_OK;
+}
+
+static df_status bind_weights(df_flux2 *m, const char *dir)
+{
+    const df_flux2_cfg *c = &m->cfg;
+    df_weight_set *ws = m->ws;
+    int64_t D = c->inner_dim, T = c->timestep_guidance_channels;
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
+                                 "attn.to_q.weight"));
+    DF_TRY(df_blocks_check_depth(ws, dir, "num_single_layers", c->num_single_layers,
+                                 "single_transformer_blocks", "attn.to_qkv_mlp_proj.weight"));
+    if (!c->guidance_embeds &&
+        df_ws_has(ws, "time_guidance_embed.guidance_embedder.linear_1.weight"))
+        return df_errorf(DF_E_FORMAT, "%s/config.json: key 'guidance_embeds' is false but the "
+                         "weights hold a guidance embedder (tensor "
+                         "'time_guidance_embed.guidance_embedder.linear_1.weight')", dir);
+
+    DF_TRY(df_ws_linear(ws, &m->x_embedder, D, c->in_channels, false, "x_embedder"));
+    DF_TRY(df_ws_linear(ws, &m->context_embedder, D, c->joint_attention_dim, false,
+                        "context_embedder"));
+    DF_TRY(df_emb_mlp_bind(ws, &m->time_embedder, T, D, D, false,
+                           "time_guidance_embed.timestep_embedder"));
+    if (c->guidance_embeds)
+        DF_TRY(df_emb_mlp_bind(ws, &m->guidance_embedder, T, D, D, false,
+                               "time_guidance_embed.guidance_embedder"));
+    DF_TRY(df_ws_linear(ws, &m->mod_img, 6 * D, D, false, "double_stream_modulation_img.linear"));
+    DF_TRY(df_ws_linear(ws, &m->mod_txt, 6 * D, D, false, "double_stream_modulation_txt.linear"));
+    DF_TRY(df_ws_linear(ws, &m->mod_single, 3 * D, D, false, "single_stream_modulation.linear"));
+    for (int i = 0; i < c->num_layers; i++)
+        DF_TRY(bind_double(ws, &m->blocks[i], c, i));
+    for (int i = 0; i < c->num_single_layers; i++)
+        DF_TRY(bind_single(ws, &m->singles[i], c, i));
+    DF_TRY(df_ws_linear(ws, &m->norm_out, 2 * D, D, false, "norm_out.linear"));
+    DF_TRY(df_ws_linear(ws, &m->proj_out, c->out_channels, D, false, "proj_out"));
+    return df_ws_check_all_used(ws);
+}
+
+static int64_t gcd(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/*
+ * The tensor-parallel plan (diffusers' Flux2Transformer2DModel._tp_plan). Attention heads
+ * are split: q, k, v colwise (rows are head-major, so each rank has whole heads), the
+ * output projections rowwise. The SwiGLU input projections are packed column blocks
+ * [gate (M), up (M)], so each rank holds matching slices of both halves; the single
+ * block's fused projection is packed as [q (D), k (D), v (D), gate (M), up (M)] and its
+ * to_out reads cat[attn (D), mlp (M)], split as two packed row blocks. Replicated: the
+ * embedders, the modulation linears, the q/k norms (per head), norm_out and proj_out.
+ */
+static void make_tp_plan(df_flux2 *m)
+{
+    int64_t g = gcd(m->cfg.inner_dim, m->cfg.mlp_hidden_dim);
+    int a = (int)(m->cfg.inner_dim / g), b = (int)(m->cfg.mlp_hidden_dim / g);
+    const df_tp_rule plan[FLUX2_TP_RULES] = {
+        {"transformer_blocks.*.attn.to_q", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.to_k", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.to_v", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.to_out.0", DF_SHARD_ROWWISE},
+        {"transformer_blocks.*.attn.add_q_proj", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.add_k_proj", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.add_v_proj", DF_SHARD_COLWISE},
+        {"transformer_blocks.*.attn.to_add_out", DF_SHARD_ROWWISE},
+        {"transformer_blocks.*.ff.linear_in", DF_SHARD_COLWISE, 2, {1, 1}},
+        {"transformer_blocks.*.ff.linear_out", DF_SHARD_ROWWISE},
+        {"transformer_blocks.*.ff_context.linear_in", DF_SHARD_COLWISE, 2, {1, 1}},
+        {"transformer_blocks.*.ff_context.linear_out", DF_SHARD_ROWWISE},
+        {"single_transformer_blocks.*.attn.to_qkv_mlp_proj", DF_SHARD_COLWISE, 5,
+         {a, a, a, b, b}},
+        {"single_transformer_blocks.*.attn.to_out", DF_SHARD_ROWWISE, 2, {a, b}},
+    };
+    memcpy(m->tp_plan, plan, sizeof plan);
+}
+
+/* Splits the model over the context's ranks, if it has several. */
+static df_status shard(df_flux2 *m, const char *dir)
+{
+    df_comm *comm = df_ctx_comm(m->ctx);
+    m->tp = df_comm_size(comm);
+    if (m->tp <= 1)
+        return DF_OK;
+    if (m->cfg.num_attention_heads % m->tp)
+        return df_errorf(DF_E_ARG, "%s/config.json: num_attention_heads %lld is not divisible by "
+                         "the %d tensor-parallel ranks (heads are split across ranks)", dir,
+                         (long long)m->cfg.num_attention_heads, m->tp);
+    if (m->cfg.mlp_hidden_dim % m->tp)
+        return df_errorf(DF_E_ARG, "%s/config.json: the MLP width %lld (inner_dim * mlp_ratio) "
+                         "is not divisible by the %d tensor-parallel ranks", dir,
+                         (long long)m->cfg.mlp_hidden_dim, m->tp);
+    make_tp_plan(m);
+    df_ws_set_tp_plan(m->ws, m->tp_plan, FLUX2_TP_RULES, df_comm_rank(comm), m->tp);
+    return DF_OK;
+}
+
+static df_status list_blocks(df_flux2 *m);
+
+df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out)
+{
+    if (!out)
+        return df_errorf(DF_E_ARG, "df_flux2_load: out is NULL");
+    *out = NULL;
+    if (!ctx || !dir)
+        return df_errorf(DF_E_ARG, "df_flux2_load: ctx and dir are required");
+    df_flux2_cfg cfg = {0};
+    DF_TRY(read_config(dir, &cfg));
+
+    df_flux2 *m = df_calloc(1, sizeof *m);
+    if (!m)
+        return df_errorf(DF_E_OOM, "transformer: out of memory");
+    m->ctx = ctx;
+    m->cfg = cfg;
+    for (int a = 0; a < cfg.n_axes; a++)
+        m->axes[a] = (int)cfg.axes_dims_rope[a];
+    df_status s = DF_OK;
+    m->blocks = df_calloc(cfg.num_layers ? (size_t)cfg.num_layers : 1, sizeof *m->blocks);
+    m->singles =
+        df_calloc(cfg.num_single_layers ? (size_t)cfg.num_single_layers : 1, sizeof *m->singles);
+    if (!m->blocks || !m->singles)
+        s = df_errorf(DF_E_OOM, "transformer: out of memory");
+    if (s == DF_OK)
+        s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
+    if (s == DF_OK)
+        s = shard(m, dir);
+    if (s == DF_OK)
+        s = bind_weights(m, dir);
+    if (s == DF_OK)
+        s = list_blocks(m);
+    if (s != DF_OK) {
+        df_flux2_free(m);
+        return s;
+    }
+    *out = m;
+    return DF_OK;
+}
+
+const df_flux2_cfg *df_flux2_config(const df_flux2 *m)
+{
+    return m ? &m->cfg : NULL;
+}
+
+int64_t df_flux2_weight_bytes(const df_flux2 *m)
+{
+    return m && m->ws ? df_ws_bytes(m->ws) : 0;
+}
+
+df_weight_set *df_flux2_weight_set(const df_flux2 *m)
+{
+    return m ? m->ws : NULL;
+}
+
+df_status df_flux2_set_sequential_offload(df_flux2 *m, bool on)
+{
+    if (!m)
+        return df_errorf(DF_E_ARG, "df_flux2_set_sequential_offload: model is NULL");
+    return df_blocks_set_sequential(&m->rep, on);
+}
+
+void df_flux2_free(df_flux2 *m)
+{
+    if (!m)
+        return;
+    df_blocks_deinit(&m->rep);
+    df_weight_set_free(m->ws);
+    df_free(m->blocks);
+    df_free(m->singles);
+    df_free(m);
+}
+
+/* --- inputs ------------------------------------------------------------------------------ */
+
+/* t has `ndim` dimensions of `want` (-1: any positive size), a float dtype (or an integer
+ * one when `ids`). */
+static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want,
+                             bool ids)
+{
+    if (!t)
+        return df_errorf(DF_E_ARG, "flux2 forward: input '%s' is missing", name);
+    df_dtype dt = df_tensor_dtype(t);
+    bool is_f =
+        dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16 || dt == DF_DTYPE_F16 || dt == DF_DTYPE_F64;
+    bool fits =
+        df_tensor_ndim(t) == ndim && (is_f || (ids && (dt == DF_DTYPE_I32 || dt == DF_DTYPE_I64)));
+    for (int d = 0; fits && d < ndim; d++)
+        fits = want[d] < 0 ? df_tensor_dim(t, d) > 0 : df_tensor_dim(t, d) == want[d];
+    if (fits)
+        return DF_OK;
+    char got[128], w[128];
+    int used = snprintf(w, sizeof w, "[");
+    for (int d = 0; d < ndim && used < (int)sizeof w; d++)
+        used += want[d] < 0 ? snprintf(w + used, sizeof w - (size_t)used, d ? ", *" : "*")
+                            : snprintf(w + used, sizeof w - (size_t)used, d ? ", %lld" : "%lld",
+                                       (long long)want[d]);
+    if (used < (int)sizeof w)
+        snprintf(w + used, sizeof w - (size_t)used, "]");
+    return df_errorf(DF_E_SHAPE, "flux2 forward: input '%s' is %s; expected %s %s", name,
+                     df_tensor_describe(t, got, sizeof got), w,
+                     ids ? "(float or integer)" : "float");
+}
+
+/* [S, A] ids, or the [B, S, A] form the pipelines pass, of which the model uses row 0. */
+static df_status check_ids(const char *name, const df_tensor *t, int64_t S, int64_t A)
+{
+    if (t && df_tensor_ndim(t) == 3)
+        return check_input(name, t, 3, (int64_t[]){-1, S, A}, true);
+    return check_input(name, t, 2, (int64_t[]){S, A}, true);
+}
+
+/* A [B] or [1] tensor (timestep, guidance). */
+static df_status check_per_batch(const char *name, const df_tensor *t, int64_t B)
+{
+    if (t && df_tensor_ndim(t) == 1 && df_tensor_dim(t, 0) == 1)
+        return check_input(name, t, 1, (int64_t[]){1}, false);
+    return check_input(name, t, 1, (int64_t[]){B}, false);
+}
+
+static df_status check_inputs(const df_flux2 *m, const df_flux2_inputs *in)
+{
+    const df_flux2_cfg *c = &m->cfg;
+    DF_TRY(check_input("hidden_states", in->hidden_states, 3, (int64_t[]){-1, -1, c->in_channels},
+                       false));
+    int64_t B = df_tensor_dim(in->hidden_states, 0), s_img = df_tensor_dim(in->hidden_states, 1);
+    DF_TRY(check_input("encoder_hidden_states", in->encoder_hidden_states, 3,
+                       (int64_t[]){B, -1, c->joint_attention_dim}, false));
+    int64_t s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
+    DF_TRY(check_per_batch("timestep", in->timestep, B));
+    DF_TRY(check_ids("img_ids", in->img_ids, s_img, c->n_axes));
+    DF_TRY(check_ids("txt_ids", in->txt_ids, s_txt, c->n_axes));
+    if (c->guidance_embeds)
+        DF_TRY(check_per_batch("guidance", in->guidance, B));
+    else if (in->guidance)
+        return df_errorf(DF_E_ARG, "flux2 forward: input 'guidance' given, but this model has "
+                                   "no guidance embedder (config.json guidance_embeds is false)");
+    return DF_OK;
+}
+
+/* [S, A] view of ids given as [S, A] or [B, S, A]. */
+static df_tensor *ids_2d(df_ctx *ctx, df_tensor *ids)
+{
+    if (df_tensor_ndim(ids) == 2)
+        return ids;
+    int64_t S = df_tensor_dim(ids, 1), A = df_tensor_dim(ids, 2);
+    return df_reshape(ctx, df_slice(ctx, ids, 0, 0, 1), DF_SHAPE(S, A)); /* row 0 */
+}
+
+/* --- blocks ------------------------------------------------------------------------------ */
+
+/* The sum over the ranks of a rowwise product's partial results (itself on one rank). */
+static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
+{
+    return d->tp > 1 ? df_all_reduce(ctx, x) : x;
+}
+
+/* Part i of n of a shared modulation [B, n*D], as [B, 1, D] (broadcast over the sequence). */
+static df_tensor *mod_part(df_ctx *ctx, df_tensor *mod, int n, int i)
+{
+    return df_unsqueeze(ctx, df_chunk(ctx, mod, n, 1, i), 1);
+}
+
+/* [B, S, H*Dh] -> heads [B, S, H, Dh], RMS-normed per head when norm is given. */
+static df_tensor *heads(df_ctx *ctx, df_tensor *x, df_tensor *norm, const dims *d)
+{
+    x = df_reshape(ctx, x, DF_SHAPE(d->B, df_tensor_dim(x, 1), d->H, -1));
+    return norm ? df_rms_norm(ctx, x, norm, d->eps) : x;
+}
+
+/* Flux2SwiGLU: silu(first half) * second half of the last dimension. */
+static df_tensor *swiglu(df_ctx *ctx, df_tensor *h)
+{
+    int64_t n = df_tensor_dim(h, 2) / 2;
+    return df_mul(ctx, df_silu(ctx, df_slice(ctx, h, 2, 0, n)), df_slice(ctx, h, 2, n, 2 * n));
+}
+
+/* Flux2FeedForward: [B, S, D] -> [B, S, D]. */
+static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                               const df_linear_weights *out, df_tensor *x, const dims *d)
+{
+    df_tensor *h = swiglu(ctx, df_linear(ctx, x, in)); /* [B, S, M/tp] */
+    return tp_sum(ctx, d, df_linear(ctx, h, out));     /* [B, S, D] */
+}
+
+/* Attention over the joint sequence with RoPE on q and k.
+ * q, k, v [B, S, H, Dh], pe [S, Dh/2, 2] -> [B, S, H*Dh]. */
+static df_tensor *rope_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
+                                 df_tensor *pe, const dims *d)
+{
+    q = df_rope(ctx, df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
+    k = df_rope(ctx, df_permute(ctx, k, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
+    v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));                   /* [B, H, S, Dh] view */
+    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f);   /* 1/sqrt(Dh) */
+    o = df_transpose(ctx, o, 1, 2);                                 /* [B, S, H, Dh] */
+    return df_reshape(ctx, o, DF_SHAPE(d->B, d->S, -1));            /* [B, S, H*Dh] */
+}
+
+/* One stream's q, k, v heads [B, S, H, Dh] (q and k normed). */
+static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const dims *d,
+                        df_tensor **q, df_tensor **k, df_tensor **v)
+{
+    *q = heads(ctx, df_linear(ctx, x, &w->to_q), w->norm_q, d);
+    *k = heads(ctx, df_linear(ctx, x, &w->to_k), w->norm_k, d);
+    *v = heads(ctx, df_linear(ctx, x, &w->to_v), NULL, d);
+}
+
+/* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
+ * [B, 6D] (shift, scale, gate of attention, then of the MLP); the new streams are written
+ * back into *x and *c. */
+static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
+                                 df_tensor *mod_img, df_tensor *mod_txt, df_tensor *pe,
+                                 const dims *d)
+{
+    df_tensor *mx[6], *mc[6];
+    for (int i = 0; i < 6; i++)
+        mx[i] = mod_part(ctx, mod_img, 6, i), mc[i] = mod_part(ctx, mod_txt, 6, i);
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
+
+    df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
+    project_qkv(ctx, &b->img, nx, d, &qx, &kx, &vx);    /* [B, S_img, H, Dh] */
+    project_qkv(ctx, &b->txt, nc, d, &qc, &kc, &vc);    /* [B, S_txt, H, Dh] */
+    df_tensor *q = df_concat(ctx, qc, qx, 1);           /* [B, S, H, Dh] text first */
+    df_tensor *k = df_concat(ctx, kc, kx, 1);
+    df_tensor *v = df_concat(ctx, vc, vx, 1);
+    df_tensor *o = rope_attention(ctx, q, k, v, pe, d); /* [B, S, H*Dh] */
+    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);
+    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
+
+    df_tensor *ax = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out)); /* [B, S_img, D] */
+    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));
+    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], d->eps);
+    *x = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d)));
+
+    df_tensor *ac = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));
+    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], d->eps);
+    *c = df_add(ctx, hc,
+                df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d)));
+}
+
+/* Flux2SingleTransformerBlock.forward on the joint sequence: h [B, S, D], mod [B, 3D]
+ * (shift, scale, gate) -> [B, S, D]. */
+static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_tensor *h,
+                                       df_tensor *mod, df_tensor *pe, const dims *d)
+{
+    df_tensor *shift = mod_part(ctx, mod, 3, 0), *scale = mod_part(ctx, mod, 3, 1);
+    df_tensor *n = df_emb_modulate(ctx, h, shift, scale, d->eps); /* [B, S, D] */
+    df_tensor *p = df_linear(ctx, n, &b->qkv_mlp);                /* [B, S, (3D + 2M)/tp] */
+    int64_t Dl = d->H * (df_tensor_dim(b->norm_q, 0)), W = df_tensor_dim(p, 2);
+    df_tensor *q = heads(ctx, df_slice(ctx, p, 2, 0, Dl), b->norm_q, d);
+    df_tensor *k = heads(ctx, df_slice(ctx, p, 2, Dl, 2 * Dl), b->norm_k, d);
+    df_tensor *v = heads(ctx, df_slice(ctx, p, 2, 2 * Dl, 3 * Dl), NULL, d);
+    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);         /* [B, S, D/tp] */
+    df_tensor *mlp = swiglu(ctx, df_slice(ctx, p, 2, 3 * Dl, W));  /* [B, S, M/tp] */
+    df_tensor *o = df_linear(ctx, df_concat(ctx, attn, mlp, 2), &b->to_out);
+    o = tp_sum(ctx, d, o);                                         /* [B, S, D] */
+    return df_add(ctx, h, df_mul(ctx, mod_part(ctx, mod, 3, 2), o)); /* residual */
+}
+
+/* --- repeated blocks --------------------------------------------------------------------- */
+
+/* The weights outside the blocks, resident for the whole forward under sequential offload. */
+static const char *const outer_prefixes[] = {
+    "x_embedder.", "context_embedder.", "time_guidance_embed.", "double_stream_modulation_img.",
+    "double_stream_modulation_txt.", "single_stream_modulation.", "norm_out.", "proj_out."};
+
+/* The sizes a block call needs. x [B, S_x, D], c [B, S_c, D] or NULL. */
+static dims block_dims(const df_flux2 *m, const df_tensor *x, const df_tensor *c)
+{
+    dims d = {.B = df_tensor_dim(x, 0), .H = m->cfg.num_attention_heads / m->tp, .tp = m->tp,
+              .eps = (float)m->cfg.eps};
+    d.s_txt = c ? df_tensor_dim(c, 1) : 0;
+    d.S = df_tensor_dim(x, 1) + d.s_txt;
+    return d;
+}
+
+/* in: x, c, mod_img, mod_txt, pe; out: x, c. */
+static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor *const *in,
+                                      df_tensor **out)
+{
+    const df_flux2 *m = model;
+    dims d = block_dims(m, in[0], in[1]);
+    out[0] = in[0], out[1] = in[1];
+    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d);
+    return df_ctx_status(ctx);
+}
+
+/* in: h (the joint sequence), mod, pe; out: h. */
+static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor *const *in,
+                                      df_tensor **out)
+{
+    const df_flux2 *m = model;
+    dims d = block_dims(m, in[0], NULL);
+    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d);
+    return df_ctx_status(ctx);
+}
+
+/* diffusers' Flux2Transformer2DModel._repeated_blocks. */
+static const df_block_class double_class = {.name = "Flux2TransformerBlock", .n_in = 5,
+                                            .n_out = 2, .forward = double_class_forward};
+static const df_block_class single_class = {.name = "Flux2SingleTransformerBlock", .n_in = 3,
+                                            .n_out = 1, .forward = single_class_forward};
+
+static df_status list_blocks(df_flux2 *m)
+{
+    df_blocks_init(&m->rep, m, m->ws, outer_prefixes,
+                   (int)(sizeof outer_prefixes / sizeof *outer_prefixes));
+    for (int i = 0; i < m->cfg.num_layers; i++)
+        DF_TRY(df_blocks_add(&m->rep, &double_class, i, "transformer_blocks.%d", i));
+    for (int i = 0; i < m->cfg.num_single_layers; i++)
+        DF_TRY(df_blocks_add(&m->rep, &single_class, i, "single_transformer_blocks.%d", i));
+    return DF_OK;
+}
+
+df_status df_flux2_compile_repeated_blocks(df_flux2 *m, const df_compile_opts *opts)
+{
+    if (!m)
+        return df_errorf(DF_E_ARG, "df_flux2_compile_repeated_blocks: model is NULL");
+    return df_blocks_compile(&m->rep, opts);
+}
+
+int df_flux2_compiled_programs(const df_flux2 *m)
+{
+    return m ? df_blocks_programs(&m->rep) : 0;
+}
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+/* Flux2TimestepGuidanceEmbeddings: [B, D] (or [1, D], broadcasting later). */
+static df_tensor *conditioning(df_ctx *ctx, const df_flux2 *m, const df_flux2_inputs *in)
+{
+    int ch = (int)m->cfg.timestep_guidance_channels;
+    df_tensor *temb = df_emb_timestep(ctx, &m->time_embedder, in->timestep, ch, FLUX2_TIME_SCALE);
+    if (m->cfg.guidance_embeds)
+        temb = df_add(ctx, temb, df_emb_timestep(ctx, &m->guidance_embedder, in->guidance, ch,
+                                                 FLUX2_TIME_SCALE));
+    return temb;
+}
+
+df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
+{
+    if (!ctx)
+        return NULL;
+    if (df_ctx_status(ctx) != DF_OK)
+        return NULL;
+    if (!m || !in)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux2 forward: model and inputs are "
+                                                    "required"));
+    if (ctx != m->ctx)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux2 forward: the model was loaded into "
+                                                    "another context"));
+    df_status s = check_inputs(m, in);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, s);
+    int64_t s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
+    int64_t S = s_txt + df_tensor_dim(in->hidden_states, 1);
+
+    df_scope outer = df_scope_begin(ctx);
+    df_blocks_begin(ctx, &m->rep);
+    df_tensor *temb = conditioning(ctx, m, in);               /* [B, D] */
+    df_tensor *act = df_silu(ctx, temb);                      /* Flux2Modulation's SiLU */
+    df_tensor *mod_img = df_linear(ctx, act, &m->mod_img);    /* [B, 6D] */
+    df_tensor *mod_txt = df_linear(ctx, act, &m->mod_txt);    /* [B, 6D] */
+    df_tensor *mod_single = df_linear(ctx, act, &m->mod_single); /* [B, 3D] */
+    df_tensor *x = df_linear(ctx, in->hidden_states, &m->x_embedder);          /* [B, S_img, D] */
+    df_tensor *c = df_linear(ctx, in->encoder_hidden_states, &m->context_embedder); /* [B,S_txt,D] */
+    df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
+                                      m->axes, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
+
+    /* One fixed mark: ending it after block i also releases block i-1's outputs. */
+    df_scope mark = df_scope_begin(ctx);
+    for (int i = 0; i < m->cfg.num_layers; i++) {
+        df_tensor *io[2];
+        df_blocks_run(ctx, &m->rep, i, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
+        x = io[0], c = io[1];
+        df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
+    }
+    df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
+    mark = df_scope_begin(ctx);
+    for (int i = 0; i < m->cfg.num_single_layers; i++) {
+        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i,
+                      (df_tensor *[]){h, mod_single, pe}, &h);
+        df_scope_end(ctx, mark, h);
+    }
+    x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */
+    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, (float)m->cfg.eps); /* [B,S,D] */
+    df_tensor *out = df_linear(ctx, x, &m->proj_out); /* [B, S_img, out] */
+    df_blocks_end(ctx, &m->rep);
+    return df_scope_end(ctx, outer, out);
+}
