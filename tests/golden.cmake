@@ -10,13 +10,15 @@ set(DF_GOLDEN_CASES
     flux-transformer flux2-transformer flux2-klein-transformer
     vae-decode-flux vae-decode-sd3 vae-decode-flux2
     pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
-    sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0)
-set(DF_GOLDEN_NOT_YET pipe-flux2 te-mistral)
+    sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0
+    pipe-flux2 pipe-flux2-klein)
+set(DF_GOLDEN_NOT_YET te-mistral)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)
 set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
-    sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer)
+    sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer
+    pipe-flux2 pipe-flux2-klein)
 
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})
@@ -33,7 +35,7 @@ if(EXISTS ${DF_GOLDEN_DIR})
   endforeach()
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
   foreach(case flux-transformer te-t5 t2i-flux-schnell sd3-transformer t2i-sd3
-          flux2-transformer flux2-klein-transformer)
+          flux2-transformer flux2-klein-transformer pipe-flux2)
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
   endforeach()

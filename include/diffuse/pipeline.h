@@ -77,7 +77,8 @@ typedef struct df_gen_params {
     int64_t prompt_embeds_len;         /* L */
     const float *pooled_prompt_embeds; /* [B, pooled_projection_dim] */
     const float *latents;              /* packed initial latents [B, seq, C*4] (FLUX);
-                                        * [B, C, H/8, W/8] (SD3) */
+                                        * [B, C, H/8, W/8] (SD3); patchified
+                                        * [B, 128, H/16, W/16] (FLUX.2) */
     df_progress_fn progress;
     void *progress_user;
     /* Classifier-free guidance (SD3: on when guidance > 1; default 7.0, 28 steps). */
@@ -102,8 +103,9 @@ typedef struct df_gen_output {
     int width, height;
     df_image **images;       /* count RGB8 images */
     float *image_f32;        /* [count, H, W, 3] in [0, 1] (VaeImageProcessor "np" output) */
-    float *latents;          /* final latents, [count, seq, C] (FLUX packed), [count, C, h, w]
-                              * (SD3) */
+    float *latents;          /* final latents, [count, seq, C] (FLUX and FLUX.2 packed),
+                              * [count, C, h, w] (SD3; FLUX.2 klein: the VAE decoder's
+                              * input [count, 32, H/8, W/8]) */
     int64_t latents_shape[4];
     int latents_ndim;
     int steps;

@@ -19,8 +19,9 @@
 #include "models/loader.h"
 #include "pipelines/pipeline.h"
 
-static const df_pipeline_kind *const classes[] = {&df_flux_pipeline_class,
-                                                   &df_sd3_pipeline_class};
+static const df_pipeline_kind *const classes[] = {
+    &df_flux_pipeline_class, &df_sd3_pipeline_class, &df_flux2_pipeline_class,
+    &df_flux2_klein_pipeline_class};
 
 bool df_pipeline_has_component(const df_model_index *idx, const char *name)
 {
@@ -86,7 +87,8 @@ static df_status load_parts(df_pipeline *p)
     df_status s = DF_OK;
     if (!p->cls)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is not "
-                      "supported (supported: FluxPipeline, StableDiffusion3Pipeline)", p->dir,
+                      "supported (supported: FluxPipeline, StableDiffusion3Pipeline, "
+                      "Flux2Pipeline, Flux2KleinPipeline)", p->dir,
                       cls ? cls : "(none)");
     else if (df_comm_size(p->comm) > 1 && p->cls != &df_flux_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "

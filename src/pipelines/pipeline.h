@@ -35,6 +35,8 @@ df_status df_pipeline_offload(const df_pipeline *p, struct df_weight_set *ws);
 /* Records the residency and memory after `phase` in the output. */
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
 extern const df_pipeline_kind df_sd3_pipeline_class;
+extern const df_pipeline_kind df_flux2_pipeline_class;       /* Flux2Pipeline */
+extern const df_pipeline_kind df_flux2_klein_pipeline_class; /* Flux2KleinPipeline */
 
 /* The folder of component `name` of the pipeline, or an error naming it when the index
  * lists it as null or the folder is missing. */

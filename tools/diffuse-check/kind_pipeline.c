@@ -36,7 +36,9 @@ static int get_tensor(check_case *c, const char *key, float **out, int64_t *shap
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0;
-    if (strcmp(c->cls, "FluxPipeline") != 0 && !sd3)
+    bool flux2 =
+        strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
+    if (strcmp(c->cls, "FluxPipeline") != 0 && !sd3 && !flux2)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "the case names no pipeline folder");
