@@ -22,6 +22,8 @@
 
 #include <diffuse/diffuse.h>
 
+#include "core/alloc.h"
+
 #define GOLDEN_VAE DF_GOLDEN_DIR "/vae-decode-flux2/vae"
 #define LATENT     32 /* the golden VAE's latent channels */
 
@@ -420,6 +422,37 @@ static void test_bad_configs_are_named(void **state)
     assert_int_equal(try_load(dir), DF_OK);
 }
 
+/* Every allocation of a FLUX.2 load fails in turn: DF_E_OOM each time, and nothing leaks. */
+static void test_load_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    df_ctx *ctx = new_ctx();
+    df_vae *vae = NULL;
+    assert_int_equal(df_vae_load(ctx, GOLDEN_VAE, &vae), DF_OK); /* warm the context */
+    df_vae_free(vae);
+    int64_t live = df_alloc_live();
+    int failures = 0;
+    for (int64_t nth = 1; nth < 100000; nth++) {
+        vae = NULL;
+        df_alloc_fail_at(nth);
+        df_status s = df_vae_load(ctx, GOLDEN_VAE, &vae);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            df_vae_free(vae);
+            break;
+        }
+        failures++;
+        if (s != DF_E_OOM)
+            fail_msg("allocation %lld: %s instead of DF_E_OOM: %s", (long long)nth,
+                     df_status_name(s), df_error_message());
+        assert_null(vae);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+    }
+    assert_true(failures > 3);
+    df_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -432,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_tiled_close_to_untiled),
         cmocka_unit_test(test_missing_bn_statistics_are_named),
         cmocka_unit_test(test_bad_configs_are_named),
+        cmocka_unit_test(test_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
