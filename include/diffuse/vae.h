@@ -64,11 +64,12 @@ typedef struct df_vae_info {
  * Loads the AutoencoderKL or AutoencoderKLFlux2 decoder in `dir` (the folder holding
  * config.json and diffusion_pytorch_model.safetensors). Weights stay in the mapped file, in
  * their stored dtype; a FLUX.2 VAE's bn.running_mean and bn.running_var are also read to
- * the host (missing, they fail the load, naming the file and the tensor). On success *out is owned by the caller; free it with df_vae_free(). Fails with
- * DF_E_IO when a file cannot be read; DF_E_FORMAT when the config is malformed or
- * impossible (empty block_out_channels, norm_num_groups not dividing a channel count, ...)
- * or the weights disagree with it (missing tensor, wrong shape, unexpected decoder
- * tensor); DF_E_UNSUPPORTED for another class, block type, activation or patch_size.
+ * the host (missing, they fail the load, naming the file and the tensor). On success *out
+ * is owned by the caller; free it with df_vae_free(). Fails with DF_E_IO when a file cannot
+ * be read; DF_E_FORMAT when the config is malformed or impossible (empty
+ * block_out_channels, norm_num_groups not dividing a channel count, ...) or the weights
+ * disagree with it (missing tensor, wrong shape, unexpected decoder tensor);
+ * DF_E_UNSUPPORTED for another class, block type, activation or patch_size.
  */
 DF_API df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out);
 

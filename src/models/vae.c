@@ -680,7 +680,8 @@ df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *laten
                                    "batch-norm statistics");
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) != c->bn_channels)
-        return df_errorf(DF_E_SHAPE, "vae bn de-normalisation: latents %s, expected [B, %lld, h, w]",
+        return df_errorf(DF_E_SHAPE,
+                         "vae bn de-normalisation: latents %s, expected [B, %lld, h, w]",
                          df_tensor_describe(latents, d, sizeof d), (long long)c->bn_channels);
     df_scope mark = df_scope_begin(ctx);
     const int64_t shape[4] = {1, c->bn_channels, 1, 1};
