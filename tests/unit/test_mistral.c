@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "core/alloc.h"
 #include "unit/decoder_lm_ref.h"
 #include "unit/golden_tensors.h"
 
@@ -301,6 +302,62 @@ static void test_config_errors(void **state)
     tiny_free(&m);
 }
 
+/* Failing allocation 1, 2, 3, ... of a load (a Mistral3 folder with parts to skip) returns
+ * DF_E_OOM and leaks nothing, until the load succeeds; then the same for a forward. */
+static void test_load_and_forward_survive_every_failed_allocation(void **state)
+{
+    (void)state;
+    tiny_lm m = tiny_config();
+    tiny_init(&m, 41, DF_DTYPE_F32);
+    char dir[512];
+    int64_t extra;
+    write_mistral3(&m, DF_DTYPE_F32, MISTRAL3_NEW, "oom", dir, sizeof dir, &extra);
+    df_ctx *ctx = NULL;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    df_decoder_lm *lm = NULL;
+    assert_int_equal(df_mistral_load(ctx, dir, &lm), DF_OK); /* the context's tables grow */
+    df_decoder_lm_free(lm);
+    int64_t live = df_alloc_live();
+    for (int k = 1;; k++) {
+        lm = NULL;
+        df_alloc_fail_at(k);
+        df_status s = df_mistral_load(ctx, dir, &lm);
+        df_alloc_fail_at(0);
+        df_decoder_lm_free(lm);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+        if (s == DF_OK)
+            break;
+        assert_int_equal(s, DF_E_OOM);
+        assert_true(k < 100000);
+    }
+    assert_int_equal(df_mistral_load(ctx, dir, &lm), DF_OK);
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, S), ids);
+    df_tensor *mk = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, S), left_pad);
+    int layers[2] = {1, 3};
+    for (int k = 1;; k++) {
+        df_tensor *out = NULL;
+        df_scope mark = df_scope_begin(ctx);
+        df_alloc_fail_at(k);
+        df_status s = df_decoder_lm_stacked(ctx, lm, t, mk, layers, 2, &out);
+        if (s == DF_OK)
+            s = df_sync(ctx);
+        df_alloc_fail_at(0);
+        df_scope_end(ctx, mark, NULL);
+        df_ctx_reset_error(ctx);
+        if (s == DF_OK) {
+            printf("the forward succeeds once %d allocations may fail\n", k - 1);
+            assert_true(k > 1);
+            break;
+        }
+        assert_int_equal(s, DF_E_OOM);
+        assert_true(k < 100000);
+    }
+    df_decoder_lm_free(lm);
+    df_ctx_free(ctx);
+    tiny_free(&m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -310,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_two_ranks_match_one_and_read_their_share),
         cmocka_unit_test(test_golden_te_mistral),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_load_and_forward_survive_every_failed_allocation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
