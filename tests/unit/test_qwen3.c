@@ -3,7 +3,8 @@
  * random Qwen3 (GQA with 2 query heads per KV head, head_dim not hidden_size / heads, q/k
  * norm) written as a Qwen3ForCausalLM or Qwen3Model checkpoint, against the float64
  * reference of decoder_lm_ref.h: every hidden state with right padding, left padding
- * (rows that see no real token), no mask, bf16 weights and attention biases; the klein-style
+ * (rows that see no real token) and no mask, in eager and defer-and-fuse mode, bf16 weights
+ * and attention biases; the klein-style
  * stacking; that lm_head is never read and that layers past the last requested one do not
  * run; tensor parallelism on 2 in-process ranks against 1, with the bytes each rank reads;
  * and config and request errors.
@@ -65,10 +66,12 @@ static const int64_t ids[B * S] = {3, 17, 5, 44, 9, 0, 0, /* */ 8, 21, 33, 2, 49
 static const int64_t right_pad[B * S] = {1, 1, 1, 1, 1, 0, 0, /* */ 1, 1, 1, 1, 1, 1, 1};
 static const int64_t left_pad[B * S] = {0, 0, 0, 1, 1, 1, 1, /* */ 1, 1, 1, 1, 1, 1, 1};
 
+static df_eager_mode mode = DF_DEFER_NEVER; /* of the contexts new_ctx makes */
+
 static df_ctx *new_ctx(void)
 {
     df_ctx *ctx = NULL;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2}, &ctx), DF_OK);
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .mode = mode}, &ctx), DF_OK);
     return ctx;
 }
 
@@ -124,6 +127,10 @@ static void test_left_padding_and_no_mask_match_reference(void **state)
     write_qwen3(&m, DF_DTYPE_F32, false, "left", dir, sizeof dir);
     check_all_states(&m, dir, left_pad, 2e-5); /* row 0's first 3 queries see no token */
     check_all_states(&m, dir, NULL, 2e-5);
+    mode = DF_DEFER_AND_FUSE; /* the fused plans must agree too */
+    check_all_states(&m, dir, left_pad, 2e-5);
+    check_all_states(&m, dir, NULL, 2e-5);
+    mode = DF_DEFER_NEVER;
     tiny_free(&m);
 }
 
