@@ -1,18 +1,15 @@
-# Golden parity tests: diffuse-check runs every case of ../shared/golden whose class diffuse
-# implements, in every execution mode that exists. Cases of classes not implemented yet
-# (FLUX.2, Mistral) are listed separately and not run; diffuse-check itself fails them
-# ("not implemented yet") rather than skipping.
+# Golden parity tests: diffuse-check runs every case of ../shared/golden, in every execution
+# mode that exists.
 set(DF_GOLDEN_CASES
     rng-randn-f32-small rng-randn-f32-seed42-latent rng-randn-bf16-seed42
     sched-flowmatch-flux-schnell-4 sched-flowmatch-flux-dev-8 sched-flowmatch-sd3-10
     tok-clip-l-77 tok-clip-g-77 tok-t5-512
-    te-clip-l te-clip-g te-t5
+    te-clip-l te-clip-g te-t5 te-mistral
     flux-transformer flux2-transformer flux2-klein-transformer
     vae-decode-flux vae-decode-sd3 vae-decode-flux2
     pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
     sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0
     pipe-flux2 pipe-flux2-klein)
-set(DF_GOLDEN_NOT_YET te-mistral)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)
@@ -34,7 +31,7 @@ if(EXISTS ${DF_GOLDEN_DIR})
     set_tests_properties(golden/blocks/${case} PROPERTIES TIMEOUT 600)
   endforeach()
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
-  foreach(case flux-transformer te-t5 t2i-flux-schnell sd3-transformer t2i-sd3
+  foreach(case flux-transformer te-t5 te-mistral t2i-flux-schnell sd3-transformer t2i-sd3
           flux2-transformer flux2-klein-transformer pipe-flux2)
     add_test(NAME golden/bf16/${case}
              COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})

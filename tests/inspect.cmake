@@ -14,3 +14,15 @@ endforeach()
 add_test(NAME inspect/errors
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/inspect_errors.sh $<TARGET_FILE:diffuse>
                  ${CMAKE_BINARY_DIR}/test-tmp)
+
+# make-tiny's FLUX.2 text encoder folders check against their configs, and a Mistral3 one
+# lists its vision tower, projector and lm_head as skipped.
+foreach(arch mistral3 qwen3)
+  set(dir ${CMAKE_BINARY_DIR}/test-tmp/tiny-${arch}-text-encoder)
+  add_test(NAME inspect/make-tiny-${arch}-text-encoder
+           COMMAND sh -c "'$<TARGET_FILE:diffuse>' make-tiny --arch ${arch}-text-encoder '${dir}' >/dev/null && '$<TARGET_FILE:diffuse>' inspect '${dir}'")
+endforeach()
+set_tests_properties(inspect/make-tiny-mistral3-text-encoder PROPERTIES PASS_REGULAR_EXPRESSION
+                     "match the Mistral3ForConditionalGeneration config\n  skipped, not needed for text-to-image \\(never read\\): 16 tensors")
+set_tests_properties(inspect/make-tiny-qwen3-text-encoder PROPERTIES PASS_REGULAR_EXPRESSION
+                     "weights match the Qwen3ForCausalLM config")

@@ -28,6 +28,8 @@
 #include "image.h"
 #include "clip.h"
 #include "t5.h"
+#include "mistral.h"
+#include "qwen3.h"
 #include "flux.h"
 #include "flux2.h"
 #include "sd3.h"

@@ -8,7 +8,9 @@
 #include <diffuse/clip.h>
 #include <diffuse/flux.h>
 #include <diffuse/layout.h>
+#include <diffuse/mistral.h>
 #include <diffuse/models.h>
+#include <diffuse/qwen3.h>
 #include <diffuse/sd3.h>
 #include <diffuse/t5.h>
 #include <diffuse/vae.h>
@@ -34,6 +36,8 @@ CHECKER(check_sd3, df_sd3, df_sd3_load, df_sd3_free)
 CHECKER(check_clip, df_clip, df_clip_load, df_clip_free)
 CHECKER(check_t5, df_t5, df_t5_load, df_t5_free)
 CHECKER(check_vae, df_vae, df_vae_load, df_vae_free)
+CHECKER(check_mistral, df_decoder_lm, df_mistral_load, df_decoder_lm_free)
+CHECKER(check_qwen3, df_decoder_lm, df_qwen3_load, df_decoder_lm_free)
 
 df_status df_models_register_checks(void)
 {
@@ -47,6 +51,11 @@ df_status df_models_register_checks(void)
         {"CLIPTextModelWithProjection", check_clip},
         {"T5EncoderModel", check_t5},
         {"AutoencoderKL", check_vae},
+        {"MistralModel", check_mistral},
+        {"MistralForCausalLM", check_mistral},
+        {"Mistral3ForConditionalGeneration", check_mistral},
+        {"Qwen3Model", check_qwen3},
+        {"Qwen3ForCausalLM", check_qwen3},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         DF_TRY(df_model_check_register(table[i].cls, table[i].fn));

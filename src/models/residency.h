@@ -6,6 +6,7 @@
 #define DF_MODELS_RESIDENCY_H
 
 #include <diffuse/clip.h>
+#include <diffuse/decoder_lm.h>
 #include <diffuse/flux.h>
 #include <diffuse/flux2.h>
 #include <diffuse/sd3.h>
@@ -20,5 +21,6 @@ df_weight_set *df_flux_weight_set(const df_flux *m);
 df_weight_set *df_flux2_weight_set(const df_flux2 *m);
 df_weight_set *df_vae_weight_set(const df_vae *m);
 df_weight_set *df_sd3_weight_set(const df_sd3 *m);
+df_weight_set *df_decoder_lm_weight_set(const df_decoder_lm *m);
 
 #endif

@@ -4,9 +4,12 @@
  * CLIPTextModel / CLIPTextModelWithProjection: args.input_ids [B, S] through df_clip_encode,
  * outputs last_hidden_state, pooler_output, text_embeds and hidden_states_m2
  * (= hidden_states[-2]). T5EncoderModel: args.input_ids through df_t5_encode without a mask
- * (last_hidden_state) and with args.attention_mask (last_hidden_state_masked). Each output
- * the case lists is compared; an output name this handler does not know fails the case.
- * MistralModel belongs to a later issue and is reported as not implemented.
+ * (last_hidden_state) and with args.attention_mask (last_hidden_state_masked).
+ * MistralModel / Mistral3ForConditionalGeneration / Qwen3Model / Qwen3ForCausalLM:
+ * args.input_ids and args.attention_mask through df_decoder_lm_forward, outputs
+ * last_hidden_state and prompt_embeds (the hidden states of args.layers stacked per token,
+ * df_decoder_lm_stacked). Each output the case lists is compared; an output name this
+ * handler does not know fails the case.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,12 +141,66 @@ static int run_t5(check_case *c, df_ctx *ctx, te_outputs *o)
     return rc;
 }
 
+static bool is_decoder_lm(const char *cls)
+{
+    static const char *const names[] = {"MistralModel", "MistralForCausalLM",
+                                        "Mistral3ForConditionalGeneration", "Qwen3Model",
+                                        "Qwen3ForCausalLM"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(cls, names[i]) == 0)
+            return true;
+    return false;
+}
+
+static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
+{
+    df_decoder_lm *m;
+    df_status s = strncmp(c->cls, "Qwen3", 5) == 0 ? df_qwen3_load(ctx, c->model_dir, &m)
+                                                   : df_mistral_load(ctx, c->model_dir, &m);
+    if (s != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    int64_t l64[DF_DECODER_LM_MAX_OUTPUTS], n_layers = 0;
+    if (!df_json_is_null(df_json_get(c->args, "layers")) &&
+        df_json_get_int_array(c->args, "layers", l64, DF_DECODER_LM_MAX_OUTPUTS, &n_layers) !=
+            DF_OK) {
+        df_decoder_lm_free(m);
+        return check_fail(c, "%s", df_error_message());
+    }
+    int layers[DF_DECODER_LM_MAX_OUTPUTS];
+    for (int64_t i = 0; i < n_layers; i++)
+        layers[i] = (int)l64[i];
+    df_tensor *ids, *mask = NULL;
+    int64_t *host, *mask_host = NULL;
+    int rc = int_arg(c, ctx, "input_ids", &ids, &host);
+    if (rc == 0 && !df_json_is_null(df_json_get(c->args, "attention_mask")))
+        rc = int_arg(c, ctx, "attention_mask", &mask, &mask_host);
+    df_decoder_lm_output out = {0};
+    df_tensor *stacked = NULL;
+    if (rc == 0 &&
+        df_decoder_lm_forward(ctx, m, ids, mask,
+                              &(df_decoder_lm_request){.last_hidden_state = true}, &out) != DF_OK)
+        rc = check_fail(c, "%s", df_error_message());
+    if (rc == 0 && n_layers > 0 &&
+        df_decoder_lm_stacked(ctx, m, ids, mask, layers, (int)n_layers, &stacked) != DF_OK)
+        rc = check_fail(c, "%s", df_error_message());
+    if (rc == 0) {
+        put(o, "last_hidden_state", out.last_hidden_state);
+        put(o, "prompt_embeds", stacked);
+        rc = compare_outputs(c, ctx, o);
+    }
+    free(host);
+    free(mask_host);
+    df_decoder_lm_free(m);
+    return rc;
+}
+
 int check_kind_text_encoder(check_case *c)
 {
     bool clip =
         strcmp(c->cls, "CLIPTextModel") == 0 || strcmp(c->cls, "CLIPTextModelWithProjection") == 0;
     bool t5 = strcmp(c->cls, "T5EncoderModel") == 0;
-    if (!clip && !t5)
+    bool lm = is_decoder_lm(c->cls);
+    if (!clip && !t5 && !lm)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "case.json \"dir\" is null; a text encoder needs its folder");
@@ -154,7 +211,7 @@ int check_kind_text_encoder(check_case *c)
         return check_fail(c, "%s", df_error_message());
     te_outputs o = {0};
     df_scope mark = df_scope_begin(ctx);
-    int rc = clip ? run_clip(c, ctx, &o) : run_t5(c, ctx, &o);
+    int rc = clip ? run_clip(c, ctx, &o) : t5 ? run_t5(c, ctx, &o) : run_decoder_lm(c, ctx, &o);
     df_scope_end(ctx, mark, NULL);
     check_write_stats(c, ctx);
     df_ctx_free(ctx);

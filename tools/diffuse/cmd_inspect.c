@@ -190,6 +190,35 @@ static const char *config_class(const df_json *cfg)
     return cls;
 }
 
+/* The tensors of a Mistral / Mistral3 text encoder that loading skips unread (vision
+ * tower, multimodal projector, lm_head). */
+static int list_skipped(const inspect *in, const df_weights *w)
+{
+    int64_t n = 0;
+    uint64_t bytes = 0;
+    for (int64_t i = 0; i < df_weights_count(w); i++) {
+        df_tensor_info t;
+        if (df_weights_at(w, i, &t) != DF_OK)
+            return fail();
+        if (df_mistral_skips_tensor(t.name))
+            n++, bytes += t.nbytes;
+    }
+    if (n == 0)
+        return 0;
+    char h[32];
+    printf("  skipped, not needed for text-to-image (never read): %lld tensors, %s (%llu bytes)\n",
+           (long long)n, human(bytes, h, sizeof h), (unsigned long long)bytes);
+    for (int64_t i = 0; i < df_weights_count(w) && !in->summary; i++) {
+        df_tensor_info t;
+        if (df_weights_at(w, i, &t) == DF_OK && df_mistral_skips_tensor(t.name)) {
+            fputs("    ", stdout);
+            put_clean(stdout, t.name);
+            fputc('\n', stdout);
+        }
+    }
+    return 0;
+}
+
 /* A component folder; `cls` is the class from model_index.json or NULL. */
 static int inspect_component(inspect *in, const char *dir, const char *label, const char *cls)
 {
@@ -227,6 +256,8 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
             rc = fail();
         else
             printf("  weights match the %s config\n", cls);
+        if (rc == 0 && strncmp(cls, "Mistral", 7) == 0)
+            rc = list_skipped(in, w);
     }
     df_weights_free(w);
     df_json_free(cfg);

@@ -28,6 +28,7 @@
 #include <diffuse/diffuse.h>
 
 #include "cli.h"
+#include "make_tiny_lm.h"
 
 typedef struct tiny {
     char dir[2048];
@@ -790,7 +791,9 @@ int cmd_make_tiny(int argc, char **argv)
                    "text_encoder(_2, _3)/ + tokenizer(_2, _3)/, an MMDiT with dual attention).\n"
                    "--heads, --head-dim, --double, --single size the FLUX transformer (default\n"
                    "2 x 32, 1 + 2 blocks; FLUX.1 width is --heads 24 --head-dim 128), e.g. to\n"
-                   "try offloading on a pipeline whose transformer is gigabytes.\n");
+                   "try offloading on a pipeline whose transformer is gigabytes.\n"
+                   "--arch mistral3-text-encoder | qwen3-text-encoder writes DIR as one text\n"
+                   "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n");
             return 0;
         default: return 2;
         }
@@ -799,6 +802,11 @@ int cmd_make_tiny(int argc, char **argv)
         fprintf(stderr, "usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype D] DIR\n");
         return 2;
     }
+    /* One text encoder component folder (make_tiny_lm.c), for the FLUX.2 encoders. */
+    if (strcmp(arch, "mistral3-text-encoder") == 0)
+        return tiny_write_mistral3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
+    if (strcmp(arch, "qwen3-text-encoder") == 0)
+        return tiny_write_qwen3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
     bool sd3 = strcmp(arch, "sd3") == 0;
     if (strcmp(arch, "flux") != 0 && !sd3) {
         fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux, sd3)\n",

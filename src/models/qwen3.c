@@ -1,0 +1,44 @@
+/*
+ * Qwen3 as a text encoder (qwen3.h): Qwen3Config reading and the checkpoint prefixes of
+ * Qwen3Model and Qwen3ForCausalLM; decoder_lm.c runs it, with the per-head q/k RMS norm.
+ *
+ * Choices:
+ * - Qwen3Config's defaults: head_dim 128, rope_theta 10000, rms_norm_eps 1e-6,
+ *   attention_bias false. use_sliding_window true (no released Qwen3 sets it) is
+ *   DF_E_UNSUPPORTED.
+ * - lm_head (absent when tie_word_embeddings) is marked used without being bound.
+ */
+#include <diffuse/qwen3.h>
+
+#include "core/status.h"
+#include "models/decoder_lm.h"
+
+static const char *const prefixes[] = {"model.", "", NULL};
+static const char *const skipped[] = {"lm_head.", NULL};
+
+static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t *window)
+{
+    *c = (df_decoder_lm_config){0};
+    *window = 0;
+    bool sliding;
+    DF_TRY(df_json_get_bool_or(j, "use_sliding_window", false, &sliding));
+    if (sliding)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: key 'use_sliding_window': windowed attention is not implemented",
+                         df_json_source(j));
+    DF_TRY(df_decoder_lm_read_common(j, 10000.0, 128, 1e-6, c));
+    c->qk_norm = true;
+    return DF_OK;
+}
+
+static const df_decoder_lm_class qwen3 = {
+    .name = "Qwen3",
+    .read_config = read_config,
+    .prefixes = prefixes,
+    .skipped = skipped,
+};
+
+df_status df_qwen3_load(df_ctx *ctx, const char *dir, df_decoder_lm **out)
+{
+    return df_decoder_lm_load(ctx, dir, &qwen3, out);
+}
