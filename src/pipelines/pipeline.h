@@ -20,6 +20,9 @@ struct df_pipeline {
     df_load_opts opts;
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;
+    df_dtype compute;      /* the context's compute dtype */
+    const char *dtype_why; /* why (static): "asked for", or df_cpu_auto_dtype's reason */
+    int64_t run_peak; /* the most weight bytes resident in any phase of the current run */
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
     float default_guidance;
@@ -32,7 +35,15 @@ extern const df_pipeline_kind df_flux_pipeline_class;
 void df_pipeline_onload(const df_pipeline *p, struct df_weight_set *ws);
 df_status df_pipeline_offload(const df_pipeline *p, struct df_weight_set *ws);
 
-/* Records the residency and memory after `phase` in the output. */
+/* The starting noise of B images of n floats each, as diffusers' randn_tensor draws it in
+ * float32 from the parameters' generator(s): one generator draws all B * n values at once; a
+ * list of B generators (g->seeds) draws image b alone from seeds[b]. DF_E_ARG when the list
+ * has neither 1 nor B generators (diffusers' ValueError). */
+df_status df_pipeline_draw_noise(const df_gen_params *g, int B, int64_t n, float *out);
+
+/* Records the residency and memory after `phase` in the output, and restarts the context's
+ * resident-weight peak for the next phase (df_pipeline_run restores the run's peak, the
+ * largest of its phases', when the run ends). */
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
 extern const df_pipeline_kind df_sd3_pipeline_class;
 
