@@ -18,8 +18,7 @@ extern "C" {
 
 /* True when the CPU has native bf16 dot products (AMX-BF16 or AVX512-BF16), so that bf16
  * products round as the hardware instructions do; bf16 compute works everywhere. Native
- * does not mean faster: with AVX512-BF16 alone oneDNN's bf16 products are slower than its
- * f32 ones. To choose the compute dtype, use df_cpu_auto_dtype. */
+ * does not mean reliably faster (see df_cpu_auto_dtype, which chooses the compute dtype). */
 DF_API bool df_cpu_has_fast_bf16(void);
 
 /* The CPU features that decide the compute dtype, as the GEMM provider (oneDNN) can use
@@ -34,12 +33,13 @@ typedef struct df_cpu_features {
 /* The features of the CPU this runs on, read at run time. */
 DF_API void df_cpu_features_get(df_cpu_features *out);
 
-/* The compute dtype that runs faster on a CPU with `cpu`'s features for a checkpoint whose
- * weights are stored in `weights` (the transformer's dtype; DF_DTYPE_COUNT when unknown):
- * bf16 only for bf16 checkpoints on CPUs with AMX-BF16, where bf16 products are several
- * times faster than f32; f32 everywhere else, including AVX512-BF16 without AMX, where
- * oneDNN's bf16 products are slower than f32 (145 against 231 GFLOP/s measured). *why
- * (may be NULL) gets one static sentence saying why ("this CPU has ..."). */
+/* The compute dtype for a CPU with `cpu`'s features and a checkpoint whose weights are
+ * stored in `weights` (the transformer's dtype; DF_DTYPE_COUNT when unknown): bf16 only
+ * for bf16 checkpoints on CPUs with AMX-BF16, where bf16 products are 4-6x faster than
+ * f32; f32 everywhere else, including AVX512-BF16 without AMX, where oneDNN's bf16
+ * products are not reliably faster (from 145 against 231 GFLOP/s for f32 to about twice
+ * the f32 rate, by shape and load) and bf16 loses precision. *why (may be NULL) gets one
+ * static sentence saying why ("this CPU has ..."). */
 DF_API df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights,
                                   const char **why);
 

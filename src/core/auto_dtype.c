@@ -2,11 +2,12 @@
  * The compute dtype that `--dtype auto` picks, from the CPU's features (read at run time,
  * df_cpu_features_get) and the checkpoint's dtype.
  *
- * bf16 compute is only worth it where the hardware multiplies bf16 much faster than f32:
- * AMX-BF16 tiles (4-6x oneDNN's f32 rate). With AVX512-BF16 alone oneDNN's bf16 products
- * are slower than f32 (measured 145 against 231 GFLOP/s), and without either bf16 is
- * emulated. bf16 compute is also chosen only for bf16 checkpoints: an f32 or f16 checkpoint
- * asks for more precision than bf16 keeps.
+ * bf16 compute is only worth its lost precision where the hardware multiplies bf16 much
+ * faster than f32: AMX-BF16 tiles (4-6x oneDNN's f32 rate). With AVX512-BF16 alone oneDNN's
+ * bf16 products are not reliably faster (measured from 145 against 231 GFLOP/s for f32 to
+ * about twice the f32 rate, by shape and load), and without either bf16 is emulated. bf16
+ * compute is also chosen only for bf16 checkpoints: an f32 or f16 checkpoint asks for more
+ * precision than bf16 keeps.
  */
 #include <diffuse/cpu.h>
 
@@ -22,8 +23,8 @@ df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights, const c
         reason = "this CPU has AMX-BF16, but the checkpoint's weights are not bf16 (bf16 "
                  "compute is chosen only for bf16 checkpoints)";
     } else if (cpu->avx512_bf16) {
-        reason = "this CPU has AVX512-BF16 but no AMX-BF16; there bf16 products are "
-                 "slower than f32";
+        reason = "this CPU has AVX512-BF16 but no AMX-BF16; there bf16 products are not "
+                 "reliably faster than f32 and lose precision";
     } else {
         reason = "this CPU has no native bf16 products (no AMX-BF16 or AVX512-BF16); "
                  "bf16 would be emulated and slower";

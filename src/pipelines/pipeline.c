@@ -78,14 +78,11 @@ static void suggest_less_memory(df_offload level)
     df_errorf(DF_E_OOM, "%s", msg);
 }
 
-/* The dtype most of the transformer's weight bytes are stored in; DF_DTYPE_COUNT when the
- * folder has no readable transformer (its load then reports why). */
-static df_dtype checkpoint_dtype(const df_pipeline *p, const df_model_index *idx)
+df_dtype df_pipeline_checkpoint_dtype(const char *pipeline_dir)
 {
     char dir[DF_PATH_MAX];
     df_weights *w = NULL;
-    if (!df_pipeline_has_component(idx, "transformer") ||
-        df_layout_component_dir(p->dir, "transformer", dir, sizeof dir) != DF_OK ||
+    if (df_layout_component_dir(pipeline_dir, "transformer", dir, sizeof dir) != DF_OK ||
         df_weights_open(dir, &w) != DF_OK)
         return DF_DTYPE_COUNT;
     uint64_t bytes[DF_DTYPE_COUNT + 1] = {0};
@@ -124,8 +121,8 @@ static df_status load_parts(df_pipeline *p)
         df_cpu_features cpu;
         df_cpu_features_get(&cpu);
         /* the checkpoint matters only where bf16 could be chosen: no file read elsewhere */
-        compute = df_cpu_auto_dtype(&cpu, cpu.amx_bf16 ? checkpoint_dtype(p, idx) : DF_DTYPE_COUNT,
-                                    &p->dtype_why);
+        df_dtype stored = cpu.amx_bf16 ? df_pipeline_checkpoint_dtype(p->dir) : DF_DTYPE_COUNT;
+        compute = df_cpu_auto_dtype(&cpu, stored, &p->dtype_why);
     }
     p->compute = compute;
     if (s == DF_OK)

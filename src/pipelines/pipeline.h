@@ -5,6 +5,8 @@
 #include <diffuse/layout.h>
 #include <diffuse/pipeline.h>
 
+struct df_weight_set;
+
 typedef struct df_pipeline_kind {
     const char *name; /* model_index.json "_class_name" */
     df_status (*load)(df_pipeline *p, const df_model_index *idx);
@@ -34,6 +36,11 @@ extern const df_pipeline_kind df_flux_pipeline_class;
  * release them after its queued work (both no-ops without offload; ws may be NULL). */
 void df_pipeline_onload(const df_pipeline *p, struct df_weight_set *ws);
 df_status df_pipeline_offload(const df_pipeline *p, struct df_weight_set *ws);
+
+/* The dtype most of the transformer's weight bytes are stored in (the checkpoint's dtype
+ * for --dtype auto); DF_DTYPE_COUNT when the folder has no readable transformer (its load
+ * then reports why). */
+df_dtype df_pipeline_checkpoint_dtype(const char *pipeline_dir);
 
 /* The starting noise of B images of n floats each, as diffusers' randn_tensor draws it in
  * float32 from the parameters' generator(s): one generator draws all B * n values at once; a
