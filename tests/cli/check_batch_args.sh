@@ -2,7 +2,7 @@
 # diffuse-check reads diffusers' list arguments: the t2i-sd3-seed0 case rewritten with its
 # prompt, negative prompt and generator as one-element lists must still pass (a list of one
 # generator is one generator, as in diffusers), and lists that do not pair up must fail
-# with a message naming the argument.
+# with a message naming the argument, as must arguments diffuse does not implement.
 # Usage: check_batch_args.sh PATH/TO/diffuse-check GOLDEN_DIR WORK_DIR
 set -u
 bin=$1
@@ -43,6 +43,10 @@ expect 1 "a list of 2 generators was given for a batch of 1 images" two-generato
 
 make_case gpu-generator 's/"device": "cpu"/"device": "cuda"/' || exit 1
 expect 1 "only torch's CPU generator" gpu-generator
+
+# what is not implemented fails rather than being ignored
+make_case prompt-2 's/"negative_prompt": /"prompt_2": "a fox", "negative_prompt": /' || exit 1
+expect 1 "args.prompt_2: separate prompts per text encoder are not implemented" prompt-2
 
 rm -rf "$work"
 [ "$failures" -eq 0 ]

@@ -99,6 +99,27 @@ static int get_generators(check_case *c, df_gen_params *g, uint64_t *seeds)
     return 0;
 }
 
+/* Arguments diffuse does not implement fail the case rather than being ignored (which would
+ * compare another call with the reference): per-encoder prompts, and FLUX true CFG. */
+static int unsupported_args(check_case *c, bool sd3)
+{
+    static const char *const per_encoder[] = {"prompt_2", "prompt_3", "negative_prompt_2",
+                                              "negative_prompt_3"};
+    for (size_t i = 0; i < sizeof per_encoder / sizeof per_encoder[0]; i++) {
+        const df_json *j = df_json_get(c->args, per_encoder[i]);
+        if (j && !df_json_is_null(j))
+            return check_fail(c, "args.%s: separate prompts per text encoder are not "
+                              "implemented", per_encoder[i]);
+    }
+    double true_cfg;
+    if (!sd3 && df_json_get_double_or(c->args, "true_cfg_scale", 1.0, &true_cfg) != DF_OK)
+        return check_fail(c, "args.true_cfg_scale: %s", df_error_message());
+    if (!sd3 && true_cfg > 1.0)
+        return check_fail(c, "args.true_cfg_scale %g: FluxPipeline's true CFG is not "
+                          "implemented", true_cfg);
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0;
@@ -168,6 +189,7 @@ int check_kind_pipeline(check_case *c)
         g.n_prompts = (int)es[0];
     }
     g.latents = latents;
+    rc |= unsupported_args(c, sd3);
 
     df_pipeline *p = NULL;
     df_gen_output out = {0};
