@@ -264,6 +264,9 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
         return DF_OK; /* the prompts are rank 0's */
     if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
         return df_errorf(DF_E_ARG, "no prompt given");
+    for (int i = 0; !g->prompt_embeds && g->prompts && i < r->np; i++)
+        if (!g->prompts[i])
+            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, r->np);
     if (!g->prompt_embeds && !f->t5)
         return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
     if (g->prompt_embeds && (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1))

@@ -12,7 +12,7 @@
  *   image (the pairing is what the test checks).
  * - FluxPipeline (t2i-flux-schnell-seed42): the same for lists of generators.
  * - Parameter errors: a list of generators of the wrong length, two kinds of negative
- *   prompt at once, a NULL negative prompt.
+ *   prompt at once, a NULL (negative) prompt.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -290,6 +290,8 @@ static void test_batch_parameter_errors(void **state)
     g = (df_gen_params){.prompts = pq, .n_prompts = 2, .num_images = 2, .steps = 1,
                         .height = 64, .width = 64, .seeds = three, .n_seeds = 3};
     expect_error(p, &g, "a list of 3 generators was given for a batch of 4 images");
+    g.prompts = with_null, g.seeds = NULL, g.n_seeds = 0;
+    expect_error(p, &g, "prompt 1 of 2 is NULL");
     df_pipeline_free(p);
 }
 
