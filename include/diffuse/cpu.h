@@ -17,9 +17,31 @@ extern "C" {
 #endif
 
 /* True when the CPU has native bf16 dot products (AMX-BF16 or AVX512-BF16), so that bf16
- * compute is faster than f32; bf16 compute works everywhere, but elsewhere it is slower.
- * Use it to choose the default compute dtype. */
+ * products round as the hardware instructions do; bf16 compute works everywhere. Native
+ * does not mean reliably faster (see df_cpu_auto_dtype, which chooses the compute dtype). */
 DF_API bool df_cpu_has_fast_bf16(void);
+
+/* The CPU features that decide the compute dtype, as the GEMM provider (oneDNN) can use
+ * them in this process (its effective ISA: the hardware, what the OS allows, and a cap
+ * set with ONEDNN_MAX_CPU_ISA). */
+typedef struct df_cpu_features {
+    bool avx512;      /* AVX-512 F/BW/VL/DQ (oneDNN's avx512_core) */
+    bool avx512_bf16; /* AVX512-BF16 dot products */
+    bool amx_bf16;    /* AMX tiles with bf16 products */
+} df_cpu_features;
+
+/* The features of the CPU this runs on, read at run time. */
+DF_API void df_cpu_features_get(df_cpu_features *out);
+
+/* The compute dtype for a CPU with `cpu`'s features and a checkpoint whose weights are
+ * stored in `weights` (the transformer's dtype; DF_DTYPE_COUNT when unknown): bf16 only
+ * for bf16 checkpoints on CPUs with AMX-BF16, where bf16 products are 4-6x faster than
+ * f32; f32 everywhere else, including AVX512-BF16 without AMX, where oneDNN's bf16
+ * products are not reliably faster (from 145 against 231 GFLOP/s for f32 to about twice
+ * the f32 rate, by shape and load) and bf16 loses precision. *why (may be NULL) gets one
+ * static sentence saying why ("this CPU has ..."). */
+DF_API df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights,
+                                  const char **why);
 
 /* Measures the GEMM provider alone: C[m, n] (f32) = A[m, k] B[k, n] with A and B already
  * in `dtype` (DF_DTYPE_F32 or DF_DTYPE_BF16) and B already in the provider's preferred

@@ -37,7 +37,8 @@ typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */
     df_dtype dtype;      /* compute dtype: DF_DTYPE_F32 or DF_DTYPE_BF16; 0 with auto_dtype */
-    bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with fast bf16, else f32 */
+    bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32
+                            (df_cpu_auto_dtype) */
     df_eager_mode mode;  /* strict eager or defer-and-fuse */
     bool compile;        /* compile the transformer's forward (static shapes, traced once
                             per image size; see compile.h); the rest runs in `mode` */
@@ -96,6 +97,15 @@ typedef struct df_gen_params {
     float slg_scale;             /* 0: 2.8 */
     double slg_start;            /* 0: 0.01 (double: i > N * start in Python's double) */
     double slg_stop;             /* 0: 0.2 */
+    /* Batches, as diffusers' list arguments. negative_prompts (SD3): one negative prompt per
+     * prompt (n_prompts of them, "" allowed), instead of negative_prompt. seeds: a list of
+     * generators, one per image (n_seeds = prompts x num_images), each image's noise drawn
+     * alone from its own generator as randn_tensor does with a list; without a list (or
+     * with n_seeds 1, which diffusers treats as one generator) one generator seeded with
+     * `seed` (or seeds[0]) draws the whole batch at once. */
+    const char *const *negative_prompts;
+    const uint64_t *seeds;
+    int n_seeds;
 } df_gen_params;
 
 typedef struct df_gen_output {
@@ -135,6 +145,9 @@ DF_API void df_gen_output_free(df_gen_output *out);
 /* The pipeline's class ("FluxPipeline"), its context, and its default parameters. */
 DF_API const char *df_pipeline_class(const df_pipeline *p);
 DF_API df_ctx *df_pipeline_ctx(df_pipeline *p);
+/* The compute dtype the pipeline runs in and, in *why (may be NULL; static), the reason:
+ * "asked for", or with auto_dtype which one was chosen for this CPU and why. */
+DF_API df_dtype df_pipeline_compute_dtype(const df_pipeline *p, const char **why);
 DF_API void df_pipeline_defaults(const df_pipeline *p, int *steps, float *guidance,
                                  int *max_sequence_length, int *size);
 

@@ -3,7 +3,8 @@
  *
  * Prompts: CLIP-L's pooled output and T5's last hidden state (no attention mask), 77 and
  * max_sequence_length tokens. Noise: (B, 16, 2*(H/16), 2*(W/16)) drawn in float32 from one
- * torch-compatible generator, packed into 2x2 patches. Schedule: sigmas linspace(1, 1/n, n)
+ * torch-compatible generator in one draw (or image by image from a list of generators),
+ * packed into 2x2 patches. Schedule: sigmas linspace(1, 1/n, n)
  * with mu from the packed sequence length. Each step calls the transformer with sigma as
  * the timestep, then the flow-match Euler step runs on the host in float32 (exactly as the
  * scheduler does it); df_mark_step() marks the step. Decoding unpacks, un-scales and runs
@@ -32,7 +33,6 @@
 #include <diffuse/clip.h>
 #include <diffuse/dist.h>
 #include <diffuse/flux.h>
-#include <diffuse/rng.h>
 #include <diffuse/scheduler.h>
 #include <diffuse/t5.h>
 #include <diffuse/tokenizer.h>
@@ -264,6 +264,9 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
         return DF_OK; /* the prompts are rank 0's */
     if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
         return df_errorf(DF_E_ARG, "no prompt given");
+    for (int i = 0; !g->prompt_embeds && g->prompts && i < r->np; i++)
+        if (!g->prompts[i])
+            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, r->np);
     if (!g->prompt_embeds && !f->t5)
         return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
     if (g->prompt_embeds && (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1))
@@ -572,10 +575,9 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
         if (g->latents) {
             memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
         } else {
-            df_rng rng;
-            df_rng_init(&rng, g->seed);
-            s = df_rng_randn_f32(&rng, noise, n_lat);
-            pack_latents(noise, lat, r.B, C, h, w);
+            s = df_pipeline_draw_noise(g, r.B, C * h * w, noise); /* (B, C, h, w) */
+            if (s == DF_OK)
+                pack_latents(noise, lat, r.B, C, h, w);
         }
     }
     s = tp_agree(p, s);

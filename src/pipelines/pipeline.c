@@ -11,8 +11,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <diffuse/cpu.h>
 #include <diffuse/dist.h>
 #include <diffuse/layout.h>
+#include <diffuse/rng.h>
+#include <diffuse/weights.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -76,6 +79,27 @@ static void suggest_less_memory(df_offload level)
     df_errorf(DF_E_OOM, "%s", msg);
 }
 
+df_dtype df_pipeline_checkpoint_dtype(const char *pipeline_dir)
+{
+    char dir[DF_PATH_MAX];
+    df_weights *w = NULL;
+    if (df_layout_component_dir(pipeline_dir, "transformer", dir, sizeof dir) != DF_OK ||
+        df_weights_open(dir, &w) != DF_OK)
+        return DF_DTYPE_COUNT;
+    uint64_t bytes[DF_DTYPE_COUNT + 1] = {0};
+    for (int64_t i = 0; i < df_weights_count(w); i++) {
+        df_tensor_info info;
+        if (df_weights_at(w, i, &info) == DF_OK && info.dtype <= DF_DTYPE_COUNT)
+            bytes[info.dtype] += info.nbytes;
+    }
+    df_weights_free(w);
+    df_dtype most = DF_DTYPE_COUNT;
+    for (int t = 0; t < DF_DTYPE_COUNT; t++)
+        if (bytes[t] > 0 && (most == DF_DTYPE_COUNT || bytes[t] > bytes[most]))
+            most = (df_dtype)t;
+    return most;
+}
+
 static df_status load_parts(df_pipeline *p)
 {
     df_model_index *idx = NULL;
@@ -93,7 +117,16 @@ static df_status load_parts(df_pipeline *p)
     else if (df_comm_size(p->comm) > 1 && p->cls != &df_flux_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
                       "implemented for FluxPipeline, not %s", p->dir, p->cls->name);
-    df_dtype compute = p->opts.auto_dtype ? DF_DTYPE_F32 : p->opts.dtype;
+    df_dtype compute = p->opts.dtype;
+    p->dtype_why = "asked for";
+    if (s == DF_OK && p->opts.auto_dtype) {
+        df_cpu_features cpu;
+        df_cpu_features_get(&cpu);
+        /* the checkpoint matters only where bf16 could be chosen: no file read elsewhere */
+        df_dtype stored = cpu.amx_bf16 ? df_pipeline_checkpoint_dtype(p->dir) : DF_DTYPE_COUNT;
+        compute = df_cpu_auto_dtype(&cpu, stored, &p->dtype_why);
+    }
+    p->compute = compute;
     if (s == DF_OK)
         s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
                                          .threads = p->opts.threads,
@@ -131,12 +164,29 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
     return DF_OK;
 }
 
+/* The phases restart the context's resident-weight peak to measure their own, which leaves
+ * the context counting only since the last phase; the run's peak is the largest phase's.
+ * Raising the residency by the difference and lowering it again moves only the peak. */
+static void restore_run_peak(df_pipeline *p)
+{
+    df_sync(p->ctx); /* no release still queued */
+    df_stats st;
+    df_ctx_stats(p->ctx, &st);
+    int64_t up = p->run_peak - st.resident_weight_bytes;
+    if (p->run_peak > st.peak_resident_weight_bytes && up > 0) {
+        df_stats_add_weights(p->ctx, 0, up);
+        df_stats_add_weights(p->ctx, 0, -up);
+    }
+}
+
 df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
 {
     memset(out, 0, sizeof *out);
     if (!g)
         return df_errorf(DF_E_ARG, "generate: no parameters");
+    p->run_peak = 0;
     df_status s = p->cls->run(p, g, out);
+    restore_run_peak(p);
     if (s != DF_OK) {
         /* Resetting the context waits for its stream, which may report the stream's own
          * failure again: keep the run's message. */
@@ -161,6 +211,13 @@ void df_gen_output_free(df_gen_output *out)
     df_free(out->image_f32);
     df_free(out->latents);
     memset(out, 0, sizeof *out);
+}
+
+df_dtype df_pipeline_compute_dtype(const df_pipeline *p, const char **why)
+{
+    if (why)
+        *why = p->dtype_why;
+    return p->compute;
 }
 
 const char *df_pipeline_class(const df_pipeline *p)
@@ -224,10 +281,32 @@ void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phas
     df_ctx_stats(p->ctx, &st);
     out->phases[out->n_phases].phase = phase;
     out->phases[out->n_phases].peak_resident_weight_bytes = st.peak_resident_weight_bytes;
+    if (st.peak_resident_weight_bytes > p->run_peak)
+        p->run_peak = st.peak_resident_weight_bytes;
     out->phases[out->n_phases].resident_weight_bytes = st.resident_weight_bytes;
     out->phases[out->n_phases].rss_bytes = st.rss_bytes;
     out->n_phases++;
     df_stats_reset_resident_peak(p->ctx);
+}
+
+df_status df_pipeline_draw_noise(const df_gen_params *g, int B, int64_t n, float *out)
+{
+    if (g->n_seeds < 0 || (g->n_seeds > 0 && !g->seeds))
+        return df_errorf(DF_E_ARG, "%d generator seeds given without a list", g->n_seeds);
+    if (g->n_seeds > 1 && g->n_seeds != B)
+        return df_errorf(DF_E_ARG, "a list of %d generators was given for a batch of %d "
+                         "images (prompts x images per prompt); give one generator per image, "
+                         "or one for the whole batch", g->n_seeds, B);
+    df_rng rng;
+    if (g->n_seeds <= 1) { /* one generator: the whole (B, ...) tensor in one draw */
+        df_rng_init(&rng, g->n_seeds == 1 ? g->seeds[0] : g->seed);
+        return df_rng_randn_f32(&rng, out, (int64_t)B * n);
+    }
+    for (int b = 0; b < B; b++) { /* a list: image b alone from generator b */
+        df_rng_init(&rng, g->seeds[b]);
+        DF_TRY(df_rng_randn_f32(&rng, out + (int64_t)b * n, n));
+    }
+    return DF_OK;
 }
 
 void df_pipeline_onload(const df_pipeline *p, df_weight_set *ws)

@@ -5,6 +5,8 @@
 #include <diffuse/layout.h>
 #include <diffuse/pipeline.h>
 
+struct df_weight_set;
+
 typedef struct df_pipeline_kind {
     const char *name; /* model_index.json "_class_name" */
     df_status (*load)(df_pipeline *p, const df_model_index *idx);
@@ -20,6 +22,9 @@ struct df_pipeline {
     df_load_opts opts;
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;
+    df_dtype compute;      /* the context's compute dtype */
+    const char *dtype_why; /* why (static): "asked for", or df_cpu_auto_dtype's reason */
+    int64_t run_peak; /* the most weight bytes resident in any phase of the current run */
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
     float default_guidance;
@@ -32,7 +37,20 @@ extern const df_pipeline_kind df_flux_pipeline_class;
 void df_pipeline_onload(const df_pipeline *p, struct df_weight_set *ws);
 df_status df_pipeline_offload(const df_pipeline *p, struct df_weight_set *ws);
 
-/* Records the residency and memory after `phase` in the output. */
+/* The dtype most of the transformer's weight bytes are stored in (the checkpoint's dtype
+ * for --dtype auto); DF_DTYPE_COUNT when the folder has no readable transformer (its load
+ * then reports why). */
+df_dtype df_pipeline_checkpoint_dtype(const char *pipeline_dir);
+
+/* The starting noise of B images of n floats each, as diffusers' randn_tensor draws it in
+ * float32 from the parameters' generator(s): one generator draws all B * n values at once; a
+ * list of B generators (g->seeds) draws image b alone from seeds[b]. DF_E_ARG when the list
+ * has neither 1 nor B generators (diffusers' ValueError). */
+df_status df_pipeline_draw_noise(const df_gen_params *g, int B, int64_t n, float *out);
+
+/* Records the residency and memory after `phase` in the output, and restarts the context's
+ * resident-weight peak for the next phase (df_pipeline_run restores the run's peak, the
+ * largest of its phases', when the run ends). */
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
 extern const df_pipeline_kind df_sd3_pipeline_class;
 extern const df_pipeline_kind df_flux2_pipeline_class;       /* Flux2Pipeline */

@@ -14,8 +14,11 @@
  * float32 pipeline does. Skip-layer guidance adds, at steps i with start*N < i < stop*N,
  * (cond - skip) * scale, where `skip` is a positive-only forward without the listed blocks.
  *
- * Noise: (B, in_channels, H/8, W/8) drawn in float32 from one torch-compatible generator
- * (no packing). Schedule: the scheduler's own linspace (no sigmas passed) with its static
+ * Batches: prompt i is paired with negative prompt i (or the one negative prompt given for
+ * all); each is repeated num_images times in place, [p0, p0, p1, p1], and the CFG batch is
+ * [all negatives, all positives].
+ * Noise: (B, in_channels, H/8, W/8) drawn in float32 from one torch-compatible generator in
+ * one draw, or image by image from a list of generators (no packing). Schedule: the scheduler's own linspace (no sigmas passed) with its static
  * shift; mu from the patch-grid length only when the config asks for dynamic shifting.
  * The transformer gets timestep = t in [0, 1000]; the flow-match Euler step runs on the
  * host in float32 (the scheduler's own rounding); df_mark_step() marks each step. With
@@ -31,7 +34,6 @@
 #include <string.h>
 
 #include <diffuse/clip.h>
-#include <diffuse/rng.h>
 #include <diffuse/scheduler.h>
 #include <diffuse/sd3.h>
 #include <diffuse/t5.h>
@@ -411,6 +413,15 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
             return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
         r->rows = np;
     }
+    if (g->negative_prompt && g->negative_prompts)
+        return df_errorf(DF_E_ARG, "give either one negative prompt for all prompts or a list "
+                                   "of them, not both");
+    if (g->negative_prompts && g->negative_prompt_embeds)
+        return df_errorf(DF_E_ARG, "give either negative prompts or negative prompt "
+                                   "embeddings, not both");
+    for (int i = 0; g->negative_prompts && i < r->rows; i++)
+        if (!g->negative_prompts[i])
+            return df_errorf(DF_E_ARG, "negative prompt %d of %d is NULL", i, r->rows);
     if (g->negative_prompt_embeds && !g->negative_pooled_prompt_embeds)
         return df_errorf(DF_E_ARG, "negative prompt embeddings need negative pooled embeddings");
     if (r->cfg && !g->negative_prompt_embeds && !s->clip_l)
@@ -444,8 +455,10 @@ static df_status prompt_embeddings(df_pipeline *p, sd3_pipe *s, const df_gen_par
         const char **neg = df_malloc((size_t)r->rows * sizeof *neg);
         if (!neg)
             return df_errorf(DF_E_OOM, "out of memory");
-        for (int i = 0; i < r->rows; i++)
-            neg[i] = g->negative_prompt ? g->negative_prompt : "";
+        for (int i = 0; i < r->rows; i++) /* prompt i's own negative, or the common one */
+            neg[i] = g->negative_prompts  ? g->negative_prompts[i]
+                     : g->negative_prompt ? g->negative_prompt
+                                          : "";
         df_status st = encode_texts(p, s, neg, r->rows, r->per, 0, r->max_seq, ne, np);
         df_free(neg);
         DF_TRY_CTX(st, "negative prompt");
@@ -619,9 +632,7 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     if (st == DF_OK && g->latents) {
         memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
     } else if (st == DF_OK) {
-        df_rng rng;
-        df_rng_init(&rng, g->seed);
-        st = df_rng_randn_f32(&rng, lat, n_lat);
+        st = df_pipeline_draw_noise(g, r.B, C * h * w, lat);
     }
     df_pipeline_onload(p, df_sd3_weight_set(s->transformer));
     if (st == DF_OK)

@@ -37,6 +37,16 @@ static void generate(df_offload level, run *r)
                                      &r->out),
                      DF_OK);
     assert_int_equal(r->out.n_phases, 3);
+    /* The context's counters (what --stats-json writes) carry the run's peak: the largest
+     * phase's, not the last phase's. */
+    df_stats st;
+    df_ctx_stats(df_pipeline_ctx(p), &st);
+    int64_t peak = 0;
+    for (int i = 0; i < r->out.n_phases; i++)
+        if (r->out.phases[i].peak_resident_weight_bytes > peak)
+            peak = r->out.phases[i].peak_resident_weight_bytes;
+    assert_true(peak > 0);
+    assert_int_equal(st.peak_resident_weight_bytes, peak);
     df_pipeline_free(p);
 }
 

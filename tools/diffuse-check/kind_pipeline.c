@@ -1,6 +1,8 @@
 /*
  * Golden kind "pipeline": a whole pipeline call, from prompt embeddings (pipe-*) or from
- * prompt strings (t2i-*), with given latents or a seeded generator. Outputs: the final
+ * prompt strings (t2i-*), with given latents or a seeded generator. Prompts and negative
+ * prompts are a string or a list (one negative per prompt); the generator is one
+ * {"device": "cpu", "seed": s} or a list of them (one per image). Outputs: the final
  * latents, the float image in [0, 1] (NHWC) and the uint8 image.
  */
 #include <stdio.h>
@@ -30,6 +32,91 @@ static int get_tensor(check_case *c, const char *key, float **out, int64_t *shap
         return check_fail(c, "args.%s: expected \"in.<tensor>\"", key);
     if (check_read_f32(c, name, out, shape, ndim) != DF_OK)
         return check_fail(c, "%s: %s", name, df_error_message());
+    return 0;
+}
+
+#define MAX_BATCH 64
+
+/* args.<key>: a string (*one set, *n 0) or a list of at most MAX_BATCH strings (list[0..n)),
+ * as diffusers takes prompts and negative prompts; absent / null leaves both unset. */
+static int get_strings(check_case *c, const char *key, const char **one, const char **list,
+                       int *n)
+{
+    *one = NULL, *n = 0;
+    const df_json *j = df_json_get(c->args, key);
+    if (!j || df_json_is_null(j))
+        return 0;
+    if (df_json_type_of(j) == DF_JSON_STRING) {
+        *one = df_json_string(j);
+        return 0;
+    }
+    if (df_json_type_of(j) != DF_JSON_ARRAY || df_json_array_size(j) < 1 ||
+        df_json_array_size(j) > MAX_BATCH)
+        return check_fail(c, "args.%s: expected a string or a list of 1 to %d strings", key,
+                          MAX_BATCH);
+    *n = (int)df_json_array_size(j);
+    for (int i = 0; i < *n; i++)
+        if (!(list[i] = df_json_string(df_json_array_get(j, i))))
+            return check_fail(c, "args.%s[%d]: expected a string", key, i);
+    return 0;
+}
+
+/* One {"device": "cpu", "seed": s} generator. */
+static int get_generator(check_case *c, const df_json *gen, const char *what, uint64_t *seed)
+{
+    int64_t v;
+    const char *device = df_json_string(df_json_get(gen, "device"));
+    if (df_json_type_of(gen) != DF_JSON_OBJECT || df_json_get_int(gen, "seed", &v) != DF_OK)
+        return check_fail(c, "%s: expected {\"device\": \"cpu\", \"seed\": N}: %s", what,
+                          df_error_message());
+    if (device && strcmp(device, "cpu") != 0)
+        return check_fail(c, "%s: only torch's CPU generator is reproduced, not '%s'", what,
+                          device);
+    *seed = (uint64_t)v;
+    return 0;
+}
+
+/* args.generator: one generator (g->seed) or a list of them (seeds[0..n), one per image). */
+static int get_generators(check_case *c, df_gen_params *g, uint64_t *seeds)
+{
+    const df_json *gen = df_json_get(c->args, "generator");
+    if (!gen || df_json_is_null(gen))
+        return 0;
+    if (df_json_type_of(gen) != DF_JSON_ARRAY)
+        return get_generator(c, gen, "args.generator", &g->seed);
+    int64_t n = df_json_array_size(gen);
+    if (n < 1 || n > MAX_BATCH)
+        return check_fail(c, "args.generator: expected 1 to %d generators, found %lld",
+                          MAX_BATCH, (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "args.generator[%lld]", (long long)i);
+        if (get_generator(c, df_json_array_get(gen, i), what, &seeds[i]))
+            return 1;
+    }
+    g->seeds = seeds;
+    g->n_seeds = (int)n;
+    return 0;
+}
+
+/* Arguments diffuse does not implement fail the case rather than being ignored (which would
+ * compare another call with the reference): per-encoder prompts, and FLUX true CFG. */
+static int unsupported_args(check_case *c, bool sd3)
+{
+    static const char *const per_encoder[] = {"prompt_2", "prompt_3", "negative_prompt_2",
+                                              "negative_prompt_3"};
+    for (size_t i = 0; i < sizeof per_encoder / sizeof per_encoder[0]; i++) {
+        const df_json *j = df_json_get(c->args, per_encoder[i]);
+        if (j && !df_json_is_null(j))
+            return check_fail(c, "args.%s: separate prompts per text encoder are not "
+                              "implemented", per_encoder[i]);
+    }
+    double true_cfg;
+    if (!sd3 && df_json_get_double_or(c->args, "true_cfg_scale", 1.0, &true_cfg) != DF_OK)
+        return check_fail(c, "args.true_cfg_scale: %s", df_error_message());
+    if (!sd3 && true_cfg > 1.0)
+        return check_fail(c, "args.true_cfg_scale %g: FluxPipeline's true CFG is not "
+                          "implemented", true_cfg);
     return 0;
 }
 
@@ -67,7 +154,10 @@ int check_kind_pipeline(check_case *c)
     rc |= get_tensor(c, "negative_pooled_prompt_embeds", &neg_pooled, nps, &npn);
     g.negative_prompt_embeds = neg;
     g.negative_pooled_prompt_embeds = neg_pooled;
-    g.negative_prompt = df_json_string(df_json_get(c->args, "negative_prompt"));
+    const char *negative_list[MAX_BATCH];
+    int n_negative = 0;
+    rc |= get_strings(c, "negative_prompt", &g.negative_prompt, negative_list, &n_negative);
+    g.negative_prompts = n_negative ? negative_list : NULL;
     rc |= get_int(c, "clip_skip", 0, &g.clip_skip);
     const df_json *sl = df_json_get(c->args, "skip_guidance_layers");
     if (!df_json_is_null(sl)) {
@@ -84,25 +174,16 @@ int check_kind_pipeline(check_case *c)
         df_json_get_double_or(c->args, "skip_layer_guidance_stop", 0.2, &g.slg_stop) != DF_OK)
         rc |= check_fail(c, "args: %s", df_error_message());
     g.slg_scale = (float)slg_scale;
-    const char *prompt_list[64];
-    const df_json *pj = df_json_get(c->args, "prompt");
-    if (pj && df_json_type_of(pj) == DF_JSON_STRING) {
-        g.prompt = df_json_string(pj);
-    } else if (pj && df_json_type_of(pj) == DF_JSON_ARRAY) {
-        g.n_prompts = (int)df_json_array_size(pj);
-        if (g.n_prompts > 64)
-            rc |= check_fail(c, "too many prompts");
-        for (int i = 0; i < g.n_prompts && i < 64; i++)
-            prompt_list[i] = df_json_string(df_json_array_get(pj, i));
-        g.prompts = prompt_list;
-    }
-    const df_json *gen = df_json_get(c->args, "generator");
-    if (gen && !df_json_is_null(gen)) {
-        int64_t seed;
-        if (df_json_get_int(gen, "seed", &seed) != DF_OK)
-            rc |= check_fail(c, "args.generator: %s", df_error_message());
-        g.seed = (uint64_t)seed;
-    }
+    const char *prompt_list[MAX_BATCH];
+    rc |= get_strings(c, "prompt", &g.prompt, prompt_list, &g.n_prompts);
+    g.prompts = g.n_prompts ? prompt_list : NULL;
+    /* diffusers: a list of negative prompts pairs with a list of prompts, one each */
+    int batch = g.prompts ? g.n_prompts : g.prompt ? 1 : embeds ? (int)es[0] : 0;
+    if (rc == 0 && n_negative && (n_negative != batch || g.prompt))
+        rc |= check_fail(c, "args.negative_prompt: %d negative prompts for a batch of %d "
+                         "prompts given as %s", n_negative, batch, g.prompt ? "a string" : "a list");
+    uint64_t seeds[MAX_BATCH];
+    rc |= get_generators(c, &g, seeds);
     if (embeds) {
         g.prompt_embeds = embeds;
         g.prompt_embeds_len = es[1];
@@ -110,6 +191,7 @@ int check_kind_pipeline(check_case *c)
         g.n_prompts = (int)es[0];
     }
     g.latents = latents;
+    rc |= unsupported_args(c, sd3);
 
     df_pipeline *p = NULL;
     df_gen_output out = {0};

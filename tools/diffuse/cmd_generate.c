@@ -45,11 +45,12 @@ static void help(FILE *f)
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512)\n"
         "      --dtype f32|bf16|auto  compute dtype (default auto: bf16 for bf16 checkpoints on\n"
-        "                             CPUs with AMX/AVX512-BF16, else f32)\n"
+        "                             CPUs with AMX-BF16, else f32; -v says which and why)\n"
         "      --mode eager|fuse|compile  execution mode (default eager)\n"
         "      --compile-blocks       compile the repeated transformer blocks\n"
         "      --offload none|model|sequential  weight residency (default none)\n"
-        "      --device NAME          cpu, cuda, cuda:1 (default: $DIFFUSE_DEVICE or the best found)\n"
+        "      --device NAME          cpu, the only device built in (default: $DIFFUSE_DEVICE\n"
+        "                             or cpu)\n"
         "      --threads N            compute threads (default: all cores; per rank with --tp)\n"
         "      --tp N                 tensor parallelism over N processes, started as\n"
         "                             mpirun -np N diffuse generate --tp N ... (FLUX.1)\n"
@@ -348,6 +349,11 @@ int cmd_generate(int argc, char **argv)
     int status = 1;
     double t0 = 0;
     df_status s = df_pipeline_load(model, &lo, &p);
+    if (s == DF_OK && verbose && tpc.rank == 0) {
+        const char *why;
+        df_dtype dt = df_pipeline_compute_dtype(p, &why);
+        fprintf(stderr, "compute dtype %s: %s\n", df_dtype_name(dt), why);
+    }
     if (s == DF_OK) {
         g.prompt = prompt;
         g.progress = tpc.rank == 0 ? df_progress_bar : NULL;

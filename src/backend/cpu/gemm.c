@@ -123,6 +123,17 @@ bool df_cpu_has_fast_bf16(void)
     return (isa & bf16) == bf16; /* AMX levels include the AVX512-BF16 bits */
 }
 
+void df_cpu_features_get(df_cpu_features *out)
+{
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned core = (unsigned)dnnl_cpu_isa_avx512_core;
+    unsigned bf16 = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx; /* AMX-INT8 and AMX-BF16 */
+    *out = (df_cpu_features){.avx512 = (isa & core) == core,
+                             .avx512_bf16 = (isa & bf16) == bf16,
+                             .amx_bf16 = (isa & amx) == amx};
+}
+
 /* --- plans ---------------------------------------------------------------------------- */
 
 typedef enum b_layout { B_PLAIN, B_TRANS, B_PACKED } b_layout;
