@@ -3,12 +3,13 @@
  * reduced depth (1 double + 1 single block; `--double N --single N` change it):
  *     klein-4B width  hidden 3072 (24 heads of 128), joint_attention_dim 7680, no guidance
  *     dev width       hidden 6144 (48 heads of 128), joint_attention_dim 15360, guidance
- * (`--width klein|dev` picks one; `--size 512|1024` one image size), both with in_channels 128, mlp_ratio 3 (SwiGLU) and
- * 4-axis RoPE (32 x 4), at the token counts of 512x512 and 1024x1024 images: 1024+512 and
- * 4096+512 (image + text). --quick runs a tiny model (hidden 128) at 16+8 and 64+8 tokens.
+ * (`--width klein|dev` picks one; `--size 512|1024` one image size), both with in_channels
+ * 128, mlp_ratio 3 (SwiGLU) and 4-axis RoPE (32 x 4), at the token counts of 512x512 and
+ * 1024x1024 images: 1024+512 and 4096+512 (image + text). --quick runs a tiny model (hidden 128) at 16+8 and 64+8 tokens.
  *
  * As for "flux", three checkpoints are written (embedders only, the double blocks alone,
- * the single blocks alone) and each forward is timed after one warm-up run, so that
+ * the single blocks alone) and each forward is timed after one warm-up run (best of 5 with
+ * --quick), so that
  *     ms per double block = (T_double - T_embed) / n_double, likewise per single block,
  *     forward (n_double + n_single) = T_double + T_single - T_embed,
  * and a full-depth step is estimated as T_embed + L_double * t_double + L_single * t_single
@@ -339,7 +340,8 @@ static int measure(const bench_opts *o, const run_cfg *rc, const char *root)
     int64_t peak[2] = {0};
     for (int i = 0; i < 3; i++) {
         char dir[1100];
-        if (join(dir, sizeof dir, root, model_names[i]) || time_model(o, rc, o->quick ? 5 : 1, dir, sec[i], peak))
+        if (join(dir, sizeof dir, root, model_names[i]) ||
+            time_model(o, rc, o->quick ? 5 : 1, dir, sec[i], peak))
             return 1;
     }
     double ceiling = bench_ceiling_gflops(rc->dtype, rc->threads);
