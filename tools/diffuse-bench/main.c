@@ -45,7 +45,7 @@ static const bench_workload workloads[] = {
     {"flux", "FLUX.1 transformer blocks at full width [--double N] [--single N]", bench_flux},
     {"flux2",
      "FLUX.2 transformer at klein-4B and dev width, 512x512 and 1024x1024 [--double N] "
-     "[--single N] [--width klein|dev]",
+     "[--single N] [--width klein|dev] [--size 512|1024]",
      bench_flux2},
     {"t5", "T5-XXL-width encoder layers on 256 and 512 tokens", bench_t5},
     {"vae", "VAE decoder whole and tiled [SIZE [TILE [OVERLAP]]]", bench_vae},
