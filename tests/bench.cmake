@@ -7,3 +7,6 @@ add_test(NAME bench/modes-list COMMAND diffuse-bench --quick --dtype f32 --mode 
 add_test(NAME bench/bad-mode
          COMMAND sh -c "\"$0\" --quick --mode eager,nonsense modes; test $? -eq 2"
                  $<TARGET_FILE:diffuse-bench>)
+# The FLUX.2 transformer workload at its tiny shape, in every mode it has.
+add_test(NAME bench/flux2-quick COMMAND diffuse-bench --quick flux2)
+add_test(NAME bench/flux2-quick-blocks COMMAND diffuse-bench --quick --mode blocks flux2)

@@ -22,9 +22,11 @@
  * every MLP; the forward is the same code with local head counts and an all-reduce after
  * each rowwise product (tp_sum), so every rank ends each block with the full hidden states.
  *
- * Sequential offload (df_flux_set_sequential_offload) only adds residency calls around the
- * blocks (loader.h: acquire reads the next block ahead, release drops a block's pages and
- * packed forms after its queued kernels ran); the ops are the same.
+ * The repeated blocks run through blocks.h, which compiles them per class
+ * (df_flux_compile_repeated_blocks) and, under sequential offload
+ * (df_flux_set_sequential_offload), adds residency calls around each block (acquire reads
+ * the next block ahead, release drops a block's pages and packed forms after its queued
+ * kernels ran); the ops are the same.
  */
 #include <stdio.h>
 #include <string.h>

@@ -679,7 +679,8 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     df_tensor *mod_txt = df_linear(ctx, act, &m->mod_txt);    /* [B, 6D] */
     df_tensor *mod_single = df_linear(ctx, act, &m->mod_single); /* [B, 3D] */
     df_tensor *x = df_linear(ctx, in->hidden_states, &m->x_embedder);          /* [B, S_img, D] */
-    df_tensor *c = df_linear(ctx, in->encoder_hidden_states, &m->context_embedder); /* [B,S_txt,D] */
+    df_tensor *txt = in->encoder_hidden_states;
+    df_tensor *c = df_linear(ctx, txt, &m->context_embedder); /* [B, S_txt, D] */
     df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
                                       m->axes, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 

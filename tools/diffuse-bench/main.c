@@ -19,6 +19,7 @@
 int bench_load(const bench_opts *o);
 int bench_tokenizer(const bench_opts *o);
 int bench_flux(const bench_opts *o);
+int bench_flux2(const bench_opts *o);
 int bench_t5(const bench_opts *o);
 int bench_vae(const bench_opts *o);
 int bench_modes(const bench_opts *o);
@@ -42,6 +43,10 @@ static const bench_workload workloads[] = {
      bench_load},
     {"tokenizer", "tokens per second of the CLIP and T5 tokenizers [GOLDEN_DIR]", bench_tokenizer},
     {"flux", "FLUX.1 transformer blocks at full width [--double N] [--single N]", bench_flux},
+    {"flux2",
+     "FLUX.2 transformer at klein-4B and dev width, 512x512 and 1024x1024 [--double N] "
+     "[--single N] [--width klein|dev] [--size 512|1024]",
+     bench_flux2},
     {"t5", "T5-XXL-width encoder layers on 256 and 512 tokens", bench_t5},
     {"vae", "VAE decoder whole and tiled [SIZE [TILE [OVERLAP]]]", bench_vae},
     {"modes",
@@ -236,8 +241,9 @@ int main(int argc, char **argv)
         free(rest);
         return 2;
     }
+    bool blocks_ok = strcmp(name, "flux2") == 0 && strcmp(o.mode ? o.mode : "", "blocks") == 0;
     if (o.mode && strcmp(name, "modes") != 0 && strcmp(o.mode, "eager") != 0 &&
-        strcmp(o.mode, "fuse") != 0) {
+        strcmp(o.mode, "fuse") != 0 && !blocks_ok) {
         fprintf(stderr, "diffuse-bench: '%s' takes --mode eager or fuse, not '%s'\n", name,
                 o.mode);
         free(rest);
