@@ -9,7 +9,7 @@
  * of the previous one:
  *  - Split: a regex ({"Regex": ...}, compiled by PCRE2 with UTF and UCP, so \p{L}, \s and
  *    case folding are Unicode's, as in the library's Oniguruma) or a literal ({"String":
- *    ...}). Matches are found left to right; an empty match is skipped (the library keeps
+ *    ...}, JIT-compiled where PCRE2 can). Matches are found left to right; an empty match is skipped (the library keeps
  *    it, but empty pieces are dropped there too). `invert` swaps matches and the text
  *    between them; the behaviour (Removed, Isolated, MergedWithPrevious, MergedWithNext,
  *    Contiguous) decides how they become pieces, exactly as the library's
@@ -141,6 +141,7 @@ static df_status compile_regex(const char *pattern, size_t len, const char *file
                          "%s: %s: the regex does not compile (PCRE2: %s, at offset %zu)", file,
                          key, (const char *)msg, (size_t)at);
     }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* when JIT is unavailable, matching interprets */
     *out = re;
     return DF_OK;
 }
