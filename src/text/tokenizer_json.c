@@ -468,6 +468,7 @@ static df_status split_added(const df_tok_json *t, bool normalized, const char *
 typedef struct scratch {
     df_byte_buf norm;
     tj_pieces pieces;
+    tj_bpe_work bpe;
 } scratch;
 
 /* Text with no added tokens left: pre-tokenize, then BPE each piece. */
@@ -478,7 +479,8 @@ static df_status encode_plain(const df_tok_json *t, const char *s, size_t len, d
     DF_TRY(tj_pretokenize(&t->pre, s, len, &w->pieces));
     for (size_t i = 0; i < w->pieces.n; i++) {
         tj_span sp = w->pieces.spans[i];
-        DF_TRY(tj_bpe_encode(&t->bpe, w->pieces.text.data + sp.begin, sp.end - sp.begin, ids));
+        DF_TRY(tj_bpe_encode(&t->bpe, w->pieces.text.data + sp.begin, sp.end - sp.begin, &w->bpe,
+                             ids));
     }
     return DF_OK;
 }
@@ -574,6 +576,7 @@ df_status df_tok_json_encode(const df_tok_json *t, const char *text, size_t len,
     df_status s = split_added(t, false, text, len, encode_raw, &ids, &w);
     df_byte_buf_free(&w.norm);
     tj_pieces_free(&w.pieces);
+    tj_bpe_work_free(&w.bpe);
     if (s == DF_OK)
         s = finish(t, &ids, &o, add_special_tokens, out);
     df_i64_vec_free(&ids);

@@ -208,22 +208,24 @@ bool tj_bpe_token_id(const tj_bpe *m, const char *s, size_t len, int32_t *id)
 
 /* ---- encoding ------------------------------------------------------------------------------ */
 
-typedef struct symbol {
+typedef struct tj_symbol {
     int32_t id;
     int32_t prev, next; /* -1 at the ends */
     bool alive;
 } symbol;
 
-typedef struct candidate {
+typedef struct tj_candidate {
     int32_t rank, pos, made;
 } candidate;
 
-typedef struct word {
-    symbol *sym;
-    size_t n, cap;
-    candidate *heap;
-    size_t nheap, heap_cap;
-} word;
+typedef tj_bpe_work word;
+
+void tj_bpe_work_free(tj_bpe_work *w)
+{
+    df_free(w->sym);
+    df_free(w->heap);
+    memset(w, 0, sizeof *w);
+}
 
 static bool before(candidate a, candidate b)
 {
@@ -342,7 +344,8 @@ static bool initial_symbols(const tj_bpe *m, word *w, const char *c, size_t n, b
     return sym_push(w, m->unk_id);
 }
 
-df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, df_i64_vec *out)
+df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, tj_bpe_work *wk,
+                        df_i64_vec *out)
 {
     int32_t id;
     if (len == 0)
@@ -350,7 +353,8 @@ df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, df_i64_v
     if (m->ignore_merges && tj_bpe_token_id(m, piece, len, &id))
         return df_i64_vec_push(out, id) ? DF_OK : df_errorf(DF_E_OOM, "tokenize: out of memory");
 
-    word w = {0};
+    word *wp = wk, w = *wk; /* a local copy for speed; written back at the end */
+    w.n = w.nheap = 0;
     bool ok = true, last_unk = false;
     for (size_t i = 0; i < len && ok;) {
         int32_t cp;
@@ -377,7 +381,6 @@ df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, df_i64_v
     }
     for (int32_t i = w.n ? 0 : -1; i >= 0 && ok; i = w.sym[i].next)
         ok = df_i64_vec_push(out, w.sym[i].id);
-    df_free(w.sym);
-    df_free(w.heap);
+    *wp = w;
     return ok ? DF_OK : df_errorf(DF_E_OOM, "tokenize: out of memory");
 }

@@ -103,7 +103,18 @@ void tj_bpe_free(tj_bpe *m);
 
 bool tj_bpe_token_id(const tj_bpe *m, const char *s, size_t len, int32_t *id);
 
+/* Scratch space of tj_bpe_encode, reused from piece to piece; zero-initialise it. */
+typedef struct tj_bpe_work {
+    struct tj_symbol *sym;
+    size_t n, cap;
+    struct tj_candidate *heap;
+    size_t nheap, heap_cap;
+} tj_bpe_work;
+
+void tj_bpe_work_free(tj_bpe_work *w);
+
 /* Appends the ids of one pre-tokenized piece. */
-df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, df_i64_vec *out);
+df_status tj_bpe_encode(const tj_bpe *m, const char *piece, size_t len, tj_bpe_work *w,
+                        df_i64_vec *out);
 
 #endif

@@ -288,14 +288,11 @@ static bool mark_push(mark_list *l, size_t begin, size_t end, bool match)
 }
 
 /* Matches and the text between them, in order, covering s[0..len). */
-static df_status find_marks(const tj_pre_step *st, const char *s, size_t len, mark_list *out)
+static df_status find_marks(const tj_pre_step *st, pcre2_match_data *md, const char *s,
+                            size_t len, mark_list *out)
 {
     out->n = 0;
     size_t prev = 0, pos = 0;
-    pcre2_match_data *md = st->regex ? pcre2_match_data_create_from_pattern(st->regex, NULL)
-                                     : NULL;
-    if (st->regex && !md)
-        return df_errorf(DF_E_OOM, "tokenize: out of memory");
     bool ok = true;
     df_status status = DF_OK;
     while (pos <= len && ok) {
@@ -333,7 +330,6 @@ static df_status find_marks(const tj_pre_step *st, const char *s, size_t len, ma
         ok = mark_push(out, prev, b, false) && mark_push(out, b, e, true);
         prev = pos = e;
     }
-    pcre2_match_data_free(md);
     if (status != DF_OK)
         return status;
     if (!ok || !mark_push(out, prev, len, false))
@@ -342,10 +338,10 @@ static df_status find_marks(const tj_pre_step *st, const char *s, size_t len, ma
 }
 
 /* Appends the pieces one split step makes of s[0..len) (offsets relative to base). */
-static df_status split_piece(const tj_pre_step *st, const char *s, size_t len, size_t base,
-                             mark_list *marks, tj_pieces *out)
+static df_status split_piece(const tj_pre_step *st, pcre2_match_data *md, const char *s,
+                             size_t len, size_t base, mark_list *marks, tj_pieces *out)
 {
-    DF_TRY(find_marks(st, s, len, marks));
+    DF_TRY(find_marks(st, md, s, len, marks));
     bool ok = true, prev_match = false;
     size_t first = out->n;
     for (size_t i = 0; i < marks->n && ok; i++) {
@@ -420,11 +416,15 @@ static df_status run_step(const tj_pre_step *st, tj_pieces *p, mark_list *marks)
         next = (tj_pieces){0};
     }
     if (s == DF_OK && (st->regex || st->literal)) {
+        pcre2_match_data *md = NULL;
+        if (st->regex && !(md = pcre2_match_data_create_from_pattern(st->regex, NULL)))
+            s = df_errorf(DF_E_OOM, "tokenize: out of memory");
         next.text = p->text; /* the same text, cut finer */
         p->text = (df_byte_buf){0};
         for (size_t i = 0; i < p->n && s == DF_OK; i++)
-            s = split_piece(st, next.text.data + p->spans[i].begin,
+            s = split_piece(st, md, next.text.data + p->spans[i].begin,
                             p->spans[i].end - p->spans[i].begin, p->spans[i].begin, marks, &next);
+        pcre2_match_data_free(md);
         tj_pieces_free(p);
         *p = next;
         next = (tj_pieces){0};
