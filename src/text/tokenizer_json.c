@@ -50,7 +50,7 @@ struct df_tok_json {
     df_tok_json_info info;
 };
 
-/* ---- reading tokenizer.json ------------------------------------------------------------------ */
+/* ---- reading tokenizer.json --------------------------------------------------------------- */
 
 static bool token_id(const df_tok_json *t, const char *s, size_t len, int32_t *id)
 {
@@ -61,13 +61,11 @@ static df_status parse_added_one(df_tok_json *t, const cJSON *it, int i, const c
 {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
-    if (!cJSON_IsNumber(id) || id->valuedouble != (double)(int64_t)id->valuedouble ||
-        id->valuedouble < 0 || id->valuedouble >= (double)INT32_MAX || !cJSON_IsString(content) ||
+    added_token *a = &t->added[i];
+    if (!tj_json_id(id, (double)INT32_MAX, &a->id) || !cJSON_IsString(content) ||
         !content->valuestring[0])
         return df_errorf(DF_E_FORMAT, "%s: added_tokens[%d] needs an integer \"id\" >= 0 and a "
                          "non-empty \"content\"", file, i);
-    added_token *a = &t->added[i];
-    a->id = (int32_t)id->valuedouble;
     a->len = strlen(content->valuestring);
     static const char *const flags[] = {"lstrip", "rstrip", "normalized", "special",
                                         "single_word"};
@@ -153,12 +151,11 @@ static df_status parse_template(df_tok_json *t, const cJSON *v, const char *file
                 s = df_errorf(DF_E_FORMAT, "%s: post_processor.special_tokens['%.64s'] is "
                               "missing or has no \"ids\"", file, name->valuestring);
             for (const cJSON *x = ids ? ids->child : NULL; x && s == DF_OK; x = x->next) {
-                double d = x->valuedouble;
-                if (!cJSON_IsNumber(x) || d != (double)(int64_t)d || d < 0 ||
-                    d >= (double)t->info.vocab_size)
+                int32_t id;
+                if (!tj_json_id(x, (double)t->info.vocab_size, &id))
                     s = df_errorf(DF_E_FORMAT, "%s: post_processor.special_tokens['%.64s'].ids "
                                   "holds an id that is not a token", file, name->valuestring);
-                else if (!df_i64_vec_push(nseq ? &after : &before, (int64_t)d))
+                else if (!df_i64_vec_push(nseq ? &after : &before, id))
                     s = df_errorf(DF_E_OOM, "%s: out of memory", file);
             }
         }
@@ -223,7 +220,7 @@ static df_status parse_tokenizer(df_tok_json *t, const cJSON *root, const char *
     return parse_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), file, 0);
 }
 
-/* ---- reading tokenizer_config.json ----------------------------------------------------------- */
+/* ---- reading tokenizer_config.json -------------------------------------------------------- */
 
 /* The id of a special token named by key ("pad_token"): -1 when absent or null. */
 static df_status config_token(const df_tok_json *t, const cJSON *cfg, const char *key,
@@ -253,8 +250,9 @@ static df_status config_side(const cJSON *cfg, const char *key, bool dflt_left,
     *left = dflt_left;
     if (!v || cJSON_IsNull(v))
         return DF_OK;
-    if (cJSON_IsString(v) && (!strcmp(v->valuestring, "left") || !strcmp(v->valuestring, "right"))) {
-        *left = strcmp(v->valuestring, "left") == 0;
+    const char *s = cJSON_IsString(v) ? v->valuestring : "";
+    if (!strcmp(s, "left") || !strcmp(s, "right")) {
+        *left = strcmp(s, "left") == 0;
         return DF_OK;
     }
     return df_errorf(DF_E_FORMAT, "%s: \"%s\" must be \"left\" or \"right\"", file, key);
@@ -296,7 +294,7 @@ static df_status read_config(df_tok_json *t, const cJSON *cfg, const char *file)
     return DF_OK;
 }
 
-/* ---- loading ----------------------------------------------------------------------------------- */
+/* ---- loading ------------------------------------------------------------------------------ */
 
 static df_status parse_object(const char *text, size_t len, const char *file, cJSON **out)
 {
@@ -392,7 +390,7 @@ const char *df_tok_json_id_to_piece(const df_tok_json *t, int64_t id)
     return t->bpe.id_to_token[id];
 }
 
-/* ---- encoding ------------------------------------------------------------------------------------ */
+/* ---- encoding ----------------------------------------------------------------------------- */
 
 /* Rust's char::is_whitespace: the Unicode White_Space property. */
 static bool is_white(int32_t cp)

@@ -45,13 +45,12 @@ static df_status parse_vocab(tj_bpe *m, const cJSON *vocab, const char *file)
         return df_errorf(DF_E_OOM, "%s: out of memory", file);
     m->id_limit = n;
     for (const cJSON *it = vocab->child; it; it = it->next) {
-        double v = it->valuedouble;
-        if (!cJSON_IsNumber(it) || v != (double)(int64_t)v || v < 0 || v >= (double)n)
+        int32_t id;
+        if (n > INT32_MAX || !tj_json_id(it, (double)n, &id))
             return df_errorf(DF_E_FORMAT,
                              "%s: model.vocab['%.64s'] must be an integer id in [0, %lld) "
                              "(the vocabulary has %lld tokens)",
                              file, it->string, (long long)n, (long long)n);
-        int32_t id = (int32_t)v;
         if (m->id_to_token[id])
             return df_errorf(DF_E_FORMAT, "%s: model.vocab: id %d is given to '%.64s' and '%.64s'",
                              file, id, m->id_to_token[id], it->string);

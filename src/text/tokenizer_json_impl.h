@@ -16,6 +16,16 @@
 #include "text/str_map.h"
 #include "text/text_util.h"
 
+/* True when v is a JSON integer in [0, limit); the range is checked before any conversion. */
+static inline bool tj_json_id(const cJSON *v, double limit, int32_t *out)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < limit) ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return false;
+    *out = (int32_t)v->valuedouble;
+    return true;
+}
+
 /* ---- pieces: a text cut into byte ranges ------------------------------------------------ */
 
 typedef struct tj_span {

@@ -8,12 +8,12 @@
  * Pre-tokenizers turn the text into pieces, step by step, each step applied to every piece
  * of the previous one:
  *  - Split: a regex ({"Regex": ...}, compiled by PCRE2 with UTF and UCP, so \p{L}, \s and
- *    case folding are Unicode's, as in the library's Oniguruma) or a literal ({"String":
- *    ...}, JIT-compiled where PCRE2 can). Matches are found left to right; an empty match is skipped (the library keeps
- *    it, but empty pieces are dropped there too). `invert` swaps matches and the text
- *    between them; the behaviour (Removed, Isolated, MergedWithPrevious, MergedWithNext,
- *    Contiguous) decides how they become pieces, exactly as the library's
- *    SplitDelimiterBehavior does.
+ *    case folding are Unicode's, as in the library's Oniguruma; JIT-compiled where PCRE2
+ *    can) or a literal ({"String": ...}). Matches are found left to right; an empty match
+ *    is skipped (the library keeps it, but empty pieces are dropped there too). `invert`
+ *    swaps matches and the text between them; the behaviour (Removed, Isolated,
+ *    MergedWithPrevious, MergedWithNext, Contiguous) decides how they become pieces,
+ *    exactly as the library's SplitDelimiterBehavior does.
  *  - ByteLevel: optionally a space in front of a piece that does not start with one
  *    (add_prefix_space), optionally GPT-2's split regex (use_regex), then every byte of a
  *    piece written as its printable GPT-2 character (bytes_to_unicode()). trim_offsets only
@@ -31,8 +31,8 @@
 #include "text/tokenizer_json_impl.h"
 
 /* GPT-2's pattern, what ByteLevel with use_regex splits with. */
-static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+"
-                                   "|\\s+(?!\\S)|\\s+";
+static const char gpt2_pattern[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 bool tj_pieces_push(tj_pieces *p, size_t begin, size_t end)
 {

@@ -407,6 +407,8 @@ static void test_malformed(void **state)
     expect_error(&s, NULL, DF_E_FORMAT, "model.vocab['b']", "[0, 2)");
     s.vocab = "\"a\": 0, \"b\": -1";
     expect_error(&s, NULL, DF_E_FORMAT, "model.vocab['b']", NULL);
+    s.vocab = "\"a\": 0, \"b\": 1e300"; /* no conversion of an out-of-range number */
+    expect_error(&s, NULL, DF_E_FORMAT, "model.vocab['b']", NULL);
     s.vocab = "\"a\": 0, \"b\": \"1\"";
     expect_error(&s, NULL, DF_E_FORMAT, "model.vocab['b']", NULL);
 
@@ -466,7 +468,8 @@ static void test_unsupported(void **state)
     expect_error(&s, NULL, DF_E_UNSUPPORTED, "model.dropout", NULL);
     s = (spec){.vocab = "\"a\": 0", .model_extra = "\"continuing_subword_prefix\": \"##\""};
     expect_error(&s, NULL, DF_E_UNSUPPORTED, "continuing_subword_prefix", NULL);
-    s = (spec){.vocab = "\"a\": 0", .added = "[{\"id\": 1, \"content\": \"<x>\", \"single_word\": true}]"};
+    s = (spec){.vocab = "\"a\": 0",
+               .added = "[{\"id\": 1, \"content\": \"<x>\", \"single_word\": true}]"};
     expect_error(&s, NULL, DF_E_UNSUPPORTED, "single_word", NULL);
 }
 
