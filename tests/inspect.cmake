@@ -14,3 +14,10 @@ endforeach()
 add_test(NAME inspect/errors
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/inspect_errors.sh $<TARGET_FILE:diffuse>
                  ${CMAKE_BINARY_DIR}/test-tmp)
+
+# Generator seeds in case.json over torch's whole range (tests/cli/seed_range.sh).
+if(EXISTS ${DF_GOLDEN_DIR}/rng-randn-f32-small)
+  add_test(NAME cli/seed_range
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/seed_range.sh $<TARGET_FILE:diffuse-check>
+                   ${DF_GOLDEN_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+endif()

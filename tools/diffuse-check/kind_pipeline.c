@@ -96,10 +96,7 @@ int check_kind_pipeline(check_case *c)
     }
     const df_json *gen = df_json_get(c->args, "generator");
     if (gen && !df_json_is_null(gen)) {
-        int64_t seed;
-        if (df_json_get_int(gen, "seed", &seed) != DF_OK)
-            rc |= check_fail(c, "args.generator: %s", df_error_message());
-        g.seed = (uint64_t)seed;
+        rc |= check_read_seed(c, gen, &g.seed);
     }
     if (embeds) {
         g.prompt_embeds = embeds;
