@@ -23,6 +23,7 @@
 #include <diffuse/diffuse.h>
 
 #include "core/alloc.h"
+#include "models/loader.h"
 
 #define GOLDEN(rel) DF_GOLDEN_DIR "/" rel
 
@@ -490,7 +491,10 @@ static df_status clip_load_status(df_ctx *ctx, const char *dir)
 {
     df_clip *m = (df_clip *)1;
     df_status s = df_clip_load(ctx, dir, &m);
-    assert_null(m);
+    if (s == DF_OK)
+        df_clip_free(m);
+    else
+        assert_null(m);
     return s;
 }
 
@@ -571,13 +575,13 @@ static void test_clip_position_ids_buffer_is_ignored(void **state)
     if (df_clip_load(ctx, dir, &m) != DF_OK)
         fail_msg("%s", df_error_message());
     df_clip_free(m);
-    /* any other unexpected tensor is an error naming it */
+    /* any other unexpected tensor loads with a warning naming it (as in diffusers) */
     tmp_dir("te_clip_unexpected", dir, sizeof dir);
     copy_config(GOLDEN("te-clip-l/text_encoder"), dir);
     write_weights(GOLDEN("te-clip-l/text_encoder"), dir, DF_DTYPE_F32, NULL,
                   "text_model.embeddings.extra");
-    assert_int_equal(clip_load_status(ctx, dir), DF_E_FORMAT);
-    assert_non_null(strstr(df_error_message(), "text_model.embeddings.extra"));
+    assert_int_equal(clip_load_status(ctx, dir), DF_OK);
+    assert_non_null(strstr(df_ws_last_warning(), "'text_model.embeddings.extra'"));
     df_ctx_free(ctx);
 }
 
