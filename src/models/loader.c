@@ -164,8 +164,9 @@ static df_status find_checked(df_weight_set *ws, const char *name, int ndim, con
     }
     if (info->dtype != DF_DTYPE_F32 && info->dtype != DF_DTYPE_BF16 &&
         info->dtype != DF_DTYPE_F16)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s; weights must be "
-                         "F32, BF16 or F16", ws->component, name, info->dtype_name);
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s: tensor '%s' is stored as %s; weights "
+                         "must be F32, BF16 or F16", ws->component, tensor_file(ws, info), name,
+                         info->dtype_name);
     return DF_OK;
 }
 
