@@ -1,8 +1,8 @@
 /*
  * Model checks for `diffuse inspect`: a component folder of a class diffuse implements
- * (models, the scheduler, tokenizers) is validated by loading it exactly as a pipeline would (config keys, every weight bound by
- * name with its expected shape and dtype, no unexpected tensor) in a context of its own,
- * then freed. Loading maps the file and binds tensors without reading their data, so a
+ * (models, the scheduler, tokenizers) is validated by loading it exactly as a pipeline
+ * would (config keys, every weight bound by name with its expected shape and dtype; a
+ * tensor the config does not call for is a warning) in a context of its own, then freed. Loading maps the file and binds tensors without reading their data, so a
  * check costs little more than reading the header.
  */
 #include <diffuse/clip.h>

@@ -184,7 +184,8 @@ static void test_number_grammar(void **state)
                          "{\"a\": 1.5e}", "[0x10]", "[1E5.0]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         expect_parse_error(bad[i], strlen(bad[i]), DF_E_FORMAT, "bad.json:1:");
-    expect_parse_error("{\"k\": \"1\", \"a\": 01}", 19, DF_E_FORMAT, "1:17: invalid number near '01}'");
+    expect_parse_error("{\"k\": \"1\", \"a\": 01}", 19, DF_E_FORMAT,
+                       "1:17: invalid number near '01}'");
     df_json *ok = parse("[0, -0, 0.5, -1.25e-3, 1E+2, 10, \"1\\\"2\", {\"3\": 4}, 5e0]");
     double want[] = {0, 0, 0.5, -1.25e-3, 100, 10};
     for (int i = 0; i < 6; i++)

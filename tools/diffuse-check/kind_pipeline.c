@@ -67,15 +67,8 @@ int check_kind_pipeline(check_case *c)
     g.negative_pooled_prompt_embeds = neg_pooled;
     g.negative_prompt = df_json_string(df_json_get(c->args, "negative_prompt"));
     rc |= get_int(c, "clip_skip", 0, &g.clip_skip);
-    const df_json *sl = df_json_get(c->args, "skip_guidance_layers");
-    if (!df_json_is_null(sl)) {
-        g.n_slg_layers = (int)df_json_array_size(sl);
-        if (df_json_type_of(sl) != DF_JSON_ARRAY || g.n_slg_layers > 64)
-            rc |= check_fail(c, "args.skip_guidance_layers: expected a list of block indices");
-        for (int i = 0; i < g.n_slg_layers && i < 64; i++)
-            slg[i] = (int)df_json_number(df_json_array_get(sl, i));
-        g.slg_layers = slg;
-    }
+    rc |= check_read_indices(c, "skip_guidance_layers", slg, 64, &g.n_slg_layers);
+    g.slg_layers = g.n_slg_layers ? slg : NULL;
     double slg_scale;
     if (df_json_get_double_or(c->args, "skip_layer_guidance_scale", 2.8, &slg_scale) != DF_OK ||
         df_json_get_double_or(c->args, "skip_layer_guidance_start", 0.01, &g.slg_start) != DF_OK ||
