@@ -778,7 +778,10 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         offload_before(m, i);
         if (m->double_c) {
             df_tensor *io[2];
-            df_compiled_call(ctx, m->double_c, &m->refs[i], (df_tensor *[]){x, c, temb, pe}, io);
+            s = df_compiled_call(ctx, m->double_c, &m->refs[i], (df_tensor *[]){x, c, temb, pe},
+                                 io);
+            if (s != DF_OK)
+                df_ctx_fail(ctx, s); /* the outputs are NULL; the context says why */
             x = io[0], c = io[1];
         } else {
             double_block_forward(ctx, &m->blocks[i], &x, &c, temb, pe, &d);
@@ -790,11 +793,14 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_single_layers; i++) {
         offload_before(m, m->cfg.num_layers + i);
-        if (m->single_c)
-            df_compiled_call(ctx, m->single_c, &m->refs[m->cfg.num_layers + i],
-                             (df_tensor *[]){h, temb, pe}, &h);
-        else
+        if (m->single_c) {
+            s = df_compiled_call(ctx, m->single_c, &m->refs[m->cfg.num_layers + i],
+                                 (df_tensor *[]){h, temb, pe}, &h);
+            if (s != DF_OK)
+                df_ctx_fail(ctx, s);
+        } else {
             h = single_block_forward(ctx, &m->singles[i], h, temb, pe, &d);
+        }
         offload_after(ctx, m, m->cfg.num_layers + i);
         df_scope_end(ctx, mark, h);
     }
