@@ -28,3 +28,15 @@ if(TARGET diffuse)
     set_tests_properties(matrix/${name} PROPERTIES TIMEOUT 900)
   endforeach()
 endif()
+
+# The runner itself: a refusal it accepts, and a difference it must report.
+if(TARGET option_matrix)
+  add_test(NAME matrix/selftest
+           COMMAND option_matrix ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix_selftest.txt
+                   $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/matrix-selftest)
+  add_test(NAME matrix/selftest-mismatch
+           COMMAND option_matrix ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix_mismatch.txt
+                   $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/matrix-mismatch)
+  set_tests_properties(matrix/selftest-mismatch PROPERTIES
+                       PASS_REGULAR_EXPRESSION "FAIL arch=flux seed=four: images differ")
+endif()

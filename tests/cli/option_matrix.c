@@ -49,8 +49,10 @@ typedef struct axis {
     value v[MAX_VALUES];
 } axis;
 
+enum rule_kind { R_REFUSE, R_TOLERATE, R_SKIP };
+
 typedef struct rule {
-    bool tolerate; /* a `tolerate` line (else `refuse`) */
+    enum rule_kind kind;
     int n;
     int axis[MAX_AXES], value[MAX_AXES];
     char word[64]; /* refuse: the word its line must hold; tolerate: the tolerance */
@@ -139,13 +141,15 @@ static bool parse_value_line(matrix *m, char *rest, int line)
     return true;
 }
 
-static bool parse_rule_line(matrix *m, char *rest, int line, bool tolerate)
+static bool parse_rule_line(matrix *m, char *rest, int line, enum rule_kind kind)
 {
     char conds[256], word[64];
-    if (sscanf(rest, "%255s %63s", conds, word) != 2 || m->n_rules == MAX_RULES)
+    word[0] = '\0';
+    int got = sscanf(rest, "%255s %63s", conds, word);
+    if (got < (kind == R_SKIP ? 1 : 2) || m->n_rules == MAX_RULES)
         return fprintf(stderr, "table line %d: expected AXIS=NAME[,...] WORD\n", line), false;
     rule *r = &m->rules[m->n_rules++];
-    r->tolerate = tolerate;
+    r->kind = kind;
     snprintf(r->word, sizeof r->word, "%s", word);
     for (char *c = strtok(conds, ","); c; c = strtok(NULL, ",")) {
         if (r->n == MAX_AXES || !parse_pair(m, c, &r->axis[r->n], &r->value[r->n]))
@@ -169,8 +173,12 @@ static bool read_table(const char *path, matrix *m)
             continue;
         if (!strcmp(word, "value"))
             ok = parse_value_line(m, line + used, no);
-        else if (!strcmp(word, "refuse") || !strcmp(word, "tolerate"))
-            ok = parse_rule_line(m, line + used, no, word[0] == 't');
+        else if (!strcmp(word, "refuse"))
+            ok = parse_rule_line(m, line + used, no, R_REFUSE);
+        else if (!strcmp(word, "tolerate"))
+            ok = parse_rule_line(m, line + used, no, R_TOLERATE);
+        else if (!strcmp(word, "skip"))
+            ok = parse_rule_line(m, line + used, no, R_SKIP);
         else
             ok = (fprintf(stderr, "table line %d: '%s'\n", no, word), false);
     }
@@ -207,9 +215,13 @@ static int combo_encode(const matrix *m, const int *pick)
     return id;
 }
 
-/* Whether every value's ONLY condition holds. */
+static const rule *combo_rule(const matrix *m, const int *pick, enum rule_kind kind);
+
+/* Whether every value's ONLY condition holds and no `skip` line matches. */
 static bool combo_valid(const matrix *m, const int *pick)
 {
+    if (combo_rule(m, pick, R_SKIP))
+        return false;
     for (int a = 0; a < m->n_axes; a++) {
         const value *v = &m->ax[a].v[pick[a]];
         if (v->only_axis >= 0 && pick[v->only_axis] != v->only_value)
@@ -231,10 +243,10 @@ static bool combo_kept(const matrix *m, const int *pick)
 }
 
 /* The first rule of that kind whose values the combination has all. */
-static const rule *combo_rule(const matrix *m, const int *pick, bool tolerate)
+static const rule *combo_rule(const matrix *m, const int *pick, enum rule_kind kind)
 {
     for (int r = 0; r < m->n_rules; r++) {
-        if (m->rules[r].tolerate != tolerate)
+        if (m->rules[r].kind != kind)
             continue;
         bool all = true;
         for (int k = 0; k < m->rules[r].n && all; k++)
@@ -434,7 +446,7 @@ static void run_combo(const matrix *m, int id)
     char first[1024];
     int lines = count_lines(err, first, sizeof first);
     int n_files = list_dir(dir, files, sizeof files);
-    const rule *refuse = combo_rule(m, pick, false);
+    const rule *refuse = combo_rule(m, pick, R_REFUSE);
     char why[2048];
     if (rc == 124 || rc >= 128) {
         snprintf(why, sizeof why, "%s (exit status %d)", rc == 124 ? "timed out" : "crashed", rc);
@@ -495,7 +507,7 @@ static void run_combo(const matrix *m, int id)
     }
     /* The reference, then each "same" axis alone back at its first value. */
     int worst = 0, slack = combo_slack(m, pick);
-    const rule *known = combo_rule(m, pick, true);
+    const rule *known = combo_rule(m, pick, R_TOLERATE);
     int known_tol = known ? atoi(known->word) : 0;
     tol += tol ? slack : 0;
     if (!compare(r, ref, id, tol > known_tol ? tol : known_tol, "the reference", &worst, label))
@@ -507,7 +519,7 @@ static void run_combo(const matrix *m, int id)
         memcpy(near, pick, sizeof near);
         near[a] = 0;
         int nid = combo_encode(m, near);
-        if (!combo_valid(m, near) || combo_rule(m, near, false))
+        if (!combo_valid(m, near) || combo_rule(m, near, R_REFUSE))
             continue;
         run_combo(m, nid);
         char what[128];
