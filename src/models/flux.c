@@ -786,8 +786,10 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         } else {
             double_block_forward(ctx, &m->blocks[i], &x, &c, temb, pe, &d);
         }
-        offload_after(ctx, m, i);
+        /* The scope first: the release flushes, and intermediates still held then would be
+         * kept in f32, rounding otherwise than without offload. */
         df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
+        offload_after(ctx, m, i);
     }
     df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
     mark = df_scope_begin(ctx);
@@ -801,8 +803,8 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         } else {
             h = single_block_forward(ctx, &m->singles[i], h, temb, pe, &d);
         }
+        h = df_scope_end(ctx, mark, h);
         offload_after(ctx, m, m->cfg.num_layers + i);
-        df_scope_end(ctx, mark, h);
     }
     x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
