@@ -366,12 +366,14 @@ static int combo_slack(const matrix *m, const int *pick)
     return slack;
 }
 
-static void fail(const char *label, const char *why, const char *err)
+/* Reports a failed combination (with its stderr, if `err`); false. */
+static bool fail(const char *label, const char *why, const char *err)
 {
     printf("FAIL %s: %s\n", label, why);
     if (err)
         print_file(err);
     g_failures++;
+    return false;
 }
 
 /* Whether the images of r (combination `id`) lie within `tol` of combination `other`'s;
@@ -404,13 +406,11 @@ static bool compare(const result *r, int other, int id, int tol, const char *wha
     return true;
 }
 
-/* Runs combination `id` once (its reference first) and checks it. */
-static void run_combo(const matrix *m, int id)
+static void run_combo(const matrix *m, int id);
+
+/* Runs combination `id` (its reference first) and checks it: whether it gave its images. */
+static bool run_checked(const matrix *m, int id, result *r)
 {
-    result *r = &g_results[id];
-    if (r->done)
-        return;
-    r->done = true;
     int pick[MAX_AXES], tol;
     combo_decode(m, id, pick);
     int ref = combo_reference(m, pick, &tol);
@@ -450,48 +450,31 @@ static void run_combo(const matrix *m, int id)
     char why[2048];
     if (rc == 124 || rc >= 128) {
         snprintf(why, sizeof why, "%s (exit status %d)", rc == 124 ? "timed out" : "crashed", rc);
-        {
-            fail(label, why, err);
-            return;
-        }
+        return fail(label, why, err);
     }
     if (refuse) {
-        if (rc == 0) {
-            fail(label, "succeeded, but the table says it is refused", err);
-            return;
-        }
+        if (rc == 0)
+            return fail(label, "succeeded, but the table says it is refused", err);
         if (lines != 1 || !strstr(first, refuse->word)) {
             snprintf(why, sizeof why, "exit status %d; expected one stderr line naming '%s'", rc,
                      refuse->word);
-            {
-                fail(label, why, err);
-                return;
-            }
+            return fail(label, why, err);
         }
         if (n_files != 0) {
             snprintf(why, sizeof why, "refused, but left files behind: %s", files);
-            {
-                fail(label, why, NULL);
-                return;
-            }
+            return fail(label, why, NULL);
         }
         printf("ok   %-90s refused (%.2f s): %s\n", label, secs, first);
-        return;
+        return false; /* no images to compare others with */
     }
     if (rc != 0) {
         snprintf(why, sizeof why, "exit status %d", rc);
-        {
-            fail(label, why, err);
-            return;
-        }
+        return fail(label, why, err);
     }
     int want = images_of(m, pick);
     if (want > MAX_IMAGES || n_files != want) {
         snprintf(why, sizeof why, "expected %d image(s) in its folder, found: %s", want, files);
-        {
-            fail(label, why, NULL);
-            return;
-        }
+        return fail(label, why, NULL);
     }
     for (int i = 0; i < want; i++) {
         char path[1100];
@@ -499,10 +482,8 @@ static void run_combo(const matrix *m, int id)
             snprintf(path, sizeof path, "%s/out.png", dir);
         else
             snprintf(path, sizeof path, "%s/out-%d.png", dir, i);
-        if (df_image_load_png(path, &r->img[i], NULL) != DF_OK) {
-            fail(label, df_error_message(), NULL);
-            return;
-        }
+        if (df_image_load_png(path, &r->img[i], NULL) != DF_OK)
+            return fail(label, df_error_message(), NULL);
         r->n_images++;
     }
     /* The reference, then each "same" axis alone back at its first value. */
@@ -511,7 +492,7 @@ static void run_combo(const matrix *m, int id)
     int known_tol = known ? atoi(known->word) : 0;
     tol += tol ? slack : 0;
     if (!compare(r, ref, id, tol > known_tol ? tol : known_tol, "the reference", &worst, label))
-        return;
+        return false;
     for (int a = 0; a < m->n_axes; a++) {
         if (m->ax[a].kind != K_SAME || pick[a] == 0)
             continue;
@@ -526,10 +507,20 @@ static void run_combo(const matrix *m, int id)
         snprintf(what, sizeof what, "the same with %s=%s", m->ax[a].name, m->ax[a].v[0].name);
         vt += vt ? slack : 0;
         if (!compare(r, nid, id, vt > known_tol ? vt : known_tol, what, &worst, label))
-            return;
+            return false;
     }
-    r->ok = true;
     printf("ok   %-90s max diff %d (%.2f s)\n", label, worst, secs);
+    return true;
+}
+
+/* Runs combination `id` once. */
+static void run_combo(const matrix *m, int id)
+{
+    result *r = &g_results[id];
+    if (r->done)
+        return;
+    r->done = true;
+    r->ok = run_checked(m, id, r);
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
