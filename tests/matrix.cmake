@@ -12,6 +12,13 @@ if(TARGET diffuse)
   set(DF_MATRIX_TABLE ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix.txt)
   set(DF_MATRIX_SLICES "flux-f32\;arch=flux dtype=f32 tp=1" "flux-bf16\;arch=flux dtype=bf16 tp=1"
                        "sd3-f32\;arch=sd3 dtype=f32" "sd3-bf16\;arch=sd3 dtype=bf16")
+  # Unoptimised builds (Debug, the sanitizer build) round fused and separate kernels
+  # differently (measured: a level per channel in f32, where Release gives the same bits),
+  # which sequential offload's flush after every block exposes: one level of slack there.
+  set(DF_MATRIX_SLACK "")
+  if(NOT CMAKE_BUILD_TYPE MATCHES "^(Release|RelWithDebInfo|MinSizeRel)$")
+    set(DF_MATRIX_SLACK --slack 1)
+  endif()
   find_program(DF_MATRIX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
   if(MPI_C_FOUND AND DF_MATRIX_MPIRUN)
     list(APPEND DF_MATRIX_SLICES "flux-tp2-f32\;arch=flux dtype=f32 tp=2"
@@ -24,7 +31,7 @@ if(TARGET diffuse)
     add_test(NAME matrix/${name}
              COMMAND option_matrix ${DF_MATRIX_TABLE} $<TARGET_FILE:diffuse>
                      ${CMAKE_BINARY_DIR}/test-tmp/matrix-${name} --mpirun "${DF_MATRIX_MPIRUN}"
-                     ${filter})
+                     ${DF_MATRIX_SLACK} ${filter})
     set_tests_properties(matrix/${name} PROPERTIES TIMEOUT 900)
   endforeach()
 endif()

@@ -3,8 +3,9 @@
  * (tests/cli/option_matrix.txt, which says what each line means) runs on a tiny pipeline,
  * and each either gives the images of its reference combination or is refused in one line.
  *
- * usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] [AXIS=NAME ...]
+ * usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] [--slack N] [AXIS=NAME ...]
  *
+ * --slack N adds N levels to every tolerance (tests/matrix.cmake: 1 in unoptimised builds).
  * AXIS=NAME arguments keep only the combinations with that value (several values of one
  * axis: any of them), so that ctest can run slices of the matrix side by side. A
  * combination whose reference lies outside the slice runs its reference too. Each command
@@ -73,6 +74,7 @@ typedef struct result {
 } result;
 
 static const char *g_bin, *g_work, *g_mpirun = "mpirun";
+static int g_slack; /* --slack: added to every tolerance */
 static result *g_results;
 static int g_failures;
 
@@ -396,10 +398,10 @@ static bool compare(const result *r, int other, int id, int tol, const char *wha
         d = di > d ? di : d;
     }
     *worst = d > *worst ? d : *worst;
-    if (d > tol) {
+    if (d > tol + g_slack) {
         char why[512];
         snprintf(why, sizeof why, "images differ from %s by %d levels (tolerance %d)", what, d,
-                 tol);
+                 tol + g_slack);
         fail(label, why, NULL);
         return false;
     }
@@ -546,7 +548,7 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr, "usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] "
-                        "[AXIS=NAME ...]\n");
+                        "[--slack N] [AXIS=NAME ...]\n");
         return 2;
     }
     static matrix m;
@@ -558,6 +560,8 @@ int main(int argc, char **argv)
         int a, v;
         if (!strcmp(argv[i], "--mpirun") && i + 1 < argc) {
             g_mpirun = argv[++i];
+        } else if (!strcmp(argv[i], "--slack") && i + 1 < argc) {
+            g_slack = atoi(argv[++i]);
         } else if (parse_pair(&m, argv[i], &a, &v)) {
             m.keep[a][v] = true;
         } else {
