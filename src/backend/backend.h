@@ -138,7 +138,7 @@ typedef struct df_fused {
     int n_regs, out_reg;
     int head_op;              /* DF_OP_LAYER_NORM, DF_OP_RMS_NORM, or -1 */
     df_view head_x, head_w, head_b;
-    float head_eps;
+    double head_eps;          /* the norm's own eps (a double, as its kernel reads it) */
 } df_fused;
 
 /* Scratch memory and threading for one kernel call. */
