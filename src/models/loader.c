@@ -25,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/quant_policy.h"
 #include "runtime/runtime.h"
 
 typedef struct bound {
@@ -32,6 +33,7 @@ typedef struct bound {
     df_tensor *t;
     const void *data; /* the bytes in the mapping */
     size_t bytes;
+    size_t resident_bytes; /* what it holds resident: bytes, or its 8-bit form (int8) */
     bool resident;
 } bound;
 
@@ -194,10 +196,11 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
     /* Wrapped tensors point into the file mapping df_weights_open made: their pages can be
      * dropped and read again (offloading, and after a backend packed its own copy). */
     t->v.st->file_backed = t->v.st->external;
+    size_t resident = df_quant_bind(ws->ctx, ws->component, name, t, bytes);
     ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
-                                   .bytes = bytes, .resident = true};
+                                   .bytes = bytes, .resident_bytes = resident, .resident = true};
     ws->bytes += (int64_t)bytes;
-    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)bytes);
+    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)resident);
     mark_used(ws, name);
     return DF_OK;
 }
@@ -584,7 +587,7 @@ df_status df_ws_release(df_weight_set *ws, const char *prefix)
         bound *b = &ws->tensors[i];
         if (b->resident && matches(b, prefix)) {
             b->resident = false;
-            df_stats_add_weights(ctx, 0, -(int64_t)b->bytes);
+            df_stats_add_weights(ctx, 0, -(int64_t)b->resident_bytes);
         }
     }
     return DF_OK;
@@ -600,7 +603,7 @@ void df_ws_acquire(df_weight_set *ws, const char *prefix)
             advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
         if (!b->resident) {
             b->resident = true;
-            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->bytes);
+            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->resident_bytes);
         }
     }
 }
@@ -609,7 +612,7 @@ int64_t df_ws_resident_bytes(const df_weight_set *ws)
 {
     int64_t n = 0;
     for (int i = 0; i < ws->n; i++)
-        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].bytes : 0;
+        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].resident_bytes : 0;
     return n;
 }
 

@@ -33,6 +33,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_int8.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
@@ -711,6 +712,12 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
 {
     d.n = w->shape[0];
     d.k = w->shape[1];
+    if (d.type == DF_DTYPE_I8 && d.m > 0 && d.n > 0 && df_i8_linear_applies(w)) {
+        df_i8_epilogue e = {.act = d.act, .gate = gate, .residual = residual,
+                            .ldr = d.ldr ? d.ldr : d.n, .out = out, .ldc = d.ldc,
+                            .out_bf16 = d.c_bf16};
+        return df_i8_linear(env, x, d.m, w, bias, &e);
+    }
     d.type = df_gemm_compute_dtype(d.type);
     d.b_trans = true;
     d.bias = bias != NULL;

@@ -26,8 +26,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "core/status.h"
 #include <diffuse/dtype.h>
+
+#include "backend/backend.h"
+#include "core/status.h"
 
 typedef enum df_i8_path {
     DF_I8_PATH_AUTO,
@@ -100,5 +102,22 @@ const char *df_i8_path_name(df_i8_path path);
 /* Makes AUTO mean `path` from now on (AUTO restores cpuid dispatch); DF_E_UNSUPPORTED when
  * the CPU lacks it. */
 df_status df_i8_force_path(df_i8_path path);
+
+/*
+ * Linear layers in int8 compute (gemm.c's df_gemm_linear with compute DF_DTYPE_I8).
+ *
+ * df_i8_linear_applies: whether this linear runs in int8: w is a 2-D weight storage
+ * (is_weight) that the quantization policy did not keep in higher precision
+ * (keep_precision), in f32, bf16 or f16. Other linears compute in f32.
+ * df_i8_linear: quantizes w once into a derived form kept on its storage (keyed by the
+ * group, and dropped with the other derived forms when the weight is released), drops the
+ * file's pages of w, quantizes x per call into env's scratch, and runs the product with
+ * the epilogue. The group is DIFFUSE_INT8_GROUP (32 to 256, or "k" for the whole k;
+ * default 128), read once.
+ */
+bool df_i8_linear_applies(const df_view *w);
+df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
+                       const df_view *bias, const df_i8_epilogue *e);
+int64_t df_i8_default_group(void);
 
 #endif
