@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <diffuse/cpu.h>
+
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "backend/cpu/gemm_int8_impl.h"
@@ -315,6 +317,11 @@ df_i8_path df_i8_path_best(void)
     if (df_i8_path_available(DF_I8_PATH_AVX_VNNI))
         return DF_I8_PATH_AVX_VNNI;
     return DF_I8_PATH_PORTABLE;
+}
+
+const char *df_cpu_int8_kernel(void)
+{
+    return df_i8_path_name(df_i8_path_best());
 }
 
 df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
