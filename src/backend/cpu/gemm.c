@@ -34,6 +34,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
+#include "backend/cpu/gemm_int8_impl.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
@@ -843,4 +844,28 @@ df_status df_cpu_gemm_rate(df_dtype dtype, int threads, int64_t m, int64_t n, in
     if (s == DF_OK)
         *out_gflops = best;
     return s;
+}
+
+/* --- for the int8 products' oneDNN path (gemm_int8_dnnl.c) ------------------------------ */
+
+df_status df_gemm_dnnl_handles(void **out_engine, void **out_stream)
+{
+    DF_TRY(provider_ready());
+    dnnl_stream_t s = NULL;
+    DF_TRY(thread_stream(&s));
+    *out_engine = engine;
+    *out_stream = s;
+    return DF_OK;
+}
+
+df_status df_gemm_dnnl_failed(int status, const char *what)
+{
+    return dnnl_failed((dnnl_status_t)status, what);
+}
+
+bool df_cpu_has_amx_int8(void)
+{
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    return (isa & amx) == amx;
 }

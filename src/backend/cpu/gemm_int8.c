@@ -63,8 +63,11 @@ size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group)
     return layout_of(n, k, group).bytes;
 }
 
-void df_i8_weight_free(void *w)
+void df_i8_weight_free(void *p)
 {
+    df_i8_weight *w = p;
+    if (w)
+        df_i8_dnnl_free(w->dnnl);
     df_aligned_free(w);
 }
 
@@ -271,7 +274,7 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
 /* --- dispatch and the driver ------------------------------------------------------------ */
 
 static const char *const path_names[DF_I8_PATH_COUNT] = {"auto", "portable", "avx-vnni",
-                                                         "avx512-vnni"};
+                                                         "avx512-vnni", "onednn"};
 
 const char *df_i8_path_name(df_i8_path path)
 {
@@ -285,6 +288,7 @@ bool df_i8_path_available(df_i8_path path)
     case DF_I8_PATH_PORTABLE: return true;
     case DF_I8_PATH_AVX_VNNI: return df_i8_tile_avxvnni_fn() != NULL;
     case DF_I8_PATH_AVX512_VNNI: return df_i8_tile_avx512vnni_fn() != NULL;
+    case DF_I8_PATH_ONEDNN: return df_i8_dnnl_available();
     default: return false;
     }
 }
@@ -300,7 +304,10 @@ df_status df_i8_force_path(df_i8_path path)
     return DF_OK;
 }
 
-df_i8_path df_i8_path_best(void)
+static df_i8_path best_kernel(void);
+
+/* The forced path, or AUTO. */
+static df_i8_path forced_path(void)
 {
     if (forced < 0) {
         int f = DF_I8_PATH_AUTO;
@@ -310,8 +317,18 @@ df_i8_path df_i8_path_best(void)
                 f = p;
         forced = f;
     }
-    if (forced != DF_I8_PATH_AUTO)
-        return (df_i8_path)forced;
+    return (df_i8_path)forced;
+}
+
+df_i8_path df_i8_path_best(void)
+{
+    df_i8_path f = forced_path();
+    return f != DF_I8_PATH_AUTO ? f : best_kernel();
+}
+
+/* The best of the project's own kernels on this CPU. */
+static df_i8_path best_kernel(void)
+{
     if (df_i8_path_available(DF_I8_PATH_AVX512_VNNI))
         return DF_I8_PATH_AVX512_VNNI;
     if (df_i8_path_available(DF_I8_PATH_AVX_VNNI))
@@ -321,14 +338,52 @@ df_i8_path df_i8_path_best(void)
 
 const char *df_cpu_int8_kernel(void)
 {
-    return df_i8_path_name(df_i8_path_best());
+    df_i8_path p = df_i8_path_best();
+    return forced_path() == DF_I8_PATH_AUTO && df_cpu_has_amx_int8()
+               ? "onednn-amx (whole-k groups), else avx512-vnni"
+               : df_i8_path_name(p);
+}
+
+/* The oneDNN path: its product into f32 rows (out itself when f32), then each row's scale,
+ * the bias and the epilogue. */
+static df_status gemm_onednn(const df_i8_act *a, df_i8_weight *w, const df_i8_epilogue *e)
+{
+    int64_t n = w->n, ldc = e->ldc ? e->ldc : n;
+    float *tmp = NULL, *o = e->out;
+    if (e->out_bf16) {
+        tmp = df_aligned_alloc((size_t)(a->m * n) * sizeof(float));
+        if (!tmp)
+            return df_errorf(DF_E_OOM, "int8: out of memory for a [%lld, %lld] product",
+                             (long long)a->m, (long long)n);
+        o = tmp;
+        ldc = n;
+    }
+    df_status s = df_i8_gemm_dnnl(a, w, o, ldc);
+#pragma omp parallel for schedule(static) if (s == DF_OK && a->m > 1 && !omp_in_parallel())
+    for (int64_t r = 0; r < (s == DF_OK ? a->m : 0); r++) {
+        for (int64_t n0 = 0; n0 < n; n0 += DF_I8_NR) {
+            int cols = (int)(n - n0 < DF_I8_NR ? n - n0 : DF_I8_NR);
+            float acc[DF_I8_NR];
+            for (int c = 0; c < cols; c++)
+                acc[c] = o[r * ldc + n0 + c] * a->scale[r];
+            epilogue(e, n, r, n0, cols, acc);
+        }
+    }
+    df_aligned_free(tmp);
+    return s;
 }
 
 df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
                      df_i8_path path)
 {
     if (path == DF_I8_PATH_AUTO)
-        path = df_i8_path_best();
+        path = forced_path();
+    if (path == DF_I8_PATH_AUTO) /* cpuid dispatch: oneDNN where it has AMX to use */
+        path = w->n_groups == 1 && df_cpu_has_amx_int8() ? DF_I8_PATH_ONEDNN : best_kernel();
+    if (path == DF_I8_PATH_ONEDNN && w->n_groups != 1)
+        path = best_kernel();
+    if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group)
+        return gemm_onednn(a, (df_i8_weight *)w, e); /* adds its form to w: see the header */
     df_i8_tile_fn fn = path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
                        : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
                                                       : df_i8_tile_portable;

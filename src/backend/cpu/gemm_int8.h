@@ -17,8 +17,12 @@
  *   -128 * (the group's weight column sum), which cancels the shift exactly);
  * - avx-vnni: the same on 256-bit registers (VEX AVX-VNNI, or EVEX AVX512-VNNI + VL);
  * - portable: plain C, for any CPU.
- * The path is picked at run time from cpuid (the best the CPU has); DIFFUSE_INT8_PATH=
- * portable|avx-vnni|avx512-vnni or df_i8_force_path() forces one the CPU has.
+ * - onednn: oneDNN's u8 x s8 matmul (AMX-INT8 where the CPU has it), for whole-k groups
+ *   only (oneDNN 2.6 scales per output channel, not per group); it agrees with the others
+ *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
+ * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
+ * groups on AMX CPUs, else the VNNI kernels, else portable); DIFFUSE_INT8_PATH=
+ * portable|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
  */
 #ifndef DF_BACKEND_CPU_GEMM_INT8_H
 #define DF_BACKEND_CPU_GEMM_INT8_H
@@ -36,6 +40,7 @@ typedef enum df_i8_path {
     DF_I8_PATH_PORTABLE,
     DF_I8_PATH_AVX_VNNI,
     DF_I8_PATH_AVX512_VNNI,
+    DF_I8_PATH_ONEDNN,
     DF_I8_PATH_COUNT,
 } df_i8_path;
 
@@ -49,6 +54,7 @@ typedef struct df_i8_weight {
     int8_t *q;     /* [n_blocks][kp / 4][DF_I8_NR][4] */
     float *scale;  /* [n_blocks][n_groups][DF_I8_NR] */
     int32_t *corr; /* [n_blocks][n_groups][DF_I8_NR]: -128 * sum of the group's q */
+    void *dnnl;    /* the oneDNN path's form of it, made on first use there */
 } df_i8_weight;
 
 /* Quantized activations [m, kp]: u8 (q + 128) and per-row group scales [m][n_groups]. */

@@ -25,4 +25,18 @@ void df_i8_tile_portable(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR
 df_i8_tile_fn df_i8_tile_avx512vnni_fn(void);
 df_i8_tile_fn df_i8_tile_avxvnni_fn(void);
 
+/* The oneDNN path (gemm_int8_dnnl.c): whole-k groups only (per-channel weight scales, as
+ * oneDNN's output scales; the per-token scales, bias and the rest of the epilogue are
+ * applied by the driver afterwards). */
+bool df_i8_dnnl_available(void);
+df_status df_i8_gemm_dnnl(const df_i8_act *a, df_i8_weight *w, float *out, int64_t ldc);
+void df_i8_dnnl_free(void *form);
+
+/* Whether oneDNN runs AMX-INT8 on this CPU (gemm.c). */
+bool df_cpu_has_amx_int8(void);
+
+/* gemm.c's oneDNN engine and this thread's stream; its error message for a dnnl status. */
+df_status df_gemm_dnnl_handles(void **engine, void **stream);
+df_status df_gemm_dnnl_failed(int status, const char *what);
+
 #endif
