@@ -6,9 +6,10 @@
  * Choices:
  * - Rounding is to nearest even (nearbyintf) of x * (127 / max|x|), clamped to +-127, for
  *   weights and activations alike; a group of zeros has scale 0.
- * - Work is split over (a chunk of DF_I8_MC rows, a block of DF_I8_NR channels): a block's
- *   packed weights (NR * kp bytes) stay in cache while its chunk's tiles run, and the
- *   chunk's activations are shared by the threads working on its other blocks.
+ * - Work is split over (a chunk of up to DF_I8_MC rows, a block of DF_I8_NR channels): a
+ *   block's packed weights (NR * kp bytes) stay in cache while its chunk's tiles run, and
+ *   the chunk's activations (at most DF_I8_CHUNK_BYTES) are shared by the threads working
+ *   on its other blocks.
  */
 #include <math.h>
 #include <omp.h>
@@ -22,7 +23,8 @@
 #include "backend/cpu/gemm_int8_impl.h"
 #include "core/alloc.h"
 
-#define DF_I8_MC 128 /* rows per chunk of work */
+#define DF_I8_MC 128             /* rows per chunk of work, at most */
+#define DF_I8_CHUNK_BYTES 262144 /* ... and a chunk's activations fit in L2 beside a block */
 
 static size_t round64(size_t n)
 {
@@ -394,14 +396,16 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         return df_errorf(DF_E_ARG, "int8: activations quantized for k %lld group %lld, weight "
                          "has k %lld group %lld", (long long)a->kp, (long long)a->group,
                          (long long)w->kp, (long long)w->group);
-    int64_t m = a->m, chunks = (m + DF_I8_MC - 1) / DF_I8_MC, work = chunks * w->n_blocks;
+    int64_t mc = DF_I8_CHUNK_BYTES / w->kp / DF_I8_MR * DF_I8_MR;
+    mc = mc < 16 ? 16 : mc > DF_I8_MC ? DF_I8_MC : mc;
+    int64_t m = a->m, chunks = (m + mc - 1) / mc, work = chunks * w->n_blocks;
 #pragma omp parallel for schedule(static) if (work > 1 && !omp_in_parallel())
     for (int64_t i = 0; i < work; i++) {
         int64_t chunk = i / w->n_blocks, b = i % w->n_blocks;
-        int64_t m_end = (chunk + 1) * DF_I8_MC < m ? (chunk + 1) * DF_I8_MC : m;
+        int64_t m_end = (chunk + 1) * mc < m ? (chunk + 1) * mc : m;
         int64_t n0 = b * DF_I8_NR;
         int cols = (int)(w->n - n0 < DF_I8_NR ? w->n - n0 : DF_I8_NR);
-        for (int64_t m0 = chunk * DF_I8_MC; m0 < m_end; m0 += DF_I8_MR) {
+        for (int64_t m0 = chunk * mc; m0 < m_end; m0 += DF_I8_MR) {
             df_i8_tile_args t = {.w = w, .block = b};
             int rows = (int)(m_end - m0 < DF_I8_MR ? m_end - m0 : DF_I8_MR);
             for (int r = 0; r < DF_I8_MR; r++) {
