@@ -158,9 +158,10 @@ static df_status find_checked(df_weight_set *ws, const char *name, int ndim, con
                          ws->component, name, got, want);
     }
     if (info->dtype != DF_DTYPE_F32 && info->dtype != DF_DTYPE_BF16 &&
-        info->dtype != DF_DTYPE_F16)
+        info->dtype != DF_DTYPE_F16 && info->dtype != DF_DTYPE_I8)
         return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s; weights must be "
-                         "F32, BF16 or F16", ws->component, name, info->dtype_name);
+                         "F32, BF16, F16 or I8 (saved quantized)", ws->component, name,
+                         info->dtype_name);
     return DF_OK;
 }
 
@@ -217,6 +218,8 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
+    if (info.dtype == DF_DTYPE_I8)
+        DF_TRY(df_quant_bind_int8(ws, name, t)); /* its scales, saved beside it */
     *out = t;
     return DF_OK;
 }
@@ -297,6 +300,10 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
     *out = NULL;
     df_tensor_info info;
     DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    if (info.dtype == DF_DTYPE_I8)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is saved quantized (I8); tensor "
+                         "parallelism needs the checkpoint as stored (--dtype int8 quantizes "
+                         "each rank's slice on load)", ws->component, name);
     if (dim > 1 || (dim == 1 && info.ndim != 2))
         return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': only rows, or the columns of a 2-D "
                          "tensor, can be split across ranks", ws->component, name);

@@ -1,9 +1,13 @@
 /*
- * The int8 quantization policy (quant_policy.h).
+ * The int8 quantization policy (quant_policy.h, and df_int8_quantizes in quantize.h).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include <diffuse/quantize.h>
+
+#include "core/status.h"
+#include "models/loader.h"
 #include "models/quant_policy.h"
 #include "runtime/runtime.h"
 
@@ -30,16 +34,43 @@ bool df_quant_keeps_precision(const char *component, const char *name)
     return false;
 }
 
+bool df_int8_quantizes(const char *component, const char *name, int ndim)
+{
+    size_t len = strlen(name);
+    if (ndim != 2 || len <= 7 || strcmp(name + len - 7, ".weight") != 0)
+        return false;
+    /* tables that are looked up, not multiplied (T5's token and position embeddings) */
+    if (strcmp(name, "shared.weight") == 0 || strstr(name, "embed_tokens.") ||
+        strstr(name, "relative_attention_bias."))
+        return false;
+    return !df_quant_keeps_precision(component, name);
+}
+
 size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
                      size_t bytes)
 {
     bool keeps = df_quant_keeps_precision(component, name);
     t->v.st->keep_precision = keeps;
-    size_t len = strlen(name);
-    bool linear_weight = t->v.ndim == 2 && len > 7 && strcmp(name + len - 7, ".weight") == 0;
-    if (df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || keeps || !linear_weight)
+    if (df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || t->v.dtype == DF_DTYPE_I8 ||
+        !df_int8_quantizes(component, name, t->v.ndim))
         return bytes;
-    /* int8 values, and per group of 128 (the default) an f32 scale and an int32 sum */
+    /* int8 values, and per group an f32 scale and an int32 sum */
     int64_t n = t->v.shape[0], k = t->v.shape[1];
-    return (size_t)(n * k) + (size_t)(n * ((k + 127) / 128)) * 8;
+    return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, df_int8_default_group())) * 8;
+}
+
+df_status df_quant_bind_int8(df_weight_set *ws, const char *name, df_tensor *t)
+{
+    int64_t n = t->v.shape[0];
+    df_tensor *scale = NULL;
+    DF_TRY(df_ws_tensor(ws, &scale, 2, (int64_t[]){n, -1}, "%s_scale", name));
+    if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 ||
+        df_int8_weight_groups(t->v.shape[1], t->v.shape[1] / scale->v.shape[1]) !=
+            scale->v.shape[1])
+        return df_errorf(DF_E_FORMAT, "tensor '%s_scale': %lld %s scales per row do not fit "
+                         "the int8 groups of a row of %lld", name, (long long)scale->v.shape[1],
+                         df_dtype_name(scale->v.dtype), (long long)t->v.shape[1]);
+    t->v.st->i8_scale = (const float *)df_view_ptr(&scale->v);
+    t->v.st->i8_groups = scale->v.shape[1];
+    return DF_OK;
 }

@@ -4,7 +4,8 @@
  * DF_TEST_NEEDS_ARGS). The same image bit for bit without offload, with model offload
  * and with sequential offload (quantization is deterministic, so re-quantizing a released
  * weight gives the same bytes); the transformer's resident weights are the 8-bit size; the
- * image stays close to the f32 one.
+ * image stays close to the f32 one; a folder saved by df_quantize_model loads and gives
+ * the same image and latents as quantizing on load, bit for bit.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,10 +20,10 @@
 
 static const char *model_dir;
 
-static void generate(df_dtype dtype, df_offload level, df_gen_output *out)
+static void generate_from(const char *dir, df_dtype dtype, df_offload level, df_gen_output *out)
 {
     df_pipeline *p = NULL;
-    assert_int_equal(df_pipeline_load(model_dir,
+    assert_int_equal(df_pipeline_load(dir,
                                       &(df_load_opts){.threads = 2, .offload = level,
                                                       .dtype = dtype},
                                       &p),
@@ -32,6 +33,11 @@ static void generate(df_dtype dtype, df_offload level, df_gen_output *out)
                                      out),
                      DF_OK);
     df_pipeline_free(p);
+}
+
+static void generate(df_dtype dtype, df_offload level, df_gen_output *out)
+{
+    generate_from(model_dir, dtype, level, out);
 }
 
 static double psnr(const df_image *a, const df_image *b, size_t bytes)
@@ -102,6 +108,47 @@ static void test_int8_modes(void **state)
     df_gen_output_free(&compiled);
 }
 
+static void test_saved_quantized_round_trip(void **state)
+{
+    (void)state;
+    char out[4096];
+    snprintf(out, sizeof out, "%s/int8-saved", DF_TEST_TMP);
+    assert_int_equal(df_quantize_model(model_dir, out, df_int8_default_group()), DF_OK);
+    /* the transformer's linears are stored as I8 with their scales beside them */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/transformer/diffusion_pytorch_model.safetensors", out);
+    df_weights *w;
+    assert_int_equal(df_weights_open(path, &w), DF_OK);
+    int64_t i8 = 0, scales = 0;
+    for (int64_t i = 0; i < df_weights_count(w); i++) {
+        df_tensor_info info;
+        assert_int_equal(df_weights_at(w, i, &info), DF_OK);
+        i8 += info.dtype == DF_DTYPE_I8;
+        size_t len = strlen(info.name);
+        scales += len > 13 && strcmp(info.name + len - 13, ".weight_scale") == 0;
+    }
+    df_weights_free(w);
+    assert_true(i8 > 0);
+    assert_int_equal(i8, scales);
+
+    static df_gen_output on_load, saved, saved_f32;
+    generate(DF_DTYPE_I8, DF_OFFLOAD_NONE, &on_load);
+    generate_from(out, DF_DTYPE_I8, DF_OFFLOAD_NONE, &saved);
+    generate_from(out, DF_DTYPE_F32, DF_OFFLOAD_MODEL, &saved_f32); /* I8 weights: int8 anyway */
+    size_t bytes = (size_t)on_load.width * (size_t)on_load.height * 3;
+    assert_memory_equal(on_load.images[0]->pixels, saved.images[0]->pixels, bytes);
+    assert_memory_equal(on_load.latents, saved.latents,
+                        (size_t)on_load.latents_shape[1] * (size_t)on_load.latents_shape[2] * 4);
+    assert_memory_equal(on_load.images[0]->pixels, saved_f32.images[0]->pixels, bytes);
+    /* model offload reports the 8-bit bytes as resident for both */
+    assert_true(saved_f32.phases[1].peak_resident_weight_bytes > 0);
+    df_gen_output_free(&on_load);
+    df_gen_output_free(&saved);
+    df_gen_output_free(&saved_f32);
+    /* a bad group is refused, naming it */
+    assert_int_equal(df_quantize_model(model_dir, out, 7), DF_E_ARG);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -112,6 +159,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_int8_offload_levels_agree),
         cmocka_unit_test(test_int8_modes),
+        cmocka_unit_test(test_saved_quantized_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -715,7 +715,8 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
 {
     d.n = w->shape[0];
     d.k = w->shape[1];
-    if (d.type == DF_DTYPE_I8 && d.m > 0 && d.n > 0 && df_i8_linear_applies(w)) {
+    if ((d.type == DF_DTYPE_I8 || w->dtype == DF_DTYPE_I8) && d.m > 0 && d.n > 0 &&
+        df_i8_linear_applies(w)) {
         df_i8_epilogue e = {.act = d.act, .gate = gate, .residual = residual,
                             .ldr = d.ldr ? d.ldr : d.n, .out = out, .ldc = d.ldc,
                             .out_bf16 = d.c_bf16};

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <diffuse/cpu.h>
+#include <diffuse/quantize.h>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
@@ -90,23 +91,38 @@ static int quantize_one(float x, float inv)
     return (int)q;
 }
 
-/* Channel c of block b from row (f32, kp values, zero past k). */
-static void pack_channel(df_i8_weight *w, int64_t b, int c, const float *row)
+/* One channel: row (f32, kp values, zero past k) into q (kp values) and its group scales. */
+static void quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
+                             float *scale)
+{
+    for (int64_t g = 0; g < n_groups; g++) {
+        const float *x = row + g * group;
+        float inv = group_inverse(x, group, &scale[g]);
+        for (int64_t i = 0; i < group; i++)
+            q[g * group + i] = (int8_t)quantize_one(x[i], inv);
+    }
+}
+
+/* Channel c of block b from its quantized values (kp of them) and group scales. */
+static void place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale)
 {
     for (int64_t g = 0; g < w->n_groups; g++) {
-        const float *x = row + g * w->group;
-        float s;
-        float inv = group_inverse(x, w->group, &s);
         int32_t sum = 0;
         for (int64_t i = 0; i < w->group; i++) {
             int64_t kk = g * w->group + i;
-            int q = quantize_one(x[i], inv);
-            w->q[((b * (w->kp / 4) + kk / 4) * DF_I8_NR + c) * 4 + kk % 4] = (int8_t)q;
-            sum += q;
+            w->q[((b * (w->kp / 4) + kk / 4) * DF_I8_NR + c) * 4 + kk % 4] = q[kk];
+            sum += q[kk];
         }
-        w->scale[(b * w->n_groups + g) * DF_I8_NR + c] = s;
+        w->scale[(b * w->n_groups + g) * DF_I8_NR + c] = scale[g];
         w->corr[(b * w->n_groups + g) * DF_I8_NR + c] = -128 * sum;
     }
+}
+
+static void pack_channel(df_i8_weight *w, int64_t b, int c, const float *row, int8_t *q,
+                         float *scale)
+{
+    quantize_channel(row, w->group, w->n_groups, q, scale);
+    place_channel(w, b, c, q, scale);
 }
 
 df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k, int64_t ldw,
@@ -129,7 +145,9 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
     bool failed = false;
 #pragma omp parallel if (l.n_blocks > 1 && !omp_in_parallel())
     {
-        float *row = df_malloc((size_t)l.kp * sizeof(float));
+        float *row = df_malloc((size_t)l.kp * (sizeof(float) + 1) + (size_t)l.n_groups * 4);
+        int8_t *q = row ? (int8_t *)(row + l.kp) : NULL;
+        float *sc = row ? (float *)(q + l.kp + (4 - l.kp % 4) % 4) : NULL;
         if (!row) {
 #pragma omp atomic write
             failed = true;
@@ -142,7 +160,7 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
                 const char *r = (const char *)src + (size_t)((b * DF_I8_NR + c) * ldw) * es;
                 df_convert(r, type, row, DF_DTYPE_F32, k);
                 memset(row + k, 0, (size_t)(l.kp - k) * sizeof(float));
-                pack_channel(w, b, c, row);
+                pack_channel(w, b, c, row, q, sc);
             }
         }
         df_free(row);
@@ -153,6 +171,71 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
                          (long long)n, (long long)k);
     }
     *out = w;
+    return DF_OK;
+}
+
+df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out)
+{
+    *out = NULL;
+    layout l = layout_of(n, k, group);
+    char *mem = df_aligned_alloc(l.bytes);
+    int8_t *row = df_malloc((size_t)l.kp);
+    if (!mem || !row) {
+        df_aligned_free(mem);
+        df_free(row);
+        return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    }
+    memset(mem, 0, l.bytes);
+    memset(row, 0, (size_t)l.kp);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n, .k = k, .kp = l.kp, .group = l.group, .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks, .q = (int8_t *)(mem + l.q_at),
+                        .scale = (float *)(mem + l.scale_at), .corr = (int32_t *)(mem + l.corr_at)};
+    for (int64_t j = 0; j < n; j++) {
+        memcpy(row, q + j * k, (size_t)k);
+        place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
+    }
+    df_free(row);
+    *out = w;
+    return DF_OK;
+}
+
+/* The public functions' group (0: the whole k) as layout_of takes it. */
+static int64_t public_group(int64_t group)
+{
+    return group <= 0 ? INT64_MAX / 2 : group;
+}
+
+int64_t df_int8_weight_groups(int64_t k, int64_t group)
+{
+    return layout_of(1, k, public_group(group)).n_groups;
+}
+
+df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, int64_t group,
+                           int8_t *q, float *scale)
+{
+    if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight", df_dtype_name(type));
+    layout l = layout_of(1, k, public_group(group));
+    float *row = df_malloc((size_t)l.kp * sizeof(float));
+    int8_t *qr = df_malloc((size_t)l.kp);
+    if (!row || !qr) {
+        df_free(row);
+        df_free(qr);
+        return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    }
+    memset(row, 0, (size_t)l.kp * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row,
+                   DF_DTYPE_F32, k);
+        quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
+        memcpy(q + j * k, qr, (size_t)k);
+    }
+    df_free(row);
+    df_free(qr);
     return DF_OK;
 }
 

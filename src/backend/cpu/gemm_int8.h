@@ -77,6 +77,10 @@ size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group);
 df_status df_i8_weight_pack(const void *w, df_dtype type, int64_t n, int64_t k, int64_t ldw,
                             int64_t group, df_i8_weight **out);
 void df_i8_weight_free(void *w);
+/* The same from values already quantized (df_int8_quantize's q [n, k] and scale
+ * [n, n_groups]): the same packed weight as quantizing their source. */
+df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out);
 
 /* Bytes of scratch for the activations of m rows (df_i8_act_init places them there). */
 size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m);

@@ -9,6 +9,13 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "core/alloc.h"
+#include <diffuse/quantize.h>
+
+int64_t df_int8_default_group(void)
+{
+    int64_t g = df_i8_default_group();
+    return g >= INT64_MAX / 2 ? 0 : g;
+}
 
 int64_t df_i8_default_group(void)
 {
@@ -30,9 +37,23 @@ int64_t df_i8_default_group(void)
 
 bool df_i8_linear_applies(const df_view *w)
 {
+    if (w->dtype == DF_DTYPE_I8) /* saved quantized: int8 products in any compute dtype */
+        return w->st && w->ndim == 2 && df_view_is_dense(w);
     return w->st && w->st->is_weight && !w->st->keep_precision && w->ndim == 2 &&
            df_view_is_dense(w) && w->shape[1] > 0 &&
            (w->dtype == DF_DTYPE_F32 || w->dtype == DF_DTYPE_BF16 || w->dtype == DF_DTYPE_F16);
+}
+
+/* An I8 weight saved quantized: its packed form from the stored values and scales. */
+static df_status from_saved(const df_view *w, df_i8_weight **out)
+{
+    int64_t n = w->shape[0], k = w->shape[1], groups = w->st->i8_groups;
+    if (!w->st->i8_scale || w->offset != 0 || groups <= 0)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: an I8 [%lld, %lld] weight without its scales "
+                         "(only whole weights saved by df_quantize_model are read)",
+                         (long long)n, (long long)k);
+    int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
+    return df_i8_weight_from_plain(df_view_ptr(w), w->st->i8_scale, n, k, group, out);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -59,12 +80,14 @@ static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i
     if (!d)
         return df_errorf(DF_E_OOM, "int8: out of memory");
     df_i8_weight *q;
-    df_status s = df_i8_weight_pack(df_view_ptr(w), w->dtype, n, k, k, group, &q);
+    df_status s = w->dtype == DF_DTYPE_I8
+                      ? from_saved(w, &q)
+                      : df_i8_weight_pack(df_view_ptr(w), w->dtype, n, k, k, group, &q);
     if (s != DF_OK) {
         df_free(d);
         return s;
     }
-    *d = (df_derived){.key = (int64_t)h, .data = q, .bytes = df_i8_weight_bytes(n, k, group),
+    *d = (df_derived){.key = (int64_t)h, .data = q, .bytes = df_i8_weight_bytes(n, k, q->group),
                       .free = df_i8_weight_free};
     df_storage_add_derived(w->st, d);
     /* From now on the quantized copy is what runs: the file's pages need not stay. */
