@@ -67,9 +67,11 @@ df_status df_quant_bind_int8(df_weight_set *ws, const char *name, df_tensor *t)
     if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 ||
         df_int8_weight_groups(t->v.shape[1], t->v.shape[1] / scale->v.shape[1]) !=
             scale->v.shape[1])
-        return df_errorf(DF_E_FORMAT, "tensor '%s_scale': %lld %s scales per row do not fit "
-                         "the int8 groups of a row of %lld", name, (long long)scale->v.shape[1],
-                         df_dtype_name(scale->v.dtype), (long long)t->v.shape[1]);
+        return df_errorf(DF_E_FORMAT,
+                         "tensor '%s_scale': %lld %s scales per row do not fit "
+                         "the int8 groups of a row of %lld",
+                         name, (long long)scale->v.shape[1], df_dtype_name(scale->v.dtype),
+                         (long long)t->v.shape[1]);
     t->v.st->i8_scale = (const float *)df_view_ptr(&scale->v);
     t->v.st->i8_groups = scale->v.shape[1];
     return DF_OK;

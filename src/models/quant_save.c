@@ -134,9 +134,10 @@ static df_status write_config(const char *from, const char *to, int64_t group)
     }
     bool empty = body > 0 && text[body - 1] == '{';
     fwrite(text, 1, body, out);
-    fprintf(out, "%s\n  \"quantization_config\": {\"quant_method\": \"diffuse-int8\", \"bits\": 8, "
-                 "\"group_size\": %lld, \"symmetric\": true, \"weights\": \"int8 per output "
-                 "channel and group of k\", \"activations\": \"int8, per token and group\"}\n}\n",
+    fprintf(out,
+            "%s\n  \"quantization_config\": {\"quant_method\": \"diffuse-int8\", \"bits\": 8, "
+            "\"group_size\": %lld, \"symmetric\": true, \"weights\": \"int8 per output "
+            "channel and group of k\", \"activations\": \"int8, per token and group\"}\n}\n",
             empty ? "" : ",", (long long)group);
     df_free(text);
     return fclose(out) == 0 ? DF_OK : df_errorf(DF_E_IO, "%s: write failed", to);
@@ -193,7 +194,8 @@ static df_status quantize_component(const char *from, const char *to, const char
     int64_t quantized = 0;
     for (int64_t i = 0; i < df_weights_count(w); i++) {
         df_tensor_info info;
-        if (df_weights_at(w, i, &info) == DF_OK && df_int8_quantizes(component, info.name, info.ndim))
+        if (df_weights_at(w, i, &info) == DF_OK &&
+            df_int8_quantizes(component, info.name, info.ndim))
             quantized++;
     }
     df_status s;
@@ -220,8 +222,10 @@ static df_status quantize_component(const char *from, const char *to, const char
 df_status df_quantize_model(const char *in, const char *out, int64_t group)
 {
     if (group < 0 || (group > 0 && (group < 32 || group > 256 || group % 4 != 0)))
-        return df_errorf(DF_E_ARG, "int8 group %lld: must be 32 to 256 (a multiple of 4), or 0 "
-                         "for the whole k", (long long)group);
+        return df_errorf(DF_E_ARG,
+                         "int8 group %lld: must be 32 to 256 (a multiple of 4), or 0 "
+                         "for the whole k",
+                         (long long)group);
     if (!is_dir(in))
         return df_errorf(DF_E_IO, "%s: not a model folder", in);
     DF_TRY(make_dir(out));

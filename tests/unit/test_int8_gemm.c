@@ -56,9 +56,12 @@ static double activate(int act, double x)
     switch (act) {
     case DF_GEMM_ACT_GELU_TANH:
         return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
-    case DF_GEMM_ACT_SILU: return x / (1.0 + exp(-x));
-    case DF_GEMM_ACT_GELU: return 0.5 * x * (1.0 + erf(x * 0.70710678118654752));
-    default: return x;
+    case DF_GEMM_ACT_SILU:
+        return x / (1.0 + exp(-x));
+    case DF_GEMM_ACT_GELU:
+        return 0.5 * x * (1.0 + erf(x * 0.70710678118654752));
+    default:
+        return x;
     }
 }
 
@@ -120,14 +123,19 @@ static double check_product(shape s, int act, bool gated, bool with_bias)
         if (!df_i8_path_available((df_i8_path)p))
             continue;
         float *out = malloc((size_t)(s.m * s.n) * sizeof *out);
-        df_i8_epilogue e = {.bias = bias, .act = gated ? 0 : act, .gate = gate, .residual = res,
-                            .ldr = s.n, .out = out, .ldc = s.n};
+        df_i8_epilogue e = {.bias = bias,
+                            .act = gated ? 0 : act,
+                            .gate = gate,
+                            .residual = res,
+                            .ldr = s.n,
+                            .out = out,
+                            .ldc = s.n};
         assert_int_equal(df_i8_gemm(&a, w, &e, (df_i8_path)p), DF_OK);
         double err = rel_l2(quant, out, s.m * s.n);
         if (err > 1e-5)
             fail_msg("%s %lldx%lldx%lld group %lld: %.3g from the quantized reference",
-                     df_i8_path_name((df_i8_path)p), (long long)s.m, (long long)s.n,
-                     (long long)s.k, (long long)s.group, err);
+                     df_i8_path_name((df_i8_path)p), (long long)s.m, (long long)s.n, (long long)s.k,
+                     (long long)s.group, err);
         /* oneDNN's path (whole-k weights only; others fall back) rounds differently */
         bool own = p != DF_I8_PATH_ONEDNN || w->n_groups != 1;
         if (!first)
@@ -143,8 +151,14 @@ static double check_product(shape s, int act, bool gated, bool with_bias)
 
     /* bf16 output: the f32 result rounded */
     uint16_t *half = malloc((size_t)(s.m * s.n) * sizeof *half);
-    df_i8_epilogue e = {.bias = bias, .act = gated ? 0 : act, .gate = gate, .residual = res,
-                        .ldr = s.n, .out = half, .ldc = s.n, .out_bf16 = true};
+    df_i8_epilogue e = {.bias = bias,
+                        .act = gated ? 0 : act,
+                        .gate = gate,
+                        .residual = res,
+                        .ldr = s.n,
+                        .out = half,
+                        .ldc = s.n,
+                        .out_bf16 = true};
     assert_int_equal(df_i8_gemm(&a, w, &e, DF_I8_PATH_AUTO), DF_OK);
     for (int64_t i = 0; i < s.m * s.n; i++)
         assert_int_equal(half[i], df_f32_to_bf16(first[i]));
@@ -167,10 +181,12 @@ static void test_paths_agree_with_reference(void **state)
 {
     (void)state;
     const shape shapes[] = {
-        {1, 1, 4, 32},     {3, 33, 64, 32},    {5, 64, 128, 32},  {9, 70, 256, 64},
-        {17, 96, 384, 128}, {4, 32, 512, 256}, {7, 40, 100, 32},  /* k % 32 != 0: whole k */
-        {6, 31, 30, 32},   /* k % 4 != 0: padded */ {130, 65, 192, 0}, /* default group */
-        {2, 48, 96, 96},   /* group == k: whole k */
+        {1, 1, 4, 32},      {3, 33, 64, 32},
+        {5, 64, 128, 32},   {9, 70, 256, 64},
+        {17, 96, 384, 128}, {4, 32, 512, 256},
+        {7, 40, 100, 32},                                               /* k % 32 != 0: whole k */
+        {6, 31, 30, 32},    /* k % 4 != 0: padded */ {130, 65, 192, 0}, /* default group */
+        {2, 48, 96, 96},                                                /* group == k: whole k */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         double err = check_product(shapes[i], 0, false, i % 2 == 0);

@@ -23,15 +23,16 @@ static const char *model_dir;
 static void generate_from(const char *dir, df_dtype dtype, df_offload level, df_gen_output *out)
 {
     df_pipeline *p = NULL;
-    assert_int_equal(df_pipeline_load(dir,
-                                      &(df_load_opts){.threads = 2, .offload = level,
-                                                      .dtype = dtype},
-                                      &p),
-                     DF_OK);
-    assert_int_equal(df_pipeline_run(p, &(df_gen_params){.prompt = "a red fox", .height = 64,
-                                                         .width = 64, .steps = 2, .seed = 7},
-                                     out),
-                     DF_OK);
+    assert_int_equal(
+        df_pipeline_load(dir, &(df_load_opts){.threads = 2, .offload = level, .dtype = dtype}, &p),
+        DF_OK);
+    assert_int_equal(
+        df_pipeline_run(
+            p,
+            &(df_gen_params){
+                .prompt = "a red fox", .height = 64, .width = 64, .steps = 2, .seed = 7},
+            out),
+        DF_OK);
     df_pipeline_free(p);
 }
 
@@ -85,15 +86,16 @@ static void test_int8_modes(void **state)
     generate(DF_DTYPE_I8, DF_OFFLOAD_NONE, &eager);
     df_pipeline *p = NULL;
     df_gen_params g = {.prompt = "a red fox", .height = 64, .width = 64, .steps = 2, .seed = 7};
-    assert_int_equal(df_pipeline_load(model_dir,
-                                      &(df_load_opts){.threads = 2, .dtype = DF_DTYPE_I8,
-                                                      .mode = DF_DEFER_AND_FUSE},
-                                      &p),
-                     DF_OK);
+    assert_int_equal(
+        df_pipeline_load(
+            model_dir,
+            &(df_load_opts){.threads = 2, .dtype = DF_DTYPE_I8, .mode = DF_DEFER_AND_FUSE}, &p),
+        DF_OK);
     assert_int_equal(df_pipeline_run(p, &g, &fused), DF_OK);
     df_pipeline_free(p);
     assert_int_equal(df_pipeline_load(model_dir,
-                                      &(df_load_opts){.threads = 2, .dtype = DF_DTYPE_I8,
+                                      &(df_load_opts){.threads = 2,
+                                                      .dtype = DF_DTYPE_I8,
                                                       .compile = true,
                                                       .mode = DF_DEFER_AND_FUSE},
                                       &p),

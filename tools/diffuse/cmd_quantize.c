@@ -38,21 +38,31 @@ int cmd_quantize(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:o:h", longs, NULL)) != -1) {
         switch (c) {
-        case 'm': in = optarg; break;
-        case 'o': out = optarg; break;
+        case 'm':
+            in = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
         case 'g': {
             char *end;
             long g = strcmp(optarg, "k") == 0 ? 0 : strtol(optarg, &end, 10);
             if (strcmp(optarg, "k") != 0 && (*end || end == optarg || g < 32 || g > 256 || g % 4)) {
-                fprintf(stderr, "diffuse quantize: --group is 32 to 256 (a multiple of 4) or k, "
-                                "not '%s'\n", optarg);
+                fprintf(stderr,
+                        "diffuse quantize: --group is 32 to 256 (a multiple of 4) or k, "
+                        "not '%s'\n",
+                        optarg);
                 return 2;
             }
             group = g;
             break;
         }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
         }
     }
     if (!in || !out || optind != argc) {
@@ -67,6 +77,7 @@ int cmd_quantize(int argc, char **argv)
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     printf("%s: int8 weights (group %s%lld) in %.1f s\n", out, group ? "" : "whole k, ",
-           (long long)group, (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+           (long long)group,
+           (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
     return 0;
 }

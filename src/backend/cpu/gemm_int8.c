@@ -24,7 +24,7 @@
 #include "backend/cpu/gemm_int8_impl.h"
 #include "core/alloc.h"
 
-#define DF_I8_MC 128             /* rows per chunk of work, at most */
+#define DF_I8_MC          128    /* rows per chunk of work, at most */
 #define DF_I8_CHUNK_BYTES 262144 /* ... and a chunk's activations fit in L2 beside a block */
 
 static size_t round64(size_t n)
@@ -130,7 +130,8 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
 {
     *out = NULL;
     if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
-        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight", df_dtype_name(type));
+        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
+                         df_dtype_name(type));
     layout l = layout_of(n, k, group);
     char *mem = df_aligned_alloc(l.bytes);
     if (!mem)
@@ -138,9 +139,15 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
                          (long long)n, (long long)k);
     memset(mem, 0, l.bytes);
     df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n, .k = k, .kp = l.kp, .group = l.group, .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks, .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at), .corr = (int32_t *)(mem + l.corr_at)};
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l.kp,
+                        .group = l.group,
+                        .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks,
+                        .q = (int8_t *)(mem + l.q_at),
+                        .scale = (float *)(mem + l.scale_at),
+                        .corr = (int32_t *)(mem + l.corr_at)};
     size_t es = df_dtype_size(type);
     bool failed = false;
 #pragma omp parallel if (l.n_blocks > 1 && !omp_in_parallel())
@@ -190,9 +197,15 @@ df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n
     memset(mem, 0, l.bytes);
     memset(row, 0, (size_t)l.kp);
     df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n, .k = k, .kp = l.kp, .group = l.group, .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks, .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at), .corr = (int32_t *)(mem + l.corr_at)};
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l.kp,
+                        .group = l.group,
+                        .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks,
+                        .q = (int8_t *)(mem + l.q_at),
+                        .scale = (float *)(mem + l.scale_at),
+                        .corr = (int32_t *)(mem + l.corr_at)};
     for (int64_t j = 0; j < n; j++) {
         memcpy(row, q + j * k, (size_t)k);
         place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
@@ -217,7 +230,8 @@ df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, i
                            int8_t *q, float *scale)
 {
     if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
-        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight", df_dtype_name(type));
+        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
+                         df_dtype_name(type));
     layout l = layout_of(1, k, public_group(group));
     float *row = df_malloc((size_t)l.kp * sizeof(float));
     int8_t *qr = df_malloc((size_t)l.kp);
@@ -229,8 +243,8 @@ df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, i
     }
     memset(row, 0, (size_t)l.kp * sizeof(float));
     for (int64_t j = 0; j < n; j++) {
-        df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row,
-                   DF_DTYPE_F32, k);
+        df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row, DF_DTYPE_F32,
+                   k);
         quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
         memcpy(q + j * k, qr, (size_t)k);
     }
@@ -243,8 +257,7 @@ df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, i
 
 size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m)
 {
-    return round64((size_t)(m * w->kp)) + round64((size_t)(m * w->n_groups) * sizeof(float)) +
-           64;
+    return round64((size_t)(m * w->kp)) + round64((size_t)(m * w->n_groups) * sizeof(float)) + 64;
 }
 
 static inline __attribute__((always_inline)) void
@@ -275,12 +288,16 @@ quantize_row(const void *x, bool bf16, int64_t k, const df_i8_weight *w, uint8_t
     }
 }
 
-void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int64_t m,
-                        int64_t ldx, void *scratch, df_i8_act *out)
+void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int64_t m, int64_t ldx,
+                        void *scratch, df_i8_act *out)
 {
     char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
-    *out = (df_i8_act){.m = m, .kp = w->kp, .group = w->group, .n_groups = w->n_groups,
-                       .q = (uint8_t *)base, .scale = (float *)(base + round64((size_t)(m * w->kp)))};
+    *out = (df_i8_act){.m = m,
+                       .kp = w->kp,
+                       .group = w->group,
+                       .n_groups = w->n_groups,
+                       .q = (uint8_t *)base,
+                       .scale = (float *)(base + round64((size_t)(m * w->kp)))};
     bool bf16 = type == DF_DTYPE_BF16;
     size_t es = df_dtype_size(type);
 #pragma omp parallel for schedule(static) if (m * w->kp > (1 << 15) && !omp_in_parallel())
@@ -329,9 +346,12 @@ static float activate(int act, float x)
     switch (act) {
     case DF_GEMM_ACT_GELU_TANH:
         return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case DF_GEMM_ACT_SILU: return x / (1.0f + expf(-x));
-    case DF_GEMM_ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    default: return x;
+    case DF_GEMM_ACT_SILU:
+        return x / (1.0f + expf(-x));
+    case DF_GEMM_ACT_GELU:
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    default:
+        return x;
     }
 }
 
@@ -370,11 +390,16 @@ bool df_i8_path_available(df_i8_path path)
 {
     switch (path) {
     case DF_I8_PATH_AUTO:
-    case DF_I8_PATH_PORTABLE: return true;
-    case DF_I8_PATH_AVX_VNNI: return df_i8_tile_avxvnni_fn() != NULL;
-    case DF_I8_PATH_AVX512_VNNI: return df_i8_tile_avx512vnni_fn() != NULL;
-    case DF_I8_PATH_ONEDNN: return df_i8_dnnl_available();
-    default: return false;
+    case DF_I8_PATH_PORTABLE:
+        return true;
+    case DF_I8_PATH_AVX_VNNI:
+        return df_i8_tile_avxvnni_fn() != NULL;
+    case DF_I8_PATH_AVX512_VNNI:
+        return df_i8_tile_avx512vnni_fn() != NULL;
+    case DF_I8_PATH_ONEDNN:
+        return df_i8_dnnl_available();
+    default:
+        return false;
     }
 }
 
@@ -476,9 +501,11 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
                          df_i8_path_name(path));
     if (a->kp != w->kp || a->group != w->group)
-        return df_errorf(DF_E_ARG, "int8: activations quantized for k %lld group %lld, weight "
-                         "has k %lld group %lld", (long long)a->kp, (long long)a->group,
-                         (long long)w->kp, (long long)w->group);
+        return df_errorf(DF_E_ARG,
+                         "int8: activations quantized for k %lld group %lld, weight "
+                         "has k %lld group %lld",
+                         (long long)a->kp, (long long)a->group, (long long)w->kp,
+                         (long long)w->group);
     int64_t mc = DF_I8_CHUNK_BYTES / w->kp / DF_I8_MR * DF_I8_MR;
     mc = mc < 16 ? 16 : mc > DF_I8_MC ? DF_I8_MC : mc;
     int64_t m = a->m, chunks = (m + mc - 1) / mc, work = chunks * w->n_blocks;

@@ -29,9 +29,9 @@ typedef struct form_plan {
 
 typedef struct dnnl_form {
     dnnl_memory_desc_t b_md, s1_md;
-    void *b;           /* packed s8 weights */
-    float *scale;      /* [n] */
-    float *corr;       /* [n]: corr * scale */
+    void *b;      /* packed s8 weights */
+    float *scale; /* [n] */
+    float *corr;  /* [n]: corr * scale */
     form_plan plans[FORM_PLANS];
     int n_plans, next;
 } dnnl_form;
@@ -118,16 +118,16 @@ static df_status pack_weights(dnnl_form *f, const df_i8_weight *w, void *engine,
     }
     for (int64_t j = 0; j < n; j++)
         for (int64_t kk = 0; kk < kp; kk++)
-            plain[kk * n + j] = w->q[(((j / DF_I8_NR) * (kp / 4) + kk / 4) * DF_I8_NR +
-                                      j % DF_I8_NR) * 4 + kk % 4];
+            plain[kk * n + j] =
+                w->q[(((j / DF_I8_NR) * (kp / 4) + kk / 4) * DF_I8_NR + j % DF_I8_NR) * 4 + kk % 4];
     dnnl_memory_desc_t src_md;
     dnnl_memory_desc_init_by_strides(&src_md, 2, (dnnl_dims_t){kp, n}, dnnl_s8,
                                      (dnnl_dims_t){n, 1});
     dnnl_primitive_desc_t pd = NULL;
     dnnl_primitive_t prim = NULL;
     dnnl_memory_t ms = NULL, md = NULL;
-    dnnl_status_t r = dnnl_reorder_primitive_desc_create(&pd, &src_md, engine, &f->b_md, engine,
-                                                         NULL);
+    dnnl_status_t r =
+        dnnl_reorder_primitive_desc_create(&pd, &src_md, engine, &f->b_md, engine, NULL);
     if (r == dnnl_success)
         r = dnnl_primitive_create(&prim, pd);
     if (r == dnnl_success)
@@ -188,9 +188,10 @@ static df_status form_of(df_i8_weight *w, void *engine, void *stream, dnnl_form 
 df_status df_i8_gemm_dnnl(const df_i8_act *a, df_i8_weight *w, float *out, int64_t ldc)
 {
     if (w->n_groups != 1)
-        return df_errorf(DF_E_UNSUPPORTED, "int8: oneDNN's path takes whole-k groups only, "
-                         "this weight has %lld groups of %lld", (long long)w->n_groups,
-                         (long long)w->group);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "int8: oneDNN's path takes whole-k groups only, "
+                         "this weight has %lld groups of %lld",
+                         (long long)w->n_groups, (long long)w->group);
     void *engine = NULL, *stream = NULL;
     DF_TRY(df_gemm_dnnl_handles(&engine, &stream));
     dnnl_form *f = NULL;

@@ -49,7 +49,8 @@ static df_status from_saved(const df_view *w, df_i8_weight **out)
 {
     int64_t n = w->shape[0], k = w->shape[1], groups = w->st->i8_groups;
     if (!w->st->i8_scale || w->offset != 0 || groups <= 0)
-        return df_errorf(DF_E_UNSUPPORTED, "int8: an I8 [%lld, %lld] weight without its scales "
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "int8: an I8 [%lld, %lld] weight without its scales "
                          "(only whole weights saved by df_quantize_model are read)",
                          (long long)n, (long long)k);
     int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
@@ -87,7 +88,9 @@ static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i
         df_free(d);
         return s;
     }
-    *d = (df_derived){.key = (int64_t)h, .data = q, .bytes = df_i8_weight_bytes(n, k, q->group),
+    *d = (df_derived){.key = (int64_t)h,
+                      .data = q,
+                      .bytes = df_i8_weight_bytes(n, k, q->group),
                       .free = df_i8_weight_free};
     df_storage_add_derived(w->st, d);
     /* From now on the quantized copy is what runs: the file's pages need not stay. */

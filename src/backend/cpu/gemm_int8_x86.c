@@ -61,8 +61,10 @@ tile_avx512vnni(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
 #pragma GCC unroll 4
         for (int r = 0; r < DF_I8_MR; r++) {
             __m512 as = _mm512_set1_ps(t->scales[r][g]);
-            f[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s0, as), f[r][0]);
-            f[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(s1, as), f[r][1]);
+            f[r][0] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s0, as), f[r][0]);
+            f[r][1] =
+                _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(s1, as), f[r][1]);
         }
     }
 #pragma GCC unroll 4
@@ -73,50 +75,50 @@ tile_avx512vnni(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
 }
 
 /* The 256-bit kernel's body; DPBUSD is the VEX or the EVEX form. */
-#define TILE_256(DPBUSD)                                                                     \
-    const df_i8_weight *w = t->w;                                                            \
-    memset(tile, 0, sizeof(float) * DF_I8_MR * DF_I8_NR);                                    \
-    int64_t quads = w->group / 4;                                                            \
-    for (int rp = 0; rp < DF_I8_MR; rp += 2) {                                               \
-        for (int64_t g = 0; g < w->n_groups; g++) {                                          \
-            const int8_t *bq = w->q + (t->block * (w->kp / 4) + g * quads) * DF_I8_NR * 4;   \
-            const float *ws = w->scale + (t->block * w->n_groups + g) * DF_I8_NR;            \
-            const int32_t *wc = w->corr + (t->block * w->n_groups + g) * DF_I8_NR;           \
-            __m256i acc[2][4];                                                               \
-            for (int j = 0; j < 4; j++)                                                      \
-                acc[0][j] = acc[1][j] = _mm256_loadu_si256((const __m256i *)(wc + 8 * j));   \
-            const uint8_t *a0 = t->rows[rp] + g * w->group;                                  \
-            const uint8_t *a1 = t->rows[rp + 1] + g * w->group;                              \
-            for (int64_t q = 0; q < quads; q++) {                                            \
-                const int8_t *b = bq + q * 128;                                              \
-                __m256i b0 = _mm256_loadu_si256((const __m256i *)b);                         \
-                __m256i b1 = _mm256_loadu_si256((const __m256i *)(b + 32));                  \
-                __m256i b2 = _mm256_loadu_si256((const __m256i *)(b + 64));                  \
-                __m256i b3 = _mm256_loadu_si256((const __m256i *)(b + 96));                  \
-                int32_t x0, x1;                                                              \
-                memcpy(&x0, a0 + q * 4, 4);                                                  \
-                memcpy(&x1, a1 + q * 4, 4);                                                  \
-                __m256i v = _mm256_set1_epi32(x0);                                           \
-                acc[0][0] = DPBUSD(acc[0][0], v, b0);                                        \
-                acc[0][1] = DPBUSD(acc[0][1], v, b1);                                        \
-                acc[0][2] = DPBUSD(acc[0][2], v, b2);                                        \
-                acc[0][3] = DPBUSD(acc[0][3], v, b3);                                        \
-                v = _mm256_set1_epi32(x1);                                                   \
-                acc[1][0] = DPBUSD(acc[1][0], v, b0);                                        \
-                acc[1][1] = DPBUSD(acc[1][1], v, b1);                                        \
-                acc[1][2] = DPBUSD(acc[1][2], v, b2);                                        \
-                acc[1][3] = DPBUSD(acc[1][3], v, b3);                                        \
-            }                                                                                \
-            for (int r = 0; r < 2; r++) {                                                    \
-                __m256 as = _mm256_set1_ps(t->scales[rp + r][g]);                            \
-                for (int j = 0; j < 4; j++) {                                                \
-                    float *o = tile[rp + r] + 8 * j;                                         \
-                    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * j), as);               \
-                    _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][j]), s,    \
-                                                        _mm256_loadu_ps(o)));                \
-                }                                                                            \
-            }                                                                                \
-        }                                                                                    \
+#define TILE_256(DPBUSD)                                                                           \
+    const df_i8_weight *w = t->w;                                                                  \
+    memset(tile, 0, sizeof(float) * DF_I8_MR * DF_I8_NR);                                          \
+    int64_t quads = w->group / 4;                                                                  \
+    for (int rp = 0; rp < DF_I8_MR; rp += 2) {                                                     \
+        for (int64_t g = 0; g < w->n_groups; g++) {                                                \
+            const int8_t *bq = w->q + (t->block * (w->kp / 4) + g * quads) * DF_I8_NR * 4;         \
+            const float *ws = w->scale + (t->block * w->n_groups + g) * DF_I8_NR;                  \
+            const int32_t *wc = w->corr + (t->block * w->n_groups + g) * DF_I8_NR;                 \
+            __m256i acc[2][4];                                                                     \
+            for (int j = 0; j < 4; j++)                                                            \
+                acc[0][j] = acc[1][j] = _mm256_loadu_si256((const __m256i *)(wc + 8 * j));         \
+            const uint8_t *a0 = t->rows[rp] + g * w->group;                                        \
+            const uint8_t *a1 = t->rows[rp + 1] + g * w->group;                                    \
+            for (int64_t q = 0; q < quads; q++) {                                                  \
+                const int8_t *b = bq + q * 128;                                                    \
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)b);                               \
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(b + 32));                        \
+                __m256i b2 = _mm256_loadu_si256((const __m256i *)(b + 64));                        \
+                __m256i b3 = _mm256_loadu_si256((const __m256i *)(b + 96));                        \
+                int32_t x0, x1;                                                                    \
+                memcpy(&x0, a0 + q * 4, 4);                                                        \
+                memcpy(&x1, a1 + q * 4, 4);                                                        \
+                __m256i v = _mm256_set1_epi32(x0);                                                 \
+                acc[0][0] = DPBUSD(acc[0][0], v, b0);                                              \
+                acc[0][1] = DPBUSD(acc[0][1], v, b1);                                              \
+                acc[0][2] = DPBUSD(acc[0][2], v, b2);                                              \
+                acc[0][3] = DPBUSD(acc[0][3], v, b3);                                              \
+                v = _mm256_set1_epi32(x1);                                                         \
+                acc[1][0] = DPBUSD(acc[1][0], v, b0);                                              \
+                acc[1][1] = DPBUSD(acc[1][1], v, b1);                                              \
+                acc[1][2] = DPBUSD(acc[1][2], v, b2);                                              \
+                acc[1][3] = DPBUSD(acc[1][3], v, b3);                                              \
+            }                                                                                      \
+            for (int r = 0; r < 2; r++) {                                                          \
+                __m256 as = _mm256_set1_ps(t->scales[rp + r][g]);                                  \
+                for (int j = 0; j < 4; j++) {                                                      \
+                    float *o = tile[rp + r] + 8 * j;                                               \
+                    __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * j), as);                     \
+                    _mm256_storeu_ps(                                                              \
+                        o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][j]), s, _mm256_loadu_ps(o))); \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
 
 #if defined(__GNUC__) && __GNUC__ >= 11
@@ -129,10 +131,8 @@ tile_avxvnni_vex(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
 #endif
 
 __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni"))) static void
-tile_avxvnni_evex(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
-{
-    TILE_256(_mm256_dpbusd_epi32)
-}
+tile_avxvnni_evex(const df_i8_tile_args *t,
+                  float tile[DF_I8_MR][DF_I8_NR]){TILE_256(_mm256_dpbusd_epi32)}
 
 df_i8_tile_fn df_i8_tile_avx512vnni_fn(void)
 {
