@@ -22,6 +22,7 @@
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "backend/cpu/gemm_int8_impl.h"
+#include "backend/cpu/k_common.h"
 #include "core/alloc.h"
 
 #define DF_I8_MC          128    /* rows per chunk of work, at most */
@@ -341,17 +342,21 @@ void df_i8_tile_portable(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR
 
 /* --- the epilogue ----------------------------------------------------------------------- */
 
-static float activate(int act, float x)
+/* The activations as the elementwise kernels compute them (k_common.h), vectorisable. */
+static void activate(int act, float *v, int n)
 {
-    switch (act) {
-    case DF_GEMM_ACT_GELU_TANH:
-        return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-    case DF_GEMM_ACT_SILU:
-        return x / (1.0f + expf(-x));
-    case DF_GEMM_ACT_GELU:
-        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-    default:
-        return x;
+    if (act == DF_GEMM_ACT_GELU_TANH) { /* x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3) */
+        for (int c = 0; c < n; c++)
+            v[c] = df_cpu_x_sigmoid(v[c],
+                                    1.5957691216057308f * v[c] * (1.0f + 0.044715f * v[c] * v[c]));
+    } else if (act == DF_GEMM_ACT_SILU) {
+        for (int c = 0; c < n; c++)
+            v[c] = df_cpu_x_sigmoid(v[c], v[c]);
+    } else if (act == DF_GEMM_ACT_GELU) {
+        for (int c = 0; c < n; c++) {
+            float e = erfcf(-v[c] * 0.70710678118654752f);
+            v[c] = e == 0.0f ? -0.0f : 0.5f * v[c] * e;
+        }
     }
 }
 
@@ -366,8 +371,7 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
         for (int c = 0; c < cols; c++)
             v[c] = r[c] + e->gate[n0 + c] * v[c];
     } else if (e->act) {
-        for (int c = 0; c < cols; c++)
-            v[c] = activate(e->act, v[c]);
+        activate(e->act, v, cols);
     }
     int64_t ldc = e->ldc ? e->ldc : n;
     if (e->out_bf16)
