@@ -26,8 +26,9 @@ bool df_quant_keeps_precision(const char *component, const char *name)
     const char *keep = getenv("DIFFUSE_INT8_KEEP");
     if (keep && strcmp(keep, "none") == 0)
         return false;
-    static const char *const kept[] = {"x_embedder.", "context_embedder.", "time_text_embed.",
-                                       "norm_out.", "proj_out."};
+    static const char *const kept[] = {"x_embedder.",      "context_embedder.",
+                                       "time_text_embed.", "time_guidance_embed." /* FLUX.2 */,
+                                       "norm_out.",        "proj_out."};
     for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
         if (starts(name, kept[i]))
             return true;
