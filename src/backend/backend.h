@@ -67,6 +67,9 @@ typedef struct df_storage {
                                can be dropped and will be read again from the file */
     bool transient;         /* a weight that is resident only briefly (sequential offload):
                                backends use it in place rather than pack a copy each time */
+    bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
+    const float *i8_scale;  /* an I8 weight saved quantized: its scales [rows, i8_groups] */
+    int64_t i8_groups;
     struct df_storage *base; /* external memory inside another storage (a concat's part
                                that the defer-and-fuse planner has its producer write in
                                place): held until this one is freed */
