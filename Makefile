@@ -4,7 +4,8 @@
 #   make         Release build: build/bin/{diffuse,diffuse-bench,diffuse-check}
 #   make check   deps, then a Release build and a Debug ASan+UBSan build, each running ctest,
 #                then every fuzz target for a few seconds (FUZZ_CHECK_SECONDS)
-#   make demo    build, make a tiny FLUX.1 pipeline folder, generate demo/demo.png from it
+#   make demo    build, draw demo/demo.png from the shipped, trained tiny FLUX.1 pipeline
+#                models/demo (DEMO_PROMPT="..." for another caption; tools/train-demo)
 #   make demo-sd3  the same with a tiny SD3.5-architecture pipeline (CFG, skip-layer guidance)
 #   make fuzz    build the libFuzzer targets with clang and run each for FUZZ_SECONDS
 #   make install PREFIX=/usr/local
@@ -47,10 +48,11 @@ check-asan:
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest $(CTEST_FLAGS)
 
+DEMO_PROMPT ?= a large yellow circle in the top left corner on a blue background
 demo: deps build
-	./build/bin/diffuse make-tiny --arch flux demo/tiny-flux
-	./build/bin/diffuse generate -m demo/tiny-flux -p "a red fox in the snow, watercolor" \
-	    -W 256 -H 256 --seed 42 -o demo/demo.png --stats-json demo/stats.json
+	mkdir -p demo
+	./build/bin/diffuse generate -m models/demo -p "$(DEMO_PROMPT)" \
+	    -W 64 -H 64 --max-sequence-length 64 --seed 42 -o demo/demo.png --stats-json demo/stats.json
 	./build/bin/diffuse info demo/demo.png
 
 demo-sd3: deps build
