@@ -16,8 +16,8 @@ FUZZ_CHECK_SECONDS ?= 10
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 
 DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
-               libutf8proc-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-14-dev \
-               libomp-dev
+               libutf8proc-dev libpcre2-dev libdnnl-dev libopenmpi-dev openmpi-bin clang \
+               libclang-rt-14-dev libomp-dev
 
 .PHONY: all deps build check check-release check-asan demo demo-sd3 fuzz install clean
 

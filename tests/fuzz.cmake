@@ -51,7 +51,7 @@ if(DIFFUSE_FUZZ)
     target_compile_options(diffuse_fuzz_lib PRIVATE ${DF_WARN} ${DF_FUZZ_SAN}
                            -fsanitize=fuzzer-no-link)
     target_link_libraries(diffuse_fuzz_lib PUBLIC PkgConfig::CJSON PkgConfig::SPNG
-                          PkgConfig::UTF8PROC Threads::Threads m)
+                          PkgConfig::UTF8PROC PkgConfig::PCRE2 Threads::Threads m)
     foreach(src ${DF_FUZZ_TARGETS})
       get_filename_component(name ${src} NAME_WE)
       add_executable(${name} ${src})

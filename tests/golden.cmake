@@ -3,7 +3,7 @@
 set(DF_GOLDEN_CASES
     rng-randn-f32-small rng-randn-f32-seed42-latent rng-randn-bf16-seed42
     sched-flowmatch-flux-schnell-4 sched-flowmatch-flux-dev-8 sched-flowmatch-sd3-10
-    tok-clip-l-77 tok-clip-g-77 tok-t5-512
+    tok-clip-l-77 tok-clip-g-77 tok-t5-512 tok-mistral-tekken tok-qwen3
     te-clip-l te-clip-g te-t5 te-mistral
     flux-transformer flux2-transformer flux2-klein-transformer
     vae-decode-flux vae-decode-sd3 vae-decode-flux2

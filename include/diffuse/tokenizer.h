@@ -8,7 +8,11 @@
  *     (CLIP-L: <|endoftext|>, SD3's CLIP-G tokenizer_2: "!").
  *   - T5 SentencePiece unigram (spiece.model): the slow T5Tokenizer with legacy=True.
  *     Ids are text... </s>; padding uses <pad> (id 0).
- * tokenizer_config.json, special_tokens_map.json and added_tokens.json, when present, name
+ *   - tokenizer.json (a "fast" tokenizer; FLUX.2's Mistral and Qwen3 tokenizers): byte-level
+ *     BPE as transformers' PreTrainedTokenizerFast runs it, with tokenizer_config.json's
+ *     special tokens and padding side (left for LlamaTokenizerFast). Read only when the
+ *     folder has neither of the files above.
+ * For CLIP and T5, tokenizer_config.json, special_tokens_map.json and added_tokens.json name
  * the special tokens and the added tokens (e.g. T5's <extra_id_N>); added-token strings in
  * the text are matched before anything else (leftmost, longest first) and map straight to
  * their ids.
@@ -36,6 +40,7 @@ typedef struct df_tokenizer df_tokenizer;
 typedef enum df_tokenizer_type {
     DF_TOKENIZER_CLIP_BPE = 1,   /* vocab.json + merges.txt */
     DF_TOKENIZER_T5_UNIGRAM = 2, /* spiece.model */
+    DF_TOKENIZER_BPE_JSON = 3,   /* tokenizer.json with a byte-level BPE model */
 } df_tokenizer_type;
 
 /* The largest max_length df_tokenizer_encode accepts (2^30). */
@@ -63,21 +68,23 @@ typedef struct df_tokenizer_info {
     int64_t pad_id;
     int64_t unk_id;
     int64_t model_max_length; /* from tokenizer_config.json; CLIP defaults to 77 */
+    bool padding_left;        /* padding goes before the ids (padding_side "left") */
 } df_tokenizer_info;
 
 /*
  * Loads the tokenizer in `dir` (e.g. "<model>/tokenizer"). A folder with vocab.json and
- * merges.txt is CLIP BPE; one with spiece.model is T5 unigram. On success *out is owned by
- * the caller; free it with df_tokenizer_free(). Fails with DF_E_IO when the files cannot be
- * read, DF_E_FORMAT when one is malformed, DF_E_UNSUPPORTED for a folder with neither kind
- * of file (e.g. only a fast tokenizer.json) or a sentencepiece model that is not unigram.
+ * merges.txt is CLIP BPE; one with spiece.model is T5 unigram; one with only tokenizer.json
+ * is read as that file says. On success *out is owned by the caller; free it with
+ * df_tokenizer_free(). Fails with DF_E_IO when the files cannot be read, DF_E_FORMAT when
+ * one is malformed, DF_E_UNSUPPORTED for a sentencepiece model that is not unigram or a
+ * tokenizer.json component diffuse does not implement (the message names it).
  */
 DF_API df_status df_tokenizer_load(const char *dir, df_tokenizer **out);
 
 /* Which kind of tokenizer this is. */
 DF_API df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok);
 
-/* "clip-bpe" or "t5-unigram". */
+/* "clip-bpe", "t5-unigram" or "bpe-json". */
 DF_API const char *df_tokenizer_type_name(df_tokenizer_type type);
 
 /* Special ids and sizes; *out is filled in. */
@@ -95,6 +102,46 @@ DF_API void df_tokenizer_get_info(const df_tokenizer *tok, df_tokenizer_info *ou
  */
 DF_API df_status df_tokenizer_encode(const df_tokenizer *tok, const char *text, size_t len,
                                      const df_tokenize_opts *opts, df_tokens *out);
+
+/*
+ * How a pipeline formats a prompt before tokenizing it:
+ *  - DF_PROMPT_FLUX2_MISTRAL (Flux2Pipeline, FLUX.2 [dev]): the Mistral-Small-3 chat template
+ *    over a system message and the prompt with every "[IMG]" removed:
+ *    "<s>[SYSTEM_PROMPT]" system "[/SYSTEM_PROMPT][INST]" prompt "[/INST]", tokenized
+ *    without adding special tokens (the text carries its <s>).
+ *  - DF_PROMPT_FLUX2_QWEN3 (Flux2KleinPipeline): Qwen3's chat template over one user
+ *    message with the generation prompt and thinking disabled:
+ *    "<|im_start|>user\n" prompt "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".
+ */
+typedef enum df_prompt_format {
+    DF_PROMPT_FLUX2_MISTRAL = 1,
+    DF_PROMPT_FLUX2_QWEN3 = 2,
+} df_prompt_format;
+
+/* FLUX.2 [dev]'s system message (diffusers' system_messages.py SYSTEM_MESSAGE). */
+DF_API const char *df_prompt_flux2_system_message(void);
+
+/*
+ * Renders `len` bytes of UTF-8 prompt as the pipeline's chat template does. system_message
+ * is used by DF_PROMPT_FLUX2_MISTRAL only; NULL means df_prompt_flux2_system_message().
+ * On success *out_text (NUL-terminated, *out_len bytes) is owned by the caller: free it with
+ * df_prompt_text_free(). DF_E_ARG for invalid UTF-8 or an unknown format; DF_E_OOM.
+ */
+DF_API df_status df_prompt_render(df_prompt_format format, const char *prompt, size_t len,
+                                  const char *system_message, char **out_text, size_t *out_len);
+DF_API void df_prompt_text_free(char *text);
+
+/*
+ * The ids and mask a FLUX.2 pipeline feeds its text encoder: the rendered prompt (see
+ * df_prompt_render) tokenized with padding="max_length", truncation=True and max_length
+ * (opts->max_length; 0 = 512, the pipelines' max_sequence_length), on the tokenizer's
+ * padding side. opts->pad and opts->truncate are ignored (both on). Needs a tokenizer.json
+ * tokenizer (DF_E_UNSUPPORTED otherwise). Errors as df_tokenizer_encode.
+ */
+DF_API df_status df_tokenizer_encode_prompt(const df_tokenizer *tok, df_prompt_format format,
+                                            const char *prompt, size_t len,
+                                            const char *system_message,
+                                            const df_tokenize_opts *opts, df_tokens *out);
 
 /* Releases the arrays of *t and zeroes it. Safe on a zeroed struct. */
 DF_API void df_tokens_deinit(df_tokens *t);

@@ -39,6 +39,7 @@
 #include "text/str_map.h"
 #include "text/t5_unigram.h"
 #include "text/text_util.h"
+#include "text/tokenizer_json.h"
 
 typedef struct added_token {
     char *content;
@@ -51,6 +52,7 @@ struct df_tokenizer {
     df_tokenizer_type type;
     df_clip_bpe *clip;
     df_t5_unigram *t5;
+    df_tok_json *json; /* DF_TOKENIZER_BPE_JSON: it does everything itself */
     added_token *added; /* in the order transformers adds them */
     int nadded;
     df_str_map added_map; /* content -> id */
@@ -416,19 +418,21 @@ df_status df_tokenizer_load(const char *dir, df_tokenizer **out)
         t->type = DF_TOKENIZER_T5_UNIGRAM;
         s = df_t5_unigram_load(spiece, &t->t5);
     } else if (df_file_exists(fast)) {
-        s = df_errorf(DF_E_UNSUPPORTED,
-                      "%s: only tokenizer.json (a fast tokenizer) is present; diffuse reads "
-                      "vocab.json + merges.txt (CLIP) or spiece.model (T5)",
-                      dir);
+        t->type = DF_TOKENIZER_BPE_JSON;
+        s = df_tok_json_load(dir, &t->json);
+        if (s == DF_OK) {
+            *out = t;
+            return DF_OK;
+        }
     } else {
         s = df_errorf(DF_E_IO,
-                      "%s: no tokenizer files (expected vocab.json + merges.txt, or "
-                      "spiece.model)",
+                      "%s: no tokenizer files (expected vocab.json + merges.txt, "
+                      "spiece.model or tokenizer.json)",
                       dir);
     }
 
     config c = {0};
-    if (s == DF_OK)
+    if (s == DF_OK && t->type != DF_TOKENIZER_BPE_JSON)
         s = read_config(&c, dir, t->type);
     if (s == DF_OK && t->type == DF_TOKENIZER_T5_UNIGRAM && !c.legacy)
         s = df_errorf(DF_E_UNSUPPORTED,
@@ -472,6 +476,7 @@ void df_tokenizer_free(df_tokenizer *tok)
         return;
     df_clip_bpe_free(tok->clip);
     df_t5_unigram_free(tok->t5);
+    df_tok_json_free(tok->json);
     for (int i = 0; i < tok->nadded; i++)
         df_free(tok->added[i].content);
     df_free(tok->added);
@@ -491,12 +496,21 @@ const char *df_tokenizer_type_name(df_tokenizer_type type)
         return "clip-bpe";
     case DF_TOKENIZER_T5_UNIGRAM:
         return "t5-unigram";
+    case DF_TOKENIZER_BPE_JSON:
+        return "bpe-json";
     }
     return "unknown";
 }
 
 void df_tokenizer_get_info(const df_tokenizer *tok, df_tokenizer_info *out)
 {
+    if (tok->json) {
+        df_tok_json_info j;
+        df_tok_json_get_info(tok->json, &j);
+        *out = (df_tokenizer_info){tok->type, j.vocab_size, j.bos_id, j.eos_id, j.pad_id,
+                                   j.unk_id, j.model_max_length, j.padding_left};
+        return;
+    }
     *out = (df_tokenizer_info){
         .type = tok->type,
         .vocab_size = tok->vocab_size,
@@ -508,8 +522,15 @@ void df_tokenizer_get_info(const df_tokenizer *tok, df_tokenizer_info *out)
     };
 }
 
+const df_tok_json *df_tokenizer_json_model(const df_tokenizer *tok)
+{
+    return tok ? tok->json : NULL;
+}
+
 const char *df_tokenizer_id_to_piece(const df_tokenizer *tok, int64_t id)
 {
+    if (tok->json)
+        return df_tok_json_id_to_piece(tok->json, id);
     for (int i = 0; i < tok->nadded; i++)
         if (tok->added[i].id == id)
             return tok->added[i].content;
@@ -635,6 +656,8 @@ df_status df_tokenizer_encode(const df_tokenizer *tok, const char *text, size_t 
         memset(out, 0, sizeof *out);
     if (!tok || !out)
         return df_errorf(DF_E_ARG, "df_tokenizer_encode: tokenizer and out must not be NULL");
+    if (tok->json)
+        return df_tok_json_encode(tok->json, text, len, opts, true, out);
     if (!text && len > 0)
         return df_errorf(DF_E_ARG, "df_tokenizer_encode: text is NULL but len is %zu", len);
     df_tokenize_opts o = opts ? *opts : (df_tokenize_opts){0};

@@ -865,9 +865,10 @@ static void test_load_errors(void **state)
     assert_int_equal(df_tokenizer_load(dir, &t), DF_E_FORMAT);
     assert_non_null(strstr(df_error_message(), "added_tokens_decoder"));
 
-    dir = tmp_dir("fast-only");
-    write_in(dir, "tokenizer.json", "{}");
+    dir = tmp_dir("fast-only"); /* tokenizer.json is read; its WordPiece model is not known */
+    write_in(dir, "tokenizer.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
     assert_int_equal(df_tokenizer_load(dir, &t), DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "WordPiece"));
     assert_null(t);
 }
 

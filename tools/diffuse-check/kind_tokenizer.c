@@ -1,5 +1,6 @@
 /*
- * Golden kind "tokenizer": CLIPTokenizer / T5Tokenizer from the case's tokenizer folder.
+ * Golden kind "tokenizer": CLIPTokenizer / T5Tokenizer / a tokenizer.json tokenizer from the
+ * case's tokenizer folder.
  *
  * As the case's "call" does: the prompts are encoded together with
  * padding=args.padding, max_length=args.max_length, truncation=args.truncation (outputs
@@ -8,6 +9,13 @@
  * in.prompts_utf8 / in.prompts_offsets, which hold exactly the UTF-8 of args.prompts; the
  * two are checked against each other. All outputs are compared exactly. Tokenizing runs on
  * the host, so the execution mode does not change the result.
+ *
+ * A case with templated outputs (args.templated, FLUX.2's tokenizer cases) also formats each
+ * prompt as its pipeline does: args.system_message names Flux2Pipeline's Mistral template
+ * (with that system message), an args.template naming _get_qwen3_prompt_embeds
+ * Flux2KleinPipeline's Qwen3 template. The rendered text must equal in.templated_utf8
+ * byte for byte, and df_tokenizer_encode_prompt at args.max_sequence_length must give
+ * templated_input_ids and templated_attention_mask.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,17 +35,19 @@ static void prompts_free(prompts *p)
     free(p->offsets);
 }
 
-static int read_prompts(check_case *c, prompts *p)
+/* Ragged UTF-8 strings: the tensors `bytes_name` (U8) and `offsets_name` (n + 1 offsets). */
+static int read_ragged(check_case *c, const char *bytes_name, const char *offsets_name,
+                       prompts *p, int64_t *out_nbytes)
 {
     int64_t shape[8], *utf8 = NULL;
     int ndim;
-    if (check_read_i64(c, "in.prompts_offsets", &p->offsets, shape, &ndim) != DF_OK)
-        return check_fail(c, "in.prompts_offsets: %s", df_error_message());
+    if (check_read_i64(c, offsets_name, &p->offsets, shape, &ndim) != DF_OK)
+        return check_fail(c, "%s: %s", offsets_name, df_error_message());
     p->n = shape[0] - 1;
     if (ndim != 1 || p->n < 0)
-        return check_fail(c, "in.prompts_offsets: expected a vector of n + 1 offsets");
-    if (check_read_i64(c, "in.prompts_utf8", &utf8, shape, &ndim) != DF_OK)
-        return check_fail(c, "in.prompts_utf8: %s", df_error_message());
+        return check_fail(c, "%s: expected a vector of n + 1 offsets", offsets_name);
+    if (check_read_i64(c, bytes_name, &utf8, shape, &ndim) != DF_OK)
+        return check_fail(c, "%s: %s", bytes_name, df_error_message());
     int64_t nbytes = shape[0];
     p->bytes = malloc((size_t)nbytes + 1);
     if (!p->bytes) {
@@ -47,6 +57,18 @@ static int read_prompts(check_case *c, prompts *p)
     for (int64_t i = 0; i < nbytes; i++)
         p->bytes[i] = (char)(uint8_t)utf8[i];
     free(utf8);
+    for (int64_t i = 0; i < p->n; i++)
+        if (p->offsets[i] < 0 || p->offsets[i + 1] < p->offsets[i] || p->offsets[i + 1] > nbytes)
+            return check_fail(c, "%s[%lld] is out of range", offsets_name, (long long)i);
+    *out_nbytes = nbytes;
+    return 0;
+}
+
+static int read_prompts(check_case *c, prompts *p)
+{
+    int64_t nbytes;
+    if (read_ragged(c, "in.prompts_utf8", "in.prompts_offsets", p, &nbytes) != 0)
+        return 1;
 
     const df_json *list = df_json_get(c->args, "prompts");
     if (df_json_array_size(list) != p->n)
@@ -161,6 +183,81 @@ static int encode_each(check_case *c, const df_tokenizer *tok, const prompts *p,
     return 0;
 }
 
+/* Which pipeline's formatting the case's templated outputs use; 0 for none. */
+static int template_arg(check_case *c, df_prompt_format *format, const char **system_message)
+{
+    *format = 0;
+    *system_message = NULL;
+    if (df_json_is_null(df_json_get(c->args, "templated")))
+        return 0;
+    const char *sys = df_json_string(df_json_get(c->args, "system_message"));
+    const char *tmpl = df_json_string(df_json_get(c->args, "template"));
+    if (sys) {
+        *format = DF_PROMPT_FLUX2_MISTRAL;
+        *system_message = sys;
+    } else if (tmpl && strstr(tmpl, "_get_qwen3_prompt_embeds")) {
+        *format = DF_PROMPT_FLUX2_QWEN3;
+    } else {
+        return check_fail(c, "args.templated is given but neither args.system_message "
+                             "(Flux2Pipeline) nor an args.template of _get_qwen3_prompt_embeds "
+                             "(Flux2KleinPipeline) says how");
+    }
+    return 0;
+}
+
+/* Each prompt rendered and tokenized as the pipeline does, [n, max_sequence_length]. */
+static int encode_templated(check_case *c, const df_tokenizer *tok, const prompts *p,
+                            df_prompt_format format, const char *system_message)
+{
+    int64_t msl = 0, nbytes;
+    if (df_json_get_int(c->args, "max_sequence_length", &msl) != DF_OK || msl <= 0)
+        return check_fail(c, "args.max_sequence_length: a positive integer is needed");
+    prompts want = {0};
+    int rc = read_ragged(c, "in.templated_utf8", "in.templated_offsets", &want, &nbytes);
+    if (rc == 0 && want.n != p->n)
+        rc = check_fail(c, "in.templated_offsets holds %lld texts for %lld prompts",
+                        (long long)want.n, (long long)p->n);
+    int64_t *ids = rc == 0 ? malloc((size_t)(p->n * msl + 1) * sizeof *ids) : NULL;
+    int64_t *mask = rc == 0 ? malloc((size_t)(p->n * msl + 1) * sizeof *mask) : NULL;
+    if (rc == 0 && (!ids || !mask))
+        rc = check_fail(c, "out of memory");
+    for (int64_t i = 0; i < p->n && rc == 0; i++) {
+        const char *text = p->bytes + p->offsets[i];
+        size_t len = (size_t)(p->offsets[i + 1] - p->offsets[i]);
+        size_t wlen = (size_t)(want.offsets[i + 1] - want.offsets[i]), rlen;
+        char *rendered;
+        if (df_prompt_render(format, text, len, system_message, &rendered, &rlen) != DF_OK) {
+            rc = check_fail(c, "prompt %lld: rendering: %s", (long long)i, df_error_message());
+            break;
+        }
+        if (rlen != wlen || memcmp(rendered, want.bytes + want.offsets[i], wlen) != 0)
+            rc = check_fail(c, "prompt %lld: the rendered text differs from in.templated_utf8 "
+                               "(%zu bytes, expected %zu)", (long long)i, rlen, wlen);
+        df_prompt_text_free(rendered);
+        df_tokens t;
+        df_tokenize_opts o = {.max_length = msl};
+        if (rc == 0 && df_tokenizer_encode_prompt(tok, format, text, len, system_message, &o,
+                                                  &t) != DF_OK)
+            rc = check_fail(c, "prompt %lld templated: %s", (long long)i, df_error_message());
+        else if (rc == 0 && t.count != msl)
+            rc = check_fail(c, "prompt %lld templated: %lld ids, expected %lld", (long long)i,
+                            (long long)t.count, (long long)msl);
+        if (rc == 0) {
+            memcpy(ids + i * msl, t.ids, (size_t)msl * sizeof *ids);
+            memcpy(mask + i * msl, t.attention_mask, (size_t)msl * sizeof *mask);
+            df_tokens_deinit(&t);
+        }
+    }
+    if (rc == 0) {
+        rc |= check_compare_i64(c, "templated_input_ids", ids, p->n * msl);
+        rc |= check_compare_i64(c, "templated_attention_mask", mask, p->n * msl);
+    }
+    free(ids);
+    free(mask);
+    prompts_free(&want);
+    return rc;
+}
+
 int check_kind_tokenizer(check_case *c)
 {
     if (!c->model_dir)
@@ -171,6 +268,10 @@ int check_kind_tokenizer(check_case *c)
         return check_fail(c, "args.max_length: %s", df_error_message());
     bool to_max, to_longest;
     if (padding_arg(c, &to_max, &to_longest) != 0)
+        return 1;
+    df_prompt_format format;
+    const char *system_message;
+    if (template_arg(c, &format, &system_message) != 0)
         return 1;
 
     df_tokenizer *tok;
@@ -195,6 +296,8 @@ int check_kind_tokenizer(check_case *c)
         rc |= check_compare_i64(c, "ids_nopad", nopad, nopad_count);
         rc |= check_compare_i64(c, "ids_nopad_offsets", nopad_offsets, p.n + 1);
     }
+    if (rc == 0 && format)
+        rc = encode_templated(c, tok, &p, format, system_message);
     free(ids);
     free(mask);
     free(nopad);

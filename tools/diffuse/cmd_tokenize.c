@@ -1,11 +1,16 @@
 /*
- * `diffuse tokenize -m MODEL_DIR [--component NAME] [--max-length N] [-v] TEXT`: the token
- * ids a model's tokenizer gives a text, to compare by hand with transformers'
+ * `diffuse tokenize -m MODEL_DIR [--component NAME] [--max-length N] [--template T] [-v] TEXT`:
+ * the token ids a model's tokenizer gives a text, to compare by hand with transformers'
  * `tokenizer(TEXT).input_ids` (or, with --max-length N, with
- * `tokenizer(TEXT, padding="max_length", max_length=N, truncation=True)`).
+ * `tokenizer(TEXT, padding="max_length", max_length=N, truncation=True)`). With --template
+ * flux2 or flux2-klein the text is a prompt formatted as Flux2Pipeline or
+ * Flux2KleinPipeline formats it (chat template, padding to 512 or N, the tokenizer's
+ * padding side): the ids those pipelines feed their text encoder; -v also prints the
+ * rendered text.
  *
  * MODEL_DIR is a pipeline folder (the tokenizer is its `tokenizer/` subfolder, or the
- * --component given: tokenizer_2, tokenizer_3) or a tokenizer folder itself. TEXT "-" reads
+ * --component given: tokenizer_2, tokenizer_3) or a tokenizer folder itself (vocab.json,
+ * spiece.model or tokenizer.json). TEXT "-" reads
  * the text from stdin (all of it, as is). Output: one line `input_ids: [...]`, with
  * --max-length also `attention_mask: [...]`; -v lists each id with its token, one per
  * line, with control characters escaped. Errors print one "error:" line and exit 1; usage
@@ -24,12 +29,15 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: diffuse tokenize -m MODEL_DIR [--component NAME] [--max-length N] [-v] TEXT\n"
+            "usage: diffuse tokenize -m MODEL_DIR [--component NAME] [--max-length N]\n"
+            "                        [--template flux2|flux2-klein] [-v] TEXT\n"
             "  prints the token ids of TEXT (\"-\" reads stdin)\n"
             "  -m, --model DIR     a pipeline folder or a tokenizer folder\n"
             "  -c, --component N   the pipeline's tokenizer folder (default: tokenizer;\n"
             "                      tokenizer_2, tokenizer_3 for CLIP-G / T5)\n"
             "  -n, --max-length N  pad and truncate to N ids, as the pipelines do\n"
+            "  -t, --template T    format TEXT as a prompt of Flux2Pipeline (flux2) or\n"
+            "                      Flux2KleinPipeline (flux2-klein); pads to 512 unless -n\n"
             "  -v, --verbose       one line per id with its token\n"
             "  -h, --help          this text\n");
 }
@@ -87,6 +95,7 @@ static void print_list(const char *name, const int64_t *v, int64_t n)
 int cmd_tokenize(int argc, char **argv)
 {
     const char *model = NULL, *component = NULL, *text = NULL;
+    df_prompt_format format = 0;
     long long max_length = 0;
     bool verbose = false;
     for (int i = 1; i < argc; i++) {
@@ -104,6 +113,16 @@ int cmd_tokenize(int argc, char **argv)
             max_length = strtoll(argv[++i], &end, 10);
             if (*end || max_length <= 0) {
                 fprintf(stderr, "diffuse tokenize: --max-length needs a positive integer\n");
+                return 2;
+            }
+        } else if ((!strcmp(a, "-t") || !strcmp(a, "--template")) && has_value) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "flux2"))
+                format = DF_PROMPT_FLUX2_MISTRAL;
+            else if (!strcmp(v, "flux2-klein"))
+                format = DF_PROMPT_FLUX2_QWEN3;
+            else {
+                fprintf(stderr, "diffuse tokenize: --template is flux2 or flux2-klein\n");
                 return 2;
             }
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -126,7 +145,8 @@ int cmd_tokenize(int argc, char **argv)
 
     /* the component subfolder, unless MODEL_DIR is itself a tokenizer folder */
     char dir[4096];
-    bool direct = !component && (has_file(model, "vocab.json") || has_file(model, "spiece.model"));
+    bool direct = !component && (has_file(model, "vocab.json") || has_file(model, "spiece.model") ||
+                                 has_file(model, "tokenizer.json"));
     if (direct)
         snprintf(dir, sizeof dir, "%s", model);
     else
@@ -152,10 +172,24 @@ int cmd_tokenize(int argc, char **argv)
     df_tokenize_opts opts = {
         .max_length = max_length, .pad = max_length > 0, .truncate = max_length > 0};
     int rc = 0;
-    if (df_tokenizer_load(dir, &tok) != DF_OK ||
-        df_tokenizer_encode(tok, text, len, max_length > 0 ? &opts : NULL, &t) != DF_OK) {
+    df_status s = df_tokenizer_load(dir, &tok);
+    if (s == DF_OK && format)
+        s = df_tokenizer_encode_prompt(tok, format, text, len, NULL, &opts, &t);
+    else if (s == DF_OK)
+        s = df_tokenizer_encode(tok, text, len, max_length > 0 ? &opts : NULL, &t);
+    if (s != DF_OK) {
         fprintf(stderr, "error: %s\n", df_error_message());
         rc = 1;
+    }
+    if (rc == 0 && verbose && format) {
+        char *rendered;
+        size_t rlen;
+        if (df_prompt_render(format, text, len, NULL, &rendered, &rlen) == DF_OK) {
+            printf("# rendered: ");
+            put_piece(rendered);
+            putchar('\n');
+            df_prompt_text_free(rendered);
+        }
     }
     if (rc == 0 && verbose) {
         printf("# %s tokenizer, %s\n", df_tokenizer_type_name(df_tokenizer_kind(tok)), dir);
@@ -168,7 +202,7 @@ int cmd_tokenize(int argc, char **argv)
     }
     if (rc == 0) {
         print_list("input_ids", t.ids, t.count);
-        if (max_length > 0)
+        if (max_length > 0 || format)
             print_list("attention_mask", t.attention_mask, t.count);
         if (fflush(stdout) != 0) {
             fprintf(stderr, "error: writing the output failed\n");
