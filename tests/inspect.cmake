@@ -26,3 +26,10 @@ set_tests_properties(inspect/make-tiny-mistral3-text-encoder PROPERTIES PASS_REG
                      "match the Mistral3ForConditionalGeneration config\n  skipped, not needed for text-to-image \\(never read\\): 16 tensors")
 set_tests_properties(inspect/make-tiny-qwen3-text-encoder PROPERTIES PASS_REGULAR_EXPRESSION
                      "weights match the Qwen3ForCausalLM config")
+
+# Generator seeds in case.json over torch's whole range (tests/cli/seed_range.sh).
+if(EXISTS ${DF_GOLDEN_DIR}/rng-randn-f32-small)
+  add_test(NAME cli/seed_range
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/seed_range.sh $<TARGET_FILE:diffuse-check>
+                   ${DF_GOLDEN_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+endif()

@@ -48,7 +48,10 @@ typedef struct df_compiled df_compiled;
 
 DF_API df_status df_compile(const df_module *m, const df_compile_opts *opts, df_compiled **out);
 /* Calls the compiled module on instance `self` (traced on the first call of a signature).
- * Outputs are new tensors in the current scope. */
+ * Outputs are new tensors in the current scope. On failure every output is NULL and the
+ * context has failed with the message too (so code that goes on with the outputs reports
+ * it at its next status check). Called while another module is being traced (a compiled
+ * block inside a compiled transformer), the forward is traced into the outer program. */
 DF_API df_status df_compiled_call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *const *in,
                                   df_tensor **out);
 /* Programs traced so far (one per input signature). */

@@ -99,9 +99,13 @@ DF_API bool df_json_bool(const df_json *j);
 /*
  * Converts one node. DF_E_FORMAT (message: source, the node's path, what was expected and
  * what was found) when the node has another type, is NULL (absent), is not an integral
- * number within int64 (_to_int), or is not finite (_to_double).
+ * number within int64 (_to_int) or within [0, 2^64 - 1] (_to_uint64), or is not finite
+ * (_to_double). Integers are exact: they are read from the digits as written, not through
+ * a double (18446744073709551615 is 2^64 - 1); a whole number written with a fraction or
+ * exponent ("3.0", "1e3") counts as an integer below 2^53 in magnitude.
  */
 DF_API df_status df_json_to_int(const df_json *j, int64_t *out);
+DF_API df_status df_json_to_uint64(const df_json *j, uint64_t *out);
 DF_API df_status df_json_to_double(const df_json *j, double *out);
 DF_API df_status df_json_to_bool(const df_json *j, bool *out);
 DF_API df_status df_json_to_string(const df_json *j, const char **out);
@@ -115,6 +119,7 @@ DF_API df_status df_json_to_string(const df_json *j, const char **out);
 DF_API df_status df_json_get_int(const df_json *obj, const char *key, int64_t *out);
 DF_API df_status df_json_get_int_or(const df_json *obj, const char *key, int64_t dflt,
                                     int64_t *out);
+DF_API df_status df_json_get_uint64(const df_json *obj, const char *key, uint64_t *out);
 DF_API df_status df_json_get_double(const df_json *obj, const char *key, double *out);
 DF_API df_status df_json_get_double_or(const df_json *obj, const char *key, double dflt,
                                        double *out);

@@ -41,8 +41,12 @@ typedef struct df_load_opts {
                             (df_cpu_auto_dtype) */
     df_eager_mode mode;  /* strict eager or defer-and-fuse */
     bool compile;        /* compile the transformer's forward (static shapes, traced once
-                            per image size; see compile.h); the rest runs in `mode` */
-    bool compile_blocks; /* compile the transformer's repeated blocks instead */
+                            per image size; see compile.h); the rest runs in `mode`. With
+                            DF_OFFLOAD_SEQUENTIAL, whose per-block residency cannot be traced
+                            into one program, the repeated blocks are compiled instead (as
+                            with compile_blocks) */
+    bool compile_blocks; /* compile the transformer's repeated blocks; with `compile` too,
+                            the blocks are traced into the whole forward's program */
     df_offload offload;
     /* Tensor parallelism (FluxPipeline, Flux2Pipeline, Flux2KleinPipeline): the transformer
      * and the large text encoder (T5, Mistral 3, Qwen3) split over `tp` ranks, one process

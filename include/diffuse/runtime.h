@@ -12,9 +12,10 @@
  * belong to the context until df_tensor_free() or df_ctx_free(). Model code never frees.
  *
  * Errors: an op that fails (bad shapes, out of memory, a failed kernel) returns NULL and
- * leaves the context failed; ops given a NULL input return NULL. The next call that reports
- * (df_ctx_status, df_sync, df_tensor_read, df_mark_step) returns the first error, whose
- * message names the op and the shapes.
+ * leaves the context failed; ops given a NULL input return NULL and, if the context had not
+ * failed yet (the call that made the NULL lost its error), fail it with DF_E_ARG naming the
+ * op. The next call that reports (df_ctx_status, df_sync, df_tensor_read, df_mark_step)
+ * returns the first error, whose message names the op and the shapes.
  */
 #ifndef DIFFUSE_RUNTIME_H
 #define DIFFUSE_RUNTIME_H

@@ -8,7 +8,11 @@
  * cJSON is lenient where a file from the internet must not be, so a scan before it rejects
  * invalid UTF-8, raw control characters inside strings and the escape \u0000 (cJSON would
  * silently cut the string there, so "a\u0000/../b" could hide a path), and after it we
- * reject duplicate keys and anything but whitespace after the value. cJSON allocates
+ * reject duplicate keys and anything but whitespace after the value. cJSON keeps numbers
+ * only as doubles, so while copying the tree we read each number again from its own text
+ * (numbers appear in the text in the order we visit them): an integer literal keeps its
+ * exact value up to 2^64 - 1 (seeds use all 64 bits), and a number that JSON's grammar does
+ * not allow (cJSON lets "+1", "01", "1." and ".5" through) is a syntax error. cJSON allocates
  * through df_malloc (its hooks are set once, process-wide), so out-of-memory tests reach it
  * and a failed allocation inside it is reported as DF_E_OOM, not as a syntax error.
  */
@@ -178,7 +182,91 @@ typedef struct filler {
     const df_json **ptr; /* next free sorted-member slot */
     char *chars;         /* next free string byte */
     const char *source;
+    const char *text; /* the document's text, for numbers */
+    size_t len;
+    size_t pos; /* where the search for the next number starts */
 } filler;
+
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Skips the digits at s[*i..n); false when there is none. */
+static bool digits(const char *s, size_t n, size_t *i)
+{
+    size_t start = *i;
+    while (*i < n && is_digit(s[*i]))
+        ++*i;
+    return *i > start;
+}
+
+/*
+ * Reads the n-byte number literal s into j: false when it breaks JSON's grammar
+ * -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+ */
+static bool read_number(const char *s, size_t n, df_json *j)
+{
+    size_t i = 0;
+    j->v.number.negative = n > 0 && s[0] == '-';
+    if (j->v.number.negative)
+        i++;
+    size_t int_start = i;
+    if (!digits(s, n, &i) || (s[int_start] == '0' && i - int_start > 1))
+        return false;
+    size_t int_end = i;
+    bool integer = true;
+    if (i < n && s[i] == '.') {
+        i++;
+        integer = false;
+        if (!digits(s, n, &i))
+            return false;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        integer = false;
+        if (i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (!digits(s, n, &i))
+            return false;
+    }
+    if (i != n)
+        return false;
+    uint64_t m = 0;
+    for (size_t k = int_start; integer && k < int_end; k++) {
+        uint64_t d = (uint64_t)(s[k] - '0');
+        if (m > (UINT64_MAX - d) / 10)
+            integer = false; /* 2^64 or more: only the double remains */
+        else
+            m = m * 10 + d;
+    }
+    j->v.number.integer = integer;
+    j->v.number.magnitude = integer ? m : 0;
+    return true;
+}
+
+/* Finds the next number literal of the text and reads it into j. */
+static df_status next_number(filler *f, df_json *j)
+{
+    const char *t = f->text;
+    size_t i = f->pos;
+    while (i < f->len && !(is_digit(t[i]) || t[i] == '-' || t[i] == '+' || t[i] == '.')) {
+        if (t[i] == '"') { /* strings were checked: each one ends */
+            for (i++; i < f->len && t[i] != '"'; i++)
+                if (t[i] == '\\')
+                    i++;
+        }
+        i++;
+    }
+    size_t start = i;
+    while (i < f->len && (is_digit(t[i]) || t[i] == '-' || t[i] == '+' || t[i] == '.' ||
+                          t[i] == 'e' || t[i] == 'E'))
+        i++;
+    f->pos = i;
+    if (start >= f->len || !read_number(t + start, i - start, j))
+        return syntax_error(f->source, t, f->len, start, "invalid number");
+    return DF_OK;
+}
 
 static const char *copy_str(filler *f, const char *s)
 {
@@ -209,7 +297,8 @@ static df_status fill(filler *f, df_json *j, const cJSON *c, const df_json *pare
         j->v.boolean = cJSON_IsTrue(c);
     } else if (cJSON_IsNumber(c)) {
         j->type = DF_JSON_NUMBER;
-        j->v.number = c->valuedouble;
+        j->v.number.value = c->valuedouble;
+        DF_TRY(next_number(f, j));
     } else if (cJSON_IsString(c)) {
         j->type = DF_JSON_STRING;
         j->v.string = copy_str(f, c->valuestring);
@@ -252,7 +341,8 @@ static size_t align_up(size_t n, size_t a)
     return (n + a - 1) / a * a;
 }
 
-static df_status convert(const cJSON *root, const char *name, df_json **out)
+static df_status convert(const cJSON *root, const char *name, const char *text, size_t len,
+                         df_json **out)
 {
     sizes z = {0, 0, strlen(name) + 1};
     count(root, &z);
@@ -269,6 +359,8 @@ static df_status convert(const cJSON *root, const char *name, df_json **out)
         .node = (df_json *)block,
         .ptr = (const df_json **)(block + align_up(nodes_bytes, alignof(df_json *))),
         .chars = block + align_up(nodes_bytes, alignof(df_json *)) + ptr_bytes,
+        .text = text,
+        .len = len,
     };
     f.source = copy_str(&f, name);
     df_json *top = f.node++;
@@ -312,7 +404,7 @@ df_status df_json_parse_string(const char *text, size_t len, const char *name, d
     if (pos < len)
         s = syntax_error(name, text, len, pos, "unexpected text after the JSON value");
     if (s == DF_OK)
-        s = convert(root, name, out);
+        s = convert(root, name, text, len, out);
     cJSON_Delete(root);
     return s;
 }
@@ -442,7 +534,7 @@ const df_json *df_json_object_at(const df_json *obj, int64_t i, const char **out
 
 double df_json_number(const df_json *j)
 {
-    return j && j->type == DF_JSON_NUMBER ? j->v.number : 0.0;
+    return j && j->type == DF_JSON_NUMBER ? j->v.number.value : 0.0;
 }
 
 const char *df_json_string(const df_json *j)

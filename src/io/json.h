@@ -22,7 +22,12 @@ struct df_json {
     const char *key;       /* the member's key; NULL for array elements and the root */
     const char *source;    /* the document's file name */
     union {
-        double number;
+        struct {
+            double value;       /* the nearest double */
+            uint64_t magnitude; /* |value| exactly, when `integer` */
+            bool negative;
+            bool integer; /* written without fraction or exponent, |value| < 2^64 */
+        } number;
         bool boolean;
         const char *string;
         struct {

@@ -4,8 +4,9 @@
  * The getters are what model and pipeline code use to read configs, so each failure says
  * where and what: "<file>: key 'num_layers': expected an integer, found string". The _or
  * forms treat an absent member and a JSON null alike, as diffusers' configs use null for
- * "not set". Integers must be integral numbers within int64; since JSON numbers are parsed
- * as doubles, "3.0" is accepted as 3 and integers beyond 2^53 are not exact.
+ * "not set". Integers are read exactly from their digits (json.c keeps an integer literal's
+ * value up to 2^64 - 1); a whole number written with a fraction or exponent ("3.0", "1e3")
+ * is accepted below 2^53, where a double holds it exactly.
  */
 #include <math.h>
 #include <string.h>
@@ -32,22 +33,79 @@ static df_status wrong_type(const df_json *j, const char *expected)
                      df_json_type_name(j->type));
 }
 
-df_status df_json_to_int(const df_json *j, int64_t *out)
+/* The number as written when it is an integer literal, else the nearest double. */
+static const char *number_text(const df_json *j, char *buf, size_t cap)
 {
-    *out = 0;
+    if (j->v.number.integer)
+        snprintf(buf, cap, "%s%llu", j->v.number.negative ? "-" : "",
+                 (unsigned long long)j->v.number.magnitude);
+    else
+        snprintf(buf, cap, "%.17g", j->v.number.value);
+    return buf;
+}
+
+/*
+ * j as an integer in [-2^63, 2^64 - 1]: exact for an integer literal; a number written with
+ * a fraction or exponent counts when its value is whole and below 2^53 in magnitude (where
+ * doubles are exact), so "3.0" is 3. *neg and *mag receive the sign and magnitude.
+ */
+static df_status integral(const df_json *j, bool *neg, uint64_t *mag)
+{
+    *neg = false;
+    *mag = 0;
     if (!j)
         return df_errorf(DF_E_FORMAT, "expected an integer, found nothing");
     if (j->type != DF_JSON_NUMBER)
         return wrong_type(j, "an integer");
-    double v = j->v.number;
-    char w[400];
-    if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
-        return df_errorf(DF_E_FORMAT, "%s: expected an integer, found %g (out of range)",
-                         where(j, w, sizeof w), v);
+    char w[400], num[48];
+    if (j->v.number.integer) {
+        *neg = j->v.number.negative && j->v.number.magnitude != 0;
+        *mag = j->v.number.magnitude;
+        return DF_OK;
+    }
+    double v = j->v.number.value;
     if (v != floor(v))
-        return df_errorf(DF_E_FORMAT, "%s: expected an integer, found %g",
-                         where(j, w, sizeof w), v);
-    *out = (int64_t)v;
+        return df_errorf(DF_E_FORMAT, "%s: expected an integer, found %s",
+                         where(j, w, sizeof w), number_text(j, num, sizeof num));
+    if (!(fabs(v) < 0x1p64))
+        return df_errorf(DF_E_FORMAT, "%s: expected an integer, found %s (out of range)",
+                         where(j, w, sizeof w), number_text(j, num, sizeof num));
+    if (!(fabs(v) < 0x1p53))
+        return df_errorf(DF_E_FORMAT, "%s: expected an integer, found %s (past 2^53 a number "
+                         "written with a fraction or exponent may have been rounded: write "
+                         "the digits)", where(j, w, sizeof w), number_text(j, num, sizeof num));
+    *neg = v < 0;
+    *mag = (uint64_t)fabs(v);
+    return DF_OK;
+}
+
+df_status df_json_to_int(const df_json *j, int64_t *out)
+{
+    *out = 0;
+    bool neg;
+    uint64_t mag;
+    DF_TRY(integral(j, &neg, &mag));
+    if (mag > (neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX)) {
+        char w[400], num[48];
+        return df_errorf(DF_E_FORMAT, "%s: expected an integer in [-2^63, 2^63 - 1], found %s "
+                         "(out of range)", where(j, w, sizeof w), number_text(j, num, sizeof num));
+    }
+    *out = neg ? (int64_t)(0 - mag) : (int64_t)mag;
+    return DF_OK;
+}
+
+df_status df_json_to_uint64(const df_json *j, uint64_t *out)
+{
+    *out = 0;
+    bool neg;
+    uint64_t mag;
+    DF_TRY(integral(j, &neg, &mag));
+    if (neg) {
+        char w[400], num[48];
+        return df_errorf(DF_E_FORMAT, "%s: expected a non-negative integer, found %s",
+                         where(j, w, sizeof w), number_text(j, num, sizeof num));
+    }
+    *out = mag;
     return DF_OK;
 }
 
@@ -58,12 +116,12 @@ df_status df_json_to_double(const df_json *j, double *out)
         return df_errorf(DF_E_FORMAT, "expected a number, found nothing");
     if (j->type != DF_JSON_NUMBER)
         return wrong_type(j, "a number");
-    if (!isfinite(j->v.number)) {
+    if (!isfinite(j->v.number.value)) {
         char w[400];
         return df_errorf(DF_E_FORMAT, "%s: expected a finite number, found %g",
-                         where(j, w, sizeof w), j->v.number);
+                         where(j, w, sizeof w), j->v.number.value);
     }
-    *out = j->v.number;
+    *out = j->v.number.value;
     return DF_OK;
 }
 
@@ -133,6 +191,14 @@ df_status df_json_get_int_or(const df_json *obj, const char *key, int64_t dflt, 
         return DF_OK;
     }
     return df_json_to_int(m, out);
+}
+
+df_status df_json_get_uint64(const df_json *obj, const char *key, uint64_t *out)
+{
+    const df_json *m;
+    *out = 0;
+    DF_TRY(member(obj, key, false, &m));
+    return df_json_to_uint64(m, out);
 }
 
 df_status df_json_get_double(const df_json *obj, const char *key, double *out)

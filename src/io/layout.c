@@ -12,7 +12,10 @@
 #include <diffuse/layout.h>
 
 #include <dirent.h>
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -170,7 +173,24 @@ df_status df_layout_component_dir(const char *root, const char *component, char 
     DF_TRY(join_into(root, component, buf, cap));
     if (!df_path_is_dir(buf))
         return df_errorf(DF_E_IO, "%s: component '%s' has no folder %s", src, component, buf);
-    return DF_OK;
+    /* The folder itself may not be a link out of the pipeline folder (a Hugging Face cache
+     * snapshot links files to its blobs, never component folders). */
+    char real_root[PATH_MAX], real_dir[PATH_MAX];
+    df_status s = DF_OK;
+    if (!realpath(root, real_root) || !realpath(buf, real_dir)) {
+        s = df_errorf(DF_E_IO, "%s: cannot resolve component folder %s: %s", src, buf,
+                      strerror(errno));
+    } else {
+        size_t n = strlen(real_root);
+        bool inside = strncmp(real_dir, real_root, n) == 0 &&
+                      (real_dir[n] == '/' || (n == 1 && real_root[0] == '/'));
+        if (!inside)
+            s = df_errorf(DF_E_FORMAT, "%s: component '%s' is a link to %s, outside the "
+                          "pipeline folder", src, component, real_dir);
+    }
+    if (s != DF_OK)
+        buf[0] = '\0';
+    return s;
 }
 
 /* Whether `dir` holds a file ending in `suffix`. */

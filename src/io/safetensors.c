@@ -5,8 +5,10 @@
  * We read the header with pread, map the file, and keep only offsets: tensor data is never
  * copied or touched here. The header is validated completely before the handle is
  * returned, as strictly as the format's reference implementation: the length fits the file
- * and the format's 100 MB cap; the header is a JSON object; each tensor has a known dtype,
- * non-negative integer dimensions and [begin, end] offsets; shape x dtype size equals
+ * and the format's 100 MB cap; the header is a JSON object and its first byte is '{' (the
+ * rule the reference reader states; no leading whitespace); each tensor has a string dtype
+ * it knows, dimensions and [begin, end] offsets written as non-negative integer literals
+ * (serde reads them as usize: 2.0 or 8.5 is an error, never rounded); shape x dtype size equals
  * end - begin (checked arithmetic); and the byte ranges, sorted, tile the data section
  * exactly - an overlap, a hole or bytes after the last tensor are errors (holes would let
  * one file be two formats at once). Duplicate names are refused by the JSON layer. Dtypes
@@ -17,7 +19,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,6 +28,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "io/json.h"
 #include "io/path.h"
 
 static const struct {
@@ -42,23 +44,27 @@ static const struct {
     {"F8_E8M0", 1, DF_DTYPE_COUNT}, {"C64", 8, DF_DTYPE_COUNT},
 };
 
-/* A JSON number that is a whole number in [0, limit]; false otherwise. */
-static bool whole(const df_json *j, double limit, uint64_t *out)
+/*
+ * A JSON integer literal in [0, limit]; false otherwise. As in the reference reader (serde
+ * reads shapes and offsets as usize), 2.0, 2e0 and -0 are not integers here, nor rounded.
+ */
+static bool whole(const df_json *j, uint64_t limit, uint64_t *out)
 {
-    if (df_json_type_of(j) != DF_JSON_NUMBER)
+    if (df_json_type_of(j) != DF_JSON_NUMBER || !j->v.number.integer ||
+        j->v.number.negative || j->v.number.magnitude > limit)
         return false;
-    double v = df_json_number(j);
-    if (!(v >= 0 && v <= limit) || v != floor(v))
-        return false;
-    *out = (uint64_t)v;
+    *out = j->v.number.magnitude;
     return true;
 }
 
-/* A short description of a JSON value for messages: the number, or its type. */
+/* A short description of a JSON value for messages: the number as written, or its type. */
 static const char *describe(const df_json *j, char *buf, size_t cap)
 {
-    if (df_json_type_of(j) == DF_JSON_NUMBER)
-        snprintf(buf, cap, "%g", df_json_number(j));
+    if (df_json_type_of(j) == DF_JSON_NUMBER && j->v.number.integer)
+        snprintf(buf, cap, "%s%llu", j->v.number.negative ? "-" : "",
+                 (unsigned long long)j->v.number.magnitude);
+    else if (df_json_type_of(j) == DF_JSON_NUMBER)
+        snprintf(buf, cap, "%.17g (not an integer literal)", df_json_number(j));
     else
         snprintf(buf, cap, "%s", df_json_type_name(df_json_type_of(j)));
     return buf;
@@ -82,7 +88,7 @@ static df_status parse_shape(const df_safetensors *st, const char *name, const d
     for (int d = 0; d < e->ndim; d++) {
         uint64_t v;
         const df_json *dim = df_json_array_get(shape, d);
-        if (!whole(dim, 0x1p62, &v)) {
+        if (!whole(dim, (uint64_t)1 << 62, &v)) {
             char buf[64];
             return df_errorf(DF_E_FORMAT, "%s: tensor '%s': shape[%d] is %s; dimensions must "
                              "be non-negative integers", st->path, name, d,
@@ -110,7 +116,7 @@ static df_status parse_offsets(const df_safetensors *st, const char *name, const
     for (int i = 0; i < 2; i++) {
         const df_json *v = df_json_array_get(off, i);
         uint64_t *dst = i == 0 ? &e->begin : &e->end;
-        if (!whole(v, 0x1p63, dst)) {
+        if (!whole(v, (uint64_t)1 << 63, dst)) {
             char buf[64];
             return df_errorf(DF_E_FORMAT, "%s: tensor '%s': data_offsets[%d] is %s; offsets "
                              "must be non-negative integers", st->path, name, i,
@@ -317,6 +323,14 @@ static df_status check_length(const df_safetensors *st, const uint8_t *first, ui
 /* Parses the n header bytes at `text`; st->data and st->data_size are already set. */
 static df_status parse_header(df_safetensors *st, const char *text, uint64_t n)
 {
+    if (n == 0 || text[0] != '{') {
+        unsigned char c = n ? (unsigned char)text[0] : 0;
+        char first[24];
+        snprintf(first, sizeof first, c >= 0x20 && c < 0x7f ? "'%c'" : "byte 0x%02x", c);
+        return df_errorf(DF_E_FORMAT, "%s: the header %s%s; a safetensors header is a JSON "
+                         "object and begins with '{' (not a safetensors file?)", st->path,
+                         n ? "begins with " : "is empty", n ? first : "");
+    }
     df_json *root;
     DF_TRY_CTX(df_json_parse_string(text, (size_t)n, st->path, &root), "safetensors header");
     df_status s = DF_OK;

@@ -51,6 +51,14 @@ df_status df_weights_index_parse(const df_json *root, df_index_entry **out, int6
     if (df_json_type_of(root) != DF_JSON_OBJECT)
         return df_errorf(DF_E_FORMAT, "%s: a safetensors index must be a JSON object, found %s",
                          src, df_json_type_name(df_json_type_of(root)));
+    const df_json *meta = df_json_get(root, "metadata");
+    if (!df_json_is_null(meta)) { /* not needed, but a wrong type means a broken writer */
+        DF_TRY(df_json_get_object(root, "metadata", &meta));
+        const df_json *total = df_json_get(meta, "total_size");
+        uint64_t bytes;
+        if (!df_json_is_null(total))
+            DF_TRY(df_json_to_uint64(total, &bytes));
+    }
     const df_json *map;
     DF_TRY(df_json_get_object(root, "weight_map", &map));
     int64_t n = df_json_object_size(map);

@@ -204,6 +204,7 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_te
         out[j] = NULL;
     offload_before(b, g);
     int k = class_of(b, blk->cls);
+    df_scope mark = df_scope_begin(ctx);
     df_status s = k >= 0 ? df_compiled_call(ctx, b->compiled[k], blk, in, out)
                          : blk->cls->forward(ctx, b->model, blk->index, in, out);
     if (s != DF_OK) {
@@ -211,6 +212,10 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_te
         for (int j = 0; j < blk->cls->n_out; j++)
             out[j] = NULL;
     }
+    /* The block's intermediates go before its weights: releasing the weights flushes the
+     * pending graph, and intermediates still held then would be written in f32 rather than
+     * as the bf16 operands they are without offload, rounding differently. */
+    df_scope_end_n(ctx, mark, out, blk->cls->n_out);
     offload_after(ctx, b, g);
 }
 

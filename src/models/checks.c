@@ -1,9 +1,10 @@
 /*
- * Model checks for `diffuse inspect`: a component folder of a class diffuse implements is
- * validated by loading it exactly as a pipeline would (config keys, every weight bound by
- * name with its expected shape and dtype, no unexpected tensor) in a context of its own,
- * then freed. Loading maps the file and binds tensors without reading their data, so a
- * check costs little more than reading the header.
+ * Model checks for `diffuse inspect`: a component folder of a class diffuse implements
+ * (models, the scheduler, tokenizers) is validated by loading it exactly as a pipeline
+ * would (config keys, every weight bound by name with its expected shape and dtype; a
+ * tensor the config does not call for is a warning) in a context of its own, then freed.
+ * Loading maps the file and binds tensors without reading their data, so a check costs
+ * little more than reading the header.
  */
 #include <diffuse/clip.h>
 #include <diffuse/flux.h>
@@ -11,7 +12,9 @@
 #include <diffuse/mistral.h>
 #include <diffuse/models.h>
 #include <diffuse/qwen3.h>
+#include <diffuse/scheduler.h>
 #include <diffuse/sd3.h>
+#include <diffuse/tokenizer.h>
 #include <diffuse/t5.h>
 #include <diffuse/vae.h>
 
@@ -39,6 +42,27 @@ CHECKER(check_vae, df_vae, df_vae_load, df_vae_free)
 CHECKER(check_mistral, df_decoder_lm, df_mistral_load, df_decoder_lm_free)
 CHECKER(check_qwen3, df_decoder_lm, df_qwen3_load, df_decoder_lm_free)
 
+/* Folders without weights: the scheduler and tokenizers load as the pipeline loads them. */
+static df_status check_scheduler(const char *dir, const df_json *config, const df_weights *w)
+{
+    (void)config;
+    (void)w;
+    df_scheduler *s;
+    DF_TRY(df_scheduler_load(dir, &s));
+    df_scheduler_free(s);
+    return DF_OK;
+}
+
+static df_status check_tokenizer(const char *dir, const df_json *config, const df_weights *w)
+{
+    (void)config;
+    (void)w;
+    df_tokenizer *t;
+    DF_TRY(df_tokenizer_load(dir, &t));
+    df_tokenizer_free(t);
+    return DF_OK;
+}
+
 df_status df_models_register_checks(void)
 {
     static const struct {
@@ -56,6 +80,11 @@ df_status df_models_register_checks(void)
         {"Mistral3ForConditionalGeneration", check_mistral},
         {"Qwen3Model", check_qwen3},
         {"Qwen3ForCausalLM", check_qwen3},
+        {"FlowMatchEulerDiscreteScheduler", check_scheduler},
+        {"CLIPTokenizer", check_tokenizer},
+        {"CLIPTokenizerFast", check_tokenizer},
+        {"T5Tokenizer", check_tokenizer},
+        {"T5TokenizerFast", check_tokenizer},
     };
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         DF_TRY(df_model_check_register(table[i].cls, table[i].fn));

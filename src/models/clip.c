@@ -71,6 +71,8 @@ static df_status read_act(const df_json *cfg, df_clip_act *out)
 static df_status read_config(const df_json *j, bool with_projection, df_clip_config *c)
 {
     *c = (df_clip_config){.with_projection = with_projection};
+    static const char *const classes[] = {"CLIPTextModel", "CLIPTextModelWithProjection"};
+    DF_TRY(df_text_config_class(j, classes, 2));
     DF_TRY(df_text_config_int(j, "hidden_size", -1, DF_TEXT_MAX_WIDTH, &c->hidden_size));
     DF_TRY(
         df_text_config_int(j, "intermediate_size", -1, DF_TEXT_MAX_WIDTH, &c->intermediate_size));

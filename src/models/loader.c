@@ -137,6 +137,13 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + used, cap - used, "]");
 }
 
+/* The file holding a tensor: its shard of a sharded checkpoint. */
+static const char *tensor_file(const df_weight_set *ws, const df_tensor_info *info)
+{
+    const df_safetensors *st = df_weights_shard(ws->w, info->shard);
+    return st ? df_safetensors_path(st) : df_weights_path(ws->w);
+}
+
 /* Looks `name` up and checks it against the expected shape and the weight dtypes. */
 static df_status find_checked(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
                               df_tensor_info *info)
@@ -152,13 +159,14 @@ static df_status find_checked(df_weight_set *ws, const char *name, int ndim, con
         char want[160], got[160];
         shape_str(want, sizeof want, ndim, shape);
         shape_str(got, sizeof got, info->ndim, info->shape);
-        return df_errorf(DF_E_FORMAT, "%s: tensor '%s' has shape %s, expected %s",
-                         ws->component, name, got, want);
+        return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' has shape %s, expected %s",
+                         ws->component, tensor_file(ws, info), name, got, want);
     }
     if (info->dtype != DF_DTYPE_F32 && info->dtype != DF_DTYPE_BF16 &&
         info->dtype != DF_DTYPE_F16)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s; weights must be "
-                         "F32, BF16 or F16", ws->component, name, info->dtype_name);
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s: tensor '%s' is stored as %s; weights "
+                         "must be F32, BF16 or F16", ws->component, tensor_file(ws, info), name,
+                         info->dtype_name);
     return DF_OK;
 }
 
@@ -490,16 +498,39 @@ bool df_ws_has(df_weight_set *ws, const char *fmt, ...)
     return df_weights_contains(ws->w, name);
 }
 
+static _Thread_local char last_warning[1024];
+
+const char *df_ws_last_warning(void)
+{
+    return last_warning;
+}
+
 df_status df_ws_check_all_used(df_weight_set *ws)
 {
+    enum { NAMED = 4 };
+    int64_t unused = 0;
+    size_t n = 0;
+    char *w = last_warning;
+    size_t cap = sizeof last_warning;
     for (int64_t i = 0; i < ws->count; i++) {
         if (ws->used[i])
             continue;
         df_tensor_info info;
         DF_TRY(df_weights_at(ws->w, i, &info));
-        return df_errorf(DF_E_FORMAT, "%s: %s: unexpected tensor '%s' (the config does not "
-                         "call for it)", ws->component, df_weights_path(ws->w), info.name);
+        if (unused == 0)
+            n = (size_t)snprintf(w, cap, "warning: %s: %s: tensors the config does not call "
+                                 "for were not loaded:", ws->component, df_weights_path(ws->w));
+        if (unused < NAMED && n < cap)
+            n += (size_t)snprintf(w + n, cap - n, " '%s'", info.name);
+        unused++;
     }
+    if (unused == 0)
+        return DF_OK;
+    if (unused > NAMED && n < cap)
+        snprintf(w + n, cap - n, " and %lld more", (long long)(unused - NAMED));
+    /* diffusers warns and loads the rest; so do we (one line, as it prints one) */
+    if (ws->tp_rank == 0)
+        fprintf(stderr, "%s\n", last_warning);
     return DF_OK;
 }
 

@@ -44,8 +44,12 @@ bool df_ws_has(df_weight_set *ws, const char *fmt, ...) __attribute__((format(pr
 /* Marks every tensor whose name starts with `prefix` as deliberately unused (e.g. the
  * encoder half of a VAE checkpoint when only the decoder runs). */
 void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix);
-/* Fails naming the first tensor of the checkpoint that nothing bound. */
+/* Tensors of the checkpoint that nothing bound are not an error (diffusers warns and loads):
+ * one line on stderr names them ("warning: <component>: <file>: tensors the config does not
+ * call for were not loaded: 'a' 'b' ..."). Fails only when the checkpoint cannot be read. */
 df_status df_ws_check_all_used(df_weight_set *ws);
+/* The last such warning line of this thread ("" if none); for tests. */
+const char *df_ws_last_warning(void);
 /* Bytes of the tensors bound so far. */
 int64_t df_ws_bytes(const df_weight_set *ws);
 /* The tensors bound so far whose names start with `prefix`, in binding order: the first

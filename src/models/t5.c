@@ -77,6 +77,8 @@ struct df_t5 {
 static df_status read_config(const df_json *j, df_t5_config *c)
 {
     *c = (df_t5_config){0};
+    static const char *const classes[] = {"T5EncoderModel", "T5ForConditionalGeneration"};
+    DF_TRY(df_text_config_class(j, classes, 2));
     const char *ff;
     DF_TRY(df_json_get_string_or(j, "feed_forward_proj", "relu", &ff));
     if (strcmp(ff, "gated-gelu") != 0 && strcmp(ff, "gated-gelu_new") != 0 &&

@@ -37,6 +37,43 @@ df_status df_text_config_eps(const df_json *cfg, const char *key, double dflt, d
     return DF_OK;
 }
 
+df_status df_text_config_class(const df_json *cfg, const char *const *classes, int n)
+{
+    const char *src = df_json_source(cfg);
+    const char *keys[2] = {"architectures", "_class_name"};
+    for (int k = 0; k < 2; k++) {
+        const df_json *v = df_json_get(cfg, keys[k]);
+        if (df_json_is_null(v))
+            continue;
+        const char *cls;
+        if (k == 0) {
+            const df_json *list;
+            DF_TRY(df_json_get_array(cfg, keys[k], &list));
+            for (int64_t i = 0; i < df_json_array_size(list); i++)
+                DF_TRY(df_json_to_string(df_json_array_get(list, i), &cls));
+            if (df_json_array_size(list) == 0)
+                continue;
+            cls = df_json_string(df_json_array_get(list, 0));
+        } else {
+            DF_TRY(df_json_to_string(v, &cls));
+        }
+        bool known = false;
+        for (int i = 0; i < n && !known; i++)
+            known = strcmp(cls, classes[i]) == 0;
+        if (!known) {
+            char list[256];
+            size_t used = 0;
+            list[0] = '\0';
+            for (int i = 0; i < n && used < sizeof list; i++)
+                used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
+                                         classes[i]);
+            return df_errorf(DF_E_UNSUPPORTED, "%s: key '%s%s': class '%.96s' is not one this "
+                             "loader reads (%s)", src, keys[k], k == 0 ? "[0]" : "", cls, list);
+        }
+    }
+    return DF_OK;
+}
+
 void df_text_component_name(const char *dir, const char *fallback, char *buf, size_t cap)
 {
     size_t end = strlen(dir);

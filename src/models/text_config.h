@@ -24,6 +24,11 @@ df_status df_text_config_int(const df_json *cfg, const char *key, int64_t dflt, 
 /* A normalisation epsilon: a number in [0, 1), dflt when absent or null. */
 df_status df_text_config_eps(const df_json *cfg, const char *key, double dflt, double *out);
 
+/* The class a transformers config names ("architectures"[0], or "_class_name" where a file
+ * has one) must be one of `classes` (n of them): DF_E_UNSUPPORTED naming the file, the key and
+ * the class otherwise, DF_E_FORMAT when the key is not a list of strings / a string. */
+df_status df_text_config_class(const df_json *cfg, const char *const *classes, int n);
+
 /* The last part of the folder path `dir` ("a/text_encoder_2/" -> "text_encoder_2"), which
  * names the component in messages; `fallback` when there is none. */
 void df_text_component_name(const char *dir, const char *fallback, char *buf, size_t cap);

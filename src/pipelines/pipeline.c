@@ -185,6 +185,12 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         return df_errorf(DF_E_OOM, "out of memory loading %s", dir);
     snprintf(p->dir, sizeof p->dir, "%s", dir);
     p->opts = opts ? *opts : (df_load_opts){.auto_dtype = true};
+    if (p->opts.compile && p->opts.offload == DF_OFFLOAD_SEQUENTIAL) {
+        /* Residency changes between blocks cannot be traced: compile the blocks instead, as
+         * diffusers advises for offloaded models (load opts, compile). */
+        p->opts.compile = false;
+        p->opts.compile_blocks = true;
+    }
     df_status s = tp_setup(p); /* first, so that a rank failing below still takes part: */
     if (s == DF_OK)
         s = load_parts(p);

@@ -263,7 +263,7 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
                                   : NULL;
     df_storage **held = df_malloc(((size_t)n + 1) * sizeof *held);
     int n_held = 0;
-    for (int i = 0; held && i < n; i++)
+    for (int i = 0; held && boundary && i < n; i++)
         if (boundary[i])
             held[n_held++] = nodes[i]->out.st;
     if (s == DF_OK && (!plan || !held))
@@ -274,8 +274,10 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
     if (s == DF_OK) {
         s = df_graph_execute(ctx, nodes, n, plan);
     } else {
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            nodes[i]->out.st->producer = NULL; /* never computed, as after a failed trace */
             df_node_free(nodes[i]);
+        }
     }
     for (int i = 0; i < n_held; i++)
         held[i]->handles--;
@@ -351,8 +353,10 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
         ctx->stats.graphs_built++;
         s = df_graph_execute(ctx, nodes, p->n, p->plan);
     } else {
-        for (int i = 0; i < p->n; i++)
+        for (int i = 0; i < p->n && nodes[i]; i++) {
+            nodes[i]->out.st->producer = NULL; /* never computed */
             df_node_free(nodes[i]);
+        }
     }
     df_free(nodes);
     return s;
@@ -421,6 +425,10 @@ static df_status trace(df_ctx *ctx, df_compiled *c, program *p, void *self, cons
     df_status s = c->m.forward(ctx, self, b->in, out);
     if (s == DF_OK)
         s = df_ctx_status(ctx) != DF_OK ? df_ctx_raise(ctx) : DF_OK;
+    for (int j = 0; s == DF_OK && j < c->m.n_out; j++)
+        if (!out[j])
+            s = df_errorf(DF_E_STATE, "compiled '%s': the forward gave no output %d and no "
+                          "error", t.module, j);
     if (s != DF_OK)
         for (int j = 0; j < c->m.n_out; j++)
             out[j] = NULL;
@@ -444,13 +452,21 @@ static df_status trace(df_ctx *ctx, df_compiled *c, program *p, void *self, cons
     return s;
 }
 
-df_status df_compiled_call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *const *in,
-                           df_tensor **out)
+/* A call made while another module is being traced: the forward is recorded into the outer
+ * trace (the outer program contains this module), as torch.compile traces through a region
+ * compiled on its own. */
+static bool tracing(const df_ctx *ctx)
 {
-    for (int j = 0; j < c->m.n_out; j++)
-        out[j] = NULL;
+    return ctx->exec == &exec_trace;
+}
+
+static df_status call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *const *in,
+                      df_tensor **out)
+{
     if (ctx->status != DF_OK)
         return df_ctx_raise(ctx);
+    if (tracing(ctx))
+        return c->m.forward(ctx, self, in, out);
     df_tensor *w[DF_MODULE_MAX_WEIGHTS] = {0};
     int n_w = c->m.weights ? c->m.weights(self, w) : 0;
     if (n_w < 0 || n_w > DF_MODULE_MAX_WEIGHTS)
@@ -486,14 +502,30 @@ df_status df_compiled_call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *c
             s = c->m.forward(ctx, self, in, out);
         } else if (s != DF_OK) {
             program_free(p);
-            df_ctx_fail(ctx, s);
-            return df_ctx_raise(ctx);
+            return s;
         }
         p->next = c->progs;
         c->progs = p;
         c->n_progs++;
     }
+    return s;
+}
+
+/* Every failure fails the context, whichever path found it, so that a caller that goes on
+ * with the NULL outputs reaches its next status check with the real message. */
+df_status df_compiled_call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *const *in,
+                           df_tensor **out)
+{
+    for (int j = 0; j < c->m.n_out; j++)
+        out[j] = NULL;
+    df_status s = call(ctx, c, self, in, out);
+    for (int j = 0; s == DF_OK && j < c->m.n_out; j++)
+        if (!out[j])
+            s = df_errorf(DF_E_STATE, "compiled '%s': the forward gave no output %d and no "
+                          "error", c->m.name ? c->m.name : "module", j);
     if (s != DF_OK) {
+        for (int j = 0; j < c->m.n_out; j++)
+            out[j] = NULL;
         df_ctx_fail(ctx, s);
         return df_ctx_raise(ctx);
     }

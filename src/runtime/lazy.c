@@ -40,8 +40,10 @@ static df_status lazy_flush(df_ctx *ctx)
         ctx->stats.graphs_compiled++;
     }
     if (!p) {
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            nodes[i]->out.st->producer = NULL; /* never computed */
             df_node_free(nodes[i]);
+        }
         df_free(nodes);
         return df_errorf(DF_E_OOM, "out of memory planning a graph of %d ops", n);
     }
@@ -74,8 +76,9 @@ static df_status lazy_submit(df_ctx *ctx, df_node *node)
         int cap = z->cap ? 2 * z->cap : 256;
         df_node **nn = df_realloc(z->nodes, (size_t)cap * sizeof *nn);
         if (!nn) {
+            const char *op = df_op_name(node->op);
             df_node_free(node);
-            return df_errorf(DF_E_OOM, "out of memory recording op '%s'", df_op_name(node->op));
+            return df_errorf(DF_E_OOM, "out of memory recording op '%s'", op);
         }
         z->nodes = nn;
         z->cap = cap;

@@ -76,17 +76,24 @@ static df_node *node_new(df_ctx *ctx, df_op op)
     return n;
 }
 
-static bool ready(df_ctx *ctx, int count, ...)
+/* Whether op can run on these required inputs. A failed context makes every op a no-op
+ * returning NULL. A NULL input in a context that has not failed means the call that made it
+ * lost its error: the context fails here, so the message names at least the op. */
+static bool ready(df_ctx *ctx, const char *op, int count, ...)
 {
     if (ctx->status != DF_OK)
         return false;
     va_list ap;
     va_start(ap, count);
-    bool all = true;
+    int missing = -1;
     for (int i = 0; i < count; i++)
-        all = all && va_arg(ap, df_tensor *) != NULL;
+        if (va_arg(ap, df_tensor *) == NULL && missing < 0)
+            missing = i;
     va_end(ap);
-    return all;
+    if (missing >= 0)
+        df_ctx_fail(ctx, df_errorf(DF_E_ARG, "%s: input %d is NULL (the call that made it "
+                                   "failed without an error)", op, missing));
+    return missing < 0;
 }
 
 static df_tensor *fail_shape(df_ctx *ctx, df_node *n, const char *op, const char *fmt, ...)
@@ -183,7 +190,7 @@ static df_view broadcast_view(const df_view *v, int ndim, const int64_t *shape)
 
 static df_tensor *copy_as(df_ctx *ctx, df_tensor *x, df_dtype dtype)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "cast", 1, x))
         return NULL;
     if (df_dtype_size(dtype) == 0)
         return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "cast: invalid dtype %d", (int)dtype));
@@ -197,7 +204,7 @@ static df_tensor *copy_as(df_ctx *ctx, df_tensor *x, df_dtype dtype)
 
 df_tensor *df_contiguous(df_ctx *ctx, df_tensor *x)
 {
-    return x ? copy_as(ctx, x, x->v.dtype) : NULL;
+    return copy_as(ctx, x, x ? x->v.dtype : DF_DTYPE_F32);
 }
 
 df_tensor *df_cast(df_ctx *ctx, df_tensor *x, df_dtype dtype)
@@ -207,7 +214,7 @@ df_tensor *df_cast(df_ctx *ctx, df_tensor *x, df_dtype dtype)
 
 df_tensor *df_concat(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim)
 {
-    if (!ready(ctx, 2, a, b))
+    if (!ready(ctx, "concat", 2, a, b))
         return NULL;
     char da[96], db[96];
     int nd = a->v.ndim, d = dim < 0 ? dim + nd : dim;
@@ -230,7 +237,7 @@ df_tensor *df_concat(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim)
 
 df_tensor *df_gather(df_ctx *ctx, df_tensor *table, df_tensor *ids)
 {
-    if (!ready(ctx, 2, table, ids))
+    if (!ready(ctx, "gather", 2, table, ids))
         return NULL;
     char dt[96], di[96];
     if (table->v.ndim != 2 || !is_float(table->v.dtype) || !is_int(ids->v.dtype) ||
@@ -253,7 +260,7 @@ df_tensor *df_gather(df_ctx *ctx, df_tensor *table, df_tensor *ids)
 
 static df_tensor *binary(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b)
 {
-    if (!ready(ctx, 2, a, b))
+    if (!ready(ctx, df_op_name(op), 2, a, b))
         return NULL;
     int nd;
     int64_t shape[DF_MAX_DIMS];
@@ -277,7 +284,7 @@ df_tensor *df_div(df_ctx *ctx, df_tensor *a, df_tensor *b) { return binary(ctx, 
 
 static df_tensor *unary(df_ctx *ctx, df_op op, df_tensor *x, float alpha, float beta)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, df_op_name(op), 1, x))
         return NULL;
     char dx[96];
     if (!is_float(x->v.dtype))
@@ -323,14 +330,14 @@ static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, d
 
 df_tensor *df_softmax(df_ctx *ctx, df_tensor *x)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "softmax", 1, x))
         return NULL;
     return norm_node(ctx, DF_OP_SOFTMAX, x, NULL, NULL, 0, 0);
 }
 
 df_tensor *df_layer_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, float eps)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "layer_norm", 1, x))
         return NULL;
     char dx[96];
     int64_t d = df_tensor_dim(x, -1);
@@ -342,7 +349,7 @@ df_tensor *df_layer_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, 
 
 df_tensor *df_rms_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, float eps)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "rms_norm", 1, x))
         return NULL;
     char dx[96];
     int64_t d = df_tensor_dim(x, -1);
@@ -355,7 +362,7 @@ df_tensor *df_rms_norm(df_ctx *ctx, df_tensor *x, df_tensor *w, float eps)
 df_tensor *df_group_norm(df_ctx *ctx, df_tensor *x, int groups, df_tensor *w, df_tensor *b,
                          float eps)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "group_norm", 1, x))
         return NULL;
     char dx[96];
     int64_t c = x->v.ndim >= 2 ? x->v.shape[1] : 0;
@@ -370,7 +377,7 @@ df_tensor *df_group_norm(df_ctx *ctx, df_tensor *x, int groups, df_tensor *w, df
 df_tensor *df_timestep_embedding(df_ctx *ctx, df_tensor *t, int dim, bool flip, float shift,
                                  float scale, float max_period)
 {
-    if (!ready(ctx, 1, t))
+    if (!ready(ctx, "timestep_embedding", 1, t))
         return NULL;
     char dt[96];
     if (t->v.ndim != 1 || dim <= 1 || !is_float(t->v.dtype))
@@ -393,7 +400,7 @@ df_tensor *df_timestep_embedding(df_ctx *ctx, df_tensor *t, int dim, bool flip, 
 df_tensor *df_rope_table(df_ctx *ctx, df_tensor *ids, const int *axes_dim, int n_axes,
                          double theta)
 {
-    if (!ready(ctx, 1, ids))
+    if (!ready(ctx, "rope_table", 1, ids))
         return NULL;
     char di[96];
     if (ids->v.ndim != 2 || ids->v.shape[1] != n_axes || n_axes < 1 || n_axes > 7)
@@ -421,7 +428,7 @@ df_tensor *df_rope_table(df_ctx *ctx, df_tensor *ids, const int *axes_dim, int n
 
 df_tensor *df_rope(df_ctx *ctx, df_tensor *x, df_tensor *table)
 {
-    if (!ready(ctx, 2, x, table))
+    if (!ready(ctx, "rope", 2, x, table))
         return NULL;
     char dx[96], dt[96];
     if (x->v.ndim != 4 || table->v.ndim != 3 || table->v.shape[0] != x->v.shape[2] ||
@@ -445,7 +452,7 @@ df_tensor *df_rope(df_ctx *ctx, df_tensor *x, df_tensor *table)
 
 df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
 {
-    if (!lw || !ready(ctx, 2, x, lw->weight))
+    if (!ready(ctx, "linear", 2, x, lw ? lw->weight : NULL))
         return NULL;
     df_tensor *w = lw->weight, *b = lw->bias;
     char dx[96], dw[96];
@@ -480,7 +487,7 @@ static bool transposed_dense(const df_view *v)
 
 df_tensor *df_matmul(df_ctx *ctx, df_tensor *a, df_tensor *b)
 {
-    if (!ready(ctx, 2, a, b))
+    if (!ready(ctx, "matmul", 2, a, b))
         return NULL;
     char da[96], db[96];
     int na = a->v.ndim, nb = b->v.ndim;
@@ -509,7 +516,7 @@ df_tensor *df_matmul(df_ctx *ctx, df_tensor *a, df_tensor *b)
 df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, df_tensor *mask,
                         bool causal, float scale)
 {
-    if (!ready(ctx, 3, q, k, v))
+    if (!ready(ctx, "attention", 3, q, k, v))
         return NULL;
     char dq[96], dk[96], dv[96];
     bool fits = q->v.ndim == 4 && k->v.ndim == 4 && v->v.ndim == 4 &&
@@ -559,7 +566,7 @@ df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, d
 df_tensor *df_conv2d(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, int stride,
                      int padding)
 {
-    if (!ready(ctx, 2, x, w))
+    if (!ready(ctx, "conv2d", 2, x, w))
         return NULL;
     char dx[96], dw[96];
     bool fits = x->v.ndim == 4 && w->v.ndim == 4 && w->v.shape[1] == x->v.shape[1] &&
@@ -585,7 +592,7 @@ df_tensor *df_conv2d(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, int 
 
 df_tensor *df_upsample_nearest2x(df_ctx *ctx, df_tensor *x)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "upsample_nearest2x", 1, x))
         return NULL;
     char dx[96];
     if (x->v.ndim != 4)
@@ -615,7 +622,7 @@ df_comm *df_ctx_comm(const df_ctx *ctx)
 
 df_tensor *df_all_reduce(df_ctx *ctx, df_tensor *x)
 {
-    if (!ready(ctx, 1, x))
+    if (!ready(ctx, "all_reduce", 1, x))
         return NULL;
     char dx[96];
     if (x->v.dtype != DF_DTYPE_F32)

@@ -18,9 +18,15 @@ static df_tensor *view_of(df_ctx *ctx, df_tensor *x, const df_view *v)
     return df_handle_new(ctx, &nv);
 }
 
-static bool ok(df_ctx *ctx, df_tensor *x)
+/* As ops.c's ready(): a NULL x in a context that has not failed fails it here. */
+static bool ok(df_ctx *ctx, const char *op, df_tensor *x)
 {
-    return x && ctx->status == DF_OK;
+    if (ctx->status != DF_OK)
+        return false;
+    if (!x)
+        df_ctx_fail(ctx, df_errorf(DF_E_ARG, "%s: the input is NULL (the call that made it "
+                                   "failed without an error)", op));
+    return x != NULL;
 }
 
 static int norm_dim(int d, int ndim)
@@ -44,7 +50,7 @@ static df_tensor *shape_error(df_ctx *ctx, const char *op, df_tensor *x, const c
 
 df_tensor *df_reshape(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "reshape", x))
         return NULL;
     if (ndim < 0 || ndim > DF_MAX_DIMS)
         return shape_error(ctx, "reshape", x, "%d dimensions", ndim);
@@ -87,7 +93,7 @@ df_tensor *df_reshape(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
 
 df_tensor *df_permute(df_ctx *ctx, df_tensor *x, const int64_t *dims, int ndim)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "permute", x))
         return NULL;
     if (ndim != x->v.ndim)
         return shape_error(ctx, "permute", x, "%d dimensions given", ndim);
@@ -106,7 +112,7 @@ df_tensor *df_permute(df_ctx *ctx, df_tensor *x, const int64_t *dims, int ndim)
 
 df_tensor *df_transpose(df_ctx *ctx, df_tensor *x, int d0, int d1)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "transpose", x))
         return NULL;
     int64_t dims[DF_MAX_DIMS];
     for (int d = 0; d < x->v.ndim; d++)
@@ -122,7 +128,7 @@ df_tensor *df_transpose(df_ctx *ctx, df_tensor *x, int d0, int d1)
 
 df_tensor *df_slice(df_ctx *ctx, df_tensor *x, int dim, int64_t start, int64_t end)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "slice", x))
         return NULL;
     int d = norm_dim(dim, x->v.ndim);
     if (d < 0 || d >= x->v.ndim)
@@ -138,7 +144,7 @@ df_tensor *df_slice(df_ctx *ctx, df_tensor *x, int dim, int64_t start, int64_t e
 
 df_tensor *df_chunk(df_ctx *ctx, df_tensor *x, int n, int dim, int i)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "chunk", x))
         return NULL;
     int d = norm_dim(dim, x->v.ndim);
     if (d < 0 || d >= x->v.ndim || n <= 0 || i < 0 || i >= n || x->v.shape[d] % n)
@@ -149,7 +155,7 @@ df_tensor *df_chunk(df_ctx *ctx, df_tensor *x, int n, int dim, int i)
 
 df_tensor *df_expand(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "expand", x))
         return NULL;
     if (ndim < x->v.ndim || ndim > DF_MAX_DIMS)
         return shape_error(ctx, "expand", x, "to %d dimensions", ndim);
@@ -171,7 +177,7 @@ df_tensor *df_expand(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
 
 df_tensor *df_unsqueeze(df_ctx *ctx, df_tensor *x, int dim)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "unsqueeze", x))
         return NULL;
     int nd = x->v.ndim + 1;
     int d = norm_dim(dim, nd);
@@ -190,7 +196,7 @@ df_tensor *df_unsqueeze(df_ctx *ctx, df_tensor *x, int dim)
 
 df_tensor *df_squeeze(df_ctx *ctx, df_tensor *x, int dim)
 {
-    if (!ok(ctx, x))
+    if (!ok(ctx, "squeeze", x))
         return NULL;
     int d = norm_dim(dim, x->v.ndim);
     if (d < 0 || d >= x->v.ndim || x->v.shape[d] != 1)

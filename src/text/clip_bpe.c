@@ -24,10 +24,11 @@
  */
 #include "text/clip_bpe.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 #include <utf8proc.h>
+
+#include <diffuse/json.h>
 
 #include "core/alloc.h"
 
@@ -577,43 +578,64 @@ df_status df_clip_bpe_encode(const df_clip_bpe *m, const char *text, size_t len,
 
 /* ---- loading ---------------------------------------------------------------------------- */
 
+/*
+ * vocab.json: a non-empty object of token -> id, strict JSON (no duplicate token), each id
+ * an integer in [0, number of tokens) and no id given twice, so ids and tokens map one to one.
+ */
 static df_status read_vocab(df_clip_bpe *m, const char *json, size_t len, const char *name)
 {
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root)
-        return df_errorf(DF_E_FORMAT, "%s/vocab.json: not valid JSON (near byte %zu)", name,
-                         (size_t)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : 0));
+    char file[1100];
+    snprintf(file, sizeof file, "%s/vocab.json", name);
+    df_json *root;
+    DF_TRY(df_json_parse_string(json, len, file, &root));
+    int64_t n = df_json_object_size(root);
     df_status s = DF_OK;
-    if (!cJSON_IsObject(root))
-        s = df_errorf(DF_E_FORMAT, "%s/vocab.json: expected an object of token -> id", name);
-    int64_t max_id = -1;
-    for (cJSON *it = root->child; it && s == DF_OK; it = it->next) {
-        double v = it->valuedouble;
-        if (!cJSON_IsNumber(it) || v != (double)(int32_t)v || v < 0 || v >= (1 << 30)) {
-            s = df_errorf(DF_E_FORMAT,
-                          "%s/vocab.json: token '%.64s' has id %.17g; expected an integer in "
-                          "[0, 2^30)",
-                          name, it->string ? it->string : "", cJSON_IsNumber(it) ? v : -1.0);
-            break;
-        }
-        if (!df_str_map_put(&m->vocab, it->string, strlen(it->string), (int32_t)v, NULL))
-            s = df_errorf(DF_E_OOM, "%s/vocab.json: out of memory", name);
-        if ((int64_t)v > max_id)
-            max_id = (int64_t)v;
+    if (df_json_type_of(root) != DF_JSON_OBJECT)
+        s = df_errorf(DF_E_FORMAT, "%s: expected an object of token -> id, found %s", file,
+                      df_json_type_name(df_json_type_of(root)));
+    else if (n == 0)
+        s = df_errorf(DF_E_FORMAT, "%s: the vocabulary is empty", file);
+    else if (n >= (1 << 30))
+        s = df_errorf(DF_E_FORMAT, "%s: %lld tokens; at most 2^30 are supported", file,
+                      (long long)n);
+    if (s == DF_OK) {
+        m->id_count = n;
+        m->id_entry = df_malloc((size_t)n * sizeof *m->id_entry);
+        if (!m->id_entry)
+            s = df_errorf(DF_E_OOM, "%s: out of memory", file);
     }
-    cJSON_Delete(root);
-    if (s != DF_OK)
-        return s;
-
-    m->id_count = max_id + 1;
-    m->id_entry = df_malloc((size_t)(m->id_count > 0 ? m->id_count : 1) * sizeof *m->id_entry);
-    if (!m->id_entry)
-        return df_errorf(DF_E_OOM, "%s/vocab.json: out of memory", name);
-    for (int64_t i = 0; i < m->id_count; i++)
+    for (int64_t i = 0; i < n && s == DF_OK; i++)
         m->id_entry[i] = -1;
-    for (size_t k = 0; k < m->vocab.count; k++) /* a later token with the same id wins */
-        m->id_entry[m->vocab.entries[k].value] = (int32_t)k;
-    return DF_OK;
+    for (int64_t i = 0; i < n && s == DF_OK; i++) {
+        const char *tok;
+        const df_json *v = df_json_object_at(root, i, &tok);
+        int64_t id;
+        s = df_json_to_int(v, &id);
+        if (s == DF_OK && (id < 0 || id >= n))
+            s = df_errorf(DF_E_FORMAT, "%s: token '%.64s' has id %lld; the %lld tokens need "
+                          "ids in [0, %lld)", file, tok, (long long)id, (long long)n,
+                          (long long)n);
+        size_t k;
+        if (s == DF_OK && !df_str_map_put(&m->vocab, tok, strlen(tok), (int32_t)id, &k))
+            s = df_errorf(DF_E_OOM, "%s: out of memory", file);
+        if (s == DF_OK && m->id_entry[id] >= 0)
+            s = df_errorf(DF_E_FORMAT, "%s: tokens '%.64s' and '%.64s' both have id %lld", file,
+                          df_str_map_key(&m->vocab, &m->vocab.entries[m->id_entry[id]]), tok,
+                          (long long)id);
+        if (s == DF_OK)
+            m->id_entry[id] = (int32_t)k;
+    }
+    df_json_free(root);
+    return s;
+}
+
+/* The 1-based line of text[pos]. */
+static int64_t line_of(const char *text, size_t pos)
+{
+    int64_t line = 1;
+    for (size_t i = 0; i < pos; i++)
+        line += text[i] == '\n';
+    return line;
 }
 
 /* Python str.strip() / str.split() whitespace, on valid UTF-8. */
@@ -653,7 +675,8 @@ static df_status read_merges(df_clip_bpe *m, const char *text, size_t len, const
         while (j < e && text[j] != '\n')
             j++;
         if (line > 0) {
-            /* tuple(merge.split()): only lines of exactly two parts can ever match a pair */
+            /* tuple(merge.split()): transformers ignores a line that is not two parts (it
+             * can never match a pair); we refuse it, and a part that is no token */
             const char *part[3];
             size_t plen[3];
             int parts = 0;
@@ -669,7 +692,21 @@ static df_status read_merges(df_clip_bpe *m, const char *text, size_t len, const
                 plen[parts++] = q - k;
                 k = q;
             }
-            if (parts == 2) {
+            if (parts != 2) {
+                s = df_errorf(DF_E_FORMAT, "%s:%lld: a merge is two tokens separated by a "
+                              "space; this line has %s", what, (long long)line_of(text, i),
+                              parts == 0 ? "none" : parts == 1 ? "one" : "more than two");
+                break;
+            }
+            for (int k = 0; k < 2; k++) {
+                if (!df_str_map_get(&m->vocab, part[k], plen[k], &(int32_t){0})) {
+                    s = df_errorf(DF_E_FORMAT, "%s:%lld: token '%.*s' is not in vocab.json",
+                                  what, (long long)line_of(text, i),
+                                  (int)(plen[k] > 64 ? 64 : plen[k]), part[k]);
+                    break;
+                }
+            }
+            if (s == DF_OK) {
                 key.len = 0;
                 if (!df_byte_buf_append(&key, part[0], plen[0]) ||
                     !df_byte_buf_append(&key, " ", 1) ||

@@ -38,7 +38,7 @@ bool df_clip_bpe_token_id(const df_clip_bpe *m, const char *tok, size_t len, int
 /* The vocab.json token of `id` (a byte-level string such as "photo</w>"), or NULL. */
 const char *df_clip_bpe_id_to_token(const df_clip_bpe *m, int64_t id);
 
-/* Number of vocab.json entries, and the largest id + 1 (ids may leave gaps). */
+/* Number of vocab.json entries, and the largest id + 1 (the same: ids are 0 .. count - 1). */
 int64_t df_clip_bpe_vocab_count(const df_clip_bpe *m);
 int64_t df_clip_bpe_id_limit(const df_clip_bpe *m);
 

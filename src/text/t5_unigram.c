@@ -26,6 +26,7 @@
  */
 #include "text/t5_unigram.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -224,6 +225,10 @@ static df_status add_pieces(parse_state *ps)
             return df_errorf(DF_E_FORMAT, "%s: piece %zu is empty", m->name, i);
         if (p->type < DF_SP_NORMAL || p->type > DF_SP_BYTE)
             return df_errorf(DF_E_FORMAT, "%s: piece %zu has unknown type %d", m->name, i, p->type);
+        if (!isfinite(p->score)) /* the lattice compares sums of scores */
+            return df_errorf(DF_E_FORMAT, "%s: piece %zu '%.*s' has score %g; scores must be "
+                             "finite", m->name, i, (int)(p->len > 64 ? 64 : p->len), p->str,
+                             (double)p->score);
         if (m->arena.len + p->len + 1 > UINT32_MAX)
             return df_errorf(DF_E_FORMAT, "%s: pieces too large", m->name);
         m->piece_off[i] = (uint32_t)m->arena.len;

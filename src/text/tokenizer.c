@@ -27,10 +27,12 @@
  * Where transformers would only log an error (truncation that cannot fit the special
  * tokens), we return DF_E_ARG instead.
  */
+#include <diffuse/json.h>
 #include <diffuse/tokenizer.h>
 
-#include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -71,119 +73,141 @@ static const char *const sp_keys[SP_COUNT] = {"bos_token", "eos_token", "unk_tok
 typedef struct token_spec {
     const char *content; /* NULL = none */
     bool lstrip, rstrip;
+    const char *from; /* the file (or default) that names it, for messages */
 } token_spec;
 
 typedef struct config {
-    cJSON *tok_config, *special_map, *added_json; /* owned; each may be NULL */
+    df_json *tok_config, *special_map, *added_json; /* owned; each may be NULL */
     token_spec sp[SP_COUNT];
     token_spec *extra; /* additional_special_tokens */
     int nextra;
     bool extra_given;
-    const cJSON *added_decoder; /* tokenizer_config's added_tokens_decoder */
-    int64_t model_max_length;   /* 0 = not given */
-    int64_t extra_ids;          /* T5 */
-    bool legacy;                /* T5 */
+    const df_json *added_decoder; /* tokenizer_config's added_tokens_decoder */
+    int64_t model_max_length;     /* 0 = not given */
+    int64_t extra_ids;            /* T5 */
+    bool legacy;                  /* T5 */
 } config;
 
 static void config_free(config *c)
 {
-    cJSON_Delete(c->tok_config);
-    cJSON_Delete(c->special_map);
-    cJSON_Delete(c->added_json);
+    df_json_free(c->tok_config);
+    df_json_free(c->special_map);
+    df_json_free(c->added_json);
     df_free(c->extra);
 }
 
-static df_status read_json(const char *dir, const char *file, cJSON **out)
+/* Parses dir/file (strict JSON, an object at the top) into *out; NULL when there is none. */
+static df_status read_json(const char *dir, const char *file, df_json **out)
 {
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     if (!df_file_exists(path))
         return DF_OK;
-    char *text;
-    size_t len;
-    DF_TRY(df_read_file(path, &text, &len));
-    *out = cJSON_ParseWithLength(text, len);
-    df_free(text);
-    if (!*out)
-        return df_errorf(DF_E_FORMAT, "%s: not valid JSON", path);
-    if (!cJSON_IsObject(*out)) {
-        cJSON_Delete(*out);
+    DF_TRY(df_json_parse_file(path, out));
+    if (df_json_type_of(*out) != DF_JSON_OBJECT) {
+        df_status s = df_errorf(DF_E_FORMAT, "%s: expected a JSON object, found %s", path,
+                                df_json_type_name(df_json_type_of(*out)));
+        df_json_free(*out);
         *out = NULL;
-        return df_errorf(DF_E_FORMAT, "%s: expected a JSON object", path);
+        return s;
     }
     return DF_OK;
 }
 
-/* A token given as "string" or {"content": "string", "lstrip": .., "rstrip": ..}. */
-static bool parse_token(const cJSON *v, token_spec *out)
+/* "<file>: key 'path'" of a node, for messages. */
+static const char *where(const df_json *v, char *buf, size_t cap)
+{
+    char path[256];
+    snprintf(buf, cap, "%s: key '%s'", df_json_source(v), df_json_path(v, path, sizeof path));
+    return buf;
+}
+
+/* A token given as "string", {"content": "string", "lstrip": bool, "rstrip": bool} or null. */
+static df_status parse_token(const df_json *v, token_spec *out)
 {
     memset(out, 0, sizeof *out);
-    if (cJSON_IsString(v)) {
-        out->content = v->valuestring;
-        return true;
+    out->from = df_json_source(v);
+    if (df_json_type_of(v) == DF_JSON_STRING) {
+        out->content = df_json_string(v);
+        return DF_OK;
     }
-    if (cJSON_IsObject(v)) {
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(v, "content");
-        if (!cJSON_IsString(c))
-            return false;
-        out->content = c->valuestring;
-        out->lstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "lstrip"));
-        out->rstrip = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "rstrip"));
-        return true;
+    if (df_json_type_of(v) == DF_JSON_OBJECT) {
+        DF_TRY(df_json_get_string(v, "content", &out->content));
+        DF_TRY(df_json_get_bool_or(v, "lstrip", false, &out->lstrip));
+        return df_json_get_bool_or(v, "rstrip", false, &out->rstrip);
     }
-    return cJSON_IsNull(v);
+    if (df_json_type_of(v) == DF_JSON_NULL)
+        return DF_OK;
+    char w[512];
+    return df_errorf(DF_E_FORMAT, "%s: a token is a string, an object with \"content\", or "
+                     "null; found %s", where(v, w, sizeof w),
+                     df_json_type_name(df_json_type_of(v)));
 }
 
 /* Reads the special names of one JSON object into c (later files override earlier). */
-static df_status read_names(config *c, const cJSON *obj, const char *dir, const char *file)
+static df_status read_names(config *c, const df_json *obj)
 {
     for (int k = 0; k < SP_COUNT; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, sp_keys[k]);
-        if (v && !parse_token(v, &c->sp[k]))
-            return df_errorf(DF_E_FORMAT,
-                             "%s/%s: \"%s\" must be a string, an object with "
-                             "\"content\", or null",
-                             dir, file, sp_keys[k]);
+        const df_json *v = df_json_get(obj, sp_keys[k]);
+        if (v)
+            DF_TRY(parse_token(v, &c->sp[k]));
     }
-    const cJSON *list = cJSON_GetObjectItemCaseSensitive(obj, "additional_special_tokens");
-    if (!list || cJSON_IsNull(list))
+    const df_json *list = df_json_get(obj, "additional_special_tokens");
+    if (df_json_is_null(list))
         return DF_OK;
-    if (!cJSON_IsArray(list))
-        return df_errorf(DF_E_FORMAT, "%s/%s: \"additional_special_tokens\" must be a list", dir,
-                         file);
-    int n = cJSON_GetArraySize(list);
+    DF_TRY(df_json_get_array(obj, "additional_special_tokens", &list));
+    int64_t n = df_json_array_size(list);
+    if (n > 100000)
+        return df_errorf(DF_E_FORMAT, "%s: key 'additional_special_tokens': %lld tokens; at "
+                         "most 100000", df_json_source(obj), (long long)n);
     token_spec *extra = df_calloc((size_t)(n > 0 ? n : 1), sizeof *extra);
     if (!extra)
-        return df_errorf(DF_E_OOM, "%s/%s: out of memory", dir, file);
-    int i = 0;
-    for (const cJSON *it = list->child; it; it = it->next) {
-        if (!parse_token(it, &extra[i]) || !extra[i].content) {
-            df_free(extra);
-            return df_errorf(DF_E_FORMAT, "%s/%s: additional_special_tokens[%d] is not a token",
-                             dir, file, i);
+        return df_errorf(DF_E_OOM, "%s: out of memory", df_json_source(obj));
+    for (int64_t i = 0; i < n; i++) {
+        const df_json *it = df_json_array_get(list, i);
+        df_status s = parse_token(it, &extra[i]);
+        if (s == DF_OK && !extra[i].content) {
+            char w[512];
+            s = df_errorf(DF_E_FORMAT, "%s: expected a token, found null", where(it, w, sizeof w));
         }
-        i++;
+        if (s != DF_OK) {
+            df_free(extra);
+            return s;
+        }
     }
     df_free(c->extra);
     c->extra = extra;
-    c->nextra = i;
+    c->nextra = (int)n;
     c->extra_given = true;
     return DF_OK;
 }
 
-static int64_t json_int(const cJSON *obj, const char *key, int64_t dflt)
+/* model_max_length: a positive integer; "very large" (transformers writes 1e30) = no limit. */
+static df_status read_max_length(const df_json *tc, int64_t *out)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!cJSON_IsNumber(v) || v->valuedouble != v->valuedouble)
-        return dflt;
-    if (v->valuedouble > 1e15 || v->valuedouble < -1e15) /* "very large" = no limit */
-        return 0;
-    return (int64_t)v->valuedouble;
+    const df_json *v = df_json_get(tc, "model_max_length");
+    if (df_json_is_null(v))
+        return DF_OK;
+    double d;
+    DF_TRY(df_json_to_double(v, &d));
+    if (d > 1e15) {
+        *out = 0;
+        return DF_OK;
+    }
+    DF_TRY(df_json_to_int(v, out));
+    if (*out < 1) {
+        char w[512];
+        return df_errorf(DF_E_FORMAT, "%s: %lld; expected a positive integer",
+                         where(v, w, sizeof w), (long long)*out);
+    }
+    return DF_OK;
 }
 
 static df_status read_config(config *c, const char *dir, df_tokenizer_type type)
 {
+    const char *dflt = type == DF_TOKENIZER_CLIP_BPE ? "CLIPTokenizer's defaults"
+                                                     : "T5Tokenizer's defaults";
     if (type == DF_TOKENIZER_CLIP_BPE) {
         c->sp[SP_BOS].content = "<|startoftext|>";
         c->sp[SP_EOS].content = c->sp[SP_UNK].content = c->sp[SP_PAD].content = "<|endoftext|>";
@@ -193,35 +217,37 @@ static df_status read_config(config *c, const char *dir, df_tokenizer_type type)
         c->sp[SP_UNK].content = "<unk>";
         c->sp[SP_PAD].content = "<pad>";
     }
+    for (int k = 0; k < SP_COUNT; k++)
+        c->sp[k].from = dflt;
     c->extra_ids = 100;
     c->legacy = true;
 
     DF_TRY(read_json(dir, "tokenizer_config.json", &c->tok_config));
     if (c->tok_config) {
-        const cJSON *tc = c->tok_config;
-        DF_TRY(read_names(c, tc, dir, "tokenizer_config.json"));
-        c->model_max_length = json_int(tc, "model_max_length", c->model_max_length);
-        c->extra_ids = json_int(tc, "extra_ids", 100);
-        const cJSON *legacy = cJSON_GetObjectItemCaseSensitive(tc, "legacy");
-        c->legacy = !cJSON_IsFalse(legacy);
-        c->added_decoder = cJSON_GetObjectItemCaseSensitive(tc, "added_tokens_decoder");
-        if (c->added_decoder && !cJSON_IsObject(c->added_decoder))
-            return df_errorf(DF_E_FORMAT,
-                             "%s/tokenizer_config.json: \"added_tokens_decoder\" must be an "
-                             "object of id -> token",
-                             dir);
+        const df_json *tc = c->tok_config;
+        DF_TRY(read_names(c, tc));
+        DF_TRY(read_max_length(tc, &c->model_max_length));
+        DF_TRY(df_json_get_int_or(tc, "extra_ids", 100, &c->extra_ids));
+        DF_TRY(df_json_get_bool_or(tc, "legacy", true, &c->legacy));
+        const df_json *dec = df_json_get(tc, "added_tokens_decoder");
+        if (!df_json_is_null(dec)) {
+            if (df_json_type_of(dec) != DF_JSON_OBJECT)
+                return df_errorf(DF_E_FORMAT,
+                                 "%s/tokenizer_config.json: \"added_tokens_decoder\" must be an "
+                                 "object of id -> token, found %s",
+                                 dir, df_json_type_name(df_json_type_of(dec)));
+            c->added_decoder = dec;
+        }
     }
     if (!c->added_decoder) { /* the legacy files count only without added_tokens_decoder */
         DF_TRY(read_json(dir, "special_tokens_map.json", &c->special_map));
         if (c->special_map)
-            DF_TRY(read_names(c, c->special_map, dir, "special_tokens_map.json"));
+            DF_TRY(read_names(c, c->special_map));
         DF_TRY(read_json(dir, "added_tokens.json", &c->added_json));
     }
     if (c->extra_ids < 0 || c->extra_ids > 1000)
-        return df_errorf(DF_E_FORMAT, "%s/tokenizer_config.json: extra_ids %lld out of range", dir,
-                         (long long)c->extra_ids);
-    if (c->model_max_length < 0)
-        c->model_max_length = 0;
+        return df_errorf(DF_E_FORMAT, "%s/tokenizer_config.json: key 'extra_ids' is %lld; "
+                         "expected 0 to 1000", dir, (long long)c->extra_ids);
     return DF_OK;
 }
 
@@ -298,13 +324,23 @@ static int64_t base_count(const df_tokenizer *t)
                                             : df_t5_unigram_piece_count(t->t5);
 }
 
-static df_status ensure_special(df_tokenizer *t, const token_spec *spec, int64_t *next_id)
+/* Makes a special token an added token. `key` names it for messages; NULL for a token the
+ * class itself adds (T5's extra ids), which gets the next free id when the vocabulary does
+ * not have it. Any other special token must be in the vocabulary or an added token already:
+ * transformers would give it an id past the vocabulary, which no embedding row holds. */
+static df_status ensure_special(df_tokenizer *t, const token_spec *spec, const char *key,
+                                int64_t *next_id)
 {
     int64_t id;
     if (!spec->content || !spec->content[0] ||
         added_lookup(t, spec->content, strlen(spec->content), &id))
         return DF_OK;
     id = base_id(t, spec->content);
+    if (id < 0 && key)
+        return df_errorf(DF_E_FORMAT, "%s: %s '%.64s' is neither in the vocabulary (%s) nor an "
+                         "added token", spec->from ? spec->from : "tokenizer", key,
+                         spec->content,
+                         t->type == DF_TOKENIZER_CLIP_BPE ? "vocab.json" : "spiece.model");
     if (id < 0)
         id = (*next_id)++;
     int before = t->nadded;
@@ -337,25 +373,37 @@ static df_status read_added(df_tokenizer *t, const config *c, const char *dir)
         }
     }
     if (c->added_decoder) {
-        for (const cJSON *it = c->added_decoder->child; it; it = it->next) {
+        for (int64_t i = 0; i < df_json_object_size(c->added_decoder); i++) {
+            const char *key;
+            const df_json *it = df_json_object_at(c->added_decoder, i, &key);
             char *end;
-            long long id = strtoll(it->string, &end, 10);
-            token_spec spec;
-            if (*end || end == it->string || id < 0 || id > INT32_MAX || !parse_token(it, &spec) ||
-                !spec.content)
+            errno = 0;
+            long long id = strtoll(key, &end, 10);
+            if (*end || end == key || key[0] == '-' || key[0] == '+' || errno || id > INT32_MAX)
                 return df_errorf(DF_E_FORMAT,
-                                 "%s/tokenizer_config.json: added_tokens_decoder entry '%.32s' "
-                                 "is not id -> {\"content\": ...}",
-                                 dir, it->string);
+                                 "%s/tokenizer_config.json: key 'added_tokens_decoder.%.32s': "
+                                 "expected a token id (a decimal integer in [0, 2^31))",
+                                 dir, key);
+            token_spec spec;
+            DF_TRY(parse_token(it, &spec));
+            if (!spec.content || df_json_type_of(it) != DF_JSON_OBJECT)
+                return df_errorf(DF_E_FORMAT,
+                                 "%s/tokenizer_config.json: key 'added_tokens_decoder.%.32s': "
+                                 "expected {\"content\": ...}", dir, key);
             DF_TRY(add_token(t, spec.content, id, spec.lstrip, spec.rstrip));
         }
     } else if (c->added_json) {
-        for (const cJSON *it = c->added_json->child; it; it = it->next) {
-            double v = it->valuedouble;
-            if (!cJSON_IsNumber(it) || v < 0 || v > INT32_MAX || v != (double)(int64_t)v)
-                return df_errorf(DF_E_FORMAT, "%s/added_tokens.json: '%.32s' needs an integer id",
-                                 dir, it->string);
-            DF_TRY(add_token(t, it->string, (int64_t)v, false, false));
+        for (int64_t i = 0; i < df_json_object_size(c->added_json); i++) {
+            const char *content;
+            const df_json *it = df_json_object_at(c->added_json, i, &content);
+            int64_t id;
+            DF_TRY(df_json_to_int(it, &id));
+            if (id < 0 || id > INT32_MAX) {
+                char w[512];
+                return df_errorf(DF_E_FORMAT, "%s: id %lld; expected an integer in [0, 2^31)",
+                                 where(it, w, sizeof w), (long long)id);
+            }
+            DF_TRY(add_token(t, content, id, false, false));
         }
     }
     DF_TRY(rebuild_added_map(t));
@@ -366,18 +414,20 @@ static df_status read_added(df_tokenizer *t, const config *c, const char *dir)
     for (int i = 0; i < t->nadded; i++)
         next_id += base_id(t, t->added[i].content) < 0;
     for (int k = 0; k < SP_COUNT; k++)
-        DF_TRY(ensure_special(t, &c->sp[k], &next_id));
+        DF_TRY(ensure_special(t, &c->sp[k], sp_keys[k], &next_id));
     bool named = false;
     for (int i = 0; i < c->nextra; i++) {
         named |= strstr(c->extra[i].content, "<extra_id_") != NULL;
-        DF_TRY(ensure_special(t, &c->extra[i], &next_id));
+        char key[48];
+        snprintf(key, sizeof key, "additional_special_tokens[%d]", i);
+        DF_TRY(ensure_special(t, &c->extra[i], key, &next_id));
     }
     if (t->type == DF_TOKENIZER_T5_UNIGRAM && c->extra_given && !named) {
         for (int64_t i = 0; i < c->extra_ids; i++) { /* appended to additional_special_tokens */
             char name[32];
             snprintf(name, sizeof name, "<extra_id_%lld>", (long long)i);
-            token_spec spec = {name, false, false};
-            DF_TRY(ensure_special(t, &spec, &next_id));
+            token_spec spec = {name, false, false, NULL};
+            DF_TRY(ensure_special(t, &spec, NULL, &next_id));
         }
     }
     return DF_OK;

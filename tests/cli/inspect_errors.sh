@@ -70,6 +70,53 @@ expect 2 ""
 expect 2 "" --bogus "$work/good.safetensors"
 expect 2 "" "$work/good.safetensors" "$work/good.safetensors"
 
+# The header's own rules: it begins with '{'; shapes and offsets are integer literals.
+st "$work/space.safetensors" ' {"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}' \
+    '\000\000\200\077'
+expect 1 "begins with ' '" "$work/space.safetensors"
+st "$work/float-shape.safetensors" '{"w":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}}' \
+    '\000\000\200\077'
+expect 1 "shape.0. is 1 (not an integer literal)" "$work/float-shape.safetensors"
+st "$work/float-offset.safetensors" '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}}' \
+    '\000\000\200\077'
+expect 1 "data_offsets.1. is 4 (not an integer literal)" "$work/float-offset.safetensors"
+
+# A pipeline is checked as a load checks it: component classes, tokenizer files, links.
+if "$bin" make-tiny --arch sd3 "$work/sd3" >/dev/null 2>&1; then
+    expect 0 "" --summary "$work/sd3"
+    cp "$work/sd3/model_index.json" "$work/index.orig"
+    sed 's/"AutoencoderKL"/"AutoencoderTiny"/' "$work/index.orig" >"$work/sd3/model_index.json"
+    # A class this build does not implement: the files are valid (exit 0), and stdout says
+    # why the pipeline cannot load.
+    expect 0 "" --summary "$work/sd3"
+    if ! grep -q "not loadable by this build: .*component 'vae' is a AutoencoderTiny" \
+        "$work/out"; then
+        echo "FAIL inspect of an AutoencoderTiny pipeline does not say so:"; cat "$work/out"
+        failures=$((failures + 1))
+    fi
+    cp "$work/index.orig" "$work/sd3/model_index.json"
+    cp "$work/sd3/tokenizer/vocab.json" "$work/vocab.orig"
+    sed 's/"<|endoftext|>":\([0-9]*\)/"<|endoftext|>":0/' "$work/vocab.orig" \
+        >"$work/sd3/tokenizer/vocab.json"
+    expect 1 "tokenizer/vocab.json: tokens" --summary "$work/sd3"
+    cp "$work/vocab.orig" "$work/sd3/tokenizer/vocab.json"
+    cp "$work/sd3/tokenizer/merges.txt" "$work/merges.orig"
+    printf 'q zz</w>\n' >>"$work/sd3/tokenizer/merges.txt"
+    expect 1 "merges.txt:12: token 'zz</w>' is not in vocab.json" --summary "$work/sd3"
+    cp "$work/merges.orig" "$work/sd3/tokenizer/merges.txt"
+    printf '{"pad_token": "<pad>"}' >"$work/sd3/tokenizer/special_tokens_map.json"
+    expect 1 "pad_token '<pad>' is neither" --summary "$work/sd3"
+    rm "$work/sd3/tokenizer/special_tokens_map.json"
+    mv "$work/sd3/scheduler" "$work/scheduler-outside"
+    ln -s "$work/scheduler-outside" "$work/sd3/scheduler"
+    expect 1 "outside the pipeline folder" --summary "$work/sd3"
+    rm "$work/sd3/scheduler"
+    mv "$work/scheduler-outside" "$work/sd3/scheduler"
+    expect 0 "" --summary "$work/sd3"
+else
+    echo "FAIL make-tiny --arch sd3"; failures=$((failures + 1))
+fi
+
 rm -rf "$work"
 [ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }
 echo "all inspect checks passed"

@@ -128,6 +128,76 @@ static void test_getter_errors(void **state)
     df_json_free(cfg);
 }
 
+/* Integers are read from their digits, not through a double: every 64-bit value is exact. */
+static void test_exact_integers(void **state)
+{
+    (void)state;
+    df_json *cfg = parse("{\"max\": 9223372036854775807, \"min\": -9223372036854775808,"
+                         " \"u64\": 18446744073709551615, \"odd\": 9007199254740993,"
+                         " \"over\": 18446744073709551616, \"i64_over\": 9223372036854775808,"
+                         " \"neg\": -1, \"zero\": -0, \"three\": 3.0, \"e3\": 1e3,"
+                         " \"big_e\": 1e17, \"tricky\": 9007199254740993.0,"
+                         " \"seeds\": [0, 4294967301, 18446744073709551615]}");
+    int64_t v;
+    uint64_t u;
+    assert_int_equal(df_json_get_int(cfg, "max", &v), DF_OK);
+    assert_true(v == INT64_MAX);
+    assert_int_equal(df_json_get_int(cfg, "min", &v), DF_OK);
+    assert_true(v == INT64_MIN);
+    assert_int_equal(df_json_get_int(cfg, "odd", &v), DF_OK); /* 2^53 + 1: no double holds it */
+    assert_true(v == 9007199254740993LL);
+    assert_int_equal(df_json_get_uint64(cfg, "u64", &u), DF_OK);
+    assert_true(u == UINT64_MAX);
+    assert_int_equal(df_json_get_uint64(cfg, "max", &u), DF_OK);
+    assert_true(u == (uint64_t)INT64_MAX);
+    assert_int_equal(df_json_get_int(cfg, "zero", &v), DF_OK);
+    assert_true(v == 0);
+    assert_int_equal(df_json_get_uint64(cfg, "zero", &u), DF_OK); /* -0 is not negative */
+    assert_int_equal(df_json_get_int(cfg, "three", &v), DF_OK);
+    assert_true(v == 3);
+    assert_int_equal(df_json_get_int(cfg, "e3", &v), DF_OK);
+    assert_true(v == 1000);
+    const df_json *seeds;
+    assert_int_equal(df_json_get_array(cfg, "seeds", &seeds), DF_OK);
+    assert_int_equal(df_json_to_uint64(df_json_array_get(seeds, 1), &u), DF_OK);
+    assert_true(u == 4294967301ULL);
+    assert_int_equal(df_json_to_uint64(df_json_array_get(seeds, 2), &u), DF_OK);
+    assert_true(u == UINT64_MAX);
+    /* Messages give the number as written. */
+    expect_msg(df_json_get_int(cfg, "u64", &v), "'u64'", "18446744073709551615", "out of range");
+    expect_msg(df_json_get_int(cfg, "i64_over", &v), "9223372036854775808", "out of range",
+               NULL);
+    expect_msg(df_json_get_uint64(cfg, "over", &u), "'over'", "out of range", NULL);
+    expect_msg(df_json_get_uint64(cfg, "neg", &u), "'neg'", "non-negative", "-1");
+    /* A fraction or exponent is a double: whole values past 2^53 may have been rounded. */
+    expect_msg(df_json_get_int(cfg, "big_e", &v), "'big_e'", "write the digits", NULL);
+    expect_msg(df_json_get_int(cfg, "tricky", &v), "'tricky'", "write the digits", NULL);
+    assert_true(df_json_number(df_json_get(cfg, "max")) == 9223372036854775807.0);
+    df_json_free(cfg);
+}
+
+/* Numbers follow JSON's grammar, which cJSON alone does not enforce. */
+static void test_number_grammar(void **state)
+{
+    (void)state;
+    const char *bad[] = {"[+1]", "[01]", "[1.]", "[.5]", "[-]", "[1e]", "[1e+]", "[-01]",
+                         "{\"a\": 1.5e}", "[0x10]", "[1E5.0]"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        expect_parse_error(bad[i], strlen(bad[i]), DF_E_FORMAT, "bad.json:1:");
+    expect_parse_error("{\"k\": \"1\", \"a\": 01}", 19, DF_E_FORMAT,
+                       "1:17: invalid number near '01}'");
+    df_json *ok = parse("[0, -0, 0.5, -1.25e-3, 1E+2, 10, \"1\\\"2\", {\"3\": 4}, 5e0]");
+    double want[] = {0, 0, 0.5, -1.25e-3, 100, 10};
+    for (int i = 0; i < 6; i++)
+        assert_true(df_json_number(df_json_array_get(ok, i)) == want[i]);
+    int64_t v;
+    assert_int_equal(df_json_get_int(df_json_array_get(ok, 7), "3", &v), DF_OK);
+    assert_true(v == 4);
+    assert_int_equal(df_json_to_int(df_json_array_get(ok, 8), &v), DF_OK);
+    assert_true(v == 5);
+    df_json_free(ok);
+}
+
 static void test_navigation(void **state)
 {
     (void)state;
@@ -288,6 +358,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_getters),       cmocka_unit_test(test_getter_errors),
+        cmocka_unit_test(test_exact_integers), cmocka_unit_test(test_number_grammar),
         cmocka_unit_test(test_navigation),    cmocka_unit_test(test_large_object),
         cmocka_unit_test(test_strings),       cmocka_unit_test(test_syntax_errors),
         cmocka_unit_test(test_files),         cmocka_unit_test(test_out_of_memory),

@@ -12,6 +12,7 @@
 
 #include <dirent.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <diffuse/layout.h>
@@ -116,6 +117,20 @@ static void test_folders(void **state)
     assert_non_null(strstr(df_error_message(), "component 'unet' has no folder"));
     assert_int_equal(df_layout_component_dir(root, "../x", dir, sizeof dir), DF_E_FORMAT);
     assert_int_equal(df_layout_component_dir(root, "vae", dir, 8), DF_E_ARG);
+    /* A component folder that is a link out of the pipeline folder is refused; a link to a
+     * folder inside it is fine. */
+    char outside[600], link[800];
+    snprintf(outside, sizeof outside, "%s-outside", root);
+    mkdir(outside, 0755);
+    unlink(path_in(root, "te", link, sizeof link));
+    assert_int_equal(symlink(outside, link), 0);
+    assert_int_equal(df_layout_component_dir(root, "te", dir, sizeof dir), DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(), "component 'te' is a link to"));
+    assert_non_null(strstr(df_error_message(), "outside the pipeline folder"));
+    assert_string_equal(dir, "");
+    unlink(path_in(root, "te2", link, sizeof link));
+    assert_int_equal(symlink("vae", link), 0);
+    assert_int_equal(df_layout_component_dir(root, "te2", dir, sizeof dir), DF_OK);
 
     /* The weight search order, and what a folder without safetensors says. */
     df_layout_component_dir(root, "vae", dir, sizeof dir);

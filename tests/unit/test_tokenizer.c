@@ -872,6 +872,132 @@ static void test_load_errors(void **state)
     assert_null(t);
 }
 
+/* Each consistency rule of the tokenizer files, broken once: one message naming the file
+ * and the line or key. */
+static void test_consistency_rules(void **state)
+{
+    (void)state;
+#define GOOD_VOCAB "{\"a\": 0, \"b\": 1, \"ab\": 2, \"<|startoftext|>\": 3, \"<|endoftext|>\": 4}"
+#define GOOD_MERGES "#version: 0.2\na b\n"
+    static const struct {
+        const char *vocab, *merges, *config, *special_map, *added;
+        const char *file, *word;
+    } cases[] = {
+        {"{}", GOOD_MERGES, NULL, NULL, NULL, "vocab.json", "the vocabulary is empty"},
+        {"[\"a\"]", GOOD_MERGES, NULL, NULL, NULL, "vocab.json", "found array"},
+        {"{\"a\": 0, \"b\": 0}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json",
+         "tokens 'a' and 'b' both have id 0"},
+        {"{\"a\": 0, \"b\": 7}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json",
+         "token 'b' has id 7; the 2 tokens need ids in [0, 2)"},
+        {"{\"a\": 0, \"b\": -1}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json", "id -1"},
+        {"{\"a\": 0, \"b\": 1.5}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json: key 'b'",
+         "expected an integer"},
+        {"{\"a\": 0, \"b\": \"1\"}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json: key 'b'",
+         "found string"},
+        {"{\"a\": 0, \"a\": 1}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json",
+         "duplicate key 'a'"},
+        {"{\"a\": 0,}", "#version: 0.2\n", NULL, NULL, NULL, "vocab.json:1:", "invalid JSON"},
+        {GOOD_VOCAB, "#version: 0.2\na b\na b ab\n", NULL, NULL, NULL, "merges.txt:3:",
+         "more than two"},
+        {GOOD_VOCAB, "#version: 0.2\nab\n", NULL, NULL, NULL, "merges.txt:2:", "has one"},
+        {GOOD_VOCAB, "#version: 0.2\na b\n\nb a\n", NULL, NULL, NULL, "merges.txt:3:",
+         "has none"},
+        {GOOD_VOCAB, "#version: 0.2\na q\n", NULL, NULL, NULL, "merges.txt:2:",
+         "token 'q' is not in vocab.json"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"eos_token\": \"<eos>\"}", NULL, NULL,
+         "tokenizer_config.json", "eos_token '<eos>' is neither in the vocabulary"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"additional_special_tokens\": [\"a\", \"zz\"]}", NULL,
+         NULL, "tokenizer_config.json", "additional_special_tokens[1] 'zz'"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"bos_token\": 3}", NULL, NULL,
+         "tokenizer_config.json: key 'bos_token'", "found number"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"bos_token\": {\"content\": \"a\", \"lstrip\": 1}}", NULL,
+         NULL, "tokenizer_config.json: key 'bos_token.lstrip'", "true or false"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"model_max_length\": \"77\"}", NULL, NULL,
+         "tokenizer_config.json: key 'model_max_length'", "found string"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"model_max_length\": 0}", NULL, NULL,
+         "tokenizer_config.json: key 'model_max_length'", "positive"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"legacy\": \"yes\"}", NULL, NULL,
+         "tokenizer_config.json: key 'legacy'", "true or false"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"extra_ids\": 5000}", NULL, NULL, "tokenizer_config.json",
+         "'extra_ids' is 5000"},
+        {GOOD_VOCAB, GOOD_MERGES, "[]", NULL, NULL, "tokenizer_config.json",
+         "expected a JSON object"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"a\": 1} x", NULL, NULL, "tokenizer_config.json:1:",
+         "unexpected text"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"added_tokens_decoder\": {\"x\": {\"content\": \"a\"}}}",
+         NULL, NULL, "tokenizer_config.json: key 'added_tokens_decoder.x'", "token id"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"added_tokens_decoder\": {\"5\": \"a\"}}", NULL, NULL,
+         "tokenizer_config.json: key 'added_tokens_decoder.5'", "content"},
+        {GOOD_VOCAB, GOOD_MERGES, NULL, "{\"pad_token\": \"<pad>\"", NULL,
+         "special_tokens_map.json:1:", "invalid JSON"},
+        {GOOD_VOCAB, GOOD_MERGES, NULL, "{\"pad_token\": \"<pad>\"}", NULL,
+         "special_tokens_map.json", "pad_token '<pad>' is neither"},
+        {GOOD_VOCAB, GOOD_MERGES, NULL, NULL, "{\"<new>\": \"5\"}",
+         "added_tokens.json: key '<new>'", "found string"},
+        {GOOD_VOCAB, GOOD_MERGES, NULL, NULL, "{\"<new>\": -5}", "added_tokens.json",
+         "id -5"},
+        {GOOD_VOCAB, GOOD_MERGES, NULL, NULL, "{\"<new>\": 5, \"<new>\": 6}",
+         "added_tokens.json", "duplicate key"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "rule-%zu", i);
+        const char *dir = tmp_dir(name);
+        write_in(dir, "vocab.json", cases[i].vocab);
+        write_in(dir, "merges.txt", cases[i].merges);
+        const char *files[3] = {"tokenizer_config.json", "special_tokens_map.json",
+                                "added_tokens.json"};
+        const char *texts[3] = {cases[i].config, cases[i].special_map, cases[i].added};
+        for (int f = 0; f < 3; f++) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+            remove(path);
+            if (texts[f])
+                write_in(dir, files[f], texts[f]);
+        }
+        df_tokenizer *t = (df_tokenizer *)1;
+        df_status s = df_tokenizer_load(dir, &t);
+        const char *m = df_error_message();
+        char want_file[1200];
+        snprintf(want_file, sizeof want_file, "%s/%s", dir, cases[i].file);
+        if (s != DF_E_FORMAT || !strstr(m, want_file) || !strstr(m, cases[i].word))
+            fail_msg("case %zu: got %s '%s', expected DF_E_FORMAT with '%s' and '%s'", i,
+                     df_status_name(s), m, want_file, cases[i].word);
+        assert_null(t);
+    }
+    /* The good files load; a special token given as an added token need not be in vocab. */
+    const char *dir = tmp_dir("rule-good");
+    write_in(dir, "vocab.json", GOOD_VOCAB);
+    write_in(dir, "merges.txt", GOOD_MERGES);
+    write_in(dir, "tokenizer_config.json",
+             "{\"pad_token\": \"<pad>\", \"model_max_length\": 1000000000000000019884624838656,"
+             " \"added_tokens_decoder\": {\"5\": {\"content\": \"<pad>\"}}}");
+    df_tokenizer *t = load(dir);
+    df_tokenizer_info info;
+    df_tokenizer_get_info(t, &info);
+    assert_int_equal(info.pad_id, 5);
+    assert_int_equal(info.model_max_length, 0); /* "very large": no limit */
+    df_tokenizer_free(t);
+#undef GOOD_VOCAB
+#undef GOOD_MERGES
+}
+
+/* spiece.model: a piece whose score is not finite would poison every lattice sum. */
+static void test_unigram_scores_must_be_finite(void **state)
+{
+    (void)state;
+    static pbw m;
+    t5_header(&m);
+    add_piece(&m, "a", -1, DF_SP_NORMAL);
+    add_piece(&m, "b", 0.0f / 0.0f, DF_SP_NORMAL);
+    df_t5_unigram *u = (df_t5_unigram *)1;
+    assert_int_equal(df_t5_unigram_create(m.buf, m.len, "x.model", &u), DF_E_FORMAT);
+    assert_null(u);
+    assert_non_null(strstr(df_error_message(), "x.model: piece"));
+    assert_non_null(strstr(df_error_message(), "'b' has score"));
+    assert_non_null(strstr(df_error_message(), "must be finite"));
+}
+
 /* Fails allocation 1, 2, 3, ... of `fn` until it succeeds; each failure must be DF_E_OOM and
  * leave nothing allocated. */
 static void oom_sweep(df_status (*fn)(void *), void *arg)
@@ -1059,7 +1185,8 @@ int main(void)
         cmocka_unit_test(test_invalid_utf8),
         cmocka_unit_test(test_empty_and_control_prompts),
         cmocka_unit_test(test_long_prompt),
-        cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_load_errors), cmocka_unit_test(test_consistency_rules),
+        cmocka_unit_test(test_unigram_scores_must_be_finite),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_golden_clip_l),
         cmocka_unit_test(test_golden_clip_g),

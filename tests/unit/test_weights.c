@@ -145,6 +145,12 @@ static const bad_index bad_indexes[] = {
     {"shard is a FIFO", "{\"weight_map\": {\"x\": \"fifo\"}}", DF_E_IO, "not a regular file"},
     {"shard is a device", "{\"weight_map\": {\"x\": \"zero\"}}", DF_E_IO, "not a regular file"},
     {"weight_map missing", "{\"metadata\": {}}", DF_E_FORMAT, "'weight_map' is missing"},
+    {"metadata not an object", "{\"metadata\": 5, \"weight_map\": {\"x\": " S1 "}}", DF_E_FORMAT,
+     "key 'metadata': expected an object"},
+    {"total_size negative", "{\"metadata\": {\"total_size\": -1}, \"weight_map\": {\"x\": " S1
+     "}}", DF_E_FORMAT, "key 'metadata.total_size': expected a non-negative integer"},
+    {"total_size a string", "{\"metadata\": {\"total_size\": \"52\"}, \"weight_map\": {\"x\": "
+     S1 "}}", DF_E_FORMAT, "key 'metadata.total_size': expected an integer, found string"},
     {"weight_map not an object", "{\"weight_map\": [\"x\"]}", DF_E_FORMAT, "an object"},
     {"shard name not a string", "{\"weight_map\": {\"x\": 1}}", DF_E_FORMAT, "a string"},
     {"empty weight_map", "{\"weight_map\": {}}", DF_E_FORMAT, "empty"},

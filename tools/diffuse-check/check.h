@@ -61,6 +61,13 @@ int check_compare_i64(const check_case *c, const char *output, const int64_t *go
 /* args.<key> uploaded as an f32 tensor: "in.<tensor>" of case.safetensors, or a number
  * (a [1] tensor); *out stays NULL for null or absent. Returns 0, or 1 after check_fail. */
 int check_upload_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out);
+/* The "seed" of a generator object ({"seed": N}) as torch's manual_seed takes it: any
+ * integer in [-2^63, 2^64 - 1], a negative one as its 64-bit two's complement. Returns 0,
+ * or 1 after check_fail. */
+int check_read_seed(check_case *c, const df_json *gen, uint64_t *out);
+/* args.<key>: absent or null (*n = 0), or a list of at most `cap` integers in [0, 2^31)
+ * copied into out. Returns 0, or 1 after check_fail. */
+int check_read_indices(check_case *c, const char *key, int *out, int cap, int *n);
 /* Reads t (NULL: the forward failed) and compares it with out.<output>. */
 int check_compare_tensor(const check_case *c, df_ctx *ctx, const char *output, df_tensor *t);
 /* Appends the context's counters to --stats-json, one JSON object per line. */

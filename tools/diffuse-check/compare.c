@@ -262,6 +262,43 @@ df_ctx_opts check_ctx_opts(const check_case *c)
                          .mode = eager ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE};
 }
 
+int check_read_seed(check_case *c, const df_json *gen, uint64_t *out)
+{
+    *out = 0;
+    const df_json *seed = df_json_get(gen, "seed");
+    if (df_json_type_of(seed) == DF_JSON_NUMBER && df_json_number(seed) < 0) {
+        int64_t negative;
+        if (df_json_to_int(seed, &negative) != DF_OK)
+            return check_fail(c, "args.generator: %s", df_error_message());
+        *out = (uint64_t)negative; /* torch: a negative seed is its two's complement */
+        return 0;
+    }
+    if (df_json_get_uint64(gen, "seed", out) != DF_OK)
+        return check_fail(c, "args.generator: %s", df_error_message());
+    return 0;
+}
+
+int check_read_indices(check_case *c, const char *key, int *out, int cap, int *n)
+{
+    *n = 0;
+    const df_json *a = df_json_get(c->args, key);
+    if (df_json_is_null(a))
+        return 0;
+    if (df_json_type_of(a) != DF_JSON_ARRAY || df_json_array_size(a) > cap)
+        return check_fail(c, "args.%s: expected a list of at most %d block indices", key, cap);
+    for (int64_t i = 0; i < df_json_array_size(a); i++) {
+        int64_t v;
+        if (df_json_to_int(df_json_array_get(a, i), &v) != DF_OK)
+            return check_fail(c, "args.%s: %s", key, df_error_message());
+        if (v < 0 || v > INT32_MAX)
+            return check_fail(c, "args.%s[%lld]: %lld is not a block index", key, (long long)i,
+                              (long long)v);
+        out[i] = (int)v;
+    }
+    *n = (int)df_json_array_size(a);
+    return 0;
+}
+
 int check_upload_arg(check_case *c, df_ctx *ctx, const char *key, df_tensor **out)
 {
     *out = NULL;

@@ -64,16 +64,13 @@ static int get_strings(check_case *c, const char *key, const char **one, const c
 /* One {"device": "cpu", "seed": s} generator. */
 static int get_generator(check_case *c, const df_json *gen, const char *what, uint64_t *seed)
 {
-    int64_t v;
     const char *device = df_json_string(df_json_get(gen, "device"));
-    if (df_json_type_of(gen) != DF_JSON_OBJECT || df_json_get_int(gen, "seed", &v) != DF_OK)
-        return check_fail(c, "%s: expected {\"device\": \"cpu\", \"seed\": N}: %s", what,
-                          df_error_message());
+    if (df_json_type_of(gen) != DF_JSON_OBJECT)
+        return check_fail(c, "%s: expected {\"device\": \"cpu\", \"seed\": N}", what);
     if (device && strcmp(device, "cpu") != 0)
         return check_fail(c, "%s: only torch's CPU generator is reproduced, not '%s'", what,
                           device);
-    *seed = (uint64_t)v;
-    return 0;
+    return check_read_seed(c, gen, seed); /* exact, over torch's whole seed range */
 }
 
 /* args.generator: one generator (g->seed) or a list of them (seeds[0..n), one per image). */
@@ -159,15 +156,8 @@ int check_kind_pipeline(check_case *c)
     rc |= get_strings(c, "negative_prompt", &g.negative_prompt, negative_list, &n_negative);
     g.negative_prompts = n_negative ? negative_list : NULL;
     rc |= get_int(c, "clip_skip", 0, &g.clip_skip);
-    const df_json *sl = df_json_get(c->args, "skip_guidance_layers");
-    if (!df_json_is_null(sl)) {
-        g.n_slg_layers = (int)df_json_array_size(sl);
-        if (df_json_type_of(sl) != DF_JSON_ARRAY || g.n_slg_layers > 64)
-            rc |= check_fail(c, "args.skip_guidance_layers: expected a list of block indices");
-        for (int i = 0; i < g.n_slg_layers && i < 64; i++)
-            slg[i] = (int)df_json_number(df_json_array_get(sl, i));
-        g.slg_layers = slg;
-    }
+    rc |= check_read_indices(c, "skip_guidance_layers", slg, 64, &g.n_slg_layers);
+    g.slg_layers = g.n_slg_layers ? slg : NULL;
     double slg_scale;
     if (df_json_get_double_or(c->args, "skip_layer_guidance_scale", 2.8, &slg_scale) != DF_OK ||
         df_json_get_double_or(c->args, "skip_layer_guidance_start", 0.01, &g.slg_start) != DF_OK ||

@@ -22,10 +22,10 @@ static int read_generators(check_case *c, const df_json *g, df_rng *rngs, int *n
     if (*n < 1 || *n > MAX_GENERATORS)
         return check_fail(c, "args.generator: expected 1 to %d generators", MAX_GENERATORS);
     for (int i = 0; i < *n; i++) {
-        int64_t seed;
-        if (df_json_get_int(list ? df_json_array_get(g, i) : g, "seed", &seed) != DF_OK)
-            return check_fail(c, "args.generator: %s", df_error_message());
-        df_rng_init(&rngs[i], (uint64_t)seed);
+        uint64_t seed;
+        if (check_read_seed(c, list ? df_json_array_get(g, i) : g, &seed) != 0)
+            return 1;
+        df_rng_init(&rngs[i], seed);
     }
     return 0;
 }

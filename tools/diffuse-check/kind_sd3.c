@@ -65,15 +65,9 @@ int check_sd3_forward(check_case *c, df_ctx *ctx)
     rc = rc ? rc : check_upload_arg(c, ctx, "pooled_projections", &in.pooled_projections);
     rc = rc ? rc : check_upload_arg(c, ctx, "timestep", &in.timestep);
     int skip[64];
-    const df_json *sl = df_json_get(c->args, "skip_layers");
-    if (rc == 0 && !df_json_is_null(sl)) {
-        int64_t n = df_json_array_size(sl);
-        if (df_json_type_of(sl) != DF_JSON_ARRAY || n > 64)
-            rc = check_fail(c, "args.skip_layers: expected a list of at most 64 block indices");
-        for (int64_t i = 0; rc == 0 && i < n; i++)
-            skip[i] = (int)df_json_number(df_json_array_get(sl, i));
-        in.skip_layers = skip;
-        in.n_skip_layers = (int)n;
+    if (rc == 0) {
+        rc = check_read_indices(c, "skip_layers", skip, 64, &in.n_skip_layers);
+        in.skip_layers = in.n_skip_layers ? skip : NULL;
     }
     bool compile = c->mode && strcmp(c->mode, "compile") == 0;
     bool blocks = c->mode && strcmp(c->mode, "blocks") == 0;

@@ -54,8 +54,11 @@ static void help(FILE *f)
         "      --dtype f32|bf16|auto  compute dtype (default auto: bf16 for bf16 checkpoints on\n"
         "                             CPUs with AMX-BF16, else f32; -v says which and why)\n"
         "      --mode eager|fuse|compile  execution mode (default eager)\n"
-        "      --compile-blocks       compile the repeated transformer blocks\n"
-        "      --offload none|model|sequential  weight residency (default none)\n"
+        "      --compile-blocks       compile the repeated transformer blocks (with --mode compile\n"
+        "                             they are traced into the compiled transformer)\n"
+        "      --offload none|model|sequential  weight residency (default none); with\n"
+        "                             --offload sequential, --mode compile compiles the\n"
+        "                             repeated blocks instead of the whole transformer\n"
         "      --device NAME          cpu, the only device built in (default: $DIFFUSE_DEVICE\n"
         "                             or cpu)\n"
         "      --threads N            compute threads (default: all cores; per rank with --tp)\n"
@@ -350,6 +353,10 @@ int cmd_generate(int argc, char **argv)
     }
     lo.tp = tp;
     lo.comm = tpc.comm;
+    if (lo.compile && lo.offload == DF_OFFLOAD_SEQUENTIAL && tpc.rank == 0)
+        fprintf(stderr, "diffuse generate: --offload sequential changes residency between "
+                        "blocks, which one compiled program cannot hold: compiling the "
+                        "repeated blocks instead (--compile-blocks)\n");
 
     df_pipeline *p = NULL;
     df_gen_output out = {0};

@@ -203,7 +203,7 @@ static size_t put_cp(char *s, int cp)
 
 static const char *const clip_merges[][2] = {
     {"t", "h"}, {"th", "e</w>"}, {"a", "n"}, {"i", "n"}, {"o", "n</w>"}, {"e", "r</w>"},
-    {"o", "f</w>"}, {"a", "</w>"}, {"s", "t"}, {"r", "e"},
+    {"o", "f</w>"}, {"a", "t</w>"}, {"s", "t"}, {"r", "e"},
 };
 #define N_MERGES (int)(sizeof clip_merges / sizeof clip_merges[0])
 
