@@ -449,7 +449,8 @@ static int write_tokenizer(const char *root, bool klein, int *vocab)
                     "  \"clean_up_tokenization_spaces\": false,\n  \"eos_token\": "
                     "\"<|im_end|>\",\n  \"errors\": \"replace\",\n  \"model_max_length\": "
                     "131072,\n  \"pad_token\": \"<|endoftext|>\",\n  \"split_special_tokens\": "
-                    "false,\n  \"tokenizer_class\": \"Qwen2Tokenizer\",\n  \"unk_token\": null\n}\n");
+                    "false,\n  \"tokenizer_class\": \"Qwen2Tokenizer\",\n"
+                    "  \"unk_token\": null\n}\n");
     else
         tprintf(&c, "\n  },\n  \"bos_token\": \"<s>\",\n  \"clean_up_tokenization_spaces\": "
                     "false,\n  \"eos_token\": \"</s>\",\n  \"extra_special_tokens\": {},\n"
@@ -570,7 +571,8 @@ static int write_vae(const char *root, const tiny_flux2_sizes *z, df_dtype dtype
     const int *ch = z->vae_channels, L = 32;
     char cfg[2048];
     snprintf(cfg, sizeof cfg,
-             "{\n  \"_class_name\": \"AutoencoderKLFlux2\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+             "{\n  \"_class_name\": \"AutoencoderKLFlux2\",\n"
+             "  \"_diffusers_version\": \"0.37.1\",\n"
              "  \"act_fn\": \"silu\",\n  \"batch_norm_eps\": 0.0001,\n"
              "  \"batch_norm_momentum\": 0.1,\n  \"block_out_channels\": [%d, %d, %d, %d],\n"
              "  \"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\", "
