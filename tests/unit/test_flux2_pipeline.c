@@ -71,11 +71,20 @@ static const char *klein_base_dir(void)
     snprintf(dir, sizeof dir, "%s/flux2_klein_base", DF_TEST_TMP);
     mkdir(DF_TEST_TMP, 0755);
     mkdir(dir, 0755);
-    static const char *const parts[] = {"scheduler", "transformer", "vae"};
+    /* Component folders of its own whose files link to the case's (a component folder that
+     * is itself a link out of the pipeline folder is refused). */
+    static const char *const files[] = {
+        "scheduler/scheduler_config.json", "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors"};
     char link[1200], target[1200];
-    for (int i = 0; i < 3; i++) {
-        snprintf(link, sizeof link, "%s/%s", dir, parts[i]);
-        snprintf(target, sizeof target, "%s/%s", KLEIN, parts[i]);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(link, sizeof link, "%s/%.*s", dir, (int)(strchr(files[i], '/') - files[i]),
+                 files[i]);
+        unlink(link); /* a folder link left by an older run of this test */
+        mkdir(link, 0755);
+        snprintf(link, sizeof link, "%s/%s", dir, files[i]);
+        snprintf(target, sizeof target, "%s/%s", KLEIN, files[i]);
         unlink(link);
         assert_int_equal(symlink(target, link), 0);
     }

@@ -283,7 +283,7 @@ static void test_config_errors(void **state)
     assert_int_equal(df_decoder_lm_stacked(ctx, lm, t, NULL, &k, 1, &out), DF_E_UNSUPPORTED);
     assert_non_null(strstr(df_error_message(), "sliding window"));
     df_decoder_lm_free(lm);
-    /* an unknown tensor beside the language model is an error naming it */
+    /* an unknown tensor beside the language model loads with a warning */
     snprintf(cfg, sizeof cfg, "{%s}", keys); /* a MistralModel config: no vision parts */
     tiny_write_text(dir, "config.json", cfg);
     assert_int_equal(df_mistral_load(ctx, dir, &lm), DF_OK); /* skipped parts are still fine */
@@ -296,8 +296,9 @@ static void test_config_errors(void **state)
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     assert_int_equal(df_st_writer_finish(w, path), DF_OK);
     df_st_writer_free(w);
-    assert_int_equal(df_mistral_load(ctx, dir, &lm), DF_E_FORMAT);
-    assert_non_null(strstr(df_error_message(), "model.language_model.extra.weight"));
+    /* A tensor the config does not call for loads with a warning, as diffusers does. */
+    assert_int_equal(df_mistral_load(ctx, dir, &lm), DF_OK);
+    df_decoder_lm_free(lm);
     df_ctx_free(ctx);
     tiny_free(&m);
 }
