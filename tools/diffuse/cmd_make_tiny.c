@@ -753,6 +753,7 @@ int cmd_make_tiny(int argc, char **argv)
                                              {"double", required_argument, 0, 'B'},
                                              {"single", required_argument, 0, 'S'},
                                              {"size", required_argument, 0, 'Z'},
+                                             {"shard-size", required_argument, 0, 'X'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *arch = "flux";
@@ -760,6 +761,7 @@ int cmd_make_tiny(int argc, char **argv)
               .fx_double = FX_DOUBLE, .fx_single = FX_SINGLE};
     uint64_t seed = 0;
     const char *size = "tiny";
+    long long shard_size = 0;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
         switch (c) {
@@ -793,6 +795,16 @@ int cmd_make_tiny(int argc, char **argv)
             }
             size = optarg;
             break;
+        case 'X': {
+            char *end;
+            shard_size = strtoll(optarg, &end, 10);
+            if (*end || end == optarg || shard_size < 1024) {
+                fprintf(stderr, "diffuse make-tiny: --shard-size is a byte count of at least "
+                                "1024, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h':
             printf("usage: diffuse make-tiny [--arch flux|sd3|flux2|flux2-klein] [--seed N] "
                    "[--dtype f32|bf16|f16] "
@@ -810,7 +822,8 @@ int cmd_make_tiny(int argc, char **argv)
                    "Flux2Transformer2DModel, AutoencoderKLFlux2), --arch flux2-klein a distilled\n"
                    "Flux2KleinPipeline (Qwen3 text encoder and tokenizer); --size klein-4b gives\n"
                    "flux2-klein FLUX.2 [klein] 4B's real shapes (about 16 GB in bf16) with random\n"
-                   "weights, to measure a full-depth pipeline.\n"
+                   "weights, to measure a full-depth pipeline. --shard-size BYTES splits their\n"
+                   "transformer and VAE files past that size (default 2 GiB), with the index.\n"
                    "--arch mistral3-text-encoder | qwen3-text-encoder writes DIR as one text\n"
                    "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n");
             return 0;
@@ -851,6 +864,8 @@ int cmd_make_tiny(int argc, char **argv)
     if (flux2) {
         tiny_flux2_sizes z = strcmp(size, "klein-4b") == 0 ? TINY_FLUX2_KLEIN_4B
                                                            : TINY_FLUX2_SIZES(klein);
+        if (shard_size > 0)
+            z.shard_bytes = shard_size;
         if (tiny_write_flux2(t.dir, klein, &z, t.dtype, seed))
             return 1;
         printf("%s\n", t.dir);

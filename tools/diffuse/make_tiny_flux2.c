@@ -201,7 +201,8 @@ static int finish(writer *w)
         }
     }
     if (w->s == DF_OK && w->shards > 1) {
-        size_t cap = w->map_len * 2 + 256;
+        /* each entry: its name (in the map) and a shard file name of under 64 bytes */
+        size_t cap = w->map_len * 3 + 96 * (size_t)(w->map_len / 8 + 1) + 256;
         char *idx = malloc(cap);
         if (!idx) {
             w->s = DF_E_OOM;
@@ -216,10 +217,14 @@ static int finish(writer *w)
                                         first ? "" : ",", line, strrchr(to, '/') + 1);
                 first = false;
             }
+            if (len + 8 > cap) { /* cannot happen with the bound above */
+                fprintf(stderr, "diffuse make-tiny: the shard index outgrew its buffer\n");
+                w->s = DF_E_INTERNAL;
+            }
             snprintf(idx + len, cap - len, "\n  }\n}\n");
             char name[128];
             snprintf(name, sizeof name, "%s.safetensors.index.json", w->base);
-            if (write_file(w->dir, name, idx))
+            if (w->s == DF_OK && write_file(w->dir, name, idx))
                 w->s = DF_E_IO;
             free(idx);
         }
