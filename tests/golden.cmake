@@ -46,6 +46,20 @@ if(EXISTS ${DF_GOLDEN_DIR})
                        ${DF_GOLDEN_DIR}/${case})
     endforeach()
   endforeach()
+  # int8 compute must stay within the int8 bound of its kind of case (diffuse-check's
+  # check_int8_rel_l2) in every mode.
+  foreach(mode eager fuse compile blocks)
+    foreach(case flux-transformer sd3-transformer te-t5 pipe-flux-schnell t2i-flux-schnell
+            pipe-sd3 t2i-sd3)
+      if(mode STREQUAL "blocks" AND case STREQUAL "te-t5")
+        continue() # no repeated blocks to compile in a text encoder case
+      endif()
+      add_test(NAME golden/int8-${mode}/${case}
+               COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2
+                       ${DF_GOLDEN_DIR}/${case})
+      set_tests_properties(golden/int8-${mode}/${case} PROPERTIES TIMEOUT 600)
+    endforeach()
+  endforeach()
 else()
   message(WARNING "golden cases not found at ${DF_GOLDEN_DIR}; parity tests not registered")
 endif()

@@ -43,9 +43,14 @@ DF_API void df_cpu_features_get(df_cpu_features *out);
 DF_API df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights,
                                   const char **why);
 
+/* The kernel int8 compute runs on this CPU: "avx512-vnni", "avx-vnni" or "portable" (chosen
+ * from cpuid; DIFFUSE_INT8_PATH forces one the CPU has). */
+DF_API const char *df_cpu_int8_kernel(void);
+
 /* Measures the GEMM provider alone: C[m, n] (f32) = A[m, k] B[k, n] with A and B already
- * in `dtype` (DF_DTYPE_F32 or DF_DTYPE_BF16) and B already in the provider's preferred
- * layout, on `threads` threads (0 = all cores), `reps` timed runs after one warm-up.
+ * in `dtype` (DF_DTYPE_F32 or DF_DTYPE_BF16; DF_DTYPE_I8: u8 x s8 -> s32, oneDNN's int8
+ * ceiling) and B already in the provider's preferred layout, on `threads` threads (0 = all
+ * cores), `reps` timed runs after one warm-up.
  * *out_gflops is the best run's rate. Runs on the calling thread and blocks; it touches
  * no context. Fails with DF_E_ARG for bad sizes or dtype, DF_E_OOM, or DF_E_DEVICE when
  * the provider fails. */

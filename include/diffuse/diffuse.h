@@ -23,6 +23,7 @@
 #include "weights.h"
 #include "layout.h"
 #include "cpu.h"
+#include "quantize.h"
 #include "rng.h"
 #include "scheduler.h"
 #include "image.h"

@@ -24,6 +24,7 @@ typedef enum df_dtype {
     DF_DTYPE_I32,
     DF_DTYPE_I64,
     DF_DTYPE_U8,
+    DF_DTYPE_I8, /* int8 weights; as a compute dtype: 8-bit products (see df_load_opts) */
     DF_DTYPE_COUNT,
 } df_dtype;
 
@@ -33,8 +34,8 @@ DF_API size_t df_dtype_size(df_dtype t);
 /* Lower-case name ("f32", "bf16"); "?" for an invalid value. */
 DF_API const char *df_dtype_name(df_dtype t);
 
-/* Parses "f32", "bf16", "f16", "f64", "i32", "i64", "u8" (also "float32", "bfloat16",
- * "float16"). Returns false when the name is unknown. */
+/* Parses "f32", "bf16", "f16", "f64", "i32", "i64", "u8", "i8" (also "float32", "bfloat16",
+ * "float16", "int8"). Returns false when the name is unknown. */
 DF_API int df_dtype_parse(const char *name, df_dtype *out);
 
 DF_API uint16_t df_f32_to_bf16(float x);

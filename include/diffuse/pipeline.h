@@ -36,7 +36,8 @@ typedef enum df_offload {
 typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */
-    df_dtype dtype;      /* compute dtype: DF_DTYPE_F32 or DF_DTYPE_BF16; 0 with auto_dtype */
+    df_dtype dtype;      /* compute dtype: DF_DTYPE_F32, DF_DTYPE_BF16 or DF_DTYPE_I8 (8-bit
+                            linears in the transformer and T5; docs/int8.md); 0 with auto_dtype */
     bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32
                             (df_cpu_auto_dtype) */
     df_eager_mode mode;  /* strict eager or defer-and-fuse */

@@ -46,7 +46,8 @@ typedef enum df_eager_mode {
 typedef struct df_ctx_opts {
     const char *device;     /* "cpu", "cuda", "cuda:1"; NULL = df_device_default() */
     int threads;            /* compute threads; 0 = all cores */
-    df_dtype compute;       /* F32 or BF16 for matrix products; 0 (F32) by default */
+    df_dtype compute;       /* F32, BF16 or I8 for matrix products; 0 (F32) by default. I8:
+                               linears of weights take 8-bit products, the rest F32 */
     df_eager_mode mode;     /* DIFFUSE_DEFER_AND_FUSE=1 in the environment selects fuse */
     int64_t fuse_max_nodes; /* defer-and-fuse: cut the pending graph at this many nodes; 0 = 4096 */
 } df_ctx_opts;

@@ -67,6 +67,9 @@ typedef struct df_storage {
                                can be dropped and will be read again from the file */
     bool transient;         /* a weight that is resident only briefly (sequential offload):
                                backends use it in place rather than pack a copy each time */
+    bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
+    const float *i8_scale;  /* an I8 weight saved quantized: its scales [rows, i8_groups] */
+    int64_t i8_groups;
     struct df_storage *base; /* external memory inside another storage (a concat's part
                                that the defer-and-fuse planner has its producer write in
                                place): held until this one is freed */
@@ -138,7 +141,7 @@ typedef struct df_fused {
     int n_regs, out_reg;
     int head_op;              /* DF_OP_LAYER_NORM, DF_OP_RMS_NORM, or -1 */
     df_view head_x, head_w, head_b;
-    float head_eps;
+    double head_eps;          /* the norm's own eps (a double, as its kernel reads it) */
 } df_fused;
 
 /* Scratch memory and threading for one kernel call. */

@@ -23,13 +23,14 @@ size_t df_dtype_size(df_dtype t)
     case DF_DTYPE_I32:  return 4;
     case DF_DTYPE_I64:  return 8;
     case DF_DTYPE_U8:   return 1;
+    case DF_DTYPE_I8:   return 1;
     case DF_DTYPE_COUNT: break;
     }
     return 0;
 }
 
 static const char *const names[DF_DTYPE_COUNT] = {"f32", "bf16", "f16", "f64",
-                                                   "i32", "i64",  "u8"};
+                                                   "i32", "i64",  "u8",  "i8"};
 
 const char *df_dtype_name(df_dtype t)
 {
@@ -42,7 +43,8 @@ int df_dtype_parse(const char *name, df_dtype *out)
         const char *name;
         df_dtype t;
     } aliases[] = {{"float32", DF_DTYPE_F32}, {"bfloat16", DF_DTYPE_BF16},
-                   {"float16", DF_DTYPE_F16}, {"float64", DF_DTYPE_F64}};
+                   {"float16", DF_DTYPE_F16}, {"float64", DF_DTYPE_F64},
+                   {"int8", DF_DTYPE_I8}};
     for (int i = 0; i < DF_DTYPE_COUNT; i++) {
         if (strcmp(name, names[i]) == 0) {
             *out = (df_dtype)i;
@@ -139,6 +141,7 @@ static double load_one(const void *src, df_dtype t, int64_t i)
     case DF_DTYPE_I32:  return ((const int32_t *)src)[i];
     case DF_DTYPE_I64:  return (double)((const int64_t *)src)[i];
     case DF_DTYPE_U8:   return ((const uint8_t *)src)[i];
+    case DF_DTYPE_I8:   return ((const int8_t *)src)[i];
     case DF_DTYPE_COUNT: break;
     }
     return 0;
@@ -165,6 +168,7 @@ static void store_one(void *dst, df_dtype t, int64_t i, double v)
         ((int64_t *)dst)[i] = (int64_t)to_int_range(v, -9223372036854775808.0, 9223372036854774784.0);
         break;
     case DF_DTYPE_U8:   ((uint8_t *)dst)[i] = (uint8_t)to_int_range(v, 0, 255); break;
+    case DF_DTYPE_I8:   ((int8_t *)dst)[i] = (int8_t)to_int_range(v, -128, 127); break;
     case DF_DTYPE_COUNT: break;
     }
 }

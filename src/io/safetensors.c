@@ -38,7 +38,7 @@ static const struct {
 } dtypes[] = {
     {"F64", 8, DF_DTYPE_F64},       {"F32", 4, DF_DTYPE_F32},       {"F16", 2, DF_DTYPE_F16},
     {"BF16", 2, DF_DTYPE_BF16},     {"I64", 8, DF_DTYPE_I64},       {"I32", 4, DF_DTYPE_I32},
-    {"I16", 2, DF_DTYPE_COUNT},     {"I8", 1, DF_DTYPE_COUNT},      {"U8", 1, DF_DTYPE_U8},
+    {"I16", 2, DF_DTYPE_COUNT},     {"I8", 1, DF_DTYPE_I8},         {"U8", 1, DF_DTYPE_U8},
     {"U16", 2, DF_DTYPE_COUNT},     {"U32", 4, DF_DTYPE_COUNT},     {"U64", 8, DF_DTYPE_COUNT},
     {"BOOL", 1, DF_DTYPE_COUNT},    {"F8_E4M3", 1, DF_DTYPE_COUNT}, {"F8_E5M2", 1, DF_DTYPE_COUNT},
     {"F8_E8M0", 1, DF_DTYPE_COUNT}, {"C64", 8, DF_DTYPE_COUNT},

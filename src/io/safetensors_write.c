@@ -39,6 +39,7 @@ static const char *st_dtype(df_dtype t)
     case DF_DTYPE_I32:  return "I32";
     case DF_DTYPE_I64:  return "I64";
     case DF_DTYPE_U8:   return "U8";
+    case DF_DTYPE_I8:   return "I8";
     default:            return NULL;
     }
 }

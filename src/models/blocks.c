@@ -8,6 +8,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/blocks.h"
+#include "runtime/lazy.h"
 #include "runtime/runtime.h" /* df_ctx_fail: a failed block fails the context like an op */
 
 void df_blocks_init(df_blocks *b, void *model, df_weight_set *ws, const char *const *outer,
@@ -196,7 +197,8 @@ static void offload_after(df_ctx *ctx, df_blocks *b, int g)
         fail(ctx, df_ws_release(b->ws, b->block[g].prefix));
 }
 
-void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_tensor **out)
+void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_scope mark, df_tensor *const *in,
+                   df_tensor **out)
 {
     DF_ASSERT(g >= 0 && g < b->n);
     df_block *blk = &b->block[g];
@@ -204,7 +206,6 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_te
         out[j] = NULL;
     offload_before(b, g);
     int k = class_of(b, blk->cls);
-    df_scope mark = df_scope_begin(ctx);
     df_status s = k >= 0 ? df_compiled_call(ctx, b->compiled[k], blk, in, out)
                          : blk->cls->forward(ctx, b->model, blk->index, in, out);
     if (s != DF_OK) {
@@ -212,10 +213,14 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_te
         for (int j = 0; j < blk->cls->n_out; j++)
             out[j] = NULL;
     }
-    /* The block's intermediates go before its weights: releasing the weights flushes the
-     * pending graph, and intermediates still held then would be written in f32 rather than
-     * as the bf16 operands they are without offload, rounding differently. */
+    /* In defer-and-fuse mode every block ends its graph, once the caller's block scope has
+     * ended (so only the block's outputs are held), whatever the offload level: releasing a
+     * block's weights must flush the pending graph, and if that were the only cut, plans
+     * with and without offload would differ (what is held at a cut is kept, in f32 rather
+     * than as bf16 operands; fusions across blocks round otherwise), and so would the
+     * image. Every block of a class then plans the same graph: one cached program. */
     df_scope_end_n(ctx, mark, out, blk->cls->n_out);
+    fail(ctx, df_lazy_cut(ctx));
     offload_after(ctx, b, g);
 }
 

@@ -94,8 +94,12 @@ void df_blocks_begin(df_ctx *ctx, df_blocks *b);
 void df_blocks_end(df_ctx *ctx, df_blocks *b);
 
 /* Runs block number `g` of the list (its class's forward, or its compiled program) on
- * in[0..n_in), writing out[0..n_out) (all NULL after a failure, which fails the context). */
-void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_tensor *const *in, df_tensor **out);
+ * in[0..n_in), writing out[0..n_out) (all NULL after a failure, which fails the context),
+ * then ends the caller's block scope `mark` keeping the outputs (one fixed mark for a loop
+ * of blocks: ending it after block g also releases block g-1's outputs) and only then
+ * releases the block's weights under sequential offload. */
+void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_scope mark, df_tensor *const *in,
+                   df_tensor **out);
 
 /* The config's depth `n` (key `key`) of blocks named `prefix`.<i>.<probe> must be what the
  * checkpoint holds: block n-1 present, block n absent (DF_E_FORMAT naming both). */

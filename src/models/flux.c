@@ -643,19 +643,18 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
                                       m->axes, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
 
-    /* One fixed mark: ending it after block i also releases block i-1's outputs. */
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers; i++) {
         df_tensor *io[2];
-        df_blocks_run(ctx, &m->rep, i, (df_tensor *[]){x, c, temb, pe}, io);
+        df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, temb, pe}, io);
         x = io[0], c = io[1];
-        df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
     }
     df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
     mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_single_layers; i++) {
-        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, (df_tensor *[]){h, temb, pe}, &h);
-        df_scope_end(ctx, mark, h);
+        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
+                      (df_tensor *[]){h, temb, pe}, &h);
     }
     x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */

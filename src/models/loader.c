@@ -25,6 +25,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/quant_policy.h"
 #include "runtime/runtime.h"
 
 typedef struct bound {
@@ -32,6 +33,7 @@ typedef struct bound {
     df_tensor *t;
     const void *data; /* the bytes in the mapping */
     size_t bytes;
+    size_t resident_bytes; /* what it holds resident: bytes, or its 8-bit form (int8) */
     bool resident;
 } bound;
 
@@ -163,9 +165,10 @@ static df_status find_checked(df_weight_set *ws, const char *name, int ndim, con
                          ws->component, tensor_file(ws, info), name, got, want);
     }
     if (info->dtype != DF_DTYPE_F32 && info->dtype != DF_DTYPE_BF16 &&
-        info->dtype != DF_DTYPE_F16)
+        info->dtype != DF_DTYPE_F16 && info->dtype != DF_DTYPE_I8)
         return df_errorf(DF_E_UNSUPPORTED, "%s: %s: tensor '%s' is stored as %s; weights "
-                         "must be F32, BF16 or F16", ws->component, tensor_file(ws, info), name,
+                         "must be F32, BF16, F16 or I8 (saved quantized)", ws->component,
+                         tensor_file(ws, info), name,
                          info->dtype_name);
     return DF_OK;
 }
@@ -202,10 +205,11 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
     /* Wrapped tensors point into the file mapping df_weights_open made: their pages can be
      * dropped and read again (offloading, and after a backend packed its own copy). */
     t->v.st->file_backed = t->v.st->external;
+    size_t resident = df_quant_bind(ws->ctx, ws->component, name, t, bytes);
     ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
-                                   .bytes = bytes, .resident = true};
+                                   .bytes = bytes, .resident_bytes = resident, .resident = true};
     ws->bytes += (int64_t)bytes;
-    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)bytes);
+    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)resident);
     mark_used(ws, name);
     return DF_OK;
 }
@@ -222,6 +226,8 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
+    if (info.dtype == DF_DTYPE_I8)
+        DF_TRY(df_quant_bind_int8(ws, name, t)); /* its scales, saved beside it */
     *out = t;
     return DF_OK;
 }
@@ -302,6 +308,10 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
     *out = NULL;
     df_tensor_info info;
     DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    if (info.dtype == DF_DTYPE_I8)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is saved quantized (I8); tensor "
+                         "parallelism needs the checkpoint as stored (--dtype int8 quantizes "
+                         "each rank's slice on load)", ws->component, name);
     if (dim > 1 || (dim == 1 && info.ndim != 2))
         return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': only rows, or the columns of a 2-D "
                          "tensor, can be split across ranks", ws->component, name);
@@ -628,7 +638,7 @@ df_status df_ws_release(df_weight_set *ws, const char *prefix)
         bound *b = &ws->tensors[i];
         if (b->resident && matches(b, prefix)) {
             b->resident = false;
-            df_stats_add_weights(ctx, 0, -(int64_t)b->bytes);
+            df_stats_add_weights(ctx, 0, -(int64_t)b->resident_bytes);
         }
     }
     return DF_OK;
@@ -644,7 +654,7 @@ void df_ws_acquire(df_weight_set *ws, const char *prefix)
             advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
         if (!b->resident) {
             b->resident = true;
-            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->bytes);
+            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->resident_bytes);
         }
     }
 }
@@ -653,7 +663,7 @@ int64_t df_ws_resident_bytes(const df_weight_set *ws)
 {
     int64_t n = 0;
     for (int i = 0; i < ws->n; i++)
-        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].bytes : 0;
+        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].resident_bytes : 0;
     return n;
 }
 

@@ -608,15 +608,14 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
     df_tensor *c =
         df_linear(ctx, in->encoder_hidden_states, &m->context_embedder); /* [B, S_txt, D] */
 
-    /* One fixed mark: ending it after block i also releases block i-1's outputs. */
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers; i++) {
         if (skipped(in, i))
             continue;
         df_tensor *io[2] = {NULL, NULL};
-        df_blocks_run(ctx, &m->rep, i, (df_tensor *[]){x, c, temb}, io);
+        df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, temb}, io);
         x = io[0], c = m->blocks[i].pre_only ? NULL : io[1];
-        df_scope_end_n(ctx, mark, (df_tensor *[]){x, c}, 2);
     }
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, SD3_EPS); /* [B, S_img, D] */
     x = df_linear(ctx, x, &m->proj_out);                                 /* [B, S_img, P*P*C] */

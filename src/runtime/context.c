@@ -41,8 +41,8 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
 {
     *out = NULL;
     df_ctx_opts o = opts ? *opts : (df_ctx_opts){0};
-    if (o.compute != DF_DTYPE_F32 && o.compute != DF_DTYPE_BF16)
-        return df_errorf(DF_E_ARG, "compute dtype must be f32 or bf16, not %s",
+    if (o.compute != DF_DTYPE_F32 && o.compute != DF_DTYPE_BF16 && o.compute != DF_DTYPE_I8)
+        return df_errorf(DF_E_ARG, "compute dtype must be f32, bf16 or i8, not %s",
                          df_dtype_name(o.compute));
     if (o.threads < 0)
         return df_errorf(DF_E_ARG, "threads must be >= 0 (0 = all cores), not %d", o.threads);
@@ -121,8 +121,8 @@ void df_ctx_reset_error(df_ctx *ctx)
 
 df_status df_ctx_set_compute_dtype(df_ctx *ctx, df_dtype compute)
 {
-    if (compute != DF_DTYPE_F32 && compute != DF_DTYPE_BF16)
-        return df_errorf(DF_E_ARG, "compute dtype must be f32 or bf16, not %s",
+    if (compute != DF_DTYPE_F32 && compute != DF_DTYPE_BF16 && compute != DF_DTYPE_I8)
+        return df_errorf(DF_E_ARG, "compute dtype must be f32, bf16 or i8, not %s",
                          df_dtype_name(compute));
     ctx->compute = compute;
     return DF_OK;

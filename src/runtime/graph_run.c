@@ -118,7 +118,7 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
         f->head_x = h->in[0];
         f->head_w = h->in[1];
         f->head_b = h->op == DF_OP_LAYER_NORM ? h->in[2] : (df_view){0};
-        f->head_eps = (float)h->a.f[0];
+        f->head_eps = h->a.f[0];
     }
     for (int i = 0; i <= g->root; i++)
         if (i == g->root || p->root_of[i] == g->root)

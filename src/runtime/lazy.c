@@ -118,6 +118,11 @@ df_status df_lazy_attach(df_ctx *ctx)
     return DF_OK;
 }
 
+df_status df_lazy_cut(df_ctx *ctx)
+{
+    return ctx->exec == &exec_lazy ? lazy_flush(ctx) : DF_OK;
+}
+
 int64_t df_lazy_pending(const df_ctx *ctx)
 {
     const lz_state *z = ctx->mode == DF_DEFER_AND_FUSE ? ctx->exec_state : NULL;

@@ -457,8 +457,8 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
     df_tensor *w = lw->weight, *b = lw->bias;
     char dx[96], dw[96];
     int64_t k = df_tensor_dim(x, -1);
-    if (x->v.ndim < 1 || w->v.ndim != 2 || w->v.shape[1] != k || !is_float(w->v.dtype) ||
-        !param_ok(b, w->v.shape[0]))
+    if (x->v.ndim < 1 || w->v.ndim != 2 || w->v.shape[1] != k ||
+        !(is_float(w->v.dtype) || w->v.dtype == DF_DTYPE_I8) || !param_ok(b, w->v.shape[0]))
         return fail_shape(ctx, NULL, "linear", "x %s and weight %s (bias %s)", desc(x, dx),
                           desc(w, dw), b ? "given" : "none");
     df_node *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);

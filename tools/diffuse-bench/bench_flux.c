@@ -456,9 +456,9 @@ int bench_flux(const bench_opts *o)
     }
 
     static const char *const modes[2] = {"eager", "fuse"};
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     int failures = bad;
-    for (int di = 0; !bad && di < 2; di++) {
+    for (int di = 0; !bad && di < 3; di++) {
         if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
             continue;
         for (int mi = 0; mi < 2; mi++) {
@@ -726,9 +726,9 @@ int bench_modes(const bench_opts *o)
         return 1;
     }
     static const char *const modes[4] = {"eager", "fuse", "compile", "blocks"};
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     int failures = 0;
-    for (int di = 0; di < 2; di++) {
+    for (int di = 0; di < 3; di++) {
         if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
             continue;
         rc.dtype = dtypes[di];

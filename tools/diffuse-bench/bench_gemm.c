@@ -2,14 +2,16 @@
  * Workloads "ceiling" and "gemm", and the GEMM ceiling the other workloads compare with.
  *
  * ceiling: the provider's own rate (df_cpu_gemm_rate: inputs already in the dtype, weights
- * prepacked, no bias) on large square-ish products, best of a few shapes, per dtype and
- * thread count. The best is remembered, so every workload in one run compares against
+ * prepacked, no bias) on large square-ish products, best of a few shapes, per dtype (f32,
+ * bf16, and i8: oneDNN's u8 x s8 -> s32) and thread count. The best is remembered, so every workload in one run compares against
  * the same number.
  *
  * gemm: our df_linear with its bias through the public op API at FLUX's shapes, x [M, K]
  * f32 with M = 1536, 3072, 4608 tokens and weights [N, K] in bf16 (as FLUX checkpoints
- * store them) with (K, N) = (3072, 3072), (3072, 12288), (12288, 3072), in f32 and bf16
- * compute, against the ceiling of the compute dtype measured in the same run. Each
+ * store them) with (K, N) = (3072, 3072), (3072, 12288), (12288, 3072), in f32, bf16 and
+ * int8 compute, against the ceiling of the compute dtype measured in the same run (int8:
+ * oneDNN's u8 x s8 -> s32 product, without quantization or scales), and (int8 only) against
+ * the f32 rate of the same shape measured in the same run (f32_ratio). Each
  * weight is used once untimed first (that call packs it); then each shape is timed as the
  * best of a few calls, each ending in df_sync. GFLOP/s count 2 M N K.
  *
@@ -101,17 +103,19 @@ static int thread_list(const bench_opts *o, int *out)
 
 static bool dtype_wanted(const bench_opts *o, df_dtype t)
 {
+    if (o->dtype && t == DF_DTYPE_I8 && strcmp(o->dtype, "int8") == 0)
+        return true;
     return !o->dtype || strcmp(o->dtype, df_dtype_name(t)) == 0;
 }
 
 int bench_ceiling(const bench_opts *o)
 {
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     int threads[2], nt = thread_list(o, threads);
     if (!o->json)
         printf("# fast bf16 on this CPU (AMX-BF16 or AVX512-BF16): %s\n",
                df_cpu_has_fast_bf16() ? "yes" : "no");
-    for (int di = 0; di < 2; di++) {
+    for (int di = 0; di < 3; di++) {
         if (!dtype_wanted(o, dtypes[di]))
             continue;
         for (int ti = 0; ti < nt; ti++) {
@@ -186,6 +190,24 @@ static double time_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *w,
     return best;
 }
 
+/* f32 rates measured in this run, by shape and thread count, for int8's f32_ratio. */
+typedef struct f32_rate {
+    int64_t m, n, k;
+    int threads;
+    double gflops, cpu_gflops;
+} f32_rate;
+static f32_rate f32_rates[32];
+static int n_f32_rates;
+
+static const f32_rate *find_f32_rate(int64_t m, int64_t n, int64_t k, int threads)
+{
+    for (int i = 0; i < n_f32_rates; i++)
+        if (f32_rates[i].m == m && f32_rates[i].n == n && f32_rates[i].k == k &&
+            f32_rates[i].threads == threads)
+            return &f32_rates[i];
+    return NULL;
+}
+
 static int gemm_config(const bench_opts *o, df_dtype compute, int threads, const char *mode)
 {
     static const int64_t ms_full[] = {1536, 3072, 4608}, ms_quick[] = {1536};
@@ -232,7 +254,7 @@ static int gemm_config(const bench_opts *o, df_dtype compute, int threads, const
             df_ctx_stats(ctx, &st);
             double flop = 2.0 * (double)M * (double)N * (double)K;
             double gflops = 1e-9 * flop / sec, cpu_gflops = 1e-9 * flop * threads / cpu;
-            char shape[64], extra[192];
+            char shape[64], extra[320];
             snprintf(shape, sizeof shape, "M=%lld K=%lld N=%lld", (long long)M, (long long)K,
                      (long long)N);
             snprintf(extra, sizeof extra,
@@ -240,6 +262,15 @@ static int gemm_config(const bench_opts *o, df_dtype compute, int threads, const
                      "\"weight\":\"bf16\",\"bias\":true",
                      ceiling > 0 ? gflops / ceiling : 0.0, cpu_gflops,
                      ceiling_cpu > 0 ? cpu_gflops / ceiling_cpu : 0.0);
+            const f32_rate *f = find_f32_rate(M, N, K, threads);
+            if (compute == DF_DTYPE_F32 && !f && n_f32_rates < 32)
+                f32_rates[n_f32_rates++] = (f32_rate){M, N, K, threads, gflops, cpu_gflops};
+            if (compute == DF_DTYPE_I8 && f) {
+                size_t len = strlen(extra);
+                snprintf(extra + len, sizeof extra - len,
+                         ",\"f32_ratio\":%.2f,\"f32_cpu_ratio\":%.2f,\"kernel\":\"%s\"",
+                         gflops / f->gflops, cpu_gflops / f->cpu_gflops, df_cpu_int8_kernel());
+            }
             bench_report(o, "gemm", shape, threads, df_dtype_name(compute), mode, sec * 1e3, gflops,
                          ceiling, st.peak_bytes, extra);
             df_scope_end(ctx, mark, NULL);
@@ -255,11 +286,11 @@ static int gemm_config(const bench_opts *o, df_dtype compute, int threads, const
 
 int bench_gemm(const bench_opts *o)
 {
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     int threads[2], nt = thread_list(o, threads);
     const char *mode = o->mode ? o->mode : "eager";
     int failures = 0;
-    for (int di = 0; di < 2; di++) {
+    for (int di = 0; di < 3; di++) {
         if (!dtype_wanted(o, dtypes[di]))
             continue;
         for (int ti = 0; ti < nt; ti++)

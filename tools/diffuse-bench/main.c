@@ -1,7 +1,7 @@
 /*
  * diffuse-bench: the command line, the workload table, and the report format.
  *
- *   diffuse-bench [--json] [--quick] [--profile] [--threads N] [--dtype f32|bf16]
+ *   diffuse-bench [--json] [--quick] [--profile] [--threads N] [--dtype f32|bf16|int8]
  *                 [--mode eager|fuse|compile|blocks] WORKLOAD [args]
  *
  * The common options may come before or after the workload's name; everything else after
@@ -144,12 +144,12 @@ void bench_report(const bench_opts *o, const char *workload, const char *shape, 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: diffuse-bench [--json] [--quick] [--profile] [--threads N] "
-               "[--dtype f32|bf16] [--mode eager|fuse|compile|blocks] WORKLOAD [args]\n\n"
+               "[--dtype f32|bf16|int8] [--mode eager|fuse|compile|blocks] WORKLOAD [args]\n\n"
                "  --json       one JSON object per measurement, per line\n"
                "  --quick      small shapes, few repeats (smoke runs)\n"
                "  --profile    per-op-kind time profile, where the workload offers one\n"
                "  --threads N  compute threads (default: 1 and 2 where the workload says so)\n"
-               "  --dtype T    compute dtype f32 or bf16 (default: both)\n"
+               "  --dtype T    compute dtype f32, bf16 or int8 (default: all)\n"
                "  --mode M     execution mode eager, fuse, compile or blocks (default: eager;\n"
                "               modes: every mode, or a comma-separated list)\n\n"
                "workloads:\n");
@@ -205,8 +205,10 @@ int main(int argc, char **argv)
             o.threads = (int)t;
             i++;
         } else if (strcmp(a, "--dtype") == 0 && v) {
-            if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
-                fprintf(stderr, "diffuse-bench: --dtype is f32 or bf16, not '%s'\n", v);
+            if (strcmp(v, "int8") == 0)
+                v = "i8";
+            if (strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0 && strcmp(v, "i8") != 0) {
+                fprintf(stderr, "diffuse-bench: --dtype is f32, bf16 or int8, not '%s'\n", v);
                 free(rest);
                 return 2;
             }

@@ -26,7 +26,7 @@ typedef struct check_case {
     df_safetensors *tensors; /* case.safetensors */
     const char *mode;        /* "eager", "fuse", "compile", "blocks" (compiled repeated blocks) */
     const char *device;      /* "cpu" unless --device */
-    df_dtype compute;        /* --dtype: F32 (default) or BF16 */
+    df_dtype compute;        /* --dtype: F32 (default), BF16 or I8 */
     int threads;             /* --threads, 0 = default */
     double tol_scale;        /* tolerance multiplier (1; bf16 compute uses its own rule) */
     int verbose;
@@ -35,6 +35,11 @@ typedef struct check_case {
 
 /* With --dtype bf16 every float output must be within this relative L2 error. */
 #define CHECK_BF16_REL_L2 2e-2
+/* With --dtype int8, the bound for each kind of case (check_int8_rel_l2). */
+#define CHECK_INT8_REL_L2_MODEL 3e-2    /* worst measured 1.59e-2 (sd3-transformer) */
+#define CHECK_INT8_REL_L2_TEXT 5e-2     /* worst measured 2.41e-2 (te-t5, masked) */
+#define CHECK_INT8_REL_L2_PIPELINE 3.5e-2 /* worst measured 1.65e-2 (t2i-sd3 latents) */
+double check_int8_rel_l2(const check_case *c);
 
 /* Context options for the case: device, threads, compute dtype, and the execution mode for
  * components that are not compiled (eager: strict eager; fuse, compile, blocks: defer-and-

@@ -107,6 +107,24 @@ static int line(const check_case *c, const char *output, bool pass, const char *
     return pass ? 0 : 1;
 }
 
+/* The int8 rule: a relative L2 error bound per kind of case (docs/int8.md has the errors
+ * these bounds were set from: about twice the worst measured in any mode). */
+double check_int8_rel_l2(const check_case *c)
+{
+    static const struct {
+        const char *kind;
+        double rel_l2;
+    } bounds[] = {
+        {"model_forward", CHECK_INT8_REL_L2_MODEL},
+        {"text_encoder", CHECK_INT8_REL_L2_TEXT},
+        {"pipeline", CHECK_INT8_REL_L2_PIPELINE},
+    };
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (c->kind && strcmp(c->kind, bounds[i].kind) == 0)
+            return bounds[i].rel_l2;
+    return CHECK_BF16_REL_L2; /* kinds int8 does not change (no linear of a weight) */
+}
+
 /* Tolerance comparison of n doubles. */
 static int within_tolerance(const check_case *c, const char *output, const double *got,
                             const double *ref, int64_t n)
@@ -151,6 +169,11 @@ static int within_tolerance(const check_case *c, const char *output, const doubl
          * relative L2 error of at most 2e-2 against the float64 reference. */
         return line(c, output, rel <= CHECK_BF16_REL_L2, "max_abs %-9.3g  rel_l2 %-9.3g (<= %.3g, bf16)",
                     max_abs, rel, CHECK_BF16_REL_L2);
+    }
+    if (c->compute == DF_DTYPE_I8) {
+        double lim = check_int8_rel_l2(c);
+        return line(c, output, rel <= lim, "max_abs %-9.3g  rel_l2 %-9.3g (<= %.3g, int8)",
+                    max_abs, rel, lim);
     }
     if (uint8_image)
         return line(c, output, max_abs <= max_abs_lim, "max_abs %-9.3g (<= %.3g)", max_abs,

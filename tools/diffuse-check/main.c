@@ -1,7 +1,7 @@
 /*
  * diffuse-check: runs golden case folders and says PASS or FAIL for each.
  *
- *   diffuse-check [--mode eager|fuse|compile|blocks] [--device NAME] [--dtype f32|bf16]
+ *   diffuse-check [--mode eager|fuse|compile|blocks] [--device NAME] [--dtype f32|bf16|int8]
  *                 [--threads N] [--stats-json FILE] [-v] CASE_DIR...
  *
  * For each folder: case.json is parsed, case.safetensors opened, "dir" resolved against the
@@ -46,7 +46,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: diffuse-check [options] CASE_DIR...\n"
                "  --mode eager|fuse|compile|blocks  execution mode (default eager)\n"
                "  --device NAME                     device (default cpu)\n"
-               "  --dtype f32|bf16                  compute dtype (default f32)\n"
+               "  --dtype f32|bf16|int8             compute dtype (default f32)\n"
                "  --threads N                       compute threads (default: all)\n"
                "  --stats-json FILE                 write the run's counters as JSON lines\n"
                "  -v                                more detail on failures\n");
@@ -180,8 +180,10 @@ static int parse_args(int argc, char **argv, options *o)
                 o->compute = DF_DTYPE_F32;
             else if (strcmp(v, "bf16") == 0)
                 o->compute = DF_DTYPE_BF16;
+            else if (strcmp(v, "int8") == 0 || strcmp(v, "i8") == 0)
+                o->compute = DF_DTYPE_I8;
             else {
-                fprintf(stderr, "diffuse-check: --dtype is f32 or bf16, not '%s'\n", v);
+                fprintf(stderr, "diffuse-check: --dtype is f32, bf16 or int8, not '%s'\n", v);
                 return -1;
             }
         } else if (strcmp(a, "--threads") == 0) {

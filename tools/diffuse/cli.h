@@ -8,5 +8,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 #endif

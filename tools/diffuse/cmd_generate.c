@@ -51,8 +51,9 @@ static void help(FILE *f)
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512);\n"
         "                             FLUX.2: Mistral 3 / Qwen3 tokens (default 512)\n"
-        "      --dtype f32|bf16|auto  compute dtype (default auto: bf16 for bf16 checkpoints on\n"
-        "                             CPUs with AMX-BF16, else f32; -v says which and why)\n"
+        "      --dtype f32|bf16|int8|auto  compute dtype (int8: 8-bit linears; default auto:\n"
+        "                             bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32;\n"
+        "                             -v says which and why)\n"
         "      --mode eager|fuse|compile  execution mode (default eager)\n"
         "      --compile-blocks       compile the repeated transformer blocks (with --mode compile\n"
         "                             they are traced into the compiled transformer)\n"
@@ -249,11 +250,13 @@ int cmd_generate(int argc, char **argv)
         case O_DTYPE:
             if (!strcmp(optarg, "auto")) {
                 lo.auto_dtype = true;
-            } else if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16")) {
+            } else if (!strcmp(optarg, "f32") || !strcmp(optarg, "bf16") ||
+                       !strcmp(optarg, "int8")) {
                 lo.auto_dtype = false;
                 df_dtype_parse(optarg, &lo.dtype);
             } else {
-                fprintf(stderr, "diffuse generate: --dtype is f32, bf16 or auto, not '%s'\n", optarg);
+                fprintf(stderr, "diffuse generate: --dtype is f32, bf16, int8 or auto, not '%s'\n",
+                        optarg);
                 return 2;
             }
             break;

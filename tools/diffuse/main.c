@@ -18,6 +18,7 @@ static const struct {
     {"info", cmd_info, "show the size and generation parameters of a PNG"},
     {"tokenize", cmd_tokenize, "print the token ids a model's tokenizer gives a text"},
     {"make-tiny", cmd_make_tiny, "write a small random pipeline folder (no download needed)"},
+    {"quantize", cmd_quantize, "write a model folder with 8-bit linear weights (int8)"},
 };
 
 static void usage(FILE *f)

@@ -33,6 +33,8 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_int8.h"
+#include "backend/cpu/gemm_int8_impl.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
@@ -180,7 +182,7 @@ static plan_key key_of(const df_gemm_desc *d, b_layout layout)
         k.sb = d->stride_b;
         k.sc = d->stride_c ? d->stride_c : d->m * k.ldc;
     }
-    k.type = d->type == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+    k.type = d->type == DF_DTYPE_BF16 || d->type == DF_DTYPE_I8 ? d->type : DF_DTYPE_F32;
     k.layout = layout;
     k.threads = d->serial ? 1 : omp_get_max_threads();
     k.serial = d->serial;
@@ -216,10 +218,12 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
         *out = p;
         return DF_OK;
     }
-    dnnl_data_type_t dt = k->type == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+    /* int8 (only for df_cpu_gemm_rate's ceiling): u8 x s8 -> s32 */
+    bool s8 = k->type == DF_DTYPE_I8;
+    dnnl_data_type_t dt = s8 ? dnnl_s8 : k->type == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     int nd = k->batch > 1 ? 3 : 2;
     int64_t bb = k->sb ? k->batch : 1; /* B's batch: 1 when shared */
-    matrix_md(&p->a_md, k, k->batch, k->m, k->k, dt, k->sa, k->lda, 1);
+    matrix_md(&p->a_md, k, k->batch, k->m, k->k, s8 ? dnnl_u8 : dt, k->sa, k->lda, 1);
     if (k->layout == B_PACKED) {
         dnnl_dims_t dims = {k->k, k->n};
         if (nd == 3)
@@ -231,8 +235,8 @@ static df_status plan_create(const plan_key *k, df_gemm_plan **out)
         matrix_md(&p->b_md, k, bb, k->k, k->n, dt, k->sb ? k->sb : k->k * k->ldb, k->ldb, 1);
     }
     matrix_md(&p->bias_md, k, 1, 1, k->n, dnnl_f32, k->n, k->n, 1);
-    matrix_md(&p->c_md, k, k->batch, k->m, k->n, k->c_bf16 ? dnnl_bf16 : dnnl_f32, k->sc,
-              k->ldc, 1);
+    matrix_md(&p->c_md, k, k->batch, k->m, k->n,
+              s8 ? dnnl_s32 : k->c_bf16 ? dnnl_bf16 : dnnl_f32, k->sc, k->ldc, 1);
 
     dnnl_matmul_desc_t desc;
     dnnl_primitive_attr_t attr = NULL;
@@ -722,6 +726,13 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
 {
     d.n = w->shape[0];
     d.k = w->shape[1];
+    if ((d.type == DF_DTYPE_I8 || w->dtype == DF_DTYPE_I8) && d.m > 0 && d.n > 0 &&
+        df_i8_linear_applies(w)) {
+        df_i8_epilogue e = {.act = d.act, .gate = gate, .residual = residual,
+                            .ldr = d.ldr ? d.ldr : d.n, .out = out, .ldc = d.ldc,
+                            .out_bf16 = d.c_bf16};
+        return df_i8_linear(env, x, d.m, w, bias, &e);
+    }
     d.type = df_gemm_compute_dtype(d.type);
     d.b_trans = true;
     d.bias = bias != NULL;
@@ -783,10 +794,10 @@ df_status df_cpu_gemm_rate(df_dtype dtype, int threads, int64_t m, int64_t n, in
                            double *out_gflops)
 {
     *out_gflops = 0;
-    if ((dtype != DF_DTYPE_F32 && dtype != DF_DTYPE_BF16) || m <= 0 || n <= 0 || k <= 0 ||
-        threads < 0)
+    if ((dtype != DF_DTYPE_F32 && dtype != DF_DTYPE_BF16 && dtype != DF_DTYPE_I8) || m <= 0 ||
+        n <= 0 || k <= 0 || threads < 0)
         return df_errorf(DF_E_ARG,
-                         "gemm rate: need f32 or bf16 and positive sizes, got %s "
+                         "gemm rate: need f32, bf16 or i8 and positive sizes, got %s "
                          "%lldx%lldx%lld on %d threads",
                          df_dtype_name(dtype), (long long)m, (long long)n, (long long)k, threads);
     DF_TRY(provider_ready());
@@ -811,12 +822,16 @@ df_status df_cpu_gemm_rate(df_dtype dtype, int threads, int64_t m, int64_t n, in
             /* Values of moderate size: the rate must not depend on subnormals. */
             float one = 1.0f / 64;
             uint16_t one16 = df_f32_to_bf16(one);
-            for (size_t i = 0; i < (size_t)(m * k); i++)
+            if (dtype == DF_DTYPE_I8) { /* u8 x s8: small integers */
+                memset(a, 3, (size_t)(m * k));
+                memset(b, 1, bbytes);
+            }
+            for (size_t i = 0; i < (size_t)(m * k) && dtype != DF_DTYPE_I8; i++)
                 if (dtype == DF_DTYPE_BF16)
                     ((uint16_t *)a)[i] = one16;
                 else
                     ((float *)a)[i] = one;
-            for (size_t i = 0; i < bbytes / es; i++)
+            for (size_t i = 0; i < bbytes / es && dtype != DF_DTYPE_I8; i++)
                 if (dtype == DF_DTYPE_BF16)
                     ((uint16_t *)b)[i] = one16;
                 else
@@ -841,4 +856,28 @@ df_status df_cpu_gemm_rate(df_dtype dtype, int threads, int64_t m, int64_t n, in
     if (s == DF_OK)
         *out_gflops = best;
     return s;
+}
+
+/* --- for the int8 products' oneDNN path (gemm_int8_dnnl.c) ------------------------------ */
+
+df_status df_gemm_dnnl_handles(void **out_engine, void **out_stream)
+{
+    DF_TRY(provider_ready());
+    dnnl_stream_t s = NULL;
+    DF_TRY(thread_stream(&s));
+    *out_engine = engine;
+    *out_stream = s;
+    return DF_OK;
+}
+
+df_status df_gemm_dnnl_failed(int status, const char *what)
+{
+    return dnnl_failed((dnnl_status_t)status, what);
+}
+
+bool df_cpu_has_amx_int8(void)
+{
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    unsigned amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    return (isa & amx) == amx;
 }

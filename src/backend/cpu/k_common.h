@@ -129,4 +129,35 @@ void df_cpu_load_f32(const void *src, df_dtype t, int64_t stride, float *dst, in
  * `threads` OpenMP threads. */
 void df_cpu_copy_view(const df_view *dst, const df_view *src, int threads);
 
+/* Row statistics of the norms, shared by the standalone norm kernels and the fused kernel's
+ * normalisation head so that both give the same bits. */
+
+/* Mean and biased variance of n values, from sums shifted by the first value. */
+static inline void df_cpu_row_moments(const float *x, int64_t n, double *mean, double *var)
+{
+    double k = n > 0 ? x[0] : 0, s = 0, q = 0;
+    #pragma omp simd reduction(+ : s, q)
+    for (int64_t i = 0; i < n; i++) {
+        double v = (double)x[i] - k;
+        s += v;
+        q += v * v;
+    }
+    double ms = s / (double)n;
+    *mean = k + ms;
+    double v = q / (double)n - ms * ms;
+    *var = v > 0 ? v : 0;
+}
+
+/* 1 / sqrt(mean of squares + eps) of a row: the squares summed in double, the mean
+ * rounded to f32, the rest in f32. */
+static inline float df_cpu_rms_inverse(const float *restrict x, int64_t d, float eps)
+{
+    double q = 0;
+    #pragma omp simd reduction(+ : q)
+    for (int64_t i = 0; i < d; i++)
+        q += (double)x[i] * x[i];
+    float var = (float)(q / (double)d);
+    return 1.0f / sqrtf(var + eps);
+}
+
 #endif

@@ -6,8 +6,8 @@
  * input), the instruction that makes the result writes straight into the output row, and
  * every other register lives in per-thread scratch that stays in cache for the row widths
  * of these models. Activations use the same vectorised exp as the standalone kernels, and
- * a normalisation head computes its statistics like the standalone norm kernels (double,
- * shifted sums), so fused and unfused results agree to float rounding.
+ * a normalisation head computes its statistics with the standalone norm kernels' own helpers
+ * (k_common.h), so fused and unfused results are the same bits.
  */
 #include <math.h>
 #include <omp.h>
@@ -49,24 +49,23 @@ static const float *load_row(const df_view *v, const df_view *out, int64_t row, 
     return tmp;
 }
 
-/* Layer norm (mean removed) or RMS norm of one row, then the optional affine. */
+/* Layer norm (mean removed) or RMS norm of one row, then the optional affine: the
+ * standalone kernels' arithmetic (k_norm.c), step for step. */
 static void head_row(const df_fused *f, const float *restrict x, int64_t w,
                      const float *restrict wt, const float *restrict bias, float *restrict y)
 {
-    bool ln = f->head_op == DF_OP_LAYER_NORM;
-    double k = ln && w > 0 ? x[0] : 0, s = 0, q = 0;
-    #pragma omp simd reduction(+ : s, q)
-    for (int64_t i = 0; i < w; i++) {
-        double v = (double)x[i] - k;
-        s += v;
-        q += v * v;
+    if (f->head_op == DF_OP_LAYER_NORM) {
+        double mean, var;
+        df_cpu_row_moments(x, w, &mean, &var);
+        float hi = (float)mean, lo = (float)(mean - hi);
+        float rs = (float)(1.0 / sqrt(var + f->head_eps));
+        for (int64_t i = 0; i < w; i++)
+            y[i] = ((x[i] - hi) - lo) * rs;
+    } else {
+        float rs = df_cpu_rms_inverse(x, w, (float)f->head_eps);
+        for (int64_t i = 0; i < w; i++)
+            y[i] = x[i] * rs;
     }
-    double ms = ln ? s / (double)w : 0, var = q / (double)w - ms * ms;
-    double mean = k + ms;
-    float hi = (float)mean, lo = (float)(mean - hi);
-    float rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + f->head_eps));
-    for (int64_t i = 0; i < w; i++)
-        y[i] = ((x[i] - hi) - lo) * rs;
     if (wt)
         for (int64_t i = 0; i < w; i++)
             y[i] *= wt[i];

@@ -133,22 +133,6 @@ DF_CPU_KERNEL(softmax)
 
 /* ---- layer norm ----------------------------------------------------------------------- */
 
-/* Mean and biased variance of n values, from sums shifted by the first value. */
-static void moments(const float *x, int64_t n, double *mean, double *var)
-{
-    double k = n > 0 ? x[0] : 0, s = 0, q = 0;
-    #pragma omp simd reduction(+ : s, q)
-    for (int64_t i = 0; i < n; i++) {
-        double v = (double)x[i] - k;
-        s += v;
-        q += v * v;
-    }
-    double ms = s / (double)n;
-    *mean = k + ms;
-    double v = q / (double)n - ms * ms;
-    *var = v > 0 ? v : 0;
-}
-
 DF_CPU_KERNEL(layer_norm)
 {
     const df_view *x = &n->in[0];
@@ -163,7 +147,7 @@ DF_CPU_KERNEL(layer_norm)
         const float *restrict xr = io.x + r * d;
         float *restrict yr = io.y + r * d;
         double mean, var;
-        moments(xr, d, &mean, &var);
+        df_cpu_row_moments(xr, d, &mean, &var);
         float hi = (float)mean, lo = (float)(mean - hi), rs = (float)(1.0 / sqrt(var + eps));
         if (w && b) {
             for (int64_t i = 0; i < d; i++)
@@ -184,18 +168,6 @@ DF_CPU_KERNEL(layer_norm)
 
 /* ---- RMS norm ------------------------------------------------------------------------- */
 
-/* 1 / sqrt(mean of squares + eps) of a row: the squares summed in double, the mean
- * rounded to f32, the rest in f32. */
-static float rms_inverse(const float *restrict x, int64_t d, float eps)
-{
-    double q = 0;
-    #pragma omp simd reduction(+ : q)
-    for (int64_t i = 0; i < d; i++)
-        q += (double)x[i] * x[i];
-    float var = (float)(q / (double)d);
-    return 1.0f / sqrtf(var + eps);
-}
-
 DF_CPU_KERNEL(rms_norm)
 {
     const df_view *x = &n->in[0];
@@ -209,7 +181,7 @@ DF_CPU_KERNEL(rms_norm)
     for (int64_t r = 0; r < io.rows; r++) {
         const float *restrict xr = io.x + r * d;
         float *restrict yr = io.y + r * d;
-        float rs = rms_inverse(xr, d, eps);
+        float rs = df_cpu_rms_inverse(xr, d, eps);
         if (w) {
             for (int64_t i = 0; i < d; i++)
                 yr[i] = (xr[i] * rs) * w[i];
@@ -253,7 +225,7 @@ DF_CPU_KERNEL(rms_norm_rope)
         int64_t at = b * o->stride[0] + h * o->stride[1] + s * o->stride[2];
         float *restrict yr = to_bf16 ? (float *)io.extra + omp_get_thread_num() * row_floats
                                   : (float *)(out + at * (int64_t)es);
-        float rs = rms_inverse(xr, d, eps);
+        float rs = df_cpu_rms_inverse(xr, d, eps);
         for (int64_t i = 0; i < half; i++) {
             float x0 = xr[2 * i] * rs, x1 = xr[2 * i + 1] * rs;
             if (w)
@@ -290,7 +262,7 @@ DF_CPU_KERNEL(group_norm)
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t g = 0; g < ngroups; g++) {
         double mean, var;
-        moments(io.x + g * io.d, io.d, &mean, &var);
+        df_cpu_row_moments(io.x + g * io.d, io.d, &mean, &var);
         stats[2 * g] = mean;
         stats[2 * g + 1] = 1.0 / sqrt(var + eps);
     }

@@ -1,0 +1,537 @@
+/*
+ * 8-bit products with K-grouped scales (gemm_int8.h): quantization, packing, the portable
+ * micro-kernel, the epilogue and the dispatch. The x86 micro-kernels live in
+ * gemm_int8_x86.c.
+ *
+ * Choices:
+ * - Rounding is to nearest even (nearbyintf) of x * (127 / max|x|), clamped to +-127, for
+ *   weights and activations alike; a group of zeros has scale 0.
+ * - Work is split over (a chunk of up to DF_I8_MC rows, a block of DF_I8_NR channels): a
+ *   block's packed weights (NR * kp bytes) stay in cache while its chunk's tiles run, and
+ *   the chunk's activations (at most DF_I8_CHUNK_BYTES) are shared by the threads working
+ *   on its other blocks.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <diffuse/cpu.h>
+#include <diffuse/quantize.h>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_int8.h"
+#include "backend/cpu/gemm_int8_impl.h"
+#include "backend/cpu/k_common.h"
+#include "core/alloc.h"
+
+#define DF_I8_MC          128    /* rows per chunk of work, at most */
+#define DF_I8_CHUNK_BYTES 262144 /* ... and a chunk's activations fit in L2 beside a block */
+
+static size_t round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+int64_t df_i8_group_for(int64_t k, int64_t group)
+{
+    if (group <= 0)
+        group = 128;
+    if (group % 4 == 0 && group < k && k % group == 0)
+        return group;
+    return (k + 3) / 4 * 4; /* the whole k, padded to whole quads */
+}
+
+typedef struct layout {
+    int64_t group, kp, n_groups, n_blocks;
+    size_t q_at, scale_at, corr_at, bytes;
+} layout;
+
+static layout layout_of(int64_t n, int64_t k, int64_t group)
+{
+    layout l;
+    l.group = df_i8_group_for(k, group);
+    l.kp = (k + l.group - 1) / l.group * l.group;
+    l.n_groups = l.kp / l.group;
+    l.n_blocks = (n + DF_I8_NR - 1) / DF_I8_NR;
+    size_t per_block = (size_t)(l.n_groups * DF_I8_NR);
+    l.q_at = round64(sizeof(df_i8_weight));
+    l.scale_at = l.q_at + round64((size_t)(l.n_blocks * l.kp * DF_I8_NR));
+    l.corr_at = l.scale_at + round64((size_t)l.n_blocks * per_block * sizeof(float));
+    l.bytes = l.corr_at + round64((size_t)l.n_blocks * per_block * sizeof(int32_t));
+    return l;
+}
+
+size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group)
+{
+    return layout_of(n, k, group).bytes;
+}
+
+void df_i8_weight_free(void *p)
+{
+    df_i8_weight *w = p;
+    if (w)
+        df_i8_dnnl_free(w->dnnl);
+    df_aligned_free(w);
+}
+
+/* 127 / max|x| over n values (0 when all are zero), and the scale max|x| / 127. */
+static float group_inverse(const float *x, int64_t n, float *scale)
+{
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++)
+        amax = fmaxf(amax, fabsf(x[i]));
+    *scale = amax / 127.0f;
+    return amax > 0 ? 127.0f / amax : 0.0f;
+}
+
+static int quantize_one(float x, float inv)
+{
+    float q = nearbyintf(x * inv);
+    q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+    return (int)q;
+}
+
+/* One channel: row (f32, kp values, zero past k) into q (kp values) and its group scales. */
+static void quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
+                             float *scale)
+{
+    for (int64_t g = 0; g < n_groups; g++) {
+        const float *x = row + g * group;
+        float inv = group_inverse(x, group, &scale[g]);
+        for (int64_t i = 0; i < group; i++)
+            q[g * group + i] = (int8_t)quantize_one(x[i], inv);
+    }
+}
+
+/* Channel c of block b from its quantized values (kp of them) and group scales. */
+static void place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale)
+{
+    for (int64_t g = 0; g < w->n_groups; g++) {
+        int32_t sum = 0;
+        for (int64_t i = 0; i < w->group; i++) {
+            int64_t kk = g * w->group + i;
+            w->q[((b * (w->kp / 4) + kk / 4) * DF_I8_NR + c) * 4 + kk % 4] = q[kk];
+            sum += q[kk];
+        }
+        w->scale[(b * w->n_groups + g) * DF_I8_NR + c] = scale[g];
+        w->corr[(b * w->n_groups + g) * DF_I8_NR + c] = -128 * sum;
+    }
+}
+
+static void pack_channel(df_i8_weight *w, int64_t b, int c, const float *row, int8_t *q,
+                         float *scale)
+{
+    quantize_channel(row, w->group, w->n_groups, q, scale);
+    place_channel(w, b, c, q, scale);
+}
+
+df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k, int64_t ldw,
+                            int64_t group, df_i8_weight **out)
+{
+    *out = NULL;
+    if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
+                         df_dtype_name(type));
+    layout l = layout_of(n, k, group);
+    char *mem = df_aligned_alloc(l.bytes);
+    if (!mem)
+        return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    memset(mem, 0, l.bytes);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l.kp,
+                        .group = l.group,
+                        .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks,
+                        .q = (int8_t *)(mem + l.q_at),
+                        .scale = (float *)(mem + l.scale_at),
+                        .corr = (int32_t *)(mem + l.corr_at)};
+    size_t es = df_dtype_size(type);
+    bool failed = false;
+#pragma omp parallel if (l.n_blocks > 1 && !omp_in_parallel())
+    {
+        float *row = df_malloc((size_t)l.kp * (sizeof(float) + 1) + (size_t)l.n_groups * 4);
+        int8_t *q = row ? (int8_t *)(row + l.kp) : NULL;
+        float *sc = row ? (float *)(q + l.kp + (4 - l.kp % 4) % 4) : NULL;
+        if (!row) {
+#pragma omp atomic write
+            failed = true;
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < l.n_blocks; b++) {
+            if (!row)
+                continue;
+            for (int c = 0; c < DF_I8_NR && b * DF_I8_NR + c < n; c++) {
+                const char *r = (const char *)src + (size_t)((b * DF_I8_NR + c) * ldw) * es;
+                df_convert(r, type, row, DF_DTYPE_F32, k);
+                memset(row + k, 0, (size_t)(l.kp - k) * sizeof(float));
+                pack_channel(w, b, c, row, q, sc);
+            }
+        }
+        df_free(row);
+    }
+    if (failed) {
+        df_aligned_free(mem);
+        return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    }
+    *out = w;
+    return DF_OK;
+}
+
+df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out)
+{
+    *out = NULL;
+    layout l = layout_of(n, k, group);
+    char *mem = df_aligned_alloc(l.bytes);
+    int8_t *row = df_malloc((size_t)l.kp);
+    if (!mem || !row) {
+        df_aligned_free(mem);
+        df_free(row);
+        return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    }
+    memset(mem, 0, l.bytes);
+    memset(row, 0, (size_t)l.kp);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l.kp,
+                        .group = l.group,
+                        .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks,
+                        .q = (int8_t *)(mem + l.q_at),
+                        .scale = (float *)(mem + l.scale_at),
+                        .corr = (int32_t *)(mem + l.corr_at)};
+    for (int64_t j = 0; j < n; j++) {
+        memcpy(row, q + j * k, (size_t)k);
+        place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
+    }
+    df_free(row);
+    *out = w;
+    return DF_OK;
+}
+
+/* The public functions' group (0: the whole k) as layout_of takes it. */
+static int64_t public_group(int64_t group)
+{
+    return group <= 0 ? INT64_MAX / 2 : group;
+}
+
+int64_t df_int8_weight_groups(int64_t k, int64_t group)
+{
+    return layout_of(1, k, public_group(group)).n_groups;
+}
+
+df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, int64_t group,
+                           int8_t *q, float *scale)
+{
+    if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
+                         df_dtype_name(type));
+    layout l = layout_of(1, k, public_group(group));
+    float *row = df_malloc((size_t)l.kp * sizeof(float));
+    int8_t *qr = df_malloc((size_t)l.kp);
+    if (!row || !qr) {
+        df_free(row);
+        df_free(qr);
+        return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    }
+    memset(row, 0, (size_t)l.kp * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row, DF_DTYPE_F32,
+                   k);
+        quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
+        memcpy(q + j * k, qr, (size_t)k);
+    }
+    df_free(row);
+    df_free(qr);
+    return DF_OK;
+}
+
+/* --- activations ------------------------------------------------------------------------ */
+
+size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m)
+{
+    return round64((size_t)(m * w->kp)) + round64((size_t)(m * w->n_groups) * sizeof(float)) + 64;
+}
+
+static inline __attribute__((always_inline)) void
+quantize_row(const void *x, bool bf16, int64_t k, const df_i8_weight *w, uint8_t *q, float *sc)
+{
+    float buf[256];
+    for (int64_t g = 0; g < w->n_groups; g++) {
+        int64_t k0 = g * w->group, len = w->group;
+        /* the group's values, a piece of at most 256 at a time (a whole-k group is long) */
+        float amax = 0;
+        for (int64_t i = k0; i < k0 + len && i < k; i++) {
+            float v = bf16 ? df_bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+            amax = fmaxf(amax, fabsf(v));
+        }
+        float inv = amax > 0 ? 127.0f / amax : 0.0f;
+        sc[g] = amax / 127.0f;
+        for (int64_t p = k0; p < k0 + len; p += 256) {
+            int64_t pl = k0 + len - p < 256 ? k0 + len - p : 256;
+            for (int64_t i = 0; i < pl; i++) {
+                int64_t kk = p + i;
+                buf[i] = kk >= k ? 0.0f
+                         : bf16  ? df_bf16_to_f32(((const uint16_t *)x)[kk])
+                                 : ((const float *)x)[kk];
+            }
+            for (int64_t i = 0; i < pl; i++)
+                q[p + i] = (uint8_t)(quantize_one(buf[i], inv) + 128);
+        }
+    }
+}
+
+void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int64_t m, int64_t ldx,
+                        void *scratch, df_i8_act *out)
+{
+    char *base = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    *out = (df_i8_act){.m = m,
+                       .kp = w->kp,
+                       .group = w->group,
+                       .n_groups = w->n_groups,
+                       .q = (uint8_t *)base,
+                       .scale = (float *)(base + round64((size_t)(m * w->kp)))};
+    bool bf16 = type == DF_DTYPE_BF16;
+    size_t es = df_dtype_size(type);
+#pragma omp parallel for schedule(static) if (m * w->kp > (1 << 15) && !omp_in_parallel())
+    for (int64_t r = 0; r < m; r++) {
+        const char *row = (const char *)x + (size_t)(r * ldx) * es;
+        if (bf16)
+            quantize_row(row, true, w->k, w, out->q + r * w->kp, out->scale + r * w->n_groups);
+        else
+            quantize_row(row, false, w->k, w, out->q + r * w->kp, out->scale + r * w->n_groups);
+    }
+}
+
+/* --- the portable micro-kernel ---------------------------------------------------------- */
+
+void df_i8_tile_portable(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
+{
+    const df_i8_weight *w = t->w;
+    float acc_f[DF_I8_MR][DF_I8_NR] = {{0}};
+    for (int64_t g = 0; g < w->n_groups; g++) {
+        const int8_t *bq = w->q + (t->block * (w->kp / 4) + g * w->group / 4) * DF_I8_NR * 4;
+        const float *ws = w->scale + (t->block * w->n_groups + g) * DF_I8_NR;
+        const int32_t *wc = w->corr + (t->block * w->n_groups + g) * DF_I8_NR;
+        for (int r = 0; r < DF_I8_MR; r++) {
+            int32_t acc[DF_I8_NR];
+            memcpy(acc, wc, sizeof acc);
+            const uint8_t *a = t->rows[r] + g * w->group;
+            for (int64_t quad = 0; quad < w->group / 4; quad++) {
+                const int8_t *b = bq + quad * DF_I8_NR * 4;
+                const uint8_t *aq = a + quad * 4;
+                for (int c = 0; c < DF_I8_NR; c++)
+                    acc[c] += aq[0] * b[c * 4] + aq[1] * b[c * 4 + 1] + aq[2] * b[c * 4 + 2] +
+                              aq[3] * b[c * 4 + 3];
+            }
+            float as = t->scales[r][g];
+            for (int c = 0; c < DF_I8_NR; c++)
+                acc_f[r][c] = fmaf((float)acc[c], ws[c] * as, acc_f[r][c]);
+        }
+    }
+    memcpy(tile, acc_f, sizeof acc_f);
+}
+
+/* --- the epilogue ----------------------------------------------------------------------- */
+
+/* The activations as the elementwise kernels compute them (k_common.h), vectorisable. */
+static void activate(int act, float *v, int n)
+{
+    if (act == DF_GEMM_ACT_GELU_TANH) { /* x sigmoid(2y), y = sqrt(2/pi) (x + 0.044715 x^3) */
+        for (int c = 0; c < n; c++)
+            v[c] = df_cpu_x_sigmoid(v[c],
+                                    1.5957691216057308f * v[c] * (1.0f + 0.044715f * v[c] * v[c]));
+    } else if (act == DF_GEMM_ACT_SILU) {
+        for (int c = 0; c < n; c++)
+            v[c] = df_cpu_x_sigmoid(v[c], v[c]);
+    } else if (act == DF_GEMM_ACT_GELU) {
+        for (int c = 0; c < n; c++) {
+            float e = erfcf(-v[c] * 0.70710678118654752f);
+            v[c] = e == 0.0f ? -0.0f : 0.5f * v[c] * e;
+        }
+    }
+}
+
+static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0, int cols,
+                     const float *acc)
+{
+    float v[DF_I8_NR];
+    for (int c = 0; c < cols; c++)
+        v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
+    if (e->gate) {
+        const float *r = e->residual + row * e->ldr + n0;
+        for (int c = 0; c < cols; c++)
+            v[c] = r[c] + e->gate[n0 + c] * v[c];
+    } else if (e->act) {
+        activate(e->act, v, cols);
+    }
+    int64_t ldc = e->ldc ? e->ldc : n;
+    if (e->out_bf16)
+        df_gemm_f32_to_bf16(v, (uint16_t *)e->out + row * ldc + n0, cols);
+    else
+        memcpy((float *)e->out + row * ldc + n0, v, (size_t)cols * sizeof(float));
+}
+
+/* --- dispatch and the driver ------------------------------------------------------------ */
+
+static const char *const path_names[DF_I8_PATH_COUNT] = {"auto", "portable", "avx-vnni",
+                                                         "avx512-vnni", "onednn"};
+
+const char *df_i8_path_name(df_i8_path path)
+{
+    return (unsigned)path < DF_I8_PATH_COUNT ? path_names[path] : "?";
+}
+
+bool df_i8_path_available(df_i8_path path)
+{
+    switch (path) {
+    case DF_I8_PATH_AUTO:
+    case DF_I8_PATH_PORTABLE:
+        return true;
+    case DF_I8_PATH_AVX_VNNI:
+        return df_i8_tile_avxvnni_fn() != NULL;
+    case DF_I8_PATH_AVX512_VNNI:
+        return df_i8_tile_avx512vnni_fn() != NULL;
+    case DF_I8_PATH_ONEDNN:
+        return df_i8_dnnl_available();
+    default:
+        return false;
+    }
+}
+
+static _Atomic int forced = -1; /* -1: not read from the environment yet */
+
+df_status df_i8_force_path(df_i8_path path)
+{
+    if ((unsigned)path >= DF_I8_PATH_COUNT || !df_i8_path_available(path))
+        return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
+                         df_i8_path_name(path));
+    forced = (int)path;
+    return DF_OK;
+}
+
+static df_i8_path best_kernel(void);
+
+/* The forced path, or AUTO. */
+static df_i8_path forced_path(void)
+{
+    if (forced < 0) {
+        int f = DF_I8_PATH_AUTO;
+        const char *env = getenv("DIFFUSE_INT8_PATH");
+        for (int p = DF_I8_PATH_PORTABLE; env && *env && p < DF_I8_PATH_COUNT; p++)
+            if (strcmp(env, path_names[p]) == 0 && df_i8_path_available((df_i8_path)p))
+                f = p;
+        forced = f;
+    }
+    return (df_i8_path)forced;
+}
+
+df_i8_path df_i8_path_best(void)
+{
+    df_i8_path f = forced_path();
+    return f != DF_I8_PATH_AUTO ? f : best_kernel();
+}
+
+/* The best of the project's own kernels on this CPU. */
+static df_i8_path best_kernel(void)
+{
+    if (df_i8_path_available(DF_I8_PATH_AVX512_VNNI))
+        return DF_I8_PATH_AVX512_VNNI;
+    if (df_i8_path_available(DF_I8_PATH_AVX_VNNI))
+        return DF_I8_PATH_AVX_VNNI;
+    return DF_I8_PATH_PORTABLE;
+}
+
+const char *df_cpu_int8_kernel(void)
+{
+    df_i8_path p = df_i8_path_best();
+    return forced_path() == DF_I8_PATH_AUTO && df_cpu_has_amx_int8()
+               ? "onednn-amx (whole-k groups), else avx512-vnni"
+               : df_i8_path_name(p);
+}
+
+/* The oneDNN path: its product into f32 rows (out itself when f32), then each row's scale,
+ * the bias and the epilogue. */
+static df_status gemm_onednn(const df_i8_act *a, df_i8_weight *w, const df_i8_epilogue *e)
+{
+    int64_t n = w->n, ldc = e->ldc ? e->ldc : n;
+    float *tmp = NULL, *o = e->out;
+    if (e->out_bf16) {
+        tmp = df_aligned_alloc((size_t)(a->m * n) * sizeof(float));
+        if (!tmp)
+            return df_errorf(DF_E_OOM, "int8: out of memory for a [%lld, %lld] product",
+                             (long long)a->m, (long long)n);
+        o = tmp;
+        ldc = n;
+    }
+    df_status s = df_i8_gemm_dnnl(a, w, o, ldc);
+#pragma omp parallel for schedule(static) if (s == DF_OK && a->m > 1 && !omp_in_parallel())
+    for (int64_t r = 0; r < (s == DF_OK ? a->m : 0); r++) {
+        for (int64_t n0 = 0; n0 < n; n0 += DF_I8_NR) {
+            int cols = (int)(n - n0 < DF_I8_NR ? n - n0 : DF_I8_NR);
+            float acc[DF_I8_NR];
+            for (int c = 0; c < cols; c++)
+                acc[c] = o[r * ldc + n0 + c] * a->scale[r];
+            epilogue(e, n, r, n0, cols, acc);
+        }
+    }
+    df_aligned_free(tmp);
+    return s;
+}
+
+df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
+                     df_i8_path path)
+{
+    if (path == DF_I8_PATH_AUTO)
+        path = forced_path();
+    if (path == DF_I8_PATH_AUTO) /* cpuid dispatch: oneDNN where it has AMX to use */
+        path = w->n_groups == 1 && df_cpu_has_amx_int8() ? DF_I8_PATH_ONEDNN : best_kernel();
+    if (path == DF_I8_PATH_ONEDNN && w->n_groups != 1)
+        path = best_kernel();
+    if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group)
+        return gemm_onednn(a, (df_i8_weight *)w, e); /* adds its form to w: see the header */
+    df_i8_tile_fn fn = path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
+                       : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
+                                                      : df_i8_tile_portable;
+    if (!fn)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
+                         df_i8_path_name(path));
+    if (a->kp != w->kp || a->group != w->group)
+        return df_errorf(DF_E_ARG,
+                         "int8: activations quantized for k %lld group %lld, weight "
+                         "has k %lld group %lld",
+                         (long long)a->kp, (long long)a->group, (long long)w->kp,
+                         (long long)w->group);
+    int64_t mc = DF_I8_CHUNK_BYTES / w->kp / DF_I8_MR * DF_I8_MR;
+    mc = mc < 16 ? 16 : mc > DF_I8_MC ? DF_I8_MC : mc;
+    int64_t m = a->m, chunks = (m + mc - 1) / mc, work = chunks * w->n_blocks;
+#pragma omp parallel for schedule(static) if (work > 1 && !omp_in_parallel())
+    for (int64_t i = 0; i < work; i++) {
+        int64_t chunk = i / w->n_blocks, b = i % w->n_blocks;
+        int64_t m_end = (chunk + 1) * mc < m ? (chunk + 1) * mc : m;
+        int64_t n0 = b * DF_I8_NR;
+        int cols = (int)(w->n - n0 < DF_I8_NR ? w->n - n0 : DF_I8_NR);
+        for (int64_t m0 = chunk * mc; m0 < m_end; m0 += DF_I8_MR) {
+            df_i8_tile_args t = {.w = w, .block = b};
+            int rows = (int)(m_end - m0 < DF_I8_MR ? m_end - m0 : DF_I8_MR);
+            for (int r = 0; r < DF_I8_MR; r++) {
+                int64_t at = m0 + (r < rows ? r : 0); /* missing rows repeat the first */
+                t.rows[r] = a->q + at * a->kp;
+                t.scales[r] = a->scale + at * a->n_groups;
+            }
+            float tile[DF_I8_MR][DF_I8_NR] __attribute__((aligned(64)));
+            fn(&t, tile);
+            for (int r = 0; r < rows; r++)
+                epilogue(e, w->n, m0 + r, n0, cols, tile[r]);
+        }
+    }
+    return DF_OK;
+}

@@ -1,0 +1,133 @@
+/*
+ * 8-bit matrix products with K-grouped scales (the int8 compute dtype).
+ *
+ *     out[m, n] = epilogue( sum_g  sa[m, g] * sw[n, g] * sum_{k in g} qa[m, k] qw[n, k] )
+ *
+ * Weights w [n, k] are quantized once, symmetrically, per output channel and per group of
+ * `group` consecutive k (qw = round(w / sw) in [-127, 127], sw = max|w| / 127 over the
+ * group); activations the same way per token (row) and group, on every call. Each group's
+ * dot product is exact in int32; it is converted once and added to an f32 accumulator with
+ * one multiply by the two scales and one fused multiply-add, in group order. The epilogue
+ * adds the bias, applies the activation or the gated residual and writes f32 or bf16 rows.
+ *
+ * Every path computes the same integers and the same f32 operations in the same order, so
+ * all paths give bit-identical results:
+ * - avx512-vnni: the project's micro-kernel, vpdpbusd on 512-bit registers (u8 x s8: the
+ *   activations are stored shifted by +128 and each group's accumulator starts at
+ *   -128 * (the group's weight column sum), which cancels the shift exactly);
+ * - avx-vnni: the same on 256-bit registers (VEX AVX-VNNI, or EVEX AVX512-VNNI + VL);
+ * - portable: plain C, for any CPU.
+ * - onednn: oneDNN's u8 x s8 matmul (AMX-INT8 where the CPU has it), for whole-k groups
+ *   only (oneDNN 2.6 scales per output channel, not per group); it agrees with the others
+ *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
+ * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
+ * groups on AMX CPUs, else the VNNI kernels, else portable); DIFFUSE_INT8_PATH=
+ * portable|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
+ */
+#ifndef DF_BACKEND_CPU_GEMM_INT8_H
+#define DF_BACKEND_CPU_GEMM_INT8_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <diffuse/dtype.h>
+
+#include "backend/backend.h"
+#include "core/status.h"
+
+typedef enum df_i8_path {
+    DF_I8_PATH_AUTO,
+    DF_I8_PATH_PORTABLE,
+    DF_I8_PATH_AVX_VNNI,
+    DF_I8_PATH_AVX512_VNNI,
+    DF_I8_PATH_ONEDNN,
+    DF_I8_PATH_COUNT,
+} df_i8_path;
+
+#define DF_I8_NR 32 /* output channels per packed block */
+#define DF_I8_MR 4  /* rows per micro-tile */
+
+/* A quantized, packed weight [n, k]. k is padded with zeros to kp (a multiple of 4 and of
+ * the group); n to whole blocks of DF_I8_NR channels (scale 0). */
+typedef struct df_i8_weight {
+    int64_t n, k, kp, group, n_groups, n_blocks;
+    int8_t *q;     /* [n_blocks][kp / 4][DF_I8_NR][4] */
+    float *scale;  /* [n_blocks][n_groups][DF_I8_NR] */
+    int32_t *corr; /* [n_blocks][n_groups][DF_I8_NR]: -128 * sum of the group's q */
+    void *dnnl;    /* the oneDNN path's form of it, made on first use there */
+} df_i8_weight;
+
+/* Quantized activations [m, kp]: u8 (q + 128) and per-row group scales [m][n_groups]. */
+typedef struct df_i8_act {
+    int64_t m, kp, group, n_groups;
+    uint8_t *q;
+    float *scale;
+} df_i8_act;
+
+/* The group size used for a k and a requested group (0: the default, 128): `group` when it
+ * divides k and is a multiple of 4, else the whole k (rounded up to a multiple of 4). */
+int64_t df_i8_group_for(int64_t k, int64_t group);
+
+/* Bytes of a packed weight of [n, k] with that group (what df_i8_weight_pack allocates). */
+size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group);
+
+/* Quantizes and packs w [n, k] (rows ldw elements apart, dtype f32, bf16 or f16) into one
+ * allocation of df_i8_weight_bytes; free with df_i8_weight_free. Uses the calling thread's
+ * OpenMP team. */
+df_status df_i8_weight_pack(const void *w, df_dtype type, int64_t n, int64_t k, int64_t ldw,
+                            int64_t group, df_i8_weight **out);
+void df_i8_weight_free(void *w);
+/* The same from values already quantized (df_int8_quantize's q [n, k] and scale
+ * [n, n_groups]): the same packed weight as quantizing their source. */
+df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out);
+
+/* Bytes of scratch for the activations of m rows (df_i8_act_init places them there). */
+size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m);
+/* Quantizes x [m, k] (rows ldx elements apart, f32 or bf16) into `scratch`. */
+void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int64_t m,
+                        int64_t ldx, void *scratch, df_i8_act *out);
+
+/* The epilogue: out = act(acc + bias), or residual + gate * (acc + bias) when gate is set. */
+typedef struct df_i8_epilogue {
+    const float *bias;     /* [n] or NULL */
+    int act;               /* DF_GEMM_ACT_* (not with gate) */
+    const float *gate;     /* [n] or NULL */
+    const float *residual; /* rows of n, ldr apart (with gate) */
+    int64_t ldr;
+    void *out;             /* rows of n, ldc apart */
+    int64_t ldc;
+    bool out_bf16;
+} df_i8_epilogue;
+
+/* out = epilogue(a w^T) on `path` (AUTO: the dispatched one), using the calling thread's
+ * OpenMP team unless called inside a parallel region. */
+df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
+                     df_i8_path path);
+
+/* Whether this CPU can run `path`; the dispatched path; its name. */
+bool df_i8_path_available(df_i8_path path);
+df_i8_path df_i8_path_best(void);
+const char *df_i8_path_name(df_i8_path path);
+/* Makes AUTO mean `path` from now on (AUTO restores cpuid dispatch); DF_E_UNSUPPORTED when
+ * the CPU lacks it. */
+df_status df_i8_force_path(df_i8_path path);
+
+/*
+ * Linear layers in int8 compute (gemm.c's df_gemm_linear with compute DF_DTYPE_I8).
+ *
+ * df_i8_linear_applies: whether this linear runs in int8: w is a 2-D weight storage
+ * (is_weight) that the quantization policy did not keep in higher precision
+ * (keep_precision), in f32, bf16 or f16. Other linears compute in f32.
+ * df_i8_linear: quantizes w once into a derived form kept on its storage (keyed by the
+ * group, and dropped with the other derived forms when the weight is released), drops the
+ * file's pages of w, quantizes x per call into env's scratch, and runs the product with
+ * the epilogue. The group is DIFFUSE_INT8_GROUP (32 to 256, or "k" for the whole k;
+ * default 128), read once.
+ */
+bool df_i8_linear_applies(const df_view *w);
+df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
+                       const df_view *bias, const df_i8_epilogue *e);
+int64_t df_i8_default_group(void);
+
+#endif

@@ -1,0 +1,125 @@
+/*
+ * Linear layers in int8 compute: the weight quantized once and kept on its storage, the
+ * activations quantized per call (gemm_int8.h).
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_int8.h"
+#include "core/alloc.h"
+#include <diffuse/quantize.h>
+
+int64_t df_int8_default_group(void)
+{
+    int64_t g = df_i8_default_group();
+    return g >= INT64_MAX / 2 ? 0 : g;
+}
+
+int64_t df_i8_default_group(void)
+{
+    static _Atomic int64_t group = -1;
+    if (group < 0) {
+        const char *env = getenv("DIFFUSE_INT8_GROUP");
+        int64_t g = 128;
+        if (env && strcmp(env, "k") == 0)
+            g = 0;
+        else if (env && *env) {
+            long v = strtol(env, NULL, 10);
+            if (v >= 32 && v <= 256 && v % 4 == 0)
+                g = v;
+        }
+        group = g;
+    }
+    return group == 0 ? INT64_MAX / 2 : group; /* larger than any k: the whole k */
+}
+
+bool df_i8_linear_applies(const df_view *w)
+{
+    if (w->dtype == DF_DTYPE_I8) /* saved quantized: int8 products in any compute dtype */
+        return w->st && w->ndim == 2 && df_view_is_dense(w);
+    return w->st && w->st->is_weight && !w->st->keep_precision && w->ndim == 2 &&
+           df_view_is_dense(w) && w->shape[1] > 0 &&
+           (w->dtype == DF_DTYPE_F32 || w->dtype == DF_DTYPE_BF16 || w->dtype == DF_DTYPE_F16);
+}
+
+/* An I8 weight saved quantized: its packed form from the stored values and scales. */
+static df_status from_saved(const df_view *w, df_i8_weight **out)
+{
+    int64_t n = w->shape[0], k = w->shape[1], groups = w->st->i8_groups;
+    if (!w->st->i8_scale || w->offset != 0 || groups <= 0)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "int8: an I8 [%lld, %lld] weight without its scales "
+                         "(only whole weights saved by df_quantize_model are read)",
+                         (long long)n, (long long)k);
+    int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
+    return df_i8_weight_from_plain(df_view_ptr(w), w->st->i8_scale, n, k, group, out);
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0xbf58476d1ce4e5b9ull;
+    return h ^ (h >> 31);
+}
+
+/* w quantized with `group`, made once and kept on w's storage. */
+static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i8_weight **out)
+{
+    *out = NULL;
+    int64_t n = w->shape[0], k = w->shape[1];
+    uint64_t h = mix(mix(mix(mix(0x696e7438ull /* "int8" */, (uint64_t)group), (uint64_t)w->dtype),
+                         (uint64_t)w->offset),
+                     (uint64_t)n * 0x100000001ull + (uint64_t)k);
+    df_derived *d = df_storage_find_derived(w->st, (int64_t)h);
+    if (d) {
+        *out = d->data;
+        return DF_OK;
+    }
+    d = df_calloc(1, sizeof *d);
+    if (!d)
+        return df_errorf(DF_E_OOM, "int8: out of memory");
+    df_i8_weight *q;
+    df_status s = w->dtype == DF_DTYPE_I8
+                      ? from_saved(w, &q)
+                      : df_i8_weight_pack(df_view_ptr(w), w->dtype, n, k, k, group, &q);
+    if (s != DF_OK) {
+        df_free(d);
+        return s;
+    }
+    *d = (df_derived){.key = (int64_t)h,
+                      .data = q,
+                      .bytes = df_i8_weight_bytes(n, k, q->group),
+                      .free = df_i8_weight_free};
+    df_storage_add_derived(w->st, d);
+    /* From now on the quantized copy is what runs: the file's pages need not stay. */
+    df_storage_drop_pages(w->st, df_view_ptr(w), (size_t)(n * k) * df_dtype_size(w->dtype));
+    *out = q;
+    return DF_OK;
+}
+
+df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
+                       const df_view *bias, const df_i8_epilogue *e)
+{
+    int64_t k = w->shape[1];
+    const df_i8_weight *q = NULL;
+    DF_TRY(quantized_weight_of(w, df_i8_default_group(), &q));
+    /* activations: f32 or bf16 as they are; anything else through f32 */
+    df_dtype xt = x->dtype == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+    size_t sx = (df_gemm_operand_scratch(x, xt) + 63) & ~(size_t)63;
+    size_t sb = bias ? (df_gemm_operand_scratch(bias, DF_DTYPE_F32) + 63) & ~(size_t)63 : 0;
+    size_t sa = df_i8_act_bytes(q, m);
+    char *scratch = df_env_scratch(env, sx + sb + sa);
+    if (!scratch)
+        return df_errorf(DF_E_OOM, "linear: out of memory for %zu bytes of scratch", sx + sb + sa);
+    const void *xa, *bb = NULL;
+    DF_TRY(df_gemm_operand(x, xt, scratch, &xa));
+    if (bias)
+        DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx, &bb));
+    df_i8_act a;
+    df_i8_act_quantize(q, xa, xt, m, k, scratch + sx + sb, &a);
+    df_i8_epilogue ep = *e;
+    ep.bias = bb;
+    return df_i8_gemm(&a, q, &ep, DF_I8_PATH_AUTO);
+}

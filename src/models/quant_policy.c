@@ -1,0 +1,79 @@
+/*
+ * The int8 quantization policy (quant_policy.h, and df_int8_quantizes in quantize.h).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include <diffuse/quantize.h>
+
+#include "core/status.h"
+#include "models/loader.h"
+#include "models/quant_policy.h"
+#include "runtime/runtime.h"
+
+static bool starts(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+bool df_quant_keeps_precision(const char *component, const char *name)
+{
+    if (strcmp(component, "vae") == 0 || starts(name, "text_model.") ||
+        starts(name, "text_projection"))
+        return true;
+    if (strcmp(component, "transformer") != 0)
+        return false;
+    const char *keep = getenv("DIFFUSE_INT8_KEEP");
+    if (keep && strcmp(keep, "none") == 0)
+        return false;
+    static const char *const kept[] = {"x_embedder.",      "context_embedder.",
+                                       "time_text_embed.", "time_guidance_embed." /* FLUX.2 */,
+                                       "norm_out.",        "proj_out."};
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        if (starts(name, kept[i]))
+            return true;
+    return false;
+}
+
+bool df_int8_quantizes(const char *component, const char *name, int ndim)
+{
+    size_t len = strlen(name);
+    if (ndim != 2 || len <= 7 || strcmp(name + len - 7, ".weight") != 0)
+        return false;
+    /* tables that are looked up, not multiplied (T5's token and position embeddings) */
+    if (strcmp(name, "shared.weight") == 0 || strstr(name, "embed_tokens.") ||
+        strstr(name, "relative_attention_bias."))
+        return false;
+    return !df_quant_keeps_precision(component, name);
+}
+
+size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
+                     size_t bytes)
+{
+    bool keeps = df_quant_keeps_precision(component, name);
+    t->v.st->keep_precision = keeps;
+    if (df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || t->v.dtype == DF_DTYPE_I8 ||
+        !df_int8_quantizes(component, name, t->v.ndim))
+        return bytes;
+    /* int8 values, and per group an f32 scale and an int32 sum */
+    int64_t n = t->v.shape[0], k = t->v.shape[1];
+    return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, df_int8_default_group())) * 8;
+}
+
+df_status df_quant_bind_int8(df_weight_set *ws, const char *name, df_tensor *t)
+{
+    int64_t n = t->v.shape[0];
+    df_tensor *scale = NULL;
+    DF_TRY(df_ws_tensor(ws, &scale, 2, (int64_t[]){n, -1}, "%s_scale", name));
+    if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 ||
+        df_int8_weight_groups(t->v.shape[1], t->v.shape[1] / scale->v.shape[1]) !=
+            scale->v.shape[1])
+        return df_errorf(DF_E_FORMAT,
+                         "tensor '%s_scale': %lld %s scales per row do not fit "
+                         "the int8 groups of a row of %lld",
+                         name, (long long)scale->v.shape[1], df_dtype_name(scale->v.dtype),
+                         (long long)t->v.shape[1]);
+    t->v.st->i8_scale = (const float *)df_view_ptr(&scale->v);
+    t->v.st->i8_groups = scale->v.shape[1];
+    return DF_OK;
+}

@@ -1,0 +1,34 @@
+/*
+ * The int8 quantization policy: which weights int8 compute quantizes, in one place.
+ *
+ * Under compute dtype DF_DTYPE_I8 every linear weight a model binds is quantized on first
+ * use (the CPU backend keeps the 8-bit form and drops the file's pages), except those this
+ * policy keeps in f32: the VAE and CLIP (small, and outside the issue's scope), and in the
+ * diffusion transformers the embedders and the output layers (x_embedder,
+ * context_embedder, time_text_embed, norm_out, proj_out: a few percent of the weights and
+ * the largest share of the error; docs/int8.md has the measurements).
+ * DIFFUSE_INT8_KEEP=none quantizes those too (for measuring).
+ */
+#ifndef DF_MODELS_QUANT_POLICY_H
+#define DF_MODELS_QUANT_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <diffuse/runtime.h>
+
+/* Whether int8 compute keeps tensor `name` of `component` in higher precision. */
+bool df_quant_keeps_precision(const char *component, const char *name);
+
+/* Marks t (the bound tensor `name`, `bytes` in the file) for the policy and returns the
+ * bytes it will hold resident under ctx's compute dtype: the 8-bit form and its scales for
+ * a quantized linear weight, else `bytes`. */
+size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
+                     size_t bytes);
+
+/* For a weight saved quantized (I8, from df_quantize_model): binds "<name>_scale" and
+ * hands its scales to the weight's storage, for the int8 products. */
+struct df_weight_set;
+df_status df_quant_bind_int8(struct df_weight_set *ws, const char *name, df_tensor *t);
+
+#endif

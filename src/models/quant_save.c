@@ -1,0 +1,254 @@
+/*
+ * df_quantize_model (quantize.h): a model folder written with 8-bit linear weights.
+ *
+ * The folder keeps diffusers' layout and names. In each component with weights that
+ * df_int8_quantizes names (the transformer, T5), every such "<name>" [n, k] is stored as I8
+ * (the quantized values, row-major) with "<name>_scale" F32 [n, groups] beside it; all
+ * other tensors keep their dtype and bytes; the weights go to one safetensors file (a
+ * sharded input becomes one file) and config.json gains
+ *     "quantization_config": {"quant_method": "diffuse-int8", "bits": 8, "group_size": G,
+ *                             "symmetric": true, "activations": "int8, per token and group"}
+ * (G = 0: the whole k). Every other file and folder is copied as it is. The loader reads the
+ * I8 tensors in place (memory-mapped); int8 products take them as they are.
+ *
+ * The output of a component is built in memory (its 8-bit size) and written at the end.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <diffuse/layout.h>
+#include <diffuse/quantize.h>
+#include <diffuse/safetensors_writer.h>
+#include <diffuse/weights.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+
+static df_status copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in)
+        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fclose(in);
+        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
+    }
+    static char buf[1 << 16];
+    size_t n;
+    bool ok = true;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    fclose(in);
+    if (fclose(out) != 0)
+        ok = false;
+    return ok ? DF_OK : df_errorf(DF_E_IO, "copying %s to %s failed", from, to);
+}
+
+static df_status make_dir(const char *path)
+{
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return df_errorf(DF_E_IO, "%s: cannot create the folder: %s", path, strerror(errno));
+    return DF_OK;
+}
+
+static bool ends_with(const char *s, const char *tail)
+{
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+static bool is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Copies folder `from` into `to`, skipping the weights files when skip_weights. */
+static df_status copy_tree(const char *from, const char *to, bool skip_weights,
+                           const char *skip_name)
+{
+    DF_TRY(make_dir(to));
+    DIR *d = opendir(from);
+    if (!d)
+        return df_errorf(DF_E_IO, "%s: cannot read the folder: %s", from, strerror(errno));
+    df_status s = DF_OK;
+    struct dirent *e;
+    while (s == DF_OK && (e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (skip_weights && (ends_with(e->d_name, ".safetensors") ||
+                             ends_with(e->d_name, ".safetensors.index.json")))
+            continue;
+        if (skip_name && strcmp(e->d_name, skip_name) == 0)
+            continue;
+        char a[4096], b[4096];
+        snprintf(a, sizeof a, "%s/%s", from, e->d_name);
+        snprintf(b, sizeof b, "%s/%s", to, e->d_name);
+        s = is_dir(a) ? copy_tree(a, b, false, NULL) : copy_file(a, b);
+    }
+    closedir(d);
+    return s;
+}
+
+/* config.json with "quantization_config" added before its closing brace. */
+static df_status write_config(const char *from, const char *to, int64_t group)
+{
+    FILE *f = fopen(from, "rb");
+    if (!f)
+        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int c;
+    while ((c = fgetc(f)) != EOF) {
+        if (len + 1 >= cap) {
+            char *t = df_realloc(text, cap = cap ? 2 * cap : 4096);
+            if (!t) {
+                df_free(text);
+                fclose(f);
+                return df_errorf(DF_E_OOM, "%s: out of memory", from);
+            }
+            text = t;
+        }
+        text[len++] = (char)c;
+    }
+    fclose(f);
+    while (len > 0 && text[len - 1] != '}')
+        len--;
+    if (len == 0) {
+        df_free(text);
+        return df_errorf(DF_E_FORMAT, "%s: not a JSON object", from);
+    }
+    size_t body = len - 1;
+    while (body > 0 && (text[body - 1] == ' ' || text[body - 1] == '\n' || text[body - 1] == '\r'))
+        body--;
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        df_free(text);
+        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
+    }
+    bool empty = body > 0 && text[body - 1] == '{';
+    fwrite(text, 1, body, out);
+    fprintf(out,
+            "%s\n  \"quantization_config\": {\"quant_method\": \"diffuse-int8\", \"bits\": 8, "
+            "\"group_size\": %lld, \"symmetric\": true, \"weights\": \"int8 per output "
+            "channel and group of k\", \"activations\": \"int8, per token and group\"}\n}\n",
+            empty ? "" : ",", (long long)group);
+    df_free(text);
+    return fclose(out) == 0 ? DF_OK : df_errorf(DF_E_IO, "%s: write failed", to);
+}
+
+/* One component: its weights with the quantized ones as I8 + scales, into `file`. */
+static df_status quantize_weights(const char *component, const df_weights *w, int64_t group,
+                                  const char *file)
+{
+    df_st_writer *wr;
+    DF_TRY(df_st_writer_create(&wr));
+    df_status s = DF_OK;
+    for (int64_t i = 0; s == DF_OK && i < df_weights_count(w); i++) {
+        df_tensor_info info;
+        s = df_weights_at(w, i, &info);
+        if (s != DF_OK)
+            break;
+        bool q = df_int8_quantizes(component, info.name, info.ndim) &&
+                 (info.dtype == DF_DTYPE_F32 || info.dtype == DF_DTYPE_BF16 ||
+                  info.dtype == DF_DTYPE_F16);
+        if (!q) {
+            s = df_st_writer_add(wr, info.name, info.dtype, info.shape, info.ndim, info.data);
+            continue;
+        }
+        int64_t n = info.shape[0], k = info.shape[1], groups = df_int8_weight_groups(k, group);
+        int8_t *qv = df_malloc((size_t)(n * k) + 1);
+        float *sc = df_malloc((size_t)(n * groups) * sizeof(float));
+        if (!qv || !sc)
+            s = df_errorf(DF_E_OOM, "%s: out of memory quantizing '%s'", component, info.name);
+        if (s == DF_OK)
+            s = df_int8_quantize(info.data, info.dtype, n, k, group, qv, sc);
+        if (s == DF_OK)
+            s = df_st_writer_add(wr, info.name, DF_DTYPE_I8, info.shape, 2, qv);
+        char name[1024];
+        snprintf(name, sizeof name, "%s_scale", info.name);
+        if (s == DF_OK)
+            s = df_st_writer_add(wr, name, DF_DTYPE_F32, (int64_t[]){n, groups}, 2, sc);
+        df_free(qv);
+        df_free(sc);
+    }
+    if (s == DF_OK)
+        s = df_st_writer_finish(wr, file);
+    df_st_writer_free(wr);
+    return s;
+}
+
+static df_status quantize_component(const char *from, const char *to, const char *component,
+                                    int64_t group)
+{
+    char path[4096];
+    df_weights *w;
+    DF_TRY(df_layout_find_weights(from, path, sizeof path));
+    DF_TRY(df_weights_open(path, &w));
+    int64_t quantized = 0;
+    for (int64_t i = 0; i < df_weights_count(w); i++) {
+        df_tensor_info info;
+        if (df_weights_at(w, i, &info) == DF_OK &&
+            df_int8_quantizes(component, info.name, info.ndim))
+            quantized++;
+    }
+    df_status s;
+    if (quantized == 0) {
+        s = copy_tree(from, to, false, NULL);
+    } else {
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        char file[8200];
+        snprintf(file, sizeof file, "%s/%.*s", to,
+                 (int)(ends_with(base, ".index.json") ? strlen(base) - 11 : strlen(base)), base);
+        char cfg_in[4200], cfg_out[4200];
+        snprintf(cfg_in, sizeof cfg_in, "%s/config.json", from);
+        snprintf(cfg_out, sizeof cfg_out, "%s/config.json", to);
+        s = copy_tree(from, to, true, "config.json");
+        if (s == DF_OK)
+            s = write_config(cfg_in, cfg_out, group);
+        if (s == DF_OK)
+            s = quantize_weights(component, w, group, file);
+    }
+    df_weights_free(w);
+    return df_error_context(s, "quantizing %s", from);
+}
+
+df_status df_quantize_model(const char *in, const char *out, int64_t group)
+{
+    if (group < 0 || (group > 0 && (group < 32 || group > 256 || group % 4 != 0)))
+        return df_errorf(DF_E_ARG,
+                         "int8 group %lld: must be 32 to 256 (a multiple of 4), or 0 "
+                         "for the whole k",
+                         (long long)group);
+    if (!is_dir(in))
+        return df_errorf(DF_E_IO, "%s: not a model folder", in);
+    DF_TRY(make_dir(out));
+    DIR *d = opendir(in);
+    if (!d)
+        return df_errorf(DF_E_IO, "%s: cannot read the folder: %s", in, strerror(errno));
+    df_status s = DF_OK;
+    struct dirent *e;
+    while (s == DF_OK && (e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char a[4096], b[4096], cfg[4200], wpath[4096];
+        snprintf(a, sizeof a, "%s/%s", in, e->d_name);
+        snprintf(b, sizeof b, "%s/%s", out, e->d_name);
+        snprintf(cfg, sizeof cfg, "%s/config.json", a);
+        struct stat st;
+        if (!is_dir(a))
+            s = copy_file(a, b);
+        else if (stat(cfg, &st) == 0 && df_layout_find_weights(a, wpath, sizeof wpath) == DF_OK)
+            s = quantize_component(a, b, e->d_name, group);
+        else
+            s = copy_tree(a, b, false, NULL);
+    }
+    closedir(d);
+    return s;
+}
