@@ -7,6 +7,8 @@
 #   make demo    build, draw demo/demo.png from the shipped, trained tiny FLUX.1 pipeline
 #                models/demo (DEMO_PROMPT="..." for another caption; tools/train-demo)
 #   make demo-sd3  the same with a tiny SD3.5-architecture pipeline (CFG, skip-layer guidance)
+#   make demo-flux2  the same with tiny FLUX.2 pipelines (Flux2Pipeline with a Mistral 3
+#                    encoder, and a distilled Flux2KleinPipeline with Qwen3)
 #   make fuzz    build the libFuzzer targets with clang and run each for FUZZ_SECONDS
 #   make install PREFIX=/usr/local
 
@@ -20,7 +22,7 @@ DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libsp
                libutf8proc-dev libpcre2-dev libdnnl-dev libopenmpi-dev openmpi-bin clang \
                libclang-rt-14-dev libomp-dev
 
-.PHONY: all deps build check check-release check-asan demo demo-sd3 fuzz install clean
+.PHONY: all deps build check check-release check-asan demo demo-sd3 demo-flux2 fuzz install clean
 
 all: build
 
@@ -61,6 +63,16 @@ demo-sd3: deps build
 	    --negative-prompt "blurry" -W 256 -H 256 --steps 8 --guidance 4.5 --slg-layers 1 \
 	    --seed 42 -o demo/demo-sd3.png --stats-json demo/stats-sd3.json
 	./build/bin/diffuse info demo/demo-sd3.png
+
+demo-flux2: deps build
+	./build/bin/diffuse make-tiny --arch flux2 demo/tiny-flux2
+	./build/bin/diffuse generate -m demo/tiny-flux2 -p "a red fox in the snow, watercolor" \
+	    -W 256 -H 256 --steps 8 --seed 42 -o demo/demo-flux2.png --stats-json demo/stats-flux2.json
+	./build/bin/diffuse info demo/demo-flux2.png
+	./build/bin/diffuse make-tiny --arch flux2-klein demo/tiny-flux2-klein
+	./build/bin/diffuse generate -m demo/tiny-flux2-klein -p "a red fox in the snow, watercolor" \
+	    -W 256 -H 256 --seed 42 -o demo/demo-flux2-klein.png
+	./build/bin/diffuse info demo/demo-flux2-klein.png
 
 fuzz:
 	cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \

@@ -1,6 +1,6 @@
-# The option matrix of `diffuse generate` (tests/cli/option_matrix.txt): tiny FLUX.1 and SD3
-# pipelines over every combination of mode, compiled blocks, offload, dtype, batch and VAE
-# tiling, and FLUX.1 under `mpirun -np 2 ... --tp 2` too. Split into slices (architecture x
+# The option matrix of `diffuse generate` (tests/cli/option_matrix.txt): tiny FLUX.1, SD3 and
+# FLUX.2 (dev, klein) pipelines over every combination of mode, compiled blocks, offload,
+# dtype, batch and VAE tiling, and FLUX.1 and FLUX.2 under `mpirun -np 2 ... --tp 2` too. Split into slices (architecture x
 # dtype, and the --tp 2 runs) so that ctest -j runs them side by side.
 if(TARGET diffuse)
   add_executable(option_matrix ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix.c)
@@ -11,7 +11,11 @@ if(TARGET diffuse)
   add_dependencies(option_matrix diffuse)
   set(DF_MATRIX_TABLE ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix.txt)
   set(DF_MATRIX_SLICES "flux-f32\;arch=flux dtype=f32 tp=1" "flux-bf16\;arch=flux dtype=bf16 tp=1"
-                       "sd3-f32\;arch=sd3 dtype=f32" "sd3-bf16\;arch=sd3 dtype=bf16")
+                       "sd3-f32\;arch=sd3 dtype=f32" "sd3-bf16\;arch=sd3 dtype=bf16"
+                       "flux2-f32\;arch=flux2 dtype=f32 tp=1"
+                       "flux2-bf16\;arch=flux2 dtype=bf16 tp=1"
+                       "flux2-klein-f32\;arch=flux2-klein dtype=f32 tp=1"
+                       "flux2-klein-bf16\;arch=flux2-klein dtype=bf16 tp=1")
   # Unoptimised builds (Debug, the sanitizer build) round fused and separate kernels
   # differently (measured: a level per channel in f32, where Release gives the same bits),
   # which sequential offload's flush after every block exposes: one level of slack there.
@@ -22,7 +26,9 @@ if(TARGET diffuse)
   find_program(DF_MATRIX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
   if(MPI_C_FOUND AND DF_MATRIX_MPIRUN)
     list(APPEND DF_MATRIX_SLICES "flux-tp2-f32\;arch=flux dtype=f32 tp=2"
-                                 "flux-tp2-bf16\;arch=flux dtype=bf16 tp=2")
+                                 "flux-tp2-bf16\;arch=flux dtype=bf16 tp=2"
+                                 "flux2-tp2\;arch=flux2 tp=2"
+                                 "flux2-klein-tp2\;arch=flux2-klein tp=2")
   endif()
   foreach(slice ${DF_MATRIX_SLICES})
     list(GET slice 0 name)

@@ -2,7 +2,7 @@
  * Pipelines: a whole diffusers folder (model_index.json) from prompt to image.
  *
  * df_pipeline_load reads model_index.json, picks the pipeline class (FluxPipeline,
- * StableDiffusion3Pipeline), loads its components and creates the context they run in.
+ * StableDiffusion3Pipeline, Flux2Pipeline, Flux2KleinPipeline), loads its components and creates the context they run in.
  * df_pipeline_run encodes the prompts, draws the starting noise exactly as torch.randn does
  * for the seed, runs the denoising loop (calling df_mark_step once per step) and decodes
  * the latents.
@@ -49,13 +49,15 @@ typedef struct df_load_opts {
     bool compile_blocks; /* compile the transformer's repeated blocks; with `compile` too,
                             the blocks are traced into the whole forward's program */
     df_offload offload;
-    /* Tensor parallelism (FluxPipeline): the transformer and T5 split over `tp` ranks, one
-     * process each. 0 or 1: none. With `comm` NULL, tp > 1 initialises MPI (df_dist_init;
-     * the program must run under mpirun -np tp) and the pipeline owns the communicator;
+    /* Tensor parallelism (FluxPipeline, Flux2Pipeline, Flux2KleinPipeline): the transformer
+     * and the large text encoder (T5, Mistral 3, Qwen3) split over `tp` ranks, one process
+     * each. 0 or 1: none. With `comm` NULL, tp > 1 initialises MPI (df_dist_init; the
+     * program must run under mpirun -np tp) and the pipeline owns the communicator;
      * otherwise `comm` (MPI or threads, borrowed, of size tp; tp 0 takes its size) is used.
      * Every rank calls load and run with the same arguments; rank 0 tokenizes, draws the
-     * noise, runs CLIP and the VAE and broadcasts what the others need, so the result does
-     * not depend on tp. Only rank 0's output holds images; the others get the latents. */
+     * noise, runs CLIP (FLUX.1) and the VAE and broadcasts what the others need, so the
+     * result does not depend on tp. Only rank 0's output holds images; the others get the
+     * latents. */
     int tp;
     struct df_comm *comm;
 } df_load_opts;
@@ -76,7 +78,8 @@ typedef struct df_gen_params {
     float guidance;              /* guidance scale (FLUX.1-dev's embedded guidance) */
     bool guidance_set;           /* false: the model's default (dev 3.5) */
     uint64_t seed;
-    int max_sequence_length;     /* T5 tokens; 0: 256 for schnell, 512 for dev */
+    int max_sequence_length;     /* T5 tokens (FLUX.2: Mistral / Qwen3 tokens); 0: 256 for
+                                  * schnell, 512 for dev and FLUX.2 */
     bool vae_tiling;
     /* Optional inputs instead of prompts / noise (for parity checks): row-major f32. */
     const float *prompt_embeds;        /* [B, L, joint_attention_dim] */
@@ -111,6 +114,11 @@ typedef struct df_gen_params {
     const char *const *negative_prompts;
     const uint64_t *seeds;
     int n_seeds;
+    /* FLUX.2 (text_encoder_out_layers): the text encoder's hidden states stacked into the
+     * prompt embeddings, as many as the transformer's joint_attention_dim holds; NULL: the
+     * pipeline's own (Flux2Pipeline 10, 20, 30; Flux2KleinPipeline 9, 18, 27). */
+    const int *text_encoder_out_layers;
+    int n_text_encoder_out_layers;
 } df_gen_params;
 
 typedef struct df_gen_output {

@@ -1,14 +1,23 @@
 /*
  * Flux2Pipeline (FLUX.2-dev) and Flux2KleinPipeline (FLUX.2 [klein]), as diffusers'
- * pipeline_flux2.py and pipeline_flux2_klein.py run them, from prompt embeddings.
+ * pipeline_flux2.py and pipeline_flux2_klein.py run them.
+ *
+ * Prompts: Flux2Pipeline renders each prompt with the system message through Mistral's chat
+ * template, Flux2KleinPipeline through Qwen3's (tokenizer.h: df_tokenizer_encode_prompt),
+ * both padded and truncated to max_sequence_length (512) on the tokenizer's padding side.
+ * The ids and the attention mask go through the text encoder (Mistral 3 / Qwen3), and the
+ * hidden states of the pipeline's layers (dev 10, 20, 30; klein 9, 18, 27, or the caller's
+ * text_encoder_out_layers) are stacked per token into [B, L, 3 * hidden]. Each prompt's
+ * embeddings are repeated num_images_per_prompt times in a row. Klein base's negative
+ * prompt is "" (diffusers' only choice; diffuse also takes one per prompt).
  *
  * Latents: FLUX.2 works in the VAE's patchified, batch-norm-normalised space. The noise is
- * randn (B, 128, H/16, W/16) from one torch-compatible generator (or latents given in that
- * layout), packed to tokens (B, (H/16)(W/16), 128) with ids (0, h, w, 0); the prompt
- * embeddings get ids (0, 0, 0, l) (sched/flux2_latents.c). Schedule: sigmas linspace(1,
- * 1/n, n) shifted with compute_empirical_mu(image tokens, n), FLUX.2's own rule. Each step
- * calls the transformer with t / 1000 as the timestep; the flow-match Euler step runs on
- * the host in float32, exactly as the scheduler does it.
+ * randn (B, 128, H/16, W/16) from one torch-compatible generator (or one per image from a
+ * list; or latents given in that layout), packed to tokens (B, (H/16)(W/16), 128) with ids
+ * (0, h, w, 0); the prompt embeddings get ids (0, 0, 0, l) (sched/flux2_latents.c).
+ * Schedule: sigmas linspace(1, 1/n, n) shifted with compute_empirical_mu(image tokens, n),
+ * FLUX.2's own rule. Each step calls the transformer with t / 1000 as the timestep; the
+ * flow-match Euler step runs on the host in float32, exactly as the scheduler does it.
  *
  * Guidance: Flux2Pipeline passes guidance_scale to the transformer's guidance embedder (one
  * forward per step; default 50 steps, 4.0). Flux2KleinPipeline has no guidance embedder:
@@ -23,16 +32,26 @@
  * tokens for Flux2Pipeline and the decoder's input for Flux2KleinPipeline (which un-packs
  * before its output_type check).
  *
- * Not implemented yet: prompts (the Mistral 3 and Qwen3 text encoders and their
- * tokenizers), reference images, tensor parallelism. A folder whose text encoder is listed
- * loads; a run with prompts instead of embeddings fails with DF_E_UNSUPPORTED.
+ * Offload (model): text_encoder -> transformer -> vae, each resident only while it runs.
+ *
+ * Tensor parallelism (a communicator on the context): the transformer and the text encoder
+ * load sharded on every rank; the tokenizer and the VAE load and run on rank 0 only. Rank 0
+ * decides the run's sizes, tokenizes, draws the noise and broadcasts what the others need
+ * (ids and masks, latents, and the latents again after each step), so every rank holds the
+ * same numbers and the image does not depend on the number of ranks; every rank gets the
+ * encoder's full hidden states. Failures follow FluxPipeline's rules (flux.c).
+ *
+ * Not implemented: reference images (image-to-image editing).
  */
 #include <math.h>
 #include <string.h>
 
 #include <diffuse/flux2.h>
+#include <diffuse/mistral.h>
+#include <diffuse/qwen3.h>
 #include <diffuse/rng.h>
 #include <diffuse/scheduler.h>
+#include <diffuse/tokenizer.h>
 #include <diffuse/vae.h>
 
 #include "core/alloc.h"
@@ -45,8 +64,10 @@
 typedef struct flux2_pipe {
     bool klein;        /* Flux2KleinPipeline */
     bool is_distilled; /* klein: step-wise distilled (no CFG) */
+    df_tokenizer *tok; /* rank 0 */
+    df_decoder_lm *te; /* NULL when the folder has no text encoder */
     df_flux2 *transformer;
-    df_vae *vae;
+    df_vae *vae; /* rank 0 */
     df_scheduler_config sched;
     df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux2_pipe;
@@ -66,6 +87,8 @@ static const df_module transformer_module = {
 static void flux2_free(void *impl)
 {
     flux2_pipe *f = impl;
+    df_tokenizer_free(f->tok);
+    df_decoder_lm_free(f->te);
     df_flux2_free(f->transformer);
     df_vae_free(f->vae);
     df_compiled_free(f->compiled);
@@ -83,6 +106,35 @@ static df_status expect_class(const df_pipeline *p, const df_model_index *idx, c
     return DF_OK;
 }
 
+/* The text side (optional as a whole: prompt embeddings may be given instead): the
+ * tokenizer on rank 0, the encoder on every rank (sharded under tensor parallelism). */
+static df_status load_text(df_pipeline *p, flux2_pipe *f, const df_model_index *idx)
+{
+    if (!df_pipeline_has_component(idx, "text_encoder"))
+        return DF_OK;
+    const char *te_cls = f->klein ? "Qwen3ForCausalLM" : "Mistral3ForConditionalGeneration";
+    DF_TRY(expect_class(p, idx, "text_encoder", te_cls));
+    char dir[DF_PATH_MAX];
+    DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
+    if (df_pipeline_lead(p))
+        DF_TRY_CTX(df_tokenizer_load(dir, &f->tok), "%s", dir);
+    if (f->tok && df_tokenizer_kind(f->tok) != DF_TOKENIZER_BPE_JSON)
+        return df_errorf(DF_E_FORMAT, "%s: %s's tokenizer must be a tokenizer.json (found a %s "
+                         "tokenizer)", dir, p->cls->name,
+                         df_tokenizer_type_name(df_tokenizer_kind(f->tok)));
+    DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
+    DF_TRY_CTX(f->klein ? df_qwen3_load(p->ctx, dir, &f->te) : df_mistral_load(p->ctx, dir, &f->te),
+               "%s", dir);
+    int64_t hidden = df_decoder_lm_get_config(f->te)->hidden_size;
+    int64_t joint = df_flux2_config(f->transformer)->joint_attention_dim;
+    if (joint % hidden != 0)
+        return df_errorf(DF_E_FORMAT, "%s: the transformer's joint_attention_dim %lld is not a "
+                         "multiple of the text encoder's hidden_size %lld (it stacks %s hidden "
+                         "states)", p->dir, (long long)joint, (long long)hidden,
+                         f->klein ? "Qwen3's" : "Mistral's");
+    return DF_OK;
+}
+
 static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
 {
     flux2_pipe *f = df_calloc(1, sizeof *f);
@@ -97,7 +149,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(expect_class(p, idx, "vae", "AutoencoderKLFlux2"));
     DF_TRY(expect_class(p, idx, "scheduler", "FlowMatchEulerDiscreteScheduler"));
 
-    char dir[4096], path[4200];
+    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
     DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
     snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
     df_scheduler *s = NULL;
@@ -108,15 +160,18 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux2_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
     const df_flux2_cfg *c = df_flux2_config(f->transformer);
-    if (!df_vae_config(f->vae)->flux2 ||
-        c->in_channels != df_vae_config(f->vae)->bn_channels)
-        return df_errorf(DF_E_FORMAT,
-                         "%s: the transformer takes %lld latent channels but the VAE's "
-                         "patchified latents have %lld",
-                         p->dir, (long long)c->in_channels,
-                         (long long)df_vae_config(f->vae)->bn_channels);
+    if (df_pipeline_lead(p)) {
+        DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
+        if (!df_vae_config(f->vae)->flux2 ||
+            c->in_channels != df_vae_config(f->vae)->bn_channels)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: the transformer takes %lld latent channels but the VAE's "
+                             "patchified latents have %lld",
+                             p->dir, (long long)c->in_channels,
+                             (long long)df_vae_config(f->vae)->bn_channels);
+    }
+    DF_TRY(load_text(p, f, idx));
 
     if (p->opts.compile)
         DF_TRY(df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true},
@@ -127,8 +182,9 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     if (p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
         DF_TRY(df_flux2_set_sequential_offload(f->transformer, true));
     /* With offloading nothing stays resident after loading. */
+    DF_TRY(df_pipeline_offload(p, f->te ? df_decoder_lm_weight_set(f->te) : NULL));
     DF_TRY(df_pipeline_offload(p, df_flux2_weight_set(f->transformer)));
-    DF_TRY(df_pipeline_offload(p, df_vae_weight_set(f->vae)));
+    DF_TRY(df_pipeline_offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
     bool distilled = f->klein && f->is_distilled;
     p->default_steps = distilled ? 4 : 50;
     p->default_guidance = distilled ? 1.0f : 4.0f;
@@ -137,53 +193,170 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     return DF_OK;
 }
 
-/* A run's sizes. h, w: the patch grid (H/16, W/16); S = h * w image tokens. */
+/* A run's sizes, decided by rank 0 and shared so that every rank agrees. h, w: the patch
+ * grid (H/16, W/16); S = h * w image tokens. */
 typedef struct run_sizes {
-    int H, W, steps, factor;
+    int32_t H, W, steps, factor, per, np, max_seq;
+    int32_t has_embeds, has_neg_embeds; /* prompt (negative) embeddings given */
+    int32_t cfg; /* klein base with guidance > 1: a second, negative forward per step */
     int64_t B, L, h, w, S, C; /* C: patchified channels (128) */
     float guidance;
-    bool cfg; /* klein base with guidance > 1: a second, negative forward per step */
 } run_sizes;
 
-static df_status resolve(const df_pipeline *p, const flux2_pipe *f, const df_gen_params *g,
-                         run_sizes *r)
+static run_sizes resolve(const df_pipeline *p, const flux2_pipe *f, const df_gen_params *g)
 {
-    int per = g->num_images > 0 ? g->num_images : 1;
-    *r = (run_sizes){
+    run_sizes r = {
         .H = g->height ? g->height : p->default_size,
         .W = g->width ? g->width : p->default_size,
         .steps = g->steps ? g->steps : p->default_steps,
         .guidance = g->guidance_set ? g->guidance : p->default_guidance,
-        .factor = (int)df_vae_config(f->vae)->scale_factor * 2,
-        .L = g->prompt_embeds_len,
+        .max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq,
+        .per = g->num_images > 0 ? g->num_images : 1,
+        .factor = f->vae ? (int32_t)df_vae_config(f->vae)->scale_factor * 2 : 0,
+        .has_embeds = g->prompt_embeds != NULL,
+        .has_neg_embeds = g->negative_prompt_embeds != NULL,
         .C = df_flux2_config(f->transformer)->in_channels,
     };
-    r->B = (int64_t)(g->n_prompts > 1 ? g->n_prompts : 1) * per;
-    r->cfg = f->klein && !f->is_distilled && r->guidance > 1.0f;
-    if (!g->prompt_embeds)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: prompts are not supported for %s yet (its text encoder is not "
-                         "implemented): pass prompt embeddings",
-                         p->dir, p->cls->name);
-    if (g->prompt_embeds_len < 1)
-        return df_errorf(DF_E_ARG, "prompt embeddings need their length");
-    if (r->cfg && !g->negative_prompt_embeds)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: classifier-free guidance (guidance %g > 1, not distilled) needs "
-                         "negative prompt embeddings until the text encoder is implemented",
-                         p->dir, (double)r->guidance);
+    if (g->prompt_embeds)
+        r.np = g->n_prompts > 1 ? g->n_prompts : 1;
+    else
+        r.np = g->prompts ? g->n_prompts : (g->prompt ? 1 : 0);
+    r.B = (int64_t)r.np * r.per;
+    r.L = g->prompt_embeds ? g->prompt_embeds_len : r.max_seq;
+    r.cfg = f->klein && !f->is_distilled && r.guidance > 1.0f;
+    /* prepare_latents: 2 * (H // (f * 2)) latent rows, patchified 2x2 */
+    if (r.factor > 0) {
+        r.h = r.H / r.factor;
+        r.w = r.W / r.factor;
+    }
+    r.S = r.h * r.w;
+    return r;
+}
+
+static df_status check_sizes(const df_pipeline *p, const flux2_pipe *f, const df_gen_params *g,
+                             const run_sizes *r)
+{
+    if (r->factor <= 0)
+        return df_errorf(DF_E_INTERNAL, "the VAE's scale factor is unknown on this rank");
     if (r->H < r->factor || r->W < r->factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be at least %d", r->H, r->W,
                          r->factor);
     if (r->steps < 1 || r->steps > 1000)
         return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
+    if (r->max_seq < 1 || r->max_seq > 512)
+        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, 512], not %d",
+                         r->max_seq);
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
-    /* prepare_latents: 2 * (H // (f * 2)) latent rows, patchified 2x2 */
-    r->h = r->H / r->factor;
-    r->w = r->W / r->factor;
-    r->S = r->h * r->w;
+    if (r->has_embeds && r->L < 1)
+        return df_errorf(DF_E_ARG, "prompt embeddings need their length");
+    bool needs_text = !r->has_embeds || (r->cfg && !r->has_neg_embeds);
+    if (needs_text && !f->te)
+        return df_errorf(DF_E_ARG, "%s has no text encoder: pass prompt embeddings%s", p->dir,
+                         r->cfg ? " and negative prompt embeddings (classifier-free guidance: "
+                                  "guidance > 1 on a base checkpoint)" : "");
+    if (!df_pipeline_lead(p))
+        return DF_OK; /* the prompts are rank 0's */
+    if (!r->has_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
+        return df_errorf(DF_E_ARG, "no prompt given");
+    for (int i = 0; !r->has_embeds && g->prompts && i < r->np; i++)
+        if (!g->prompts[i])
+            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, r->np);
+    for (int i = 0; r->cfg && g->negative_prompts && i < r->np; i++)
+        if (!g->negative_prompts[i])
+            return df_errorf(DF_E_ARG, "negative prompt %d of %d is NULL", i, r->np);
+    if (g->n_text_encoder_out_layers < 0 ||
+        g->n_text_encoder_out_layers > DF_DECODER_LM_MAX_OUTPUTS ||
+        (g->n_text_encoder_out_layers > 0 && !g->text_encoder_out_layers))
+        return df_errorf(DF_E_ARG, "text_encoder_out_layers: %d layers (1 to %d, with a list)",
+                         g->n_text_encoder_out_layers, DF_DECODER_LM_MAX_OUTPUTS);
     return DF_OK;
+}
+
+/* ---- prompts ---------------------------------------------------------------------------- */
+
+/* The hidden-state layers the embeddings stack (the caller's or the pipeline's). */
+static int out_layers(const flux2_pipe *f, const df_gen_params *g, const int **layers)
+{
+    if (g->n_text_encoder_out_layers > 0) {
+        *layers = g->text_encoder_out_layers;
+        return g->n_text_encoder_out_layers;
+    }
+    static const int klein[] = {9, 18, 27}, dev[] = {10, 20, 30}; /* qwen3.h, mistral.h */
+    *layers = f->klein ? klein : dev;
+    return 3;
+}
+
+/* Rank 0 renders and tokenizes n prompts into ids and mask [n, L]. */
+static df_status tokenize(const flux2_pipe *f, const char *const *prompts, int n, int64_t L,
+                          int64_t *ids, int64_t *mask)
+{
+    df_prompt_format fmt = f->klein ? DF_PROMPT_FLUX2_QWEN3 : DF_PROMPT_FLUX2_MISTRAL;
+    df_status s = DF_OK;
+    for (int i = 0; i < n && s == DF_OK; i++) {
+        df_tokens t = {0};
+        s = df_tokenizer_encode_prompt(f->tok, fmt, prompts[i], strlen(prompts[i]), NULL,
+                                       &(df_tokenize_opts){.max_length = L}, &t);
+        if (s == DF_OK && t.count != L)
+            s = df_errorf(DF_E_INTERNAL, "the tokenizer returned %lld ids, not %lld",
+                          (long long)t.count, (long long)L);
+        if (s == DF_OK) {
+            memcpy(ids + (size_t)i * (size_t)L, t.ids, (size_t)L * sizeof *ids);
+            memcpy(mask + (size_t)i * (size_t)L, t.attention_mask, (size_t)L * sizeof *mask);
+        }
+        df_tokens_deinit(&t);
+        if (s != DF_OK)
+            s = df_error_context(s, "prompt %d", i);
+    }
+    return s;
+}
+
+/* The prompt embeddings of n prompts (rank 0's) into out [n, L, D] on every rank. */
+static df_status encode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
+                        const char *const *prompts, int n, const run_sizes *r, float *out)
+{
+    df_ctx *ctx = p->ctx;
+    const int *layers;
+    int nl = out_layers(f, g, &layers);
+    int64_t L = r->L, D = df_flux2_config(f->transformer)->joint_attention_dim;
+    const df_decoder_lm_config *tc = df_decoder_lm_get_config(f->te);
+    df_status s = DF_OK;
+    if (nl * tc->hidden_size != D)
+        s = df_errorf(DF_E_ARG, "%d stacked hidden states of width %lld make %lld features, "
+                      "but the transformer's joint_attention_dim is %lld", nl,
+                      (long long)tc->hidden_size, (long long)(nl * tc->hidden_size), (long long)D);
+    for (int i = 0; i < nl && s == DF_OK; i++)
+        if (layers[i] < 0 || layers[i] > tc->num_hidden_layers)
+            s = df_errorf(DF_E_ARG, "%s reads hidden state %d of the text encoder, which has %lld "
+                          "layers (hidden states 0 to %lld): pass text_encoder_out_layers",
+                          p->cls->name, layers[i], (long long)tc->num_hidden_layers,
+                          (long long)tc->num_hidden_layers);
+    int64_t *ids = df_malloc((size_t)(n * L) * sizeof *ids);
+    int64_t *mask = df_malloc((size_t)(n * L) * sizeof *mask);
+    if (s == DF_OK && !(ids && mask))
+        s = df_errorf(DF_E_OOM, "out of memory for %d prompts' ids", n);
+    if (s == DF_OK && df_pipeline_lead(p))
+        s = tokenize(f, prompts, n, L, ids, mask);
+    s = df_pipeline_tp_agree(p, s); /* tokenizing failed on rank 0: every rank stops */
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, ids, (size_t)(n * L) * sizeof *ids);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, mask, (size_t)(n * L) * sizeof *mask);
+    if (s == DF_OK) {
+        df_scope mark = df_scope_begin(ctx);
+        df_tensor *ti = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(n, L), ids);
+        df_tensor *tm = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(n, L), mask);
+        df_tensor *emb = NULL;
+        s = ti && tm ? df_decoder_lm_stacked(ctx, f->te, ti, tm, layers, nl, &emb)
+                     : df_ctx_status(ctx);
+        if (s == DF_OK)
+            s = df_tensor_read(ctx, emb, DF_DTYPE_F32, out, (size_t)(n * L * D) * sizeof *out);
+        df_scope_end(ctx, mark, NULL);
+        s = df_pipeline_tp_check(p, s); /* the sharded encoder */
+    }
+    df_free(ids);
+    df_free(mask);
+    return s;
 }
 
 /* Creates the scheduler with FLUX.2's sigmas and empirical mu. */
@@ -292,11 +465,14 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         s = predict(p, f, r, lat, t, embeds, img_ids, txt_ids, v);
         if (s == DF_OK && r->cfg)
             s = predict(p, f, r, lat, t, neg, img_ids, txt_ids, vn);
+        s = df_pipeline_tp_check(p, s); /* the sharded forward */
         if (s == DF_OK && r->cfg) /* neg + scale * (cond - neg), each op in float32 */
             for (int64_t j = 0; j < n; j++)
                 v[j] = vn[j] + r->guidance * (v[j] - vn[j]);
         if (s == DF_OK)
             s = df_scheduler_step(sched, v, lat, n);
+        if (s == DF_OK) /* the ranks stay identical */
+            s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
         df_scope_end(ctx, mark, NULL);
         if (s == DF_OK && g->progress)
             g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
@@ -338,7 +514,7 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                         df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    int64_t B = r->B, H = 16 * r->h, W = 16 * r->w, n_img = B * 3 * H * W;
+    int64_t B = r->B, H = r->factor * r->h, W = r->factor * r->w, n_img = B * 3 * H * W;
     df_pipeline_onload(p, df_vae_weight_set(f->vae));
     float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
     df_status s = decoded ? DF_OK : df_errorf(DF_E_OOM, "out of memory for the image");
@@ -377,21 +553,18 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
     return s;
 }
 
-/* The starting tokens: the given latents [B, C, h, w] or seeded noise, packed. */
+/* The starting tokens (rank 0): the given latents [B, C, h, w] or seeded noise, packed. */
 static df_status initial_latents(const df_gen_params *g, const run_sizes *r, float *lat)
 {
     int64_t n = r->B * r->C * r->S;
     float *scratch = df_malloc((size_t)n * sizeof *scratch);
     if (!scratch)
         return df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
-    df_status s = DF_OK;
-    if (g->latents) {
-        df_flux2_pack_latents(g->latents, r->B, r->C, r->h, r->w, lat);
-    } else {
-        df_rng rng;
-        df_rng_init(&rng, g->seed);
-        s = df_flux2_noise(&rng, r->B, r->C, r->h, r->w, scratch, lat);
-    }
+    /* randn (B, C, h, w) from one generator, or image by image from a list */
+    df_status s = g->latents ? DF_OK
+                             : df_pipeline_draw_noise(g, (int)r->B, r->C * r->S, scratch);
+    if (s == DF_OK)
+        df_flux2_pack_latents(g->latents ? g->latents : scratch, r->B, r->C, r->h, r->w, lat);
     df_free(scratch);
     return s;
 }
@@ -414,36 +587,91 @@ static df_tensor *upload_embeds(df_ctx *ctx, const run_sizes *r, int per, int64_
     return t;
 }
 
+/* The prompt and negative prompt embeddings, [np, L, D] each on the host of every rank
+ * (neg only with CFG): encoded from the prompts, or the caller's (rank 0's, shared). */
+static df_status text_side(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
+                           const run_sizes *r, float *e, float *neg, df_gen_output *out)
+{
+    size_t n = (size_t)r->np * (size_t)r->L *
+               (size_t)df_flux2_config(f->transformer)->joint_attention_dim;
+    bool lead = df_pipeline_lead(p);
+    if (r->has_embeds && lead)
+        memcpy(e, g->prompt_embeds, n * sizeof *e);
+    if (r->cfg && r->has_neg_embeds && lead)
+        memcpy(neg, g->negative_prompt_embeds, n * sizeof *neg);
+    df_status s = DF_OK;
+    if (r->has_embeds)
+        s = df_pipeline_tp_share(p, e, n * sizeof *e);
+    if (s == DF_OK && r->cfg && r->has_neg_embeds)
+        s = df_pipeline_tp_share(p, neg, n * sizeof *neg);
+    if (s != DF_OK || (r->has_embeds && (!r->cfg || r->has_neg_embeds)))
+        return s;
+
+    df_pipeline_onload(p, df_decoder_lm_weight_set(f->te));
+    if (!r->has_embeds)
+        s = encode(p, f, g, g->prompts ? g->prompts : &g->prompt, r->np, r, e);
+    if (s == DF_OK && r->cfg && !r->has_neg_embeds) {
+        /* "" for every prompt, or the caller's own negative prompts */
+        const char **negs = df_malloc((size_t)r->np * sizeof *negs);
+        if (!negs)
+            s = df_errorf(DF_E_OOM, "out of memory");
+        for (int i = 0; negs && i < r->np; i++)
+            negs[i] = !lead ? "" : g->negative_prompts ? g->negative_prompts[i]
+                             : g->negative_prompt ? g->negative_prompt : "";
+        if (s == DF_OK && (s = encode(p, f, g, negs, r->np, r, neg)) != DF_OK)
+            s = df_error_context(s, "negative prompt");
+        df_free(negs);
+    }
+    if (s == DF_OK)
+        s = df_pipeline_offload(p, df_decoder_lm_weight_set(f->te));
+    df_pipeline_note_phase(p, out, "encode");
+    return s;
+}
+
 static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
 {
     flux2_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
-    run_sizes r;
-    DF_TRY(resolve(p, f, g, &r));
+    run_sizes r = resolve(p, f, g);
+    df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
+    if (s == DF_OK)
+        s = check_sizes(p, f, g, &r);
+    s = df_pipeline_tp_agree(p, s);
+    if (s != DF_OK)
+        return s;
     int64_t D = df_flux2_config(f->transformer)->joint_attention_dim, n = r.B * r.S * r.C;
+    size_t ne = (size_t)r.np * (size_t)r.L * (size_t)D;
 
     df_scope outer = df_scope_begin(ctx);
     df_stats_reset_resident_peak(ctx); /* phases report their own peaks, not the load's */
-    int per = g->num_images > 0 ? g->num_images : 1;
-    df_tensor *embeds = upload_embeds(ctx, &r, per, D, g->prompt_embeds);
-    df_tensor *neg = r.cfg ? upload_embeds(ctx, &r, per, D, g->negative_prompt_embeds) : NULL;
+    float *e = df_malloc(ne * sizeof *e), *ne_host = r.cfg ? df_malloc(ne * sizeof *e) : NULL;
     float *lat = df_malloc((size_t)n * sizeof *lat), *unpacked = NULL;
-    df_status s = df_ctx_status(ctx);
-    if (s == DF_OK && !lat)
-        s = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
+    s = e && lat && (ne_host || !r.cfg) ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
     if (s == DF_OK)
+        s = text_side(p, f, g, &r, e, ne_host, out);
+    df_tensor *embeds = NULL, *neg = NULL;
+    if (s == DF_OK) {
+        embeds = upload_embeds(ctx, &r, r.per, D, e);
+        neg = r.cfg ? upload_embeds(ctx, &r, r.per, D, ne_host) : NULL;
+        s = df_ctx_status(ctx);
+    }
+    if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
+    s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, neg, lat);
     df_pipeline_note_phase(p, out, "denoise");
-    if (s == DF_OK)
-        s = decode(p, f, g, &r, lat, f->klein ? &unpacked : NULL, out);
+    bool unpack = f->klein && df_pipeline_lead(p);
+    if (s == DF_OK && df_pipeline_lead(p))
+        s = decode(p, f, g, &r, lat, unpack ? &unpacked : NULL, out);
     if (s == DF_OK) {
-        out->width = (int)(16 * r.w);
-        out->height = (int)(16 * r.h);
+        out->width = (int)(r.factor * r.w);
+        out->height = (int)(r.factor * r.h);
         out->steps = r.steps;
         out->guidance = r.guidance;
-        if (f->klein) { /* the decoder's input, as Flux2KleinPipeline returns it */
+        if (unpack) { /* the decoder's input, as Flux2KleinPipeline returns it */
             out->latents = unpacked;
             unpacked = NULL;
             out->latents_ndim = 4;
@@ -456,6 +684,8 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
             out->latents_shape[0] = r.B, out->latents_shape[1] = r.S, out->latents_shape[2] = r.C;
         }
     }
+    df_free(e);
+    df_free(ne_host);
     df_free(lat);
     df_free(unpacked);
     df_scope_end(ctx, outer, NULL);

@@ -41,6 +41,39 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
     return df_layout_component_dir(p->dir, name, buf, cap);
 }
 
+bool df_pipeline_lead(const df_pipeline *p)
+{
+    return df_comm_rank(p->comm) == 0;
+}
+
+bool df_pipeline_tp(const df_pipeline *p)
+{
+    return df_comm_size(p->comm) > 1;
+}
+
+df_status df_pipeline_tp_check(df_pipeline *p, df_status s)
+{
+    if (s != DF_OK && df_pipeline_tp(p))
+        df_comm_abort(p->comm);
+    return s;
+}
+
+df_status df_pipeline_tp_agree(df_pipeline *p, df_status s)
+{
+    if (!df_pipeline_tp(p))
+        return s;
+    df_status w = df_sync(p->ctx);
+    return df_comm_agree(p->comm, s != DF_OK ? s : w);
+}
+
+df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes)
+{
+    if (!df_pipeline_tp(p))
+        return DF_OK;
+    DF_TRY(df_pipeline_tp_check(p, df_sync(p->ctx)));
+    return df_comm_broadcast(p->comm, buf, bytes, 0);
+}
+
 /* The tensor-parallel ranks the options ask for, if any. */
 static df_status tp_setup(df_pipeline *p)
 {
@@ -114,9 +147,10 @@ static df_status load_parts(df_pipeline *p)
                       "supported (supported: FluxPipeline, StableDiffusion3Pipeline, "
                       "Flux2Pipeline, Flux2KleinPipeline)", p->dir,
                       cls ? cls : "(none)");
-    else if (df_comm_size(p->comm) > 1 && p->cls != &df_flux_pipeline_class)
+    else if (df_comm_size(p->comm) > 1 && p->cls == &df_sd3_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
-                      "implemented for FluxPipeline, not %s", p->dir, p->cls->name);
+                      "implemented for FluxPipeline, Flux2Pipeline and Flux2KleinPipeline, "
+                      "not %s", p->dir, p->cls->name);
     df_dtype compute = p->opts.dtype;
     p->dtype_why = "asked for";
     if (s == DF_OK && p->opts.auto_dtype) {

@@ -63,4 +63,16 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
 /* Whether the index names the component (not [null, null]). */
 bool df_pipeline_has_component(const df_model_index *idx, const char *name);
 
+/* Tensor parallelism (p->comm). lead: rank 0, or the only process; tp: more than one rank.
+ * tp_check: after work that ran the stream's collectives, a rank that failed there cannot
+ * join the next collective, so it stops every rank (returns s). tp_agree: every rank's
+ * status where a rank may have failed alone with no collective pending (waits for the
+ * device first). tp_share: rank 0's `bytes` at buf on every rank (after the device is
+ * idle). All three are s / DF_OK without tensor parallelism. */
+bool df_pipeline_lead(const df_pipeline *p);
+bool df_pipeline_tp(const df_pipeline *p);
+df_status df_pipeline_tp_check(df_pipeline *p, df_status s);
+df_status df_pipeline_tp_agree(df_pipeline *p, df_status s);
+df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes);
+
 #endif

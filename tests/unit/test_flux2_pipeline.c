@@ -175,10 +175,10 @@ static void test_klein_base_runs_real_cfg(void **state)
     g = params(&in, 1.0f);
     assert_int_equal(df_pipeline_run(base, &g, &d), DF_OK);
     assert_true(rel_diff(d.latents, a.latents, n) < 1e-6);
-    /* guidance > 1 without negative embeddings cannot run yet */
+    /* guidance > 1 without negative embeddings needs the text encoder to encode "" */
     df_gen_output e = {0};
     g = params(&in, 4.0f);
-    assert_int_equal(df_pipeline_run(base, &g, &e), DF_E_UNSUPPORTED);
+    assert_int_equal(df_pipeline_run(base, &g, &e), DF_E_ARG);
     assert_non_null(strstr(df_error_message(), "negative prompt embeddings"));
     free(zeros);
     df_gen_output_free(&a);
@@ -227,8 +227,8 @@ static void test_prompts_need_the_text_encoder(void **state)
     df_pipeline *p = load(DEV);
     df_gen_output out = {0};
     df_gen_params g = {.prompt = "a cat", .height = 64, .width = 64, .steps = 1};
-    assert_int_equal(df_pipeline_run(p, &g, &out), DF_E_UNSUPPORTED);
-    assert_non_null(strstr(df_error_message(), "prompt embeddings"));
+    assert_int_equal(df_pipeline_run(p, &g, &out), DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "has no text encoder: pass prompt embeddings"));
     assert_null(out.latents);
     df_pipeline_free(p);
 }

@@ -25,6 +25,10 @@
  *
  * The random bf16 checkpoint (embedders and the blocks, about 1 GB at full width with the
  * default depth) is streamed into a temporary folder and removed afterwards.
+ *
+ * --model flux2: the FLUX.2 transformer (Flux2Transformer2DModel) at FLUX.2 [klein] 4B's
+ * width instead (hidden 3072 = 24 heads of 128, SwiGLU MLP 3x, joint 7680 = 3 x Qwen3-4B's
+ * 2560, 128 latent channels, 4 RoPE axes, no biases, no guidance), same tokens and depth.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -40,10 +44,13 @@
 typedef struct tp_shape {
     int64_t D, heads, in_ch, joint, pooled, axes[3];
     int64_t s_img, s_txt;
+    bool flux2; /* Flux2Transformer2DModel (axes: 4 of D / heads / 4) */
 } tp_shape;
 
-static const tp_shape full_shape = {3072, 24, 64, 4096, 768, {16, 56, 56}, 1024, 512};
-static const tp_shape quick_shape = {256, 4, 64, 128, 64, {16, 24, 24}, 64, 16};
+static const tp_shape full_shape = {3072, 24, 64, 4096, 768, {16, 56, 56}, 1024, 512, false};
+static const tp_shape quick_shape = {256, 4, 64, 128, 64, {16, 24, 24}, 64, 16, false};
+static const tp_shape flux2_shape = {3072, 24, 128, 7680, 0, {32, 32, 32}, 1024, 512, true};
+static const tp_shape flux2_quick = {256, 4, 128, 192, 0, {16, 16, 16}, 64, 16, true};
 
 /* ---- the random checkpoint, streamed ------------------------------------------------------ */
 
@@ -139,6 +146,61 @@ static void spec_model(const tp_shape *s, int n_double, int n_single, spec_list 
     }
 }
 
+/* Flux2Transformer2DModel's tensors: no biases, shared modulation, SwiGLU 3x, fused single
+ * block projections. */
+static void spec_flux2(const tp_shape *s, int n_double, int n_single, spec_list *l)
+{
+    int64_t D = s->D, Dh = D / s->heads, M = 3 * D;
+    char b[160];
+#define W(name, out, in)                                                                           \
+    do {                                                                                           \
+        snprintf(b, sizeof b, "%s.weight", name);                                                  \
+        spec_add(l, b, out, in, sqrtf(3.0f / (float)(in)));                                        \
+    } while (0)
+    W("x_embedder", D, s->in_ch);
+    W("context_embedder", D, s->joint);
+    W("time_guidance_embed.timestep_embedder.linear_1", D, 256);
+    W("time_guidance_embed.timestep_embedder.linear_2", D, D);
+    W("double_stream_modulation_img.linear", 6 * D, D);
+    W("double_stream_modulation_txt.linear", 6 * D, D);
+    W("single_stream_modulation.linear", 3 * D, D);
+    W("norm_out.linear", 2 * D, D);
+    W("proj_out", s->in_ch, D);
+    char n[128];
+    for (int i = 0; i < n_double; i++) {
+        static const char *const dd[] = {"attn.to_q",       "attn.to_k",       "attn.to_v",
+                                         "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+                                         "attn.to_out.0",   "attn.to_add_out"};
+        for (int k = 0; k < 8; k++) {
+            snprintf(n, sizeof n, "transformer_blocks.%d.%s", i, dd[k]);
+            W(n, D, D);
+        }
+        static const char *const norms[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+        for (int k = 0; k < 4; k++) {
+            snprintf(b, sizeof b, "transformer_blocks.%d.attn.%s.weight", i, norms[k]);
+            spec_add(l, b, Dh, 0, 0);
+        }
+        static const char *const ff[] = {"ff", "ff_context"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(n, sizeof n, "transformer_blocks.%d.%s.linear_in", i, ff[k]);
+            W(n, 2 * M, D);
+            snprintf(n, sizeof n, "transformer_blocks.%d.%s.linear_out", i, ff[k]);
+            W(n, D, M);
+        }
+    }
+    for (int i = 0; i < n_single; i++) {
+        snprintf(n, sizeof n, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", i);
+        W(n, 3 * D + 2 * M, D);
+        snprintf(n, sizeof n, "single_transformer_blocks.%d.attn.to_out", i);
+        W(n, D, D + M);
+        snprintf(b, sizeof b, "single_transformer_blocks.%d.attn.norm_q.weight", i);
+        spec_add(l, b, Dh, 0, 0);
+        snprintf(b, sizeof b, "single_transformer_blocks.%d.attn.norm_k.weight", i);
+        spec_add(l, b, Dh, 0, 0);
+    }
+#undef W
+}
+
 static uint64_t xorshift(uint64_t *s)
 {
     *s ^= *s << 13;
@@ -204,7 +266,10 @@ static int write_model(const char *dir, const tp_shape *s, int n_double, int n_s
 {
     char path[1200];
     spec_list l = {0};
-    spec_model(s, n_double, n_single, &l);
+    if (s->flux2)
+        spec_flux2(s, n_double, n_single, &l);
+    else
+        spec_model(s, n_double, n_single, &l);
     snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
     int bad = l.n == 0 || write_weights(path, &l);
     free(l.t);
@@ -212,6 +277,18 @@ static int write_model(const char *dir, const tp_shape *s, int n_double, int n_s
     FILE *f = bad ? NULL : fopen(path, "w");
     if (!f)
         return 1;
+    if (s->flux2) {
+        int64_t a = s->D / s->heads / 4;
+        fprintf(f,
+                "{\"_class_name\": \"Flux2Transformer2DModel\", \"patch_size\": 1, "
+                "\"in_channels\": %" PRId64 ", \"out_channels\": null, \"num_layers\": %d, "
+                "\"num_single_layers\": %d, \"attention_head_dim\": %" PRId64 ", "
+                "\"num_attention_heads\": %" PRId64 ", \"joint_attention_dim\": %" PRId64 ", "
+                "\"guidance_embeds\": false, \"mlp_ratio\": 3.0, \"axes_dims_rope\": [%" PRId64
+                ", %" PRId64 ", %" PRId64 ", %" PRId64 "]}\n",
+                s->in_ch, n_double, n_single, s->D / s->heads, s->heads, s->joint, a, a, a, a);
+        return fclose(f) != 0;
+    }
     fprintf(f,
             "{\"_class_name\": \"FluxTransformer2DModel\", \"patch_size\": 1, \"in_channels\": "
             "%" PRId64 ", \"out_channels\": null, \"num_layers\": %d, \"num_single_layers\": %d, "
@@ -265,10 +342,43 @@ static int make_inputs(df_ctx *ctx, const tp_shape *s, df_flux_inputs *in)
     return bad || df_ctx_status(ctx) != DF_OK;
 }
 
-static df_status forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
+/* The FLUX.2 inputs: ids (0, h, w, 0) and (0, 0, 0, l). */
+static int make_inputs2(df_ctx *ctx, const tp_shape *s, df_flux2_inputs *in)
+{
+    int64_t side = (int64_t)sqrt((double)s->s_img);
+    float *x = random_floats(s->s_img * s->in_ch, 11), *t = random_floats(s->s_txt * s->joint, 12);
+    float *img = calloc((size_t)s->s_img * 4, sizeof *img), t_in = 0.6f;
+    float *txt = calloc((size_t)s->s_txt * 4, sizeof *txt);
+    int bad = !x || !t || !img || !txt;
+    for (int64_t i = 0; !bad && i < s->s_img; i++) {
+        img[4 * i + 1] = (float)(i / side);
+        img[4 * i + 2] = (float)(i % side);
+    }
+    for (int64_t i = 0; !bad && i < s->s_txt; i++)
+        txt[4 * i + 3] = (float)i;
+    if (!bad)
+        *in = (df_flux2_inputs){
+            .hidden_states =
+                df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, s->s_img, s->in_ch), x),
+            .encoder_hidden_states =
+                df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, s->s_txt, s->joint), t),
+            .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &t_in),
+            .img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s->s_img, 4), img),
+            .txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s->s_txt, 4), txt),
+        };
+    free(x);
+    free(t);
+    free(img);
+    free(txt);
+    return bad || df_ctx_status(ctx) != DF_OK;
+}
+
+/* One forward of either model (m: df_flux, or df_flux2 with in2). */
+static df_status forward(df_ctx *ctx, void *m, const df_flux_inputs *in,
+                         const df_flux2_inputs *in2)
 {
     df_scope mark = df_scope_begin(ctx);
-    df_tensor *out = df_flux_forward(ctx, m, in);
+    df_tensor *out = in2 ? df_flux2_forward(ctx, m, in2) : df_flux_forward(ctx, m, in);
     df_status s = df_sync(ctx);
     df_scope_end(ctx, mark, NULL);
     return out ? s : df_ctx_status(ctx);
@@ -302,19 +412,26 @@ static void *rank_main(void *arg)
     const setting *st = j->st;
     df_ctx *ctx = NULL;
     df_flux *m = NULL;
+    df_flux2 *m2 = NULL;
     df_flux_inputs in;
+    df_flux2_inputs in2;
+    bool f2 = st->s->flux2;
     j->bad =
         df_ctx_create(&(df_ctx_opts){.threads = j->threads, .compute = st->dtype, .mode = st->mode},
                       &ctx) != DF_OK;
     if (!j->bad) {
         df_ctx_set_comm(ctx, j->comm);
-        j->bad = df_flux_load(ctx, st->dir, &m) != DF_OK;
+        j->bad = (f2 ? df_flux2_load(ctx, st->dir, &m2)
+                     : df_flux_load(ctx, st->dir, &m)) != DF_OK;
     }
     if (!j->bad && st->blocks)
-        j->bad = df_flux_compile_repeated_blocks(m, NULL) != DF_OK;
+        j->bad = (f2 ? df_flux2_compile_repeated_blocks(m2, NULL)
+                     : df_flux_compile_repeated_blocks(m, NULL)) != DF_OK;
+    void *model = f2 ? (void *)m2 : (void *)m;
     if (!j->bad) {
-        j->weight_bytes = df_flux_weight_bytes(m);
-        j->bad = make_inputs(ctx, st->s, &in) || forward(ctx, m, &in) != DF_OK; /* warm-up */
+        j->weight_bytes = f2 ? df_flux2_weight_bytes(m2) : df_flux_weight_bytes(m);
+        j->bad = (f2 ? make_inputs2(ctx, st->s, &in2) : make_inputs(ctx, st->s, &in)) ||
+                 forward(ctx, model, &in, f2 ? &in2 : NULL) != DF_OK; /* warm-up */
     }
     if (j->bad) {
         fprintf(stderr, "tp: %s\n", df_error_message());
@@ -326,7 +443,7 @@ static void *rank_main(void *arg)
         if (j->comm)
             df_comm_barrier(j->comm);
         double t0 = bench_now();
-        j->bad = forward(ctx, m, &in) != DF_OK;
+        j->bad = forward(ctx, model, &in, f2 ? &in2 : NULL) != DF_OK;
         if (j->comm && !j->bad)
             df_comm_barrier(j->comm); /* the step ends when every rank finished */
         double sec = bench_now() - t0;
@@ -340,6 +457,7 @@ static void *rank_main(void *arg)
         if (strcmp(e[k].op, "all_reduce") == 0)
             j->reduce_ms = e[k].ms;
     df_flux_free(m);
+    df_flux2_free(m2);
     df_ctx_free(ctx);
     return NULL;
 }
@@ -367,6 +485,12 @@ static int run_setting(const setting *st, int ranks, int threads, rank_job *jobs
 static double forward_gflop(const tp_shape *s, int n_double, int n_single)
 {
     double D = (double)s->D, S = (double)(s->s_img + s->s_txt);
+    if (s->flux2) { /* per token: 13 D^2 multiply-adds in either block kind */
+        double blk = 26 * S * D * D + 4 * S * S * D;
+        double emb = 2 * (double)s->s_img * (double)s->in_ch * D * 2 +
+                     2 * (double)s->s_txt * (double)s->joint * D;
+        return ((n_double + n_single) * blk + emb) / 1e9;
+    }
     double dbl = 24 * S * D * D + 4 * S * S * D + 24 * D * D;
     double sgl = 24 * S * D * D + 4 * S * S * D + 6 * D * D;
     double emb = 2 * (double)s->s_img * (double)s->in_ch * D * 2 +
@@ -377,6 +501,7 @@ static double forward_gflop(const tp_shape *s, int n_double, int n_single)
 int bench_tp(const bench_opts *o)
 {
     int n_double = 1, n_single = 1, repeats = o->quick ? 3 : 1;
+    const char *model = "flux";
     for (int i = 0; i + 1 < o->argc; i += 2) {
         if (strcmp(o->argv[i], "--double") == 0)
             n_double = atoi(o->argv[i + 1]);
@@ -384,12 +509,21 @@ int bench_tp(const bench_opts *o)
             n_single = atoi(o->argv[i + 1]);
         else if (strcmp(o->argv[i], "--repeats") == 0)
             repeats = atoi(o->argv[i + 1]);
+        else if (strcmp(o->argv[i], "--model") == 0)
+            model = o->argv[i + 1];
     }
-    if (n_double < 0 || n_single < 0 || n_double + n_single < 1 || repeats < 1) {
-        fprintf(stderr, "tp: usage: tp [--double N] [--single N] [--repeats N]\n");
+    if (strcmp(model, "flux") != 0 && strcmp(model, "flux2") != 0) {
+        fprintf(stderr, "tp: --model is flux or flux2, not '%s'\n", model);
         return 1;
     }
-    const tp_shape *s = o->quick ? &quick_shape : &full_shape;
+    bool f2 = strcmp(model, "flux2") == 0;
+    if (n_double < 0 || n_single < 0 || n_double + n_single < 1 || repeats < 1) {
+        fprintf(stderr, "tp: usage: tp [--model flux|flux2] [--double N] [--single N] "
+                        "[--repeats N]\n");
+        return 1;
+    }
+    const tp_shape *s = f2 ? (o->quick ? &flux2_quick : &flux2_shape)
+                           : (o->quick ? &quick_shape : &full_shape);
     df_dtype dtype = df_cpu_has_fast_bf16() ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     if (o->dtype && !df_dtype_parse(o->dtype, &dtype)) {
         fprintf(stderr, "tp: --dtype is f32 or bf16\n");
@@ -430,15 +564,15 @@ int bench_tp(const bench_opts *o)
     double gflop = forward_gflop(s, n_double, n_single);
     const char *dt = df_dtype_name(dtype);
     char shape[96], extra[256];
-    snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " fwd %d+%d, 1 proc x 2 thr", s->s_img,
-             s->s_txt, n_double, n_single);
+    snprintf(shape, sizeof shape, "%s %" PRId64 "+%" PRId64 " fwd %d+%d, 1 proc x 2 thr", model,
+             s->s_img, s->s_txt, n_double, n_single);
     snprintf(extra, sizeof extra, ",\"ranks\":1,\"weight_bytes_per_rank\":%" PRId64,
              one[0].weight_bytes);
     bench_report(o, "tp", shape, 2, dt, mode, one[0].best * 1e3, gflop / one[0].best, 0, 0, extra);
     double share = two[0].timed_ms > 0 ? two[0].reduce_ms / two[0].timed_ms : 0;
     double ratio = two[0].best / one[0].best;
-    snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " fwd %d+%d, 2 ranks x 1 thr", s->s_img,
-             s->s_txt, n_double, n_single);
+    snprintf(shape, sizeof shape, "%s %" PRId64 "+%" PRId64 " fwd %d+%d, 2 ranks x 1 thr", model,
+             s->s_img, s->s_txt, n_double, n_single);
     snprintf(extra, sizeof extra,
              ",\"ranks\":2,\"comm\":\"threads\",\"weight_bytes_per_rank\":%" PRId64
              ",\"all_reduce_ms\":%.2f,\"all_reduce_share\":%.4f,\"vs_1x2\":%.3f",

@@ -139,7 +139,8 @@ int check_kind_pipeline(check_case *c)
     rc |= get_int(c, "max_sequence_length", 0, &g.max_sequence_length);
     rc |= get_int(c, "num_images_per_prompt", 1, &g.num_images);
     double guidance;
-    if (df_json_get_double_or(c->args, "guidance_scale", sd3 ? 7.0 : 3.5, &guidance) != DF_OK)
+    if (df_json_get_double_or(c->args, "guidance_scale", sd3 ? 7.0 : flux2 ? 4.0 : 3.5,
+                              &guidance) != DF_OK)
         rc |= check_fail(c, "args.guidance_scale: %s", df_error_message());
     g.guidance = (float)guidance;
     g.guidance_set = true;
@@ -164,6 +165,17 @@ int check_kind_pipeline(check_case *c)
         df_json_get_double_or(c->args, "skip_layer_guidance_stop", 0.2, &g.slg_stop) != DF_OK)
         rc |= check_fail(c, "args: %s", df_error_message());
     g.slg_scale = (float)slg_scale;
+    /* Flux2Pipeline / Flux2KleinPipeline: the hidden states stacked into the embeddings */
+    int te_layers[8];
+    const df_json *tl = df_json_get(c->args, "text_encoder_out_layers");
+    if (!df_json_is_null(tl)) {
+        g.n_text_encoder_out_layers = (int)df_json_array_size(tl);
+        if (df_json_type_of(tl) != DF_JSON_ARRAY || g.n_text_encoder_out_layers > 8)
+            rc |= check_fail(c, "args.text_encoder_out_layers: expected a list of layers");
+        for (int i = 0; i < g.n_text_encoder_out_layers && i < 8; i++)
+            te_layers[i] = (int)df_json_number(df_json_array_get(tl, i));
+        g.text_encoder_out_layers = te_layers;
+    }
     const char *prompt_list[MAX_BATCH];
     rc |= get_strings(c, "prompt", &g.prompt, prompt_list, &g.n_prompts);
     g.prompts = g.n_prompts ? prompt_list : NULL;

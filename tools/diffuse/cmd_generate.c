@@ -3,7 +3,8 @@
  *
  * Options follow the DESIGN's CLI; anything not given comes from the model folder's
  * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens; SD3: 28 steps, CFG 7.0,
- * skip-layer guidance only with --slg-layers). Several images are
+ * skip-layer guidance only with --slg-layers; FLUX.2-dev: 50 steps, embedded guidance 4.0;
+ * FLUX.2 [klein]: distilled 4 steps, base 50 steps with CFG 4.0; both 512 text tokens). Several images are
  * written as NAME.png, NAME-1.png, ... Every PNG carries the generation parameters in a
  * tEXt chunk, and is written to a temporary name and renamed.
  */
@@ -25,17 +26,22 @@ static void help(FILE *f)
     fprintf(f,
         "usage: diffuse generate -m MODEL_DIR (-p PROMPT | --prompt-file FILE) [options]\n"
         "\n"
-        "  -m, --model DIR            diffusers pipeline folder (with model_index.json)\n"
+        "  -m, --model DIR            diffusers pipeline folder (with model_index.json): FLUX.1,\n"
+        "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
         "  -o, --output FILE          PNG to write (default: out.png)\n"
         "  -W, --width N              image width, a multiple of 16 (default: model's, 1024)\n"
         "  -H, --height N             image height, a multiple of 16 (default: model's, 1024)\n"
-        "      --steps N              denoising steps (default: schnell 4, dev 28)\n"
+        "      --steps N              denoising steps (default: schnell 4, dev 28; FLUX.2-dev 50,\n"
+        "                             klein 4 distilled / 50 base)\n"
         "      --guidance X           guidance scale (FLUX.1-dev 3.5, schnell ignores it; SD3: CFG\n"
-        "                             scale, default 7.0, classifier-free guidance when > 1)\n"
-        "      --negative-prompt TEXT SD3: the negative prompt for CFG (default empty)\n"
+        "                             scale, default 7.0, classifier-free guidance when > 1;\n"
+        "                             FLUX.2-dev: embedded, 4.0; klein base: CFG when > 1, 4.0;\n"
+        "                             distilled klein ignores it)\n"
+        "      --negative-prompt TEXT SD3, FLUX.2 [klein] base: the negative prompt for CFG\n"
+        "                             (default empty)\n"
         "      --clip-skip N          SD3: CLIP layers to skip from the end (default 0)\n"
         "      --slg-layers L,L,...   SD3.5: skip-layer guidance on these blocks (e.g. 7,8,9)\n"
         "      --slg-scale X          skip-layer guidance scale (default 2.8)\n"
@@ -43,7 +49,8 @@ static void help(FILE *f)
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
-        "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512)\n"
+        "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512);\n"
+        "                             FLUX.2: Mistral 3 / Qwen3 tokens (default 512)\n"
         "      --dtype f32|bf16|int8|auto  compute dtype (int8: 8-bit linears; default auto:\n"
         "                             bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32;\n"
         "                             -v says which and why)\n"
@@ -57,7 +64,7 @@ static void help(FILE *f)
         "                             or cpu)\n"
         "      --threads N            compute threads (default: all cores; per rank with --tp)\n"
         "      --tp N                 tensor parallelism over N processes, started as\n"
-        "                             mpirun -np N diffuse generate --tp N ... (FLUX.1)\n"
+        "                             mpirun -np N diffuse generate --tp N ... (FLUX.1, FLUX.2)\n"
         "      --vae-tiling           decode the image in tiles (bounded memory for large images)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
         "  -v, --verbose              print timings and memory at the end\n"

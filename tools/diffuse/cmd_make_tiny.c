@@ -9,7 +9,8 @@
  * (letters, digits, punctuation and a few words, written as the protobuf spiece.model).
  * The image such a model draws is structured noise: it proves the machinery, not art.
  *
- * Two architectures: flux (FluxPipeline: CLIP-L, T5, FluxTransformer2DModel) and sd3
+ * Architectures: flux (FluxPipeline: CLIP-L, T5, FluxTransformer2DModel), flux2 and
+ * flux2-klein (Flux2Pipeline / Flux2KleinPipeline, make_tiny_flux2.c) and sd3
  * (StableDiffusion3Pipeline shaped like SD3.5-medium: CLIP-L and CLIP-G with projections,
  * the latter padding with "!", T5 as wide as both CLIPs together, an MMDiT with dual
  * attention in its first blocks, q/k RMS norms and the stored sin-cos position grid,
@@ -28,6 +29,7 @@
 #include <diffuse/diffuse.h>
 
 #include "cli.h"
+#include "make_tiny_flux2.h"
 #include "make_tiny_lm.h"
 
 typedef struct tiny {
@@ -750,12 +752,16 @@ int cmd_make_tiny(int argc, char **argv)
                                              {"head-dim", required_argument, 0, 'D'},
                                              {"double", required_argument, 0, 'B'},
                                              {"single", required_argument, 0, 'S'},
+                                             {"size", required_argument, 0, 'Z'},
+                                             {"shard-size", required_argument, 0, 'X'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *arch = "flux";
     tiny t = {.dtype = DF_DTYPE_F32, .fx_heads = FX_HEADS, .fx_head_dim = FX_HEAD_DIM,
               .fx_double = FX_DOUBLE, .fx_single = FX_SINGLE};
     uint64_t seed = 0;
+    const char *size = "tiny";
+    long long shard_size = 0;
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
         switch (c) {
@@ -781,8 +787,27 @@ int cmd_make_tiny(int argc, char **argv)
                                                                          : &t.fx_single) = (int)v;
             break;
         }
+        case 'Z':
+            if (strcmp(optarg, "tiny") != 0 && strcmp(optarg, "klein-4b") != 0) {
+                fprintf(stderr, "diffuse make-tiny: --size is tiny or klein-4b, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            size = optarg;
+            break;
+        case 'X': {
+            char *end;
+            shard_size = strtoll(optarg, &end, 10);
+            if (*end || end == optarg || shard_size < 1024) {
+                fprintf(stderr, "diffuse make-tiny: --shard-size is a byte count of at least "
+                                "1024, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
         case 'h':
-            printf("usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype f32|bf16|f16] "
+            printf("usage: diffuse make-tiny [--arch flux|sd3|flux2|flux2-klein] [--seed N] "
+                   "[--dtype f32|bf16|f16] "
                    "[--heads N --head-dim N --double N --single N] DIR\n"
                    "Writes a small pipeline folder with seeded random weights in the diffusers\n"
                    "layout: flux (FluxPipeline: model_index.json, scheduler/, text_encoder/ +\n"
@@ -792,6 +817,13 @@ int cmd_make_tiny(int argc, char **argv)
                    "--heads, --head-dim, --double, --single size the FLUX transformer (default\n"
                    "2 x 32, 1 + 2 blocks; FLUX.1 width is --heads 24 --head-dim 128), e.g. to\n"
                    "try offloading on a pipeline whose transformer is gigabytes.\n"
+                   "--arch flux2 writes a Flux2Pipeline (FLUX.2-dev-like: Mistral 3 text encoder\n"
+                   "and a tokenizer.json in the FLUX.2-dev layout, a guidance-embedded\n"
+                   "Flux2Transformer2DModel, AutoencoderKLFlux2), --arch flux2-klein a distilled\n"
+                   "Flux2KleinPipeline (Qwen3 text encoder and tokenizer); --size klein-4b gives\n"
+                   "flux2-klein FLUX.2 [klein] 4B's real shapes (about 16 GB in bf16) with random\n"
+                   "weights, to measure a full-depth pipeline. --shard-size BYTES splits their\n"
+                   "transformer and VAE files past that size (default 2 GiB), with the index.\n"
                    "--arch mistral3-text-encoder | qwen3-text-encoder writes DIR as one text\n"
                    "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n");
             return 0;
@@ -807,10 +839,15 @@ int cmd_make_tiny(int argc, char **argv)
         return tiny_write_mistral3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
     if (strcmp(arch, "qwen3-text-encoder") == 0)
         return tiny_write_qwen3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
-    bool sd3 = strcmp(arch, "sd3") == 0;
-    if (strcmp(arch, "flux") != 0 && !sd3) {
-        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux, sd3)\n",
-                arch);
+    bool sd3 = strcmp(arch, "sd3") == 0, klein = strcmp(arch, "flux2-klein") == 0;
+    bool flux2 = klein || strcmp(arch, "flux2") == 0;
+    if (strcmp(arch, "flux") != 0 && !sd3 && !flux2) {
+        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux, sd3, "
+                        "flux2, flux2-klein, mistral3-text-encoder, qwen3-text-encoder)\n", arch);
+        return 2;
+    }
+    if (strcmp(size, "tiny") != 0 && !klein) {
+        fprintf(stderr, "diffuse make-tiny: --size %s is for --arch flux2-klein\n", size);
         return 2;
     }
     snprintf(t.dir, sizeof t.dir, "%s", argv[optind]);
@@ -824,6 +861,16 @@ int cmd_make_tiny(int argc, char **argv)
         }
     if (make_dir(t.dir))
         return 1;
+    if (flux2) {
+        tiny_flux2_sizes z = strcmp(size, "klein-4b") == 0 ? TINY_FLUX2_KLEIN_4B
+                                                           : TINY_FLUX2_SIZES(klein);
+        if (shard_size > 0)
+            z.shard_bytes = shard_size;
+        if (tiny_write_flux2(t.dir, klein, &z, t.dtype, seed))
+            return 1;
+        printf("%s\n", t.dir);
+        return 0;
+    }
     df_rng_init(&t.rng, seed);
     int clip_vocab = 0, t5_vocab = 0;
     int rc = write_text(&t, "model_index.json", sd3 ? sd3_index : flux_index);

@@ -1,0 +1,184 @@
+/*
+ * `mpirun -np 2 diffuse generate --tp 2` on tiny FLUX.2 pipelines, against the single-process
+ * image (built and registered by tests/tp_flux2.cmake with tests/tp.cmake's conditions;
+ * DF_DIFFUSE_BIN, DF_MPIRUN and DF_TEST_TMP come from there).
+ *
+ * make-tiny writes a Flux2Pipeline (Mistral 3 encoder: 4 heads, 2 KV heads) and a distilled
+ * Flux2KleinPipeline (Qwen3) folder; both transformers have 2 heads. Each runs the same
+ * prompt and seed in one process and as 2 ranks, strict eager and with compiled repeated
+ * blocks (klein also with model offload); the PNGs must agree within one level per channel
+ * and carry the same parameters. Three ranks, over which the 2 transformer heads do not
+ * split, stop every process with one message.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <diffuse/diffuse.h>
+
+#define DEV   DF_TEST_TMP "/tp-flux2"
+#define KLEIN DF_TEST_TMP "/tp-flux2-klein"
+#define LIMIT "300" /* seconds: a hang fails the test instead of the whole suite */
+#define ARGS  "-p 'a lighthouse at dusk' -W 48 -H 32 --steps 2 --seed 7 --max-sequence-length 48"
+/* Leak checking would report MPI's own allocations; the unit tests check ours. */
+#define ENV "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 "
+#define MPIRUN                                                                                     \
+    ENV "timeout " LIMIT " '" DF_MPIRUN "' --oversubscribe --allow-run-as-root "                   \
+        "-x ASAN_OPTIONS "
+
+/* Runs a shell command; its exit status (124: timed out), stderr into `err` (path). */
+static int run(const char *cmd, const char *err)
+{
+    char full[8192];
+    int len = snprintf(full, sizeof full, "%s > /dev/null 2> '%s'", cmd, err);
+    assert_true(len > 0 && len < (int)sizeof full);
+    int st = system(full);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void print_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096];
+    while (f && fgets(line, sizeof line, f))
+        fputs(line, stderr);
+    if (f)
+        fclose(f);
+}
+
+static int count_lines(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[4096];
+    int n = 0;
+    while (fgets(line, sizeof line, f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' '%s' && '%s' make-tiny --arch flux2 '%s' && "
+             "'%s' make-tiny --arch flux2-klein '%s'",
+             DEV, KLEIN, DF_DIFFUSE_BIN, DEV, DF_DIFFUSE_BIN, KLEIN);
+    return run(cmd, DF_TEST_TMP "/tp-flux2-make-tiny.err") == 0 ? 0 : -1;
+}
+
+/* Largest per-channel difference between two PNGs of the same size. */
+static int max_level_diff(const char *a, const char *b, char **params_a, char **params_b)
+{
+    df_image *ia = NULL, *ib = NULL;
+    if (df_image_load_png(a, &ia, params_a) != DF_OK ||
+        df_image_load_png(b, &ib, params_b) != DF_OK)
+        fail_msg("%s", df_error_message());
+    assert_int_equal(ia->width, ib->width);
+    assert_int_equal(ia->height, ib->height);
+    int worst = 0;
+    for (size_t i = 0; i < (size_t)ia->width * (size_t)ia->height * 3; i++) {
+        int d = abs((int)ia->pixels[i] - (int)ib->pixels[i]);
+        worst = d > worst ? d : worst;
+    }
+    df_image_free(ia);
+    df_image_free(ib);
+    return worst;
+}
+
+static void two_ranks_match(const char *model, const char *extra, const char *name)
+{
+    char ref[1024], out[1024], err[1024], cmd[4096];
+    snprintf(ref, sizeof ref, "%s/tp-flux2-%s-ref.png", DF_TEST_TMP, name);
+    snprintf(out, sizeof out, "%s/tp-flux2-%s.png", DF_TEST_TMP, name);
+    snprintf(err, sizeof err, "%s/tp-flux2-%s.err", DF_TEST_TMP, name);
+    remove(ref);
+    remove(out);
+    snprintf(cmd, sizeof cmd, ENV "'%s' generate -m '%s' " ARGS " --threads 2 %s -o '%s'",
+             DF_DIFFUSE_BIN, model, extra, ref);
+    if (run(cmd, err) != 0) {
+        print_file(err);
+        fail_msg("diffuse generate %s on %s failed", extra, model);
+    }
+    snprintf(cmd, sizeof cmd,
+             MPIRUN "-np 2 '%s' generate --tp 2 -m '%s' " ARGS " --threads 1 %s -o '%s'",
+             DF_DIFFUSE_BIN, model, extra, out);
+    int rc = run(cmd, err);
+    if (rc != 0) {
+        print_file(err);
+        fail_msg("mpirun -np 2 diffuse generate --tp 2 %s on %s: exit status %d", extra, model,
+                 rc);
+    }
+    char *pa = NULL, *pb = NULL;
+    int d = max_level_diff(ref, out, &pa, &pb);
+    printf("%s --tp 2 %s: largest pixel difference from one process: %d level(s)\n", name,
+           extra, d);
+    assert_true(d <= 1);
+    assert_non_null(pa);
+    assert_non_null(pb);
+    assert_string_equal(pa, pb);
+    df_image_text_free(pa);
+    df_image_text_free(pb);
+}
+
+static void test_dev_eager(void **state)
+{
+    (void)state;
+    two_ranks_match(DEV, "", "dev-eager");
+}
+
+static void test_dev_blocks(void **state)
+{
+    (void)state;
+    two_ranks_match(DEV, "--mode fuse --compile-blocks", "dev-blocks");
+}
+
+static void test_klein_eager(void **state)
+{
+    (void)state;
+    two_ranks_match(KLEIN, "", "klein-eager");
+}
+
+static void test_klein_compiled_offloaded(void **state)
+{
+    (void)state;
+    two_ranks_match(KLEIN, "--mode compile --offload model", "klein-compile");
+}
+
+/* Heads that cannot be split over 3 ranks: every rank stops, one message. */
+static void test_indivisible_heads(void **state)
+{
+    (void)state;
+    char cmd[4096];
+    const char *err = DF_TEST_TMP "/tp-flux2-indivisible.err";
+    snprintf(cmd, sizeof cmd,
+             MPIRUN "-np 3 '%s' generate --tp 3 -m '%s' " ARGS " --threads 1 -o '%s'",
+             DF_DIFFUSE_BIN, KLEIN, DF_TEST_TMP "/tp-flux2-never.png");
+    int rc = run(cmd, err);
+    if (rc == 0 || rc == 124)
+        print_file(err);
+    assert_true(rc != 0 && rc != 124);
+    assert_int_equal(count_lines(err, "diffuse generate: "), 1);
+    assert_int_equal(count_lines(err, "not divisible by the 3 tensor-parallel ranks"), 1);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dev_eager),
+        cmocka_unit_test(test_dev_blocks),
+        cmocka_unit_test(test_klein_eager),
+        cmocka_unit_test(test_klein_compiled_offloaded),
+        cmocka_unit_test(test_indivisible_heads),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
