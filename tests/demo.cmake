@@ -9,5 +9,10 @@ if(TARGET test_demo AND TARGET diffuse)
   if(EXISTS ${DF_DEMO_MODEL}/model_index.json)
     add_test(NAME demo/held-out COMMAND test_demo)
     set_tests_properties(demo/held-out PROPERTIES TIMEOUT 600)
+    # `diffuse generate -m models/demo -p ...` with the folder's own size and token defaults.
+    add_test(NAME cli/demo_defaults
+             COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/demo_defaults.sh $<TARGET_FILE:diffuse>
+                     ${DF_DEMO_MODEL} ${CMAKE_BINARY_DIR}/test-tmp)
+    set_tests_properties(cli/demo_defaults PROPERTIES TIMEOUT 300)
   endif()
 endif()

@@ -24,8 +24,9 @@
  *
  * Defaults come from the model: a transformer without guidance embedding is schnell-like
  * (4 steps, guidance ignored, 256 T5 tokens), one with it is dev-like (28 steps, guidance
- * 3.5, 512 tokens). Components listed as null in model_index.json are allowed when the
- * caller passes prompt embeddings instead of prompts.
+ * 3.5, 512 tokens); a folder made for smaller images narrows the image side and the T5
+ * tokens (folder_defaults). Components listed as null in model_index.json are allowed
+ * when the caller passes prompt embeddings instead of prompts.
  */
 #include <math.h>
 #include <string.h>
@@ -33,6 +34,7 @@
 #include <diffuse/clip.h>
 #include <diffuse/dist.h>
 #include <diffuse/flux.h>
+#include <diffuse/json.h>
 #include <diffuse/scheduler.h>
 #include <diffuse/t5.h>
 #include <diffuse/tokenizer.h>
@@ -141,6 +143,37 @@ static df_status tp_share(df_pipeline *p, void *buf, size_t bytes)
     return df_comm_broadcast(p->comm, buf, bytes, 0);
 }
 
+/* What a folder made for smaller images says (the demo pipeline, models/demo): the image
+ * side is the VAE config's sample_size where it is a whole number of packed latents
+ * (FLUX.1's own VAEs say 1024, FluxPipeline's default; otherwise 1024 stays), and T5 takes
+ * at most tokenizer_2's model_max_length tokens by default (FLUX.1's says 512, so
+ * schnell's 256 and dev's 512 stay). Only rank 0 loads the VAE and the tokenizer, and only
+ * its defaults decide a run. */
+static df_status folder_defaults(df_pipeline *p, const df_model_index *idx, flux_pipe *f)
+{
+    if (f->vae) {
+        char dir[4096], path[4200];
+        DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        df_json *cfg = NULL;
+        DF_TRY(df_json_parse_file(path, &cfg));
+        const df_json *v = df_json_get(cfg, "sample_size");
+        double side = v && df_json_type_of(v) == DF_JSON_NUMBER ? df_json_number(v) : 0;
+        df_json_free(cfg);
+        int64_t factor = df_vae_config(f->vae)->scale_factor * 2;
+        if (side >= (double)factor && side <= 16384 && side == floor(side) &&
+            (int64_t)side % factor == 0)
+            p->default_size = (int)side;
+    }
+    if (f->tok_t5) {
+        df_tokenizer_info info;
+        df_tokenizer_get_info(f->tok_t5, &info);
+        if (info.model_max_length > 0 && info.model_max_length < p->default_max_seq)
+            p->default_max_seq = (int)info.model_max_length;
+    }
+    return DF_OK;
+}
+
 static df_status flux_load(df_pipeline *p, const df_model_index *idx)
 {
     flux_pipe *f = df_calloc(1, sizeof *f);
@@ -213,7 +246,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     p->default_guidance = dev ? 3.5f : 0.0f;
     p->default_max_seq = dev ? 512 : 256;
     p->default_size = 1024;
-    return DF_OK;
+    return folder_defaults(p, idx, f);
 }
 
 /* A run's sizes, decided by rank 0 and shared so that every rank agrees. */

@@ -2,7 +2,8 @@
  * diffuse generate: text to image.
  *
  * Options follow the DESIGN's CLI; anything not given comes from the model folder's
- * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens; SD3: 28 steps, CFG 7.0,
+ * defaults (FLUX.1-schnell: 4 steps, no guidance, 256 T5 tokens, or tokenizer_2's
+ * model_max_length where less, the VAE config's sample_size; SD3: 28 steps, CFG 7.0,
  * skip-layer guidance only with --slg-layers; FLUX.2-dev: 50 steps, embedded guidance 4.0;
  * FLUX.2 [klein]: distilled 4 steps, base 50 steps with CFG 4.0; both 512 text tokens). Several images are
  * written as NAME.png, NAME-1.png, ... Every PNG carries the generation parameters in a
@@ -32,8 +33,11 @@ static void help(FILE *f)
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
         "  -o, --output FILE          PNG to write (default: out.png)\n"
-        "  -W, --width N              image width, a multiple of 16 (default: model's, 1024)\n"
-        "  -H, --height N             image height, a multiple of 16 (default: model's, 1024)\n"
+        "  -W, --width N              image width, a multiple of 16 (default: the model's;\n"
+        "                             FLUX.1: vae/config.json's sample_size, 1024 for FLUX.1's\n"
+        "                             own VAE, 64 for models/demo; SD3: 8 x the transformer's\n"
+        "                             sample_size, 1024; FLUX.2 1024)\n"
+        "  -H, --height N             image height, a multiple of 16 (default: as the width)\n"
         "      --steps N              denoising steps (default: schnell 4, dev 28; FLUX.2-dev 50,\n"
         "                             klein 4 distilled / 50 base)\n"
         "      --guidance X           guidance scale (FLUX.1-dev 3.5, schnell ignores it; SD3: CFG\n"
@@ -49,7 +53,9 @@ static void help(FILE *f)
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
-        "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512; at most 512);\n"
+        "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512, or\n"
+        "                             tokenizer_2's model_max_length where it is less, 64 for\n"
+        "                             models/demo; at most 512);\n"
         "                             FLUX.2: Mistral 3 / Qwen3 tokens (default 512)\n"
         "      --dtype f32|bf16|int8|auto  compute dtype (int8: 8-bit linears; default auto:\n"
         "                             bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32;\n"
