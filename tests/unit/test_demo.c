@@ -12,13 +12,13 @@
  * - position: the centroid of the pixels nearest the shape colour is within POS_TOL px of
  *   the mask's centroid;
  * - size: their count is within [SIZE_LO, SIZE_HI] times the mask's area.
- * The tests, over N_TEST held-out captions: each measure holds for at least its MIN_* share
- * of them; the same captions with their two colours swapped fail the colour measures
+ * The tests, over N_TEST held-out captions: each measure, and all four together, hold for
+ * at least their MIN_* share of them; the same captions with their two colours swapped fail the colour measures
  * against the original scenes (the image follows the caption, not a memory); a
  * random-weight pipeline of the same architecture (`diffuse make-tiny --arch flux`) fails.
  *
  * Run with an argument N (test_demo 100) it instead prints each measure's accuracy over N
- * held-out captions and exits.
+ * held-out captions and exits; a second argument names another pipeline folder to measure.
  *
  * tests/demo.cmake builds it with the model's folder (DF_DEMO_MODEL) and the diffuse program
  * (DF_DIFFUSE_BIN) and registers it: DF_TEST_NEEDS_ARGS.
@@ -38,11 +38,15 @@
 #include <diffuse/diffuse.h>
 
 #define N_TEST 16    /* held-out captions per test */
-/* The least fraction of N_TEST scenes each measure must hold for. */
-#define MIN_BG 0.75
-#define MIN_FG 0.5
-#define MIN_POS 0.5
-#define MIN_SIZE 0.25
+/* The least fraction of N_TEST scenes each measure (and all four at once) must hold for.
+ * The shipped model holds for 14, 12, 15, 9 and 9 of the 16 (over 100 captions: 86%, 77%,
+ * 87%, 65%, 63%); each bound leaves one or two captions of margin and is far above a
+ * random-weight model (12%, 0%, 19%, 38%, 0% over 100). */
+#define MIN_BG 0.8
+#define MIN_FG 0.65
+#define MIN_POS 0.8
+#define MIN_SIZE 0.45
+#define MIN_ALL 0.45
 #define POS_TOL 4.0  /* px */
 #define SIZE_LO 0.6
 #define SIZE_HI 1.5
@@ -267,7 +271,8 @@ static rates measure_rates(df_pipeline *p, int n, bool swap)
 
 static bool meets(rates r)
 {
-    return r.bg >= MIN_BG && r.fg >= MIN_FG && r.pos >= MIN_POS && r.size >= MIN_SIZE;
+    return r.bg >= MIN_BG && r.fg >= MIN_FG && r.pos >= MIN_POS && r.size >= MIN_SIZE &&
+           r.all >= MIN_ALL;
 }
 
 /* ---- tests ------------------------------------------------------------------------------ */
@@ -319,12 +324,13 @@ static void test_random_weights_fail(void **state)
     df_pipeline_free(p);
 }
 
-/* test_demo N: each measure's accuracy over N held-out captions. */
-static int report(int n)
+/* test_demo N [DIR]: each measure's accuracy over N held-out captions (DIR: another
+ * pipeline folder than the shipped one). */
+static int report(int n, const char *dir)
 {
     df_pipeline *p = NULL;
-    if (df_pipeline_load(DF_DEMO_MODEL, &(df_load_opts){0}, &p) != DF_OK) {
-        fprintf(stderr, "%s: %s\n", DF_DEMO_MODEL, df_error_message());
+    if (df_pipeline_load(dir, &(df_load_opts){0}, &p) != DF_OK) {
+        fprintf(stderr, "%s: %s\n", dir, df_error_message());
         return 1;
     }
     int bg = 0, fg = 0, pos = 0, size = 0, all = 0;
@@ -354,7 +360,8 @@ static int report(int n)
 int main(int argc, char **argv)
 {
     if (argc > 1)
-        return report(atoi(argv[1]) > 0 ? atoi(argv[1]) : 100);
+        return report(atoi(argv[1]) > 0 ? atoi(argv[1]) : 100,
+                      argc > 2 ? argv[2] : DF_DEMO_MODEL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scenes_are_held_out),
         cmocka_unit_test(test_held_out_captions_are_drawn),
