@@ -53,8 +53,8 @@ check-asan:
 DEMO_PROMPT ?= a large yellow circle in the top left corner on a blue background
 demo: deps build
 	mkdir -p demo
-	./build/bin/diffuse generate -m models/demo -p "$(DEMO_PROMPT)" \
-	    -W 64 -H 64 --max-sequence-length 64 --seed 42 -o demo/demo.png --stats-json demo/stats.json
+	./build/bin/diffuse generate -m models/demo -p "$(DEMO_PROMPT)" --seed 42 \
+	    -o demo/demo.png --stats-json demo/stats.json
 	./build/bin/diffuse info demo/demo.png
 
 demo-sd3: deps build

@@ -5,12 +5,14 @@ Stages, all seeded:
   1. text side: the tokenizers and frozen text encoders of `diffuse make-tiny --arch flux`
      (seeded random weights), loaded with transformers; every caption is encoded once, as
      the pipeline encodes it (77 CLIP tokens pooled, max_sequence_length T5 tokens).
-  2. the VAE (AutoencoderKL, 4x downsampling, 4 latent channels) as an autoencoder on the
-     training scenes' images; then the latent shift and scale from the encoded scenes.
+  2. the VAE (AutoencoderKL, 4x downsampling, 4 latent channels): the exact pooling
+     autoencoder, its decoder optionally trained on the training scenes' images; then the
+     latent shift and scale from the encoded scenes.
   3. the transformer (FluxTransformer2DModel without guidance embedding) with the
      rectified-flow objective: x_t = (1 - t) x_0 + t e, target e - x_0, t sampled uniformly
-     and at the 4-step schedule's sigmas (1, 0.75, 0.5, 0.25), so 4 Euler steps without
-     guidance give the picture.
+     and at the 4-step schedule's sigmas (1, 0.75, 0.5, 0.25); with --objective rollout
+     (stage 2, from --init) also at the states the model's own 4 Euler steps reach, so 4
+     steps without guidance give the picture.
 """
 import argparse
 import json
