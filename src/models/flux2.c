@@ -45,7 +45,7 @@
 
 #define FLUX2_TIME_SCALE 1000.0f /* the model embeds 1000 * t and 1000 * guidance */
 #define FLUX2_MAX_SIZE   (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
-#define FLUX2_TP_RULES   14
+#define FLUX2_TP_RULES   18 /* diffusers' 14, context_embedder and the 3 modulations */
 
 /* Attention projections and per-head RMS norms of one stream of a double block. */
 typedef struct qkv_weights {
@@ -80,7 +80,8 @@ struct df_flux2 {
     double_block *blocks;
     single_block *singles;
     df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
-    int tp;                               /* tensor-parallel ranks the model is split over */
+    int tp, rank;                         /* tensor-parallel ranks, and this one */
+    bool tp_ctx_rows, tp_mod_rows;        /* context_embedder / modulations split rowwise */
     df_tp_rule tp_plan[FLUX2_TP_RULES];   /* the ws borrows it: lives as long as the model */
     df_blocks rep;                        /* double, then single blocks (blocks.h) */
 };
@@ -264,14 +265,21 @@ static int64_t gcd(int64_t a, int64_t b)
  * output projections rowwise. The SwiGLU input projections are packed column blocks
  * [gate (M), up (M)], so each rank holds matching slices of both halves; the single
  * block's fused projection is packed as [q (D), k (D), v (D), gate (M), up (M)] and its
- * to_out reads cat[attn (D), mlp (M)], split as two packed row blocks. Replicated: the
- * embedders, the modulation linears, the q/k norms (per head), norm_out and proj_out.
+ * to_out reads cat[attn (D), mlp (M)], split as two packed row blocks. Replicated: x_embedder,
+ * the time embedder, the q/k norms (per head), norm_out and proj_out.
+ *
+ * Beyond diffusers' plan, two products whose input every rank holds whole are split rowwise
+ * (each rank multiplies its slice of the input features and an all-reduce adds the partial
+ * sums), so that no rank repeats them: context_embedder (the largest product outside the
+ * blocks: joint 7680 -> D for klein, 15360 for dev) and the three modulation linears (D ->
+ * 15D in all, read once per forward). Either stays replicated when its input width does not
+ * divide by the ranks.
  */
-static void make_tp_plan(df_flux2 *m)
+static int make_tp_plan(df_flux2 *m)
 {
     int64_t g = gcd(m->cfg.inner_dim, m->cfg.mlp_hidden_dim);
     int a = (int)(m->cfg.inner_dim / g), b = (int)(m->cfg.mlp_hidden_dim / g);
-    const df_tp_rule plan[FLUX2_TP_RULES] = {
+    const df_tp_rule plan[] = {
         {"transformer_blocks.*.attn.to_q", DF_SHARD_COLWISE},
         {"transformer_blocks.*.attn.to_k", DF_SHARD_COLWISE},
         {"transformer_blocks.*.attn.to_v", DF_SHARD_COLWISE},
@@ -288,7 +296,18 @@ static void make_tp_plan(df_flux2 *m)
          {a, a, a, b, b}},
         {"single_transformer_blocks.*.attn.to_out", DF_SHARD_ROWWISE, 2, {a, b}},
     };
+    int n = (int)(sizeof plan / sizeof *plan);
     memcpy(m->tp_plan, plan, sizeof plan);
+    m->tp_ctx_rows = m->cfg.joint_attention_dim % m->tp == 0;
+    if (m->tp_ctx_rows)
+        m->tp_plan[n++] = (df_tp_rule){"context_embedder", DF_SHARD_ROWWISE};
+    m->tp_mod_rows = m->cfg.inner_dim % m->tp == 0;
+    if (m->tp_mod_rows) {
+        m->tp_plan[n++] = (df_tp_rule){"double_stream_modulation_img.linear", DF_SHARD_ROWWISE};
+        m->tp_plan[n++] = (df_tp_rule){"double_stream_modulation_txt.linear", DF_SHARD_ROWWISE};
+        m->tp_plan[n++] = (df_tp_rule){"single_stream_modulation.linear", DF_SHARD_ROWWISE};
+    }
+    return n;
 }
 
 /* Splits the model over the context's ranks, if it has several. */
@@ -296,6 +315,7 @@ static df_status shard(df_flux2 *m, const char *dir)
 {
     df_comm *comm = df_ctx_comm(m->ctx);
     m->tp = df_comm_size(comm);
+    m->rank = df_comm_rank(comm);
     if (m->tp <= 1)
         return DF_OK;
     if (m->cfg.num_attention_heads % m->tp)
@@ -306,8 +326,8 @@ static df_status shard(df_flux2 *m, const char *dir)
         return df_errorf(DF_E_ARG, "%s/config.json: the MLP width %lld (inner_dim * mlp_ratio) "
                          "is not divisible by the %d tensor-parallel ranks", dir,
                          (long long)m->cfg.mlp_hidden_dim, m->tp);
-    make_tp_plan(m);
-    df_ws_set_tp_plan(m->ws, m->tp_plan, FLUX2_TP_RULES, df_comm_rank(comm), m->tp);
+    int n = make_tp_plan(m);
+    df_ws_set_tp_plan(m->ws, m->tp_plan, n, m->rank, m->tp);
     return DF_OK;
 }
 
@@ -653,6 +673,39 @@ static df_tensor *conditioning(df_ctx *ctx, const df_flux2 *m, const df_flux2_in
     return temb;
 }
 
+/* x [..., K] times a linear split rowwise although every rank holds x whole: this rank's
+ * slice of the input features, the partial products summed over the ranks. */
+static df_tensor *row_split_linear(df_ctx *ctx, const df_flux2 *m, df_tensor *x,
+                                   const df_linear_weights *w)
+{
+    int last = df_tensor_ndim(x) - 1;
+    int64_t k = df_tensor_dim(x, last) / m->tp;
+    x = df_slice(ctx, x, last, m->rank * k, (m->rank + 1) * k); /* [..., K/tp] */
+    return df_all_reduce(ctx, df_linear(ctx, x, w));
+}
+
+/* Flux2Modulation of the double streams and the single stream: silu(temb) [B, D] ->
+ * [B, 6D], [B, 6D], [B, 3D]. Split over the ranks, the three partial products travel in one
+ * all-reduce. */
+static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tensor **img,
+                        df_tensor **txt, df_tensor **single)
+{
+    if (!m->tp_mod_rows || m->tp <= 1) {
+        *img = df_linear(ctx, act, &m->mod_img);
+        *txt = df_linear(ctx, act, &m->mod_txt);
+        *single = df_linear(ctx, act, &m->mod_single);
+        return;
+    }
+    int64_t D = m->cfg.inner_dim, k = D / m->tp;
+    act = df_slice(ctx, act, 1, m->rank * k, (m->rank + 1) * k); /* [B, D/tp] */
+    df_tensor *all = df_concat(ctx, df_linear(ctx, act, &m->mod_img),
+                               df_linear(ctx, act, &m->mod_txt), 1);
+    all = df_all_reduce(ctx, df_concat(ctx, all, df_linear(ctx, act, &m->mod_single), 1));
+    *img = df_slice(ctx, all, 1, 0, 6 * D);          /* [B, 6D] */
+    *txt = df_slice(ctx, all, 1, 6 * D, 12 * D);     /* [B, 6D] */
+    *single = df_slice(ctx, all, 1, 12 * D, 15 * D); /* [B, 3D] */
+}
+
 df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
 {
     if (!ctx)
@@ -675,12 +728,12 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     df_blocks_begin(ctx, &m->rep);
     df_tensor *temb = conditioning(ctx, m, in);               /* [B, D] */
     df_tensor *act = df_silu(ctx, temb);                      /* Flux2Modulation's SiLU */
-    df_tensor *mod_img = df_linear(ctx, act, &m->mod_img);    /* [B, 6D] */
-    df_tensor *mod_txt = df_linear(ctx, act, &m->mod_txt);    /* [B, 6D] */
-    df_tensor *mod_single = df_linear(ctx, act, &m->mod_single); /* [B, 3D] */
+    df_tensor *mod_img, *mod_txt, *mod_single;                /* [B, 6D], [B, 6D], [B, 3D] */
+    modulations(ctx, m, act, &mod_img, &mod_txt, &mod_single);
     df_tensor *x = df_linear(ctx, in->hidden_states, &m->x_embedder);          /* [B, S_img, D] */
     df_tensor *txt = in->encoder_hidden_states;
-    df_tensor *c = df_linear(ctx, txt, &m->context_embedder); /* [B, S_txt, D] */
+    df_tensor *c = m->tp_ctx_rows ? row_split_linear(ctx, m, txt, &m->context_embedder)
+                                  : df_linear(ctx, txt, &m->context_embedder); /* [B,S_txt,D] */
     df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
                                       m->axes, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 

@@ -103,46 +103,6 @@ static df_status expect_class(const df_pipeline *p, const df_model_index *idx, c
     return DF_OK;
 }
 
-/* ---- tensor parallelism (see the top of the file) ---------------------------------------- */
-
-/* Rank 0, or the only process. */
-static bool lead(const df_pipeline *p)
-{
-    return df_comm_rank(p->comm) == 0;
-}
-
-static bool tp(const df_pipeline *p)
-{
-    return df_comm_size(p->comm) > 1;
-}
-
-/* After work that ran the stream's collectives (sharded T5, transformer steps): a rank that
- * failed there cannot join the next collective, so it stops every rank. */
-static df_status tp_check(df_pipeline *p, df_status s)
-{
-    if (s != DF_OK && tp(p))
-        df_comm_abort(p->comm);
-    return s;
-}
-
-/* Every rank's status, where a rank may have failed alone with no collective pending. */
-static df_status tp_agree(df_pipeline *p, df_status s)
-{
-    if (!tp(p))
-        return s;
-    df_status w = df_sync(p->ctx);
-    return df_comm_agree(p->comm, s != DF_OK ? s : w);
-}
-
-/* Rank 0's `bytes` at buf on every rank (after the device is idle). */
-static df_status tp_share(df_pipeline *p, void *buf, size_t bytes)
-{
-    if (!tp(p))
-        return DF_OK;
-    DF_TRY(tp_check(p, df_sync(p->ctx)));
-    return df_comm_broadcast(p->comm, buf, bytes, 0);
-}
-
 /* What a folder made for smaller images says (the demo pipeline, models/demo): the image
  * side is the VAE config's sample_size where it is a whole number of packed latents
  * (FLUX.1's own VAEs say 1024, FluxPipeline's default; otherwise 1024 stays), and T5 takes
@@ -198,7 +158,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    if (lead(p))
+    if (df_pipeline_lead(p))
         DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
     bool text = df_pipeline_has_component(idx, "text_encoder") ||
@@ -208,7 +168,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
                                             "text_encoder_2"};
         for (int i = 0; i < 4; i++)
             DF_TRY(df_pipeline_component_dir(p, idx, parts[i], dir, sizeof dir));
-        if (lead(p)) {
+        if (df_pipeline_lead(p)) {
             DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
             DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_clip), "%s", dir);
             DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
@@ -293,7 +253,7 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
                          r->max_seq);
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
-    if (!lead(p))
+    if (!df_pipeline_lead(p))
         return DF_OK; /* the prompts are rank 0's */
     if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
         return df_errorf(DF_E_ARG, "no prompt given");
@@ -350,33 +310,36 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
     int64_t P = df_flux_config(f->transformer)->pooled_projection_dim;
     int64_t *clip_ids = df_malloc((size_t)B * 77 * sizeof *clip_ids);
     int64_t *t5_ids = df_malloc((size_t)B * (size_t)max_seq * sizeof *t5_ids);
-    float *pooled_host = tp(p) ? df_malloc((size_t)(B * P) * sizeof *pooled_host) : NULL;
-    df_status s = clip_ids && t5_ids && (pooled_host || !tp(p))
+    float *pooled_host =
+        df_pipeline_tp(p) ? df_malloc((size_t)(B * P) * sizeof *pooled_host) : NULL;
+    df_status s = clip_ids && t5_ids && (pooled_host || !df_pipeline_tp(p))
                       ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-    if (s == DF_OK && lead(p))
+    if (s == DF_OK && df_pipeline_lead(p))
         s = tokenize(f, prompts, r, clip_ids, t5_ids);
-    if (s == DF_OK && lead(p)) {
+    if (s == DF_OK && df_pipeline_lead(p)) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, 77), clip_ids);
         df_clip_output co = {0};
         s = ids ? df_clip_encode(ctx, f->clip, ids, clip_ids, &(df_clip_request){0}, &co)
                 : df_ctx_status(ctx);
         *pooled = co.pooler_output;
-        if (s == DF_OK && tp(p))
+        if (s == DF_OK && df_pipeline_tp(p))
             s = df_tensor_read(ctx, *pooled, DF_DTYPE_F32, pooled_host,
                                (size_t)(B * P) * sizeof *pooled_host);
     }
-    s = tp_agree(p, s); /* tokenizing or CLIP failed on rank 0: every rank stops */
-    if (s == DF_OK && tp(p)) {
-        s = tp_share(p, t5_ids, (size_t)B * (size_t)max_seq * sizeof *t5_ids);
+    s = df_pipeline_tp_agree(p, s); /* tokenizing or CLIP failed on rank 0: every rank stops */
+    if (s == DF_OK && df_pipeline_tp(p)) {
+        s = df_pipeline_tp_share(p, t5_ids, (size_t)B * (size_t)max_seq * sizeof *t5_ids);
         if (s == DF_OK)
-            s = tp_share(p, pooled_host, (size_t)(B * P) * sizeof *pooled_host);
-        if (s == DF_OK && !lead(p))
+            s = df_pipeline_tp_share(p, pooled_host, (size_t)(B * P) * sizeof *pooled_host);
+        if (s == DF_OK && !df_pipeline_lead(p))
             *pooled = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, P), pooled_host);
     }
     if (s == DF_OK) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, max_seq), t5_ids);
         s = ids ? df_t5_encode(ctx, f->t5, ids, NULL, embeds) : df_ctx_status(ctx);
-        s = tp_check(p, s != DF_OK ? s : (tp(p) ? df_sync(ctx) : DF_OK)); /* sharded T5 */
+        if (s == DF_OK && df_pipeline_tp(p))
+            s = df_sync(ctx);
+        s = df_pipeline_tp_check(p, s); /* sharded T5 */
     }
     df_free(clip_ids);
     df_free(t5_ids);
@@ -392,15 +355,15 @@ static df_status given_embeddings(df_pipeline *p, const df_gen_params *g, const 
     int64_t ne = r->B * r->L * cfg->joint_attention_dim, np = r->B * cfg->pooled_projection_dim;
     float *e = df_malloc((size_t)ne * sizeof *e), *q = df_malloc((size_t)np * sizeof *q);
     df_status s = e && q ? DF_OK : df_errorf(DF_E_OOM, "out of memory for prompt embeddings");
-    if (s == DF_OK && lead(p)) {
+    if (s == DF_OK && df_pipeline_lead(p)) {
         memcpy(e, g->prompt_embeds, (size_t)ne * sizeof *e);
         memcpy(q, g->pooled_prompt_embeds, (size_t)np * sizeof *q);
     }
-    s = tp_agree(p, s);
+    s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
-        s = tp_share(p, e, (size_t)ne * sizeof *e);
+        s = df_pipeline_tp_share(p, e, (size_t)ne * sizeof *e);
     if (s == DF_OK)
-        s = tp_share(p, q, (size_t)np * sizeof *q);
+        s = df_pipeline_tp_share(p, q, (size_t)np * sizeof *q);
     if (s == DF_OK) {
         *embeds = df_tensor_from_host(p->ctx, DF_DTYPE_F32,
                                       DF_SHAPE(r->B, r->L, cfg->joint_attention_dim), e);
@@ -546,11 +509,12 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             s = df_mark_step(ctx);
         if (s == DF_OK)
             s = df_tensor_read(ctx, v, DF_DTYPE_F32, v_host, (size_t)n_lat * sizeof *v_host);
-        s = tp_check(p, s); /* the sharded forward */
+        s = df_pipeline_tp_check(p, s); /* the sharded forward */
         if (s == DF_OK)
             s = df_scheduler_step(sched, v_host, lat, n_lat);
         if (s == DF_OK)
-            s = tp_share(p, lat, (size_t)n_lat * sizeof *lat); /* ranks stay identical */
+            /* ranks stay identical */
+            s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
         df_scope_end(ctx, mark, NULL);
         if (s == DF_OK && g->progress)
             g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
@@ -573,10 +537,10 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
 
     run_sizes r = resolve(p, f, g);
-    df_status s = tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
+    df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
     if (s == DF_OK)
         s = check_sizes(p, f, g, &r);
-    s = tp_agree(p, s);
+    s = df_pipeline_tp_agree(p, s);
     if (s != DF_OK)
         return s;
     const char *const *prompts = g->prompts ? g->prompts : &g->prompt;
@@ -604,7 +568,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     float *noise = df_malloc((size_t)n_lat * sizeof *noise);
     if (s == DF_OK && !(lat && noise))
         s = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
-    if (s == DF_OK && lead(p)) { /* rank 0 draws the noise */
+    if (s == DF_OK && df_pipeline_lead(p)) { /* rank 0 draws the noise */
         if (g->latents) {
             memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
         } else {
@@ -613,14 +577,14 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                 pack_latents(noise, lat, r.B, C, h, w);
         }
     }
-    s = tp_agree(p, s);
+    s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
-        s = tp_share(p, lat, (size_t)n_lat * sizeof *lat);
+        s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, pooled, lat);
     df_pipeline_note_phase(p, out, "denoise");
 
-    if (s == DF_OK && lead(p))
+    if (s == DF_OK && df_pipeline_lead(p))
         s = decode(p, f, g, &r, lat, out);
     if (s == DF_OK) {
         out->width = r.W;

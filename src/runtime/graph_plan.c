@@ -554,11 +554,16 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         }
     }
     /* 2a. Epilogues: an activation that is the only reader of a linear's output is computed
-     * by the product itself (a post-op of the GEMM provider). */
+     * by the product itself (a post-op of the GEMM provider). Not for bf16 products: the
+     * provider's activation differs from the activation kernel by an f32 ulp now and then,
+     * and a product that reads the result rounds it to bf16, where one ulp can move a value
+     * to the next bf16 (FLUX.2 [klein]'s Qwen3 encoder in bf16 left strict eager at its
+     * 4th layer that way). The activation then joins the pointwise group that reads it
+     * (SwiGLU's mul), which writes what the next product reads, as strict eager does. */
     for (int i = 0; can_fuse && i < n; i++) {
         const df_node *l = nodes[i];
         if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
-            l->out.st->handles > 0)
+            l->out.st->handles > 0 || rounds_to_bf16(l, 0, ops))
             continue;
         for (int j = i + 1; j < n; j++) {
             const df_node *a = nodes[j];

@@ -1,14 +1,22 @@
 /*
  * `diffuse generate --tp 2` under mpirun, against the single-process image (built and
  * registered by tests/tp.cmake only when MPI and mpirun exist; DF_DIFFUSE_BIN, DF_MPIRUN and
- * DF_TEST_TMP come from there).
+ * DF_TEST_TMP come from there). The argument picks the group: `flux` (ctest tp/mpirun) or
+ * `flux2` (tp/mpirun-flux2).
  *
- * A tiny FLUX pipeline (diffuse make-tiny: 2 transformer heads, 4 T5 heads) is generated
- * once; the same prompt and seed then run in one process and as 2 ranks (eager, defer and
- * fuse with compiled repeated blocks, the compiled transformer). The PNGs must agree
- * within one level per channel. Failures: --tp 3 on 2 processes, a model folder missing on
- * rank 1 only, and --tp without mpirun must end every process with a non-zero status well
- * within the time limit, the message printed once.
+ * flux: a tiny FLUX pipeline (diffuse make-tiny: 2 transformer heads, 4 T5 heads) is
+ * generated once; the same prompt and seed then run in one process and as 2 ranks (eager,
+ * defer and fuse with compiled repeated blocks, the compiled transformer). Failures: --tp 3
+ * on 2 processes, a model folder missing on rank 1 only, and --tp without mpirun must end
+ * every process with a non-zero status well within the time limit, the message printed once.
+ *
+ * flux2: make-tiny writes a Flux2Pipeline (Mistral 3 encoder: 4 heads, 2 KV heads) and a
+ * distilled Flux2KleinPipeline (Qwen3) folder; both transformers have 2 heads. Each runs in
+ * one process and as 2 ranks with the same options, strict eager and with compiled repeated
+ * blocks (klein also compiled with model offload). Three ranks, over which the 2
+ * transformer heads do not split, stop every process with one message.
+ *
+ * The PNGs must agree within one level per channel and carry the same parameters.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +32,11 @@
 #include <diffuse/diffuse.h>
 
 #define TINY  DF_TEST_TMP "/tp-tiny"
-#define LIMIT "120" /* seconds: a hang fails the test instead of the whole suite */
+#define DEV   DF_TEST_TMP "/tp-flux2"
+#define KLEIN DF_TEST_TMP "/tp-flux2-klein"
+#define LIMIT "300" /* seconds: a hang fails the test instead of the whole suite */
 #define ARGS  "-p 'a lighthouse at dusk' -W 64 -H 48 --steps 3 --seed 7"
+#define ARGS2 "-p 'a lighthouse at dusk' -W 48 -H 32 --steps 2 --seed 7 --max-sequence-length 48"
 /* Leak checking would report MPI's own allocations; the unit tests check ours. */
 #define ENV "ASAN_OPTIONS=detect_leaks=0 OMPI_MCA_rmaps_base_oversubscribe=1 "
 #define MPIRUN                                                                                     \
@@ -65,7 +76,7 @@ static void print_file(const char *path)
         fclose(f);
 }
 
-static int setup(void **state)
+static int setup_flux(void **state)
 {
     (void)state;
     char cmd[2048];
@@ -75,6 +86,17 @@ static int setup(void **state)
     snprintf(cmd, sizeof cmd, ENV "'%s' generate -m '%s' " ARGS " --threads 2 -o '%s'",
              DF_DIFFUSE_BIN, TINY, DF_TEST_TMP "/tp-ref.png");
     return run(cmd, DF_TEST_TMP "/tp-ref.err") == 0 ? 0 : -1;
+}
+
+static int setup_flux2(void **state)
+{
+    (void)state;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "rm -rf '%s' '%s' && '%s' make-tiny --arch flux2 '%s' && "
+             "'%s' make-tiny --arch flux2-klein '%s'",
+             DEV, KLEIN, DF_DIFFUSE_BIN, DEV, DF_DIFFUSE_BIN, KLEIN);
+    return run(cmd, DF_TEST_TMP "/tp-flux2-make-tiny.err") == 0 ? 0 : -1;
 }
 
 /* Largest per-channel difference between two PNGs of the same size. */
@@ -96,23 +118,38 @@ static int max_level_diff(const char *a, const char *b, char **params_a, char **
     return worst;
 }
 
-static void two_ranks_match(const char *extra, const char *name)
+/* `model` with `args` and `extra` as 2 ranks against the one-process image `ref`; ref NULL:
+ * made first, in one process with the same options. `name` names the files. */
+static void two_ranks_match(const char *model, const char *args, const char *ref,
+                            const char *extra, const char *name)
 {
-    char out[1024], err[1024], cmd[4096];
+    char own_ref[1024], out[1024], err[1024], cmd[4096];
     snprintf(out, sizeof out, "%s/tp-%s.png", DF_TEST_TMP, name);
     snprintf(err, sizeof err, "%s/tp-%s.err", DF_TEST_TMP, name);
     remove(out);
-    snprintf(cmd, sizeof cmd,
-             MPIRUN "-np 2 '%s' generate --tp 2 -m '%s' " ARGS " --threads 1 %s -o '%s'",
-             DF_DIFFUSE_BIN, TINY, extra, out);
+    if (!ref) {
+        snprintf(own_ref, sizeof own_ref, "%s/tp-%s-ref.png", DF_TEST_TMP, name);
+        remove(own_ref);
+        snprintf(cmd, sizeof cmd, ENV "'%s' generate -m '%s' %s --threads 2 %s -o '%s'",
+                 DF_DIFFUSE_BIN, model, args, extra, own_ref);
+        if (run(cmd, err) != 0) {
+            print_file(err);
+            fail_msg("diffuse generate %s on %s failed", extra, model);
+        }
+        ref = own_ref;
+    }
+    snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' generate --tp 2 -m '%s' %s --threads 1 %s -o '%s'",
+             DF_DIFFUSE_BIN, model, args, extra, out);
     int rc = run(cmd, err);
     if (rc != 0) {
         print_file(err);
-        fail_msg("mpirun -np 2 diffuse generate --tp 2 %s: exit status %d", extra, rc);
+        fail_msg("mpirun -np 2 diffuse generate --tp 2 %s on %s: exit status %d", extra, model,
+                 rc);
     }
     char *pa = NULL, *pb = NULL;
-    int d = max_level_diff(DF_TEST_TMP "/tp-ref.png", out, &pa, &pb);
-    printf("--tp 2 %s: largest pixel difference from one process: %d level(s)\n", extra, d);
+    int d = max_level_diff(ref, out, &pa, &pb);
+    printf("%s --tp 2 %s: largest pixel difference from one process: %d level(s)\n", name,
+           extra, d);
     assert_true(d <= 1);
     assert_non_null(pa);
     assert_non_null(pb);
@@ -121,22 +158,25 @@ static void two_ranks_match(const char *extra, const char *name)
     df_image_text_free(pb);
 }
 
+/* ---- FluxPipeline ---------------------------------------------------------------------- */
+
 static void test_two_ranks_eager(void **state)
 {
     (void)state;
-    two_ranks_match("", "eager");
+    two_ranks_match(TINY, ARGS, DF_TEST_TMP "/tp-ref.png", "", "eager");
 }
 
 static void test_two_ranks_fuse_compiled_blocks(void **state)
 {
     (void)state;
-    two_ranks_match("--mode fuse --compile-blocks", "blocks");
+    two_ranks_match(TINY, ARGS, DF_TEST_TMP "/tp-ref.png", "--mode fuse --compile-blocks",
+                    "blocks");
 }
 
 static void test_two_ranks_compiled_transformer(void **state)
 {
     (void)state;
-    two_ranks_match("--mode compile", "compile");
+    two_ranks_match(TINY, ARGS, DF_TEST_TMP "/tp-ref.png", "--mode compile", "compile");
 }
 
 static void test_rank_count_mismatch(void **state)
@@ -181,9 +221,52 @@ static void test_tp_without_mpirun(void **state)
     assert_int_equal(count_lines(err, "start it as mpirun -np 2"), 1);
 }
 
-int main(void)
+/* ---- Flux2Pipeline, Flux2KleinPipeline -------------------------------------------------- */
+
+static void test_dev_eager(void **state)
 {
-    const struct CMUnitTest tests[] = {
+    (void)state;
+    two_ranks_match(DEV, ARGS2, NULL, "", "flux2-dev-eager");
+}
+
+static void test_dev_blocks(void **state)
+{
+    (void)state;
+    two_ranks_match(DEV, ARGS2, NULL, "--mode fuse --compile-blocks", "flux2-dev-blocks");
+}
+
+static void test_klein_eager(void **state)
+{
+    (void)state;
+    two_ranks_match(KLEIN, ARGS2, NULL, "", "flux2-klein-eager");
+}
+
+static void test_klein_compiled_offloaded(void **state)
+{
+    (void)state;
+    two_ranks_match(KLEIN, ARGS2, NULL, "--mode compile --offload model", "flux2-klein-compile");
+}
+
+/* Heads that cannot be split over 3 ranks: every rank stops, one message. */
+static void test_indivisible_heads(void **state)
+{
+    (void)state;
+    char cmd[4096];
+    const char *err = DF_TEST_TMP "/tp-flux2-indivisible.err";
+    snprintf(cmd, sizeof cmd,
+             MPIRUN "-np 3 '%s' generate --tp 3 -m '%s' " ARGS2 " --threads 1 -o '%s'",
+             DF_DIFFUSE_BIN, KLEIN, DF_TEST_TMP "/tp-flux2-never.png");
+    int rc = run(cmd, err);
+    if (rc == 0 || rc == 124)
+        print_file(err);
+    assert_true(rc != 0 && rc != 124);
+    assert_int_equal(count_lines(err, "diffuse generate: "), 1);
+    assert_int_equal(count_lines(err, "not divisible by the 3 tensor-parallel ranks"), 1);
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest flux[] = {
         cmocka_unit_test(test_two_ranks_eager),
         cmocka_unit_test(test_two_ranks_fuse_compiled_blocks),
         cmocka_unit_test(test_two_ranks_compiled_transformer),
@@ -191,5 +274,18 @@ int main(void)
         cmocka_unit_test(test_missing_model_on_one_rank),
         cmocka_unit_test(test_tp_without_mpirun),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    const struct CMUnitTest flux2[] = {
+        cmocka_unit_test(test_dev_eager),
+        cmocka_unit_test(test_dev_blocks),
+        cmocka_unit_test(test_klein_eager),
+        cmocka_unit_test(test_klein_compiled_offloaded),
+        cmocka_unit_test(test_indivisible_heads),
+    };
+    const char *group = argc > 1 ? argv[1] : "flux";
+    if (strcmp(group, "flux") == 0)
+        return cmocka_run_group_tests_name("flux", flux, setup_flux, NULL);
+    if (strcmp(group, "flux2") == 0)
+        return cmocka_run_group_tests_name("flux2", flux2, setup_flux2, NULL);
+    fprintf(stderr, "usage: test_tp_mpi [flux|flux2]\n");
+    return 2;
 }

@@ -415,7 +415,8 @@ static void test_two_ranks_match_one_compiled_blocks(void **state)
     tp_parity(KLEIN_CASE, DF_DEFER_AND_FUSE, BLOCKS, "compiled blocks + fuse");
 }
 
-/* Whether `name` is one of the block modules Flux2Transformer2DModel._tp_plan splits. */
+/* Whether `name` is one of the modules the TP plan splits: the block modules of
+ * Flux2Transformer2DModel._tp_plan, context_embedder and the modulations. */
 static bool sharded(const char *name)
 {
     static const char *const split[] = {
@@ -437,6 +438,13 @@ static bool sharded(const char *name)
     }
     for (size_t i = 0; rest && i < sizeof split / sizeof *split; i++)
         if (strncmp(rest, split[i], strlen(split[i])) == 0)
+            return true;
+    /* split rowwise although their input is whole on every rank (make_tp_plan) */
+    static const char *const outer[] = {
+        "context_embedder.weight", "double_stream_modulation_img.linear.weight",
+        "double_stream_modulation_txt.linear.weight", "single_stream_modulation.linear.weight"};
+    for (size_t i = 0; i < sizeof outer / sizeof *outer; i++)
+        if (strcmp(name, outer[i]) == 0)
             return true;
     return false;
 }

@@ -21,7 +21,8 @@
  * two cores in bf16, so the default run (write, load, warm-up and one timed forward per
  * setting) takes about 10 s. Compute dtype: bf16 where the CPU has fast bf16 (else f32),
  * or --dtype. --mode eager (default), fuse or blocks (compiled repeated blocks). --quick:
- * hidden 256 (4 heads), 64 + 16 tokens.
+ * hidden 256 (4 heads), 64 + 16 tokens. --profile: rank 0's kernel time per op kind in
+ * both settings, side by side.
  *
  * The random bf16 checkpoint (embedders and the blocks, about 1 GB at full width with the
  * default depth) is streamed into a temporary folder and removed afterwards.
@@ -403,6 +404,8 @@ typedef struct rank_job {
     double reduce_ms; /* in all-reduce kernels, over the timed forwards */
     double timed_ms;  /* wall time of the timed forwards */
     int64_t weight_bytes;
+    df_profile_entry prof[32]; /* kernel time per op over the timed forwards */
+    int n_prof;
     int bad;
 } rank_job;
 
@@ -456,6 +459,8 @@ static void *rank_main(void *arg)
     for (int k = 0; k < n; k++)
         if (strcmp(e[k].op, "all_reduce") == 0)
             j->reduce_ms = e[k].ms;
+    j->n_prof = n < 32 ? n : 32;
+    memcpy(j->prof, e, (size_t)j->n_prof * sizeof *e);
     df_flux_free(m);
     df_flux2_free(m2);
     df_ctx_free(ctx);
@@ -578,6 +583,17 @@ int bench_tp(const bench_opts *o)
              ",\"all_reduce_ms\":%.2f,\"all_reduce_share\":%.4f,\"vs_1x2\":%.3f",
              two[0].weight_bytes, two[0].reduce_ms, share, ratio);
     bench_report(o, "tp", shape, 1, dt, mode, two[0].best * 1e3, gflop / two[0].best, 0, 0, extra);
+    if (o->profile && !o->json) { /* rank 0's kernel time per op, over the timed forwards */
+        printf("tp: kernel ms per forward    1 x 2    2 x 1 (rank 0)\n");
+        for (int k = 0; k < two[0].n_prof; k++) {
+            double ms1 = 0;
+            for (int q = 0; q < one[0].n_prof; q++)
+                if (strcmp(one[0].prof[q].op, two[0].prof[k].op) == 0)
+                    ms1 = one[0].prof[q].ms / st.repeats;
+            printf("tp:   %-22s %8.1f %8.1f\n", two[0].prof[k].op, ms1,
+                   two[0].prof[k].ms / st.repeats);
+        }
+    }
     if (!o->json)
         printf("tp: 2 ranks x 1 thread take %.2fx the time of 1 process x 2 threads (goal <= "
                "1.10); %.1f%% of the 2 x 1 step is in all-reduce (%.1f of %.1f ms on rank 0)\n",

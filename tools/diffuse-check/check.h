@@ -31,6 +31,7 @@ typedef struct check_case {
     double tol_scale;        /* tolerance multiplier (1; bf16 compute uses its own rule) */
     int verbose;
     FILE *stats_json;        /* --stats-json target or NULL */
+    df_comm *comm;           /* --tp: the ranks the pipeline is split over; NULL without */
 } check_case;
 
 /* With --dtype bf16 every float output must be within this relative L2 error. */
@@ -80,6 +81,21 @@ void check_write_stats(const check_case *c, df_ctx *ctx);
 
 /* Prints "case: reason" for a case that cannot run, and returns 1. */
 int check_fail(const check_case *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The reason the last check_fail printed ("" before any). */
+const char *check_last_failure(void);
+
+/* --tp N (tp.c): one process per rank under mpirun; rank 0 compares and reports. */
+typedef struct check_tp {
+    df_comm *comm; /* NULL without --tp */
+    int rank, size;
+} check_tp;
+/* Checks --tp against the launch and initialises MPI (tp <= 1: nothing). Returns 0, or the
+ * exit status after printing why (2: usage). Ranks other than 0 send stdout to /dev/null. */
+int check_tp_start(int tp, check_tp *out);
+/* A point every rank reaches: returns 1 on every rank when rc is non-zero on any (rank 0
+ * prints the other ranks' failures), else 0. rc itself without --tp. */
+int check_tp_agree(const check_case *c, int rc);
+void check_tp_end(check_tp *t);
 
 /* The handlers, one per kind, each in its own file (kind_<kind>.c). */
 int check_kind_model_forward(check_case *c);

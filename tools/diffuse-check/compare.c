@@ -15,16 +15,22 @@
 
 #include "check.h"
 
+static char last_failure[2048];
+
 int check_fail(const check_case *c, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    printf("%s: ", c && c->name ? c->name : "?");
-    vprintf(fmt, ap);
-    printf("\n");
+    vsnprintf(last_failure, sizeof last_failure, fmt, ap);
     va_end(ap);
+    printf("%s: %s\n", c && c->name ? c->name : "?", last_failure);
     fflush(stdout);
     return 1;
+}
+
+const char *check_last_failure(void)
+{
+    return last_failure;
 }
 
 /* Reads `name` converted to `as` (elem bytes each) into a malloc'd buffer. */

@@ -3,7 +3,8 @@
  * prompt strings (t2i-*), with given latents or a seeded generator. Prompts and negative
  * prompts are a string or a list (one negative per prompt); the generator is one
  * {"device": "cpu", "seed": s} or a list of them (one per image). Outputs: the final
- * latents, the float image in [0, 1] (NHWC) and the uint8 image.
+ * latents, the float image in [0, 1] (NHWC) and the uint8 image. With --tp (tp.c) the
+ * pipeline is split over the ranks and rank 0 compares.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,6 +195,7 @@ int check_kind_pipeline(check_case *c)
     }
     g.latents = latents;
     rc |= unsupported_args(c, sd3);
+    rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
     df_pipeline *p = NULL;
     df_gen_output out = {0};
@@ -205,14 +207,15 @@ int check_kind_pipeline(check_case *c)
                                        &(df_load_opts){.device = c->device, .threads = c->threads,
                                                        .dtype = c->compute, .mode = mode,
                                                        .compile = compile,
-                                                       .compile_blocks = blocks},
+                                                       .compile_blocks = blocks,
+                                                       .comm = c->comm},
                                        &p);
         if (s == DF_OK)
             s = df_pipeline_run(p, &g, &out);
         if (s != DF_OK)
             rc = check_fail(c, "%s", df_error_message());
     }
-    if (rc == 0) {
+    if (rc == 0 && (!c->comm || df_comm_rank(c->comm) == 0)) { /* --tp: rank 0 has the images */
         int64_t n_lat = 1;
         for (int d = 0; d < out.latents_ndim; d++)
             n_lat *= out.latents_shape[d];

@@ -3,13 +3,15 @@
  *
  *   diffuse-check [--mode eager|fuse|compile|blocks] [--device NAME] [--dtype f32|bf16|int8]
  *                 [--threads N] [--stats-json FILE] [-v] CASE_DIR...
+ *   mpirun -np N diffuse-check --tp N [options] CASE_DIR...
  *
  * For each folder: case.json is parsed, case.safetensors opened, "dir" resolved against the
  * case folder, and the handler of the case's "kind" runs it (check.h). A case that cannot be
  * loaded, has an unknown kind, or whose handler reports a failure is a FAIL. One summary
  * line per case, then the exit status: 0 when every case passed, 1 otherwise, 2 for a usage
  * error. The options are stored in check_case for the handlers; --stats-json opens the file
- * the handlers append their counters to (one JSON object per line).
+ * the handlers append their counters to (one JSON object per line). --tp splits pipeline cases
+ * over the ranks of an mpirun launch (tp.c).
  */
 #include <limits.h>
 #include <stdio.h>
@@ -37,8 +39,9 @@ static const kind_entry kinds[] = {
 typedef struct options {
     const char *mode, *device;
     df_dtype compute;
-    int threads, verbose;
+    int threads, verbose, tp;
     FILE *stats;
+    df_comm *comm;
 } options;
 
 static void usage(FILE *f)
@@ -49,6 +52,8 @@ static void usage(FILE *f)
                "  --dtype f32|bf16|int8             compute dtype (default f32)\n"
                "  --threads N                       compute threads (default: all)\n"
                "  --stats-json FILE                 write the run's counters as JSON lines\n"
+               "  --tp N                            split pipeline cases over N ranks, started as\n"
+               "                                    mpirun -np N diffuse-check --tp N ...\n"
                "  -v                                more detail on failures\n");
 }
 
@@ -125,19 +130,27 @@ static int run_case(const options *o, const char *dir)
         .tol_scale = 1.0,
         .verbose = o->verbose,
         .stats_json = o->stats,
+        .comm = o->comm,
     };
     df_json *root = NULL;
     double t0 = now();
     int rc = load_case(&c, dir, model_dir, sizeof model_dir, &root);
+    if (rc == 0 && c.comm && strcmp(c.kind, "pipeline") != 0)
+        rc = check_fail(&c, "--tp splits pipeline cases only, not kind '%s'", c.kind);
+    rc = check_tp_agree(&c, rc);
     if (rc == 0) {
         const kind_entry *k = NULL;
         for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
             if (strcmp(kinds[i].kind, c.kind) == 0)
                 k = &kinds[i];
         rc = k ? (k->run(&c) != 0) : check_fail(&c, "unknown kind '%s'", c.kind);
+        rc = check_tp_agree(&c, rc);
     }
-    printf("%s %s (%s, %s, %s, %s) %.2f s\n", rc ? "FAIL" : "PASS", c.name,
-           c.kind ? c.kind : "?", c.mode, c.device, df_dtype_name(c.compute), now() - t0);
+    char tp[32] = "";
+    if (c.comm)
+        snprintf(tp, sizeof tp, ", tp %d", df_comm_size(c.comm));
+    printf("%s %s (%s, %s, %s, %s%s) %.2f s\n", rc ? "FAIL" : "PASS", c.name,
+           c.kind ? c.kind : "?", c.mode, c.device, df_dtype_name(c.compute), tp, now() - t0);
     fflush(stdout);
     if (o->stats)
         fflush(o->stats); /* keep what was measured even if a later case crashes */
@@ -194,6 +207,15 @@ static int parse_args(int argc, char **argv, options *o)
                 return -1;
             }
             o->threads = (int)n;
+        } else if (strcmp(a, "--tp") == 0) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || end == v || n < 1 || n > 64) {
+                fprintf(stderr, "diffuse-check: --tp needs a rank count (1 to 64), not '%s'\n",
+                        v);
+                return -1;
+            }
+            o->tp = (int)n;
         } else if (strcmp(a, "--stats-json") == 0) {
             if (o->stats)
                 fclose(o->stats);
@@ -222,11 +244,20 @@ int main(int argc, char **argv)
             fclose(o.stats);
         return 2;
     }
+    check_tp tp;
+    int rc = check_tp_start(o.tp, &tp);
+    if (rc) {
+        if (o.stats)
+            fclose(o.stats);
+        return rc;
+    }
+    o.comm = tp.comm;
     int failed = 0, total = 0;
     for (int i = first; i < argc; i++, total++)
         failed += run_case(&o, argv[i]);
     if (total > 1)
         printf("%d of %d cases passed\n", total - failed, total);
+    check_tp_end(&tp);
     if (o.stats && fclose(o.stats) != 0) {
         fprintf(stderr, "diffuse-check: writing the stats file failed\n");
         return 1;
