@@ -37,7 +37,7 @@ typedef struct check_case {
 #define CHECK_BF16_REL_L2 2e-2
 /* With --dtype int8, the bound for each kind of case (check_int8_rel_l2). */
 #define CHECK_INT8_REL_L2_MODEL 3e-2    /* worst measured 1.59e-2 (sd3-transformer) */
-#define CHECK_INT8_REL_L2_TEXT 5e-2     /* worst measured 2.41e-2 (te-t5, masked) */
+#define CHECK_INT8_REL_L2_TEXT 5e-2     /* worst measured 3.22e-2 (te-mistral) */
 #define CHECK_INT8_REL_L2_PIPELINE 3.5e-2 /* worst measured 1.65e-2 (t2i-sd3 latents) */
 double check_int8_rel_l2(const check_case *c);
 
