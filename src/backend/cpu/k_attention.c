@@ -390,7 +390,7 @@ DF_CPU_KERNEL(attention)
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }
     df_attn_i8_k k8;
-    bool i8 = df_attn_i8_wanted((int)n->a.i[1]);
+    bool i8 = df_attn_i8_wanted((int)n->a.i[1], a.D);
     if (i8)
         a.bf16 = df_gemm_compute_dtype(DF_DTYPE_BF16) == DF_DTYPE_BF16; /* for P V */
     a.q_direct = in_place(q, a.bf16);

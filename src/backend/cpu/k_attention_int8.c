@@ -36,9 +36,9 @@ static size_t round64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-bool df_attn_i8_wanted(int requested)
+bool df_attn_i8_wanted(int requested, int64_t D)
 {
-    if (requested != DF_DTYPE_I8)
+    if (requested != DF_DTYPE_I8 || D < 1 || D > DF_ATTN_I8_MAX_D)
         return false;
     const char *env = getenv("DIFFUSE_INT8_ATTENTION");
     return !(env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0));
@@ -101,7 +101,7 @@ void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem)
     for (int64_t bh = 0; bh < B * H; bh++) {
         int64_t b = bh / H, h = bh % H;
         float *mean = k8->mean + bh * D;
-        float row[Dp]; /* D is a head dimension: small */
+        float row[Dp]; /* D <= DF_ATTN_I8_MAX_D */
         int8_t qr[Dp];
         double sum[Dp];
         memset(sum, 0, sizeof sum);

@@ -33,9 +33,11 @@ typedef struct df_attn_i8_k {
     bool vnni;       /* the AVX512-VNNI micro-kernel, else the portable one (same results) */
 } df_attn_i8_k;
 
-/* Whether attention under `requested` compute takes its scores in int8: int8 compute, unless
- * DIFFUSE_INT8_ATTENTION=0. */
-bool df_attn_i8_wanted(int requested);
+#define DF_ATTN_I8_MAX_D 1024 /* head dimensions past this keep the f32 scores */
+
+/* Whether attention under `requested` compute with head dimension D takes its scores in
+ * int8: int8 compute and 1 <= D <= DF_ATTN_I8_MAX_D, unless DIFFUSE_INT8_ATTENTION=0. */
+bool df_attn_i8_wanted(int requested, int64_t D);
 
 /* Bytes of scratch for K's int8 form (a multiple of 64). */
 size_t df_attn_i8_k_bytes(int64_t B, int64_t H, int64_t Sk, int64_t D);
