@@ -5,3 +5,33 @@ if(TARGET test_int8_pipeline)
   set_tests_properties(unit/test_int8_pipeline PROPERTIES FIXTURES_REQUIRED tiny_flux
                        TIMEOUT 600)
 endif()
+
+# FLUX.2 under int8 compute: the golden cases within the int8 bound of their kind
+# (diffuse-check's check_int8_rel_l2) in every mode. te-mistral runs the decoder language
+# model that FLUX.2-klein's Qwen3 encoder shares (models/decoder_lm.c).
+if(EXISTS ${DF_GOLDEN_DIR})
+  foreach(mode eager fuse compile blocks)
+    foreach(case flux2-transformer flux2-klein-transformer te-mistral pipe-flux2
+            pipe-flux2-klein)
+      if(mode STREQUAL "blocks" AND case STREQUAL "te-mistral")
+        continue() # no repeated blocks to compile in a text encoder case
+      endif()
+      add_test(NAME golden/int8-${mode}/${case}
+               COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2
+                       ${DF_GOLDEN_DIR}/${case})
+      set_tests_properties(golden/int8-${mode}/${case} PROPERTIES TIMEOUT 600)
+    endforeach()
+  endforeach()
+endif()
+
+# FLUX.2 from prompts under int8 compute (the Mistral and Qwen3 encoders' linears quantized
+# too): a folder saved by `diffuse quantize` gives quantize-on-load's image bit for bit. The
+# saved copy has the same folder name, so the PNGs' parameter text is the same as well.
+foreach(arch flux2 flux2-klein)
+  add_test(NAME cli/int8_quantize_${arch}
+           COMMAND sh -c "rm -rf \"$2\" && mkdir -p \"$2\" && \"$0\" quantize -m \"$1\" -o \"$2/$3\" >/dev/null && \"$0\" generate -m \"$1\" -p fox -W 32 -H 32 --steps 2 --dtype int8 -o \"$2/load.png\" >/dev/null && \"$0\" generate -m \"$2/$3\" -p fox -W 32 -H 32 --steps 2 --dtype int8 -o \"$2/saved.png\" >/dev/null && cmp \"$2/load.png\" \"$2/saved.png\" || { echo saved int8 folder differs; exit 1; }"
+                   $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/tiny-${arch}
+                   ${CMAKE_BINARY_DIR}/test-tmp/int8-saved-${arch} tiny-${arch})
+  set_tests_properties(cli/int8_quantize_${arch} PROPERTIES FIXTURES_REQUIRED tiny_flux2
+                       TIMEOUT 300)
+endforeach()

@@ -133,20 +133,26 @@ static void test_saved_quantized_round_trip(void **state)
     assert_true(i8 > 0);
     assert_int_equal(i8, scales);
 
-    static df_gen_output on_load, saved, saved_f32;
+    static df_gen_output on_load, saved, saved_f32, f32_attention;
     generate(DF_DTYPE_I8, DF_OFFLOAD_NONE, &on_load);
     generate_from(out, DF_DTYPE_I8, DF_OFFLOAD_NONE, &saved);
     generate_from(out, DF_DTYPE_F32, DF_OFFLOAD_MODEL, &saved_f32); /* I8 weights: int8 anyway */
+    /* f32 compute keeps f32 attention: int8 compute with its int8 scores switched off */
+    setenv("DIFFUSE_INT8_ATTENTION", "0", 1);
+    generate(DF_DTYPE_I8, DF_OFFLOAD_NONE, &f32_attention);
+    unsetenv("DIFFUSE_INT8_ATTENTION");
     size_t bytes = (size_t)on_load.width * (size_t)on_load.height * 3;
     assert_memory_equal(on_load.images[0]->pixels, saved.images[0]->pixels, bytes);
     assert_memory_equal(on_load.latents, saved.latents,
                         (size_t)on_load.latents_shape[1] * (size_t)on_load.latents_shape[2] * 4);
-    assert_memory_equal(on_load.images[0]->pixels, saved_f32.images[0]->pixels, bytes);
+    assert_memory_equal(f32_attention.images[0]->pixels, saved_f32.images[0]->pixels, bytes);
+    assert_true(psnr(on_load.images[0], saved_f32.images[0], bytes) > 40.0);
     /* model offload reports the 8-bit bytes as resident for both */
     assert_true(saved_f32.phases[1].peak_resident_weight_bytes > 0);
     df_gen_output_free(&on_load);
     df_gen_output_free(&saved);
     df_gen_output_free(&saved_f32);
+    df_gen_output_free(&f32_attention);
     /* a bad group is refused, naming it */
     assert_int_equal(df_quantize_model(model_dir, out, 7), DF_E_ARG);
 }

@@ -1,7 +1,8 @@
 /*
  * Workload "attention": df_attention as the FLUX transformer calls it, 24 heads of 128 on
- * 4608 tokens (a 1024x1024 image plus 512 text tokens) and on 1536, in f32 and bf16
- * compute, on 1 and 2 threads. q, k and v are [B, S, H*D] projections viewed as
+ * 4608 tokens (a 1024x1024 image plus 512 text tokens) and on 1536, in f32, bf16 and int8
+ * compute (int8: Q K^T in int8, P V in bf16; DIFFUSE_INT8_ATTENTION=0 gives int8 compute's
+ * f32 attention), on 1 and 2 threads. q, k and v are [B, S, H*D] projections viewed as
  * [B, H, S, D] (a reshape and a permute, so the kernel reads strided rows), no mask.
  *
  * GFLOP/s count the two products, 4 B H Sq Sk D (the softmax is not counted), and are set
@@ -99,7 +100,7 @@ static int attention_config(const bench_opts *o, df_dtype compute, int threads, 
 
 int bench_attention(const bench_opts *o)
 {
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     int threads[2] = {o->threads, 0}, nt = 1;
     if (o->threads == 0) {
         threads[0] = 1;
@@ -108,7 +109,7 @@ int bench_attention(const bench_opts *o)
     }
     const char *mode = o->mode ? o->mode : "eager";
     int failures = 0;
-    for (int di = 0; di < 2; di++) {
+    for (int di = 0; di < 3; di++) {
         if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
             continue;
         for (int ti = 0; ti < nt; ti++)

@@ -570,7 +570,7 @@ typedef struct mode_bench {
     mode_run r;
     df_scope mark;
     df_flux_inputs in;
-    double first, times[64];
+    double first, times[64], median; /* median: set by mode_report */
     df_stats st0;
     int bad;
 } mode_bench;
@@ -618,6 +618,7 @@ static void mode_report(const bench_opts *o, const run_cfg *rc, int k, mode_benc
     qsort(b->times, (size_t)repeats, sizeof *b->times, cmp_double);
     double sec = repeats % 2 ? b->times[repeats / 2]
                              : 0.5 * (b->times[repeats / 2 - 1] + b->times[repeats / 2]);
+    b->median = sec;
     char shape[96], extra[400];
     snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
              rc->tokens[k][1], rc->n_double, rc->n_single);
@@ -655,27 +656,45 @@ static void mode_teardown(mode_bench *b)
     df_ctx_free(b->ctx);
 }
 
-/* Every selected mode at token setting k. The timed steps take turns, one step of each mode
- * per round, so that a slow spell of the shared machine falls on all modes alike. */
+/* Every selected (dtype, mode) at token setting k. The timed steps take turns, one step of
+ * each per round, so that a slow spell of the shared machine falls on all of them alike and
+ * the ratios between dtypes and modes are from the same moments. */
 static int measure_modes(const bench_opts *o, const run_cfg *rc, const char *dir, int k,
-                         const char *const *modes, int n_modes)
+                         const df_dtype *dtypes, int n_dtypes, const char *const *modes,
+                         int n_modes)
 {
-    mode_bench b[4] = {{0}};
-    int failures = 0;
-    for (int mi = 0; mi < n_modes; mi++) {
-        b[mi].mode = modes[mi];
-        failures += mode_setup(o, rc, dir, k, &b[mi]);
-    }
+    mode_bench b[12] = {{0}};
+    run_cfg cfg[12];
+    int n = 0, failures = 0;
+    for (int di = 0; di < n_dtypes; di++)
+        for (int mi = 0; mi < n_modes; mi++, n++) {
+            cfg[n] = *rc;
+            cfg[n].dtype = dtypes[di];
+            b[n].mode = modes[mi];
+            failures += mode_setup(o, &cfg[n], dir, k, &b[n]);
+        }
     for (int i = 0; i < rc->repeats; i++)
-        for (int mi = 0; mi < n_modes; mi++)
-            if (!b[mi].bad)
-                failures += b[mi].bad =
-                    forward_once(b[mi].ctx, &b[mi].r, &b[mi].in, &b[mi].times[i]);
-    for (int mi = 0; mi < n_modes; mi++) {
-        if (!b[mi].bad)
-            mode_report(o, rc, k, &b[mi]);
-        mode_teardown(&b[mi]);
+        for (int j = 0; j < n; j++)
+            if (!b[j].bad)
+                failures += b[j].bad = forward_once(b[j].ctx, &b[j].r, &b[j].in, &b[j].times[i]);
+    /* the best mode of each dtype, and its speed-up over f32's best */
+    double best[3] = {0};
+    for (int j = 0; j < n; j++) {
+        if (!b[j].bad) {
+            mode_report(o, &cfg[j], k, &b[j]);
+            int di = j / n_modes;
+            if (!best[di] || b[j].median < best[di])
+                best[di] = b[j].median;
+        }
+        mode_teardown(&b[j]);
     }
+    if (!o->json && n_dtypes > 1 && dtypes[0] == DF_DTYPE_F32 && best[0] > 0)
+        for (int di = 1; di < n_dtypes; di++)
+            if (best[di] > 0)
+                printf("  %" PRId64 "+%" PRId64 ": best %s step %.1f ms, %.2fx f32's best "
+                       "(%.1f ms)\n",
+                       rc->tokens[k][0], rc->tokens[k][1], df_dtype_name(dtypes[di]),
+                       best[di] * 1e3, best[0] / best[di], best[0] * 1e3);
     return failures;
 }
 
@@ -727,19 +746,17 @@ int bench_modes(const bench_opts *o)
     }
     static const char *const modes[4] = {"eager", "fuse", "compile", "blocks"};
     static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
-    int failures = 0;
-    for (int di = 0; di < 3; di++) {
-        if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
-            continue;
-        rc.dtype = dtypes[di];
-        const char *chosen[4];
-        int n_chosen = 0;
-        for (int mi = 0; mi < 4; mi++)
-            if (!o->mode || mode_listed(o->mode, modes[mi]))
-                chosen[n_chosen++] = modes[mi];
-        for (int k = 0; k < rc.n_tokens; k++)
-            failures += measure_modes(o, &rc, dir, k, chosen, n_chosen);
-    }
+    df_dtype chosen_dtypes[3];
+    const char *chosen[4];
+    int n_dtypes = 0, n_chosen = 0, failures = 0;
+    for (int di = 0; di < 3; di++)
+        if (!o->dtype || strcmp(o->dtype, df_dtype_name(dtypes[di])) == 0)
+            chosen_dtypes[n_dtypes++] = dtypes[di];
+    for (int mi = 0; mi < 4; mi++)
+        if (!o->mode || mode_listed(o->mode, modes[mi]))
+            chosen[n_chosen++] = modes[mi];
+    for (int k = 0; k < rc.n_tokens; k++)
+        failures += measure_modes(o, &rc, dir, k, chosen_dtypes, n_dtypes, chosen, n_chosen);
     remove_model(dir);
     rmdir(root);
     return failures ? 1 : 0;

@@ -20,6 +20,9 @@
  * copies and each task converts its Q rows; P is converted to bf16 (accumulation, the
  * softmax and the output stay f32). Other dtypes or overlapping rows go through copies.
  *
+ * Under int8 compute the scores come from k_attention_int8.c (Q and smoothed K in int8) and
+ * P V runs in bf16 where the CPU has it.
+ *
  * Rows whose every key is masked (all -inf) come out as zeros. The exp, max and scaling
  * loops use AVX-512 where the CPU has it (checked at run time), plain C elsewhere. The
  * output is [B, Sq, H, Dv], dense or with the strides of its view.
@@ -31,6 +34,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/k_attention_int8.h"
 #include "core/status.h"
 
 #define BQ 128 /* query rows per task */
@@ -51,6 +55,7 @@ typedef struct attn {
     int64_t os[3];                                    /* its strides of b, i, h */
     const df_gemm_plan *s_plan[2][2], *pv_plan[2][2]; /* [query tail?][key tail?] */
     size_t gemm_scratch;                              /* the most any plan needs per thread */
+    const df_attn_i8_k *i8;                           /* int8 scores, or NULL */
 } attn;
 
 typedef struct task_buf {
@@ -238,7 +243,9 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
     size_t qes = a->bf16 ? 2 : 4;
 
     const void *qa = t->q;
-    if (a->q_direct) {
+    if (a->i8) {
+        df_attn_i8_q_load(a->i8, a->q, b, h, i0, mq, t->q);
+    } else if (a->q_direct) {
         qa = row_of(a->q, b, h, i0);
     } else {
         for (int64_t r = 0; r < mq; r++) {
@@ -260,7 +267,10 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
         int ksel = nk != a->bk;
         const char *kp = (const char *)a->kd + (b * a->ks[0] + h * a->ks[1] + j0 * a->ks[2]) * qes;
         const char *vp = (const char *)a->vd + (b * a->vs[0] + h * a->vs[1] + j0 * a->vs[2]) * qes;
-        DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
+        if (a->i8)
+            df_attn_i8_scores(a->i8, t->q, b, h, mq, j0, nk, t->s, a->bk);
+        else
+            DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
         softmax_block(a, t, b, h, i0, mq, j0, nk);
         const void *p = a->bf16 ? (const void *)t->p : (const void *)t->s;
         DF_TRY(df_gemm_plan_run(a->pv_plan[qsel][ksel], p, vp, NULL, t->o, t->gemm));
@@ -379,6 +389,10 @@ DF_CPU_KERNEL(attention)
         a.mask = df_view_ptr(&n->in[3]);
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }
+    df_attn_i8_k k8;
+    bool i8 = df_attn_i8_wanted((int)n->a.i[1], a.D);
+    if (i8)
+        a.bf16 = df_gemm_compute_dtype(DF_DTYPE_BF16) == DF_DTYPE_BF16; /* for P V */
     a.q_direct = in_place(q, a.bf16);
     bool k_direct = in_place(k, a.bf16), v_direct = in_place(v, a.bf16);
     size_t es = a.bf16 ? 2 : 4;
@@ -398,11 +412,15 @@ DF_CPU_KERNEL(attention)
 
     /* Scratch: K and V copies (when needed), then one task_buf per thread. */
     size_t kbytes = k_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.D) * es);
+    if (i8)
+        kbytes = df_attn_i8_k_bytes(a.B, a.H, a.Sk, a.D);
     size_t vbytes = v_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.Dv) * es);
     size_t s_b = round64((size_t)(a.bq * a.bk) * sizeof(float));
     size_t p_b = a.bf16 ? round64((size_t)(a.bq * a.bk) * 2) : 0;
     size_t o_b = round64((size_t)(a.bq * a.Dv) * sizeof(float));
     size_t q_b = a.q_direct ? 0 : round64((size_t)(a.bq * a.D) * es);
+    if (i8)
+        q_b = df_attn_i8_q_bytes(a.bq, a.D);
     size_t ml_b = round64((size_t)a.bq * sizeof(float));
     size_t row_b = round64((size_t)(a.D > a.Dv ? a.D : a.Dv) * sizeof(float));
     size_t g_b = round64(a.gemm_scratch);
@@ -413,8 +431,12 @@ DF_CPU_KERNEL(attention)
         return df_errorf(DF_E_OOM, "attention: out of memory for %zu bytes of scratch", total);
     a.kd = k_direct ? df_view_ptr(k) : scratch;
     a.vd = v_direct ? df_view_ptr(v) : scratch + kbytes;
-    if (!k_direct)
+    if (i8) {
+        df_attn_i8_k_prepare(&k8, k, scratch);
+        a.i8 = &k8;
+    } else if (!k_direct) {
         dense_copy(k, a.bf16, scratch);
+    }
     if (!v_direct)
         dense_copy(v, a.bf16, scratch + kbytes);
 

@@ -1,0 +1,245 @@
+/*
+ * The scores Q K^T of attention in 8-bit integers (SageAttention-style), for k_attention.c
+ * under int8 compute.
+ *
+ * - K is smoothed: the mean key of each (batch, head) is subtracted from every key. That
+ *   changes all the scores of a query row by the same amount (q . mean), so not its softmax,
+ *   and it removes the offset that keys of a DiT share, which would otherwise take most of
+ *   the int8 range.
+ * - Smoothed K and Q are quantized symmetrically per row (per key, per query): q = round(x *
+ *   127 / max|x|), scale max|x| / 127. A score is the exact int32 dot product, converted
+ *   once, times the key's scale and then the query's: ((float)acc * s_k) * s_q.
+ * - The product is vpdpbusd (u8 x s8): Q is stored +128 as u8 and each key's accumulator
+ *   starts at -128 x its quantized sum, which cancels the shift exactly. K is packed per
+ *   block of 32 keys as quads of 4 d (the layout of gemm_int8's weights), so one 64-byte
+ *   load feeds 16 keys; the AVX512-VNNI micro-kernel takes 8 queries x 32 keys at a time.
+ *   The portable kernel computes the same integers and the same f32 operations in the same
+ *   order, so the two agree bit for bit. The path follows gemm_int8's dispatch
+ *   (DIFFUSE_INT8_PATH=portable forces the portable one here too); CPUs with AVX-VNNI only
+ *   take the portable kernel.
+ * Softmax and P V stay in k_attention.c (f32 softmax; P V in bf16 where the CPU has it).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/gemm_int8.h"
+#include "backend/cpu/k_attention_int8.h"
+
+#define NR DF_ATTN_I8_NR
+#define MR 8 /* queries per micro-tile */
+
+static size_t round64(size_t n)
+{
+    return (n + 63) & ~(size_t)63;
+}
+
+bool df_attn_i8_wanted(int requested, int64_t D)
+{
+    if (requested != DF_DTYPE_I8 || D < 1 || D > DF_ATTN_I8_MAX_D)
+        return false;
+    const char *env = getenv("DIFFUSE_INT8_ATTENTION");
+    return !(env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0));
+}
+
+static int64_t padded_d(int64_t D)
+{
+    return (D + 3) / 4 * 4;
+}
+
+size_t df_attn_i8_k_bytes(int64_t B, int64_t H, int64_t Sk, int64_t D)
+{
+    int64_t bh = B * H, keys = (Sk + NR - 1) / NR * NR;
+    return round64((size_t)(bh * keys * padded_d(D))) + 2 * round64((size_t)(bh * keys) * 4) +
+           round64((size_t)(bh * D) * sizeof(float));
+}
+
+/* Element (b, h, s, 0) of a [B, H, S, n] view, and its values as f32 into dst. */
+static void load_row(const df_view *t, int64_t b, int64_t h, int64_t s, float *dst)
+{
+    int64_t n = t->shape[3], off = b * t->stride[0] + h * t->stride[1] + s * t->stride[2];
+    if (t->dtype == DF_DTYPE_F32) {
+        memcpy(dst, (const float *)df_view_ptr(t) + off, (size_t)n * sizeof *dst);
+        return;
+    }
+    for (int64_t j = 0; j < n; j++)
+        dst[j] = df_load_f32(df_view_ptr(t), t->dtype, off + j);
+}
+
+/* Quantizes x[0..n) symmetrically; returns the scale (0 for an all-zero row). */
+static float quantize_row(const float *x, int64_t n, int8_t *q)
+{
+    float mx = 0;
+    for (int64_t j = 0; j < n; j++)
+        mx = fabsf(x[j]) > mx ? fabsf(x[j]) : mx;
+    float inv = mx > 0 ? 127.0f / mx : 0.0f;
+    for (int64_t j = 0; j < n; j++)
+        q[j] = (int8_t)lrintf(x[j] * inv);
+    return mx / 127.0f;
+}
+
+void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem)
+{
+    int64_t B = k->shape[0], H = k->shape[1], Sk = k->shape[2], D = k->shape[3];
+    int64_t Dp = padded_d(D), n_blk = (Sk + NR - 1) / NR, keys = n_blk * NR;
+    char *p = mem;
+    *k8 = (df_attn_i8_k){.B = B, .H = H, .Sk = Sk, .D = D, .Dp = Dp, .n_blk = n_blk};
+    k8->q = (int8_t *)p;
+    p += round64((size_t)(B * H * keys * Dp));
+    k8->scale = (float *)p;
+    p += round64((size_t)(B * H * keys) * 4);
+    k8->corr = (int32_t *)p;
+    p += round64((size_t)(B * H * keys) * 4);
+    k8->mean = (float *)p;
+    df_i8_path path = df_i8_path_best();
+    k8->vnni = path != DF_I8_PATH_PORTABLE && path != DF_I8_PATH_AVX_VNNI &&
+               df_i8_path_available(DF_I8_PATH_AVX512_VNNI);
+
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H;
+        float *mean = k8->mean + bh * D;
+        float row[Dp]; /* D <= DF_ATTN_I8_MAX_D */
+        int8_t qr[Dp];
+        double sum[Dp];
+        memset(sum, 0, sizeof sum);
+        for (int64_t s = 0; s < Sk; s++) {
+            load_row(k, b, h, s, row);
+            for (int64_t d = 0; d < D; d++)
+                sum[d] += row[d];
+        }
+        for (int64_t d = 0; d < D; d++)
+            mean[d] = Sk > 0 ? (float)(sum[d] / (double)Sk) : 0.0f;
+        int8_t *kq = k8->q + bh * keys * Dp;
+        memset(kq, 0, (size_t)(keys * Dp));
+        for (int64_t s = 0; s < keys; s++) {
+            float sc = 0;
+            int32_t total = 0;
+            if (s < Sk) {
+                load_row(k, b, h, s, row);
+                for (int64_t d = 0; d < D; d++)
+                    row[d] -= mean[d];
+                sc = quantize_row(row, D, qr);
+                for (int64_t d = 0; d < D; d++) {
+                    total += qr[d];
+                    /* block s / NR, quad d / 4, key s % NR, byte d % 4 */
+                    kq[((s / NR * (Dp / 4) + d / 4) * NR + s % NR) * 4 + d % 4] = qr[d];
+                }
+            }
+            k8->scale[bh * keys + s] = sc;
+            k8->corr[bh * keys + s] = -128 * total;
+        }
+    }
+}
+
+size_t df_attn_i8_q_bytes(int64_t bq, int64_t D)
+{
+    return round64((size_t)(bq * padded_d(D)) + (size_t)bq * sizeof(float));
+}
+
+/* The quantized rows and their scales in a task's buffer of mq rows. */
+static float *q_scales(const df_attn_i8_k *k8, const void *qbuf, int64_t mq)
+{
+    return (float *)((char *)qbuf + mq * k8->Dp);
+}
+
+void df_attn_i8_q_load(const df_attn_i8_k *k8, const df_view *q, int64_t b, int64_t h,
+                       int64_t i0, int64_t mq, void *qbuf)
+{
+    int64_t D = k8->D, Dp = k8->Dp;
+    uint8_t *u = qbuf;
+    float *scales = q_scales(k8, qbuf, mq);
+    float row[Dp];
+    int8_t qr[Dp];
+    for (int64_t r = 0; r < mq; r++) {
+        load_row(q, b, h, i0 + r, row);
+        scales[r] = quantize_row(row, D, qr);
+        for (int64_t d = 0; d < Dp; d++)
+            u[r * Dp + d] = (uint8_t)((d < D ? qr[d] : 0) + 128);
+    }
+}
+
+/* Portable: per (query, key) the int32 sum from the key's correction, then the scales. */
+static void scores_plain(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t bh,
+                         int64_t mq, int64_t j0, int64_t nk, float *s, int64_t lds)
+{
+    int64_t Dp = k8->Dp, keys = k8->n_blk * NR;
+    const float *ks = k8->scale + bh * keys;
+    const int32_t *kc = k8->corr + bh * keys;
+    for (int64_t r = 0; r < mq; r++)
+        for (int64_t j = j0; j < j0 + nk; j++) {
+            const int8_t *kb = k8->q + (bh * k8->n_blk + j / NR) * Dp * NR;
+            int32_t acc = kc[j];
+            for (int64_t d = 0; d < Dp; d++)
+                acc += (int32_t)u[r * Dp + d] * kb[((d / 4) * NR + j % NR) * 4 + d % 4];
+            s[r * lds + j - j0] = ((float)acc * ks[j]) * qs[r];
+        }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+static inline __mmask16 lanes(int64_t left)
+{
+    return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+scores_avx512vnni(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t bh,
+                  int64_t mq, int64_t j0, int64_t nk, float *s, int64_t lds)
+{
+    int64_t Dp = k8->Dp, quads = Dp / 4, keys = k8->n_blk * NR;
+    for (int64_t jb = 0; jb < nk; jb += NR) {
+        int64_t j = j0 + jb;
+        const int8_t *kb = k8->q + (bh * k8->n_blk + j / NR) * Dp * NR;
+        __m512i c0 = _mm512_loadu_si512(k8->corr + bh * keys + j);
+        __m512i c1 = _mm512_loadu_si512(k8->corr + bh * keys + j + 16);
+        __m512 s0 = _mm512_loadu_ps(k8->scale + bh * keys + j);
+        __m512 s1 = _mm512_loadu_ps(k8->scale + bh * keys + j + 16);
+        __mmask16 m0 = lanes(nk - jb), m1 = lanes(nk - jb - 16);
+        for (int64_t r0 = 0; r0 < mq; r0 += MR) {
+            const uint8_t *a[MR];
+            for (int r = 0; r < MR; r++)
+                a[r] = u + (r0 + r < mq ? r0 + r : r0) * Dp; /* past mq: computed, not kept */
+            __m512i acc[MR][2];
+#pragma GCC unroll 8
+            for (int r = 0; r < MR; r++)
+                acc[r][0] = c0, acc[r][1] = c1;
+            for (int64_t q = 0; q < quads; q++) {
+                __m512i b0 = _mm512_loadu_si512(kb + q * NR * 4);
+                __m512i b1 = _mm512_loadu_si512(kb + q * NR * 4 + 64);
+#pragma GCC unroll 8
+                for (int r = 0; r < MR; r++) {
+                    int32_t x;
+                    memcpy(&x, a[r] + q * 4, 4);
+                    __m512i v = _mm512_set1_epi32(x);
+                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v, b0);
+                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v, b1);
+                }
+            }
+            for (int r = 0; r < MR && r0 + r < mq; r++) {
+                __m512 sq = _mm512_set1_ps(qs[r0 + r]);
+                float *dst = s + (r0 + r) * lds + jb;
+                __m512 f0 = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][0]), s0), sq);
+                __m512 f1 = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r][1]), s1), sq);
+                _mm512_mask_storeu_ps(dst, m0, f0);
+                _mm512_mask_storeu_ps(dst + 16, m1, f1);
+            }
+        }
+    }
+}
+#endif
+
+void df_attn_i8_scores(const df_attn_i8_k *k8, const void *qbuf, int64_t b, int64_t h,
+                       int64_t mq, int64_t j0, int64_t nk, float *s, int64_t lds)
+{
+    int64_t bh = b * k8->H + h;
+    const float *qs = q_scales(k8, qbuf, mq);
+#if defined(__x86_64__) || defined(__i386__)
+    if (k8->vnni) {
+        scores_avx512vnni(k8, qbuf, qs, bh, mq, j0, nk, s, lds);
+        return;
+    }
+#endif
+    scores_plain(k8, qbuf, qs, bh, mq, j0, nk, s, lds);
+}
