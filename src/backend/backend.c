@@ -104,6 +104,11 @@ void df_device_close(df_device *dev)
     df_free(dev);
 }
 
+void df_buffer_release(df_device *dev, df_dev_buffer *buf, size_t bytes)
+{
+    df_buffer_cache_release(dev->cache, buf, bytes);
+}
+
 void df_device_mem_stats(df_device *dev, df_mem_stats *out)
 {
     df_buffer_cache_stats(dev->cache, out);

@@ -64,6 +64,7 @@ typedef struct df_storage {
                                part that the planner has its producer write in place):
                                held until this one is freed */
     df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
+    uint64_t ready_at;      /* a weight's upload on the copy stream ends there (residency.c) */
 } df_storage;
 
 /* A view of a storage, as the runtime keeps it. Strides and offset are in elements. */
@@ -124,6 +125,9 @@ void df_storage_release(df_storage *st);
 /* The host address of st's byte 0 where the host may address the device's memory, else
  * NULL (the runtime then copies). */
 void *df_storage_host_ptr(const df_storage *st);
+
+/* Hands a buffer of `bytes` from df_storage_materialize back to the device's allocator. */
+void df_buffer_release(df_device *dev, df_dev_buffer *buf, size_t bytes);
 
 /* Memory counters of a device's caching allocator. */
 typedef struct df_mem_stats {

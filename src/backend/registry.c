@@ -312,10 +312,3 @@ df_status df_dev_drop_cache(const df_device *d, df_dev_stream *s, df_dev_buffer 
 {
     return d->ops->buffer_drop_cache ? d->ops->buffer_drop_cache(s, b) : DF_OK;
 }
-
-#ifndef DF_HAVE_SIM
-const df_device_ops *df_backend_sim(void)
-{
-    return NULL;
-}
-#endif

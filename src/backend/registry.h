@@ -25,7 +25,7 @@ const df_device_ops *df_backend_at(int i);
 const df_host_api *df_host_services(void);
 
 const df_device_ops *df_backend_cpu(void);
-const df_device_ops *df_backend_sim(void); /* NULL in builds without it */
+const df_device_ops *df_backend_sim(void);
 
 /* ---- Wrappers: `d` is a df_device (graph.h). ------------------------------------------ */
 

@@ -626,6 +626,8 @@ df_status df_ws_release(df_weight_set *ws, const char *prefix)
         bound *b = &ws->tensors[i];
         if (matches(b, prefix) && b->t->v.st->buf)
             s = df_dev_drop_cache(ctx->dev, ctx->stream, b->t->v.st->buf);
+        if (s == DF_OK && matches(b, prefix))
+            s = df_residency_evict(ctx, b->t->v.st); /* a device copy of the file's bytes */
     }
     if (s == DF_OK)
         s = df_dev_callback(ctx->dev, ctx->stream, release_pages, j);
@@ -651,6 +653,9 @@ void df_ws_acquire(df_weight_set *ws, const char *prefix)
             continue;
         if (b->t->v.st->file_backed)
             advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
+        df_status s = df_residency_restore(ws->ctx, b->t->v.st); /* on the copy stream */
+        if (s != DF_OK)
+            df_ctx_fail(ws->ctx, s);
         if (!b->resident) {
             b->resident = true;
             df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->resident_bytes);

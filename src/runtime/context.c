@@ -77,6 +77,8 @@ void df_ctx_free(df_ctx *ctx)
         df_dev_sync(ctx->dev, ctx->stream);
         df_dev_stream_free(ctx->dev, ctx->stream);
     }
+    if (ctx->copy_stream)
+        df_dev_stream_free(ctx->dev, ctx->copy_stream);
     if (ctx->dev_comm)
         ctx->dev->ops->comm_free(ctx->dev_comm);
     df_storage_release(ctx->arena);
@@ -110,6 +112,10 @@ void df_ctx_reset_error(df_ctx *ctx)
 {
     df_dev_sync(ctx->dev, ctx->stream);
     df_dev_reset(ctx->dev, ctx->stream);
+    if (ctx->copy_stream) {
+        df_dev_sync(ctx->dev, ctx->copy_stream);
+        df_dev_reset(ctx->dev, ctx->copy_stream);
+    }
     ctx->status = DF_OK;
     ctx->status_msg[0] = '\0';
 }
@@ -172,6 +178,8 @@ df_status df_sync(df_ctx *ctx)
     if (s != DF_OK)
         return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
     s = df_dev_sync(ctx->dev, ctx->stream);
+    if (s == DF_OK && ctx->copy_stream)
+        s = df_dev_sync(ctx->dev, ctx->copy_stream);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
     return DF_OK;

@@ -155,6 +155,8 @@ static df_status all_reduce(df_ctx *ctx, const df_gnode *g, const df_node *n)
 df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
 {
     df_status s = df_storage_materialize(node->out.st);
+    for (int i = 0; s == DF_OK && i < node->n_in; i++)
+        s = df_residency_ready(ctx, node->in[i].st);
     if (s != DF_OK) {
         df_node_free(node);
         return s;

@@ -82,6 +82,17 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
         df_free(f);
         return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
     }
+    df_status s = DF_OK;
+    for (int k = 0; s == DF_OK && k < g->n_in; k++)
+        s = df_residency_ready(ctx, nodes[g->in[k].node]->in[g->in[k].slot].st);
+    for (int k = 0; s == DF_OK && g->head >= 0 && k < nodes[g->head]->n_in; k++)
+        s = df_residency_ready(ctx, nodes[g->head]->in[k].st);
+    if (s != DF_OK) {
+        df_free(o->nodes);
+        df_free(o);
+        df_free(f);
+        return s;
+    }
     df_gview_lower(&nodes[g->root]->out, &f->out);
     f->n_in = g->n_in;
     for (int k = 0; k < g->n_in; k++)
@@ -109,7 +120,7 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
     for (int i = 0; i <= g->root; i++)
         if (i == g->root || p->root_of[i] == g->root)
             o->nodes[o->n++] = nodes[i];
-    df_status s = df_launch_timed(ctx, DF_OP_COUNT, launch_fused, f);
+    s = df_launch_timed(ctx, DF_OP_COUNT, launch_fused, f);
     df_free(f);
     if (s == DF_OK)
         s = df_dev_callback(ctx->dev, ctx->stream, release_fused, o);

@@ -31,6 +31,8 @@ typedef struct df_executor {
 struct df_ctx {
     df_device *dev;
     df_dev_stream *stream;
+    df_dev_stream *copy_stream; /* weight uploads (residency.c); made when first needed */
+    uint64_t copy_waited;   /* the copy stream position the compute stream waits for */
     int threads;            /* compute threads (df_ctx_threads) */
     df_dtype compute;
     df_eager_mode mode;
@@ -82,6 +84,14 @@ df_tensor *df_emit(df_ctx *ctx, df_gnode *n);
  * caller has flushed and synced what produces them). */
 df_status df_upload(df_ctx *ctx, df_storage *st, const void *data);
 df_status df_download(df_ctx *ctx, const df_gview *v, void *dst, size_t bytes);
+
+/* Residency of weights on devices that cannot read host memory in place (residency.c):
+ * restore uploads the host form on the copy stream, evict gives the device form back in
+ * stream order, ready makes the compute stream wait for a weight's upload (restoring it
+ * first when it was evicted) before a kernel that reads it. No-ops on the CPU. */
+df_status df_residency_restore(df_ctx *ctx, df_storage *st);
+df_status df_residency_evict(df_ctx *ctx, df_storage *st);
+df_status df_residency_ready(df_ctx *ctx, df_storage *st);
 
 /* Strict eager: queue a node's kernel on the stream. */
 extern const df_executor df_exec_eager;

@@ -18,6 +18,7 @@ grep -q -- "--device NAME\[:N\]  *auto, cpu or a plugin's device" "$work/help" |
 "$bin" devices >"$work/devices" || fail "diffuse devices exits non-zero"
 grep -q "^cpu:0 .*(auto)" "$work/devices" || fail "diffuse devices does not list cpu:0 as auto"
 grep -q "sim:" "$work/devices" && fail "diffuse devices lists the test device without --all"
+"$bin" devices --all | grep -q "^sim:0 *sim " || fail "diffuse devices --all does not list sim"
 grep -q "bf16 for bf16 checkpoints on" "$work/help" && grep -q "CPUs with AMX-BF16, else f32" \
     "$work/help" || fail "the help does not state the --dtype auto rule"
 grep -q "AVX512-BF16" "$work/help" && fail "the help still promises bf16 for AVX512-BF16"

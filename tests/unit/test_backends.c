@@ -109,6 +109,41 @@ static void test_register_checks_required_entries(void **state)
     assert_non_null(r->stream_throttle);
 }
 
+/* The sim device: the host never gets an address of its memory, every copy is counted,
+ * and a handle it does not own is refused with a message (not a crash of the kernel). */
+static void test_sim_memory_is_not_host_memory(void **state)
+{
+    (void)state;
+    df_ctx *ctx = NULL;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.device = "sim:1", .threads = 1}, &ctx),
+                     DF_OK);
+    assert_false(df_dev_has(ctx->dev, DF_CAP_HOST_MEMORY));
+    float x[6] = {1, 2, 3, 4, 5, 6}, got[6];
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){2, 3}, 2, x);
+    assert_non_null(t);
+    assert_null(df_storage_host_ptr(t->v.st));
+    /* the handle is an id, not an address the runtime could read through */
+    assert_true(((uintptr_t)t->v.st->buf >> 48) != 0);
+    df_tensor *y = df_scale(ctx, t, 2.0f, 1.0f);
+    assert_int_equal(df_tensor_read(ctx, y, DF_DTYPE_F32, got, sizeof got), DF_OK);
+    for (int i = 0; i < 6; i++)
+        assert_true(got[i] == 2.0f * x[i] + 1.0f);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.bytes_uploaded, (int64_t)sizeof x);
+    assert_int_equal(st.bytes_downloaded, (int64_t)sizeof got);
+    /* host memory where device memory belongs: refused by the device */
+    df_node n = {.op = DF_OP_FILL, .out = {.buf = (df_dev_buffer *)(void *)got,
+                                           .dtype = DF_DTYPE_F32, .ndim = 1, .shape = {6},
+                                           .stride = {1}}};
+    assert_int_equal(df_dev_launch(ctx->dev, ctx->stream, &n), DF_E_INTERNAL);
+    assert_non_null(strstr(df_error_message(), "not a live sim buffer"));
+    /* a copy past the end of a buffer: refused */
+    assert_int_equal(df_dev_copy_d2h(ctx->dev, ctx->stream, got, t->v.st->buf, 1 << 20, 4),
+                     DF_E_INTERNAL);
+    df_ctx_free(ctx);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2 || (strcmp(argv[1], "autoload") && strcmp(argv[1], "manual")))
@@ -119,6 +154,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_plugin_loading),
         cmocka_unit_test(test_bad_plugins_are_refused),
         cmocka_unit_test(test_register_checks_required_entries),
+        cmocka_unit_test(test_sim_memory_is_not_host_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
