@@ -163,8 +163,7 @@ df_status df_storage_materialize(df_storage *st)
     return df_buffer_cache_alloc(st->dev->cache, st->bytes, &st->buf);
 }
 
-df_status df_storage_host(df_device *dev, df_dev_stream *stream, void *host, size_t bytes,
-                          df_storage **out)
+df_status df_storage_host(df_device *dev, void *host, size_t bytes, df_storage **out)
 {
     *out = NULL;
     df_storage *st = storage_new(dev, bytes);
@@ -174,16 +173,11 @@ df_status df_storage_host(df_device *dev, df_dev_stream *stream, void *host, siz
     df_status s = DF_E_UNSUPPORTED;
     if (dev->ops->buffer_wrap_host && (dev->info.caps & DF_CAP_HOST_MEMORY))
         s = dev->ops->buffer_wrap_host(dev->impl, host, bytes, &st->buf);
-    if (s == DF_OK) {
+    if (s == DF_OK)
         st->owns_buf = true; /* the handle only: the memory stays the caller's */
-    } else if (s == DF_E_UNSUPPORTED) {
-        /* The device cannot read host memory in place: its copy is the storage. */
-        s = df_storage_materialize(st);
-        if (s == DF_OK && bytes > 0)
-            s = df_dev_copy_h2d(dev, stream, st->buf, st->offset, host, bytes);
-        if (s == DF_OK)
-            atomic_fetch_add(&dev->bytes_uploaded, (int64_t)bytes);
-    }
+    else if (s == DF_E_UNSUPPORTED)
+        s = DF_OK; /* the device cannot read host memory in place: its copy is made when
+                      the storage is first used (runtime/residency.c), as offload allows */
     if (s != DF_OK) {
         df_storage_release(st);
         return s;

@@ -116,10 +116,10 @@ df_status df_storage_alloc(df_device *dev, size_t bytes, df_storage **out);
 df_storage *df_storage_lazy(df_device *dev, size_t bytes);
 df_status df_storage_materialize(df_storage *st);
 /* A storage over host memory the caller keeps alive (a mapped weight, wrapped data): the
- * device reads it in place where it can (DF_CAP_HOST_MEMORY), else the storage is device
- * memory that the host data is uploaded into on `stream` (its derived form). */
-df_status df_storage_host(df_device *dev, df_dev_stream *stream, void *host, size_t bytes,
-                          df_storage **out);
+ * device reads it in place where it can (DF_CAP_HOST_MEMORY); else the storage's buffer is
+ * device memory that the host data is uploaded into when it is first needed (its derived
+ * form, runtime/residency.c), and buf stays NULL until then. */
+df_status df_storage_host(df_device *dev, void *host, size_t bytes, df_storage **out);
 void df_storage_retain(df_storage *st);
 void df_storage_release(df_storage *st);
 /* The host address of st's byte 0 where the host may address the device's memory, else

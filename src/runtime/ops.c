@@ -25,7 +25,7 @@ df_tensor *df_emit(df_ctx *ctx, df_gnode *n)
 {
     for (int i = 0; i < DF_NODE_MAX_IN; i++) {
         const df_storage *st = n->in[i].st;
-        if (st && !st->buf && !st->producer) {
+        if (st && !st->buf && !st->producer && !st->host) {
             df_op op = n->op;
             df_free(n);
             return df_ctx_fail(ctx, df_errorf(DF_E_STATE, "%s: an input was never computed "

@@ -32,6 +32,14 @@ df_status df_residency_restore(df_ctx *ctx, df_storage *st)
     if (!device_form(st) || st->buf)
         return DF_OK;
     DF_TRY(copy_stream(ctx));
+    /* Memory of what was evicted last returns to the allocator once the compute stream
+     * has passed it: wait for that before taking memory for more, so that sequential
+     * offload holds about two blocks (the one running, the one uploading), not every
+     * block the host has queued ahead. */
+    if (ctx->evicted_at) {
+        df_dev_reached(ctx->dev, ctx->stream, ctx->evicted_at, true);
+        ctx->evicted_at = 0;
+    }
     DF_TRY(df_storage_materialize(st));
     DF_TRY(df_dev_copy_h2d(ctx->dev, ctx->copy_stream, st->buf, st->offset, st->host,
                            st->bytes));
@@ -74,6 +82,7 @@ df_status df_residency_evict(df_ctx *ctx, df_storage *st)
     }
     st->buf = NULL;
     st->ready_at = 0;
+    ctx->evicted_at = df_dev_record(ctx->dev, ctx->stream);
     return DF_OK;
 }
 

@@ -33,6 +33,7 @@ struct df_ctx {
     df_dev_stream *stream;
     df_dev_stream *copy_stream; /* weight uploads (residency.c); made when first needed */
     uint64_t copy_waited;   /* the copy stream position the compute stream waits for */
+    uint64_t evicted_at;    /* the compute position after the last weight eviction */
     int threads;            /* compute threads (df_ctx_threads) */
     df_dtype compute;
     df_eager_mode mode;

@@ -107,7 +107,7 @@ static df_tensor *new_dense(df_ctx *ctx, const char *what, df_dtype dtype, const
     memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
     dense_strides(&v);
     if (external) {
-        df_status s = df_storage_host(ctx->dev, ctx->stream, (void *)external, bytes, &v.st);
+        df_status s = df_storage_host(ctx->dev, (void *)external, bytes, &v.st);
         if (s != DF_OK)
             return df_ctx_fail(ctx, df_error_context(s, "%s", what));
         v.st->is_weight = true;
@@ -218,6 +218,10 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     ctx->reading = src;
     df_status s = df_sync(ctx);
     ctx->reading = NULL;
+    if (s == DF_OK)
+        s = df_residency_ready(ctx, src->v.st); /* host data not uploaded yet */
+    if (s == DF_OK && ctx->copy_stream)
+        s = df_dev_sync(ctx->dev, ctx->copy_stream);
     if (s == DF_OK && !src->v.st->buf)
         s = df_errorf(DF_E_STATE, "tensor_read: the tensor was never computed (the op that "
                       "made it failed)");

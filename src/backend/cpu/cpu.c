@@ -13,10 +13,12 @@
  */
 #include <omp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -73,6 +75,7 @@ struct df_dev_stream {
     int threads;
     pthread_t thread;
     df_kernel_env env;
+    _Atomic int64_t waited_ns; /* time the worker spent in waits on other streams */
 };
 
 /* ---- buffers and derived forms ------------------------------------------------------- */
@@ -333,9 +336,14 @@ static void *worker(void *arg)
             it.u.cb.fn(it.u.cb.arg, prior);
         } else if (kind == IT_WAIT) {
             df_dev_stream *o = it.u.wait.other;
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             pthread_mutex_lock(&o->mu);
             stream_reached_locked(o, it.u.wait.at, true);
             pthread_mutex_unlock(&o->mu);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            atomic_fetch_add(&s->waited_ns, (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 +
+                                                (t1.tv_nsec - t0.tv_nsec));
         } else if (prior == DF_OK) {
             df_error_clear();
             st = run_item(s, &it);
@@ -562,6 +570,11 @@ static bool cpu_stream_reached(df_dev_stream *s, uint64_t at, bool wait)
     bool done = stream_reached_locked(s, at, wait);
     pthread_mutex_unlock(&s->mu);
     return done;
+}
+
+int64_t df_cpu_stream_waited_ns(df_dev_stream *s)
+{
+    return atomic_load(&s->waited_ns);
 }
 
 static void cpu_stream_reset(df_dev_stream *s)

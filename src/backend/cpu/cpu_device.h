@@ -68,5 +68,7 @@ const char *df_op_name(df_op op);
 df_status df_cpu_run_node(const df_node *n, df_kernel_env *env);
 df_status df_cpu_run_fused(const df_fused *f, df_kernel_env *env);
 bool df_cpu_supports(const df_node *n);
+/* Nanoseconds a CPU stream's worker has spent waiting for other streams (stream_wait). */
+int64_t df_cpu_stream_waited_ns(df_dev_stream *s);
 
 #endif
