@@ -1,0 +1,106 @@
+/*
+ * Residency of weights on a device that cannot read host memory in place.
+ *
+ * A weight's host form is the mapped file (df_storage.host); its device form is a buffer
+ * from the caching allocator that the weight was uploaded into. Offload (models/loader.c
+ * df_ws_release / df_ws_acquire say when) evicts and restores the device form here:
+ * evicting hands the buffer back to the allocator once the compute stream has passed its
+ * last use; restoring uploads the host form again on the context's copy stream, and the
+ * compute stream waits for that upload only when a kernel that reads the weight is
+ * launched, so the upload of the next block overlaps the kernels of this one. On a device
+ * that reads host memory in place (the CPU) a weight's buffer wraps the mapping: there is
+ * nothing to evict or restore, and none of this runs.
+ */
+#include "core/alloc.h"
+#include "core/status.h"
+#include "runtime/runtime.h"
+
+static bool device_form(const df_storage *st)
+{
+    return st->host && !st->owns_buf && !st->external;
+}
+
+static df_status copy_stream(df_ctx *ctx)
+{
+    if (ctx->copy_stream)
+        return DF_OK;
+    return df_dev_stream_create(ctx->dev, DF_STREAM_COPY, &ctx->copy_stream);
+}
+
+df_status df_residency_restore(df_ctx *ctx, df_storage *st)
+{
+    if (!device_form(st) || st->buf)
+        return DF_OK;
+    DF_TRY(copy_stream(ctx));
+    /* Memory of what was evicted last returns to the allocator once the compute stream
+     * has passed it: wait for that before taking memory for more, so that sequential
+     * offload holds about two blocks (the one running, the one uploading), not every
+     * block the host has queued ahead. */
+    if (ctx->evicted_at) {
+        df_dev_reached(ctx->dev, ctx->stream, ctx->evicted_at, true);
+        ctx->evicted_at = 0;
+    }
+    DF_TRY(df_storage_materialize(st));
+    DF_TRY(df_dev_copy_h2d(ctx->dev, ctx->copy_stream, st->buf, st->offset, st->host,
+                           st->bytes));
+    atomic_fetch_add(&ctx->dev->bytes_uploaded, (int64_t)st->bytes);
+    st->ready_at = df_dev_record(ctx->dev, ctx->copy_stream);
+    return DF_OK;
+}
+
+typedef struct evicted {
+    df_device *dev;
+    df_dev_buffer *buf;
+    size_t bytes;
+} evicted;
+
+static void give_back(void *arg, df_status s)
+{
+    (void)s;
+    evicted *e = arg;
+    df_buffer_release(e->dev, e->buf, e->bytes);
+    df_free(e);
+}
+
+df_status df_residency_evict(df_ctx *ctx, df_storage *st)
+{
+    if (!device_form(st) || !st->buf)
+        return DF_OK;
+    /* An upload never waited for (restored, then dropped unused) must end first. */
+    if (st->ready_at > ctx->copy_waited) {
+        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, st->ready_at));
+        ctx->copy_waited = st->ready_at;
+    }
+    evicted *e = df_malloc(sizeof *e);
+    if (!e)
+        return df_errorf(DF_E_OOM, "out of memory offloading a weight");
+    *e = (evicted){.dev = ctx->dev, .buf = st->buf, .bytes = st->bytes};
+    df_status s = df_dev_callback(ctx->dev, ctx->stream, give_back, e);
+    if (s != DF_OK) {
+        df_free(e);
+        return s;
+    }
+    st->buf = NULL;
+    st->ready_at = 0;
+    ctx->evicted_at = df_dev_record(ctx->dev, ctx->stream);
+    return DF_OK;
+}
+
+static df_status ready_one(df_ctx *ctx, df_storage *st)
+{
+    if (!st->buf)
+        DF_TRY(df_residency_restore(ctx, st)); /* used without being acquired: upload now */
+    if (st->ready_at > ctx->copy_waited) {
+        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, st->ready_at));
+        ctx->copy_waited = st->ready_at;
+    }
+    return DF_OK;
+}
+
+df_status df_residency_ready(df_ctx *ctx, df_storage *st)
+{
+    if (!st || !device_form(st))
+        return DF_OK;
+    DF_TRY(ready_one(ctx, st));
+    return st->i8_scale && device_form(st->i8_scale) ? ready_one(ctx, st->i8_scale) : DF_OK;
+}
