@@ -575,7 +575,7 @@ lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *d
     for (int i = 0; can_fuse && i < n; i++) {
         const df_gnode *l = nodes[i];
         if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
-            l->out.st->handles > 0 || rounds_to_bf16(l, 0, ops))
+            l->out.st->handles > 0 || rounds_to_bf16(l, 0, dev))
             continue;
         for (int j = i + 1; j < n; j++) {
             const df_gnode *a = nodes[j];

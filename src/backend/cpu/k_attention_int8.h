@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/backend.h"
+#include "backend/cpu/cpu_device.h"
 
 #define DF_ATTN_I8_NR 32 /* keys per packed block */
 
