@@ -1,0 +1,117 @@
+#version 450
+/*
+ * Tiled matrix product with f32 accumulation: C[z] = A[z] B[z] for BM x BN tiles of C per
+ * workgroup (256 invocations, each a (BM/16) x (BN/16) block), through shared-memory tiles
+ * of A [BM, 16] and B [16, BN]. Operands are strided views in any float dtype, converted as
+ * they are loaded (bf16 and f16 weights stay 16-bit in memory); with BF16 they are rounded
+ * to bf16 first, as bf16 products on the CPU round them. Epilogue: bias (per column, or per
+ * row for a convolution), activation, gated residual (resid + gate * C), f32 or bf16 out.
+ *
+ * With CONV the B operand is the convolution's patch matrix, gathered from the image as it
+ * is loaded (implicit im2col): B(k, n) = x[c, oy*stride - pad + ky, ox*stride - pad + kx]
+ * for k = (c, ky, kx), n = (oy, ox), zero outside the image.
+ */
+#include "common.glsl"
+
+layout(local_size_x = 256) in;
+layout(constant_id = 0) const int A_DT = 0;
+layout(constant_id = 1) const int B_DT = 0;
+layout(constant_id = 2) const int BF16 = 0;
+layout(constant_id = 3) const int CONV = 0;
+layout(constant_id = 4) const int BM = 64;
+layout(constant_id = 5) const int BN = 64;
+const int BK = 16;
+
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
+    uint64_t a, b, bias, o, gate, resid;
+    int64_t M, N, K;
+    int64_t sam, sak, sbk, sbn;
+    int64_t za, zb, zo;
+    int64_t ldc, ldr;
+    int64_t bias_dtype, gate_dtype, resid_dtype, o_dtype;
+    int64_t act, gated, bias_per_row;
+    int64_t C, H, W, kh, kw, Wo, stride, pad;
+};
+
+shared float As[BK * BM];
+shared float Bs[BK * BN];
+
+float load_a(Params p, int64_t z, int64_t m, int64_t k)
+{
+    float v = load_f(p.a, A_DT, z * p.za + m * p.sam + k * p.sak);
+    return BF16 != 0 ? round_bf16(v) : v;
+}
+
+float load_b(Params p, int64_t z, int64_t k, int64_t n)
+{
+    float v;
+    if (CONV != 0) {
+        int64_t khw = p.kh * p.kw;
+        int64_t c = k / khw, ky = k / p.kw % p.kh, kx = k % p.kw;
+        int64_t oy = n / p.Wo, ox = n % p.Wo;
+        int64_t iy = oy * p.stride - p.pad + ky, ix = ox * p.stride - p.pad + kx;
+        v = iy >= 0 && iy < p.H && ix >= 0 && ix < p.W
+                ? load_f(p.b, B_DT, z * p.zb + (c * p.H + iy) * p.W + ix)
+                : 0.0;
+    } else {
+        v = load_f(p.b, B_DT, z * p.zb + k * p.sbk + n * p.sbn);
+    }
+    return BF16 != 0 ? round_bf16(v) : v;
+}
+
+void main()
+{
+    Params p = Params(pc.params);
+    const int TM = BM / 16, TN = BN / 16;
+    int tid = int(gl_LocalInvocationID.x), tx = tid % 16, ty = tid / 16;
+    int64_t m0 = int64_t(gl_WorkGroupID.y) * BM, n0 = int64_t(gl_WorkGroupID.x) * BN;
+    int64_t z = int64_t(gl_WorkGroupID.z);
+    float acc[TM * TN];
+    for (int i = 0; i < TM * TN; i++)
+        acc[i] = 0.0;
+    /* consecutive invocations walk k when A or B is k-contiguous, else m / n */
+    bool a_k = p.sak == 1, b_k = CONV == 0 && p.sbk == 1;
+    for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
+        for (int i = tid; i < BM * BK; i += 256) {
+            int mm = a_k ? i / BK : i % BM, kk = a_k ? i % BK : i / BM;
+            int64_t m = m0 + mm, k = k0 + kk;
+            As[kk * BM + mm] = m < p.M && k < p.K ? load_a(p, z, m, k) : 0.0;
+        }
+        for (int i = tid; i < BK * BN; i += 256) {
+            int nn = b_k ? i / BK : i % BN, kk = b_k ? i % BK : i / BN;
+            int64_t n = n0 + nn, k = k0 + kk;
+            Bs[kk * BN + nn] = n < p.N && k < p.K ? load_b(p, z, k, n) : 0.0;
+        }
+        barrier();
+        for (int kk = 0; kk < BK; kk++) {
+            float av[TM], bv[TN];
+            for (int i = 0; i < TM; i++)
+                av[i] = As[kk * BM + ty + 16 * i];
+            for (int j = 0; j < TN; j++)
+                bv[j] = Bs[kk * BN + tx + 16 * j];
+            for (int i = 0; i < TM; i++)
+                for (int j = 0; j < TN; j++)
+                    acc[i * TN + j] = fma(av[i], bv[j], acc[i * TN + j]);
+        }
+        barrier();
+    }
+    int ot = int(p.o_dtype);
+    for (int i = 0; i < TM; i++) {
+        int64_t m = m0 + ty + 16 * i;
+        if (m >= p.M)
+            continue;
+        for (int j = 0; j < TN; j++) {
+            int64_t n = n0 + tx + 16 * j;
+            if (n >= p.N)
+                continue;
+            float v = acc[i * TN + j];
+            if (p.bias != 0ul)
+                v += load_f(p.bias, int(p.bias_dtype), p.bias_per_row != 0 ? m : n);
+            v = activate(int(p.act), v);
+            if (p.gated != 0)
+                v = load_f(p.resid, int(p.resid_dtype), m * p.ldr + n) +
+                    load_f(p.gate, int(p.gate_dtype), n) * v;
+            store_f(p.o, ot, z * p.zo + m * p.ldc + n, v);
+        }
+    }
+}
