@@ -8,7 +8,15 @@ if(DIFFUSE_VULKAN_BUILT)
   target_compile_options(test_vk_ops PRIVATE ${DF_WARN} ${DF_SAN})
   target_link_libraries(test_vk_ops PRIVATE diffuse_vulkan_core diffuse_static)
   set_target_properties(test_vk_ops PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set(VK_TEST_ENV "VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation"
+      "DIFFUSE_CACHE_DIR=${CMAKE_BINARY_DIR}/test-tmp/vk-cache"
+      "XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
   add_test(NAME vulkan/ops COMMAND test_vk_ops)
   set_tests_properties(vulkan/ops PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
-    ENVIRONMENT "VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation;DIFFUSE_CACHE_DIR=${CMAKE_BINARY_DIR}/test-tmp/vk-cache;XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
+                       ENVIRONMENT "${VK_TEST_ENV}" FIXTURES_SETUP vk_pipeline_cache)
+  # A second process makes its pipelines from the cache the first one saved.
+  add_test(NAME vulkan/ops_from_pipeline_cache COMMAND test_vk_ops --expect-cache)
+  set_tests_properties(vulkan/ops_from_pipeline_cache PROPERTIES TIMEOUT 300
+                       SKIP_RETURN_CODE 77 ENVIRONMENT "${VK_TEST_ENV}"
+                       FIXTURES_REQUIRED vk_pipeline_cache)
 endif()

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/vulkan/vk_internal.h"
@@ -532,9 +533,48 @@ static void fused_rows(void)
     }
 }
 
-int main(void)
+static double now_ms(void)
 {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
+}
+
+/* GFLOP/s of an [n, n] x [n, n] f32 product on the device and on the CPU kernels (2
+ * threads), after one warm-up each; the results are compared too. */
+static void bench(int64_t n)
+{
+    df_view a = input(DF_DTYPE_F32, SHAPE(n, n), -1, 1), b = input(DF_DTYPE_F32, SHAPE(n, n), -1, 1);
+    df_view in[2] = {a, b};
+    df_node mm = node(DF_OP_MATMUL, 2, in, output(DF_DTYPE_F32, SHAPE(n, n)));
+    dvk_env e = {.d = g_dev, .addr = addr_of};
+    double flop = 2.0 * (double)n * (double)n * (double)n, t_vk = 0, t_cpu = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        double t0 = now_ms();
+        if (dvk_run_node(&e, &mm) != DF_OK || dvk_finish(g_dev) != DF_OK) {
+            printf("FAIL bench: %s\n", df_error_message());
+            g_failures++;
+            return;
+        }
+        t_vk = now_ms() - t0;
+        df_kernel_env env = {.threads = 2};
+        t0 = now_ms();
+        df_cpu_kernels[DF_OP_MATMUL](&mm, &env);
+        t_cpu = now_ms() - t0;
+        df_aligned_free(env.scratch);
+    }
+    printf("bench matmul %lld^3 f32: vulkan %.2f GFLOP/s (%.1f ms), cpu %.2f GFLOP/s (%.1f ms)\n",
+           (long long)n, flop / t_vk * 1e-6, t_vk, flop / t_cpu * 1e-6, t_cpu);
+    compare(&(row){"bench matmul", 1e-4, 1e-4}, &mm.out);
+}
+
+int main(int argc, char **argv)
+{
+    bool expect_cache = argc > 1 && strcmp(argv[1], "--expect-cache") == 0;
+    int64_t bench_n = argc > 2 && strcmp(argv[1], "--bench") == 0 ? atoll(argv[2]) : 0;
+    double t_open = now_ms();
     df_status s = dvk_device_open(0, &g_dev);
+    t_open = now_ms() - t_open;
     if (s != DF_OK) {
         printf("skipped: no Vulkan device: %s\n", df_error_message());
         return 77;
@@ -542,6 +582,15 @@ int main(void)
     printf("device: %s (%s), subgroup %u, fp16 %d, int8 %d, coopmat %d\n", g_dev->info.name,
            g_dev->info.driver, g_dev->info.subgroup_size, g_dev->info.fp16, g_dev->info.int8,
            g_dev->info.coopmat);
+    printf("open %.1f ms, pipeline cache %s: %zu bytes loaded\n", t_open, g_dev->cache_path,
+           g_dev->cache_loaded_bytes);
+    if (bench_n > 0) {
+        bench(bench_n);
+        twins_free();
+        dvk_device_close(g_dev);
+        return g_failures ? 1 : 0;
+    }
+    double t_rows = now_ms();
     elementwise_rows();
     norm_rows();
     position_rows();
@@ -549,6 +598,7 @@ int main(void)
     attention_rows();
     data_rows();
     fused_rows();
+    t_rows = now_ms() - t_rows;
     twins_free();
     s = dvk_finish(g_dev);
     if (s != DF_OK) {
@@ -560,6 +610,12 @@ int main(void)
            (long long)g_dev->stats.dispatches, (long long)g_dev->stats.submits,
            (long long)g_dev->stats.barriers, (long long)g_dev->stats.bytes_up,
            (long long)g_dev->stats.bytes_down, (long long)g_dev->stats.pipelines_created);
+    printf("rows %.0f ms, of which making %lld pipelines %.1f ms\n", t_rows,
+           (long long)g_dev->stats.pipelines_created, g_dev->stats.pipeline_ms);
+    if (expect_cache && g_dev->cache_loaded_bytes == 0) {
+        printf("FAIL --expect-cache: no pipeline cache was loaded from %s\n", g_dev->cache_path);
+        g_failures++;
+    }
     dvk_device_close(g_dev);
     dvk_instance_shutdown();
     int msgs = atomic_load(&dvk_validation_messages);

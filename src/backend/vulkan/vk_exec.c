@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backend/vulkan/vk_internal.h"
@@ -209,7 +210,11 @@ static df_status get_pipeline(dvk_device *d, int shader, const uint32_t *spec, i
         .layout = d->layout,
     };
     VkPipeline pl;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     VkResult r = d->fn->vkCreateComputePipelines(d->dev, d->cache, 1, &ci, NULL, &pl);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    d->stats.pipeline_ms += (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
     d->fn->vkDestroyShaderModule(d->dev, mod, NULL);
     if (r != VK_SUCCESS)
         return df_errorf(DF_E_DEVICE, "vulkan: making the pipeline of '%s' failed on '%s' (%d)",

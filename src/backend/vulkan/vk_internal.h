@@ -200,6 +200,7 @@ typedef struct dvk_range {
 
 typedef struct dvk_stats {
     int64_t dispatches, submits, barriers, bytes_up, bytes_down, pipelines_created;
+    double pipeline_ms; /* spent making pipelines (from the cache or compiling) */
 } dvk_stats;
 
 typedef struct dvk_device {
@@ -311,6 +312,25 @@ df_status dvk_run_node(const dvk_env *e, const df_node *n);
 df_status dvk_run_fused(const dvk_env *e, const df_fused *f);
 /* Whether dvk_run_node can run this op at all. */
 bool dvk_op_supported(df_op op);
+
+/* Views, whatever the ABI spells them: whether an optional input is present, and the same
+ * view moved by `elems` elements. */
+static inline bool dvk_has(const df_view *v)
+{
+    return v->st != NULL;
+}
+
+static inline df_view dvk_view_shift(df_view v, int64_t elems)
+{
+    v.offset += elems;
+    return v;
+}
+
+/* Names and conversions of the plugin's own (it links nothing of the library). */
+const char *dvk_op_name(df_op op);
+const char *dvk_dtype_name(df_dtype t);
+float dvk_bf16_f32(uint16_t h);
+float dvk_f16_f32(uint16_t h);
 
 /* Helpers the op files share. */
 df_status dvk_run_copy_views(const dvk_env *e, const df_view *dst, const df_view *src);

@@ -63,7 +63,7 @@ static void grid(int64_t n, int64_t local, uint32_t *gx, uint32_t *gy)
 
 static df_status no_f64(const df_view *v, const char *op)
 {
-    if (v->st && v->dtype == DF_DTYPE_F64)
+    if (dvk_has(v) && v->dtype == DF_DTYPE_F64)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan %s: f64 tensors are not supported", op);
     return DF_OK;
 }
@@ -176,7 +176,7 @@ static df_status run_elementwise(const dvk_env *e, const df_node *n)
     case DF_OP_GELU: return ew_run(e, EW_GELU, &n->out, a, NULL, 0, 0, 0);
     case DF_OP_GELU_TANH: return ew_run(e, EW_GELU_TANH, &n->out, a, NULL, 0, 0, 0);
     case DF_OP_QUICK_GELU: return ew_run(e, EW_QUICK_GELU, &n->out, a, NULL, 0, 0, 0);
-    default: return df_errorf(DF_E_INTERNAL, "vulkan: '%s' is not elementwise", df_op_name(n->op));
+    default: return df_errorf(DF_E_INTERNAL, "vulkan: '%s' is not elementwise", dvk_op_name(n->op));
     }
 }
 
@@ -190,7 +190,7 @@ static df_status run_concat(const dvk_env *e, const df_node *n)
     memcpy(part.shape, a->shape, sizeof part.shape);
     DF_TRY(dvk_run_copy_views(e, &part, a));
     memcpy(part.shape, b->shape, sizeof part.shape);
-    part.offset = out->offset + a->shape[d] * out->stride[d];
+    part = dvk_view_shift(part, a->shape[d] * out->stride[d]);
     return dvk_run_copy_views(e, &part, b);
 }
 
@@ -269,9 +269,9 @@ static df_status run_norm(const dvk_env *e, const df_node *n)
     int nr = 0;
     r[nr++] = dvk_view_range(e, x);
     for (int i = 1; i < n->n_in && i < 3; i++) {
-        if (!n->in[i].st)
+        if (!dvk_has(&n->in[i]))
             continue;
-        DF_TRY(no_f64(&n->in[i], df_op_name(n->op)));
+        DF_TRY(no_f64(&n->in[i], dvk_op_name(n->op)));
         uint64_t a = e->addr(e->user, &n->in[i]);
         if (i == 1)
             p.w = a, p.w_dtype = n->in[i].dtype;
@@ -279,7 +279,7 @@ static df_status run_norm(const dvk_env *e, const df_node *n)
             p.b = a, p.b_dtype = n->in[i].dtype;
         r[nr++] = dvk_view_range(e, &n->in[i]);
     }
-    DF_TRY(no_f64(x, df_op_name(n->op)));
+    DF_TRY(no_f64(x, dvk_op_name(n->op)));
     if (op == NORM_GROUP) {
         int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.i[0], hw = 1;
         for (int d = 2; d < x->ndim; d++)
@@ -335,7 +335,7 @@ static df_status run_rope(const dvk_env *e, const df_node *n)
         p.B = x->shape[0], p.S = x->shape[1], p.H = x->shape[2], p.D = x->shape[3];
         int64_t xs[4] = {x->stride[0], x->stride[2], x->stride[1], x->stride[3]};
         memcpy(p.xs, xs, sizeof xs);
-        if (n->in[1].st) {
+        if (dvk_has(&n->in[1])) {
             p.w = e->addr(e->user, &n->in[1]);
             p.w_dtype = n->in[1].dtype;
             r[nr++] = dvk_view_range(e, &n->in[1]);
@@ -371,8 +371,8 @@ static df_status read_f32(const dvk_env *e, const df_view *v, float *dst)
         switch (v->dtype) {
         case DF_DTYPE_F32: memcpy(&dst[i], p, 4); break;
         case DF_DTYPE_F64: { double x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
-        case DF_DTYPE_BF16: memcpy(&h, p, 2); dst[i] = df_bf16_to_f32(h); break;
-        case DF_DTYPE_F16: memcpy(&h, p, 2); dst[i] = df_f16_to_f32(h); break;
+        case DF_DTYPE_BF16: memcpy(&h, p, 2); dst[i] = dvk_bf16_f32(h); break;
+        case DF_DTYPE_F16: memcpy(&h, p, 2); dst[i] = dvk_f16_f32(h); break;
         case DF_DTYPE_I32: { int32_t x; memcpy(&x, p, 4); dst[i] = (float)x; break; }
         case DF_DTYPE_I64: { int64_t x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
         default: dst[i] = (float)*(const uint8_t *)p; break;
@@ -494,6 +494,6 @@ df_status dvk_run_node(const dvk_env *e, const df_node *n)
     default:
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: op '%s' is not supported on this device "
                          "(collectives run on the host-staged path only)",
-                         df_op_name(n->op));
+                         dvk_op_name(n->op));
     }
 }

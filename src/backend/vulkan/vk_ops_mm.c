@@ -34,7 +34,7 @@ static df_status float_operand(const df_view *v, const char *op)
 {
     if (v->dtype != DF_DTYPE_F32 && v->dtype != DF_DTYPE_BF16 && v->dtype != DF_DTYPE_F16)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan %s: operand of dtype %s", op,
-                         df_dtype_name(v->dtype));
+                         dvk_dtype_name(v->dtype));
     return DF_OK;
 }
 
@@ -86,7 +86,7 @@ df_status dvk_run_linear(const dvk_env *e, const df_node *n)
     int nr = 0;
     r[nr++] = dvk_view_range(e, x);
     r[nr++] = dvk_view_range(e, w);
-    if (n->in[2].st) {
+    if (dvk_has(&n->in[2])) {
         p.bias = e->addr(e->user, &n->in[2]);
         p.bias_dtype = n->in[2].dtype;
         r[nr++] = dvk_view_range(e, &n->in[2]);
@@ -193,7 +193,7 @@ df_status dvk_run_conv2d(const dvk_env *e, const df_node *n)
                    .pad = n->a.i[1]};
     dvk_range r[3] = {dvk_view_range(e, w), dvk_view_range(e, x)};
     int nr = 2;
-    if (n->in[2].st) {
+    if (dvk_has(&n->in[2])) {
         p.bias = e->addr(e->user, &n->in[2]);
         p.bias_dtype = n->in[2].dtype;
         r[nr++] = dvk_view_range(e, &n->in[2]);
@@ -245,10 +245,10 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
     memcpy(p.vs, v->stride, sizeof p.vs);
     dvk_range r[4] = {dvk_view_range(e, q), dvk_view_range(e, k), dvk_view_range(e, v)};
     int nr = 3;
-    if (n->in[3].st) {
+    if (dvk_has(&n->in[3])) {
         if (n->in[3].dtype != DF_DTYPE_F32)
             return df_errorf(DF_E_UNSUPPORTED, "vulkan attention: a %s mask",
-                             df_dtype_name(n->in[3].dtype));
+                             dvk_dtype_name(n->in[3].dtype));
         p.mask = e->addr(e->user, &n->in[3]);
         memcpy(p.ms, n->in[3].stride, sizeof p.ms);
         r[nr++] = dvk_view_range(e, &n->in[3]);
@@ -334,12 +334,12 @@ df_status dvk_run_fused(const dvk_env *e, const df_fused *f)
         p.head_x_dtype = f->head_x.dtype;
         p.head_eps = (float)f->head_eps;
         r[nr++] = dvk_view_range(e, &f->head_x);
-        if (f->head_w.st) {
+        if (dvk_has(&f->head_w)) {
             p.head_w = e->addr(e->user, &f->head_w);
             p.head_w_dtype = f->head_w.dtype;
             r[nr++] = dvk_view_range(e, &f->head_w);
         }
-        if (f->head_b.st) {
+        if (dvk_has(&f->head_b)) {
             p.head_b = e->addr(e->user, &f->head_b);
             p.head_b_dtype = f->head_b.dtype;
             r[nr++] = dvk_view_range(e, &f->head_b);
