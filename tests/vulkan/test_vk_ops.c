@@ -599,6 +599,12 @@ int main(int argc, char **argv)
     data_rows();
     fused_rows();
     t_rows = now_ms() - t_rows;
+    /* positions: everything recorded so far is reached once waited for */
+    uint64_t at = dvk_position(g_dev);
+    if (at == 0 || !dvk_reached(g_dev, at, true) || !dvk_reached(g_dev, at, false)) {
+        printf("FAIL position %llu not reached after waiting\n", (unsigned long long)at);
+        g_failures++;
+    }
     twins_free();
     s = dvk_finish(g_dev);
     if (s != DF_OK) {

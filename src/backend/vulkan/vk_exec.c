@@ -55,6 +55,8 @@ static df_status wait_batch(dvk_device *d, dvk_batch *b)
         return DF_OK;
     VkResult r = d->fn->vkWaitForFences(d->dev, 1, &b->fence, VK_TRUE, UINT64_MAX);
     b->in_flight = false;
+    if (r == VK_SUCCESS && b->end_pos > d->done_pos)
+        d->done_pos = b->end_pos;
     if (r != VK_SUCCESS && d->failed == DF_OK)
         d->failed = df_errorf(DF_E_DEVICE, "vulkan: waiting for a batch failed on '%s' (%d)",
                               d->info.name, r);
@@ -100,6 +102,7 @@ df_status dvk_flush(dvk_device *d)
         return d->failed;
     }
     b->in_flight = true;
+    b->end_pos = d->pos;
     d->stats.submits++;
     d->cur = (d->cur + 1) % DVK_BATCHES;
     return DF_OK;
@@ -114,6 +117,34 @@ df_status dvk_finish(dvk_device *d)
             s = w;
     }
     return s != DF_OK ? s : d->failed;
+}
+
+uint64_t dvk_position(dvk_device *d)
+{
+    return d->pos;
+}
+
+bool dvk_reached(dvk_device *d, uint64_t at, bool wait)
+{
+    if (at <= d->done_pos)
+        return true;
+    for (int i = 0; i < DVK_BATCHES; i++) { /* finished batches, without waiting */
+        dvk_batch *b = &d->batch[i];
+        if (b->in_flight && d->fn->vkGetFenceStatus(d->dev, b->fence) == VK_SUCCESS)
+            wait_batch(d, b);
+    }
+    if (at <= d->done_pos)
+        return true;
+    if (d->batch[d->cur].recording && dvk_flush(d) != DF_OK)
+        return true; /* a failed device: nothing will run; sync reports why */
+    if (!wait)
+        return false;
+    for (int k = 0; k < DVK_BATCHES && at > d->done_pos; k++) { /* oldest first */
+        dvk_batch *b = &d->batch[(d->cur + k) % DVK_BATCHES];
+        if (wait_batch(d, b) != DF_OK)
+            return true;
+    }
+    return at <= d->done_pos;
 }
 
 df_status dvk_batch_host(dvk_device *d, uint64_t bytes, void **host, VkDeviceAddress *addr)
@@ -258,6 +289,7 @@ df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_sp
     d->fn->vkCmdPushConstants(cmd, d->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, 8, &a);
     d->fn->vkCmdDispatch(cmd, gx, gy, gz);
     d->stats.dispatches++;
+    d->pos++;
     dvk_batch *b = &d->batch[d->cur];
     if (++b->dispatches >= DVK_BATCH_DISPATCHES)
         DF_TRY(dvk_flush(d));

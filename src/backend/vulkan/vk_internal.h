@@ -182,6 +182,7 @@ typedef struct dvk_batch {
     dvk_arena arena;
     bool recording, in_flight;
     int dispatches;
+    uint64_t end_pos; /* the device position after its last command */
 } dvk_batch;
 
 /* A pipeline made on first use: a shader with its specialisation constants. */
@@ -235,6 +236,7 @@ typedef struct dvk_device {
     dvk_arena readback;
     dvk_stats stats;
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
+    uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
 } dvk_device;
 
 df_status dvk_device_open(int index, dvk_device **out);
@@ -269,6 +271,11 @@ df_status dvk_batch_host(dvk_device *d, uint64_t bytes, void **host, VkDeviceAdd
 df_status dvk_flush(dvk_device *d);
 /* Submits and waits for every batch; returns the first failure. */
 df_status dvk_finish(dvk_device *d);
+/* Positions: the count of commands recorded so far, and whether the device has finished
+ * every command before `at` (with wait, waits until it has). Asking submits the recording
+ * batch when `at` lies in it, so a position asked about is always reached eventually. */
+uint64_t dvk_position(dvk_device *d);
+bool dvk_reached(dvk_device *d, uint64_t at, bool wait);
 
 /* Declares that the next command reads / writes these ranges; records a barrier first if
  * it depends on an earlier command of the batch. */

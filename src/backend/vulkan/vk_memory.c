@@ -305,6 +305,7 @@ df_status dvk_upload(dvk_device *d, VkDeviceAddress dst, const void *src, uint64
         VkBuffer abuf = current_arena(d, haddr, &aoff);
         VkBufferCopy c = {.srcOffset = aoff, .dstOffset = boff + done, .size = n};
         d->fn->vkCmdCopyBuffer(cmd, abuf, blk->buffer, 1, &c);
+        d->pos++;
         done += n;
     }
     d->stats.bytes_up += (int64_t)bytes;
@@ -324,6 +325,7 @@ df_status dvk_download(dvk_device *d, void *dst, VkDeviceAddress src, uint64_t b
         DF_TRY(dvk_batch_cmd(d, &cmd));
         VkBufferCopy c = {.srcOffset = boff + done, .dstOffset = 0, .size = n};
         d->fn->vkCmdCopyBuffer(cmd, blk->buffer, d->readback.buffer, 1, &c);
+        d->pos++;
         VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                               .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
                               .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
@@ -349,5 +351,6 @@ df_status dvk_copy(dvk_device *d, VkDeviceAddress dst, VkDeviceAddress src, uint
     DF_TRY(dvk_batch_cmd(d, &cmd));
     VkBufferCopy c = {.srcOffset = so, .dstOffset = dof, .size = bytes};
     d->fn->vkCmdCopyBuffer(cmd, sb->buffer, db->buffer, 1, &c);
+    d->pos++;
     return DF_OK;
 }
