@@ -19,4 +19,8 @@ if(DIFFUSE_VULKAN_BUILT)
   set_tests_properties(vulkan/ops_from_pipeline_cache PROPERTIES TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${VK_TEST_ENV}"
                        FIXTURES_REQUIRED vk_pipeline_cache)
+  # No driver at run time (the loader pointed at none): a message, not a crash.
+  add_test(NAME vulkan/no_driver COMMAND test_vk_ops --expect-no-driver)
+  set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60
+    ENVIRONMENT "VK_ICD_FILENAMES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;VK_DRIVER_FILES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
 endif()

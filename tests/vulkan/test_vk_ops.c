@@ -575,6 +575,15 @@ int main(int argc, char **argv)
     double t_open = now_ms();
     df_status s = dvk_device_open(0, &g_dev);
     t_open = now_ms() - t_open;
+    if (argc > 1 && strcmp(argv[1], "--expect-no-driver") == 0) {
+        /* run with the loader pointed at no driver: a clear DF_E_UNSUPPORTED, no crash */
+        const char *msg = df_error_message();
+        bool ok = s == DF_E_UNSUPPORTED && strstr(msg, "driver");
+        printf("%s open without a driver: %s: %s\n", ok ? "ok  " : "FAIL", df_status_name(s), msg);
+        if (s == DF_OK)
+            dvk_device_close(g_dev);
+        return ok ? 0 : 1;
+    }
     if (s != DF_OK) {
         printf("skipped: no Vulkan device: %s\n", df_error_message());
         return 77;

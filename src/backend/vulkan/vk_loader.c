@@ -133,6 +133,10 @@ static df_status make_instance(dvk_instance *in)
         .ppEnabledExtensionNames = exts,
     };
     VkResult r = fn->vkCreateInstance(&ci, NULL, &in->instance);
+    if (r == VK_ERROR_INCOMPATIBLE_DRIVER)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "vulkan: the loader found no Vulkan 1.2 driver; install one "
+                         "(mesa-vulkan-drivers, or the GPU vendor's)");
     if (r != VK_SUCCESS)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: vkCreateInstance failed (VkResult %d)", r);
 #define DVK_LOAD_INSTANCE(fn_)                                                            \
