@@ -72,10 +72,39 @@ typedef struct df_stats {
     double seconds_per_step;       /* mean wall time between df_mark_step() calls */
     int64_t rss_bytes;             /* the process's resident set now */
     int64_t peak_resident_weight_bytes; /* most weight bytes resident at once */
+    int64_t bytes_uploaded;        /* host -> device bytes copied (0 where the device reads
+                                      host memory in place, as the CPU does) */
+    int64_t bytes_downloaded;      /* device -> host bytes copied */
 } df_stats;
 
-/* The device chosen when none is named: $DIFFUSE_DEVICE, else the best that answers. */
+/* The device chosen when none is named: $DIFFUSE_DEVICE (unless "auto"), else the best
+ * device that answers (df_device_auto). */
 DF_API const char *df_device_default(void);
+/* The best device that opens, by the backends' priorities (a GPU before the CPU; test
+ * devices never); "cpu" when nothing else answers. The name "auto" means this. */
+DF_API const char *df_device_auto(void);
+
+/* One device as `diffuse devices` lists it. */
+typedef struct df_device_desc {
+    char device[32];        /* what --device takes: "cpu:0", "vulkan:1" */
+    char name[96];          /* what the backend calls it */
+    const char *kind;       /* "cpu", "gpu", "sim", "other" */
+    uint64_t memory_bytes;  /* device memory (the host's RAM for the CPU) */
+    uint64_t memory_free;   /* 0: unknown */
+    uint32_t caps;          /* capability bits (df_device_caps_string names them) */
+    int priority;           /* how df_device_auto ranks it */
+} df_device_desc;
+
+/* Fills up to `cap` entries with the devices of every backend (test devices such as `sim`
+ * only when `all`); returns how many there are. */
+DF_API int df_device_list(df_device_desc *out, int cap, bool all);
+/* The capability bits as space-separated words ("fused strided-outputs ..."). */
+DF_API const char *df_device_caps_string(uint32_t caps, char *buf, size_t cap);
+
+/* Loads the backend plugin libdiffuse-<name>.so from the plugin folder (the library's own
+ * folder, or $DIFFUSE_BACKEND_DIR). Plugins there are loaded at the first device look-up
+ * anyway, unless DIFFUSE_BACKEND_AUTOLOAD=0. DF_OK if the backend is already there. */
+DF_API df_status df_backend_load(const char *name);
 
 /* Creates a context. opts may be NULL. Free it with df_ctx_free() (which waits for work). */
 DF_API df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out);
@@ -85,6 +114,10 @@ DF_API void df_ctx_free(df_ctx *ctx);
 DF_API df_status df_ctx_status(const df_ctx *ctx);
 /* Waits for queued work, then forgets a recorded error so the context can be used again. */
 DF_API void df_ctx_reset_error(df_ctx *ctx);
+/* Records s as the context's failure if it has none yet (with the calling thread's current
+ * message) and returns NULL, so that code building on ops fails the context as an op
+ * does: `return df_ctx_fail(ctx, df_errorf(...))`. */
+DF_API df_tensor *df_ctx_fail(df_ctx *ctx, df_status s);
 
 DF_API df_status df_ctx_set_compute_dtype(df_ctx *ctx, df_dtype compute);
 DF_API df_dtype df_ctx_compute_dtype(const df_ctx *ctx);

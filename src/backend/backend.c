@@ -2,16 +2,16 @@
  * Devices and storages, common to every backend.
  *
  * A device name is "<backend>" or "<backend>:<index>". Storages count references with an
- * atomic because the stream thread drops the references its finished nodes held; the last
- * release returns the memory to the device's caching allocator (or leaves it alone for
- * external memory) and frees whatever the backend derived from it.
+ * atomic because host callbacks queued after a node's kernel drop the references the node
+ * held; the last release returns the buffer to the device's caching allocator (or frees
+ * the handle of wrapped host memory, and with it whatever the backend derived from it).
  */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "backend/graph.h"
 #include "backend/buffer_cache.h"
 #include "core/alloc.h"
 #include "core/status.h"
@@ -41,16 +41,11 @@ int df_op_inputs(df_op op)
     return op_table[op].n_in;
 }
 
-const df_backend_ops *df_backend_find(const char *name)
-{
-    if (strcmp(name, "cpu") == 0)
-        return df_backend_cpu();
-    return NULL;
-}
-
-df_status df_device_open(const char *name, int threads, df_device **out)
+df_status df_device_open(const char *name, const char *options, df_device **out)
 {
     *out = NULL;
+    if (strcmp(name, "auto") == 0)
+        name = df_device_auto();
     char backend[16];
     int index = 0;
     const char *colon = strchr(name, ':');
@@ -66,10 +61,15 @@ df_status df_device_open(const char *name, int threads, df_device **out)
             return df_errorf(DF_E_ARG, "device '%s': bad device index", name);
         index = (int)v;
     }
-    const df_backend_ops *ops = df_backend_find(backend);
-    if (!ops)
+    const df_device_ops *ops = df_backend_find(backend);
+    if (!ops) {
+        char known[256] = "";
+        for (int i = 0, n = df_backend_count(); i < n; i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "",
+                     df_backend_at(i)->name);
         return df_errorf(DF_E_UNSUPPORTED, "device '%s': no backend named '%s' is available "
-                         "(built in: cpu)", name, backend);
+                         "(available: %s)", name, backend, known);
+    }
     if (index >= ops->device_count())
         return df_errorf(DF_E_ARG, "device '%s': backend '%s' has %d device(s)", name, backend,
                          ops->device_count());
@@ -79,13 +79,17 @@ df_status df_device_open(const char *name, int threads, df_device **out)
     dev->ops = ops;
     dev->index = index;
     snprintf(dev->name, sizeof dev->name, "%s:%d", backend, index);
-    df_status s = ops->device_open(index, threads, &dev->impl);
+    df_status s = ops->device_info(index, &dev->info);
+    if (s == DF_OK)
+        s = ops->device_open(index, options, &dev->impl);
     if (s == DF_OK)
         s = df_buffer_cache_create(dev, &dev->cache);
     if (s != DF_OK) {
         df_device_close(dev);
         return s;
     }
+    if (dev->info.alignment == 0)
+        dev->info.alignment = 64;
     *out = dev;
     return DF_OK;
 }
@@ -148,45 +152,52 @@ df_storage *df_storage_lazy(df_device *dev, size_t bytes)
 
 df_status df_storage_materialize(df_storage *st)
 {
-    if (st->data)
+    if (st->buf)
         return DF_OK;
-    return df_buffer_cache_alloc(st->dev->cache, st->bytes, &st->data);
+    st->offset = 0;
+    return df_buffer_cache_alloc(st->dev->cache, st->bytes, &st->buf);
 }
 
-df_storage *df_storage_external(df_device *dev, void *data, size_t bytes)
+df_status df_storage_host(df_device *dev, df_dev_stream *stream, void *host, size_t bytes,
+                          df_storage **out)
 {
+    *out = NULL;
     df_storage *st = storage_new(dev, bytes);
-    if (st) {
-        st->data = data;
-        st->external = true;
+    if (!st)
+        return df_errorf(DF_E_OOM, "out of memory");
+    st->host = host;
+    df_status s = DF_E_UNSUPPORTED;
+    if (dev->ops->buffer_wrap_host && (dev->info.caps & DF_CAP_HOST_MEMORY))
+        s = dev->ops->buffer_wrap_host(dev->impl, host, bytes, &st->buf);
+    if (s == DF_OK) {
+        st->owns_buf = true; /* the handle only: the memory stays the caller's */
+    } else if (s == DF_E_UNSUPPORTED) {
+        /* The device cannot read host memory in place: its copy is the storage. */
+        s = df_storage_materialize(st);
+        if (s == DF_OK && bytes > 0)
+            s = df_dev_copy_h2d(dev, stream, st->buf, st->offset, host, bytes);
+        if (s == DF_OK)
+            atomic_fetch_add(&dev->bytes_uploaded, (int64_t)bytes);
     }
-    return st;
+    if (s != DF_OK) {
+        df_storage_release(st);
+        return s;
+    }
+    *out = st;
+    return DF_OK;
 }
 
-void df_storage_drop_pages(const df_storage *st, const void *p, size_t n)
+void *df_storage_host_ptr(const df_storage *st)
 {
-    if (!st->file_backed || !p || n == 0)
-        return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (uintptr_t)p / page * page;
-    uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
-    madvise((void *)begin, end - begin, MADV_DONTNEED); /* advice: failure changes nothing */
+    if (!st->buf || !st->dev->ops->buffer_host_ptr)
+        return NULL;
+    char *p = st->dev->ops->buffer_host_ptr(st->dev->impl, st->buf);
+    return p ? p + st->offset : NULL;
 }
 
 void df_storage_retain(df_storage *st)
 {
     atomic_fetch_add_explicit(&st->refs, 1, memory_order_relaxed);
-}
-
-void df_storage_drop_derived(df_storage *st)
-{
-    for (df_derived *d = st->derived, *next; d; d = next) {
-        next = d->next;
-        if (d->free)
-            d->free(d->data);
-        df_free(d);
-    }
-    st->derived = NULL;
 }
 
 void df_storage_release(df_storage *st)
@@ -195,39 +206,17 @@ void df_storage_release(df_storage *st)
         return;
     if (atomic_fetch_sub_explicit(&st->refs, 1, memory_order_acq_rel) != 1)
         return;
-    df_storage_drop_derived(st);
-    if (st->data && !st->external)
-        df_buffer_cache_release(st->dev->cache, st->data, st->bytes);
-    df_storage *base = st->base;
+    if (st->buf && st->owns_buf)
+        df_dev_buffer_free(st->dev, st->buf);
+    else if (st->buf && !st->external)
+        df_buffer_cache_release(st->dev->cache, st->buf, st->bytes);
+    df_storage *base = st->base, *scale = st->i8_scale;
     df_free(st);
     df_storage_release(base);
+    df_storage_release(scale);
 }
 
-df_derived *df_storage_find_derived(df_storage *st, int64_t key)
-{
-    for (df_derived *d = st->derived; d; d = d->next)
-        if (d->key == key)
-            return d;
-    return NULL;
-}
-
-void df_storage_add_derived(df_storage *st, df_derived *d)
-{
-    d->next = st->derived;
-    st->derived = d;
-}
-
-void *df_env_scratch(df_kernel_env *env, size_t bytes)
-{
-    if (bytes <= env->scratch_bytes)
-        return env->scratch;
-    df_aligned_free(env->scratch);
-    env->scratch = df_aligned_alloc(bytes);
-    env->scratch_bytes = env->scratch ? bytes : 0;
-    return env->scratch;
-}
-
-int64_t df_view_numel(const df_view *v)
+int64_t df_gview_numel(const df_gview *v)
 {
     int64_t n = 1;
     for (int d = 0; d < v->ndim; d++)
@@ -235,7 +224,7 @@ int64_t df_view_numel(const df_view *v)
     return n;
 }
 
-bool df_view_is_dense(const df_view *v)
+bool df_gview_is_dense(const df_gview *v)
 {
     int64_t expect = 1;
     for (int d = v->ndim - 1; d >= 0; d--) {
@@ -244,4 +233,43 @@ bool df_view_is_dense(const df_view *v)
         expect *= v->shape[d];
     }
     return true;
+}
+
+void df_gview_lower(const df_gview *v, df_view *out)
+{
+    const df_storage *st = v->st;
+    if (!st) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    out->buf = st->buf;
+    out->offset = st->offset + (uint64_t)v->offset * df_dtype_size(v->dtype);
+    out->dtype = v->dtype;
+    out->ndim = v->ndim;
+    memcpy(out->shape, v->shape, sizeof out->shape);
+    memcpy(out->stride, v->stride, sizeof out->stride);
+    out->flags = (st->is_weight ? DF_VIEW_CONST : 0) | (st->transient ? DF_VIEW_STREAMED : 0) |
+                 (st->keep_precision ? DF_VIEW_KEEP_PRECISION : 0) |
+                 (st->file_backed && st->owns_buf ? DF_VIEW_FILE_PAGES : 0);
+    if (st->i8_scale) {
+        out->scale_buf = st->i8_scale->buf;
+        out->scale_offset = st->i8_scale->offset + st->i8_scale_offset;
+        out->scale_groups = st->i8_groups;
+    } else {
+        out->scale_buf = NULL;
+        out->scale_offset = 0;
+        out->scale_groups = 0;
+    }
+}
+
+void df_gnode_lower(const df_gnode *n, df_node *out)
+{
+    out->op = n->op;
+    out->n_in = n->n_in;
+    for (int i = 0; i < n->n_in; i++)
+        df_gview_lower(&n->in[i], &out->in[i]);
+    for (int i = n->n_in; i < DF_NODE_MAX_IN; i++)
+        memset(&out->in[i], 0, sizeof out->in[i]);
+    df_gview_lower(&n->out, &out->out);
+    out->a = n->a;
 }

@@ -6,18 +6,20 @@
  * calling the backend after the first step. Sizes round up to 256 bytes below 1 MiB and to
  * 64 KiB above, which keeps the waste under 7% for the tensors of a diffusion model. When
  * the backend refuses memory, the cache is emptied and the request retried once.
- * One mutex guards it: the host thread allocates and the stream thread frees.
+ * One mutex guards it: the host thread allocates and host callbacks free. A block comes
+ * back only when the stream has passed its last use (the callback that drops the last
+ * reference runs there), so whatever is in the cache may be handed out at once.
  */
 #include <pthread.h>
 
-#include "backend/backend.h"
+#include "backend/graph.h"
 #include "backend/buffer_cache.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
 typedef struct block {
     struct block *next;
-    void *ptr;
+    df_dev_buffer *buf;
     size_t bytes;
 } block;
 
@@ -51,7 +53,7 @@ static void drop_cached(df_buffer_cache *c)
 {
     for (block *b = c->free_list, *next; b; b = next) {
         next = b->next;
-        c->dev->ops->buffer_free(c->dev->impl, b->ptr);
+        df_dev_buffer_free(c->dev, b->buf);
         c->stats.cached_bytes -= (int64_t)b->bytes;
         df_free(b);
     }
@@ -71,7 +73,7 @@ void df_buffer_cache_free(df_buffer_cache *c)
     df_free(c);
 }
 
-df_status df_buffer_cache_alloc(df_buffer_cache *c, size_t bytes, void **out)
+df_status df_buffer_cache_alloc(df_buffer_cache *c, size_t bytes, df_dev_buffer **out)
 {
     size_t n = round_size(bytes);
     pthread_mutex_lock(&c->mu);
@@ -79,17 +81,17 @@ df_status df_buffer_cache_alloc(df_buffer_cache *c, size_t bytes, void **out)
         if ((*p)->bytes == n) {
             block *b = *p;
             *p = b->next;
-            *out = b->ptr;
+            *out = b->buf;
             b->next = c->spare;
             c->spare = b;
             c->stats.cached_bytes -= (int64_t)n;
             goto got;
         }
     }
-    df_status s = c->dev->ops->buffer_alloc(c->dev->impl, n, out);
+    df_status s = df_dev_buffer_alloc(c->dev, n, out);
     if (s == DF_E_OOM && c->free_list) {
         drop_cached(c);
-        s = c->dev->ops->buffer_alloc(c->dev->impl, n, out);
+        s = df_dev_buffer_alloc(c->dev, n, out);
     }
     if (s != DF_OK) {
         pthread_mutex_unlock(&c->mu);
@@ -107,7 +109,7 @@ got:
     return DF_OK;
 }
 
-void df_buffer_cache_release(df_buffer_cache *c, void *ptr, size_t bytes)
+void df_buffer_cache_release(df_buffer_cache *c, df_dev_buffer *buf, size_t bytes)
 {
     size_t n = round_size(bytes);
     pthread_mutex_lock(&c->mu);
@@ -118,9 +120,9 @@ void df_buffer_cache_release(df_buffer_cache *c, void *ptr, size_t bytes)
     else
         b = df_malloc(sizeof *b);
     if (!b) { /* no record to keep it in: give it back */
-        c->dev->ops->buffer_free(c->dev->impl, ptr);
+        df_dev_buffer_free(c->dev, buf);
     } else {
-        b->ptr = ptr;
+        b->buf = buf;
         b->bytes = n;
         b->next = c->free_list;
         c->free_list = b;

@@ -42,7 +42,6 @@
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
-#include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
 #include <diffuse/dist.h>
 

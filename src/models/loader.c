@@ -204,7 +204,7 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
     }
     /* Wrapped tensors point into the file mapping df_weights_open made: their pages can be
      * dropped and read again (offloading, and after a backend packed its own copy). */
-    t->v.st->file_backed = t->v.st->external;
+    t->v.st->file_backed = t->v.st->host != NULL;
     size_t resident = df_quant_bind(ws->ctx, ws->component, name, t, bytes);
     ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
                                    .bytes = bytes, .resident_bytes = resident, .resident = true};
@@ -594,25 +594,19 @@ typedef struct release_job {
     bool all;
 } release_job;
 
-static df_status release_run(void *arg, df_kernel_env *env)
+/* Runs once the stream has passed every kernel queued before the release: the file's
+ * pages of the released weights go (they are read again when next used). */
+static void release_pages(void *arg, df_status s)
 {
-    (void)env;
+    (void)s;
     release_job *j = arg;
     for (int i = 0; i < j->ws->n; i++) {
         bound *b = &j->ws->tensors[i];
-        if (!matches(b, j->all ? NULL : j->prefix))
-            continue;
-        df_storage_drop_derived(b->t->v.st); /* packed / converted forms */
-        if (b->t->v.st->external)
+        if (matches(b, j->all ? NULL : j->prefix) && b->t->v.st->file_backed &&
+            df_storage_host_ptr(b->t->v.st))
             advise(b->data, b->bytes, MADV_DONTNEED);
     }
-    return DF_OK;
-}
-
-static void release_done(void *arg, df_status s)
-{
-    (void)s;
-    df_free(arg);
+    df_free(j);
 }
 
 df_status df_ws_release(df_weight_set *ws, const char *prefix)
@@ -625,15 +619,20 @@ df_status df_ws_release(df_weight_set *ws, const char *prefix)
     j->all = prefix == NULL;
     if (prefix)
         snprintf(j->prefix, sizeof j->prefix, "%s", prefix);
-    /* After every kernel already asked for: flush pending graphs, then queue the job. */
+    /* After every kernel already asked for: flush pending graphs, then, in stream order,
+     * drop the forms the device derived (packed, converted) and the file's pages. */
     df_status s = ctx->exec->flush(ctx);
+    for (int i = 0; s == DF_OK && i < ws->n; i++) {
+        bound *b = &ws->tensors[i];
+        if (matches(b, prefix) && b->t->v.st->buf)
+            s = df_dev_drop_cache(ctx->dev, ctx->stream, b->t->v.st->buf);
+    }
     if (s == DF_OK)
-        s = ctx->dev->ops->stream_submit(
-            ctx->stream, &(df_work){.run = release_run, .done = release_done, .arg = j});
-    else
+        s = df_dev_callback(ctx->dev, ctx->stream, release_pages, j);
+    if (s != DF_OK) {
         df_free(j);
-    if (s != DF_OK)
         return s;
+    }
     for (int i = 0; i < ws->n; i++) {
         bound *b = &ws->tensors[i];
         if (b->resident && matches(b, prefix)) {
@@ -650,7 +649,7 @@ void df_ws_acquire(df_weight_set *ws, const char *prefix)
         bound *b = &ws->tensors[i];
         if (!matches(b, prefix))
             continue;
-        if (b->t->v.st->external)
+        if (b->t->v.st->file_backed)
             advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
         if (!b->resident) {
             b->resident = true;

@@ -73,7 +73,10 @@ df_status df_quant_bind_int8(df_weight_set *ws, const char *name, df_tensor *t)
                          "the int8 groups of a row of %lld",
                          name, (long long)scale->v.shape[1], df_dtype_name(scale->v.dtype),
                          (long long)t->v.shape[1]);
-    t->v.st->i8_scale = (const float *)df_view_ptr(&scale->v);
+    df_storage_retain(scale->v.st);
+    df_storage_release(t->v.st->i8_scale);
+    t->v.st->i8_scale = scale->v.st;
+    t->v.st->i8_scale_offset = (uint64_t)scale->v.offset * sizeof(float);
     t->v.st->i8_groups = scale->v.shape[1];
     return DF_OK;
 }

@@ -44,7 +44,6 @@
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
-#include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
 #define SD3_EPS           1e-6f              /* every LayerNorm and RMSNorm of the model */
 #define SD3_TIME_CHANNELS 256                /* sinusoidal timestep features */

@@ -476,8 +476,10 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         }
     if (s == DF_OK)
         s = make_scheduler(f, r->steps, S, &sched);
-    df_tensor *img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S, 3), ids);
-    df_tensor *txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt);
+    df_tensor *img_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S, 3), ids)
+                                    : NULL;
+    df_tensor *txt_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt)
+                                    : NULL;
     if (s == DF_OK)
         s = df_ctx_status(ctx);
     if (p->opts.offload == DF_OFFLOAD_MODEL)

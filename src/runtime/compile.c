@@ -32,13 +32,13 @@ typedef struct ref {
 } ref;
 
 typedef struct tnode {
-    df_node tmpl; /* storages cleared; see refs */
+    df_gnode tmpl; /* storages cleared; see refs */
     ref in[DF_NODE_MAX_IN];
 } tnode;
 
 typedef struct signature {
     int n;
-    df_view v[DF_MODULE_MAX_IO + DF_MODULE_MAX_WEIGHTS]; /* st == NULL: absent input */
+    df_gview v[DF_MODULE_MAX_IO + DF_MODULE_MAX_WEIGHTS]; /* st == NULL: absent input */
 } signature;
 
 typedef struct program {
@@ -51,7 +51,7 @@ typedef struct program {
     int n_consts;
     int n_out;
     ref out_ref[DF_MODULE_MAX_IO];
-    df_view out_view[DF_MODULE_MAX_IO];
+    df_gview out_view[DF_MODULE_MAX_IO];
     lz_program *plan;
 } program;
 
@@ -65,18 +65,18 @@ struct df_compiled {
 /* ---- the recording executor ---------------------------------------------------------- */
 
 typedef struct trace_state {
-    df_node **nodes;
+    df_gnode **nodes;
     int n, cap;
     bool fullgraph;
     const char *module;
 } trace_state;
 
-static df_status trace_submit(df_ctx *ctx, df_node *node)
+static df_status trace_submit(df_ctx *ctx, df_gnode *node)
 {
     trace_state *t = ctx->exec_state;
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 512;
-        df_node **nn = df_realloc(t->nodes, (size_t)cap * sizeof *nn);
+        df_gnode **nn = df_realloc(t->nodes, (size_t)cap * sizeof *nn);
         if (!nn) {
             df_node_free(node);
             return df_errorf(DF_E_OOM, "out of memory tracing '%s'", t->module);
@@ -108,7 +108,7 @@ static const df_executor exec_trace = {.submit = trace_submit, .flush = trace_fl
 
 /* ---- signatures -------------------------------------------------------------------------- */
 
-static void layout_of(df_view *dst, const df_tensor *t)
+static void layout_of(df_gview *dst, const df_tensor *t)
 {
     memset(dst, 0, sizeof *dst);
     if (!t)
@@ -117,7 +117,7 @@ static void layout_of(df_view *dst, const df_tensor *t)
     dst->st = (df_storage *)1; /* present; the pointer is never used */
 }
 
-static bool same_layout(const df_view *a, const df_view *b)
+static bool same_layout(const df_gview *a, const df_gview *b)
 {
     if ((a->st != NULL) != (b->st != NULL))
         return false;
@@ -176,7 +176,7 @@ static ref classify(program *p, const binding *b, df_storage *st, const int *new
 {
     if (!st)
         return (ref){R_NONE, 0};
-    if (st->producer && !st->data)
+    if (st->producer && !st->buf)
         return new_id[st->producer->id] >= 0 ? (ref){R_NODE, new_id[st->producer->id]}
                                              : (ref){R_CONST, add_const(p, st)};
     for (int i = 0; i < b->n_in; i++)
@@ -189,7 +189,7 @@ static ref classify(program *p, const binding *b, df_storage *st, const int *new
 }
 
 /* Turns the trace into p's template, folding constant nodes; then runs the trace. */
-static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_node **nodes, int n,
+static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_gnode **nodes, int n,
                                df_tensor **out, int n_out, double *plan_seconds)
 {
     double t_plan = df_now();
@@ -207,7 +207,7 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
             df_storage *st = nodes[i]->in[k].st;
             if (!st)
                 continue;
-            if (st->producer && !st->data)
+            if (st->producer && !st->buf)
                 c = is_const[st->producer->id];
             else
                 for (int j = 0; j < b->n_in + b->n_w && c; j++) {
@@ -224,12 +224,12 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
     for (int i = 0; s == DF_OK && i < n; i++)
         for (int k = 0; k < nodes[i]->n_in; k++) {
             df_storage *st = nodes[i]->in[k].st;
-            if (!is_const[i] && st && st->producer && !st->data && is_const[st->producer->id])
+            if (!is_const[i] && st && st->producer && !st->buf && is_const[st->producer->id])
                 boundary[st->producer->id] = true;
         }
     for (int j = 0; s == DF_OK && j < n_out; j++) {
         df_storage *st = out[j]->v.st;
-        if (st->producer && !st->data && is_const[st->producer->id])
+        if (st->producer && !st->buf && is_const[st->producer->id])
             boundary[st->producer->id] = true;
     }
     for (int i = 0; s == DF_OK && i < n; i++)
@@ -259,7 +259,7 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
         p->out_view[j].st = NULL;
     }
     /* Run the trace itself (constants included), then drop the extra visibility. */
-    lz_program *plan = s == DF_OK ? df_graph_plan_make(nodes, n, ctx->dev->ops)
+    lz_program *plan = s == DF_OK ? df_graph_plan_make(nodes, n, ctx->dev)
                                   : NULL;
     df_storage **held = df_malloc(((size_t)n + 1) * sizeof *held);
     int n_held = 0;
@@ -291,7 +291,7 @@ static df_status build_and_run(df_ctx *ctx, program *p, const binding *b, df_nod
 
 /* ---- replay ------------------------------------------------------------------------------ */
 
-static df_storage *resolve(const program *p, const binding *b, df_node **nodes, ref r)
+static df_storage *resolve(const program *p, const binding *b, df_gnode **nodes, ref r)
 {
     switch (r.kind) {
     case R_CONST:  return p->consts[r.index];
@@ -304,16 +304,16 @@ static df_storage *resolve(const program *p, const binding *b, df_node **nodes, 
 
 static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **out)
 {
-    df_node **nodes = df_calloc((size_t)p->n + 1, sizeof *nodes);
+    df_gnode **nodes = df_calloc((size_t)p->n + 1, sizeof *nodes);
     if (!nodes)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
     df_status s = DF_OK;
     for (int i = 0; i < p->n && s == DF_OK; i++) {
-        const df_view *o = &p->nodes[i].tmpl.out;
+        const df_gview *o = &p->nodes[i].tmpl.out;
         size_t bytes = df_dtype_size(o->dtype); /* checked when the op was first made */
         for (int d = 0; d < o->ndim; d++)
             bytes *= (size_t)o->shape[d];
-        df_node *x = df_malloc(sizeof *x);
+        df_gnode *x = df_malloc(sizeof *x);
         df_storage *st = x ? df_storage_lazy(ctx->dev, bytes) : NULL;
         if (!x || !st) {
             df_free(x);
@@ -333,7 +333,7 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
         nodes[i] = x;
     }
     for (int j = 0; j < p->n_out && s == DF_OK; j++) {
-        df_view v = p->out_view[j];
+        df_gview v = p->out_view[j];
         v.st = resolve(p, b, nodes, p->out_ref[j]);
         df_storage_retain(v.st);
         out[j] = df_handle_new(ctx, &v);
@@ -342,7 +342,7 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
     }
     if (s == DF_OK && !p->plan) {
         double t0 = df_now();
-        p->plan = df_graph_plan_make(nodes, p->n, ctx->dev->ops);
+        p->plan = df_graph_plan_make(nodes, p->n, ctx->dev);
         ctx->stats.compile_ms += (df_now() - t0) * 1e3;
         if (!p->plan)
             s = df_errorf(DF_E_OOM, "out of memory planning a compiled program");

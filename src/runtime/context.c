@@ -14,22 +14,10 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/status.h"
 #include "runtime/lazy.h"
 #include "runtime/runtime.h"
-
-double df_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-const char *df_device_default(void)
-{
-    const char *env = getenv("DIFFUSE_DEVICE");
-    return env && *env ? env : "cpu";
-}
 
 static bool env_flag(const char *name)
 {
@@ -54,9 +42,14 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
     ctx->fuse_max_nodes = o.fuse_max_nodes > 0 ? o.fuse_max_nodes : 4096;
     ctx->launch_blocking = env_flag("DIFFUSE_LAUNCH_BLOCKING");
     ctx->profiling = env_flag("DIFFUSE_PROFILE");
-    df_status s = df_device_open(o.device ? o.device : df_device_default(), o.threads, &ctx->dev);
-    if (s == DF_OK)
-        s = ctx->dev->ops->stream_create(ctx->dev->impl, &ctx->stream);
+    char options[32] = "";
+    if (o.threads > 0)
+        snprintf(options, sizeof options, "threads=%d", o.threads);
+    df_status s = df_device_open(o.device ? o.device : df_device_default(), options, &ctx->dev);
+    if (s == DF_OK) {
+        ctx->threads = o.threads > 0 ? o.threads : ctx->dev->info.compute_units;
+        s = df_dev_stream_create(ctx->dev, DF_STREAM_COMPUTE, &ctx->stream);
+    }
     df_eager_mode mode = env_flag("DIFFUSE_DEFER_AND_FUSE") ? DF_DEFER_AND_FUSE : o.mode;
     if (s == DF_OK)
         s = df_set_eager_mode(ctx, mode);
@@ -81,9 +74,11 @@ void df_ctx_free(df_ctx *ctx)
     if (ctx->exec && ctx->exec->destroy)
         ctx->exec->destroy(ctx);
     if (ctx->stream) {
-        ctx->dev->ops->stream_sync(ctx->stream);
-        ctx->dev->ops->stream_free(ctx->stream);
+        df_dev_sync(ctx->dev, ctx->stream);
+        df_dev_stream_free(ctx->dev, ctx->stream);
     }
+    if (ctx->dev_comm)
+        ctx->dev->ops->comm_free(ctx->dev_comm);
     df_storage_release(ctx->arena);
     df_device_close(ctx->dev);
     df_free(ctx->live);
@@ -113,8 +108,8 @@ df_status df_ctx_status(const df_ctx *ctx)
 
 void df_ctx_reset_error(df_ctx *ctx)
 {
-    ctx->dev->ops->stream_sync(ctx->stream);
-    ctx->dev->ops->stream_reset(ctx->stream);
+    df_dev_sync(ctx->dev, ctx->stream);
+    df_dev_reset(ctx->dev, ctx->stream);
     ctx->status = DF_OK;
     ctx->status_msg[0] = '\0';
 }
@@ -161,7 +156,7 @@ df_eager_mode df_get_eager_mode(const df_ctx *ctx)
 
 int df_ctx_threads(const df_ctx *ctx)
 {
-    return ctx->dev->ops->device_threads(ctx->dev->impl);
+    return ctx->threads > 0 ? ctx->threads : 1;
 }
 
 const char *df_ctx_device_name(const df_ctx *ctx)
@@ -176,7 +171,7 @@ df_status df_sync(df_ctx *ctx)
     df_status s = ctx->exec->flush(ctx);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
-    s = ctx->dev->ops->stream_sync(ctx->stream);
+    s = df_dev_sync(ctx->dev, ctx->stream);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
     return DF_OK;
@@ -188,18 +183,18 @@ df_status df_event_record(df_ctx *ctx, df_event *out)
     df_status s = ctx->status != DF_OK ? df_ctx_raise(ctx) : ctx->exec->flush(ctx);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s), df_ctx_raise(ctx);
-    out->at = ctx->dev->ops->stream_record(ctx->stream);
+    out->at = df_dev_record(ctx->dev, ctx->stream);
     return DF_OK;
 }
 
 bool df_event_done(df_ctx *ctx, df_event ev)
 {
-    return ctx->dev->ops->stream_reached(ctx->stream, ev.at, false);
+    return df_dev_reached(ctx->dev, ctx->stream, ev.at, false);
 }
 
 df_status df_event_sync(df_ctx *ctx, df_event ev)
 {
-    ctx->dev->ops->stream_reached(ctx->stream, ev.at, true);
+    df_dev_reached(ctx->dev, ctx->stream, ev.at, true);
     return ctx->status != DF_OK ? df_ctx_raise(ctx) : DF_OK;
 }
 
@@ -270,6 +265,8 @@ void df_ctx_stats(df_ctx *ctx, df_stats *out)
     out->bytes_allocated = m.allocated_total - ctx->allocated_base;
     out->peak_bytes = m.peak_bytes;
     out->live_bytes = m.live_bytes;
+    out->bytes_uploaded = atomic_load(&ctx->dev->bytes_uploaded) - ctx->uploaded_base;
+    out->bytes_downloaded = atomic_load(&ctx->dev->bytes_downloaded) - ctx->downloaded_base;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
@@ -298,6 +295,8 @@ void df_stats_reset(df_ctx *ctx)
     df_mem_stats m;
     df_device_mem_stats(ctx->dev, &m);
     ctx->allocated_base = m.allocated_total;
+    ctx->uploaded_base = atomic_load(&ctx->dev->bytes_uploaded);
+    ctx->downloaded_base = atomic_load(&ctx->dev->bytes_downloaded);
 }
 
 void df_stats_add_weights(df_ctx *ctx, int64_t bytes_read, int64_t resident_delta)
@@ -322,7 +321,8 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     "\"peak_rss_bytes\":%lld,\"weight_bytes_read\":%lld,"
                     "\"resident_weight_bytes\":%lld,\"arena_bytes\":%lld,\"steps\":%lld,"
                     "\"seconds_per_step\":%.6f,\"rss_bytes\":%lld,"
-                    "\"peak_resident_weight_bytes\":%lld}",
+                    "\"peak_resident_weight_bytes\":%lld,\"bytes_uploaded\":%lld,"
+                    "\"bytes_downloaded\":%lld}",
                     (long long)s->ops_enqueued, (long long)s->graphs_built,
                     (long long)s->graphs_compiled, (long long)s->cache_hits,
                     (long long)s->cache_misses, s->compile_ms, (long long)s->fused_kernels,
@@ -330,7 +330,8 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     (long long)s->peak_rss_bytes, (long long)s->weight_bytes_read,
                     (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
                     (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes,
-                    (long long)s->peak_resident_weight_bytes);
+                    (long long)s->peak_resident_weight_bytes, (long long)s->bytes_uploaded,
+                    (long long)s->bytes_downloaded);
 }
 
 /* --- profiling -------------------------------------------------------------------------- */

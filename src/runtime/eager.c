@@ -1,18 +1,27 @@
 /*
- * Strict eager mode: every node is queued on the device stream as soon as it is made.
+ * Strict eager mode: every node is launched on the device stream as soon as it is made.
  *
- * The node travels with its storages retained; the stream thread runs the backend's
- * kernel and then drops the references, so memory is recycled only after the last kernel
- * that touches it. Nothing here waits, except with DIFFUSE_LAUNCH_BLOCKING=1 (debugging),
- * which syncs after every op so a failure points at the op that caused it.
+ * The node is lowered to the device's form (buffers and byte offsets) and launched from
+ * the host thread; a host callback queued after it drops the references the node held, so
+ * memory returns to the caching allocator only once the stream has passed the kernel that
+ * touches it. Nothing here waits, except with DIFFUSE_LAUNCH_BLOCKING=1 (debugging), which
+ * syncs after every op so a failure points at the op that caused it.
+ *
+ * All-reduce nodes do not go to a kernel: the runtime queues the device's collective on
+ * the communicator of the context, or stages the data through the host where the device
+ * has no collectives.
  */
+#include <string.h>
+
 #include "core/alloc.h"
+#include "core/comm.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
 
-#define DF_MAX_QUEUED_OPS 32
+/* Queue items a host may run ahead of the stream by: a launch and its release each. */
+#define DF_MAX_QUEUED_ITEMS 64
 
-void df_node_free(df_node *n)
+void df_node_free(df_gnode *n)
 {
     if (!n)
         return;
@@ -22,67 +31,159 @@ void df_node_free(df_node *n)
     df_free(n);
 }
 
-typedef struct eager_item {
-    df_node *node;
-    df_kernel_fn kernel;
-    df_ctx *profile; /* set when profiling */
-} eager_item;
-
-static df_status run_node(void *arg, df_kernel_env *env)
+static void release_node(void *arg, df_status s)
 {
-    eager_item *it = arg;
-    if (!it->profile)
-        return it->kernel(it->node, env);
-    double t0 = df_now();
-    df_status s = it->kernel(it->node, env);
-    df_profile_add(it->profile, it->node->op, df_now() - t0);
+    (void)s;
+    df_node_free(arg);
+}
+
+/* Profiling: host callbacks on either side of a kernel time it (on the CPU they run on
+ * the stream's thread, right before and after it). */
+typedef struct prof_mark {
+    df_ctx *ctx;
+    int slot;
+    double t0;
+} prof_mark;
+
+static void prof_begin(void *arg, df_status s)
+{
+    (void)s;
+    ((prof_mark *)arg)->t0 = df_now();
+}
+
+static void prof_end(void *arg, df_status s)
+{
+    (void)s;
+    prof_mark *m = arg;
+    df_profile_add(m->ctx, m->slot, df_now() - m->t0);
+    df_free(m);
+}
+
+df_status df_launch_timed(df_ctx *ctx, int slot, df_status (*launch)(df_ctx *, const void *),
+                          const void *arg)
+{
+    prof_mark *m = ctx->profiling ? df_calloc(1, sizeof *m) : NULL;
+    if (m) {
+        *m = (prof_mark){.ctx = ctx, .slot = slot};
+        if (df_dev_callback(ctx->dev, ctx->stream, prof_begin, m) != DF_OK) {
+            df_free(m);
+            m = NULL;
+        }
+    }
+    df_status s = launch(ctx, arg);
+    if (m && df_dev_callback(ctx->dev, ctx->stream, prof_end, m) != DF_OK) {
+        df_dev_sync(ctx->dev, ctx->stream);
+        df_free(m);
+    }
     return s;
 }
 
-static void done_node(void *arg, df_status s)
+static df_status launch_node(df_ctx *ctx, const void *arg)
 {
-    eager_item *it = arg;
-    if (s != DF_OK)
-        df_error_context(s, "op '%s'", df_op_name(it->node->op));
-    df_node_free(it->node);
-    df_free(it);
+    return df_dev_launch(ctx->dev, ctx->stream, (const df_node *)arg);
 }
 
-df_status df_eager_submit(df_ctx *ctx, df_node *node)
+/* A host communicator over the context's df_comm, for the device's comm_create. */
+static df_status hc_all_reduce(void *self, float *buf, int64_t n)
 {
-    df_kernel_fn k = ctx->dev->ops->kernels[node->op];
-    if (!k) {
-        df_status s = df_errorf(DF_E_UNSUPPORTED, "op '%s' is not supported on %s",
-                                df_op_name(node->op), ctx->dev->name);
-        df_node_free(node);
-        return s;
+    df_comm *c = self;
+    return c->ops->all_reduce_f32(c, buf, n);
+}
+
+static df_status hc_all_gather(void *self, const void *send, void *recv, size_t bytes)
+{
+    df_comm *c = self;
+    return c->ops->all_gather(c, send, recv, bytes);
+}
+
+static df_status hc_broadcast(void *self, void *buf, size_t bytes, int root)
+{
+    df_comm *c = self;
+    return c->ops->broadcast(c, buf, bytes, root);
+}
+
+static df_status hc_barrier(void *self)
+{
+    df_comm *c = self;
+    return c->ops->barrier(c);
+}
+
+/* in -> out (a copy on the device when they differ), then the sum over the ranks. */
+static df_status all_reduce(df_ctx *ctx, const df_gnode *g, const df_node *n)
+{
+    df_comm *comm = (df_comm *)(intptr_t)g->a.i[0];
+    uint64_t bytes = (uint64_t)df_gview_numel(&g->out) * sizeof(float);
+    if (n->in[0].buf != n->out.buf || n->in[0].offset != n->out.offset)
+        DF_TRY(df_dev_copy_d2d(ctx->dev, ctx->stream, n->out.buf, n->out.offset, n->in[0].buf,
+                               n->in[0].offset, bytes));
+    if (!comm || comm->size == 1 || bytes == 0)
+        return DF_OK;
+    df_coll op = {.kind = DF_COLL_ALL_REDUCE_SUM, .buf = n->out.buf, .offset = n->out.offset,
+                  .count = (int64_t)(bytes / sizeof(float)), .dtype = DF_DTYPE_F32};
+    const df_device_ops *ops = ctx->dev->ops;
+    if (ops->collective && ops->comm_create) {
+        if (!ctx->dev_comm || ctx->dev_comm_of != comm) {
+            if (ctx->dev_comm)
+                ops->comm_free(ctx->dev_comm);
+            ctx->dev_comm = NULL;
+            df_host_comm h = {.rank = comm->rank, .size = comm->size, .self = comm,
+                              .all_reduce_f32 = hc_all_reduce, .all_gather = hc_all_gather,
+                              .broadcast = hc_broadcast, .barrier = hc_barrier};
+            DF_TRY(ops->comm_create(ctx->dev->impl, &h, &ctx->dev_comm));
+            ctx->dev_comm_of = comm;
+        }
+        return ops->collective(ctx->stream, ctx->dev_comm, &op);
     }
+    /* Host-staged: down, summed on the host, up again. */
+    float *tmp = df_malloc((size_t)bytes);
+    if (!tmp)
+        return df_errorf(DF_E_OOM, "all_reduce: out of memory staging %llu bytes",
+                         (unsigned long long)bytes);
+    df_status s = df_dev_copy_d2h(ctx->dev, ctx->stream, tmp, op.buf, op.offset, bytes);
+    if (s == DF_OK)
+        s = df_dev_sync(ctx->dev, ctx->stream);
+    if (s == DF_OK)
+        s = comm->ops->all_reduce_f32(comm, tmp, op.count);
+    if (s == DF_OK)
+        s = df_dev_copy_h2d(ctx->dev, ctx->stream, op.buf, op.offset, tmp, bytes);
+    if (s == DF_OK)
+        s = df_dev_sync(ctx->dev, ctx->stream);
+    df_free(tmp);
+    return s;
+}
+
+df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
+{
     df_status s = df_storage_materialize(node->out.st);
-    eager_item *it = s == DF_OK ? df_malloc(sizeof *it) : NULL;
-    if (!it) {
-        if (s == DF_OK)
-            s = df_errorf(DF_E_OOM, "out of memory queuing op '%s'", df_op_name(node->op));
-        df_node_free(node);
-        return s;
-    }
-    it->node = node;
-    it->kernel = k;
-    it->profile = ctx->profiling ? ctx : NULL;
-    s = ctx->dev->ops->stream_submit(ctx->stream,
-                                     &(df_work){.run = run_node, .done = done_node, .arg = it});
     if (s != DF_OK) {
         df_node_free(node);
-        df_free(it);
+        return s;
+    }
+    df_node n;
+    df_gnode_lower(node, &n);
+    if (node->op == DF_OP_ALL_REDUCE) {
+        s = all_reduce(ctx, node, &n);
+    } else if (!df_dev_supports(ctx->dev, &n)) {
+        s = df_errorf(DF_E_UNSUPPORTED, "op '%s' is not supported on %s", df_op_name(node->op),
+                      ctx->dev->name);
+    } else {
+        s = df_launch_timed(ctx, node->op, launch_node, &n);
+    }
+    if (s == DF_OK)
+        s = df_dev_callback(ctx->dev, ctx->stream, release_node, node);
+    if (s != DF_OK) {
+        /* Work already queued may still read the node's storages. */
+        df_dev_sync(ctx->dev, ctx->stream);
+        df_node_free(node);
         return s;
     }
     ctx->stats.ops_enqueued++;
     if (ctx->launch_blocking)
-        return ctx->dev->ops->stream_sync(ctx->stream);
+        return df_dev_sync(ctx->dev, ctx->stream);
     /* Outputs are allocated when an op is queued, so a host far ahead of the stream would
      * hold every queued op's memory at once. Like a GPU driver's launch queue, the queue
      * has a bounded depth: past it the host waits for the oldest work to finish. */
-    if (ctx->dev->ops->stream_throttle)
-        ctx->dev->ops->stream_throttle(ctx->stream, DF_MAX_QUEUED_OPS);
+    df_dev_throttle(ctx->dev, ctx->stream, DF_MAX_QUEUED_ITEMS);
     return DF_OK;
 }
 

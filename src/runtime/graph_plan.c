@@ -42,7 +42,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
     return h * 0x100000001b3ull;
 }
 
-static uint64_t hash_view(uint64_t h, const df_view *v)
+static uint64_t hash_view(uint64_t h, const df_gview *v)
 {
     h = mix(h, (uint64_t)(v->st != NULL));
     if (!v->st)
@@ -56,11 +56,11 @@ static uint64_t hash_view(uint64_t h, const df_view *v)
     return h;
 }
 
-uint64_t df_graph_key(df_node *const *nodes, int n)
+uint64_t df_graph_key(df_gnode *const *nodes, int n)
 {
     uint64_t h = mix(0xcbf29ce484222325ull, (uint64_t)n);
     for (int i = 0; i < n; i++) {
-        const df_node *x = nodes[i];
+        const df_gnode *x = nodes[i];
         h = mix(h, (uint64_t)x->op);
         for (int k = 0; k < 8; k++)
             h = mix(h, (uint64_t)x->a.i[k]);
@@ -74,7 +74,7 @@ uint64_t df_graph_key(df_node *const *nodes, int n)
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
-static bool pointwise(const df_node *x)
+static bool pointwise(const df_gnode *x)
 {
     switch (x->op) {
     case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL: case DF_OP_DIV: case DF_OP_SCALE:
@@ -90,7 +90,7 @@ static bool pointwise(const df_node *x)
 }
 
 /* Whether input view v of a node is exactly the dense output of node p. */
-static bool identity_view(const df_view *v, const df_node *p)
+static bool identity_view(const df_gview *v, const df_gnode *p)
 {
     if (v->st != p->out.st || v->offset != 0 || v->ndim != p->out.ndim || v->dtype != p->out.dtype)
         return false;
@@ -117,7 +117,7 @@ static df_fused_opcode opcode_of(df_op op)
 }
 
 typedef struct planner {
-    df_node *const *nodes;
+    df_gnode *const *nodes;
     int n;
     int *root_of;   /* node -> root of the fused group it belongs to, or -1 */
     bool *is_head;  /* node is the normalisation head of its group */
@@ -127,10 +127,10 @@ typedef struct planner {
 /* Emits the instructions computing node x inside group g; returns its register. */
 static int gen(planner *pl, lz_group *g, int x)
 {
-    const df_node *nd = pl->nodes[x];
+    const df_gnode *nd = pl->nodes[x];
     int regs[2] = {0, 0};
     for (int k = 0; k < nd->n_in && k < 2; k++) {
-        const df_view *v = &nd->in[k];
+        const df_gview *v = &nd->in[k];
         int prod = producer_of(v);
         bool inside = prod >= 0 && pl->root_of[prod] == g->root;
         if (pl->overflow || g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
@@ -169,22 +169,22 @@ static int gen(planner *pl, lz_group *g, int x)
     return g->n_regs++;
 }
 
-static bool is_norm(const df_node *x)
+static bool is_norm(const df_gnode *x)
 {
     return x->op == DF_OP_LAYER_NORM || x->op == DF_OP_RMS_NORM;
 }
 
 /* Whether input view v is all of node p's output, in its own dense layout (any shape). */
-static bool whole_view(const df_view *v, const df_node *p)
+static bool whole_view(const df_gview *v, const df_gnode *p)
 {
     return v->st == p->out.st && v->offset == 0 && v->dtype == p->out.dtype &&
-           df_view_is_dense(v) && df_view_numel(v) == df_view_numel(&p->out);
+           df_gview_is_dense(v) && df_gview_numel(v) == df_gview_numel(&p->out);
 }
 
 /* Whether v is p's [B, S, H, D] output seen as [B, H, S, D] (the heads moved forward). */
-static bool heads_first_view(const df_view *v, const df_node *p)
+static bool heads_first_view(const df_gview *v, const df_gnode *p)
 {
-    const df_view *o = &p->out;
+    const df_gview *o = &p->out;
     if (v->st != o->st || v->offset != 0 || v->dtype != o->dtype || v->ndim != 4 || o->ndim != 4)
         return false;
     int64_t B = o->shape[0], S = o->shape[1], H = o->shape[2], D = o->shape[3];
@@ -196,13 +196,13 @@ static bool heads_first_view(const df_view *v, const df_node *p)
 }
 
 /* A node whose output only one other node reads and no handle sees. */
-static bool sole_use(df_node *const *nodes, const lz_program *p, const int *uses, int i)
+static bool sole_use(df_gnode *const *nodes, const lz_program *p, const int *uses, int i)
 {
     return i >= 0 && p->kind[i] == K_SINGLE && uses[i] == 1 && nodes[i]->out.st->handles == 0;
 }
 
 /* The node that reads node i's output (the first one; the only one when uses[i] is 1). */
-static int reader_of(df_node *const *nodes, int n, int i)
+static int reader_of(df_gnode *const *nodes, int n, int i)
 {
     for (int j = i + 1; j < n; j++)
         for (int k = 0; k < nodes[j]->n_in; k++)
@@ -213,7 +213,7 @@ static int reader_of(df_node *const *nodes, int n, int i)
 
 /* Whether v, seen in the shape of `out`, is one row of out's last dimension broadcast over
  * all the others (an AdaLN gate [B=1, 1, D] against [1, S, D]). */
-static bool broadcast_row(const df_view *v, const df_view *out)
+static bool broadcast_row(const df_gview *v, const df_gview *out)
 {
     int last = out->ndim - 1;
     if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 0 || v->stride[last] != 1)
@@ -225,7 +225,7 @@ static bool broadcast_row(const df_view *v, const df_view *out)
 }
 
 /* Whether v has out's shape as f32 rows of the last dimension, evenly spaced. */
-static bool even_rows(const df_view *v, const df_view *out)
+static bool even_rows(const df_gview *v, const df_gview *out)
 {
     int last = out->ndim - 1;
     if (v->dtype != DF_DTYPE_F32 || v->ndim != out->ndim || last < 1 || v->stride[last] != 1)
@@ -237,7 +237,7 @@ static bool even_rows(const df_view *v, const df_view *out)
     return v->stride[last - 1] >= v->shape[last];
 }
 
-static bool same_shape(const df_view *a, const df_view *b)
+static bool same_shape(const df_gview *a, const df_gview *b)
 {
     if (a->ndim != b->ndim)
         return false;
@@ -247,13 +247,23 @@ static bool same_shape(const df_view *a, const df_view *b)
     return true;
 }
 
+/* Whether the device's products apply activation `act` on their way out. */
+static bool has_epilogue(const df_device *dev, int act)
+{
+    uint32_t cap = act == DF_ACT_GELU_TANH ? DF_CAP_EPI_GELU_TANH
+                 : act == DF_ACT_SILU      ? DF_CAP_EPI_SILU
+                 : act == DF_ACT_GELU      ? DF_CAP_EPI_GELU
+                                           : 0;
+    return cap && df_dev_has(dev, cap);
+}
+
 /* The gated residual of FLUX and SD3 blocks, x + gate * linear(h): the product multiplies
  * by the gate row and adds the residual on its way out (post-ops of the GEMM provider), so
  * neither the product's result nor the gated one is ever written on its own. */
-static void plan_gated_residuals(df_node *const *nodes, int n, lz_program *p, const int *uses)
+static void plan_gated_residuals(df_gnode *const *nodes, int n, lz_program *p, const int *uses)
 {
     for (int l = 0; l < n; l++) {
-        const df_node *lin = nodes[l];
+        const df_gnode *lin = nodes[l];
         if (p->kind[l] != K_SINGLE || lin->op != DF_OP_LINEAR || uses[l] != 1 ||
             p->fold[l] >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
             continue;
@@ -270,7 +280,7 @@ static void plan_gated_residuals(df_node *const *nodes, int n, lz_program *p, co
             !same_shape(&nodes[a]->out, &lin->out))
             continue;
         int as = identity_view(&nodes[a]->in[0], nodes[m]) ? 0 : 1; /* the gated slot */
-        const df_view *res = &nodes[a]->in[1 - as];
+        const df_gview *res = &nodes[a]->in[1 - as];
         int rp = producer_of(res);
         if (!identity_view(&nodes[a]->in[as], nodes[m]) || !even_rows(res, &lin->out) ||
             rp == l || rp == m)
@@ -286,18 +296,18 @@ static void plan_gated_residuals(df_node *const *nodes, int n, lz_program *p, co
  * of several rms_norm parts along the sequence (the two streams of a FLUX double block),
  * becomes one rms_norm_rope kernel per part, each writing its rows of the rope's output.
  * The concat is then never materialised. */
-static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const int *uses)
+static void plan_norm_rope(df_gnode *const *nodes, int n, lz_program *p, const int *uses)
 {
     for (int r = 0; r < n; r++) {
-        const df_node *rope = nodes[r];
+        const df_gnode *rope = nodes[r];
         if (p->kind[r] != K_SINGLE || rope->op != DF_OP_ROPE || rope->in[0].dtype != DF_DTYPE_F32 ||
-            rope->in[1].dtype != DF_DTYPE_F32 || !df_view_is_dense(&rope->in[1]))
+            rope->in[1].dtype != DF_DTYPE_F32 || !df_gview_is_dense(&rope->in[1]))
             continue;
         int src = producer_of(&rope->in[0]);
         if (!sole_use(nodes, p, uses, src) || !heads_first_view(&rope->in[0], nodes[src]))
             continue;
         int part[2], n_part = 0;
-        const df_node *c = nodes[src];
+        const df_gnode *c = nodes[src];
         if (c->op == DF_OP_RMS_NORM) {
             part[n_part++] = src;
         } else if (c->op == DF_OP_CONCAT && c->a.i[0] == 1) {
@@ -315,9 +325,9 @@ static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const in
         }
         bool ok = true;
         for (int k = 0; k < n_part; k++) {
-            const df_node *q = nodes[part[k]];
+            const df_gnode *q = nodes[part[k]];
             ok = ok && q->out.ndim == 4 && q->in[0].dtype == DF_DTYPE_F32 &&
-                 df_view_is_dense(&q->in[0]);
+                 df_gview_is_dense(&q->in[0]);
         }
         if (!ok)
             continue;
@@ -334,7 +344,7 @@ static void plan_norm_rope(df_node *const *nodes, int n, lz_program *p, const in
 }
 
 /* The first of v's trailing dimensions whose product is `width`, or -1. */
-static int trailing_split(const df_view *v, int64_t width)
+static int trailing_split(const df_gview *v, int64_t width)
 {
     int64_t prod = 1;
     for (int d = v->ndim - 1; d >= 0; d--) {
@@ -354,10 +364,11 @@ static int trailing_split(const df_view *v, int64_t width)
  * - the concat joins rows along the last dimension (the attention output and the MLP
  *   branch of a FLUX single block): the part is every row's slice of columns, which the
  *   matrix products and attention can write with a row stride. */
-static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, const int *uses)
+static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, const int *uses,
+                                 bool columns)
 {
     for (int c = 0; c < n; c++) {
-        const df_node *x = nodes[c];
+        const df_gnode *x = nodes[c];
         if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
             continue;
         int dim = (int)x->a.i[0], last = x->out.ndim - 1;
@@ -365,7 +376,7 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
         for (int d = 0; d < dim; d++)
             outer *= x->out.shape[d];
         bool contiguous = outer == 1;
-        if (!contiguous && dim != last)
+        if (!contiguous && (dim != last || !columns))
             continue;
         int writer[2], split[2] = {0, 0};
         int64_t off[2], at = 0;
@@ -389,7 +400,7 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
             }
             writer[k] = w;
             off[k] = at;
-            at += contiguous ? df_view_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype)
+            at += contiguous ? df_gview_numel(&x->in[k]) * (int64_t)df_dtype_size(x->in[k].dtype)
                              : x->in[k].shape[last];
         }
         if (k != 2)
@@ -405,17 +416,17 @@ static void plan_concat_in_place(df_node *const *nodes, int n, lz_program *p, co
 
 /* Whether slot k of node x is an operand that x converts to bf16 before using it: the
  * activations of a product, q, k and v of attention, when they compute in bf16. */
-static bool rounds_to_bf16(const df_node *x, int k, const df_backend_ops *ops)
+static bool rounds_to_bf16(const df_gnode *x, int k, const df_device *dev)
 {
     if (x->op == DF_OP_LINEAR && k == 0)
-        return ops->matmul_dtype((df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
+        return df_dev_matmul_dtype(dev, (df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
     if (x->op == DF_OP_ATTENTION && k <= 2)
-        return ops->matmul_dtype((df_dtype)x->a.i[1]) == DF_DTYPE_BF16;
+        return df_dev_matmul_dtype(dev, (df_dtype)x->a.i[1]) == DF_DTYPE_BF16;
     return false;
 }
 
 /* Whether node i's kernel can write a bf16 result: fused kernels, products, attention. */
-static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
+static bool writes_bf16(df_gnode *const *nodes, const lz_program *p, int i)
 {
     df_op op = nodes[i]->op;
     return p->kind[i] == K_ROOT || (p->kind[i] == K_SINGLE && op == DF_OP_ATTENTION) ||
@@ -432,10 +443,11 @@ static bool writes_bf16(df_node *const *nodes, const lz_program *p, int i)
  * output (the rms_norm_rope kernels) and a concat written by its parts' kernels. In FLUX:
  * the modulation output feeding three or four products, q and k and v feeding attention,
  * the attention output and the MLP activation feeding the output products. */
-static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const int *uses,
-                              const df_backend_ops *ops)
+static void plan_half_outputs(df_gnode *const *nodes, int n, lz_program *p, const int *uses,
+                              const df_device *dev)
 {
-    if (!ops->matmul_dtype || ops->matmul_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
+    if (!df_dev_has(dev, DF_CAP_OUT_BF16) ||
+        df_dev_matmul_dtype(dev, DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return;
     for (int i = 0; i < n; i++) {
         bool can = writes_bf16(nodes, p, i) ||
@@ -452,20 +464,20 @@ static void plan_half_outputs(df_node *const *nodes, int n, lz_program *p, const
             p->half[r] = true;
     }
     for (int j = 0; j < n; j++) {
-        const df_node *x = nodes[j];
+        const df_gnode *x = nodes[j];
         if (p->kind[j] == K_DEAD || p->kind[j] == K_ELIDED)
             continue; /* an elided node reads nothing: others write its result */
         for (int k = 0; k < x->n_in; k++) {
             int q = producer_of(&x->in[k]);
-            if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, ops)))
+            if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, dev)))
                 p->half[q] = false;
         }
     }
 }
 
 /* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
-static void find_groups(df_node *const *nodes, int n, const lz_program *p, const int *uses,
-                        int *parent, bool *is_head)
+static void find_groups(df_gnode *const *nodes, int n, const lz_program *p, const int *uses,
+                        int *parent, bool *is_head, bool heads)
 {
     int *size = df_calloc((size_t)n + 1, sizeof *size);
     bool *has_head = df_calloc((size_t)n + 1, sizeof *has_head);
@@ -475,7 +487,7 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
         return; /* no fusion: every parent stays -1 */
     }
     for (int i = 0; i < n; i++) {
-        const df_node *x = nodes[i];
+        const df_gnode *x = nodes[i];
         if (p->kind[i] != K_SINGLE || !pointwise(x))
             continue;
         size[i] = 1;
@@ -489,7 +501,7 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
                 parent[prod] = i;
                 size[i] += size[prod];
                 has_head[i] = has_head[i] || has_head[prod];
-            } else if (is_norm(nodes[prod]) && !has_head[i]) {
+            } else if (heads && is_norm(nodes[prod]) && !has_head[i]) {
                 parent[prod] = i;
                 is_head[prod] = true;
                 has_head[i] = true;
@@ -500,9 +512,9 @@ static void find_groups(df_node *const *nodes, int n, const lz_program *p, const
     df_free(has_head);
 }
 
-lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_ops *ops)
+lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *dev)
 {
-    bool can_fuse = ops->run_fused != NULL;
+    bool can_fuse = df_dev_has(dev, DF_CAP_FUSED);
     size_t n1 = (size_t)n + 1;
     lz_program *p = df_calloc(1, sizeof *p);
     int *uses = df_calloc(n1, sizeof *uses);
@@ -539,7 +551,7 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
     }
     /* 1. Liveness, backwards. */
     for (int i = n - 1; i >= 0; i--) {
-        const df_node *x = nodes[i];
+        const df_gnode *x = nodes[i];
         p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
         p->alias_of[i] = p->rope_of[i] = p->gate_mul[i] = -1;
         first[i] = n;
@@ -556,19 +568,19 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
     /* 2a. Epilogues: an activation that is the only reader of a linear's output is computed
      * by the product itself (a post-op of the GEMM provider). */
     for (int i = 0; can_fuse && i < n; i++) {
-        const df_node *l = nodes[i];
+        const df_gnode *l = nodes[i];
         if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
             l->out.st->handles > 0)
             continue;
         for (int j = i + 1; j < n; j++) {
-            const df_node *a = nodes[j];
+            const df_gnode *a = nodes[j];
             bool reads = false;
             for (int k = 0; k < a->n_in; k++)
                 reads = reads || producer_of(&a->in[k]) == i;
             if (!reads)
                 continue;
             if (p->kind[j] == K_SINGLE && activation_of(a->op) != DF_ACT_NONE &&
-                identity_view(&a->in[0], l)) {
+                has_epilogue(dev, activation_of(a->op)) && identity_view(&a->in[0], l)) {
                 p->kind[j] = K_FOLDED;
                 p->fold[i] = j;
             }
@@ -576,14 +588,15 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
         }
     }
     /* 2a'. Gated residuals as epilogues of the products that feed them. */
-    if (can_fuse)
+    if (can_fuse && df_dev_has(dev, DF_CAP_EPI_GATED_RESIDUAL))
         plan_gated_residuals(nodes, n, p, uses);
     /* 2b. Normalisation and RoPE in one pass. */
-    if (can_fuse && ops->kernels[DF_OP_RMS_NORM_ROPE])
+    if (can_fuse && df_dev_has(dev, DF_CAP_OUT_STRIDED) &&
+        df_dev_has_op(dev, DF_OP_RMS_NORM_ROPE))
         plan_norm_rope(nodes, n, p, uses);
     /* 2c. Fusion: groups, their roots, their code. */
     if (can_fuse)
-        find_groups(nodes, n, p, uses, parent, is_head);
+        find_groups(nodes, n, p, uses, parent, is_head, df_dev_has(dev, DF_CAP_FUSED_HEAD));
     for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
         p->root_of[i] = parent[i] < 0 ? -1 : (p->root_of[parent[i]] >= 0 ? p->root_of[parent[i]] : parent[i]);
     planner pl = {.nodes = nodes, .n = n, .root_of = p->root_of, .is_head = is_head};
@@ -616,9 +629,9 @@ lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_op
             }
     }
     /* 2d. Concats whose parts are written in place; bf16 results for bf16 products. */
-    plan_concat_in_place(nodes, n, p, uses);
+    plan_concat_in_place(nodes, n, p, uses, df_dev_has(dev, DF_CAP_OUT_STRIDED));
     if (can_fuse)
-        plan_half_outputs(nodes, n, p, uses, ops);
+        plan_half_outputs(nodes, n, p, uses, dev);
     /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. An elided
      * node's memory is live from the first kernel that writes into it. */
     int pos = 0;
@@ -728,15 +741,15 @@ int df_graph_plan_kernels(const lz_program *p)
     return k;
 }
 
-lz_program *df_graph_plan_cached(lz_program **cache, df_node *const *nodes, int n,
-                                 const df_backend_ops *ops, bool *hit)
+lz_program *df_graph_plan_cached(lz_program **cache, df_gnode *const *nodes, int n,
+                                 const df_device *dev, bool *hit)
 {
     uint64_t key = df_graph_key(nodes, n);
     lz_program *p = *cache;
     while (p && (p->key != key || p->n != n))
         p = p->next;
     *hit = p != NULL;
-    if (!p && (p = df_graph_plan_make(nodes, n, ops))) {
+    if (!p && (p = df_graph_plan_make(nodes, n, dev))) {
         p->key = key;
         p->next = *cache;
         *cache = p;

@@ -14,19 +14,19 @@
  * same structure.
  */
 typedef struct lz_program lz_program;
-lz_program *df_graph_plan_make(df_node *const *nodes, int n, const df_backend_ops *ops);
+lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *dev);
 /* Allocates, then queues the kernels of nodes[0..n) as planned; takes the nodes. */
-df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p);
+df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_program *p);
 int64_t df_graph_plan_arena(const lz_program *p);
 int df_graph_plan_kernels(const lz_program *p);
 void df_graph_plan_free(lz_program *p);
 
 /* The hash of a graph's structure: the key plans are cached under. */
-uint64_t df_graph_key(df_node *const *nodes, int n);
+uint64_t df_graph_key(df_gnode *const *nodes, int n);
 /* A cache of plans (a list; NULL when empty). The plan for nodes from *cache, or a new
  * one added to it (*hit tells which); NULL when out of memory. */
-lz_program *df_graph_plan_cached(lz_program **cache, df_node *const *nodes, int n,
-                                 const df_backend_ops *ops, bool *hit);
+lz_program *df_graph_plan_cached(lz_program **cache, df_gnode *const *nodes, int n,
+                                 const df_device *dev, bool *hit);
 void df_graph_cache_free(lz_program *cache);
 
 #endif

@@ -47,9 +47,9 @@ struct lz_program {
 };
 
 /* The node that produces view v in the graph being planned or run, or -1. */
-static inline int producer_of(const df_view *v)
+static inline int producer_of(const df_gview *v)
 {
-    return v->st && v->st->producer && !v->st->data ? v->st->producer->id : -1;
+    return v->st && v->st->producer && !v->st->buf ? v->st->producer->id : -1;
 }
 
 /* The GEMM post-op of an activation op, or DF_ACT_NONE. */

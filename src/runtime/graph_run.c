@@ -20,42 +20,23 @@
 #include "core/status.h"
 #include "runtime/graph_plan_impl.h"
 
-typedef struct fused_item {
-    df_fused f;
-    df_ctx *profile;
-    df_node **owned; /* the group's nodes, freed when it has run */
-    int n_owned;
-} fused_item;
+/* A fused group's nodes, released once its kernel has run. */
+typedef struct fused_owned {
+    df_gnode **nodes;
+    int n;
+} fused_owned;
 
-static df_status run_fused(void *arg, df_kernel_env *env)
+static void release_fused(void *arg, df_status s)
 {
-    fused_item *it = arg;
-    double t0 = it->profile ? df_now() : 0;
-    df_status s = it->owned[0]->out.st->dev->ops->run_fused(&it->f, env);
-    if (it->profile)
-        df_profile_add(it->profile, DF_OP_COUNT, df_now() - t0);
-    return s;
+    (void)s;
+    fused_owned *o = arg;
+    for (int i = 0; i < o->n; i++)
+        df_node_free(o->nodes[i]);
+    df_free(o->nodes);
+    df_free(o);
 }
 
-static void done_fused(void *arg, df_status s)
-{
-    fused_item *it = arg;
-    if (s != DF_OK)
-        df_error_context(s, "fused kernel of %d ops", it->n_owned);
-    for (int i = 0; i < it->n_owned; i++)
-        df_node_free(it->owned[i]);
-    df_free(it->owned);
-    df_free(it);
-}
-
-static df_status release_arena(void *arg, df_kernel_env *env)
-{
-    (void)arg;
-    (void)env;
-    return DF_OK;
-}
-
-static void done_arena(void *arg, df_status s)
+static void release_storage(void *arg, df_status s)
 {
     (void)s;
     df_storage_release(arg);
@@ -72,10 +53,8 @@ static df_status arena_for(df_ctx *ctx, int64_t bytes, df_storage **out)
     }
     df_storage *old = ctx->arena;
     ctx->arena = NULL;
-    if (old && ctx->dev->ops->stream_submit(
-                   ctx->stream, &(df_work){.run = release_arena, .done = done_arena, .arg = old}) !=
-                   DF_OK) {
-        ctx->dev->ops->stream_sync(ctx->stream);
+    if (old && df_dev_callback(ctx->dev, ctx->stream, release_storage, old) != DF_OK) {
+        df_dev_sync(ctx->dev, ctx->stream);
         df_storage_release(old);
     }
     int64_t mib = 1 << 20;
@@ -84,22 +63,29 @@ static df_status arena_for(df_ctx *ctx, int64_t bytes, df_storage **out)
     return DF_OK;
 }
 
-static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
+static df_status launch_fused(df_ctx *ctx, const void *arg)
+{
+    return df_dev_launch_fused(ctx->dev, ctx->stream, arg);
+}
+
+static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p,
                               const lz_group *g)
 {
-    fused_item *it = df_calloc(1, sizeof *it);
-    if (it)
-        it->owned = df_malloc((size_t)g->n_members * sizeof *it->owned);
-    if (!it || !it->owned) {
-        df_free(it);
+    fused_owned *o = df_calloc(1, sizeof *o);
+    df_fused *f = df_calloc(1, sizeof *f);
+    if (o)
+        o->nodes = df_malloc((size_t)g->n_members * sizeof *o->nodes);
+    if (!o || !o->nodes || !f) {
+        if (o)
+            df_free(o->nodes);
+        df_free(o);
+        df_free(f);
         return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
     }
-    df_fused *f = &it->f;
-    it->profile = ctx->profiling ? ctx : NULL;
-    f->out = nodes[g->root]->out;
+    df_gview_lower(&nodes[g->root]->out, &f->out);
     f->n_in = g->n_in;
     for (int k = 0; k < g->n_in; k++)
-        f->in[k] = nodes[g->in[k].node]->in[g->in[k].slot];
+        df_gview_lower(&nodes[g->in[k].node]->in[g->in[k].slot], &f->in[k]);
     f->n_insn = g->n_insn;
     f->n_regs = g->n_regs;
     f->out_reg = g->out_reg;
@@ -113,20 +99,23 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
         }
     }
     if (g->head >= 0) {
-        const df_node *h = nodes[g->head];
+        const df_gnode *h = nodes[g->head];
         f->head_op = h->op;
-        f->head_x = h->in[0];
-        f->head_w = h->in[1];
-        f->head_b = h->op == DF_OP_LAYER_NORM ? h->in[2] : (df_view){0};
+        df_gview_lower(&h->in[0], &f->head_x);
+        df_gview_lower(&h->in[1], &f->head_w);
+        df_gview_lower(h->op == DF_OP_LAYER_NORM ? &h->in[2] : &(df_gview){0}, &f->head_b);
         f->head_eps = h->a.f[0];
     }
     for (int i = 0; i <= g->root; i++)
         if (i == g->root || p->root_of[i] == g->root)
-            it->owned[it->n_owned++] = nodes[i];
-    df_status s = ctx->dev->ops->stream_submit(
-        ctx->stream, &(df_work){.run = run_fused, .done = done_fused, .arg = it});
+            o->nodes[o->n++] = nodes[i];
+    df_status s = df_launch_timed(ctx, DF_OP_COUNT, launch_fused, f);
+    df_free(f);
+    if (s == DF_OK)
+        s = df_dev_callback(ctx->dev, ctx->stream, release_fused, o);
     if (s != DF_OK) {
-        done_fused(it, DF_OK);
+        df_dev_sync(ctx->dev, ctx->stream);
+        release_fused(o, s);
         return s;
     }
     ctx->stats.ops_enqueued++;
@@ -136,13 +125,13 @@ static df_status submit_group(df_ctx *ctx, df_node **nodes, const lz_program *p,
 
 /* Turns rms_norm node x into rms_norm_rope: it writes its rows, rotated, into the output
  * of `rope` from position s0 on, and its own output is never made. */
-static void write_rotated(df_node *x, const df_node *rope, int64_t s0)
+static void write_rotated(df_gnode *x, const df_gnode *rope, int64_t s0)
 {
     int64_t S = x->out.shape[1], D = x->out.shape[3];
-    df_view out = rope->out; /* [B, H, S_all, D] dense: this part is rows s0 .. s0 + S */
+    df_gview out = rope->out; /* [B, H, S_all, D] dense: this part is rows s0 .. s0 + S */
     out.shape[2] = S;
     out.offset += s0 * D;
-    df_view table = rope->in[1]; /* [S_all, D/2, 2] */
+    df_gview table = rope->in[1]; /* [S_all, D/2, 2] */
     table.shape[0] = S;
     table.offset += s0 * table.stride[0];
     df_storage_retain(out.st);
@@ -159,9 +148,9 @@ static void write_rotated(df_node *x, const df_node *rope, int64_t s0)
 /* Points node x's output at its columns of `whole` (a concat's output along its last
  * dimension), from column `col` on: x's trailing dimensions from `split` on stay dense
  * inside the part, the ones before step over whole rows. */
-static void write_columns(df_node *x, const df_view *whole, int64_t col, int split)
+static void write_columns(df_gnode *x, const df_gview *whole, int64_t col, int split)
 {
-    df_view v = x->out;
+    df_gview v = x->out;
     int64_t stride = whole->shape[whole->ndim - 1];
     for (int d = split - 1; d >= 0; d--) {
         v.stride[d] = stride;
@@ -176,7 +165,7 @@ static void write_columns(df_node *x, const df_view *whole, int64_t col, int spl
     x->out = v;
 }
 
-df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program *p)
+df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_program *p)
 {
     df_status s = DF_OK;
     df_storage *arena = NULL;
@@ -211,7 +200,7 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
         nodes[i]->a.i[3] = activation_of(nodes[j]->op);
         int m = p->gate_mul[i];
         if (m >= 0) { /* the gate row from the mul, the residual from the add */
-            df_node *x = nodes[i];
+            df_gnode *x = nodes[i];
             x->in[3] = nodes[m]->in[p->epi_slots[i] & 1];
             x->in[4] = nodes[j]->in[p->epi_slots[i] >> 1 & 1];
             df_storage_retain(x->in[3].st);
@@ -235,7 +224,8 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
             continue;
         df_storage *st = nodes[i]->out.st;
         if (p->offset[i] >= 0) {
-            st->data = (char *)arena->data + p->offset[i];
+            st->buf = arena->buf;
+            st->offset = arena->offset + (uint64_t)p->offset[i];
             st->external = true; /* the arena owns the memory */
         } else {
             s = df_storage_materialize(st);
@@ -247,8 +237,9 @@ df_status df_graph_execute(df_ctx *ctx, df_node **nodes, int n, const lz_program
                           p->alias_split[i]);
         } else if (p->alias_of[i] >= 0) {
             df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
-            st->data = (char *)base->data + (p->half[p->alias_of[i]] ? p->alias_off[i] / 2
-                                                                       : p->alias_off[i]);
+            st->buf = base->buf;
+            st->offset = base->offset + (uint64_t)(p->half[p->alias_of[i]] ? p->alias_off[i] / 2
+                                                                             : p->alias_off[i]);
             st->external = true;
             st->base = base; /* kept until this part is freed, whoever drops the concat */
             df_storage_retain(base);

@@ -14,7 +14,7 @@
 #include "runtime/lazy.h"
 
 typedef struct lz_state {
-    df_node **nodes;
+    df_gnode **nodes;
     int n, cap;
     lz_program *cache;
 } lz_state;
@@ -25,13 +25,13 @@ static df_status lazy_flush(df_ctx *ctx)
     if (!z || z->n == 0)
         return DF_OK;
     int n = z->n;
-    df_node **nodes = z->nodes;
+    df_gnode **nodes = z->nodes;
     z->nodes = NULL;
     z->n = z->cap = 0;
     ctx->stats.graphs_built++;
     double t0 = df_now();
     bool hit;
-    lz_program *p = df_graph_plan_cached(&z->cache, nodes, n, ctx->dev->ops, &hit);
+    lz_program *p = df_graph_plan_cached(&z->cache, nodes, n, ctx->dev, &hit);
     if (hit) {
         ctx->stats.cache_hits++;
     } else {
@@ -54,10 +54,10 @@ static df_status lazy_flush(df_ctx *ctx)
     return s;
 }
 
-static df_status lazy_submit(df_ctx *ctx, df_node *node)
+static df_status lazy_submit(df_ctx *ctx, df_gnode *node)
 {
     lz_state *z = ctx->exec_state;
-    if (!ctx->dev->ops->kernels[node->op]) {
+    if (node->op != DF_OP_ALL_REDUCE && !df_dev_has_op(ctx->dev, node->op)) {
         df_status s = df_errorf(DF_E_UNSUPPORTED, "op '%s' is not supported on %s",
                                 df_op_name(node->op), ctx->dev->name);
         df_node_free(node);
@@ -74,7 +74,7 @@ static df_status lazy_submit(df_ctx *ctx, df_node *node)
     }
     if (z->n == z->cap) {
         int cap = z->cap ? 2 * z->cap : 256;
-        df_node **nn = df_realloc(z->nodes, (size_t)cap * sizeof *nn);
+        df_gnode **nn = df_realloc(z->nodes, (size_t)cap * sizeof *nn);
         if (!nn) {
             const char *op = df_op_name(node->op);
             df_node_free(node);

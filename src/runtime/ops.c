@@ -21,18 +21,18 @@
 
 /* --- the dispatch point ----------------------------------------------------------------- */
 
-df_tensor *df_emit(df_ctx *ctx, df_node *n)
+df_tensor *df_emit(df_ctx *ctx, df_gnode *n)
 {
     for (int i = 0; i < DF_NODE_MAX_IN; i++) {
         const df_storage *st = n->in[i].st;
-        if (st && !st->data && !st->producer) {
+        if (st && !st->buf && !st->producer) {
             df_op op = n->op;
             df_free(n);
             return df_ctx_fail(ctx, df_errorf(DF_E_STATE, "%s: an input was never computed "
                                               "(the op that made it failed)", df_op_name(op)));
         }
     }
-    df_view *o = &n->out;
+    df_gview *o = &n->out;
     size_t bytes = df_dtype_size(o->dtype);
     int64_t s = 1;
     for (int d = o->ndim - 1; d >= 0; d--) {
@@ -55,7 +55,7 @@ df_tensor *df_emit(df_ctx *ctx, df_node *n)
         if (n->in[i].st)
             df_storage_retain(n->in[i].st);
     df_storage_retain(o->st); /* one for the node, one (the initial) for the handle */
-    df_view out = *o;
+    df_gview out = *o;
     df_status st = ctx->exec->submit(ctx, n);
     if (st != DF_OK) {
         df_storage_release(out.st);
@@ -66,9 +66,9 @@ df_tensor *df_emit(df_ctx *ctx, df_node *n)
 
 /* --- helpers ------------------------------------------------------------------------------ */
 
-static df_node *node_new(df_ctx *ctx, df_op op)
+static df_gnode *node_new(df_ctx *ctx, df_op op)
 {
-    df_node *n = df_calloc(1, sizeof *n);
+    df_gnode *n = df_calloc(1, sizeof *n);
     if (!n)
         df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", df_op_name(op)));
     else
@@ -96,10 +96,10 @@ static bool ready(df_ctx *ctx, const char *op, int count, ...)
     return missing < 0;
 }
 
-static df_tensor *fail_shape(df_ctx *ctx, df_node *n, const char *op, const char *fmt, ...)
+static df_tensor *fail_shape(df_ctx *ctx, df_gnode *n, const char *op, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-static df_tensor *fail_shape(df_ctx *ctx, df_node *n, const char *op, const char *fmt, ...)
+static df_tensor *fail_shape(df_ctx *ctx, df_gnode *n, const char *op, const char *fmt, ...)
 {
     char why[512];
     va_list ap;
@@ -128,15 +128,15 @@ static bool is_int(df_dtype t)
 /* The tensor itself if dense, else a dense copy (made in the current scope). */
 static df_tensor *dense(df_ctx *ctx, df_tensor *t)
 {
-    return t && !df_view_is_dense(&t->v) ? df_contiguous(ctx, t) : t;
+    return t && !df_gview_is_dense(&t->v) ? df_contiguous(ctx, t) : t;
 }
 
 /* A node whose inputs are a, b, c made dense (NULL entries: absent optional inputs); NULL
  * (and the context failed) when a required input or the node could not be made. */
-static df_node *dense_node(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b, df_tensor *c)
+static df_gnode *dense_node(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b, df_tensor *c)
 {
     df_tensor *in[3] = {a, b, c};
-    df_node *n = node_new(ctx, op);
+    df_gnode *n = node_new(ctx, op);
     for (int i = 0; n && i < 3; i++) {
         if (!in[i])
             continue;
@@ -150,7 +150,7 @@ static df_node *dense_node(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b, df
     return n;
 }
 
-static void set_out(df_node *n, df_dtype dtype, int ndim, const int64_t *shape)
+static void set_out(df_gnode *n, df_dtype dtype, int ndim, const int64_t *shape)
 {
     n->out.dtype = dtype;
     n->out.ndim = ndim;
@@ -158,7 +158,7 @@ static void set_out(df_node *n, df_dtype dtype, int ndim, const int64_t *shape)
 }
 
 /* Output shape of broadcasting a and b; false if they do not broadcast. */
-static bool broadcast_shape(const df_view *a, const df_view *b, int *ndim, int64_t *shape)
+static bool broadcast_shape(const df_gview *a, const df_gview *b, int *ndim, int64_t *shape)
 {
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (int d = 0; d < nd; d++) {
@@ -173,9 +173,9 @@ static bool broadcast_shape(const df_view *a, const df_view *b, int *ndim, int64
 }
 
 /* v seen with `shape`: leading dimensions added and size-1 dimensions stretched (stride 0). */
-static df_view broadcast_view(const df_view *v, int ndim, const int64_t *shape)
+static df_gview broadcast_view(const df_gview *v, int ndim, const int64_t *shape)
 {
-    df_view r = *v;
+    df_gview r = *v;
     r.ndim = ndim;
     int lead = ndim - v->ndim;
     for (int d = 0; d < ndim; d++) {
@@ -194,7 +194,7 @@ static df_tensor *copy_as(df_ctx *ctx, df_tensor *x, df_dtype dtype)
         return NULL;
     if (df_dtype_size(dtype) == 0)
         return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "cast: invalid dtype %d", (int)dtype));
-    df_node *n = node_new(ctx, DF_OP_COPY);
+    df_gnode *n = node_new(ctx, DF_OP_COPY);
     if (!n)
         return NULL;
     n->in[0] = x->v;
@@ -224,7 +224,7 @@ df_tensor *df_concat(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim)
     if (!fits)
         return fail_shape(ctx, NULL, "concat", "%s and %s along dimension %d", desc(a, da),
                           desc(b, db), dim);
-    df_node *n = node_new(ctx, DF_OP_CONCAT);
+    df_gnode *n = node_new(ctx, DF_OP_CONCAT);
     if (!n)
         return NULL;
     n->in[0] = a->v;
@@ -246,7 +246,7 @@ df_tensor *df_gather(df_ctx *ctx, df_tensor *table, df_tensor *ids)
                           desc(table, dt), desc(ids, di));
     table = dense(ctx, table);
     ids = dense(ctx, ids);
-    df_node *n = node_new(ctx, DF_OP_GATHER);
+    df_gnode *n = node_new(ctx, DF_OP_GATHER);
     if (!n || !table || !ids)
         return df_free(n), NULL;
     n->in[0] = table->v;
@@ -268,7 +268,7 @@ static df_tensor *binary(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b)
     if (!is_float(a->v.dtype) || !is_float(b->v.dtype) || !broadcast_shape(&a->v, &b->v, &nd, shape))
         return fail_shape(ctx, NULL, df_op_name(op), "%s and %s do not broadcast",
                           desc(a, da), desc(b, db));
-    df_node *n = node_new(ctx, op);
+    df_gnode *n = node_new(ctx, op);
     if (!n)
         return NULL;
     n->in[0] = broadcast_view(&a->v, nd, shape);
@@ -289,7 +289,7 @@ static df_tensor *unary(df_ctx *ctx, df_op op, df_tensor *x, float alpha, float 
     char dx[96];
     if (!is_float(x->v.dtype))
         return fail_shape(ctx, NULL, df_op_name(op), "%s is not a float tensor", desc(x, dx));
-    df_node *n = node_new(ctx, op);
+    df_gnode *n = node_new(ctx, op);
     if (!n)
         return NULL;
     n->in[0] = x->v;
@@ -319,7 +319,7 @@ static bool param_ok(const df_tensor *p, int64_t d)
 static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, df_tensor *b,
                             double eps, int64_t groups)
 {
-    df_node *n = dense_node(ctx, op, x, w, b);
+    df_gnode *n = dense_node(ctx, op, x, w, b);
     if (!n)
         return NULL;
     n->a.f[0] = eps;
@@ -384,7 +384,7 @@ df_tensor *df_timestep_embedding(df_ctx *ctx, df_tensor *t, int dim, bool flip, 
         return fail_shape(ctx, NULL, "timestep_embedding", "t %s must be [B] float, dim %d > 1",
                           desc(t, dt), dim);
     t = dense(ctx, t);
-    df_node *n = node_new(ctx, DF_OP_TIMESTEP_EMBED);
+    df_gnode *n = node_new(ctx, DF_OP_TIMESTEP_EMBED);
     if (!n || !t)
         return df_free(n), NULL;
     n->in[0] = t->v;
@@ -414,7 +414,7 @@ df_tensor *df_rope_table(df_ctx *ctx, df_tensor *ids, const int *axes_dim, int n
         total += axes_dim[a];
     }
     ids = dense(ctx, ids);
-    df_node *n = node_new(ctx, DF_OP_ROPE_TABLE);
+    df_gnode *n = node_new(ctx, DF_OP_ROPE_TABLE);
     if (!n || !ids)
         return df_free(n), NULL;
     n->in[0] = ids->v;
@@ -439,7 +439,7 @@ df_tensor *df_rope(df_ctx *ctx, df_tensor *x, df_tensor *table)
     if (x->v.stride[3] != 1)
         x = df_contiguous(ctx, x);
     table = dense(ctx, table);
-    df_node *n = node_new(ctx, DF_OP_ROPE);
+    df_gnode *n = node_new(ctx, DF_OP_ROPE);
     if (!n || !x || !table)
         return df_free(n), NULL;
     n->in[0] = x->v;
@@ -461,7 +461,7 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
         !(is_float(w->v.dtype) || w->v.dtype == DF_DTYPE_I8) || !param_ok(b, w->v.shape[0]))
         return fail_shape(ctx, NULL, "linear", "x %s and weight %s (bias %s)", desc(x, dx),
                           desc(w, dw), b ? "given" : "none");
-    df_node *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);
+    df_gnode *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);
     if (!n)
         return NULL;
     n->a.i[0] = ctx->compute;
@@ -471,7 +471,7 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
 }
 
 /* A [.., K, N] operand is either dense or the transpose of a dense [.., N, K]. */
-static bool transposed_dense(const df_view *v)
+static bool transposed_dense(const df_gview *v)
 {
     int nd = v->ndim;
     if (nd < 2 || v->stride[nd - 2] != 1 || v->stride[nd - 1] != v->shape[nd - 2])
@@ -501,7 +501,7 @@ df_tensor *df_matmul(df_ctx *ctx, df_tensor *a, df_tensor *b)
     bool bt = transposed_dense(&b->v);
     if (!bt)
         b = dense(ctx, b);
-    df_node *n = node_new(ctx, DF_OP_MATMUL);
+    df_gnode *n = node_new(ctx, DF_OP_MATMUL);
     if (!n || !a || !b)
         return df_free(n), NULL;
     n->in[0] = a->v;
@@ -528,11 +528,11 @@ df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, d
                           desc(v, dv));
     int64_t B = q->v.shape[0], H = q->v.shape[1], Sq = q->v.shape[2], Sk = k->v.shape[2];
     int64_t mshape[4] = {B, H, Sq, Sk};
-    df_view mv = {0};
+    df_gview mv = {0};
     if (mask) {
         int nd;
         int64_t bs[DF_MAX_DIMS];
-        if (mask->v.ndim > 4 || !broadcast_shape(&mask->v, &(df_view){.ndim = 4, .shape = {B, H, Sq, Sk}}, &nd, bs) ||
+        if (mask->v.ndim > 4 || !broadcast_shape(&mask->v, &(df_gview){.ndim = 4, .shape = {B, H, Sq, Sk}}, &nd, bs) ||
             bs[0] != B || bs[1] != H || bs[2] != Sq || bs[3] != Sk || mask->v.dtype != DF_DTYPE_F32)
             return fail_shape(ctx, NULL, "attention", "mask %s does not broadcast to [%lld, %lld, %lld, %lld] f32",
                               desc(mask, dq), (long long)B, (long long)H, (long long)Sq, (long long)Sk);
@@ -545,7 +545,7 @@ df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, d
         k = df_contiguous(ctx, k);
     if (v->v.stride[3] != 1)
         v = df_contiguous(ctx, v);
-    df_node *n = node_new(ctx, DF_OP_ATTENTION);
+    df_gnode *n = node_new(ctx, DF_OP_ATTENTION);
     if (!n || !q || !k || !v)
         return df_free(n), NULL;
     n->in[0] = q->v;
@@ -580,7 +580,7 @@ df_tensor *df_conv2d(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, int 
     if (!fits)
         return fail_shape(ctx, NULL, "conv2d", "x %s, weight %s, stride %d, padding %d",
                           desc(x, dx), desc(w, dw), stride, padding);
-    df_node *n = dense_node(ctx, DF_OP_CONV2D, x, w, b);
+    df_gnode *n = dense_node(ctx, DF_OP_CONV2D, x, w, b);
     if (!n)
         return NULL;
     n->a.i[0] = stride;
@@ -599,7 +599,7 @@ df_tensor *df_upsample_nearest2x(df_ctx *ctx, df_tensor *x)
         return fail_shape(ctx, NULL, "upsample_nearest2x", "x %s must be [B, C, H, W]",
                           desc(x, dx));
     x = dense(ctx, x);
-    df_node *n = node_new(ctx, DF_OP_UPSAMPLE2X);
+    df_gnode *n = node_new(ctx, DF_OP_UPSAMPLE2X);
     if (!n || !x)
         return df_free(n), NULL;
     n->in[0] = x->v;
@@ -628,7 +628,7 @@ df_tensor *df_all_reduce(df_ctx *ctx, df_tensor *x)
     if (x->v.dtype != DF_DTYPE_F32)
         return fail_shape(ctx, NULL, "all_reduce", "%s must be f32", desc(x, dx));
     x = dense(ctx, x);
-    df_node *n = node_new(ctx, DF_OP_ALL_REDUCE);
+    df_gnode *n = node_new(ctx, DF_OP_ALL_REDUCE);
     if (!n || !x)
         return df_free(n), NULL;
     n->in[0] = x->v;

@@ -8,10 +8,11 @@
 #include <diffuse/ops.h>
 #include <diffuse/runtime.h>
 
-#include "backend/backend.h"
+#include "backend/graph.h"
+#include "core/clock.h"
 
 struct df_tensor {
-    df_view v;      /* holds one reference on v.st */
+    df_gview v;      /* holds one reference on v.st */
     df_ctx *ctx;
     int64_t slot;   /* index in ctx->live; -1 when persistent (owned by the caller) */
 };
@@ -19,7 +20,7 @@ struct df_tensor {
 /* The hooks an execution mode provides. Strict eager is the default set. */
 typedef struct df_executor {
     /* Takes ownership of the node (its storages are already retained). */
-    df_status (*submit)(df_ctx *ctx, df_node *node);
+    df_status (*submit)(df_ctx *ctx, df_gnode *node);
     /* Runs everything pending so that storages are produced (not necessarily finished). */
     df_status (*flush)(df_ctx *ctx);
     /* Called when a tensor handle is released (lazy modes track liveness). */
@@ -29,7 +30,8 @@ typedef struct df_executor {
 
 struct df_ctx {
     df_device *dev;
-    df_stream *stream;
+    df_dev_stream *stream;
+    int threads;            /* compute threads (df_ctx_threads) */
     df_dtype compute;
     df_eager_mode mode;
     const df_executor *exec;
@@ -48,6 +50,8 @@ struct df_ctx {
     int64_t n_live, cap_live;
 
     struct df_comm *comm;     /* tensor parallelism: the ranks this context works with */
+    df_dev_comm *dev_comm;    /* the device's communicator over `comm` (made when first used) */
+    struct df_comm *dev_comm_of;
     const df_tensor *reading; /* the tensor df_tensor_read is waiting for (for messages) */
 
     bool profiling;
@@ -56,32 +60,38 @@ struct df_ctx {
 
     df_stats stats;
     int64_t allocated_base; /* allocator total at the last df_stats_reset */
+    int64_t uploaded_base, downloaded_base; /* the device's copy counters then */
     double step_clock;      /* time of the previous df_mark_step */
     double step_seconds;    /* summed wall time of steps after the first */
     int64_t steps_timed;
 };
 
-/* Records the first failure of the context (with the thread's current message) and
- * returns NULL, for ops: `return df_ctx_fail(ctx, df_errorf(...))`. */
-df_tensor *df_ctx_fail(df_ctx *ctx, df_status s);
 /* Returns the context's failure again as the thread's current error (for reporting). */
 df_status df_ctx_raise(df_ctx *ctx);
 
 /* A handle over view `v` (takes over one reference on v->st), registered in the
  * current scope. NULL (and the context failed) when out of memory. */
-df_tensor *df_handle_new(df_ctx *ctx, const df_view *v);
+df_tensor *df_handle_new(df_ctx *ctx, const df_gview *v);
 
 /* Builds a node's output (dense, n->out.dtype/ndim/shape already set), retains its inputs
  * and gives the node to the executor. Returns the output handle. */
-df_tensor *df_emit(df_ctx *ctx, df_node *n);
+df_tensor *df_emit(df_ctx *ctx, df_gnode *n);
+
+/* Host data into a fresh storage (a copy in stream order where the host cannot address
+ * the device); a dense view's bytes out to the host, once the stream has made them (the
+ * caller has flushed and synced what produces them). */
+df_status df_upload(df_ctx *ctx, df_storage *st, const void *data);
+df_status df_download(df_ctx *ctx, const df_gview *v, void *dst, size_t bytes);
 
 /* Strict eager: queue a node's kernel on the stream. */
 extern const df_executor df_exec_eager;
-df_status df_eager_submit(df_ctx *ctx, df_node *node);
+df_status df_eager_submit(df_ctx *ctx, df_gnode *node);
 /* Releases the references a node holds and frees it. */
-void df_node_free(df_node *n);
+void df_node_free(df_gnode *n);
+/* Calls launch(ctx, arg), timed into profile slot `slot` when profiling. */
+df_status df_launch_timed(df_ctx *ctx, int slot, df_status (*launch)(df_ctx *, const void *),
+                          const void *arg);
 
-double df_now(void);
 /* Adds one kernel's time to the context's profile (called on the stream thread). */
 void df_profile_add(df_ctx *ctx, int slot, double seconds);
 

@@ -12,7 +12,7 @@
 #include "core/status.h"
 #include "runtime/runtime.h"
 
-static void dense_strides(df_view *v)
+static void dense_strides(df_gview *v)
 {
     int64_t s = 1;
     for (int d = v->ndim - 1; d >= 0; d--) {
@@ -21,7 +21,7 @@ static void dense_strides(df_view *v)
     }
 }
 
-df_tensor *df_handle_new(df_ctx *ctx, const df_view *v)
+df_tensor *df_handle_new(df_ctx *ctx, const df_gview *v)
 {
     df_tensor *t = df_malloc(sizeof *t);
     if (t && ctx->n_live == ctx->cap_live) {
@@ -103,13 +103,13 @@ static df_tensor *new_dense(df_ctx *ctx, const char *what, df_dtype dtype, const
         return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "%s: invalid dtype %d", what, (int)dtype));
     if (!check_shape(ctx, what, shape, ndim, es, &bytes))
         return NULL;
-    df_view v = {.dtype = dtype, .ndim = ndim};
+    df_gview v = {.dtype = dtype, .ndim = ndim};
     memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
     dense_strides(&v);
     if (external) {
-        v.st = df_storage_external(ctx->dev, (void *)external, bytes);
-        if (!v.st)
-            return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", what));
+        df_status s = df_storage_host(ctx->dev, ctx->stream, (void *)external, bytes, &v.st);
+        if (s != DF_OK)
+            return df_ctx_fail(ctx, df_error_context(s, "%s", what));
         v.st->is_weight = true;
     } else {
         df_status s = df_storage_alloc(ctx->dev, bytes, &v.st);
@@ -122,16 +122,52 @@ static df_tensor *new_dense(df_ctx *ctx, const char *what, df_dtype dtype, const
 df_tensor *df_tensor_from_host(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim,
                                const void *data)
 {
-    df_tensor *t = new_dense(ctx, "tensor_from_host", dtype, shape, ndim, NULL);
+    if (!data && ctx->status == DF_OK)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "tensor_from_host: NULL data"));
+    df_tensor *t = data ? new_dense(ctx, "tensor_from_host", dtype, shape, ndim, NULL) : NULL;
     if (!t)
         return NULL;
-    /* A fresh allocation: no queued kernel can still use this memory (storages return to
-     * the allocator only after their last kernel ran), so the copy may happen now. */
-    df_status s = ctx->dev->ops->copy_to_device(ctx->dev->impl, t->v.st->data, data,
-                                                t->v.st->bytes);
+    df_status s = df_upload(ctx, t->v.st, data);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
     return t;
+}
+
+static void free_staging(void *arg, df_status s)
+{
+    (void)s;
+    df_free(arg);
+}
+
+df_status df_upload(df_ctx *ctx, df_storage *st, const void *data)
+{
+    size_t bytes = st->bytes;
+    if (bytes == 0)
+        return DF_OK;
+    /* A fresh allocation: no queued kernel can still use this memory (storages return to
+     * the allocator only after their last kernel ran), so where the host can address it
+     * the copy happens now. */
+    void *p = df_storage_host_ptr(st);
+    if (p) {
+        memcpy(p, data, bytes);
+        return DF_OK;
+    }
+    /* Else a copy in stream order, from a staging copy of the caller's data (which may
+     * change as soon as this returns), freed once the stream has passed the copy. */
+    void *staging = df_malloc(bytes);
+    if (!staging)
+        return df_errorf(DF_E_OOM, "upload: out of memory staging %zu bytes", bytes);
+    memcpy(staging, data, bytes);
+    df_status s = df_dev_copy_h2d(ctx->dev, ctx->stream, st->buf, st->offset, staging, bytes);
+    if (s == DF_OK)
+        s = df_dev_callback(ctx->dev, ctx->stream, free_staging, staging);
+    if (s != DF_OK) {
+        df_dev_sync(ctx->dev, ctx->stream);
+        df_free(staging);
+        return s;
+    }
+    atomic_fetch_add(&ctx->dev->bytes_uploaded, (int64_t)bytes);
+    return DF_OK;
 }
 
 df_tensor *df_tensor_wrap(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim,
@@ -149,7 +185,7 @@ df_tensor *df_full(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim, 
     size_t bytes;
     if (!check_shape(ctx, "full", shape, ndim, 1, &bytes))
         return NULL;
-    df_node *n = df_calloc(1, sizeof *n);
+    df_gnode *n = df_calloc(1, sizeof *n);
     if (!n)
         return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "full: out of memory"));
     n->op = DF_OP_FILL;
@@ -177,25 +213,24 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
                          (long long)numel, df_dtype_name(as), need, dst_bytes);
     df_scope mark = df_scope_begin(ctx);
     df_tensor *src = t;
-    if (!df_view_is_dense(&t->v))
+    if (!df_gview_is_dense(&t->v))
         src = df_contiguous(ctx, t);
     ctx->reading = src;
     df_status s = df_sync(ctx);
     ctx->reading = NULL;
-    if (s == DF_OK && !src->v.st->data)
+    if (s == DF_OK && !src->v.st->buf)
         s = df_errorf(DF_E_STATE, "tensor_read: the tensor was never computed (the op that "
                       "made it failed)");
     if (s == DF_OK) {
         size_t bytes = (size_t)numel * df_dtype_size(src->v.dtype);
-        const void *p = df_view_ptr(&src->v);
         if (as == src->v.dtype) {
-            s = ctx->dev->ops->copy_to_host(ctx->dev->impl, dst, p, bytes);
+            s = df_download(ctx, &src->v, dst, bytes);
         } else {
             void *tmp = df_malloc(bytes);
             if (!tmp) {
                 s = df_errorf(DF_E_OOM, "tensor_read: out of memory");
             } else {
-                s = ctx->dev->ops->copy_to_host(ctx->dev->impl, tmp, p, bytes);
+                s = df_download(ctx, &src->v, tmp, bytes);
                 if (s == DF_OK)
                     s = df_convert(tmp, src->v.dtype, dst, as, numel);
                 df_free(tmp);
@@ -204,6 +239,19 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     }
     df_scope_end(ctx, mark, NULL);
     return s;
+}
+
+df_status df_download(df_ctx *ctx, const df_gview *v, void *dst, size_t bytes)
+{
+    uint64_t off = v->st->offset + (uint64_t)v->offset * df_dtype_size(v->dtype);
+    void *p = df_storage_host_ptr(v->st);
+    if (p) {
+        memcpy(dst, (char *)p + (off - v->st->offset), bytes);
+        return DF_OK;
+    }
+    DF_TRY(df_dev_copy_d2h(ctx->dev, ctx->stream, dst, v->st->buf, off, bytes));
+    atomic_fetch_add(&ctx->dev->bytes_downloaded, (int64_t)bytes);
+    return df_dev_sync(ctx->dev, ctx->stream);
 }
 
 /* The accessors accept NULL (the result of a failed op) so that model code can carry on
@@ -235,12 +283,12 @@ const int64_t *df_tensor_shape(const df_tensor *t)
 
 int64_t df_tensor_numel(const df_tensor *t)
 {
-    return t ? df_view_numel(&t->v) : 0;
+    return t ? df_gview_numel(&t->v) : 0;
 }
 
 bool df_tensor_is_contiguous(const df_tensor *t)
 {
-    return t && df_view_is_dense(&t->v);
+    return t && df_gview_is_dense(&t->v);
 }
 
 const char *df_tensor_describe(const df_tensor *t, char *buf, size_t cap)

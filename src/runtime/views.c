@@ -10,10 +10,10 @@
 #include "core/status.h"
 #include "runtime/runtime.h"
 
-static df_tensor *view_of(df_ctx *ctx, df_tensor *x, const df_view *v)
+static df_tensor *view_of(df_ctx *ctx, df_tensor *x, const df_gview *v)
 {
     df_storage_retain(x->v.st);
-    df_view nv = *v;
+    df_gview nv = *v;
     nv.st = x->v.st;
     return df_handle_new(ctx, &nv);
 }
@@ -56,7 +56,7 @@ df_tensor *df_reshape(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
         return shape_error(ctx, "reshape", x, "%d dimensions", ndim);
     int64_t numel = df_tensor_numel(x), known = 1;
     int infer = -1;
-    df_view v = x->v;
+    df_gview v = x->v;
     v.ndim = ndim;
     for (int d = 0; d < ndim; d++) {
         v.shape[d] = shape[d];
@@ -76,7 +76,7 @@ df_tensor *df_reshape(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
     if (known != numel)
         return shape_error(ctx, "reshape", x, "%lld elements cannot take a shape of %lld",
                            (long long)numel, (long long)known);
-    if (!df_view_is_dense(&x->v)) {
+    if (!df_gview_is_dense(&x->v)) {
         df_tensor *c = df_contiguous(ctx, x);
         if (!c)
             return NULL;
@@ -97,7 +97,7 @@ df_tensor *df_permute(df_ctx *ctx, df_tensor *x, const int64_t *dims, int ndim)
         return NULL;
     if (ndim != x->v.ndim)
         return shape_error(ctx, "permute", x, "%d dimensions given", ndim);
-    df_view v = x->v;
+    df_gview v = x->v;
     unsigned seen = 0;
     for (int d = 0; d < ndim; d++) {
         int s = norm_dim((int)dims[d], ndim);
@@ -136,7 +136,7 @@ df_tensor *df_slice(df_ctx *ctx, df_tensor *x, int dim, int64_t start, int64_t e
     if (start < 0 || end < start || end > x->v.shape[d])
         return shape_error(ctx, "slice", x, "range [%lld, %lld) of dimension %d",
                            (long long)start, (long long)end, dim);
-    df_view v = x->v;
+    df_gview v = x->v;
     v.offset += start * v.stride[d];
     v.shape[d] = end - start;
     return view_of(ctx, x, &v);
@@ -159,7 +159,7 @@ df_tensor *df_expand(df_ctx *ctx, df_tensor *x, const int64_t *shape, int ndim)
         return NULL;
     if (ndim < x->v.ndim || ndim > DF_MAX_DIMS)
         return shape_error(ctx, "expand", x, "to %d dimensions", ndim);
-    df_view v = x->v;
+    df_gview v = x->v;
     v.ndim = ndim;
     int lead = ndim - x->v.ndim;
     for (int d = 0; d < ndim; d++) {
@@ -183,7 +183,7 @@ df_tensor *df_unsqueeze(df_ctx *ctx, df_tensor *x, int dim)
     int d = norm_dim(dim, nd);
     if (d < 0 || d >= nd || nd > DF_MAX_DIMS)
         return shape_error(ctx, "unsqueeze", x, "at %d", dim);
-    df_view v = x->v;
+    df_gview v = x->v;
     v.ndim = nd;
     for (int k = nd - 1; k > d; k--) {
         v.shape[k] = x->v.shape[k - 1];
@@ -201,7 +201,7 @@ df_tensor *df_squeeze(df_ctx *ctx, df_tensor *x, int dim)
     int d = norm_dim(dim, x->v.ndim);
     if (d < 0 || d >= x->v.ndim || x->v.shape[d] != 1)
         return shape_error(ctx, "squeeze", x, "dimension %d is not of size 1", dim);
-    df_view v = x->v;
+    df_gview v = x->v;
     v.ndim--;
     for (int k = d; k < v.ndim; k++) {
         v.shape[k] = x->v.shape[k + 1];

@@ -13,8 +13,11 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 
 "$bin" generate --help >"$work/help" || fail "--help exits non-zero"
 grep -qi "cuda" "$work/help" && fail "the help lists cuda devices, which are not built in"
-grep -q -- "--device NAME  *cpu, the only device built in" "$work/help" ||
-    fail "the help does not list the built-in device"
+grep -q -- "--device NAME\[:N\]  *auto, cpu or a plugin's device" "$work/help" ||
+    fail "the help does not list the device choices"
+"$bin" devices >"$work/devices" || fail "diffuse devices exits non-zero"
+grep -q "^cpu:0 .*(auto)" "$work/devices" || fail "diffuse devices does not list cpu:0 as auto"
+grep -q "sim:" "$work/devices" && fail "diffuse devices lists the test device without --all"
 grep -q "bf16 for bf16 checkpoints on" "$work/help" && grep -q "CPUs with AMX-BF16, else f32" \
     "$work/help" || fail "the help does not state the --dtype auto rule"
 grep -q "AVX512-BF16" "$work/help" && fail "the help still promises bf16 for AVX512-BF16"
@@ -33,8 +36,8 @@ done
 
 "$bin" generate -m "$model" -p "a fox" -W 32 -H 32 --steps 1 --device cuda \
     -o "$work/out.png" >/dev/null 2>"$work/err"
-if [ $? -eq 0 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q "built in: cpu" "$work/err"; then
-    fail "--device cuda: expected one line listing the built-in devices:"; cat "$work/err"
+if [ $? -eq 0 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q "available: cpu" "$work/err"; then
+    fail "--device cuda: expected one line listing the available backends:"; cat "$work/err"
 else
     echo "ok   --device cuda: $(cat "$work/err")"
 fi

@@ -57,7 +57,7 @@ static void test_chain_becomes_one_kernel_and_matches_eager(void **state)
     df_tensor *bl = df_tensor_from_host(lazy, DF_DTYPE_F32, DF_SHAPE(C), b);
     df_stats_reset(lazy);
     df_tensor *y1 = chain(lazy, xl, bl);
-    assert_null(y1->v.st->data); /* recorded, not run */
+    assert_null(y1->v.st->buf); /* recorded, not run */
     assert_int_equal(df_lazy_pending(lazy), 4);
     assert_int_equal(df_tensor_read(lazy, y1, DF_DTYPE_F32, got, sizeof got), DF_OK);
     df_stats st;
@@ -398,8 +398,8 @@ static void test_one_arena_serves_every_graph(void **state)
          * (stream order keeps them apart) instead of each taking an arena of its own. */
         assert_non_null(ctx->arena);
         if (step == 0)
-            arena = ctx->arena->data;
-        assert_ptr_equal(ctx->arena->data, arena);
+            arena = ctx->arena->buf;
+        assert_ptr_equal(ctx->arena->buf, arena);
         assert_true((int64_t)ctx->arena->bytes >= st.arena_bytes);
     }
     df_ctx_free(ctx);

@@ -529,7 +529,7 @@ static void test_sharded_linear_slices(void **state)
     assert_int_equal(df_tensor_dim(l.weight, 1), 32);
     float *got = values(ctx, l.weight);
     assert_memory_equal(got, full + 16 * C, (size_t)(16 * C) * sizeof *got);
-    assert_true(l.weight->v.st->external); /* zero-copy */
+    assert_true(l.weight->v.st->owns_buf); /* zero-copy: the device wraps the mapping */
     free(got);
     free(full);
     full = whole("transformer_blocks.0.attn.to_q.bias", &R, &C);

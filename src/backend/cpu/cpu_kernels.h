@@ -11,7 +11,7 @@
 #ifndef DF_CPU_KERNELS_H
 #define DF_CPU_KERNELS_H
 
-#include "backend/backend.h"
+#include "backend/cpu/cpu_device.h"
 
 extern const df_kernel_fn df_cpu_kernels[DF_OP_COUNT];
 
@@ -41,9 +41,6 @@ DF_CPU_KERNEL(linear);
 DF_CPU_KERNEL(matmul);
 DF_CPU_KERNEL(attention);
 DF_CPU_KERNEL(conv2d);
-
-/* k_dist.c */
-DF_CPU_KERNEL(all_reduce);
 
 /* k_fused.c: the defer-and-fuse mode's fused elementwise kernel. */
 df_status df_cpu_fused(const df_fused *f, df_kernel_env *env);

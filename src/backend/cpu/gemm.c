@@ -545,7 +545,7 @@ static uint64_t mix(uint64_t h, uint64_t v)
 
 size_t df_gemm_operand_scratch(const df_view *v, df_dtype type)
 {
-    if (v->dtype == type || v->st->is_weight)
+    if (v->dtype == type || (v->flags & DF_VIEW_CONST))
         return 0;
     return (size_t)df_view_numel(v) * df_dtype_size(type);
 }
@@ -558,7 +558,7 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
         *out = src;
         return DF_OK;
     }
-    if (!v->st->is_weight) {
+    if (!(v->flags & DF_VIEW_CONST)) {
         convert(src, v->dtype, scratch, type, n);
         *out = scratch;
         return DF_OK;
@@ -567,7 +567,7 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
         mix(mix(mix(mix(0x706c61696eull /* "plain" */, (uint64_t)type), (uint64_t)v->dtype),
                 (uint64_t)v->offset),
             (uint64_t)n);
-    df_derived *d = df_storage_find_derived(v->st, (int64_t)h);
+    df_derived *d = df_cpu_find_derived(v->buf, (int64_t)h);
     if (!d) {
         size_t bytes = (size_t)n * df_dtype_size(type);
         void *buf = df_aligned_alloc(bytes);
@@ -582,7 +582,7 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
         }
         convert(src, v->dtype, buf, type, n);
         *d = (df_derived){.key = (int64_t)h, .data = buf, .bytes = bytes, .free = df_aligned_free};
-        df_storage_add_derived(v->st, d);
+        df_cpu_add_derived(v->buf, d);
         atomic_fetch_add(&pack_count, 1);
     }
     *out = d->data;
@@ -676,7 +676,7 @@ static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const
 {
     uint64_t h = mix(mix(mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
                      (uint64_t)w->shape[0] * 0x100000001ull + (uint64_t)w->shape[1]);
-    df_derived *d = df_storage_find_derived(w->st, (int64_t)h);
+    df_derived *d = df_cpu_find_derived(w->buf, (int64_t)h);
     if (d && dnnl_memory_desc_equal(&((packed_weight *)d->data)->md, &p->b_md)) {
         *out = ((packed_weight *)d->data)->data;
         return DF_OK;
@@ -702,11 +702,11 @@ static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const
         return s;
     }
     *d = (df_derived){.key = (int64_t)h, .data = pw, .bytes = bytes, .free = packed_free};
-    df_storage_add_derived(w->st, d);
+    df_cpu_add_derived(w->buf, d);
     atomic_fetch_add(&pack_count, 1);
     /* The packed copy is what runs from now on: the file's pages need not stay in memory
      * too (they are read again if the packed copy is ever dropped). */
-    df_storage_drop_pages(w->st, df_view_ptr(w),
+    df_cpu_drop_pages(w, df_view_ptr(w),
                           (size_t)(w->shape[0] * w->shape[1]) * df_dtype_size(w->dtype));
     *out = pw->data;
     return DF_OK;
@@ -738,7 +738,7 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
     d.bias = bias != NULL;
     if (d.m == 0 || d.n == 0)
         return DF_OK;
-    bool packed = w->st->is_weight && !w->st->transient && d.k > 0;
+    bool packed = (w->flags & DF_VIEW_CONST) && !(w->flags & DF_VIEW_STREAMED) && d.k > 0;
     size_t sx = round64(df_gemm_operand_scratch(x, d.type));
     size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, d.type));
     size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;

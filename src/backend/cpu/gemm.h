@@ -31,7 +31,7 @@
 
 #include <diffuse/cpu.h>
 
-#include "backend/backend.h"
+#include "backend/cpu/cpu_device.h"
 
 typedef struct df_gemm_desc {
     int64_t batch;                        /* 0 or 1: a single product */

@@ -32,7 +32,7 @@
 
 #include <diffuse/dtype.h>
 
-#include "backend/backend.h"
+#include "backend/cpu/cpu_device.h"
 #include "core/status.h"
 
 typedef enum df_i8_path {

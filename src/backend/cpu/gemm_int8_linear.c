@@ -38,8 +38,9 @@ int64_t df_i8_default_group(void)
 bool df_i8_linear_applies(const df_view *w)
 {
     if (w->dtype == DF_DTYPE_I8) /* saved quantized: int8 products in any compute dtype */
-        return w->st && w->ndim == 2 && df_view_is_dense(w);
-    return w->st && w->st->is_weight && !w->st->keep_precision && w->ndim == 2 &&
+        return w->buf && w->ndim == 2 && df_view_is_dense(w);
+    return w->buf && (w->flags & DF_VIEW_CONST) && !(w->flags & DF_VIEW_KEEP_PRECISION) &&
+           w->ndim == 2 &&
            df_view_is_dense(w) && w->shape[1] > 0 &&
            (w->dtype == DF_DTYPE_F32 || w->dtype == DF_DTYPE_BF16 || w->dtype == DF_DTYPE_F16);
 }
@@ -47,14 +48,15 @@ bool df_i8_linear_applies(const df_view *w)
 /* An I8 weight saved quantized: its packed form from the stored values and scales. */
 static df_status from_saved(const df_view *w, df_i8_weight **out)
 {
-    int64_t n = w->shape[0], k = w->shape[1], groups = w->st->i8_groups;
-    if (!w->st->i8_scale || w->offset != 0 || groups <= 0)
+    int64_t n = w->shape[0], k = w->shape[1], groups = w->scale_groups;
+    if (!w->scale_buf || groups <= 0)
         return df_errorf(DF_E_UNSUPPORTED,
                          "int8: an I8 [%lld, %lld] weight without its scales "
                          "(only whole weights saved by df_quantize_model are read)",
                          (long long)n, (long long)k);
     int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
-    return df_i8_weight_from_plain(df_view_ptr(w), w->st->i8_scale, n, k, group, out);
+    const float *scale = (const float *)((char *)w->scale_buf->ptr + w->scale_offset);
+    return df_i8_weight_from_plain(df_view_ptr(w), scale, n, k, group, out);
 }
 
 static uint64_t mix(uint64_t h, uint64_t v)
@@ -72,7 +74,7 @@ static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i
     uint64_t h = mix(mix(mix(mix(0x696e7438ull /* "int8" */, (uint64_t)group), (uint64_t)w->dtype),
                          (uint64_t)w->offset),
                      (uint64_t)n * 0x100000001ull + (uint64_t)k);
-    df_derived *d = df_storage_find_derived(w->st, (int64_t)h);
+    df_derived *d = df_cpu_find_derived(w->buf, (int64_t)h);
     if (d) {
         *out = d->data;
         return DF_OK;
@@ -92,9 +94,9 @@ static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i
                       .data = q,
                       .bytes = df_i8_weight_bytes(n, k, q->group),
                       .free = df_i8_weight_free};
-    df_storage_add_derived(w->st, d);
+    df_cpu_add_derived(w->buf, d);
     /* From now on the quantized copy is what runs: the file's pages need not stay. */
-    df_storage_drop_pages(w->st, df_view_ptr(w), (size_t)(n * k) * df_dtype_size(w->dtype));
+    df_cpu_drop_pages(w, df_view_ptr(w), (size_t)(n * k) * df_dtype_size(w->dtype));
     *out = q;
     return DF_OK;
 }

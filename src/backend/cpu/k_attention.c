@@ -375,7 +375,7 @@ DF_CPU_KERNEL(attention)
         return DF_OK;
     a.bq = a.Sq < BQ ? a.Sq : BQ;
     a.bk = a.Sk < BK ? (a.Sk > 0 ? a.Sk : 1) : BK;
-    if (n->in[3].st) {
+    if (n->in[3].buf) {
         a.mask = df_view_ptr(&n->in[3]);
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend/backend.h"
+#include "backend/cpu/cpu_device.h"
 
 /* Work (elements touched) below which a kernel does not start OpenMP threads: a fork and
  * join costs a few microseconds, about what one core needs for this many elements. */

@@ -76,7 +76,7 @@ static size_t round64(size_t n)
 DF_CPU_KERNEL(conv2d)
 {
     const df_view *xv = &n->in[0], *wv = &n->in[1];
-    const df_view *bv = n->in[2].st ? &n->in[2] : NULL;
+    const df_view *bv = n->in[2].buf ? &n->in[2] : NULL;
     df_dtype compute = df_gemm_compute_dtype((int)n->a.i[2]);
     int64_t B = xv->shape[0], O = wv->shape[0];
     conv_shape s = {.C = xv->shape[1],

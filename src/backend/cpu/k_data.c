@@ -49,7 +49,7 @@ DF_CPU_KERNEL(concat)
     memcpy(part.shape, a->shape, sizeof part.shape);
     df_cpu_copy_view(&part, a, df_cpu_threads(env));
     memcpy(part.shape, b->shape, sizeof part.shape);
-    part.offset = out->offset + a->shape[d] * out->stride[d];
+    part.offset = out->offset + (uint64_t)(a->shape[d] * out->stride[d]) * df_dtype_size(out->dtype);
     df_cpu_copy_view(&part, b, df_cpu_threads(env));
     return DF_OK;
 }

@@ -20,7 +20,7 @@
 
 static int64_t row_offset(const df_view *v, const df_view *out, int64_t row)
 {
-    int64_t off = v->offset;
+    int64_t off = 0;
     for (int d = out->ndim - 2; d >= 0; d--) {
         off += (row % out->shape[d]) * v->stride[d];
         row /= out->shape[d];
@@ -35,7 +35,7 @@ static const float *load_row(const df_view *v, const df_view *out, int64_t row, 
 {
     int64_t off = row_offset(v, out, row);
     int64_t s = out->ndim ? v->stride[out->ndim - 1] : 1;
-    const void *base = v->st->data;
+    const void *base = df_view_ptr(v);
     if (v->dtype == DF_DTYPE_F32 && (s == 1 || w == 1))
         return (const float *)base + off;
     if (v->dtype == DF_DTYPE_F32 && s == 0) {
@@ -115,7 +115,7 @@ static void run_insn(const df_fused_insn *in, float *restrict d, const float *re
 /* The head's weight or bias as f32 (converted once per call), or NULL. */
 static const float *param_f32(const df_view *v, int64_t w, float *tmp)
 {
-    if (!v->st)
+    if (!v->buf)
         return NULL;
     if (v->dtype == DF_DTYPE_F32)
         return df_view_ptr(v);
@@ -148,8 +148,8 @@ df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
     for (int k = 0; k < f->n_insn; k++)
         if (f->insn[k].dst == f->out_reg)
             computed = f->insn[k].op != DF_FI_LOAD && !half;
-    float *o = out->st->data;
-    uint16_t *o16 = out->st->data;
+    float *o = df_view_ptr(out);
+    uint16_t *o16 = df_view_ptr(out);
     #pragma omp parallel num_threads(threads) if (total > 16384)
     {
         float *regs = scratch + per * (size_t)omp_get_thread_num();

@@ -13,7 +13,7 @@
 DF_CPU_KERNEL(linear)
 {
     const df_view *x = &n->in[0], *w = &n->in[1];
-    const df_view *bias = n->in[2].st ? &n->in[2] : NULL;
+    const df_view *bias = n->in[2].buf ? &n->in[2] : NULL;
     int64_t m = 1;
     for (int d = 0; d < x->ndim - 1; d++)
         m *= x->shape[d];

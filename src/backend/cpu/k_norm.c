@@ -43,13 +43,13 @@ static size_t round_up(size_t n)
 
 static size_t f32_need(const df_view *v)
 {
-    return v->st && v->dtype != DF_DTYPE_F32 ? round_up((size_t)df_view_numel(v)) : 0;
+    return v->buf && v->dtype != DF_DTYPE_F32 ? round_up((size_t)df_view_numel(v)) : 0;
 }
 
 /* The dense view v as f32: in place when it is f32, else converted into *scratch. */
 static const float *as_f32(const df_view *v, float **scratch, int threads)
 {
-    if (!v->st)
+    if (!v->buf)
         return NULL;
     if (v->dtype == DF_DTYPE_F32)
         return df_view_ptr(v);

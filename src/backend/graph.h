@@ -1,0 +1,139 @@
+/*
+ * The runtime's side of the device layer: storages, the graph IR, opened devices.
+ *
+ * A storage is a backend buffer handle, a byte offset into it and a size: only the
+ * backend turns it into an address (backend/device.h). Sub-allocations (a planned graph's
+ * arena slots, the parts of a concat written in place) are offsets into one buffer.
+ * Storages are reference-counted: tensor handles and queued nodes hold references, and a
+ * queued node's references are dropped by a host callback queued after its kernel, so
+ * memory returns to the device's caching allocator only once the stream has passed its
+ * last use.
+ *
+ * A graph node (df_gnode) is one op with its input and output views over storages. Strict
+ * eager lowers it to the device's df_node (buffer + byte offset) and launches it at once;
+ * defer-and-fuse and compiled mode collect nodes into graphs first.
+ */
+#ifndef DF_BACKEND_GRAPH_H
+#define DF_BACKEND_GRAPH_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <diffuse/runtime.h>
+
+#include "backend/device.h"
+
+_Static_assert(DF_DEVICE_MAX_DIMS == DF_MAX_DIMS, "the device ABI and the API agree on ranks");
+
+typedef enum df_op_kind {
+    DF_OPK_ELEMENTWISE,
+    DF_OPK_REDUCE,
+    DF_OPK_MATMUL,
+    DF_OPK_DATA,
+    DF_OPK_OTHER,
+} df_op_kind;
+
+const char *df_op_name(df_op op);
+df_op_kind df_op_kind_of(df_op op);
+int df_op_inputs(df_op op);
+
+typedef struct df_device df_device;
+typedef struct df_gnode df_gnode;
+
+typedef struct df_storage {
+    atomic_int refs;        /* handles + nodes + graphs that hold it */
+    int handles;            /* tensor handles only (host thread) */
+    df_device *dev;
+    df_dev_buffer *buf;     /* NULL while the storage is lazy (not yet produced) */
+    uint64_t offset;        /* bytes into buf */
+    size_t bytes;
+    bool external;          /* buf is not this storage's to free (a wrapped host mapping
+                               that owns its handle elsewhere, an arena slot, a part) */
+    bool owns_buf;          /* the storage frees buf itself (a wrapped host mapping) */
+    bool is_weight;         /* long-lived: the device may keep derived forms of it */
+    void *host;             /* host memory this storage mirrors (a mapped weight), or NULL */
+    bool file_backed;       /* host is a read-only file mapping: its pages can be dropped
+                               and will be read again from the file */
+    bool transient;         /* a weight resident only briefly (sequential offload) */
+    bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
+    struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
+    uint64_t i8_scale_offset;
+    int64_t i8_groups;
+    struct df_storage *base; /* the storage whose buffer this one is a part of (a concat's
+                               part that the planner has its producer write in place):
+                               held until this one is freed */
+    df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
+} df_storage;
+
+/* A view of a storage, as the runtime keeps it. Strides and offset are in elements. */
+typedef struct df_gview {
+    df_storage *st; /* NULL: the optional input is absent */
+    df_dtype dtype;
+    int ndim;
+    int64_t shape[DF_MAX_DIMS];
+    int64_t stride[DF_MAX_DIMS];
+    int64_t offset;
+} df_gview;
+
+struct df_gnode {
+    df_op op;
+    int n_in;
+    df_gview in[DF_NODE_MAX_IN];
+    df_gview out;       /* dense row-major; the defer-and-fuse planner may point it into a
+                           larger tensor for the kernels that take that (rms_norm_rope,
+                           and linear or attention writing their columns of a concat) */
+    df_attrs a;
+    /* Graph bookkeeping (defer-and-fuse / compile); unused in strict eager. */
+    int id;
+    df_gnode *next;
+};
+
+int64_t df_gview_numel(const df_gview *v);
+bool df_gview_is_dense(const df_gview *v);
+/* The device's view of v: buffer, byte offset, the storage's hints. */
+void df_gview_lower(const df_gview *v, df_view *out);
+/* The same for a node's views. */
+void df_gnode_lower(const df_gnode *n, df_node *out);
+
+/* An opened device: its backend, its caching allocator and counters. */
+struct df_device {
+    const df_device_ops *ops;
+    void *impl;
+    int index;
+    char name[48];
+    df_device_info info;
+    struct df_buffer_cache *cache;
+    _Atomic int64_t bytes_uploaded, bytes_downloaded; /* copies between host and device */
+};
+
+df_status df_device_open(const char *name, const char *options, df_device **out);
+void df_device_close(df_device *dev);
+
+/* Storages: allocation through the device's caching allocator. */
+df_status df_storage_alloc(df_device *dev, size_t bytes, df_storage **out);
+df_storage *df_storage_lazy(df_device *dev, size_t bytes);
+df_status df_storage_materialize(df_storage *st);
+/* A storage over host memory the caller keeps alive (a mapped weight, wrapped data): the
+ * device reads it in place where it can (DF_CAP_HOST_MEMORY), else the storage is device
+ * memory that the host data is uploaded into on `stream` (its derived form). */
+df_status df_storage_host(df_device *dev, df_dev_stream *stream, void *host, size_t bytes,
+                          df_storage **out);
+void df_storage_retain(df_storage *st);
+void df_storage_release(df_storage *st);
+/* The host address of st's byte 0 where the host may address the device's memory, else
+ * NULL (the runtime then copies). */
+void *df_storage_host_ptr(const df_storage *st);
+
+/* Memory counters of a device's caching allocator. */
+typedef struct df_mem_stats {
+    int64_t live_bytes, peak_bytes, allocated_total, cached_bytes;
+} df_mem_stats;
+void df_device_mem_stats(df_device *dev, df_mem_stats *out);
+void df_device_mem_reset_peak(df_device *dev);
+/* Returns cached, unused blocks to the backend. */
+void df_device_trim(df_device *dev);
+
+#include "backend/registry.h"
+
+#endif

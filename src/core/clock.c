@@ -1,0 +1,11 @@
+/* The monotonic clock (core/clock.h). */
+#include <time.h>
+
+#include "core/clock.h"
+
+double df_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,23 @@
+# The backend registry: two device plugins built here (a working one and one built for
+# another ABI), loaded from their own folder so that no other test sees them.
+if(CMOCKA_FOUND)
+  set(DF_TEST_PLUGIN_DIR ${CMAKE_BINARY_DIR}/test-plugins)
+  foreach(plugin testdev badabi)
+    add_library(diffuse-${plugin} MODULE ${CMAKE_SOURCE_DIR}/tests/plugin/testdev.c)
+    target_include_directories(diffuse-${plugin} PRIVATE ${CMAKE_SOURCE_DIR}/include
+                               ${CMAKE_SOURCE_DIR}/src)
+    target_compile_options(diffuse-${plugin} PRIVATE ${DF_WARN} -fvisibility=hidden)
+    set_target_properties(diffuse-${plugin} PROPERTIES PREFIX "lib"
+                          LIBRARY_OUTPUT_DIRECTORY ${DF_TEST_PLUGIN_DIR})
+  endforeach()
+  target_compile_definitions(diffuse-badabi PRIVATE TESTDEV_BAD_ABI)
+  add_dependencies(test_backends diffuse-testdev diffuse-badabi)
+  foreach(mode autoload manual)
+    add_test(NAME unit/test_backends_${mode} COMMAND test_backends ${mode})
+    set(env "DIFFUSE_BACKEND_DIR=${DF_TEST_PLUGIN_DIR}")
+    if(mode STREQUAL "manual")
+      list(APPEND env "DIFFUSE_BACKEND_AUTOLOAD=0")
+    endif()
+    set_tests_properties(unit/test_backends_${mode} PROPERTIES ENVIRONMENT "${env}" TIMEOUT 120)
+  endforeach()
+endif()
