@@ -24,3 +24,48 @@ if(DIFFUSE_VULKAN_BUILT)
   set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60
     ENVIRONMENT "VK_ICD_FILENAMES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;VK_DRIVER_FILES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
 endif()
+
+# Golden cases with --device vulkan (lavapipe is opened by index with ALLOW_CPU), in every
+# mode, failing on any validation message. The slow cases on lavapipe (te-t5 and the
+# 8-step t2i pictures) run by hand: see docs/vulkan.md.
+if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR})
+  set(VK_GOLDEN_ENV ${VK_TEST_ENV} "DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
+      "DIFFUSE_VULKAN_ALLOW_CPU=1")
+  set(VK_GOLDEN_CASES
+      rng-randn-f32-small sched-flowmatch-flux-schnell-4 tok-clip-l-77
+      te-clip-l te-clip-g te-mistral
+      flux-transformer flux2-transformer flux2-klein-transformer sd3-transformer
+      vae-decode-flux vae-decode-sd3 vae-decode-flux2
+      pipe-flux-schnell pipe-sd3 pipe-flux2 pipe-flux2-klein)
+  foreach(mode eager fuse compile)
+    foreach(case ${VK_GOLDEN_CASES})
+      add_test(NAME golden-vulkan/${mode}/${case}
+               COMMAND diffuse-check --device vulkan --mode ${mode} ${DF_GOLDEN_DIR}/${case})
+      set_tests_properties(golden-vulkan/${mode}/${case} PROPERTIES TIMEOUT 300
+                           ENVIRONMENT "${VK_GOLDEN_ENV}"
+                           FAIL_REGULAR_EXPRESSION "vulkan validation:")
+    endforeach()
+  endforeach()
+  foreach(case flux-transformer sd3-transformer flux2-transformer pipe-flux-schnell)
+    add_test(NAME golden-vulkan/blocks/${case}
+             COMMAND diffuse-check --device vulkan --mode blocks ${DF_GOLDEN_DIR}/${case})
+    set_tests_properties(golden-vulkan/blocks/${case} PROPERTIES TIMEOUT 300
+                         ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  endforeach()
+  foreach(mode eager fuse compile)
+    foreach(case flux-transformer sd3-transformer flux2-transformer flux2-klein-transformer
+            te-mistral)
+      add_test(NAME golden-vulkan/bf16-${mode}/${case}
+               COMMAND diffuse-check --device vulkan --dtype bf16 --mode ${mode}
+                       ${DF_GOLDEN_DIR}/${case})
+      set_tests_properties(golden-vulkan/bf16-${mode}/${case} PROPERTIES TIMEOUT 300
+                           ENVIRONMENT "${VK_GOLDEN_ENV}"
+                           FAIL_REGULAR_EXPRESSION "vulkan validation:")
+    endforeach()
+  endforeach()
+  add_test(NAME vulkan/offload_same_image
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/offload.sh $<TARGET_FILE:diffuse>
+                   ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
+                       ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+endif()

@@ -31,7 +31,8 @@
 /* ---- twins --------------------------------------------------------------------------------- */
 
 typedef struct twin {
-    df_storage st; /* first: a view's st points here */
+    struct df_dev_buffer cpu; /* first: a view's buf points here (the CPU kernels read it) */
+    size_t bytes;
     dvk_alloc *dev;
     struct twin *next;
 } twin;
@@ -52,15 +53,15 @@ static double rnd(double lo, double hi)
 
 static VkDeviceAddress addr_of(void *user, const df_view *v)
 {
-    const twin *t = (const twin *)v->st;
-    return t->dev->addr + (uint64_t)(v->offset * (int64_t)df_dtype_size(v->dtype));
+    const twin *t = (const twin *)v->buf;
+    return t->dev->addr + v->offset;
 }
 
 static twin *twin_new(size_t bytes)
 {
     twin *t = calloc(1, sizeof *t);
-    t->st.data = calloc(1, bytes + 8);
-    t->st.bytes = bytes;
+    df_cpu_buffer_init(&t->cpu, calloc(1, bytes + 8), bytes);
+    t->bytes = bytes;
     if (dvk_alloc_make(g_dev, bytes ? bytes : 1, &t->dev) != DF_OK) {
         fprintf(stderr, "alloc: %s\n", df_error_message());
         exit(1);
@@ -75,7 +76,7 @@ static void twins_free(void)
     while (g_twins) {
         twin *n = g_twins->next;
         dvk_alloc_free(g_dev, g_twins->dev);
-        free(g_twins->st.data);
+        free(g_twins->cpu.ptr);
         free(g_twins);
         g_twins = n;
     }
@@ -133,12 +134,12 @@ static df_view input(df_dtype t, int ndim, const int64_t *shape, double lo, doub
     int64_t n = numel(&v);
     twin *tw = twin_new((size_t)n * df_dtype_size(t));
     for (int64_t i = 0; i < n; i++)
-        put(tw->st.data, t, i, rnd(lo, hi));
-    if (dvk_upload(g_dev, tw->dev->addr, tw->st.data, tw->st.bytes) != DF_OK) {
+        put(tw->cpu.ptr, t, i, rnd(lo, hi));
+    if (dvk_upload(g_dev, tw->dev->addr, tw->cpu.ptr, tw->bytes) != DF_OK) {
         fprintf(stderr, "upload: %s\n", df_error_message());
         exit(1);
     }
-    v.st = &tw->st;
+    v.buf = &tw->cpu;
     return v;
 }
 
@@ -149,8 +150,8 @@ static df_view output(df_dtype t, int ndim, const int64_t *shape)
     memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
     dense(&v);
     twin *tw = twin_new((size_t)numel(&v) * df_dtype_size(t));
-    dvk_upload(g_dev, tw->dev->addr, tw->st.data, tw->st.bytes);
-    v.st = &tw->st;
+    dvk_upload(g_dev, tw->dev->addr, tw->cpu.ptr, tw->bytes);
+    v.buf = &tw->cpu;
     return v;
 }
 
@@ -174,9 +175,9 @@ typedef struct row {
  * elements out addresses (its own strides). */
 static void compare(const row *r, const df_view *out)
 {
-    const twin *t = (const twin *)out->st;
-    void *got = malloc(t->st.bytes + 8);
-    df_status s = dvk_download(g_dev, got, t->dev->addr, t->st.bytes);
+    const twin *t = (const twin *)out->buf;
+    void *got = malloc(t->bytes + 8);
+    df_status s = dvk_download(g_dev, got, t->dev->addr, t->bytes);
     if (s != DF_OK) {
         printf("FAIL %-34s download: %s\n", r->name, df_error_message());
         g_failures++;
@@ -186,12 +187,12 @@ static void compare(const row *r, const df_view *out)
     double max_abs = 0, max_rel = 0;
     int64_t bad = -1, n = numel(out);
     for (int64_t e = 0; e < n; e++) {
-        int64_t off = out->offset, rest = e;
+        int64_t off = (int64_t)(out->offset / df_dtype_size(out->dtype)), rest = e;
         for (int d = out->ndim - 1; d >= 0; d--) {
             off += rest % out->shape[d] * out->stride[d];
             rest /= out->shape[d];
         }
-        double want = get(t->st.data, out->dtype, off), have = get(got, out->dtype, off);
+        double want = get(t->cpu.ptr, out->dtype, off), have = get(got, out->dtype, off);
         double err = fabs(have - want);
         if (isnan(want) != isnan(have) || (!isnan(want) && err > r->atol + r->rtol * fabs(want))) {
             if (bad < 0)
@@ -217,7 +218,7 @@ static void compare(const row *r, const df_view *out)
 static void run(const row *r, const df_node *n)
 {
     df_kernel_env env = {.threads = 1};
-    df_status s = df_cpu_kernels[n->op](n, &env);
+    df_status s = df_cpu_run_node(n, &env);
     df_aligned_free(env.scratch);
     if (s != DF_OK) {
         printf("FAIL %-34s cpu: %s\n", r->name, df_error_message());
@@ -519,7 +520,7 @@ static void fused_rows(void)
                                "fused program, rms head, bf16 out"};
         row r = {names[variant], 1e-5, variant == 2 ? 8e-3 : 2e-5};
         df_kernel_env env = {.threads = 1};
-        df_status st = df_cpu_fused(&f, &env);
+        df_status st = df_cpu_run_fused(&f, &env);
         df_aligned_free(env.scratch);
         dvk_env e = {.d = g_dev, .addr = addr_of};
         if (st == DF_OK)
@@ -559,7 +560,7 @@ static void bench(int64_t n)
         t_vk = now_ms() - t0;
         df_kernel_env env = {.threads = 2};
         t0 = now_ms();
-        df_cpu_kernels[DF_OP_MATMUL](&mm, &env);
+        df_cpu_run_node(&mm, &env);
         t_cpu = now_ms() - t0;
         df_aligned_free(env.scratch);
     }

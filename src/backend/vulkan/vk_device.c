@@ -282,6 +282,8 @@ static df_status open_device(int index, dvk_device *d)
     }
     DF_TRY(dvk_arena_init(d, &d->readback, (uint64_t)16 << 20));
     DF_TRY(dvk_pipeline_cache_open(d));
+    const char *prof = getenv("DIFFUSE_VULKAN_PROFILE");
+    d->profile = prof && strcmp(prof, "1") == 0;
     return DF_OK;
 }
 
@@ -307,6 +309,7 @@ void dvk_device_close(dvk_device *d)
     if (d->dev) {
         dvk_finish(d);
         d->fn->vkDeviceWaitIdle(d->dev);
+        dvk_profile_print(d);
         dvk_pipeline_cache_save(d);
         for (int i = 0; i < d->n_pipelines; i++)
             d->fn->vkDestroyPipeline(d->dev, d->pipelines[i].pipeline, NULL);

@@ -291,9 +291,28 @@ df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_sp
     d->stats.dispatches++;
     d->pos++;
     dvk_batch *b = &d->batch[d->cur];
-    if (++b->dispatches >= DVK_BATCH_DISPATCHES)
+    if (d->profile && shader < DVK_MAX_SHADERS) { /* DIFFUSE_VULKAN_PROFILE=1: timed alone */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        DF_TRY(dvk_finish(d));
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        d->profile_ms[shader] += (double)(t1.tv_sec - t0.tv_sec) * 1e3 +
+                                 (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
+        d->profile_calls[shader]++;
+    } else if (++b->dispatches >= DVK_BATCH_DISPATCHES) {
         DF_TRY(dvk_flush(d));
+    }
     return DF_OK;
+}
+
+void dvk_profile_print(dvk_device *d)
+{
+    if (!d->profile)
+        return;
+    for (int i = 0; i < dvk_shader_count && i < DVK_MAX_SHADERS; i++)
+        if (d->profile_calls[i])
+            fprintf(stderr, "vulkan profile: %-8s %6lld dispatches %10.1f ms\n",
+                    dvk_shaders[i].name, (long long)d->profile_calls[i], d->profile_ms[i]);
 }
 
 /* ---- the pipeline cache ---------------------------------------------------------------- */

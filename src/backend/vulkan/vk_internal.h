@@ -14,9 +14,9 @@
  * maxMemoryAllocationSize / maxBufferSize bound one allocation.
  *
  * The core is written against the op table (runtime/ops.def) and the node and fused-program
- * structs of backend/backend.h; the only thing it needs from the runtime is a way to turn a
- * view's storage into a device address (dvk_addr_fn), so the adapter to the device ABI is a
- * thin layer.
+ * structs of the device ABI (backend/device.h); the only thing it needs from its caller is a
+ * way to turn a view's buffer into a device address (dvk_addr_fn): plugin.c gives it the
+ * pool allocation behind a df_dev_buffer, the op test its own twins of CPU buffers.
  */
 #ifndef DF_VK_INTERNAL_H
 #define DF_VK_INTERNAL_H
@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 
 /* ---- the loader ------------------------------------------------------------------------ */
 
@@ -195,6 +195,7 @@ typedef struct dvk_pipeline {
 
 /* Address ranges the current batch wrote or read since its last barrier. */
 #define DVK_HAZARD_MAX 64
+#define DVK_MAX_SHADERS 16
 typedef struct dvk_range {
     uint64_t lo, hi;
 } dvk_range;
@@ -237,6 +238,9 @@ typedef struct dvk_device {
     dvk_stats stats;
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
     uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
+    bool profile;           /* DIFFUSE_VULKAN_PROFILE=1 */
+    double profile_ms[DVK_MAX_SHADERS];
+    int64_t profile_calls[DVK_MAX_SHADERS];
 } dvk_device;
 
 df_status dvk_device_open(int index, dvk_device **out);
@@ -287,6 +291,10 @@ void dvk_hazard(dvk_device *d, const dvk_range *reads, int n_reads, const dvk_ra
 df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_spec,
                        const void *params, size_t bytes, uint32_t gx, uint32_t gy, uint32_t gz);
 
+/* With DIFFUSE_VULKAN_PROFILE=1 every dispatch is submitted alone and timed; this prints
+ * the time per shader to stderr (at close). */
+void dvk_profile_print(dvk_device *d);
+
 /* The pipeline cache file (under DIFFUSE_CACHE_DIR or ~/.cache/diffuse). */
 df_status dvk_pipeline_cache_open(dvk_device *d);
 void dvk_pipeline_cache_save(dvk_device *d);
@@ -320,16 +328,26 @@ df_status dvk_run_fused(const dvk_env *e, const df_fused *f);
 /* Whether dvk_run_node can run this op at all. */
 bool dvk_op_supported(df_op op);
 
+#define DVK_MAX_DIMS 6 /* the device ABI's, = DF_MAX_DIMS */
+
+static inline int64_t dvk_esize(df_dtype t)
+{
+    return t == DF_DTYPE_F32 || t == DF_DTYPE_I32   ? 4
+           : t == DF_DTYPE_F64 || t == DF_DTYPE_I64 ? 8
+           : t == DF_DTYPE_U8 || t == DF_DTYPE_I8   ? 1
+                                                    : 2;
+}
+
 /* Views, whatever the ABI spells them: whether an optional input is present, and the same
  * view moved by `elems` elements. */
 static inline bool dvk_has(const df_view *v)
 {
-    return v->st != NULL;
+    return v->buf != NULL;
 }
 
 static inline df_view dvk_view_shift(df_view v, int64_t elems)
 {
-    v.offset += elems;
+    v.offset += (uint64_t)(elems * dvk_esize(v.dtype));
     return v;
 }
 

@@ -19,14 +19,6 @@
 
 /* ---- shared helpers --------------------------------------------------------------------- */
 
-static int64_t esize(df_dtype t)
-{
-    return t == DF_DTYPE_F32 || t == DF_DTYPE_I32 ? 4
-           : t == DF_DTYPE_F64 || t == DF_DTYPE_I64 ? 8
-           : t == DF_DTYPE_U8 || t == DF_DTYPE_I8   ? 1
-                                                    : 2;
-}
-
 static int64_t numel(const df_view *v)
 {
     int64_t n = 1;
@@ -48,7 +40,7 @@ dvk_range dvk_view_range(const dvk_env *e, const df_view *v)
         else
             hi += span;
     }
-    int64_t es = esize(v->dtype);
+    int64_t es = dvk_esize(v->dtype);
     return (dvk_range){(uint64_t)((int64_t)a + lo * es), (uint64_t)((int64_t)a + (hi + 1) * es)};
 }
 
@@ -76,12 +68,12 @@ enum { EW_COPY, EW_FILL, EW_ADD, EW_SUB, EW_MUL, EW_DIV, EW_SCALE, EW_SILU, EW_G
 typedef struct ew_view {
     uint64_t addr;
     int64_t dtype;
-    int64_t stride[DF_MAX_DIMS];
+    int64_t stride[DVK_MAX_DIMS];
 } ew_view;
 
 typedef struct ew_params {
     int64_t ndim, total, groups_x, pad;
-    int64_t shape[DF_MAX_DIMS];
+    int64_t shape[DVK_MAX_DIMS];
     ew_view o, a, b;
     float f0, f1;
     int64_t fill_i;
@@ -360,7 +352,7 @@ static df_status run_rope(const dvk_env *e, const df_node *n)
 
 static df_status read_f32(const dvk_env *e, const df_view *v, float *dst)
 {
-    int64_t n = numel(v), es = esize(v->dtype);
+    int64_t n = numel(v), es = dvk_esize(v->dtype);
     void *raw = malloc((size_t)(n * es) + 1);
     if (!raw)
         return df_errorf(DF_E_OOM, "vulkan: out of host memory");

@@ -265,7 +265,7 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
 typedef struct fused_view {
     uint64_t addr;
     int64_t dtype;
-    int64_t stride[DF_MAX_DIMS];
+    int64_t stride[DVK_MAX_DIMS];
 } fused_view;
 
 typedef struct fused_insn {
@@ -276,7 +276,7 @@ typedef struct fused_insn {
 typedef struct fused_params {
     uint64_t o;
     int64_t o_dtype, ndim, rows, w, groups_x;
-    int64_t shape[DF_MAX_DIMS];
+    int64_t shape[DVK_MAX_DIMS];
     int64_t n_in, n_insn, out_reg, head_op;
     uint64_t head_x, head_w, head_b;
     int64_t head_x_dtype, head_w_dtype, head_b_dtype;
