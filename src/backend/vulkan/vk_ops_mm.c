@@ -44,6 +44,11 @@ static df_status mm_dispatch(const dvk_env *e, const mm_params *p, df_dtype ta, 
 {
     if (batch > 65535)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: a batch of %lld products", (long long)batch);
+    /* the shader steps along k with 32-bit indices */
+    if (p->K * (p->sak < 0 ? -p->sak : p->sak) > INT32_MAX ||
+        (!conv && p->K * (p->sbk < 0 ? -p->sbk : p->sbk) > INT32_MAX))
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan: a product whose k steps span more than "
+                         "2^31 elements");
     uint32_t spec[6] = {(uint32_t)ta, (uint32_t)tb, bf16, conv, 64, 64};
     dvk_range w = dvk_view_range(e, out);
     dvk_hazard(e->d, r, nr, &w, 1);
@@ -217,6 +222,7 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
     DF_TRY(compute_mode(n->a.i[1], "attention", &bf16));
     for (int i = 0; i < 3; i++)
         DF_TRY(float_operand(&n->in[i], "attention"));
+    /* k and v rows are read with 32-bit indices (float_operand allows f32, bf16, f16) */
     attn_params p = {.q = e->addr(e->user, q),
                      .k = e->addr(e->user, k),
                      .v = e->addr(e->user, v),
@@ -237,7 +243,8 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
     if (p.D > 256 || p.Dv > 256)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan attention: head dims %lld / %lld > 256",
                          (long long)p.D, (long long)p.Dv);
-    if (p.Sq > 65535 || p.H > 65535 || p.B > 65535)
+    if (p.H > 65535 || p.B > 65535 || k->stride[3] * p.D > INT32_MAX ||
+        v->stride[3] * p.Dv > INT32_MAX)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan attention: %lld queries x %lld heads",
                          (long long)p.Sq, (long long)p.H);
     memcpy(p.qs, q->stride, sizeof p.qs);
@@ -255,9 +262,12 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
     }
     dvk_range w = dvk_view_range(e, o);
     dvk_hazard(e->d, r, nr, &w, 1);
-    uint32_t spec[1] = {bf16};
-    return dvk_dispatch(e->d, dvk_shader_find("attn"), spec, 1, &p, sizeof p, (uint32_t)p.Sq,
-                        (uint32_t)p.H, (uint32_t)p.B);
+    uint32_t maxd = 16;
+    while (maxd < (uint32_t)p.D || maxd < (uint32_t)p.Dv)
+        maxd *= 2;
+    uint32_t spec[2] = {bf16, maxd};
+    return dvk_dispatch(e->d, dvk_shader_find("attn"), spec, 2, &p, sizeof p,
+                        (uint32_t)((p.Sq + 63) / 64), (uint32_t)p.H, (uint32_t)p.B);
 }
 
 /* ---- the fused program ------------------------------------------------------------------- */

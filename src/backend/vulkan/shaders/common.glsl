@@ -186,3 +186,19 @@ float activate(int act, float x)
         return x_sigmoid(x, 1.702 * x);
     return x;
 }
+
+/* Element i (a 32-bit index) of a float row that starts at address `row`. */
+float load_fi(uint64_t row, int dt, int i)
+{
+    if (dt == DT_F32)
+        return F32s(row).v[i];
+    if (dt == DT_BF16)
+        return bf16_f32(uint(U16s(row).v[i]));
+    return f16_f32(uint(U16s(row).v[i]));
+}
+
+/* The address of element `off` of a view whose element 0 is at `base`. */
+uint64_t elem_addr(uint64_t base, int dt, int64_t off)
+{
+    return base + uint64_t(off) * dt_size(dt);
+}

@@ -47,7 +47,13 @@ void main()
     if (e >= p.total)
         return;
     int64_t oo = 0, oa = 0, ob = 0, rest = e;
-    for (int d = int(p.ndim) - 1; d >= 0; d--) {
+    if (p.ndim == 1) { /* dense or evenly strided: no division */
+        oo = e * p.o.stride[0];
+        oa = e * p.a.stride[0];
+        ob = e * p.b.stride[0];
+        rest = 0;
+    }
+    for (int d = p.ndim == 1 ? -1 : int(p.ndim) - 1; d >= 0; d--) {
         int64_t n = p.shape[d];
         int64_t i = rest % n;
         rest /= n;

@@ -36,12 +36,6 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
 shared float As[BK * BM];
 shared float Bs[BK * BN];
 
-float load_a(Params p, int64_t z, int64_t m, int64_t k)
-{
-    float v = load_f(p.a, A_DT, z * p.za + m * p.sam + k * p.sak);
-    return BF16 != 0 ? round_bf16(v) : v;
-}
-
 float load_b(Params p, int64_t z, int64_t k, int64_t n)
 {
     float v;
@@ -69,18 +63,44 @@ void main()
     float acc[TM * TN];
     for (int i = 0; i < TM * TN; i++)
         acc[i] = 0.0;
-    /* consecutive invocations walk k when A or B is k-contiguous, else m / n */
+    /* Each invocation loads the same tile positions at every k step: consecutive
+     * invocations walk k when A (B) is k-contiguous, else m (n). The rows (columns) it loads
+     * are fixed, so their addresses are computed once and k indexes them in 32 bits (the
+     * host checks K * stride fits). */
     bool a_k = p.sak == 1, b_k = CONV == 0 && p.sbk == 1;
+    const int AL = BM * BK / 256, BL = BK * BN / 256;
+    uint64_t arow[AL], bcol[BL];
+    int amm[AL], akk[AL], bnn[BL], bkk[BL];
+    bool aok[AL], bok[BL];
+    for (int r = 0; r < AL; r++) {
+        int i = tid + 256 * r;
+        amm[r] = a_k ? i / BK : i % BM;
+        akk[r] = a_k ? i % BK : i / BM;
+        int64_t m = m0 + amm[r];
+        aok[r] = m < p.M;
+        arow[r] = elem_addr(p.a, A_DT, aok[r] ? z * p.za + m * p.sam : 0);
+    }
+    for (int r = 0; r < BL; r++) {
+        int i = tid + 256 * r;
+        bnn[r] = b_k ? i / BK : i % BN;
+        bkk[r] = b_k ? i % BK : i / BN;
+        int64_t n = n0 + bnn[r];
+        bok[r] = n < p.N;
+        bcol[r] = CONV != 0 ? p.b : elem_addr(p.b, B_DT, bok[r] ? z * p.zb + n * p.sbn : 0);
+    }
+    int sak = int(p.sak), sbk = int(p.sbk);
     for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
-        for (int i = tid; i < BM * BK; i += 256) {
-            int mm = a_k ? i / BK : i % BM, kk = a_k ? i % BK : i / BM;
-            int64_t m = m0 + mm, k = k0 + kk;
-            As[kk * BM + mm] = m < p.M && k < p.K ? load_a(p, z, m, k) : 0.0;
+        for (int r = 0; r < AL; r++) {
+            int64_t k = k0 + akk[r];
+            float v = aok[r] && k < p.K ? load_fi(arow[r], A_DT, int(k) * sak) : 0.0;
+            As[akk[r] * BM + amm[r]] = BF16 != 0 ? round_bf16(v) : v;
         }
-        for (int i = tid; i < BK * BN; i += 256) {
-            int nn = b_k ? i / BK : i % BN, kk = b_k ? i % BK : i / BN;
-            int64_t n = n0 + nn, k = k0 + kk;
-            Bs[kk * BN + nn] = n < p.N && k < p.K ? load_b(p, z, k, n) : 0.0;
+        for (int r = 0; r < BL; r++) {
+            int64_t k = k0 + bkk[r];
+            float v = 0.0;
+            if (bok[r] && k < p.K)
+                v = CONV != 0 ? load_b(p, z, k, n0 + bnn[r]) : load_fi(bcol[r], B_DT, int(k) * sbk);
+            Bs[bkk[r] * BN + bnn[r]] = BF16 != 0 && CONV == 0 ? round_bf16(v) : v;
         }
         barrier();
         for (int kk = 0; kk < BK; kk++) {
