@@ -5,7 +5,7 @@
 set -e
 diffuse=$1 model=$2 tmp=$3
 run() { # $1 offload, $2 mode
-    "$diffuse" generate -m "$model" -p "a red cube on a table" -W 64 -H 64 --steps 2 --seed 7 \
+    "$diffuse" generate -m "$model" -p "a red cube on a table" -W 64 -H 64 --steps 2 --seed 7 --max-sequence-length 32 \
         --device vulkan --offload "$1" --mode "$2" -o "$tmp/vk-offload-$1-$2.png" >/dev/null
 }
 run none eager

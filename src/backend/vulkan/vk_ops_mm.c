@@ -180,6 +180,8 @@ df_status dvk_run_conv2d(const dvk_env *e, const df_node *n)
     int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
     int64_t O = w->shape[0], kh = w->shape[2], kw = w->shape[3];
     int64_t Ho = o->shape[2], Wo = o->shape[3];
+    if (C * H * W > INT32_MAX || C * kh * kw > INT32_MAX)
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan conv2d: an image of more than 2^31 values");
     mm_params p = {.a = e->addr(e->user, w),
                    .b = e->addr(e->user, x),
                    .o = e->addr(e->user, o),

@@ -36,23 +36,6 @@ layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
 shared float As[BK * BM];
 shared float Bs[BK * BN];
 
-float load_b(Params p, int64_t z, int64_t k, int64_t n)
-{
-    float v;
-    if (CONV != 0) {
-        int64_t khw = p.kh * p.kw;
-        int64_t c = k / khw, ky = k / p.kw % p.kh, kx = k % p.kw;
-        int64_t oy = n / p.Wo, ox = n % p.Wo;
-        int64_t iy = oy * p.stride - p.pad + ky, ix = ox * p.stride - p.pad + kx;
-        v = iy >= 0 && iy < p.H && ix >= 0 && ix < p.W
-                ? load_f(p.b, B_DT, z * p.zb + (c * p.H + iy) * p.W + ix)
-                : 0.0;
-    } else {
-        v = load_f(p.b, B_DT, z * p.zb + k * p.sbk + n * p.sbn);
-    }
-    return BF16 != 0 ? round_bf16(v) : v;
-}
-
 void main()
 {
     Params p = Params(pc.params);
@@ -72,6 +55,7 @@ void main()
     uint64_t arow[AL], bcol[BL];
     int amm[AL], akk[AL], bnn[BL], bkk[BL];
     bool aok[AL], bok[BL];
+    int boy[BL], box[BL]; /* CONV: the output pixel of each column */
     for (int r = 0; r < AL; r++) {
         int i = tid + 256 * r;
         amm[r] = a_k ? i / BK : i % BM;
@@ -86,8 +70,12 @@ void main()
         bkk[r] = b_k ? i % BK : i / BN;
         int64_t n = n0 + bnn[r];
         bok[r] = n < p.N;
-        bcol[r] = CONV != 0 ? p.b : elem_addr(p.b, B_DT, bok[r] ? z * p.zb + n * p.sbn : 0);
+        bcol[r] = elem_addr(p.b, B_DT, CONV != 0 ? z * p.zb : bok[r] ? z * p.zb + n * p.sbn : 0);
+        boy[r] = CONV != 0 ? int(n / p.Wo) : 0;
+        box[r] = CONV != 0 ? int(n % p.Wo) : 0;
     }
+    int khw = int(p.kh * p.kw), kw = int(p.kw), H = int(p.H), W = int(p.W);
+    int cstride = int(p.stride), pad = int(p.pad);
     int sak = int(p.sak), sbk = int(p.sbk);
     for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
         for (int r = 0; r < AL; r++) {
@@ -98,9 +86,15 @@ void main()
         for (int r = 0; r < BL; r++) {
             int64_t k = k0 + bkk[r];
             float v = 0.0;
-            if (bok[r] && k < p.K)
-                v = CONV != 0 ? load_b(p, z, k, n0 + bnn[r]) : load_fi(bcol[r], B_DT, int(k) * sbk);
-            Bs[bkk[r] * BN + bnn[r]] = BF16 != 0 && CONV == 0 ? round_bf16(v) : v;
+            if (bok[r] && k < p.K && CONV != 0) { /* the patch matrix, gathered (32-bit) */
+                int kk = int(k), c = kk / khw, rem = kk - c * khw, ky = rem / kw;
+                int iy = boy[r] * cstride - pad + ky, ix = box[r] * cstride - pad + rem - ky * kw;
+                if (iy >= 0 && iy < H && ix >= 0 && ix < W)
+                    v = load_fi(bcol[r], B_DT, (c * H + iy) * W + ix);
+            } else if (bok[r] && k < p.K) {
+                v = load_fi(bcol[r], B_DT, int(k) * sbk);
+            }
+            Bs[bkk[r] * BN + bnn[r]] = BF16 != 0 ? round_bf16(v) : v;
         }
         barrier();
         for (int kk = 0; kk < BK; kk++) {
