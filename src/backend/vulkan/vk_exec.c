@@ -209,7 +209,7 @@ static df_status get_pipeline(dvk_device *d, int shader, const uint32_t *spec, i
     for (int i = 0; i < d->n_pipelines; i++) {
         dvk_pipeline *p = &d->pipelines[i];
         if (p->shader == shader && p->n_spec == n_spec &&
-            memcmp(p->spec, spec, (size_t)n_spec * sizeof *spec) == 0) {
+            (n_spec == 0 || memcmp(p->spec, spec, (size_t)n_spec * sizeof *spec) == 0)) {
             *out = p->pipeline;
             return DF_OK;
         }
@@ -264,7 +264,8 @@ static df_status get_pipeline(dvk_device *d, int shader, const uint32_t *spec, i
     memset(p, 0, sizeof *p);
     p->shader = shader;
     p->n_spec = n_spec;
-    memcpy(p->spec, spec, (size_t)n_spec * sizeof *spec);
+    if (n_spec > 0)
+        memcpy(p->spec, spec, (size_t)n_spec * sizeof *spec);
     p->pipeline = pl;
     d->stats.pipelines_created++;
     *out = pl;
