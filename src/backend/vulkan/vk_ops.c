@@ -1,0 +1,491 @@
+/*
+ * Recording the ops of runtime/ops.def: the elementwise ops, norms, positions and data
+ * movement (matrix products, attention, convolution and the fused program are in
+ * vk_ops_mm.c). Each op turns its node into a parameter block for its shader (addresses,
+ * dtypes, shapes, strides), declares the ranges it reads and writes, and dispatches.
+ *
+ * The semantics are the CPU kernels' (src/backend/cpu/): the same inputs, attributes and
+ * output dtypes. Arithmetic is f32 throughout (the CPU accumulates some statistics in
+ * double; here they are f32 tree reductions), so results agree within f32 rounding, not to
+ * the bit. The timestep embedding and the RoPE table, tiny and defined by libm's float
+ * steps, are computed on the host from the downloaded input and uploaded.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/vulkan/vk_internal.h"
+#include "core/status.h"
+
+/* ---- shared helpers --------------------------------------------------------------------- */
+
+static int64_t numel(const df_view *v)
+{
+    int64_t n = 1;
+    for (int d = 0; d < v->ndim; d++)
+        n *= v->shape[d];
+    return n;
+}
+
+dvk_range dvk_view_range(const dvk_env *e, const df_view *v)
+{
+    VkDeviceAddress a = e->addr(e->user, v);
+    int64_t lo = 0, hi = 0;
+    for (int d = 0; d < v->ndim; d++) {
+        if (v->shape[d] == 0)
+            return (dvk_range){a, a};
+        int64_t span = (v->shape[d] - 1) * v->stride[d];
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    int64_t es = dvk_esize(v->dtype);
+    return (dvk_range){(uint64_t)((int64_t)a + lo * es), (uint64_t)((int64_t)a + (hi + 1) * es)};
+}
+
+/* Groups for `n` invocations of workgroups of `local`: x up to 65535, the rest in y. */
+static void grid(int64_t n, int64_t local, uint32_t *gx, uint32_t *gy)
+{
+    int64_t groups = (n + local - 1) / local;
+    int64_t x = groups < 65535 ? groups : 65535;
+    *gx = (uint32_t)(x > 0 ? x : 0);
+    *gy = (uint32_t)(x > 0 ? (groups + x - 1) / x : 0);
+}
+
+static df_status no_f64(const df_view *v, const char *op)
+{
+    if (dvk_has(v) && v->dtype == DF_DTYPE_F64)
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan %s: f64 tensors are not supported", op);
+    return DF_OK;
+}
+
+/* ---- elementwise ------------------------------------------------------------------------ */
+
+enum { EW_COPY, EW_FILL, EW_ADD, EW_SUB, EW_MUL, EW_DIV, EW_SCALE, EW_SILU, EW_GELU,
+       EW_GELU_TANH, EW_QUICK_GELU };
+
+typedef struct ew_view {
+    uint64_t addr;
+    int64_t dtype;
+    int64_t stride[DVK_MAX_DIMS];
+} ew_view;
+
+typedef struct ew_params {
+    int64_t ndim, total, groups_x, pad;
+    int64_t shape[DVK_MAX_DIMS];
+    ew_view o, a, b;
+    float f0, f1;
+    int64_t fill_i;
+    float fill_f, pad2;
+} ew_params;
+
+/* Fills p's shape and the views' strides, with size-1 dimensions dropped and neighbours
+ * that every view steps through evenly merged (as the CPU's walk does). */
+static void ew_shape(ew_params *p, const dvk_env *e, const df_view *const v[], int nv,
+                     const df_view *shape_of)
+{
+    ew_view *w[3] = {&p->o, &p->a, &p->b};
+    int nd = 0;
+    p->total = 1;
+    for (int k = 0; k < nv; k++) {
+        w[k]->addr = e->addr(e->user, v[k]);
+        w[k]->dtype = v[k]->dtype;
+    }
+    for (int d = 0; d < shape_of->ndim; d++) {
+        int64_t n = shape_of->shape[d];
+        p->total *= n;
+        if (n == 1)
+            continue;
+        bool merge = nd > 0;
+        for (int k = 0; merge && k < nv; k++)
+            merge = w[k]->stride[nd - 1] == v[k]->stride[d] * n;
+        if (merge) {
+            p->shape[nd - 1] *= n;
+            for (int k = 0; k < nv; k++)
+                w[k]->stride[nd - 1] = v[k]->stride[d];
+        } else {
+            p->shape[nd] = n;
+            for (int k = 0; k < nv; k++)
+                w[k]->stride[nd] = v[k]->stride[d];
+            nd++;
+        }
+    }
+    if (nd == 0) {
+        nd = 1;
+        p->shape[0] = 1;
+    }
+    p->ndim = nd;
+}
+
+static df_status ew_run(const dvk_env *e, int op, const df_view *out, const df_view *a,
+                        const df_view *b, float f0, float f1, double fill)
+{
+    static int shader = -2;
+    if (shader == -2)
+        shader = dvk_shader_find("ew");
+    ew_params p;
+    memset(&p, 0, sizeof p);
+    const df_view *v[3] = {out, a, b};
+    int nv = b ? 3 : a ? 2 : 1;
+    for (int k = 0; k < nv; k++)
+        DF_TRY(no_f64(v[k], "elementwise"));
+    ew_shape(&p, e, v, nv, out);
+    p.f0 = f0;
+    p.f1 = f1;
+    p.fill_f = (float)fill;
+    p.fill_i = fill != fill ? 0 : fill >= 0x1p63 ? INT64_MAX : fill <= -0x1p63 ? INT64_MIN
+                                                                            : (int64_t)fill;
+    uint32_t gx, gy;
+    grid(p.total, 256, &gx, &gy);
+    p.groups_x = gx;
+    dvk_range r[2], w = dvk_view_range(e, out);
+    for (int k = 1; k < nv; k++)
+        r[k - 1] = dvk_view_range(e, v[k]);
+    dvk_hazard(e->d, r, nv - 1, &w, 1);
+    uint32_t spec[1] = {(uint32_t)op};
+    return dvk_dispatch(e->d, shader, spec, 1, &p, sizeof p, gx, gy, 1);
+}
+
+df_status dvk_run_copy_views(const dvk_env *e, const df_view *dst, const df_view *src)
+{
+    return ew_run(e, EW_COPY, dst, src, NULL, 0, 0, 0);
+}
+
+static df_status run_elementwise(const dvk_env *e, const df_node *n)
+{
+    const df_view *a = &n->in[0], *b = &n->in[1];
+    float f0 = (float)n->a.f[0], f1 = (float)n->a.f[1];
+    switch (n->op) {
+    case DF_OP_COPY: return ew_run(e, EW_COPY, &n->out, a, NULL, 0, 0, 0);
+    case DF_OP_FILL: return ew_run(e, EW_FILL, &n->out, NULL, NULL, 0, 0, n->a.f[0]);
+    case DF_OP_ADD: return ew_run(e, EW_ADD, &n->out, a, b, 0, 0, 0);
+    case DF_OP_SUB: return ew_run(e, EW_SUB, &n->out, a, b, 0, 0, 0);
+    case DF_OP_MUL: return ew_run(e, EW_MUL, &n->out, a, b, 0, 0, 0);
+    case DF_OP_DIV: return ew_run(e, EW_DIV, &n->out, a, b, 0, 0, 0);
+    case DF_OP_SCALE: return ew_run(e, EW_SCALE, &n->out, a, NULL, f0, f1, 0);
+    case DF_OP_SILU: return ew_run(e, EW_SILU, &n->out, a, NULL, 0, 0, 0);
+    case DF_OP_GELU: return ew_run(e, EW_GELU, &n->out, a, NULL, 0, 0, 0);
+    case DF_OP_GELU_TANH: return ew_run(e, EW_GELU_TANH, &n->out, a, NULL, 0, 0, 0);
+    case DF_OP_QUICK_GELU: return ew_run(e, EW_QUICK_GELU, &n->out, a, NULL, 0, 0, 0);
+    default: return df_errorf(DF_E_INTERNAL, "vulkan: '%s' is not elementwise", dvk_op_name(n->op));
+    }
+}
+
+/* ---- data movement ---------------------------------------------------------------------- */
+
+static df_status run_concat(const dvk_env *e, const df_node *n)
+{
+    const df_view *a = &n->in[0], *b = &n->in[1], *out = &n->out;
+    int d = (int)n->a.i[0];
+    df_view part = *out;
+    memcpy(part.shape, a->shape, sizeof part.shape);
+    DF_TRY(dvk_run_copy_views(e, &part, a));
+    memcpy(part.shape, b->shape, sizeof part.shape);
+    part = dvk_view_shift(part, a->shape[d] * out->stride[d]);
+    return dvk_run_copy_views(e, &part, b);
+}
+
+/* Nearest 2x: out [B, C, 2H, 2W] seen as [B*C*H, 2, W, 2], x as the same shape with
+ * stride 0 over the two repeats. */
+static df_status run_upsample(const dvk_env *e, const df_node *n)
+{
+    const df_view *x = &n->in[0];
+    int64_t W = x->shape[3], rows = x->shape[0] * x->shape[1] * x->shape[2];
+    df_view o = n->out, s = *x;
+    o.ndim = s.ndim = 4;
+    int64_t shape[4] = {rows, 2, W, 2};
+    memcpy(o.shape, shape, sizeof shape);
+    memcpy(s.shape, shape, sizeof shape);
+    int64_t os[4] = {4 * W, 2 * W, 2, 1}, xs[4] = {x->stride[2], 0, x->stride[3], 0};
+    memcpy(o.stride, os, sizeof os);
+    memcpy(s.stride, xs, sizeof xs);
+    if (x->shape[0] * x->shape[1] > 1 &&
+        (x->stride[1] != x->shape[2] * x->stride[2] ||
+         (x->shape[0] > 1 && x->stride[0] != x->shape[1] * x->stride[1])))
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan upsample: x must have dense planes");
+    return dvk_run_copy_views(e, &o, &s);
+}
+
+typedef struct gather_params {
+    uint64_t table, ids, out;
+    int64_t table_dtype, ids_dtype, rows, dim, count, groups_x;
+} gather_params;
+
+static df_status run_gather(const dvk_env *e, const df_node *n)
+{
+    const df_view *t = &n->in[0], *ids = &n->in[1];
+    gather_params p = {.table = e->addr(e->user, t),
+                       .ids = e->addr(e->user, ids),
+                       .out = e->addr(e->user, &n->out),
+                       .table_dtype = t->dtype,
+                       .ids_dtype = ids->dtype,
+                       .rows = t->shape[0],
+                       .dim = t->shape[1],
+                       .count = numel(ids)};
+    DF_TRY(no_f64(t, "gather"));
+    uint32_t gx, gy;
+    grid(p.count * p.dim, 256, &gx, &gy);
+    p.groups_x = gx;
+    dvk_range r[2] = {dvk_view_range(e, t), dvk_view_range(e, ids)};
+    dvk_range w = dvk_view_range(e, &n->out);
+    dvk_hazard(e->d, r, 2, &w, 1);
+    return dvk_dispatch(e->d, dvk_shader_find("gather"), NULL, 0, &p, sizeof p, gx, gy, 1);
+}
+
+/* ---- norms and softmax ------------------------------------------------------------------ */
+
+enum { NORM_SOFTMAX, NORM_LAYER, NORM_RMS, NORM_GROUP };
+
+typedef struct norm_params {
+    uint64_t x, w, b, out;
+    int64_t x_dtype, w_dtype, b_dtype;
+    int64_t rows, d, hw, cpg, channels, groups_x;
+    float eps, pad;
+} norm_params;
+
+static df_status run_norm(const dvk_env *e, const df_node *n)
+{
+    const df_view *x = &n->in[0];
+    norm_params p = {.x = e->addr(e->user, x),
+                     .out = e->addr(e->user, &n->out),
+                     .x_dtype = x->dtype,
+                     .eps = (float)n->a.f[0]};
+    int op = n->op == DF_OP_SOFTMAX      ? NORM_SOFTMAX
+             : n->op == DF_OP_LAYER_NORM ? NORM_LAYER
+             : n->op == DF_OP_RMS_NORM   ? NORM_RMS
+                                         : NORM_GROUP;
+    if (op == NORM_SOFTMAX)
+        p.eps = 0;
+    dvk_range r[3];
+    int nr = 0;
+    r[nr++] = dvk_view_range(e, x);
+    for (int i = 1; i < n->n_in && i < 3; i++) {
+        if (!dvk_has(&n->in[i]))
+            continue;
+        DF_TRY(no_f64(&n->in[i], dvk_op_name(n->op)));
+        uint64_t a = e->addr(e->user, &n->in[i]);
+        if (i == 1)
+            p.w = a, p.w_dtype = n->in[i].dtype;
+        else
+            p.b = a, p.b_dtype = n->in[i].dtype;
+        r[nr++] = dvk_view_range(e, &n->in[i]);
+    }
+    DF_TRY(no_f64(x, dvk_op_name(n->op)));
+    if (op == NORM_GROUP) {
+        int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.i[0], hw = 1;
+        for (int d = 2; d < x->ndim; d++)
+            hw *= x->shape[d];
+        if (groups <= 0 || channels % groups)
+            return df_errorf(DF_E_INTERNAL, "vulkan group_norm: %lld channels in %lld groups",
+                             (long long)channels, (long long)groups);
+        p.cpg = channels / groups;
+        p.hw = hw;
+        p.channels = channels;
+        p.rows = batch * groups;
+        p.d = p.cpg * hw;
+    } else {
+        p.d = x->ndim > 0 ? x->shape[x->ndim - 1] : 1;
+        p.rows = p.d > 0 ? numel(x) / p.d : 0;
+    }
+    uint32_t gx, gy;
+    grid(p.rows, 1, &gx, &gy);
+    p.groups_x = gx;
+    dvk_range w = dvk_view_range(e, &n->out);
+    dvk_hazard(e->d, r, nr, &w, 1);
+    uint32_t spec[1] = {(uint32_t)op};
+    return dvk_dispatch(e->d, dvk_shader_find("norm"), spec, 1, &p, sizeof p, gx, gy, 1);
+}
+
+/* ---- RoPE --------------------------------------------------------------------------------- */
+
+typedef struct rope_params {
+    uint64_t x, table, w, out;
+    int64_t x_dtype, w_dtype, out_dtype, norm;
+    int64_t B, H, S, D;
+    int64_t xs[4], os[4];
+    int64_t groups_x;
+    float eps, pad;
+} rope_params;
+
+static df_status run_rope(const dvk_env *e, const df_node *n)
+{
+    const df_view *x = &n->in[0], *o = &n->out;
+    bool fused = n->op == DF_OP_RMS_NORM_ROPE;
+    const df_view *table = &n->in[fused ? 2 : 1];
+    DF_TRY(no_f64(x, "rope"));
+    rope_params p = {.x = e->addr(e->user, x),
+                     .table = e->addr(e->user, table),
+                     .out = e->addr(e->user, o),
+                     .x_dtype = x->dtype,
+                     .out_dtype = o->dtype,
+                     .norm = fused,
+                     .eps = (float)n->a.f[0]};
+    dvk_range r[3] = {dvk_view_range(e, x), dvk_view_range(e, table)};
+    int nr = 2;
+    if (fused) { /* x [B, S, H, D] dense; out a [B, H, S, D] view */
+        p.B = x->shape[0], p.S = x->shape[1], p.H = x->shape[2], p.D = x->shape[3];
+        int64_t xs[4] = {x->stride[0], x->stride[2], x->stride[1], x->stride[3]};
+        memcpy(p.xs, xs, sizeof xs);
+        if (dvk_has(&n->in[1])) {
+            p.w = e->addr(e->user, &n->in[1]);
+            p.w_dtype = n->in[1].dtype;
+            r[nr++] = dvk_view_range(e, &n->in[1]);
+        }
+    } else { /* x [B, H, S, D] strided; out dense */
+        p.B = x->shape[0], p.H = x->shape[1], p.S = x->shape[2], p.D = x->shape[3];
+        memcpy(p.xs, x->stride, sizeof p.xs);
+    }
+    memcpy(p.os, o->stride, sizeof p.os);
+    int64_t rows = p.B * p.H * p.S;
+    uint32_t gx, gy;
+    grid(rows, 1, &gx, &gy);
+    p.groups_x = gx;
+    if (p.D > 1024)
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan rope: head dim %lld > 1024", (long long)p.D);
+    dvk_range w = dvk_view_range(e, o);
+    dvk_hazard(e->d, r, nr, &w, 1);
+    return dvk_dispatch(e->d, dvk_shader_find("rope"), NULL, 0, &p, sizeof p, gx, gy, 1);
+}
+
+/* ---- positions, on the host --------------------------------------------------------------- */
+
+static df_status read_f32(const dvk_env *e, const df_view *v, float *dst)
+{
+    int64_t n = numel(v), es = dvk_esize(v->dtype);
+    void *raw = malloc((size_t)(n * es) + 1);
+    if (!raw)
+        return df_errorf(DF_E_OOM, "vulkan: out of host memory");
+    df_status s = dvk_download(e->d, raw, e->addr(e->user, v), (uint64_t)(n * es));
+    for (int64_t i = 0; s == DF_OK && i < n; i++) {
+        const char *p = (const char *)raw + i * es;
+        uint16_t h;
+        switch (v->dtype) {
+        case DF_DTYPE_F32: memcpy(&dst[i], p, 4); break;
+        case DF_DTYPE_F64: { double x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
+        case DF_DTYPE_BF16: memcpy(&h, p, 2); dst[i] = dvk_bf16_f32(h); break;
+        case DF_DTYPE_F16: memcpy(&h, p, 2); dst[i] = dvk_f16_f32(h); break;
+        case DF_DTYPE_I32: { int32_t x; memcpy(&x, p, 4); dst[i] = (float)x; break; }
+        case DF_DTYPE_I64: { int64_t x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
+        default: dst[i] = (float)*(const uint8_t *)p; break;
+        }
+    }
+    free(raw);
+    return s;
+}
+
+static df_status run_timestep(const dvk_env *e, const df_node *n)
+{
+    const df_view *t = &n->in[0];
+    int64_t batch = t->shape[0], dim = n->a.i[0], half = dim / 2;
+    bool flip = n->a.i[1] != 0;
+    float *ts = malloc((size_t)(batch + half + batch * dim + 1) * sizeof(float));
+    if (!ts)
+        return df_errorf(DF_E_OOM, "vulkan timestep_embed: out of host memory");
+    float *freq = ts + batch, *out = freq + half;
+    df_status s = read_f32(e, t, ts);
+    float neg_log = (float)-log(n->a.f[2]);
+    float denom = (float)((double)half - n->a.f[0]);
+    for (int64_t i = 0; i < half; i++)
+        freq[i] = expf(neg_log * (float)i / denom);
+    float scale = (float)n->a.f[1];
+    for (int64_t b = 0; s == DF_OK && b < batch; b++) {
+        float tb = scale * ts[b];
+        float *row = out + b * dim;
+        float *sin_part = flip ? row + half : row, *cos_part = flip ? row : row + half;
+        for (int64_t i = 0; i < half; i++) {
+            sin_part[i] = sinf(tb * freq[i]);
+            cos_part[i] = cosf(tb * freq[i]);
+        }
+        if (dim % 2)
+            row[dim - 1] = 0.0f;
+    }
+    if (s == DF_OK)
+        s = dvk_upload(e->d, e->addr(e->user, &n->out), out, (uint64_t)(batch * dim) * 4);
+    free(ts);
+    return s;
+}
+
+static df_status run_rope_table(const dvk_env *e, const df_node *n)
+{
+    const df_view *ids = &n->in[0];
+    int64_t seq = ids->shape[0], pairs = n->out.shape[1];
+    int n_axes = (int)n->a.i[0];
+    if (n_axes < 1 || n_axes > 7)
+        return df_errorf(DF_E_INTERNAL, "vulkan rope_table: %d axes", n_axes);
+    double *freq = malloc((size_t)(pairs + 1) * sizeof(double));
+    float *pos = malloc((size_t)(seq * n_axes + seq * pairs * 2 + 1) * sizeof(float));
+    if (!freq || !pos) {
+        free(freq);
+        free(pos);
+        return df_errorf(DF_E_OOM, "vulkan rope_table: out of host memory");
+    }
+    float *out = pos + seq * n_axes;
+    int axis_of[8];
+    int64_t k0 = 0;
+    double theta = n->a.f[0];
+    for (int a = 0; a < n_axes; a++) {
+        int64_t d = n->a.i[1 + a];
+        axis_of[a] = (int)k0;
+        for (int64_t k = 0; k < d / 2 && k0 + k < pairs; k++)
+            freq[k0 + k] = 1.0 / pow(theta, (double)(2 * k) / (double)d);
+        k0 += d / 2;
+    }
+    axis_of[n_axes] = (int)(k0 < pairs ? k0 : pairs);
+    df_status s = read_f32(e, ids, pos);
+    for (int64_t i = 0; s == DF_OK && i < seq; i++) {
+        float *row = out + i * pairs * 2;
+        for (int a = 0; a < n_axes; a++) {
+            double p = (double)pos[i * n_axes + a];
+            for (int64_t k = axis_of[a]; k < axis_of[a + 1]; k++) {
+                row[2 * k] = (float)cos(p * freq[k]);
+                row[2 * k + 1] = (float)sin(p * freq[k]);
+            }
+        }
+    }
+    if (s == DF_OK)
+        s = dvk_upload(e->d, e->addr(e->user, &n->out), out, (uint64_t)(seq * pairs * 2) * 4);
+    free(freq);
+    free(pos);
+    return s;
+}
+
+/* ---- the table -------------------------------------------------------------------------- */
+
+df_status dvk_run_linear(const dvk_env *e, const df_node *n);
+df_status dvk_run_matmul(const dvk_env *e, const df_node *n);
+df_status dvk_run_conv2d(const dvk_env *e, const df_node *n);
+df_status dvk_run_attention(const dvk_env *e, const df_node *n);
+
+bool dvk_op_supported(df_op op)
+{
+    return op != DF_OP_ALL_REDUCE && op < DF_OP_COUNT;
+}
+
+df_status dvk_run_node(const dvk_env *e, const df_node *n)
+{
+    if (numel(&n->out) == 0)
+        return DF_OK;
+    switch (n->op) {
+    case DF_OP_COPY: case DF_OP_FILL: case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL:
+    case DF_OP_DIV: case DF_OP_SCALE: case DF_OP_SILU: case DF_OP_GELU: case DF_OP_GELU_TANH:
+    case DF_OP_QUICK_GELU:
+        return run_elementwise(e, n);
+    case DF_OP_SOFTMAX: case DF_OP_LAYER_NORM: case DF_OP_RMS_NORM: case DF_OP_GROUP_NORM:
+        return run_norm(e, n);
+    case DF_OP_TIMESTEP_EMBED: return run_timestep(e, n);
+    case DF_OP_ROPE_TABLE: return run_rope_table(e, n);
+    case DF_OP_ROPE: case DF_OP_RMS_NORM_ROPE: return run_rope(e, n);
+    case DF_OP_LINEAR: return dvk_run_linear(e, n);
+    case DF_OP_MATMUL: return dvk_run_matmul(e, n);
+    case DF_OP_ATTENTION: return dvk_run_attention(e, n);
+    case DF_OP_CONV2D: return dvk_run_conv2d(e, n);
+    case DF_OP_UPSAMPLE2X: return run_upsample(e, n);
+    case DF_OP_CONCAT: return run_concat(e, n);
+    case DF_OP_GATHER: return run_gather(e, n);
+    default:
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan: op '%s' is not supported on this device "
+                         "(collectives run on the host-staged path only)",
+                         dvk_op_name(n->op));
+    }
+}
