@@ -68,6 +68,20 @@ static df_status launch_fused(df_ctx *ctx, const void *arg)
     return df_dev_launch_fused(ctx->dev, ctx->stream, arg);
 }
 
+/* A group that was never queued: its nodes (the root and its members) are freed here, as
+ * its kernel would have freed them. */
+static df_status drop_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p,
+                            const lz_group *g, df_status s)
+{
+    df_dev_sync(ctx->dev, ctx->stream); /* work already queued may still read them */
+    for (int i = 0; i <= g->root; i++)
+        if (i == g->root || p->root_of[i] == g->root) {
+            df_node_free(nodes[i]);
+            nodes[i] = NULL;
+        }
+    return s;
+}
+
 static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p,
                               const lz_group *g)
 {
@@ -80,7 +94,8 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
             df_free(o->nodes);
         df_free(o);
         df_free(f);
-        return df_errorf(DF_E_OOM, "out of memory queuing a fused kernel");
+        return drop_group(ctx, nodes, p, g,
+                          df_errorf(DF_E_OOM, "out of memory queuing a fused kernel"));
     }
     df_status s = DF_OK;
     for (int k = 0; s == DF_OK && k < g->n_in; k++)
@@ -91,7 +106,7 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
         df_free(o->nodes);
         df_free(o);
         df_free(f);
-        return s;
+        return drop_group(ctx, nodes, p, g, s);
     }
     df_gview_lower(&nodes[g->root]->out, &f->out);
     f->n_in = g->n_in;
