@@ -12,6 +12,8 @@
  */
 #include "models/embeddings.h"
 
+#include <stdio.h>
+
 #include "core/status.h"
 
 df_status df_emb_mlp_bind(df_weight_set *ws, df_emb_mlp *out, int64_t in, int64_t hidden,
@@ -73,4 +75,31 @@ df_tensor *df_emb_rope_table(df_ctx *ctx, df_tensor *txt_ids, df_tensor *img_ids
     }
     df_tensor *ids = df_concat(ctx, txt_ids, img_ids, 0);    /* [S, A] text first */
     return df_rope_table(ctx, ids, axes_dim, n_axes, theta); /* [S, sum/2, 2]     */
+}
+
+df_status df_emb_check_input(const char *model, const char *name, const df_tensor *t, int ndim,
+                             const int64_t *want, bool ids)
+{
+    if (!t)
+        return df_errorf(DF_E_ARG, "%s forward: input '%s' is missing", model, name);
+    df_dtype dt = df_tensor_dtype(t);
+    bool is_f =
+        dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16 || dt == DF_DTYPE_F16 || dt == DF_DTYPE_F64;
+    bool fits =
+        df_tensor_ndim(t) == ndim && (is_f || (ids && (dt == DF_DTYPE_I32 || dt == DF_DTYPE_I64)));
+    for (int d = 0; fits && d < ndim; d++)
+        fits = want[d] < 0 ? df_tensor_dim(t, d) > 0 : df_tensor_dim(t, d) == want[d];
+    if (fits)
+        return DF_OK;
+    char got[128], w[128];
+    int used = snprintf(w, sizeof w, "[");
+    for (int d = 0; d < ndim && used < (int)sizeof w; d++)
+        used += want[d] < 0 ? snprintf(w + used, sizeof w - (size_t)used, d ? ", *" : "*")
+                            : snprintf(w + used, sizeof w - (size_t)used, d ? ", %lld" : "%lld",
+                                       (long long)want[d]);
+    if (used < (int)sizeof w)
+        snprintf(w + used, sizeof w - (size_t)used, "]");
+    return df_errorf(DF_E_SHAPE, "%s forward: input '%s' is %s; expected %s %s", model, name,
+                     df_tensor_describe(t, got, sizeof got), w,
+                     ids ? "(float or integer)" : "float");
 }

@@ -9,6 +9,7 @@
  *   df_emb_modulate       LayerNorm without affine, then x * (1 + scale) + shift
  *   df_emb_ada_norm_continuous   AdaLayerNormContinuous (chunks in (scale, shift) order)
  *   df_emb_rope_table     RoPE cos/sin table of the joint sequence from txt and img ids
+ *   df_emb_check_input    the forward's check of one input's rank, sizes and dtype
  *
  * All of them call the op API only; failures leave the context failed and return NULL
  * like any op.
@@ -59,5 +60,11 @@ df_tensor *df_emb_ada_norm_continuous(df_ctx *ctx, const df_linear_weights *line
  * both read as f64), then df_rope_table: [S_txt + S_img, sum(axes_dim)/2, 2]. */
 df_tensor *df_emb_rope_table(df_ctx *ctx, df_tensor *txt_ids, df_tensor *img_ids,
                              const int *axes_dim, int n_axes, double theta);
+
+/* DF_OK when `t` has `ndim` dimensions of sizes `want` (-1: any positive size) and a float
+ * dtype (or an integer one when `ids`); else DF_E_ARG (missing) or DF_E_SHAPE with a message
+ * "<model> forward: input '<name>' is <found>; expected <shape> <dtype>". */
+df_status df_emb_check_input(const char *model, const char *name, const df_tensor *t, int ndim,
+                             const int64_t *want, bool ids);
 
 #endif

@@ -365,29 +365,7 @@ void df_flux_free(df_flux *m)
 static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want,
                              bool ids)
 {
-    char got[128];
-    if (!t)
-        return df_errorf(DF_E_ARG, "flux forward: input '%s' is missing", name);
-    df_dtype dt = df_tensor_dtype(t);
-    bool is_f =
-        dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16 || dt == DF_DTYPE_F16 || dt == DF_DTYPE_F64;
-    bool fits =
-        df_tensor_ndim(t) == ndim && (is_f || (ids && (dt == DF_DTYPE_I32 || dt == DF_DTYPE_I64)));
-    for (int d = 0; fits && d < ndim; d++)
-        fits = want[d] < 0 ? df_tensor_dim(t, d) > 0 : df_tensor_dim(t, d) == want[d];
-    if (fits)
-        return DF_OK;
-    char w[128];
-    int used = snprintf(w, sizeof w, "[");
-    for (int d = 0; d < ndim && used < (int)sizeof w; d++)
-        used += want[d] < 0 ? snprintf(w + used, sizeof w - (size_t)used, d ? ", *" : "*")
-                            : snprintf(w + used, sizeof w - (size_t)used, d ? ", %lld" : "%lld",
-                                       (long long)want[d]);
-    if (used < (int)sizeof w)
-        snprintf(w + used, sizeof w - (size_t)used, "]");
-    return df_errorf(DF_E_SHAPE, "flux forward: input '%s' is %s; expected %s %s", name,
-                     df_tensor_describe(t, got, sizeof got), w,
-                     ids ? "(float or integer)" : "float");
+    return df_emb_check_input("flux", name, t, ndim, want, ids);
 }
 
 /* [S, A] ids, or the deprecated [N, S, A] form of which diffusers uses row 0. */

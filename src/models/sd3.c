@@ -333,26 +333,7 @@ void df_sd3_free(df_sd3 *m)
 
 static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want)
 {
-    char got[128];
-    if (!t)
-        return df_errorf(DF_E_ARG, "sd3 forward: input '%s' is missing", name);
-    df_dtype dt = df_tensor_dtype(t);
-    bool fits = df_tensor_ndim(t) == ndim && (dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16 ||
-                                              dt == DF_DTYPE_F16 || dt == DF_DTYPE_F64);
-    for (int d = 0; fits && d < ndim; d++)
-        fits = want[d] < 0 ? df_tensor_dim(t, d) > 0 : df_tensor_dim(t, d) == want[d];
-    if (fits)
-        return DF_OK;
-    char w[128];
-    int used = snprintf(w, sizeof w, "[");
-    for (int d = 0; d < ndim && used < (int)sizeof w; d++)
-        used += want[d] < 0 ? snprintf(w + used, sizeof w - (size_t)used, d ? ", *" : "*")
-                            : snprintf(w + used, sizeof w - (size_t)used, d ? ", %lld" : "%lld",
-                                       (long long)want[d]);
-    if (used < (int)sizeof w)
-        snprintf(w + used, sizeof w - (size_t)used, "]");
-    return df_errorf(DF_E_SHAPE, "sd3 forward: input '%s' is %s; expected %s float", name,
-                     df_tensor_describe(t, got, sizeof got), w);
+    return df_emb_check_input("sd3", name, t, ndim, want, false);
 }
 
 static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
