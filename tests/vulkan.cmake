@@ -16,6 +16,14 @@ if(DIFFUSE_VULKAN_BUILT)
     # time LeakSanitizer reports (an unknown module, so no suppression can name it).
     list(APPEND VK_TEST_ENV "ASAN_OPTIONS=detect_leaks=0")
   endif()
+  # The collectives (staged through the host) as one rank of three, the others simulated.
+  add_executable(test_vk_collective ${CMAKE_SOURCE_DIR}/tests/vulkan/test_vk_collective.c)
+  target_include_directories(test_vk_collective PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_definitions(test_vk_collective PRIVATE _GNU_SOURCE)
+  target_compile_options(test_vk_collective PRIVATE ${DF_WARN} ${DF_SAN})
+  target_link_libraries(test_vk_collective PRIVATE diffuse_vulkan_core diffuse_static)
+  set_target_properties(test_vk_collective PROPERTIES
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME vulkan/ops COMMAND test_vk_ops)
   set_tests_properties(vulkan/ops PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${VK_TEST_ENV}" FIXTURES_SETUP vk_pipeline_cache)
@@ -24,6 +32,9 @@ if(DIFFUSE_VULKAN_BUILT)
   set_tests_properties(vulkan/ops_from_pipeline_cache PROPERTIES TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${VK_TEST_ENV}"
                        FIXTURES_REQUIRED vk_pipeline_cache)
+  add_test(NAME vulkan/collectives COMMAND test_vk_collective)
+  set_tests_properties(vulkan/collectives PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${VK_TEST_ENV}")
   # No driver at run time (the loader pointed at none): a message, not a crash.
   add_test(NAME vulkan/no_driver COMMAND test_vk_ops --expect-no-driver)
   set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60
@@ -74,4 +85,11 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  # `mpirun -np 2 diffuse generate --tp 2 --device vulkan` against one process on vulkan
+  # (tests/tp/test_tp_mpi.c, group vulkan), where diffuse was built with MPI.
+  if(TARGET test_tp_mpi)
+    add_test(NAME vulkan/tp2_same_image COMMAND test_tp_mpi vulkan)
+    set_tests_properties(vulkan/tp2_same_image PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+                         ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  endif()
 endif()

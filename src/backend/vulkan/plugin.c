@@ -104,7 +104,7 @@ static df_status device_info(int index, df_device_info *out)
     out->memory_bytes = in.device_local_bytes;
     out->caps = DF_CAP_FUSED | DF_CAP_FUSED_HEAD | DF_CAP_EPI_GELU_TANH | DF_CAP_EPI_SILU |
                 DF_CAP_EPI_GELU | DF_CAP_EPI_GATED_RESIDUAL | DF_CAP_OUT_STRIDED |
-                DF_CAP_OUT_BF16;
+                DF_CAP_OUT_BF16 | DF_CAP_COLLECTIVES;
     out->alignment = 256;
     /* GPUs before the CPU backend (0); a CPU implementation never by default */
     out->priority = !in.usable ? -2
@@ -317,6 +317,21 @@ static df_dtype matmul_dtype(void *dev, df_dtype requested)
     return requested == DF_DTYPE_I8 ? DF_DTYPE_F32 : requested;
 }
 
+/* Collectives: vk_collective.c, staged through host memory in stream order. */
+static df_status comm_create(void *dev, const df_host_comm *host, df_dev_comm **out)
+{
+    return dvk_comm_create(host, out);
+}
+
+static df_status collective(df_dev_stream *s, df_dev_comm *c, const df_coll *op)
+{
+    if (s->failed != DF_OK)
+        return DF_OK; /* skipped, as launch; the pipeline stops every rank at its check */
+    df_status st = dvk_collective(s->dev->d, c, op, op->buf->a->addr + op->offset);
+    run_callbacks(s->dev, DF_OK);
+    return st == DF_OK ? DF_OK : fail(s, st);
+}
+
 static const df_device_ops ops = {
     .abi_version = DF_DEVICE_ABI_VERSION,
     .struct_size = sizeof(df_device_ops),
@@ -342,6 +357,9 @@ static const df_device_ops ops = {
     .stream_reset = stream_reset,
     .supports = supports,
     .matmul_dtype = matmul_dtype,
+    .comm_create = comm_create,
+    .comm_free = dvk_comm_free,
+    .collective = collective,
 };
 
 __attribute__((visibility("default"))) const df_device_ops *df_device_plugin(const df_host_api *host,

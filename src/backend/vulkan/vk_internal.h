@@ -299,6 +299,16 @@ void dvk_profile_print(dvk_device *d);
 df_status dvk_pipeline_cache_open(dvk_device *d);
 void dvk_pipeline_cache_save(dvk_device *d);
 
+/* ---- collectives (vk_collective.c) ------------------------------------------------------ */
+
+/* A communicator over the host's (df_host_comm, copied). */
+df_status dvk_comm_create(const df_host_comm *host, df_dev_comm **out);
+void dvk_comm_free(df_dev_comm *c);
+/* Runs `op` on [addr, ...) in stream order, staged through the readback arena and the
+ * host communicator; every rank calls it for the same collectives in the same order. */
+df_status dvk_collective(dvk_device *d, const df_dev_comm *c, const df_coll *op,
+                         VkDeviceAddress addr);
+
 /* ---- shaders (generated at build time: vk_shaders.c) ------------------------------------ */
 
 typedef struct dvk_shader_blob {
