@@ -98,7 +98,7 @@ static df_status device_info(int index, df_device_info *out)
     dvk_device_info in;
     DF_TRY(dvk_device_info_get(index, &in));
     snprintf(out->name, sizeof out->name, "%.48s (subgroup %u%s%s%s)", in.name, in.subgroup_size,
-             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "", in.coopmat ? ", coopmat" : "");
+             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "", in.coopmat ? ", coopmat" : ", no coopmat");
     bool cpu = in.type == VK_PHYSICAL_DEVICE_TYPE_CPU;
     out->kind = cpu ? DF_DEVICE_KIND_OTHER : DF_DEVICE_KIND_GPU;
     out->memory_bytes = in.device_local_bytes;
@@ -366,6 +366,7 @@ __attribute__((visibility("default"))) const df_device_ops *df_device_plugin(con
                                                                             int abi_version)
 {
     g_host = host;
+    dvk_logf = host->logf;
     if (abi_version != DF_DEVICE_ABI_VERSION) {
         host->errorf(DF_E_UNSUPPORTED,
                      "libdiffuse-vulkan.so was built for device ABI %d, the library has %d",
