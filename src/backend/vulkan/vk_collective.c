@@ -91,7 +91,11 @@ static df_status all_reduce(dvk_device *d, const df_host_comm *h, VkDeviceAddres
 static df_status all_gather(dvk_device *d, const df_host_comm *h, VkDeviceAddress addr,
                             uint64_t per_rank)
 {
-    uint64_t chunk = d->readback.size / (uint64_t)(h->size + 1) & ~(uint64_t)255;
+    uint64_t chunk = (d->readback.size / (uint64_t)(h->size + 1)) & ~(uint64_t)255;
+    if (chunk == 0)
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan: all_gather over %d ranks does not fit the "
+                         "%llu-byte readback arena", h->size,
+                         (unsigned long long)d->readback.size);
     for (uint64_t done = 0; done < per_rank; done += chunk) {
         uint64_t n = per_rank - done < chunk ? per_rank - done : chunk;
         char *mine;
