@@ -38,7 +38,8 @@ if(DIFFUSE_VULKAN_BUILT)
   target_compile_definitions(test_vk_coopmat PRIVATE _GNU_SOURCE)
   target_compile_options(test_vk_coopmat PRIVATE ${DF_WARN} ${DF_SAN})
   target_link_libraries(test_vk_coopmat PRIVATE diffuse_vulkan_core diffuse_static m)
-  set_target_properties(test_vk_coopmat PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set_target_properties(test_vk_coopmat PROPERTIES
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME vulkan/coopmat_choice COMMAND test_vk_coopmat)
   set_tests_properties(vulkan/coopmat_choice PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${VK_TEST_ENV}")
@@ -110,10 +111,11 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
   # `mpirun -np 2 diffuse generate --tp 2 --device vulkan` against one process on vulkan
-  # (tests/tp/test_tp_mpi.c, group vulkan), where diffuse was built with MPI.
+  # (tests/tp/test_tp_mpi.c, group vulkan), where diffuse was built with MPI. The test reads
+  # every run's stderr itself and fails on a validation message there.
   if(TARGET test_tp_mpi)
     add_test(NAME vulkan/tp2_same_image COMMAND test_tp_mpi vulkan)
     set_tests_properties(vulkan/tp2_same_image PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
-                         ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+                         ENVIRONMENT "${VK_GOLDEN_ENV}")
   endif()
 endif()

@@ -125,8 +125,8 @@ static void test_bf16_linear(void)
             worst = err > worst ? err : worst;
         }
     printf("bf16 linear %lldx%lldx%lld on the %s shader: largest error %.2e (<= 1e-5)\n",
-           (long long)M, (long long)N, (long long)K, g_dev->coopmat.use ? "cooperative" : "portable",
-           worst);
+           (long long)M, (long long)N, (long long)K,
+           g_dev->coopmat.use ? "cooperative" : "portable", worst);
     check(s == DF_OK && worst <= 1e-5, "bf16 linear on the chosen shader");
     dvk_finish(g_dev);
     dvk_alloc_free(g_dev, bx.a);

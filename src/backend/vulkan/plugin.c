@@ -98,7 +98,8 @@ static df_status device_info(int index, df_device_info *out)
     dvk_device_info in;
     DF_TRY(dvk_device_info_get(index, &in));
     snprintf(out->name, sizeof out->name, "%.48s (subgroup %u%s%s%s)", in.name, in.subgroup_size,
-             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "", in.coopmat ? ", coopmat" : ", no coopmat");
+             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "",
+             in.coopmat ? ", coopmat" : ", no coopmat");
     bool cpu = in.type == VK_PHYSICAL_DEVICE_TYPE_CPU;
     out->kind = cpu ? DF_DEVICE_KIND_OTHER : DF_DEVICE_KIND_GPU;
     out->memory_bytes = in.device_local_bytes;
