@@ -110,6 +110,20 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  # `mpirun -np 2 diffuse-check --tp 2 --device vulkan` on the FLUX.1 and FLUX.2 klein
+  # pipeline cases (tests/tp_golden.cmake's command), a few seconds each.
+  if(DF_TP_MPIRUN)
+    foreach(mode eager fuse compile)
+      foreach(case pipe-flux-schnell pipe-flux2-klein)
+        add_test(NAME golden-vulkan/tp2-${mode}/${case}
+                 COMMAND ${DF_TP_MPIRUN} -np 2 $<TARGET_FILE:diffuse-check> --tp 2 --device vulkan
+                         --mode ${mode} --threads 1 ${DF_GOLDEN_DIR}/${case})
+        set_tests_properties(golden-vulkan/tp2-${mode}/${case} PROPERTIES TIMEOUT 300
+                             RUN_SERIAL TRUE ENVIRONMENT "${VK_GOLDEN_ENV}"
+                             FAIL_REGULAR_EXPRESSION "vulkan validation:")
+      endforeach()
+    endforeach()
+  endif()
   # `mpirun -np 2 diffuse generate --tp 2 --device vulkan` against one process on vulkan
   # (tests/tp/test_tp_mpi.c, group vulkan), where diffuse was built with MPI. The test reads
   # every run's stderr itself and fails on a validation message there.
