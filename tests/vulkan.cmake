@@ -16,6 +16,14 @@ if(DIFFUSE_VULKAN_BUILT)
     # time LeakSanitizer reports (an unknown module, so no suppression can name it).
     list(APPEND VK_TEST_ENV "ASAN_OPTIONS=detect_leaks=0")
   endif()
+  # The collectives (staged through the host) as one rank of three, the others simulated.
+  add_executable(test_vk_collective ${CMAKE_SOURCE_DIR}/tests/vulkan/test_vk_collective.c)
+  target_include_directories(test_vk_collective PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_definitions(test_vk_collective PRIVATE _GNU_SOURCE)
+  target_compile_options(test_vk_collective PRIVATE ${DF_WARN} ${DF_SAN})
+  target_link_libraries(test_vk_collective PRIVATE diffuse_vulkan_core diffuse_static)
+  set_target_properties(test_vk_collective PROPERTIES
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME vulkan/ops COMMAND test_vk_ops)
   set_tests_properties(vulkan/ops PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${VK_TEST_ENV}" FIXTURES_SETUP vk_pipeline_cache)
@@ -24,27 +32,42 @@ if(DIFFUSE_VULKAN_BUILT)
   set_tests_properties(vulkan/ops_from_pipeline_cache PROPERTIES TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${VK_TEST_ENV}"
                        FIXTURES_REQUIRED vk_pipeline_cache)
+  # The choice of the cooperative-matrix matmul, asked for with DIFFUSE_VULKAN_COOPMAT=1.
+  add_executable(test_vk_coopmat ${CMAKE_SOURCE_DIR}/tests/vulkan/test_vk_coopmat.c)
+  target_include_directories(test_vk_coopmat PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_definitions(test_vk_coopmat PRIVATE _GNU_SOURCE)
+  target_compile_options(test_vk_coopmat PRIVATE ${DF_WARN} ${DF_SAN})
+  target_link_libraries(test_vk_coopmat PRIVATE diffuse_vulkan_core diffuse_static m)
+  set_target_properties(test_vk_coopmat PROPERTIES
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME vulkan/coopmat_choice COMMAND test_vk_coopmat)
+  set_tests_properties(vulkan/coopmat_choice PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${VK_TEST_ENV}")
+  add_test(NAME vulkan/collectives COMMAND test_vk_collective)
+  set_tests_properties(vulkan/collectives PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
+                       ENVIRONMENT "${VK_TEST_ENV}")
   # No driver at run time (the loader pointed at none): a message, not a crash.
   add_test(NAME vulkan/no_driver COMMAND test_vk_ops --expect-no-driver)
   set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60
     ENVIRONMENT "VK_ICD_FILENAMES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;VK_DRIVER_FILES=${CMAKE_BINARY_DIR}/test-tmp/no-such-icd.json;XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
 endif()
 
-# Golden cases with --device vulkan (lavapipe is opened by index with ALLOW_CPU), in every
-# mode, failing on any validation message. The slow cases on lavapipe (te-t5 and the
-# 8-step t2i pictures) run by hand: see docs/vulkan.md. Registered in the Release pass
-# only, as the sim device's are: the sanitizer pass runs the op test above on vulkan.
+# Golden cases with --device vulkan (lavapipe is opened by index with ALLOW_CPU), failing on
+# any validation message: every case of tests/golden.cmake in every mode (the rng, scheduler
+# and tokenizer cases run on the host; they are cheap and stay here so that a case that
+# starts to use the device is covered), compiled blocks for every blocks case, and the bf16
+# cases. Registered in the Release pass only, as the sim device's are: the sanitizer pass
+# runs the op tests above on vulkan. `ctest -R vulkan` takes about N s at -j2 (docs/vulkan.md).
 if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUAL "Release")
   set(VK_GOLDEN_ENV ${VK_TEST_ENV} "DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
       "DIFFUSE_VULKAN_ALLOW_CPU=1")
-  set(VK_GOLDEN_CASES
-      rng-randn-f32-small sched-flowmatch-flux-schnell-4 tok-clip-l-77
-      te-clip-l te-clip-g te-mistral
-      flux-transformer flux2-transformer flux2-klein-transformer sd3-transformer
-      vae-decode-flux vae-decode-sd3 vae-decode-flux2
-      pipe-flux-schnell pipe-sd3 pipe-flux2 pipe-flux2-klein)
+  set(VK_GOLDEN_CASES ${DF_GOLDEN_CASES})
   foreach(mode eager fuse compile)
     foreach(case ${VK_GOLDEN_CASES})
+      # the other-seed pictures add no device path to their first seed's: eager only
+      if(NOT mode STREQUAL "eager" AND case MATCHES "^t2i-.*-seed")
+        continue()
+      endif()
       add_test(NAME golden-vulkan/${mode}/${case}
                COMMAND diffuse-check --device vulkan --mode ${mode} ${DF_GOLDEN_DIR}/${case})
       set_tests_properties(golden-vulkan/${mode}/${case} PROPERTIES TIMEOUT 300
@@ -52,15 +75,28 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                            FAIL_REGULAR_EXPRESSION "vulkan validation:")
     endforeach()
   endforeach()
-  foreach(case flux-transformer sd3-transformer flux2-transformer pipe-flux-schnell)
+  # compiled blocks: every blocks case but t2i-sd3 (lavapipe's slowest, 20-25 s; pipe-sd3
+  # compiles the same SD3 blocks)
+  set(VK_BLOCKS_CASES ${DF_GOLDEN_BLOCKS_CASES})
+  list(REMOVE_ITEM VK_BLOCKS_CASES t2i-sd3)
+  foreach(case ${VK_BLOCKS_CASES})
     add_test(NAME golden-vulkan/blocks/${case}
              COMMAND diffuse-check --device vulkan --mode blocks ${DF_GOLDEN_DIR}/${case})
     set_tests_properties(golden-vulkan/blocks/${case} PROPERTIES TIMEOUT 300
                          ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
   endforeach()
+  # bf16 compute: the cases golden.cmake runs in bf16, in the modes it runs them, and the
+  # five transformer and text cases in every mode.
+  set(VK_BF16_EAGER flux-transformer sd3-transformer flux2-transformer flux2-klein-transformer
+      te-mistral te-t5 t2i-flux-schnell t2i-sd3 pipe-flux2)
+  set(VK_BF16_PLANNED flux-transformer sd3-transformer flux2-transformer flux2-klein-transformer
+      te-mistral t2i-flux-schnell)
   foreach(mode eager fuse compile)
-    foreach(case flux-transformer sd3-transformer flux2-transformer flux2-klein-transformer
-            te-mistral)
+    set(cases ${VK_BF16_PLANNED})
+    if(mode STREQUAL "eager")
+      set(cases ${VK_BF16_EAGER})
+    endif()
+    foreach(case ${cases})
       add_test(NAME golden-vulkan/bf16-${mode}/${case}
                COMMAND diffuse-check --device vulkan --dtype bf16 --mode ${mode}
                        ${DF_GOLDEN_DIR}/${case})
@@ -74,4 +110,26 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  # `mpirun -np 2 diffuse-check --tp 2 --device vulkan` on the FLUX.1 and FLUX.2 klein
+  # pipeline cases (tests/tp_golden.cmake's command), a few seconds each.
+  if(DF_TP_MPIRUN)
+    foreach(mode eager fuse compile)
+      foreach(case pipe-flux-schnell pipe-flux2-klein)
+        add_test(NAME golden-vulkan/tp2-${mode}/${case}
+                 COMMAND ${DF_TP_MPIRUN} -np 2 $<TARGET_FILE:diffuse-check> --tp 2 --device vulkan
+                         --mode ${mode} --threads 1 ${DF_GOLDEN_DIR}/${case})
+        set_tests_properties(golden-vulkan/tp2-${mode}/${case} PROPERTIES TIMEOUT 300
+                             RUN_SERIAL TRUE ENVIRONMENT "${VK_GOLDEN_ENV}"
+                             FAIL_REGULAR_EXPRESSION "vulkan validation:")
+      endforeach()
+    endforeach()
+  endif()
+  # `mpirun -np 2 diffuse generate --tp 2 --device vulkan` against one process on vulkan
+  # (tests/tp/test_tp_mpi.c, group vulkan), where diffuse was built with MPI. The test reads
+  # every run's stderr itself and fails on a validation message there.
+  if(TARGET test_tp_mpi)
+    add_test(NAME vulkan/tp2_same_image COMMAND test_tp_mpi vulkan)
+    set_tests_properties(vulkan/tp2_same_image PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+                         ENVIRONMENT "${VK_GOLDEN_ENV}")
+  endif()
 endif()

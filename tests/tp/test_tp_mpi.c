@@ -16,6 +16,12 @@
  * blocks (klein also compiled with model offload). Three ranks, over which the 2
  * transformer heads do not split, stop every process with one message.
  *
+ * vulkan (ctest vulkan/tp2_same_image, registered by tests/vulkan.cmake): the tiny FLUX
+ * pipeline on `--device vulkan` (lavapipe with DIFFUSE_VULKAN_ALLOW_CPU=1 in CI), strict
+ * eager and compiled with model offload, at the smaller sizes of the flux2 group (lavapipe
+ * is slow), in one process and as 2 ranks whose all-reduces the Vulkan backend stages
+ * through host memory.
+ *
  * The PNGs must agree within one level per channel and carry the same parameters.
  */
 #include <setjmp.h>
@@ -34,6 +40,7 @@
 #define TINY  DF_TEST_TMP "/tp-tiny"
 #define DEV   DF_TEST_TMP "/tp-flux2"
 #define KLEIN DF_TEST_TMP "/tp-flux2-klein"
+#define VK_TINY DF_TEST_TMP "/tp-vk-tiny"
 #define LIMIT "300" /* seconds: a hang fails the test instead of the whole suite */
 #define ARGS  "-p 'a lighthouse at dusk' -W 64 -H 48 --steps 3 --seed 7"
 #define ARGS2 "-p 'a lighthouse at dusk' -W 48 -H 32 --steps 2 --seed 7 --max-sequence-length 48"
@@ -99,6 +106,15 @@ static int setup_flux2(void **state)
     return run(cmd, DF_TEST_TMP "/tp-flux2-make-tiny.err") == 0 ? 0 : -1;
 }
 
+static int setup_vulkan(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && '%s' make-tiny '%s'", VK_TINY, DF_DIFFUSE_BIN,
+             VK_TINY);
+    return run(cmd, DF_TEST_TMP "/tp-vk-make-tiny.err") == 0 ? 0 : -1;
+}
+
 /* Largest per-channel difference between two PNGs of the same size. */
 static int max_level_diff(const char *a, const char *b, char **params_a, char **params_b)
 {
@@ -136,6 +152,7 @@ static void two_ranks_match(const char *model, const char *args, const char *ref
             print_file(err);
             fail_msg("diffuse generate %s on %s failed", extra, model);
         }
+        assert_int_equal(count_lines(err, "vulkan validation:"), 0);
         ref = own_ref;
     }
     snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' generate --tp 2 -m '%s' %s --threads 1 %s -o '%s'",
@@ -146,6 +163,7 @@ static void two_ranks_match(const char *model, const char *args, const char *ref
         fail_msg("mpirun -np 2 diffuse generate --tp 2 %s on %s: exit status %d", extra, model,
                  rc);
     }
+    assert_int_equal(count_lines(err, "vulkan validation:"), 0);
     char *pa = NULL, *pb = NULL;
     int d = max_level_diff(ref, out, &pa, &pb);
     printf("%s --tp 2 %s: largest pixel difference from one process: %d level(s)\n", name,
@@ -177,6 +195,21 @@ static void test_two_ranks_compiled_transformer(void **state)
 {
     (void)state;
     two_ranks_match(TINY, ARGS, DF_TEST_TMP "/tp-ref.png", "--mode compile", "compile");
+}
+
+/* ---- --device vulkan --------------------------------------------------------------------- */
+
+static void test_vulkan_eager(void **state)
+{
+    (void)state;
+    two_ranks_match(VK_TINY, ARGS2, NULL, "--device vulkan", "vk-eager");
+}
+
+static void test_vulkan_compiled_offloaded(void **state)
+{
+    (void)state;
+    two_ranks_match(VK_TINY, ARGS2, NULL, "--device vulkan --mode compile --offload model",
+                    "vk-compile");
 }
 
 static void test_rank_count_mismatch(void **state)
@@ -281,11 +314,17 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_klein_compiled_offloaded),
         cmocka_unit_test(test_indivisible_heads),
     };
+    const struct CMUnitTest vulkan[] = {
+        cmocka_unit_test(test_vulkan_eager),
+        cmocka_unit_test(test_vulkan_compiled_offloaded),
+    };
     const char *group = argc > 1 ? argv[1] : "flux";
     if (strcmp(group, "flux") == 0)
         return cmocka_run_group_tests_name("flux", flux, setup_flux, NULL);
     if (strcmp(group, "flux2") == 0)
         return cmocka_run_group_tests_name("flux2", flux2, setup_flux2, NULL);
-    fprintf(stderr, "usage: test_tp_mpi [flux|flux2]\n");
+    if (strcmp(group, "vulkan") == 0)
+        return cmocka_run_group_tests_name("vulkan", vulkan, setup_vulkan, NULL);
+    fprintf(stderr, "usage: test_tp_mpi [flux|flux2|vulkan]\n");
     return 2;
 }

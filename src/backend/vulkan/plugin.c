@@ -98,13 +98,14 @@ static df_status device_info(int index, df_device_info *out)
     dvk_device_info in;
     DF_TRY(dvk_device_info_get(index, &in));
     snprintf(out->name, sizeof out->name, "%.48s (subgroup %u%s%s%s)", in.name, in.subgroup_size,
-             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "", in.coopmat ? ", coopmat" : "");
+             in.fp16 ? ", fp16" : "", in.int8 ? ", int8" : "",
+             in.coopmat ? ", coopmat" : ", no coopmat");
     bool cpu = in.type == VK_PHYSICAL_DEVICE_TYPE_CPU;
     out->kind = cpu ? DF_DEVICE_KIND_OTHER : DF_DEVICE_KIND_GPU;
     out->memory_bytes = in.device_local_bytes;
     out->caps = DF_CAP_FUSED | DF_CAP_FUSED_HEAD | DF_CAP_EPI_GELU_TANH | DF_CAP_EPI_SILU |
                 DF_CAP_EPI_GELU | DF_CAP_EPI_GATED_RESIDUAL | DF_CAP_OUT_STRIDED |
-                DF_CAP_OUT_BF16;
+                DF_CAP_OUT_BF16 | DF_CAP_COLLECTIVES;
     out->alignment = 256;
     /* GPUs before the CPU backend (0); a CPU implementation never by default */
     out->priority = !in.usable ? -2
@@ -317,6 +318,21 @@ static df_dtype matmul_dtype(void *dev, df_dtype requested)
     return requested == DF_DTYPE_I8 ? DF_DTYPE_F32 : requested;
 }
 
+/* Collectives: vk_collective.c, staged through host memory in stream order. */
+static df_status comm_create(void *dev, const df_host_comm *host, df_dev_comm **out)
+{
+    return dvk_comm_create(host, out);
+}
+
+static df_status collective(df_dev_stream *s, df_dev_comm *c, const df_coll *op)
+{
+    if (s->failed != DF_OK)
+        return DF_OK; /* skipped, as launch; the pipeline stops every rank at its check */
+    df_status st = dvk_collective(s->dev->d, c, op, op->buf->a->addr + op->offset);
+    run_callbacks(s->dev, DF_OK);
+    return st == DF_OK ? DF_OK : fail(s, st);
+}
+
 static const df_device_ops ops = {
     .abi_version = DF_DEVICE_ABI_VERSION,
     .struct_size = sizeof(df_device_ops),
@@ -342,12 +358,16 @@ static const df_device_ops ops = {
     .stream_reset = stream_reset,
     .supports = supports,
     .matmul_dtype = matmul_dtype,
+    .comm_create = comm_create,
+    .comm_free = dvk_comm_free,
+    .collective = collective,
 };
 
 __attribute__((visibility("default"))) const df_device_ops *df_device_plugin(const df_host_api *host,
                                                                             int abi_version)
 {
     g_host = host;
+    dvk_logf = host->logf;
     if (abi_version != DF_DEVICE_ABI_VERSION) {
         host->errorf(DF_E_UNSUPPORTED,
                      "libdiffuse-vulkan.so was built for device ABI %d, the library has %d",

@@ -194,10 +194,18 @@ static df_status create_device(dvk_device *d)
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
                                     .pNext = &f11,
                                     .features = {.shaderInt64 = VK_TRUE}};
+    /* cooperative matrices, where the matmul will use them (vk_coopmat.c) */
+    const char *exts[1];
+    uint32_t n_exts = 0;
+    dvk_coopmat_features cmf;
+    dvk_coopmat_select(d->inst, d->phys, &d->info, &d->coopmat);
+    dvk_coopmat_chain(&d->coopmat, &cmf, &f12, exts, &n_exts);
     VkDeviceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                              .pNext = &f2,
                              .queueCreateInfoCount = 1,
-                             .pQueueCreateInfos = &qi};
+                             .pQueueCreateInfos = &qi,
+                             .enabledExtensionCount = n_exts,
+                             .ppEnabledExtensionNames = exts};
     VkResult r = fn->vkCreateDevice(d->phys, &ci, NULL, &d->dev);
     if (r != VK_SUCCESS)
         return df_errorf(DF_E_DEVICE, "vulkan: vkCreateDevice failed on '%s' (VkResult %d)",

@@ -200,6 +200,13 @@ typedef struct dvk_range {
     uint64_t lo, hi;
 } dvk_range;
 
+/* vk_coopmat.c: whether the bf16 matrix products run on mm_coop.comp, and why (or why not). */
+typedef struct dvk_coopmat {
+    bool use;
+    bool asked; /* DIFFUSE_VULKAN_COOPMAT=1 */
+    char why[160];
+} dvk_coopmat;
+
 typedef struct dvk_stats {
     int64_t dispatches, submits, barriers, bytes_up, bytes_down, pipelines_created;
     double pipeline_ms; /* spent making pipelines (from the cache or compiling) */
@@ -236,6 +243,7 @@ typedef struct dvk_device {
     /* readback staging */
     dvk_arena readback;
     dvk_stats stats;
+    dvk_coopmat coopmat; /* vk_coopmat.c: chosen when the device is created */
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
     uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
     bool profile;           /* DIFFUSE_VULKAN_PROFILE=1 */
@@ -298,6 +306,36 @@ void dvk_profile_print(dvk_device *d);
 /* The pipeline cache file (under DIFFUSE_CACHE_DIR or ~/.cache/diffuse). */
 df_status dvk_pipeline_cache_open(dvk_device *d);
 void dvk_pipeline_cache_save(dvk_device *d);
+
+/* ---- collectives (vk_collective.c) ------------------------------------------------------ */
+
+/* A communicator over the host's (df_host_comm, copied). */
+df_status dvk_comm_create(const df_host_comm *host, df_dev_comm **out);
+void dvk_comm_free(df_dev_comm *c);
+/* Runs `op` on [addr, ...) in stream order, staged through the readback arena and the
+ * host communicator; every rank calls it for the same collectives in the same order. */
+df_status dvk_collective(dvk_device *d, const df_dev_comm *c, const df_coll *op,
+                         VkDeviceAddress addr);
+
+/* ---- cooperative matrices (vk_coopmat.c) ------------------------------------------------- */
+
+/* Room for VkPhysicalDeviceCooperativeMatrixFeaturesKHR, which older headers lack. */
+typedef struct dvk_coopmat_features {
+    uint64_t words[6];
+} dvk_coopmat_features;
+
+/* The host's log (the plugin sets it); NULL: stderr. */
+extern void (*dvk_logf)(int level, const char *fmt, ...);
+
+/* Decides, by feature query, whether the device's matrix products use cooperative
+ * matrices; logs the choice. Called before the device is created. */
+void dvk_coopmat_select(const dvk_instance *inst, VkPhysicalDevice pd,
+                        const dvk_device_info *info, dvk_coopmat *out);
+/* Where c->use: chains the feature into f12's pNext (in storage) and appends the extension
+ * to exts (room for one more). */
+void dvk_coopmat_chain(const dvk_coopmat *c, dvk_coopmat_features *storage,
+                       VkPhysicalDeviceVulkan12Features *f12, const char **exts,
+                       uint32_t *n_exts);
 
 /* ---- shaders (generated at build time: vk_shaders.c) ------------------------------------ */
 

@@ -53,6 +53,11 @@ static df_status mm_dispatch(const dvk_env *e, const mm_params *p, df_dtype ta, 
     dvk_range w = dvk_view_range(e, out);
     dvk_hazard(e->d, r, nr, &w, 1);
     uint32_t gx = (uint32_t)((p->N + 63) / 64), gy = (uint32_t)((p->M + 63) / 64);
+    /* bf16 products on cooperative matrices where the device has them (vk_coopmat.c):
+     * the same 64 x 64 tiles and parameter block */
+    if (bf16 && !conv && e->d->coopmat.use)
+        return dvk_dispatch(e->d, dvk_shader_find("mm_coop"), spec, 2, p, sizeof *p, gx, gy,
+                            (uint32_t)batch);
     return dvk_dispatch(e->d, dvk_shader_find("mm"), spec, 6, p, sizeof *p, gx, gy,
                         (uint32_t)batch);
 }
