@@ -321,7 +321,7 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
     if (s == DF_OK && df_pipeline_lead(p)) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, 77), clip_ids);
         df_clip_output co = {0};
-        s = ids ? df_clip_encode(ctx, f->clip, ids, clip_ids, &(df_clip_request){0}, &co)
+        s = ids ? df_clip_encode(ctx, f->clip, ids, &(df_clip_request){0}, &co)
                 : df_ctx_status(ctx);
         *pooled = co.pooler_output;
         if (s == DF_OK && df_pipeline_tp(p))

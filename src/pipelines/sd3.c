@@ -276,7 +276,7 @@ static df_status clip_encode(df_ctx *ctx, const df_clip *m, const df_tokenizer *
     if (s == DF_OK) {
         df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(R, len), ids);
         df_clip_output o = {0};
-        s = t ? df_clip_encode(ctx, m, t, ids,
+        s = t ? df_clip_encode(ctx, m, t,
                                &(df_clip_request){.hidden_states = {layer}, .n_hidden_states = 1},
                                &o)
               : df_ctx_status(ctx);
