@@ -55,7 +55,10 @@ typedef struct df_storage {
     void *host;             /* host memory this storage mirrors (a mapped weight), or NULL */
     bool file_backed;       /* host is a read-only file mapping: its pages can be dropped
                                and will be read again from the file */
-    bool transient;         /* a weight resident only briefly (sequential offload) */
+    bool transient;         /* a weight resident for one pass at a time: used in place, not
+                               packed (decided by runtime/residency.c) */
+    int64_t resident_since; /* residency.c: 1 + the step count when last acquired; 0: not
+                               acquired since its last release */
     bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
     struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
     uint64_t i8_scale_offset;
