@@ -13,3 +13,11 @@ if(TARGET test_device_step)
                          FIXTURES_REQUIRED "tiny_flux;tiny_sd3;tiny_flux2" TIMEOUT 600)
   endif()
 endif()
+
+# A host read waits on the producing launch only (runtime/tensor.c), also on sim, where the
+# read is a copy on the copy stream (unit/test_read_wait runs it on the CPU).
+if(TARGET test_read_wait AND CMAKE_BUILD_TYPE STREQUAL "Release")
+  add_test(NAME sim/unit/test_read_wait COMMAND test_read_wait)
+  set_tests_properties(sim/unit/test_read_wait PROPERTIES ENVIRONMENT "DIFFUSE_DEVICE=sim"
+                       TIMEOUT 300)
+endif()

@@ -68,6 +68,9 @@ typedef struct df_storage {
                                held until this one is freed */
     df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
     uint64_t ready_at;      /* a weight's upload on the copy stream ends there (residency.c) */
+    uint64_t written_at;    /* strict eager: the compute stream position after the launch
+                               that wrote it (and the launch's release); 0: unknown */
+    atomic_bool write_failed; /* that launch's release ran on a failed stream */
 } df_storage;
 
 /* A view of a storage, as the runtime keeps it. Strides and offset are in elements. */

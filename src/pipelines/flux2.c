@@ -449,11 +449,9 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
     int64_t n = r->B * r->S * r->C;
     bool on_device = !df_scheduler_host_step() && !df_pipeline_tp(p);
     float *v = on_device ? NULL : df_malloc((size_t)n * sizeof *v);
-    float *vn = r->cfg && !on_device ? df_malloc((size_t)n * sizeof *vn) : NULL;
     df_scheduler *sched = NULL;
     df_tensor *img_ids = NULL, *txt_ids = NULL;
-    df_status s =
-        on_device || (v && (vn || !r->cfg)) ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+    df_status s = on_device || v ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
     if (s == DF_OK)
         s = make_scheduler(f, r, &sched);
     if (s == DF_OK)
@@ -495,7 +493,6 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = df_pipeline_offload(p, df_flux2_weight_set(f->transformer));
     df_free(v);
-    df_free(vn);
     return s;
 }
 

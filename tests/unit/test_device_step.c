@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <diffuse/diffuse.h>
 
@@ -243,7 +244,8 @@ static void test_klein_base_pipeline_cfg(void **state)
 {
     (void)state;
     static char dir[512], cmd[4096];
-    snprintf(dir, sizeof dir, "%s/device-step-klein-base", DF_TEST_TMP);
+    /* one folder per process: the CPU and sim runs of this test may run at once */
+    snprintf(dir, sizeof dir, "%s/device-step-klein-base-%ld", DF_TEST_TMP, (long)getpid());
     snprintf(cmd, sizeof cmd,
              "rm -rf '%s' && mkdir -p '%s' && cd '%s' && "
              "cp -r scheduler tokenizer text_encoder transformer vae '%s'",
@@ -261,6 +263,8 @@ static void test_klein_base_pipeline_cfg(void **state)
           f);
     fclose(f);
     pipeline_matches_host(dir, "flux2-klein-base");
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 int main(int argc, char **argv)
