@@ -21,3 +21,19 @@ if(CMOCKA_FOUND)
     set_tests_properties(unit/test_backends_${mode} PROPERTIES ENVIRONMENT "${env}" TIMEOUT 120)
   endforeach()
 endif()
+
+# The installed layout: plugins in libdir are found by the installed program and by a
+# program on the installed shared library, without DIFFUSE_BACKEND_DIR.
+if(CMOCKA_FOUND)
+  add_executable(test_list_devices ${CMAKE_SOURCE_DIR}/tests/plugin/list_devices.c)
+  target_compile_options(test_list_devices PRIVATE ${DF_WARN})
+  target_include_directories(test_list_devices PRIVATE ${CMAKE_SOURCE_DIR}/include)
+  target_link_libraries(test_list_devices PRIVATE diffuse_shared)
+  set_target_properties(test_list_devices PROPERTIES SKIP_BUILD_RPATH ON
+                        RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME cli/installed_plugins
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/installed_plugins.sh ${CMAKE_BINARY_DIR}
+                   ${CMAKE_INSTALL_LIBDIR} $<TARGET_FILE:diffuse-testdev>
+                   $<TARGET_FILE:test_list_devices> ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(cli/installed_plugins PROPERTIES TIMEOUT 300)
+endif()

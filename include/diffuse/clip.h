@@ -10,7 +10,7 @@
  *     df_clip *clip;
  *     DF_CHECK(df_clip_load(ctx, "model/text_encoder", &clip));
  *     df_clip_output o;
- *     DF_CHECK(df_clip_encode(ctx, clip, ids, ids_host,
+ *     DF_CHECK(df_clip_encode(ctx, clip, ids,
  *                             &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1},
  *                             &o));
  *     ... o.pooler_output [B, D], o.hidden_states[0] [B, S, D] ...
@@ -90,19 +90,18 @@ DF_API const df_clip_config *df_clip_get_config(const df_clip *m);
 
 /*
  * Runs the text model on token ids [B, S] (an i32 or i64 tensor, S <= max_position_embeddings).
- * `ids_host` holds the same B*S ids on the host (the tokenizer's output): the EOS position of
- * each row is found there (eos_token_id == 2: the first largest id, as transformers'
- * argmax; otherwise the first id equal to eos_token_id, or position 0 when there is none,
- * as argmax of an all-zero row gives). When ids_host is NULL the ids are read back from
- * the tensor, which waits for the device. `req` may be NULL (no hidden states). Attention
- * is causal; there is no padding mask (as the pipelines call CLIP).
+ * The pooled output is each row's EOS position, found on the device (df_token_rows;
+ * eos_token_id == 2: the first largest id, as transformers' argmax; otherwise the first id
+ * equal to eos_token_id, or position 0 when there is none, as argmax of an all-zero row
+ * gives): the ids are never read back. `req` may be NULL (no hidden states). Attention is
+ * causal; there is no padding mask (as the pipelines call CLIP).
  * On success *out holds tensors owned by the current scope; on failure it is zeroed.
- * DF_E_ARG for ids of the wrong shape, an id outside the vocabulary or a hidden-state index
- * out of range; otherwise the context's error.
+ * DF_E_ARG for ids of the wrong shape or a hidden-state index out of range; otherwise the
+ * context's error. An id outside the vocabulary fails the stream (DF_E_ARG at the next
+ * wait: df_sync or a read, naming the id), as every check of tensor data does.
  */
 DF_API df_status df_clip_encode(df_ctx *ctx, const df_clip *m, df_tensor *ids,
-                                const int64_t *ids_host, const df_clip_request *req,
-                                df_clip_output *out);
+                                const df_clip_request *req, df_clip_output *out);
 
 /* Frees the model and its weights (waits for queued work that reads them). NULL is fine. */
 DF_API void df_clip_free(df_clip *m);

@@ -46,6 +46,11 @@ DF_API df_tensor *df_cast(df_ctx *ctx, df_tensor *x, df_dtype dtype);
 DF_API df_tensor *df_concat(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim);
 /* Rows of table [V, D] picked by integer ids [...]: result [..., D]. */
 DF_API df_tensor *df_gather(df_ctx *ctx, df_tensor *table, df_tensor *ids);
+/* For each row b of integer ids [B, S], the flat index b * S + j of the first position j
+ * holding `token`, or 0 + b * S when the row has none; with token < 0, of the row's first
+ * largest id (torch's argmax). Result: i64 [B], ready for df_gather on a [B * S, D] view
+ * (CLIP's pooled output at the EOS token). */
+DF_API df_tensor *df_token_rows(df_ctx *ctx, df_tensor *ids, int64_t token);
 
 /* --- elementwise ----------------------------------------------------------------------- */
 

@@ -55,7 +55,10 @@ typedef struct df_storage {
     void *host;             /* host memory this storage mirrors (a mapped weight), or NULL */
     bool file_backed;       /* host is a read-only file mapping: its pages can be dropped
                                and will be read again from the file */
-    bool transient;         /* a weight resident only briefly (sequential offload) */
+    bool transient;         /* a weight resident for one pass at a time: used in place, not
+                               packed (decided by runtime/residency.c) */
+    int64_t resident_since; /* residency.c: 1 + the step count when last acquired; 0: not
+                               acquired since its last release */
     bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
     struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
     uint64_t i8_scale_offset;
@@ -65,6 +68,9 @@ typedef struct df_storage {
                                held until this one is freed */
     df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
     uint64_t ready_at;      /* a weight's upload on the copy stream ends there (residency.c) */
+    uint64_t written_at;    /* strict eager: the compute stream position after the launch
+                               that wrote it (and the launch's release); 0: unknown */
+    atomic_bool write_failed; /* that launch's release ran on a failed stream */
 } df_storage;
 
 /* A view of a storage, as the runtime keeps it. Strides and offset are in elements. */

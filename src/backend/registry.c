@@ -4,9 +4,11 @@
  * Plugins: the first look-up of a backend (df_backend_find) loads every
  * `libdiffuse-<name>.so` of the plugin folder once, unless DIFFUSE_BACKEND_AUTOLOAD=0. The
  * folder is $DIFFUSE_BACKEND_DIR, else the folder of the file this code is linked into
- * (the shared library, or the program that links the static one). A plugin that fails to
- * load or to register is skipped with a warning when loading automatically, and reported
- * as an error by df_backend_load.
+ * (the shared library, or the program that links the static one) and, for a program
+ * installed in bindir, the library folder beside it (DF_PLUGIN_RELDIR, libdir relative to
+ * bindir, set by CMake: an installed `diffuse` finds the plugins installed in libdir). A
+ * plugin that fails to load or to register is skipped with a warning when loading
+ * automatically, and reported as an error by df_backend_load.
  */
 #include <dirent.h>
 #include <dlfcn.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/graph.h"
 #include "core/alloc.h"
@@ -130,24 +133,37 @@ df_status df_backend_register(const df_device_ops *ops)
     return s;
 }
 
-/* The folder plugins are looked for in (no trailing slash). */
-static void plugin_dir(char *out, size_t size)
+#ifndef DF_PLUGIN_RELDIR
+#define DF_PLUGIN_RELDIR "../lib"
+#endif
+
+/* Folder `which` (0, 1) plugins are looked for in (no trailing slash); false when there is
+ * no such folder. 0: $DIFFUSE_BACKEND_DIR, else the folder of the file this code is in;
+ * 1 (without $DIFFUSE_BACKEND_DIR): that folder's DF_PLUGIN_RELDIR. */
+static bool plugin_dir(int which, char *out, size_t size)
 {
     const char *env = getenv("DIFFUSE_BACKEND_DIR");
     if (env && *env) {
         snprintf(out, size, "%s", env);
-        return;
+        return which == 0;
     }
     Dl_info info;
     out[0] = '\0';
-    if (dladdr((void *)plugin_dir, &info) && info.dli_fname) {
-        snprintf(out, size, "%s", info.dli_fname);
-        char *slash = strrchr(out, '/');
-        if (slash)
-            *slash = '\0';
-        else
-            snprintf(out, size, ".");
+    if (!dladdr((void *)plugin_dir, &info) || !info.dli_fname)
+        return false;
+    snprintf(out, size, "%s", info.dli_fname);
+    char *slash = strrchr(out, '/');
+    if (slash)
+        *slash = '\0';
+    else
+        snprintf(out, size, ".");
+    if (which == 1) {
+        size_t n = strlen(out);
+        if (n + 1 + strlen(DF_PLUGIN_RELDIR) >= size)
+            return false;
+        snprintf(out + n, size - n, "/%s", DF_PLUGIN_RELDIR);
     }
+    return which <= 1;
 }
 
 static df_status load_path(const char *path, const char *name)
@@ -214,19 +230,20 @@ static void autoload(void)
     if (env && strcmp(env, "0") == 0)
         return;
     char dir[4096];
-    plugin_dir(dir, sizeof dir);
-    DIR *d = dir[0] ? opendir(dir) : NULL;
-    if (!d)
-        return;
-    for (struct dirent *e; (e = readdir(d));) {
-        char name[16], path[4400];
-        if (!plugin_name(e->d_name, name, sizeof name) || registered(name))
+    for (int which = 0; plugin_dir(which, dir, sizeof dir); which++) {
+        DIR *d = dir[0] ? opendir(dir) : NULL;
+        if (!d)
             continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        if (load_path(path, name) != DF_OK)
-            host_logf(0, "warning: %s", df_error_message());
+        for (struct dirent *e; (e = readdir(d));) {
+            char name[16], path[4400];
+            if (!plugin_name(e->d_name, name, sizeof name) || registered(name))
+                continue; /* the first folder that has a plugin wins */
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (load_path(path, name) != DF_OK)
+                host_logf(0, "warning: %s", df_error_message());
+        }
+        closedir(d);
     }
-    closedir(d);
     df_error_clear();
 }
 
@@ -239,7 +256,12 @@ df_status df_backend_load(const char *name)
     if (registered(name))
         return DF_OK;
     char dir[4096], path[4400];
-    plugin_dir(dir, sizeof dir);
+    for (int which = 0; plugin_dir(which, dir, sizeof dir); which++) {
+        snprintf(path, sizeof path, "%s/libdiffuse-%s.so", dir[0] ? dir : ".", name);
+        if (access(path, F_OK) == 0)
+            return load_path(path, name);
+    }
+    plugin_dir(0, dir, sizeof dir); /* in no folder: the first one's message */
     snprintf(path, sizeof path, "%s/libdiffuse-%s.so", dir[0] ? dir : ".", name);
     return load_path(path, name);
 }

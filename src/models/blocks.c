@@ -145,10 +145,8 @@ df_status df_blocks_set_sequential(df_blocks *b, bool on)
 {
     b->sequential = on;
     b->ahead = -1;
-    /* Block weights come and go every step: used in place, never packed (packing them
-     * again at every step would cost more than it saves). */
-    for (int g = 0; g < b->n; g++)
-        df_ws_set_transient(b->ws, b->block[g].prefix, on);
+    /* Released now, each block acquired and released again by every forward: the runtime's
+     * residency layer uses such weights in place rather than packing them every step. */
     if (on)
         return df_ws_release(b->ws, NULL); /* each forward acquires what it runs */
     df_ws_acquire(b->ws, NULL);

@@ -86,7 +86,7 @@ bool df_blocks_compiled(const df_blocks *b);
 int df_blocks_programs(const df_blocks *b);
 
 /* Sequential offload on or off: on releases every weight now (each forward acquires what it
- * runs) and marks the block weights transient; off makes every weight resident again. */
+ * runs); off makes every weight resident again. */
 df_status df_blocks_set_sequential(df_blocks *b, bool on);
 
 /* Around a forward: the outer weights resident during it (sequential offload). */

@@ -9,9 +9,11 @@
  * - The class is the checkpoint's: `text_projection.weight` present means the projection
  *   class. `position_ids` buffers some checkpoints carry are accepted and ignored (positions
  *   are always 0..S-1).
- * - The EOS position is found on the host from the ids (the tokenizer's output anyway) and
- *   the pooled rows are gathered from last_hidden_state viewed as [B*S, D], so no device
- *   argmax is needed.
+ * - The EOS position is found on the device from the ids (df_token_rows: the first EOS
+ *   token, or the first largest id when eos_token_id is 2, as transformers does) and the
+ *   pooled rows are gathered from last_hidden_state viewed as [B*S, D], so the ids are
+ *   given once, as a tensor, and never read back. An id outside the vocabulary fails the
+ *   stream in the token embedding's gather (the message names the id and its position).
  * - transformers' hidden_states tuple has n_layers + 1 entries; the caller asks for the
  *   indices it needs and only those are kept alive: the forward keeps one rolling scope
  *   that holds the requested states and the current one, so memory stays at one layer's
@@ -219,28 +221,6 @@ static df_tensor *layer_forward(df_ctx *ctx, const df_clip_config *c, const clip
     return df_add(ctx, x, h);
 }
 
-/* Row index (b * S + position) of each row's EOS token, from the host ids. */
-static void eos_rows(const df_clip_config *c, const int64_t *ids, int64_t b, int64_t s,
-                     int64_t *rows)
-{
-    for (int64_t r = 0; r < b; r++) {
-        const int64_t *row = ids + r * s;
-        int64_t at = 0;
-        if (c->eos_token_id == 2) { /* legacy: argmax, the first of equal maxima */
-            for (int64_t j = 1; j < s; j++)
-                if (row[j] > row[at])
-                    at = j;
-        } else {
-            for (int64_t j = 0; j < s; j++)
-                if (row[j] == c->eos_token_id) {
-                    at = j;
-                    break;
-                }
-        }
-        rows[r] = r * s + at;
-    }
-}
-
 static df_status check_ids(const df_clip *m, df_tensor *ids)
 {
     char desc[96];
@@ -253,17 +233,6 @@ static df_status check_ids(const df_clip *m, df_tensor *ids)
         return df_errorf(DF_E_ARG,
                          "clip: %" PRId64 " tokens exceed max_position_embeddings %" PRId64,
                          df_tensor_dim(ids, 1), m->cfg.max_position_embeddings);
-    return DF_OK;
-}
-
-static df_status check_host_ids(const df_clip *m, const int64_t *ids, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= m->cfg.vocab_size)
-            return df_errorf(DF_E_ARG,
-                             "clip: token id %" PRId64 " at position %" PRId64
-                             " is outside the vocabulary of %" PRId64,
-                             ids[i], i, m->cfg.vocab_size);
     return DF_OK;
 }
 
@@ -308,15 +277,13 @@ static void note_state(df_clip_output *o, const int *idx, int n_req, int at, df_
 }
 
 /* CLIPTextTransformer.forward (+ the projection of CLIPTextModelWithProjection). */
-static df_status forward(df_ctx *ctx, const df_clip *m, df_tensor *ids, const int64_t *ids_host,
-                         const int *idx, int n_req, df_clip_output *o)
+static df_status forward(df_ctx *ctx, const df_clip *m, df_tensor *ids, const int *idx, int n_req,
+                         df_clip_output *o)
 {
     const df_clip_config *c = &m->cfg;
     int64_t b = df_tensor_dim(ids, 0), s = df_tensor_dim(ids, 1);
-    int64_t *rows = df_malloc((size_t)b * sizeof *rows);
-    if (!rows)
-        return df_errorf(DF_E_OOM, "clip: out of memory");
-    eos_rows(c, ids_host, b, s, rows);
+    /* eos_token_id 2: the legacy argmax(input_ids); otherwise the first EOS (none: 0) */
+    int64_t eos = c->eos_token_id == 2 ? -1 : c->eos_token_id < 0 ? INT64_MAX : c->eos_token_id;
 
     df_scope base = df_scope_begin(ctx);
     df_tensor *pos = df_slice(ctx, m->position_embedding, 0, 0, s);           /* [S, D] */
@@ -331,9 +298,8 @@ static df_status forward(df_ctx *ctx, const df_clip *m, df_tensor *ids, const in
     o->last_hidden_state =
         df_layer_norm(ctx, x, m->final_ln_w, m->final_ln_b, (float)c->layer_norm_eps);
     df_tensor *flat = df_reshape(ctx, o->last_hidden_state, DF_SHAPE(b * s, c->hidden_size));
-    df_tensor *at = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(b), rows);
-    df_free(rows);                               /* copied by df_tensor_from_host */
-    o->pooler_output = df_gather(ctx, flat, at); /* [B, D] */
+    df_tensor *at = df_token_rows(ctx, ids, eos); /* [B]: b * S + the EOS position */
+    o->pooler_output = df_gather(ctx, flat, at);  /* [B, D] */
     if (c->with_projection)
         o->text_embeds = df_linear(ctx, o->pooler_output, &m->text_projection); /* [B, P] */
 
@@ -346,8 +312,8 @@ static df_status forward(df_ctx *ctx, const df_clip *m, df_tensor *ids, const in
     return st;
 }
 
-df_status df_clip_encode(df_ctx *ctx, const df_clip *m, df_tensor *ids, const int64_t *ids_host,
-                         const df_clip_request *req, df_clip_output *out)
+df_status df_clip_encode(df_ctx *ctx, const df_clip *m, df_tensor *ids, const df_clip_request *req,
+                         df_clip_output *out)
 {
     *out = (df_clip_output){0};
     if (!ids)
@@ -356,23 +322,7 @@ df_status df_clip_encode(df_ctx *ctx, const df_clip *m, df_tensor *ids, const in
     int idx[DF_CLIP_MAX_HIDDEN];
     DF_TRY(check_ids(m, ids));
     DF_TRY(resolve_request(m, req, idx));
-    int64_t n = df_tensor_numel(ids);
-    int64_t *host = NULL;
-    if (!ids_host) {
-        host = df_malloc((size_t)n * sizeof *host);
-        if (!host)
-            return df_errorf(DF_E_OOM, "clip: out of memory");
-        df_status s = df_tensor_read(ctx, ids, DF_DTYPE_I64, host, (size_t)n * sizeof *host);
-        if (s != DF_OK) {
-            df_free(host);
-            return s;
-        }
-        ids_host = host;
-    }
-    df_status s = check_host_ids(m, ids_host, n);
-    if (s == DF_OK)
-        s = forward(ctx, m, ids, ids_host, idx, req ? req->n_hidden_states : 0, out);
-    df_free(host);
+    df_status s = forward(ctx, m, ids, idx, req ? req->n_hidden_states : 0, out);
     if (s != DF_OK)
         *out = (df_clip_output){0};
     return s;

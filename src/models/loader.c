@@ -626,8 +626,10 @@ df_status df_ws_release(df_weight_set *ws, const char *prefix)
         bound *b = &ws->tensors[i];
         if (matches(b, prefix) && b->t->v.st->buf)
             s = df_dev_drop_cache(ctx->dev, ctx->stream, b->t->v.st->buf);
-        if (s == DF_OK && matches(b, prefix))
+        if (s == DF_OK && matches(b, prefix)) {
+            df_residency_note_release(ctx, b->t->v.st, prefix != NULL);
             s = df_residency_evict(ctx, b->t->v.st); /* a device copy of the file's bytes */
+        }
     }
     if (s == DF_OK)
         s = df_dev_callback(ctx->dev, ctx->stream, release_pages, j);
@@ -653,6 +655,7 @@ void df_ws_acquire(df_weight_set *ws, const char *prefix)
             continue;
         if (b->t->v.st->file_backed)
             advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
+        df_residency_note_acquire(ws->ctx, b->t->v.st, prefix != NULL);
         df_status s = df_residency_restore(ws->ctx, b->t->v.st); /* on the copy stream */
         if (s != DF_OK)
             df_ctx_fail(ws->ctx, s);
@@ -669,11 +672,4 @@ int64_t df_ws_resident_bytes(const df_weight_set *ws)
     for (int i = 0; i < ws->n; i++)
         n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].resident_bytes : 0;
     return n;
-}
-
-void df_ws_set_transient(df_weight_set *ws, const char *prefix, bool on)
-{
-    for (int i = 0; i < ws->n; i++)
-        if (matches(&ws->tensors[i], prefix))
-            ws->tensors[i].t->v.st->transient = on;
 }

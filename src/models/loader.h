@@ -128,9 +128,6 @@ void df_ws_set_tp_plan(df_weight_set *ws, const df_tp_rule *rules, int n, int ra
  * df_stats' resident_weight_bytes follows both.
  */
 df_status df_ws_release(df_weight_set *ws, const char *prefix);
-/* Marks the tensors under `prefix` (NULL: all) as transient: resident only briefly, so
- * backends read them in place instead of packing copies that would be dropped at once. */
-void df_ws_set_transient(df_weight_set *ws, const char *prefix, bool on);
 void df_ws_acquire(df_weight_set *ws, const char *prefix);
 int64_t df_ws_resident_bytes(const df_weight_set *ws);
 

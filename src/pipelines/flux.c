@@ -6,9 +6,10 @@
  * torch-compatible generator in one draw (or image by image from a list of generators),
  * packed into 2x2 patches. Schedule: sigmas linspace(1, 1/n, n)
  * with mu from the packed sequence length. Each step calls the transformer with sigma as
- * the timestep, then the flow-match Euler step runs on the host in float32 (exactly as the
- * scheduler does it); df_mark_step() marks the step. Decoding unpacks, un-scales and runs
- * the VAE decoder.
+ * the timestep, then the flow-match Euler step runs on the device in float32 (the same
+ * bits as the scheduler's host step, which DIFFUSE_HOST_STEP=1 selects), so the latents
+ * stay on the device for the whole loop; df_mark_step() marks the step. Decoding unpacks,
+ * un-scales and runs the VAE decoder.
  *
  * Tensor parallelism (df_load_opts.tp, a communicator on the context): the transformer and
  * T5 load sharded on every rank; the tokenizers, CLIP and the VAE load and run on rank 0
@@ -45,6 +46,7 @@
 #include "models/residency.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
+#include "sched/flow_match_euler.h"
 
 typedef struct flux_pipe {
     df_tokenizer *tok_clip, *tok_t5;
@@ -319,7 +321,7 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
     if (s == DF_OK && df_pipeline_lead(p)) {
         df_tensor *ids = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(B, 77), clip_ids);
         df_clip_output co = {0};
-        s = ids ? df_clip_encode(ctx, f->clip, ids, clip_ids, &(df_clip_request){0}, &co)
+        s = ids ? df_clip_encode(ctx, f->clip, ids, &(df_clip_request){0}, &co)
                 : df_ctx_status(ctx);
         *pooled = co.pooler_output;
         if (s == DF_OK && df_pipeline_tp(p))
@@ -480,23 +482,31 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         s = df_ctx_status(ctx);
     if (p->opts.offload == DF_OFFLOAD_MODEL)
         onload(p, df_flux_weight_set(f->transformer));
+    /* The latents stay on the device (x) unless the host steps: the reference path, and
+     * tensor parallelism, which shares rank 0's latents after every step. */
+    bool on_device = !df_scheduler_host_step() && !df_pipeline_tp(p);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *x = s == DF_OK && on_device
+                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat)
+                       : NULL;
     double t0 = df_now();
     for (int i = 0; i < r->steps && s == DF_OK; i++) {
-        df_scope mark = df_scope_begin(ctx);
         float t = df_scheduler_timesteps(sched)[i];
         for (int64_t b = 0; b < B; b++) {
             ts[b] = (float)((double)t / 1000.0);
             gs[b] = r->guidance;
         }
         df_flux_inputs in = {
-            .hidden_states = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat),
+            .hidden_states =
+                on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat),
             .encoder_hidden_states = embeds,
             .pooled_projections = pooled,
             .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), ts),
             .img_ids = img_ids,
             .txt_ids = txt_ids,
             .guidance = cfg->guidance_embeds
-                            ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), gs) : NULL,
+                            ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), gs)
+                            : NULL,
         };
         df_tensor *v = NULL;
         if (f->compiled) {
@@ -507,20 +517,25 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         } else {
             v = df_flux_forward(ctx, f->transformer, &in);
         }
+        if (s == DF_OK && on_device)
+            s = df_scheduler_step_tensor(sched, ctx, v, &x);
         if (s == DF_OK)
             s = df_mark_step(ctx);
-        if (s == DF_OK)
+        if (s == DF_OK && !on_device)
             s = df_tensor_read(ctx, v, DF_DTYPE_F32, v_host, (size_t)n_lat * sizeof *v_host);
         s = df_pipeline_tp_check(p, s); /* the sharded forward */
-        if (s == DF_OK)
+        if (s == DF_OK && !on_device)
             s = df_scheduler_step(sched, v_host, lat, n_lat);
-        if (s == DF_OK)
+        if (s == DF_OK && !on_device)
             /* ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
-        df_scope_end(ctx, mark, NULL);
+        x = df_scope_end(ctx, mark, x); /* the step's tensors go; the new latents stay */
         if (s == DF_OK && g->progress)
             g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
     }
+    if (s == DF_OK && on_device)
+        s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n_lat * sizeof *lat);
+    df_scope_end(ctx, mark, NULL);
     df_scheduler_free(sched);
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = offload(p, df_flux_weight_set(f->transformer));

@@ -17,7 +17,8 @@
  * (0, h, w, 0); the prompt embeddings get ids (0, 0, 0, l) (sched/flux2_latents.c).
  * Schedule: sigmas linspace(1, 1/n, n) shifted with compute_empirical_mu(image tokens, n),
  * FLUX.2's own rule. Each step calls the transformer with t / 1000 as the timestep; the
- * flow-match Euler step runs on the host in float32, exactly as the scheduler does it.
+ * flow-match Euler step runs on the device in float32, the same bits as the scheduler's
+ * host step (DIFFUSE_HOST_STEP=1 selects that reference path).
  *
  * Guidance: Flux2Pipeline passes guidance_scale to the transformer's guidance embedder (one
  * forward per step; default 50 steps, 4.0). Flux2KleinPipeline has no guidance embedder:
@@ -59,6 +60,7 @@
 #include "models/residency.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
+#include "sched/flow_match_euler.h"
 #include "sched/flux2_latents.h"
 
 typedef struct flux2_pipe {
@@ -397,10 +399,10 @@ static df_status make_ids(df_ctx *ctx, const run_sizes *r, df_tensor **img, df_t
     return s;
 }
 
-/* One transformer forward: the velocity for the packed latents (host) read back into v. */
-static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, const float *lat,
-                         float t, df_tensor *embeds, df_tensor *img_ids, df_tensor *txt_ids,
-                         float *v)
+/* One transformer forward (a marked step): the velocity [B, S, C] for the packed latents x,
+ * a tensor of the current scope in *out. */
+static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_tensor *x, float t,
+                         df_tensor *embeds, df_tensor *img_ids, df_tensor *txt_ids, df_tensor **out)
 {
     df_ctx *ctx = p->ctx;
     bool guided = df_flux2_config(f->transformer)->guidance_embeds;
@@ -415,7 +417,7 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, cons
         gs[b] = r->guidance;
     }
     df_flux2_inputs in = {
-        .hidden_states = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat),
+        .hidden_states = x,
         .encoder_hidden_states = embeds,
         .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B), ts),
         .img_ids = img_ids,
@@ -424,64 +426,73 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, cons
     };
     df_free(ts);
     df_free(gs);
-    df_tensor *out = NULL;
+    *out = NULL;
     df_status s = DF_OK;
     if (f->compiled) {
         df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
                               in.img_ids, in.txt_ids, in.guidance};
-        s = df_compiled_call(ctx, f->compiled, f->transformer, args, &out);
+        s = df_compiled_call(ctx, f->compiled, f->transformer, args, out);
     } else {
-        out = df_flux2_forward(ctx, f->transformer, &in);
+        *out = df_flux2_forward(ctx, f->transformer, &in);
     }
-    if (s == DF_OK)
-        s = df_mark_step(ctx);
-    size_t n = (size_t)(r->B * r->S * r->C);
-    if (s == DF_OK)
-        s = df_tensor_read(ctx, out, DF_DTYPE_F32, v, n * sizeof *v);
-    return s;
+    return s == DF_OK ? df_mark_step(ctx) : s;
 }
 
-/* The denoising loop over the packed latents lat [B, S, C] (in place). */
+/* The denoising loop over the packed latents lat [B, S, C] (in place). The latents stay on
+ * the device and step there (the same bits as the host step), unless the host steps:
+ * DIFFUSE_HOST_STEP=1 (the reference path) or tensor parallelism, which shares rank 0's
+ * latents after every step. */
 static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                          const run_sizes *r, df_tensor *embeds, df_tensor *neg, float *lat)
 {
     df_ctx *ctx = p->ctx;
     int64_t n = r->B * r->S * r->C;
-    float *v = df_malloc((size_t)n * sizeof *v);
-    float *vn = r->cfg ? df_malloc((size_t)n * sizeof *vn) : NULL;
+    bool on_device = !df_scheduler_host_step() && !df_pipeline_tp(p);
+    float *v = on_device ? NULL : df_malloc((size_t)n * sizeof *v);
     df_scheduler *sched = NULL;
     df_tensor *img_ids = NULL, *txt_ids = NULL;
-    df_status s = v && (vn || !r->cfg) ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+    df_status s = on_device || v ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
     if (s == DF_OK)
         s = make_scheduler(f, r, &sched);
     if (s == DF_OK)
         s = make_ids(ctx, r, &img_ids, &txt_ids);
     if (p->opts.offload == DF_OFFLOAD_MODEL)
         df_pipeline_onload(p, df_flux2_weight_set(f->transformer));
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *x = s == DF_OK && on_device
+                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat)
+                       : NULL;
     double t0 = df_now();
     for (int i = 0; i < r->steps && s == DF_OK; i++) {
-        df_scope mark = df_scope_begin(ctx);
         float t = df_scheduler_timesteps(sched)[i];
-        s = predict(p, f, r, lat, t, embeds, img_ids, txt_ids, v);
+        df_tensor *in =
+            on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat);
+        df_tensor *vt = NULL, *vnt = NULL;
+        s = predict(p, f, r, in, t, embeds, img_ids, txt_ids, &vt);
         if (s == DF_OK && r->cfg)
-            s = predict(p, f, r, lat, t, neg, img_ids, txt_ids, vn);
-        s = df_pipeline_tp_check(p, s); /* the sharded forward */
+            s = predict(p, f, r, in, t, neg, img_ids, txt_ids, &vnt);
         if (s == DF_OK && r->cfg) /* neg + scale * (cond - neg), each op in float32 */
-            for (int64_t j = 0; j < n; j++)
-                v[j] = vn[j] + r->guidance * (v[j] - vn[j]);
-        if (s == DF_OK)
+            vt = df_add(ctx, vnt, df_scale(ctx, df_sub(ctx, vt, vnt), r->guidance, -0.0f));
+        if (s == DF_OK && on_device)
+            s = df_scheduler_step_tensor(sched, ctx, vt, &x);
+        if (s == DF_OK && !on_device)
+            s = df_tensor_read(ctx, vt, DF_DTYPE_F32, v, (size_t)n * sizeof *v);
+        s = df_pipeline_tp_check(p, s); /* the sharded forward */
+        if (s == DF_OK && !on_device)
             s = df_scheduler_step(sched, v, lat, n);
-        if (s == DF_OK) /* the ranks stay identical */
+        if (s == DF_OK && !on_device) /* the ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
-        df_scope_end(ctx, mark, NULL);
+        x = df_scope_end(ctx, mark, x);
         if (s == DF_OK && g->progress)
             g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
     }
+    if (s == DF_OK && on_device)
+        s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
+    df_scope_end(ctx, mark, NULL);
     df_scheduler_free(sched);
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = df_pipeline_offload(p, df_flux2_weight_set(f->transformer));
     df_free(v);
-    df_free(vn);
     return s;
 }
 

@@ -10,18 +10,21 @@
  *
  * Guidance: with guidance > 1 the negative prompt ("" by default) is encoded too and the
  * transformer runs once per step on the batch [negative, positive];
- * noise = uncond + guidance * (cond - uncond) is formed on the host in float32, as the
- * float32 pipeline does. Skip-layer guidance adds, at steps i with start*N < i < stop*N,
- * (cond - skip) * scale, where `skip` is a positive-only forward without the listed blocks.
+ * noise = uncond + guidance * (cond - uncond) is formed in float32, as the float32 pipeline
+ * does (on the device; on the host with DIFFUSE_HOST_STEP=1). Skip-layer guidance adds, at steps i
+ * with start*N < i < stop*N, (cond - skip) * scale, where `skip` is a positive-only forward without
+ * the listed blocks.
  *
  * Batches: prompt i is paired with negative prompt i (or the one negative prompt given for
  * all); each is repeated num_images times in place, [p0, p0, p1, p1], and the CFG batch is
  * [all negatives, all positives].
  * Noise: (B, in_channels, H/8, W/8) drawn in float32 from one torch-compatible generator in
- * one draw, or image by image from a list of generators (no packing). Schedule: the scheduler's own linspace (no sigmas passed) with its static
- * shift; mu from the patch-grid length only when the config asks for dynamic shifting.
- * The transformer gets timestep = t in [0, 1000]; the flow-match Euler step runs on the
- * host in float32 (the scheduler's own rounding); df_mark_step() marks each step. With
+ * one draw, or image by image from a list of generators (no packing). Schedule: the scheduler's own
+ * linspace (no sigmas passed) with its static shift; mu from the patch-grid length only when the
+ * config asks for dynamic shifting. The transformer gets timestep = t in [0, 1000]; the flow-match
+ * Euler step runs on the device in float32 with the scheduler's own rounding (the same bits as its
+ * host step, which DIFFUSE_HOST_STEP=1 selects), so the latents stay on the device for the whole
+ * loop; df_mark_step() marks each step. With
  * df_load_opts.compile the transformer's forward is compiled (traced once per image size),
  * with compile_blocks its repeated blocks.
  * Decoding un-scales (latents / scaling_factor + shift_factor) and runs the VAE decoder.
@@ -45,6 +48,7 @@
 #include "models/residency.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
+#include "sched/flow_match_euler.h"
 
 #define SD3_MAX_SEQ 512 /* diffusers refuses longer T5 sequences */
 
@@ -272,7 +276,7 @@ static df_status clip_encode(df_ctx *ctx, const df_clip *m, const df_tokenizer *
     if (s == DF_OK) {
         df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(R, len), ids);
         df_clip_output o = {0};
-        s = t ? df_clip_encode(ctx, m, t, ids,
+        s = t ? df_clip_encode(ctx, m, t,
                                &(df_clip_request){.hidden_states = {layer}, .n_hidden_states = 1},
                                &o)
               : df_ctx_status(ctx);
@@ -472,6 +476,44 @@ static df_status prompt_embeddings(df_pipeline *p, sd3_pipe *s, const df_gen_par
 }
 
 /* The denoising loop over host latents lat [B, C, h, w]. */
+/* Classifier-free guidance on the device: v [2B, ...] = [uncond, cond];
+ * uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], each op in float32 as the
+ * host path rounds it. */
+static df_tensor *guide(df_ctx *ctx, const run_cfg *r, df_tensor *v, df_tensor *vs)
+{
+    df_tensor *u = df_slice(ctx, v, 0, 0, r->B), *cond = df_slice(ctx, v, 0, r->B, 2 * r->B);
+    df_tensor *noise = df_add(ctx, u, df_scale(ctx, df_sub(ctx, cond, u), r->guidance, -0.0f));
+    if (vs)
+        noise = df_add(ctx, noise, df_scale(ctx, df_sub(ctx, cond, vs), r->slg_scale, -0.0f));
+    return noise;
+}
+
+/* The reference path: the prediction read to the host, guided and stepped on host floats. */
+static df_status host_step(df_ctx *ctx, df_scheduler *sched, const run_cfg *r, df_tensor *v,
+                           df_tensor *vs, float *pred, float *skip, float *noise, float *lat,
+                           int64_t n)
+{
+    int64_t rows = r->cfg ? 2 : 1;
+    DF_TRY(df_tensor_read(ctx, v, DF_DTYPE_F32, pred, (size_t)(rows * n) * sizeof *pred));
+    if (vs)
+        DF_TRY(df_tensor_read(ctx, vs, DF_DTYPE_F32, skip, (size_t)n * sizeof *skip));
+    if (r->cfg) {
+        /* noise = uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], float32 */
+        for (int64_t k = 0; k < n; k++) {
+            float u = pred[k], cond = pred[n + k];
+            float diff = cond - u, guided = r->guidance * diff;
+            noise[k] = u + guided;
+            if (vs) {
+                float d2 = cond - skip[k], add = d2 * r->slg_scale;
+                noise[k] = noise[k] + add;
+            }
+        }
+    } else {
+        memcpy(noise, pred, (size_t)n * sizeof *noise);
+    }
+    return df_scheduler_step(sched, noise, lat, n);
+}
+
 static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
                          float *lat, int64_t C, int64_t h, int64_t w)
@@ -498,11 +540,18 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
     }
     if (st == DF_OK)
         st = df_scheduler_set_begin_index(sched, 0);
+    /* The latents stay on the device (x), guided and stepped there, unless the host steps
+     * (DIFFUSE_HOST_STEP=1: the reference path, guidance and step on host floats). */
+    bool on_device = !df_scheduler_host_step();
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *x = st == DF_OK && on_device
+                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat)
+                       : NULL;
     double t0 = df_now();
     for (int i = 0; i < r->steps && st == DF_OK; i++) {
-        df_scope mark = df_scope_begin(ctx);
         float t = df_scheduler_timesteps(sched)[i];
-        df_tensor *x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
+        if (!on_device)
+            x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
         df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &t);
         df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, embeds, pooled, ts};
         df_tensor *v = NULL;
@@ -524,33 +573,21 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
                                                               .skip_layers = g->slg_layers,
                                                               .n_skip_layers = g->n_slg_layers})
                             : NULL;
-        if (st == DF_OK)
-            st = df_mark_step(ctx);
-        if (st == DF_OK)
-            st = df_tensor_read(ctx, v, DF_DTYPE_F32, pred,
-                                (size_t)(rows * C * h * w) * sizeof *pred);
-        if (st == DF_OK && slg)
-            st = df_tensor_read(ctx, vs, DF_DTYPE_F32, skip, (size_t)n * sizeof *skip);
-        if (st == DF_OK && r->cfg) {
-            /* noise = uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], float32 */
-            for (int64_t k = 0; k < n; k++) {
-                float u = pred[k], cond = pred[n + k];
-                float diff = cond - u, guided = r->guidance * diff;
-                noise[k] = u + guided;
-                if (slg) {
-                    float d2 = cond - skip[k], add = d2 * r->slg_scale;
-                    noise[k] = noise[k] + add;
-                }
-            }
-        } else if (st == DF_OK) {
-            memcpy(noise, pred, (size_t)n * sizeof *noise);
+        if (st == DF_OK && on_device) {
+            df_tensor *guided = r->cfg ? guide(ctx, r, v, vs) : v;
+            st = df_scheduler_step_tensor(sched, ctx, guided, &x);
         }
         if (st == DF_OK)
-            st = df_scheduler_step(sched, noise, lat, n);
-        df_scope_end(ctx, mark, NULL);
+            st = df_mark_step(ctx);
+        if (st == DF_OK && !on_device)
+            st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
+        x = df_scope_end(ctx, mark, on_device ? x : NULL);
         if (st == DF_OK && g->progress)
             g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
     }
+    if (st == DF_OK && on_device)
+        st = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
+    df_scope_end(ctx, mark, NULL);
     df_scheduler_free(sched);
     df_free(pred);
     df_free(skip);

@@ -33,8 +33,10 @@ void df_node_free(df_gnode *n)
 
 static void release_node(void *arg, df_status s)
 {
-    (void)s;
-    df_node_free(arg);
+    df_gnode *n = arg;
+    if (s != DF_OK && n->out.st)
+        atomic_store(&n->out.st->write_failed, true); /* a read of it reports the failure */
+    df_node_free(n);
 }
 
 /* Profiling: host callbacks on either side of a kernel time it (on the CPU they run on
@@ -171,8 +173,11 @@ df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
     } else {
         s = df_launch_timed(ctx, node->op, launch_node, &n);
     }
+    df_storage *out = node->out.st; /* alive after the release: the handle holds it */
     if (s == DF_OK)
         s = df_dev_callback(ctx->dev, ctx->stream, release_node, node);
+    if (s == DF_OK && ctx->exec == &df_exec_eager && !out->base && !out->external)
+        out->written_at = df_dev_record(ctx->dev, ctx->stream); /* what a read waits for */
     if (s != DF_OK) {
         /* Work already queued may still read the node's storages. */
         df_dev_sync(ctx->dev, ctx->stream);

@@ -256,6 +256,25 @@ df_tensor *df_gather(df_ctx *ctx, df_tensor *table, df_tensor *ids)
     return df_emit(ctx, n);
 }
 
+df_tensor *df_token_rows(df_ctx *ctx, df_tensor *ids, int64_t token)
+{
+    if (!ready(ctx, "token_rows", 1, ids))
+        return NULL;
+    char di[96];
+    if (ids->v.ndim != 2 || (ids->v.dtype != DF_DTYPE_I64 && ids->v.dtype != DF_DTYPE_I32) ||
+        ids->v.shape[1] < 1)
+        return fail_shape(ctx, NULL, "token_rows", "ids %s must be [B, S] i32 or i64",
+                          desc(ids, di));
+    ids = dense(ctx, ids);
+    df_gnode *n = node_new(ctx, DF_OP_TOKEN_ROWS);
+    if (!n || !ids)
+        return df_free(n), NULL;
+    n->in[0] = ids->v;
+    n->a.i[0] = token;
+    set_out(n, DF_DTYPE_I64, 1, ids->v.shape);
+    return df_emit(ctx, n);
+}
+
 /* --- elementwise -------------------------------------------------------------------------- */
 
 static df_tensor *binary(df_ctx *ctx, df_op op, df_tensor *a, df_tensor *b)

@@ -10,6 +10,11 @@
  * launched, so the upload of the next block overlaps the kernels of this one. On a device
  * that reads host memory in place (the CPU) a weight's buffer wraps the mapping: there is
  * nothing to evict or restore, and none of this runs.
+ *
+ * The offload hint (df_storage.transient, DF_VIEW_STREAMED) is decided here too, on every
+ * device: a weight that comes and goes once per pass (sequential offload's blocks) is used
+ * in place, because a packed form would be dropped again at its release; a model that
+ * stays resident across steps (no offload, model offload) keeps its packed forms.
  */
 #include "core/alloc.h"
 #include "core/status.h"
@@ -103,4 +108,20 @@ df_status df_residency_ready(df_ctx *ctx, df_storage *st)
         return DF_OK;
     DF_TRY(ready_one(ctx, st));
     return st->i8_scale && device_form(st->i8_scale) ? ready_one(ctx, st->i8_scale) : DF_OK;
+}
+
+void df_residency_note_acquire(df_ctx *ctx, df_storage *st, bool part)
+{
+    st->resident_since = ctx->stats.steps + 1;
+    if (!part)
+        st->transient = false; /* the whole model, resident until it is released whole */
+}
+
+void df_residency_note_release(df_ctx *ctx, df_storage *st, bool part)
+{
+    if (st->resident_since == 0) /* never acquired: it will be, once per pass */
+        st->transient = true;
+    else if (part)
+        st->transient = st->resident_since == ctx->stats.steps + 1; /* within one step */
+    st->resident_since = 0;
 }

@@ -201,6 +201,40 @@ df_tensor *df_zeros(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim)
     return df_full(ctx, dtype, shape, ndim, 0.0);
 }
 
+/* Reads wait on the producing launch only, not on work queued after it, where its position
+ * is known: strict eager (every op launched as it is made, eager.c records the position
+ * after the op and its release), not a weight (residency.c orders those), no earlier
+ * failure. Anything else waits for the whole stream (df_sync). */
+static bool written_at_known(const df_ctx *ctx, const df_storage *st)
+{
+    return ctx->exec == &df_exec_eager && ctx->status == DF_OK && st && st->buf &&
+           st->written_at != 0 && !st->is_weight && !st->host;
+}
+
+/* Waits until the stream has passed st's producer; a failure there (or before it) is
+ * reported as df_sync reports it. */
+static df_status wait_written(df_ctx *ctx, df_storage *st)
+{
+    df_dev_reached(ctx->dev, ctx->stream, st->written_at, true);
+    return atomic_load(&st->write_failed) ? df_sync(ctx) : DF_OK;
+}
+
+/* df_download once the producer is done: memory the host addresses is read in place; else
+ * the copy goes on the copy stream, so it does not queue behind later compute work. */
+static df_status download_early(df_ctx *ctx, const df_gview *v, void *dst, size_t bytes)
+{
+    if (df_storage_host_ptr(v->st))
+        return df_download(ctx, v, dst, bytes);
+    if (!ctx->copy_stream)
+        DF_TRY(df_dev_stream_create(ctx->dev, DF_STREAM_COPY, &ctx->copy_stream));
+    uint64_t off = v->st->offset + (uint64_t)v->offset * df_dtype_size(v->dtype);
+    /* the device's own ordering too (a cross-queue wait: memory visibility on a GPU) */
+    DF_TRY(df_dev_wait(ctx->dev, ctx->copy_stream, ctx->stream, v->st->written_at));
+    DF_TRY(df_dev_copy_d2h(ctx->dev, ctx->copy_stream, dst, v->st->buf, off, bytes));
+    atomic_fetch_add(&ctx->dev->bytes_downloaded, (int64_t)bytes);
+    return df_dev_sync(ctx->dev, ctx->copy_stream);
+}
+
 df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size_t dst_bytes)
 {
     if (!t)
@@ -216,7 +250,8 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     if (!df_gview_is_dense(&t->v))
         src = df_contiguous(ctx, t);
     ctx->reading = src;
-    df_status s = df_sync(ctx);
+    bool early = src && written_at_known(ctx, src->v.st);
+    df_status s = early ? wait_written(ctx, src->v.st) : df_sync(ctx);
     ctx->reading = NULL;
     if (s == DF_OK)
         s = df_residency_ready(ctx, src->v.st); /* host data not uploaded yet */
@@ -228,13 +263,15 @@ df_status df_tensor_read(df_ctx *ctx, df_tensor *t, df_dtype as, void *dst, size
     if (s == DF_OK) {
         size_t bytes = (size_t)numel * df_dtype_size(src->v.dtype);
         if (as == src->v.dtype) {
-            s = df_download(ctx, &src->v, dst, bytes);
+            s = early ? download_early(ctx, &src->v, dst, bytes)
+                      : df_download(ctx, &src->v, dst, bytes);
         } else {
             void *tmp = df_malloc(bytes);
             if (!tmp) {
                 s = df_errorf(DF_E_OOM, "tensor_read: out of memory");
             } else {
-                s = df_download(ctx, &src->v, tmp, bytes);
+                s = early ? download_early(ctx, &src->v, tmp, bytes)
+                          : df_download(ctx, &src->v, tmp, bytes);
                 if (s == DF_OK)
                     s = df_convert(tmp, src->v.dtype, dst, as, numel);
                 df_free(tmp);

@@ -28,10 +28,12 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include <diffuse/json.h>
+#include <diffuse/ops.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -445,4 +447,30 @@ df_status df_scheduler_step(df_scheduler *s, const float *model_output, float *s
     }
     s->step_index++;
     return DF_OK;
+}
+
+df_status df_scheduler_step_tensor(df_scheduler *s, df_ctx *ctx, df_tensor *model_output,
+                                   df_tensor **sample)
+{
+    float dt = 0.0f;
+    DF_TRY(df_scheduler_current_dt(s, &dt));
+    if (!model_output || !*sample)
+        return df_ctx_status(ctx) != DF_OK ? df_ctx_status(ctx)
+                                           : df_errorf(DF_E_ARG, "scheduler step: no tensor");
+    if (df_tensor_numel(model_output) != df_tensor_numel(*sample))
+        return df_errorf(
+            DF_E_ARG, "scheduler step: model output of %lld elements for a sample of %lld",
+            (long long)df_tensor_numel(model_output), (long long)df_tensor_numel(*sample));
+    df_tensor *v = df_reshape(ctx, model_output, df_tensor_shape(*sample), df_tensor_ndim(*sample));
+    df_tensor *next = df_add(ctx, *sample, df_scale(ctx, v, dt, -0.0f)); /* x + f32(dt * v) */
+    DF_TRY(df_ctx_status(ctx));
+    *sample = next;
+    s->step_index++;
+    return DF_OK;
+}
+
+bool df_scheduler_host_step(void)
+{
+    const char *e = getenv("DIFFUSE_HOST_STEP");
+    return e && *e && strcmp(e, "0") != 0;
 }

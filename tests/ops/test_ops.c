@@ -366,6 +366,32 @@ static void ref_gather(const op_case *c, const ref_tensor in[], ref_tensor *out)
             out->data[i * D + j] = tab->data[(int64_t)ids->data[i] * D + j];
 }
 
+/* token_rows: ids [B, S], i[0] the token (< 0: the first largest id) */
+static df_tensor *run_token_rows(df_ctx *ctx, const op_case *c, df_tensor *const in[])
+{
+    return df_token_rows(ctx, in[0], c->i[0]);
+}
+
+static void ref_token_rows(const op_case *c, const ref_tensor in[], ref_tensor *out)
+{
+    const ref_tensor *ids = &in[0];
+    int64_t B = ids->shape[0], S = ids->shape[1], shape[DF_MAX_DIMS] = {B};
+    *out = ref_alloc(1, shape, I64);
+    for (int64_t b = 0; b < B; b++) {
+        const double *row = ids->data + b * S;
+        int64_t at = 0;
+        for (int64_t j = 0; j < S; j++) {
+            if (c->i[0] >= 0 && row[j] == (double)c->i[0]) {
+                at = j;
+                break;
+            }
+            if (c->i[0] < 0 && row[j] > row[at])
+                at = j;
+        }
+        out->data[b] = (double)(b * S + at);
+    }
+}
+
 /* ---- views ------------------------------------------------------------------------------ */
 
 /* i[0] selects the view; its arguments follow in i[1..] */
@@ -740,6 +766,15 @@ static const op_case cases[] = {
      {SHAPE(2, 300), .dtype = I32, .lo = 0, .hi = 100}}, EXACT},
     {"gather sliced table permuted ids", run_gather, ref_gather, 2, {XV(REF_SLICED, 30, 8),
      {SHAPE(4, 5), .dtype = I64, .view = REF_PERMUTED, .lo = 0, .hi = 30}}, EXACT},
+    {"token_rows first match i64", run_token_rows, ref_token_rows, 1,
+     {{SHAPE(4, 9), .dtype = I64, .lo = 0, .hi = 6}}, EXACT, .i = {3}},
+    {"token_rows no match is 0", run_token_rows, ref_token_rows, 1,
+     {{SHAPE(3, 5), .dtype = I32, .lo = 0, .hi = 6}}, EXACT, .i = {99}},
+    {"token_rows argmax first of ties", run_token_rows, ref_token_rows, 1,
+     {{SHAPE(5, 77), .dtype = I32, .lo = 0, .hi = 40}}, EXACT, .i = {-1}},
+    {"token_rows argmax permuted i64", run_token_rows, ref_token_rows, 1,
+     {{SHAPE(6, 7), .dtype = I64, .view = REF_PERMUTED, .lo = 0, .hi = 1000}}, EXACT,
+     .i = {-1}},
 
     /* views: i[0] kind, i[1] argument count, arguments */
     {"reshape -1", run_view, ref_views, 1, {X(2, 3, 4)}, EXACT, .i = {V_RESHAPE, 2, 4, -1}},

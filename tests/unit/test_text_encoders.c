@@ -334,7 +334,7 @@ static void run_clip_case(const char *case_name, const char *folder, bool projec
     df_tensor *ids = golden_ids(ctx, &g, "in.input_ids", &host);
     df_clip_output o;
     df_status s = df_clip_encode(
-        ctx, m, ids, host, &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1}, &o);
+        ctx, m, ids, &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1}, &o);
     if (s != DF_OK)
         fail_msg("%s", df_error_message());
     check_output(ctx, &g, case_name, "last_hidden_state", o.last_hidden_state);
@@ -422,7 +422,7 @@ static void test_clip_pools_at_first_eos_when_eos_id_is_not_2(void **state)
     if (df_clip_load(ctx, dir, &m) != DF_OK)
         fail_msg("%s", df_error_message());
     df_clip_output o;
-    assert_int_equal(df_clip_encode(ctx, m, ids, NULL, NULL, &o), DF_OK); /* ids read back */
+    assert_int_equal(df_clip_encode(ctx, m, ids, NULL, &o), DF_OK); /* EOS found on the device */
     int64_t d = df_clip_get_config(m)->hidden_size, b = df_tensor_dim(ids, 0);
     double *last = read_f64(ctx, o.last_hidden_state, b * s * d);
     double *pooled = read_f64(ctx, o.pooler_output, b * d);
@@ -455,7 +455,7 @@ static void test_clip_hidden_state_indices(void **state)
     df_clip_output o;
     df_clip_request req = {.hidden_states = {-1, (int)layers, -2, (int)layers - 1, 0},
                            .n_hidden_states = 5};
-    assert_int_equal(df_clip_encode(ctx, m, ids, host, &req, &o), DF_OK);
+    assert_int_equal(df_clip_encode(ctx, m, ids, &req, &o), DF_OK);
     double *a = read_f64(ctx, o.hidden_states[0], n), *b = read_f64(ctx, o.hidden_states[1], n);
     double *c = read_f64(ctx, o.hidden_states[2], n), *d = read_f64(ctx, o.hidden_states[3], n);
     double *last = read_f64(ctx, o.last_hidden_state, n);
@@ -470,15 +470,23 @@ static void test_clip_hidden_state_indices(void **state)
     free(a), free(b), free(c), free(d), free(last);
 
     req = (df_clip_request){.hidden_states = {(int)layers + 1}, .n_hidden_states = 1};
-    assert_int_equal(df_clip_encode(ctx, m, ids, host, &req, &o), DF_E_ARG);
+    assert_int_equal(df_clip_encode(ctx, m, ids, &req, &o), DF_E_ARG);
     assert_null(o.last_hidden_state);
     req = (df_clip_request){.hidden_states = {-(int)layers - 2}, .n_hidden_states = 1};
-    assert_int_equal(df_clip_encode(ctx, m, ids, host, &req, &o), DF_E_ARG);
+    assert_int_equal(df_clip_encode(ctx, m, ids, &req, &o), DF_E_ARG);
     assert_non_null(strstr(df_error_message(), "hidden_states"));
 
-    host[5] = df_clip_get_config(m)->vocab_size; /* one past the vocabulary */
-    assert_int_equal(df_clip_encode(ctx, m, ids, host, NULL, &o), DF_E_ARG);
-    assert_non_null(strstr(df_error_message(), "vocabulary"));
+    /* An id one past the vocabulary: only the device sees the ids, so the stream fails in
+     * the token embedding's gather, naming the id. */
+    int64_t vocab = df_clip_get_config(m)->vocab_size;
+    host[5] = vocab;
+    df_tensor *bad = df_tensor_from_host(ctx, DF_DTYPE_I64, df_tensor_shape(ids), 2, host);
+    assert_int_equal(df_clip_encode(ctx, m, bad, NULL, &o), DF_OK);
+    assert_int_equal(df_sync(ctx), DF_E_ARG);
+    char id[32];
+    snprintf(id, sizeof id, "id %lld", (long long)vocab);
+    assert_non_null(strstr(df_error_message(), id));
+    df_ctx_reset_error(ctx);
     free(host);
     df_clip_free(m);
     golden_close(&g);

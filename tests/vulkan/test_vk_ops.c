@@ -479,6 +479,14 @@ static void data_rows(void)
     df_view g64in[2] = {table, ids64};
     df_node g64 = node(DF_OP_GATHER, 2, g64in, output(DF_DTYPE_F32, SHAPE(11, 12)));
     run(&(row){"gather i64 ids", 0, 0}, &g64);
+    df_view tok = input(DF_DTYPE_I64, SHAPE(5, 77), 0, 6);
+    df_node tr = node(DF_OP_TOKEN_ROWS, 1, &tok, output(DF_DTYPE_I64, SHAPE(5)));
+    tr.a.i[0] = 3;
+    run(&(row){"token_rows first match", 0, 0}, &tr);
+    df_view tok32 = input(DF_DTYPE_I32, SHAPE(4, 77), 0, 50000);
+    df_node am = node(DF_OP_TOKEN_ROWS, 1, &tok32, output(DF_DTYPE_I64, SHAPE(4)));
+    am.a.i[0] = -1;
+    run(&(row){"token_rows argmax", 0, 0}, &am);
 }
 
 static void fused_rows(void)

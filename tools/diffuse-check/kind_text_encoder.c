@@ -99,9 +99,9 @@ static int run_clip(check_case *c, df_ctx *ctx, te_outputs *o)
     int64_t *host;
     int rc = int_arg(c, ctx, "input_ids", &ids, &host);
     df_clip_output out;
-    if (rc == 0 && df_clip_encode(ctx, m, ids, host,
-                                  &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1},
-                                  &out) != DF_OK)
+    if (rc == 0 &&
+        df_clip_encode(ctx, m, ids, &(df_clip_request){.hidden_states = {-2}, .n_hidden_states = 1},
+                       &out) != DF_OK)
         rc = check_fail(c, "%s", df_error_message());
     if (rc == 0) {
         put(o, "last_hidden_state", out.last_hidden_state);

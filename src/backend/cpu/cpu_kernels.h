@@ -36,6 +36,7 @@ DF_CPU_KERNEL(rms_norm_rope);
 DF_CPU_KERNEL(upsample2x);
 DF_CPU_KERNEL(concat);
 DF_CPU_KERNEL(gather);
+DF_CPU_KERNEL(token_rows);
 /* k_matmul.c, k_attention.c, k_conv.c */
 DF_CPU_KERNEL(linear);
 DF_CPU_KERNEL(matmul);

@@ -6,7 +6,8 @@
  * (df_cpu_copy_view) into the two parts of the dense output, so any layout and dtype of a
  * and b works in one pass. gather: every id is checked against the table size first, on
  * the stream thread, so a bad id is a DF_E_ARG naming the id (never a read out of bounds);
- * then each row is converted to f32 (or copied when the table is f32).
+ * then each row is converted to f32 (or copied when the table is f32). token_rows: one
+ * pass over each (short) row of ids, on the stream thread.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -76,6 +77,31 @@ DF_CPU_KERNEL(gather)
     for (int64_t i = 0; i < count; i++) {
         int64_t id = wide ? ((const int64_t *)idp)[i] : ((const int32_t *)idp)[i];
         df_cpu_load_f32(tab + id * D * (int64_t)es, table->dtype, 1, out + i * D, D);
+    }
+    return DF_OK;
+}
+
+DF_CPU_KERNEL(token_rows)
+{
+    (void)env;
+    const df_view *ids = &n->in[0];
+    int64_t B = ids->shape[0], S = ids->shape[1], token = n->a.i[0];
+    const void *idp = df_view_ptr(ids);
+    bool wide = ids->dtype == DF_DTYPE_I64;
+    int64_t *out = df_view_ptr(&n->out);
+    for (int64_t b = 0; b < B; b++) {
+        int64_t at = 0, best = 0;
+        for (int64_t j = 0; j < S; j++) {
+            int64_t id =
+                wide ? ((const int64_t *)idp)[b * S + j] : ((const int32_t *)idp)[b * S + j];
+            if (token >= 0 && id == token) {
+                at = j;
+                break;
+            }
+            if (token < 0 && (j == 0 || id > best))
+                at = j, best = id;
+        }
+        out[b] = b * S + at;
     }
     return DF_OK;
 }

@@ -28,4 +28,5 @@ const df_kernel_fn df_cpu_kernels[DF_OP_COUNT] = {
     [DF_OP_UPSAMPLE2X]     = df_cpu_upsample2x,
     [DF_OP_CONCAT]         = df_cpu_concat,
     [DF_OP_GATHER]         = df_cpu_gather,
+    [DF_OP_TOKEN_ROWS]     = df_cpu_token_rows,
 };

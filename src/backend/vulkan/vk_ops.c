@@ -233,6 +233,26 @@ static df_status run_gather(const dvk_env *e, const df_node *n)
     return dvk_dispatch(e->d, dvk_shader_find("gather"), NULL, 0, &p, sizeof p, gx, gy, 1);
 }
 
+typedef struct token_rows_params {
+    uint64_t ids, out;
+    int64_t ids_dtype, rows, len, token;
+} token_rows_params;
+
+static df_status run_token_rows(const dvk_env *e, const df_node *n)
+{
+    const df_view *ids = &n->in[0];
+    token_rows_params p = {.ids = e->addr(e->user, ids),
+                           .out = e->addr(e->user, &n->out),
+                           .ids_dtype = ids->dtype,
+                           .rows = ids->shape[0],
+                           .len = ids->shape[1],
+                           .token = n->a.i[0]};
+    dvk_range r = dvk_view_range(e, ids), w = dvk_view_range(e, &n->out);
+    dvk_hazard(e->d, &r, 1, &w, 1);
+    uint32_t gx = (uint32_t)((p.rows + 63) / 64);
+    return dvk_dispatch(e->d, dvk_shader_find("token_rows"), NULL, 0, &p, sizeof p, gx, 1, 1);
+}
+
 /* ---- norms and softmax ------------------------------------------------------------------ */
 
 enum { NORM_SOFTMAX, NORM_LAYER, NORM_RMS, NORM_GROUP };
@@ -483,6 +503,8 @@ df_status dvk_run_node(const dvk_env *e, const df_node *n)
     case DF_OP_UPSAMPLE2X: return run_upsample(e, n);
     case DF_OP_CONCAT: return run_concat(e, n);
     case DF_OP_GATHER: return run_gather(e, n);
+    case DF_OP_TOKEN_ROWS:
+        return run_token_rows(e, n);
     default:
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: op '%s' is not supported on this device "
                          "(collectives run on the host-staged path only)",

@@ -1,0 +1,41 @@
+#!/bin/sh
+# An installed layout finds its plugins without DIFFUSE_BACKEND_DIR: `cmake --install` of
+# this build into a temporary prefix, the test plugin copied into its libdir (where the
+# Vulkan plugin installs too), then
+#  - the installed `diffuse` (bindir, static library) lists testdev:0 (libdir beside bindir),
+#  - a program on the installed libdiffuse.so lists it (the shared library's own folder),
+#  - with DIFFUSE_BACKEND_AUTOLOAD=0 neither does, and `diffuse devices` still works.
+# Usage: installed_plugins.sh BUILD_DIR LIBDIR_NAME TEST_PLUGIN LIST_DEVICES WORK_DIR
+set -u
+build=$1
+libdir=$2
+plugin=$3
+lister=$4
+prefix=$5/installed-plugins-$$
+rm -rf "$prefix" && mkdir -p "$prefix" || exit 1
+cmake --install "$build" --prefix "$prefix" >"$prefix.log" 2>&1 ||
+    { echo "FAIL cmake --install:"; cat "$prefix.log"; exit 1; }
+cp "$plugin" "$prefix/$libdir/" || exit 1
+unset DIFFUSE_BACKEND_DIR DIFFUSE_BACKEND_AUTOLOAD
+failures=0
+check() { # what, expected (yes|no), output
+    if echo "$3" | grep -q '^testdev:0'; then found=yes; else found=no; fi
+    if [ "$found" = "$2" ]; then
+        echo "ok   $1: testdev found: $found"
+    else
+        echo "FAIL $1: testdev found: $found, expected $2; output:"
+        echo "$3"
+        failures=$((failures + 1))
+    fi
+}
+out=$(cd / && "$prefix/bin/diffuse" devices --all 2>&1 | sed 's/ .*//')
+check "installed diffuse" yes "$out"
+out=$(cd / && LD_LIBRARY_PATH="$prefix/$libdir" "$lister" 2>&1)
+check "program on the installed libdiffuse.so" yes "$out"
+LD_LIBRARY_PATH="$prefix/$libdir" ldd "$lister" | grep -q "$prefix/$libdir/libdiffuse.so" ||
+    { echo "FAIL the lister did not link the installed library:"; ldd "$lister"; failures=$((failures + 1)); }
+out=$(cd / && DIFFUSE_BACKEND_AUTOLOAD=0 "$prefix/bin/diffuse" devices --all 2>&1 | sed 's/ .*//')
+check "installed diffuse, DIFFUSE_BACKEND_AUTOLOAD=0" no "$out"
+echo "$out" | grep -q '^cpu:0' || { echo "FAIL no cpu:0 without autoload"; failures=$((failures + 1)); }
+rm -rf "$prefix" "$prefix.log"
+[ "$failures" -eq 0 ]
