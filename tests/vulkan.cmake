@@ -24,6 +24,12 @@ if(DIFFUSE_VULKAN_BUILT)
   set_tests_properties(vulkan/ops_from_pipeline_cache PROPERTIES TIMEOUT 300
                        SKIP_RETURN_CODE 77 ENVIRONMENT "${VK_TEST_ENV}"
                        FIXTURES_REQUIRED vk_pipeline_cache)
+  # Compiled mode on vulkan: every compile test, and the replay of a recorded command
+  # buffer (nothing recorded, one submit per call, the device's counters in df_stats).
+  add_test(NAME vulkan/compile_replay COMMAND test_compile)
+  set_tests_properties(vulkan/compile_replay PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+    ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan;DIFFUSE_VULKAN_ALLOW_CPU=1;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
+    FAIL_REGULAR_EXPRESSION "vulkan validation:")
   # No driver at run time (the loader pointed at none): a message, not a crash.
   add_test(NAME vulkan/no_driver COMMAND test_vk_ops --expect-no-driver)
   set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60

@@ -300,6 +300,59 @@ static void stream_reset(df_dev_stream *s)
     s->dev->d->failed = DF_OK;
 }
 
+/* ---- recorded graphs and counters ------------------------------------------------------ */
+
+struct df_dev_graph {
+    dvk_graph *g;
+};
+
+static df_status capture_begin(df_dev_stream *s)
+{
+    return dvk_capture_begin(s->dev->d);
+}
+
+static df_status capture_end(df_dev_stream *s, df_dev_graph **out)
+{
+    *out = NULL;
+    dvk_graph *g = NULL;
+    DF_TRY(dvk_capture_end(s->dev->d, &g));
+    df_dev_graph *h = malloc(sizeof *h);
+    if (!h) {
+        dvk_graph_free(s->dev->d, g);
+        return df_errorf(DF_E_OOM, "vulkan: out of host memory");
+    }
+    h->g = g;
+    *out = h;
+    return DF_OK;
+}
+
+static df_status graph_launch(df_dev_stream *s, df_dev_graph *g)
+{
+    if (s->failed != DF_OK)
+        return DF_OK;
+    df_status st = dvk_graph_launch(s->dev->d, g->g);
+    return st == DF_OK ? DF_OK : fail(s, st);
+}
+
+static void graph_free(void *dev, df_dev_graph *g)
+{
+    vk_dev *vd = dev;
+    if (!g)
+        return;
+    dvk_graph_free(vd->d, g->g);
+    run_callbacks(vd, DF_OK);
+    free(g);
+}
+
+static void device_counters(void *dev, df_dev_counters *out)
+{
+    const dvk_stats *st = &((vk_dev *)dev)->d->stats;
+    *out = (df_dev_counters){.dispatches = st->dispatches,
+                             .dispatches_recorded = st->dispatches_recorded,
+                             .submits = st->submits,
+                             .graph_launches = st->graph_launches};
+}
+
 static bool supports(void *dev, const df_node *n)
 {
     if (!dvk_op_supported(n->op))
@@ -342,6 +395,11 @@ static const df_device_ops ops = {
     .stream_reset = stream_reset,
     .supports = supports,
     .matmul_dtype = matmul_dtype,
+    .device_counters = device_counters,
+    .capture_begin = capture_begin,
+    .capture_end = capture_end,
+    .graph_launch = graph_launch,
+    .graph_free = graph_free,
 };
 
 __attribute__((visibility("default"))) const df_device_ops *df_device_plugin(const df_host_api *host,

@@ -75,6 +75,7 @@
     X(vkCmdDispatch)                                                                       \
     X(vkCmdPipelineBarrier)                                                                \
     X(vkCmdCopyBuffer)                                                                     \
+    X(vkCmdExecuteCommands)                                                                \
     X(vkQueueSubmit)                                                                       \
     X(vkCreateFence)                                                                       \
     X(vkDestroyFence)                                                                      \
@@ -200,8 +201,20 @@ typedef struct dvk_range {
     uint64_t lo, hi;
 } dvk_range;
 
+/* A recorded graph (compiled mode's replay): a secondary command buffer that the batches
+ * execute, with the parameter blocks of its dispatches in arenas of its own. */
+typedef struct dvk_graph {
+    VkCommandBuffer cmd;
+    dvk_arena *arenas;
+    int n_arenas;
+    int64_t dispatches;
+    uint64_t positions; /* commands it holds (positions a launch advances by) */
+    const char *broken; /* why it cannot be replayed, or NULL */
+} dvk_graph;
+
 typedef struct dvk_stats {
     int64_t dispatches, submits, barriers, bytes_up, bytes_down, pipelines_created;
+    int64_t dispatches_recorded, graph_launches;
     double pipeline_ms; /* spent making pipelines (from the cache or compiling) */
 } dvk_stats;
 
@@ -238,6 +251,8 @@ typedef struct dvk_device {
     dvk_stats stats;
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
     uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
+    dvk_graph *capture;     /* the graph being recorded, or NULL */
+    uint64_t capture_pos;   /* the position where it began */
     bool profile;           /* DIFFUSE_VULKAN_PROFILE=1 */
     double profile_ms[DVK_MAX_SHADERS];
     int64_t profile_calls[DVK_MAX_SHADERS];
@@ -290,6 +305,18 @@ void dvk_hazard(dvk_device *d, const dvk_range *reads, int n_reads, const dvk_ra
  * parameter block `params` (bytes) is copied into the batch's arena. */
 df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_spec,
                        const void *params, size_t bytes, uint32_t gx, uint32_t gy, uint32_t gz);
+
+/* Recorded graphs. Between dvk_capture_begin and dvk_capture_end the commands go into the
+ * graph's secondary command buffer; capture_end executes it once in the recording batch
+ * (the work runs as if queued directly) and returns it; dvk_graph_launch executes it again.
+ * A host copy or a wait inside a capture ends the recording there (the work still runs in
+ * order) and capture_end then returns DF_E_UNSUPPORTED. */
+df_status dvk_capture_begin(dvk_device *d);
+df_status dvk_capture_end(dvk_device *d, dvk_graph **out);
+df_status dvk_graph_launch(dvk_device *d, dvk_graph *g);
+void dvk_graph_free(dvk_device *d, dvk_graph *g);
+/* Ends a capture under way (if any) at this point, marking it not replayable for `why`. */
+df_status dvk_capture_break(dvk_device *d, const char *why);
 
 /* With DIFFUSE_VULKAN_PROFILE=1 every dispatch is submitted alone and timed; this prints
  * the time per shader to stderr (at close). */
