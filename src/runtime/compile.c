@@ -52,11 +52,18 @@ typedef struct bound {
     uint64_t offset;
 } bound;
 
+/* Where an output is after a run: its slot, or where the plan put it (a concat's part). */
+typedef struct placed_out {
+    df_dev_buffer *buf;
+    uint64_t offset;
+} placed_out;
+
 typedef struct capture {
     struct capture *next;
     df_dev_graph *g;
     int n;
     bound *b;
+    placed_out out[DF_MODULE_MAX_IO];
 } capture;
 
 typedef struct program {
@@ -71,14 +78,13 @@ typedef struct program {
     ref out_ref[DF_MODULE_MAX_IO];
     df_gview out_view[DF_MODULE_MAX_IO];
     lz_program *plan;
-    /* Replay by recorded graphs: the program's own memory, so that every address the
-     * graph uses stays put; the bytes [in_lo, in_hi) of each input that the program reads
-     * are copied into its slot at each call, and the outputs out of theirs. */
+    /* Replay by recorded graphs: the program's own memory (arena, output slots), so that
+     * every address the graph uses stays put; [in_lo, in_hi) are the bytes of each input
+     * that the program reads (in_hi == 0: none). */
     bool no_capture;       /* the device could not record it (or has no graphs) */
     bool io_known;         /* in_lo, in_hi, w_used computed */
     df_ctx *ctx;           /* whose stream the graphs run on */
     df_storage *arena;
-    df_storage *in_slot[DF_MODULE_MAX_IO];
     uint64_t in_lo[DF_MODULE_MAX_IO], in_hi[DF_MODULE_MAX_IO]; /* in_hi == 0: unread */
     bool w_used[DF_MODULE_MAX_WEIGHTS];
     df_storage *out_slot[DF_MODULE_MAX_IO];
@@ -364,10 +370,9 @@ static df_storage *resolve(const program *p, const binding *b, df_gnode **nodes,
     }
 }
 
-/* The program's nodes over the call's storages (inputs from the program's slots when
- * `slots`); on failure the nodes made so far are freed. */
-static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, bool slots,
-                             df_gnode **nodes)
+/* The program's nodes over the call's storages; on failure the nodes made so far are
+ * freed. */
+static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, df_gnode **nodes)
 {
     df_status s = DF_OK;
     for (int i = 0; i < p->n && s == DF_OK; i++) {
@@ -388,9 +393,7 @@ static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, bo
         x->out.st = st;
         x->id = i;
         for (int k = 0; k < x->n_in; k++) {
-            ref r = p->nodes[i].in[k];
-            x->in[k].st = slots && r.kind == R_INPUT ? p->in_slot[r.index]
-                                                     : resolve(p, b, nodes, r);
+            x->in[k].st = resolve(p, b, nodes, p->nodes[i].in[k]);
             if (x->in[k].st)
                 df_storage_retain(x->in[k].st);
         }
@@ -432,7 +435,7 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
     df_gnode **nodes = df_calloc((size_t)p->n + 1, sizeof *nodes);
     if (!nodes)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
-    s = instantiate(ctx, p, b, false, nodes);
+    s = instantiate(ctx, p, b, nodes);
     for (int j = 0; j < p->n_out && s == DF_OK; j++) {
         df_gview v = p->out_view[j];
         v.st = resolve(p, b, nodes, p->out_ref[j]);
@@ -468,9 +471,9 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
  * elsewhere) is recorded again. A call with a weight that is not resident (sequential
  * offload streams it) replays node by node; so does a program the device cannot record
  * (it computes an op on the host), and one whose inputs are elsewhere at every call, from
- * then on. Not yet: copying the inputs into slots of the program (so that a denoising loop,
- * whose latents move at each step, replays too) gave wrong results on SD3's repeated
- * blocks on the sim device, not yet understood; the slots are there (in_slot) but unused.
+ * then on. Not yet: copying the inputs into slots of the program, so that a denoising loop
+ * (whose latents move at each step) replays too: tried, it gave wrong results on SD3's
+ * repeated blocks on the sim device when the first call records, not yet understood.
  */
 
 enum { DF_CAPTURES_MAX = 8, DF_RECORDS_IN_ROW_MAX = 3 };
@@ -498,7 +501,7 @@ static void capture_free(df_ctx *ctx, capture *c)
 }
 
 /* What the program reads of each input (bytes from its storage's start) and which weights
- * it reads: from the template's views. False: a layout the slots cannot hold. */
+ * it reads: from the template's views. False: a layout with negative strides. */
 static bool io_ranges(program *p)
 {
     for (int i = 0; i < p->n; i++)
@@ -545,13 +548,6 @@ static int bound_storages(const program *p, const binding *b, df_storage **out)
     return n;
 }
 
-static df_status copy_range(df_ctx *ctx, df_storage *dst, df_storage *src, uint64_t lo,
-                            uint64_t hi)
-{
-    return df_dev_copy_d2d(ctx->dev, ctx->stream, dst->buf, dst->offset + lo, src->buf,
-                           src->offset + lo, hi - lo);
-}
-
 static size_t node_bytes(const program *p, int i)
 {
     const df_gview *o = &p->nodes[i].tmpl.out;
@@ -561,7 +557,7 @@ static size_t node_bytes(const program *p, int i)
     return bytes;
 }
 
-/* The program's slots for its inputs and outputs, made at its first recording. */
+/* The program's slots for its outputs, made at its first recording. */
 static df_status make_slots(df_ctx *ctx, program *p, const binding *b)
 {
     for (int j = 0; j < p->n_out; j++) {
@@ -579,31 +575,45 @@ static df_status make_slots(df_ctx *ctx, program *p, const binding *b)
     return DF_OK;
 }
 
-/* Runs p's nodes with its inputs in their slots and its outputs in theirs, recording them;
+/* Runs p's nodes with its outputs in their slots, recording them;
  * a graph the device could not record leaves the program replaying node by node. */
+/* Whether memory the program owns holds (buf, offset): what a replay may read again. */
+static bool owned(const program *p, placed_out o)
+{
+    if (p->arena && o.buf == p->arena->buf)
+        return true;
+    for (int j = 0; j < p->n_out; j++)
+        if (p->out_slot[j] && o.buf == p->out_slot[j]->buf)
+            return true;
+    return false;
+}
+
 static df_status record(df_ctx *ctx, program *p, df_storage **bst, int n_bound,
-                        const binding *b)
+                        const binding *b, placed_out *where)
 {
     df_gnode **nodes = df_calloc((size_t)p->n + 1, sizeof *nodes);
     df_storage *outs[DF_MODULE_MAX_IO] = {0};
     if (!nodes)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
-    df_status s = instantiate(ctx, p, b, false, nodes);
+    df_status s = instantiate(ctx, p, b, nodes);
     for (int j = 0; s == DF_OK && j < p->n_out; j++) {
         if (p->out_ref[j].kind != R_NODE)
             continue;
         df_storage *st = nodes[p->out_ref[j].index]->out.st;
-        if (!st->buf) { /* the first output of this node: it is written in its slot */
-            st->buf = p->out_slot[j]->buf;
-            st->offset = p->out_slot[j]->offset;
-            st->external = true;
-        }
         df_storage_retain(st); /* kernels may free their nodes on another thread */
         st->handles++;         /* seen by the caller, as the plan must know */
         outs[j] = st;
     }
+    /* The plan sees the graph as a replay by nodes does (outputs still to be produced):
+     * the same plan serves both. Then each output is put in its slot. */
     if (s == DF_OK)
         s = plan_once(ctx, p, nodes);
+    for (int j = 0; s == DF_OK && j < p->n_out; j++)
+        if (outs[j] && !outs[j]->buf) { /* the first output of this node */
+            outs[j]->buf = p->out_slot[j]->buf;
+            outs[j]->offset = p->out_slot[j]->offset;
+            outs[j]->external = true;
+        }
     if (s != DF_OK) {
         for (int i = 0; i < p->n && nodes[i]; i++) {
             nodes[i]->out.st->producer = NULL;
@@ -620,12 +630,21 @@ static df_status record(df_ctx *ctx, program *p, df_storage **bst, int n_bound,
             g = NULL;
         p->arena = ctx->arena;
         ctx->arena = shared;
+        for (int j = 0; j < p->n_out; j++)
+            if (outs[j]) {
+                where[j] = (placed_out){outs[j]->buf, outs[j]->offset};
+                if (g && !owned(p, where[j])) { /* not where the next run writes it */
+                    ctx->dev->ops->graph_free(ctx->dev->impl, g);
+                    g = NULL;
+                }
+            }
         capture *c = g ? df_calloc(1, sizeof *c) : NULL;
         if (c)
             c->b = df_malloc(((size_t)n_bound + 1) * sizeof *c->b);
         if (c && c->b) {
             c->g = g;
             c->n = n_bound;
+            memcpy(c->out, where, sizeof c->out);
             for (int i = 0; i < n_bound; i++) {
                 df_storage_retain(bst[i]);
                 c->b[i] = (bound){bst[i], bst[i]->buf, bst[i]->offset};
@@ -713,7 +732,9 @@ static df_status run_recorded(df_ctx *ctx, program *p, const binding *b, df_stor
     *ran = true;
     p->ctx = ctx;
     DF_TRY(make_slots(ctx, p, b));
+    placed_out where[DF_MODULE_MAX_IO] = {{0}};
     if (same) {
+        memcpy(where, (*pc)->out, sizeof where);
         p->records_in_row = 0;
         ctx->stats.graphs_built++;
         if (df_graph_plan_arena(p->plan) > ctx->stats.arena_bytes)
@@ -729,7 +750,7 @@ static df_status run_recorded(df_ctx *ctx, program *p, const binding *b, df_stor
                 *q = NULL;
                 break;
             }
-        DF_TRY(record(ctx, p, bst, n_bound, b));
+        DF_TRY(record(ctx, p, bst, n_bound, b, where));
         if (++p->records_in_row > DF_RECORDS_IN_ROW_MAX)
             p->no_capture = true;
     }
@@ -737,9 +758,10 @@ static df_status run_recorded(df_ctx *ctx, program *p, const binding *b, df_stor
     for (int j = 0; j < p->n_out; j++) {
         df_gview v = p->out_view[j];
         if (p->out_ref[j].kind == R_NODE) {
-            df_storage *slot = p->out_slot[j];
-            DF_TRY(df_storage_alloc(ctx->dev, slot->bytes, &v.st));
-            df_status s = copy_range(ctx, v.st, slot, 0, slot->bytes);
+            size_t bytes = p->out_slot[j]->bytes;
+            DF_TRY(df_storage_alloc(ctx->dev, bytes, &v.st));
+            df_status s = df_dev_copy_d2d(ctx->dev, ctx->stream, v.st->buf, v.st->offset,
+                                          where[j].buf, where[j].offset, bytes);
             if (s != DF_OK) {
                 df_storage_release(v.st);
                 return s;
@@ -767,7 +789,6 @@ static void program_free_captures(program *p)
     p->captures = NULL;
     release_on_stream(p->ctx, p->arena);
     for (int i = 0; i < DF_MODULE_MAX_IO; i++) {
-        release_on_stream(p->ctx, p->in_slot[i]);
         release_on_stream(p->ctx, p->out_slot[i]);
     }
 }
