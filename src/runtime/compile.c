@@ -78,9 +78,9 @@ typedef struct program {
     ref out_ref[DF_MODULE_MAX_IO];
     df_gview out_view[DF_MODULE_MAX_IO];
     lz_program *plan;
-    /* Replay by recorded graphs: the program's own memory (arena, output slots), so that
-     * every address the graph uses stays put; [in_lo, in_hi) are the bytes of each input
-     * that the program reads (in_hi == 0: none). */
+    /* Replay by recorded graphs: the program's own memory (arena, slots), so that every
+     * address the graph uses stays put; [in_lo, in_hi) are the bytes of each input that
+     * the program reads (in_hi == 0: none), copied into its slot at each call. */
     bool no_capture;       /* the device could not record it (or has no graphs) */
     bool io_known;         /* in_lo, in_hi, w_used computed */
     df_ctx *ctx;           /* whose stream the graphs run on */
@@ -88,8 +88,8 @@ typedef struct program {
     uint64_t in_lo[DF_MODULE_MAX_IO], in_hi[DF_MODULE_MAX_IO]; /* in_hi == 0: unread */
     bool w_used[DF_MODULE_MAX_WEIGHTS];
     df_storage *out_slot[DF_MODULE_MAX_IO];
+    df_storage *in_slot[DF_MODULE_MAX_IO];
     capture *captures;
-    int records_in_row;    /* recordings since the last launch */
 } program;
 
 struct df_compiled {
@@ -370,9 +370,10 @@ static df_storage *resolve(const program *p, const binding *b, df_gnode **nodes,
     }
 }
 
-/* The program's nodes over the call's storages; on failure the nodes made so far are
- * freed. */
-static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, df_gnode **nodes)
+/* The program's nodes over the call's storages (its inputs from the program's slots when
+ * `slots`); on failure the nodes made so far are freed. */
+static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, bool slots,
+                             df_gnode **nodes)
 {
     df_status s = DF_OK;
     for (int i = 0; i < p->n && s == DF_OK; i++) {
@@ -393,7 +394,9 @@ static df_status instantiate(df_ctx *ctx, const program *p, const binding *b, df
         x->out.st = st;
         x->id = i;
         for (int k = 0; k < x->n_in; k++) {
-            x->in[k].st = resolve(p, b, nodes, p->nodes[i].in[k]);
+            ref r = p->nodes[i].in[k];
+            x->in[k].st = slots && r.kind == R_INPUT ? p->in_slot[r.index]
+                                                     : resolve(p, b, nodes, r);
             if (x->in[k].st)
                 df_storage_retain(x->in[k].st);
         }
@@ -435,7 +438,7 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
     df_gnode **nodes = df_calloc((size_t)p->n + 1, sizeof *nodes);
     if (!nodes)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
-    s = instantiate(ctx, p, b, nodes);
+    s = instantiate(ctx, p, b, false, nodes);
     for (int j = 0; j < p->n_out && s == DF_OK; j++) {
         df_gview v = p->out_view[j];
         v.st = resolve(p, b, nodes, p->out_ref[j]);
@@ -464,19 +467,16 @@ static df_status replay(df_ctx *ctx, program *p, const binding *b, df_tensor **o
  * On a device that records graphs, a program's kernels are recorded while they run at its
  * first replay-able call and replayed from then on: one graph launch, no node built, no
  * kernel recorded. Every address the graph uses must be the same at each call: the
- * program's intermediates live in its own arena, its outputs in buffers it owns (copied
- * out into fresh storages for the caller), and a capture is kept per set of the buffers it
- * reads in place (the call's inputs, the weights, the constants; each retained), so repeated
- * blocks get a graph each and a capture whose buffers moved (offload restored a weight
- * elsewhere) is recorded again. A call with a weight that is not resident (sequential
- * offload streams it) replays node by node; so does a program the device cannot record
- * (it computes an op on the host), and one whose inputs are elsewhere at every call, from
- * then on. Not yet: copying the inputs into slots of the program, so that a denoising loop
- * (whose latents move at each step) replays too: tried, it gave wrong results on SD3's
- * repeated blocks on the sim device when the first call records, not yet understood.
+ * program's inputs are copied (device to device) into slots it owns, its intermediates
+ * live in its own arena, its outputs in buffers it owns (copied out into fresh storages for
+ * the caller); weights and constants are read in place, so a capture is kept per set of
+ * their buffers (each retained): repeated blocks get a graph each, and a capture whose
+ * buffers moved (offload restored a weight elsewhere) is recorded again. A call with a
+ * weight that is not resident (sequential offload streams it) replays node by node; so
+ * does, from then on, a program the device cannot record (it computes an op on the host).
  */
 
-enum { DF_CAPTURES_MAX = 8, DF_RECORDS_IN_ROW_MAX = 3 };
+enum { DF_CAPTURES_MAX = 64 }; /* graphs per program: FLUX.1 has 38 single blocks */
 
 static void release_on_stream(df_ctx *ctx, df_storage *st)
 {
@@ -534,9 +534,6 @@ static bool io_ranges(program *p)
 static int bound_storages(const program *p, const binding *b, df_storage **out)
 {
     int n = 0;
-    for (int i = 0; i < b->n_in; i++)
-        if (p->in_hi[i] > 0)
-            out[n++] = b->in[i]->v.st;
     for (int k = 0; k < b->n_w; k++)
         if (p->w_used[k] && b->w[k]) {
             out[n++] = b->w[k]->v.st;
@@ -557,9 +554,24 @@ static size_t node_bytes(const program *p, int i)
     return bytes;
 }
 
-/* The program's slots for its outputs, made at its first recording. */
+/* The bytes [lo, hi) of an input into its slot. The input is held until the copy has
+ * run: its caller may drop it at once, and its memory must not be reused before. */
+static df_status copy_in(df_ctx *ctx, df_storage *slot, df_storage *src, uint64_t lo,
+                         uint64_t hi)
+{
+    DF_TRY(df_dev_copy_d2d(ctx->dev, ctx->stream, slot->buf, slot->offset + lo, src->buf,
+                           src->offset + lo, hi - lo));
+    df_storage_retain(src);
+    release_on_stream(ctx, src);
+    return DF_OK;
+}
+
+/* The program's slots for its inputs and outputs, made at its first recording. */
 static df_status make_slots(df_ctx *ctx, program *p, const binding *b)
 {
+    for (int i = 0; i < b->n_in; i++)
+        if (p->in_hi[i] > 0 && !p->in_slot[i])
+            DF_TRY(df_storage_alloc(ctx->dev, (size_t)p->in_hi[i], &p->in_slot[i]));
     for (int j = 0; j < p->n_out; j++) {
         if (p->out_ref[j].kind != R_NODE || p->out_slot[j])
             continue;
@@ -575,7 +587,7 @@ static df_status make_slots(df_ctx *ctx, program *p, const binding *b)
     return DF_OK;
 }
 
-/* Runs p's nodes with its outputs in their slots, recording them;
+/* Runs p's nodes with its inputs and outputs in their slots, recording them;
  * a graph the device could not record leaves the program replaying node by node. */
 /* Whether memory the program owns holds (buf, offset): what a replay may read again. */
 static bool owned(const program *p, placed_out o)
@@ -595,7 +607,7 @@ static df_status record(df_ctx *ctx, program *p, df_storage **bst, int n_bound,
     df_storage *outs[DF_MODULE_MAX_IO] = {0};
     if (!nodes)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
-    df_status s = instantiate(ctx, p, b, nodes);
+    df_status s = instantiate(ctx, p, b, true, nodes);
     for (int j = 0; s == DF_OK && j < p->n_out; j++) {
         if (p->out_ref[j].kind != R_NODE)
             continue;
@@ -684,8 +696,7 @@ static df_status replay_captured(df_ctx *ctx, program *p, const binding *b, df_t
     }
     /* Everything read in place must be resident (and its upload waited for); a weight
      * streamed through the device (sequential offload) is not kept there. */
-    df_storage **bst =
-        df_malloc(((size_t)(b->n_in + 2 * b->n_w + p->n_consts) + 1) * sizeof *bst);
+    df_storage **bst = df_malloc(((size_t)(2 * b->n_w + p->n_consts) + 1) * sizeof *bst);
     if (!bst)
         return df_errorf(DF_E_OOM, "out of memory replaying a compiled program");
     int n_bound = bound_storages(p, b, bst);
@@ -732,17 +743,18 @@ static df_status run_recorded(df_ctx *ctx, program *p, const binding *b, df_stor
     *ran = true;
     p->ctx = ctx;
     DF_TRY(make_slots(ctx, p, b));
+    for (int i = 0; i < b->n_in; i++)
+        if (p->in_hi[i] > 0)
+            DF_TRY(copy_in(ctx, p->in_slot[i], b->in[i]->v.st, p->in_lo[i], p->in_hi[i]));
     placed_out where[DF_MODULE_MAX_IO] = {{0}};
     if (same) {
         memcpy(where, (*pc)->out, sizeof where);
-        p->records_in_row = 0;
         ctx->stats.graphs_built++;
         if (df_graph_plan_arena(p->plan) > ctx->stats.arena_bytes)
             ctx->stats.arena_bytes = df_graph_plan_arena(p->plan);
         DF_TRY(ctx->dev->ops->graph_launch(ctx->stream, (*pc)->g));
     } else {
-        /* At most DF_CAPTURES_MAX graphs per program (the oldest goes); a program whose
-         * inputs are elsewhere at every call stops recording. */
+        /* At most DF_CAPTURES_MAX graphs per program: the oldest goes. */
         int n_caps = 0;
         for (capture **q = &p->captures; *q; q = &(*q)->next)
             if (++n_caps >= DF_CAPTURES_MAX) {
@@ -751,8 +763,6 @@ static df_status run_recorded(df_ctx *ctx, program *p, const binding *b, df_stor
                 break;
             }
         DF_TRY(record(ctx, p, bst, n_bound, b, where));
-        if (++p->records_in_row > DF_RECORDS_IN_ROW_MAX)
-            p->no_capture = true;
     }
     /* The outputs, copied out of the program's memory (the next call writes there). */
     for (int j = 0; j < p->n_out; j++) {
@@ -789,6 +799,7 @@ static void program_free_captures(program *p)
     p->captures = NULL;
     release_on_stream(p->ctx, p->arena);
     for (int i = 0; i < DF_MODULE_MAX_IO; i++) {
+        release_on_stream(p->ctx, p->in_slot[i]);
         release_on_stream(p->ctx, p->out_slot[i]);
     }
 }

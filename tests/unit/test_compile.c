@@ -257,9 +257,8 @@ static void test_intermediates_go_to_the_arena_on_the_first_call(void **state)
 }
 
 /* On a device that records graphs ($DIFFUSE_DEVICE, else sim): the first call traces and
- * records, every later call with the same input buffers replays the recorded graph:
- * nothing recorded, one submit (the read of the result), the same values. Blocks sharing a
- * program get a graph each. */
+ * records, every later call replays the recorded graph over its new inputs: nothing
+ * recorded, one submit, the right values. Blocks sharing a program get a graph each. */
 static void test_second_call_replays_the_recorded_graph(void **state)
 {
     (void)state;
@@ -273,18 +272,18 @@ static void test_second_call_replays_the_recorded_graph(void **state)
         blocks[i] = make_block(ctx, 16, 0.3f * (float)i - 0.2f);
     df_compiled *c = NULL;
     assert_int_equal(df_compile(&block_module, &(df_compile_opts){.fullgraph = true}, &c), DF_OK);
-    float x[48], t[3] = {0.5f, 1.0f, 1.5f};
-    for (int e = 0; e < 48; e++)
-        x[e] = sinf(0.2f * (float)e);
-    df_tensor *in[2] = {df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(3, 16), x),
-                        df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(3, 1), t)};
     for (int step = 0; step < 3; step++)
         for (int i = 0; i < 3; i++) {
-            float w[16], b[16], want[48], got[48];
+            float x[48], t[3] = {0.5f, 1.0f + (float)step, 1.5f}, w[16], b[16], want[48],
+                  got[48];
+            for (int e = 0; e < 48; e++) /* new values in new tensors at every call */
+                x[e] = sinf(0.2f * (float)(e + 7 * step + 3 * i));
             assert_int_equal(df_tensor_read(ctx, blocks[i].w, DF_DTYPE_F32, w, sizeof w), DF_OK);
             assert_int_equal(df_tensor_read(ctx, blocks[i].b, DF_DTYPE_F32, b, sizeof b), DF_OK);
             reference(x, t, w, b, 3, 16, want);
             df_scope mark = df_scope_begin(ctx);
+            df_tensor *in[2] = {df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(3, 16), x),
+                                df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(3, 1), t)};
             df_tensor *out[1];
             df_stats_reset(ctx);
             assert_int_equal(df_compiled_call(ctx, c, &blocks[i], in, out), DF_OK);
