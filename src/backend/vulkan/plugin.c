@@ -120,11 +120,13 @@ static df_status device_open(int index, const char *options, void **out)
     *out = NULL;
     dvk_device_info in;
     DF_TRY(dvk_device_info_get(index, &in));
-    if (in.usable && !dvk_device_offered(&in))
+    /* A CPU implementation (lavapipe) opens when named (vulkan:N) or allowed. */
+    bool named = options && strstr(options, "named=1") != NULL;
+    if (in.usable && !named && !dvk_device_offered(&in))
         return df_errorf(DF_E_UNSUPPORTED,
                          "vulkan:%d is '%s', a CPU implementation of Vulkan (slower than the "
-                         "cpu backend); set DIFFUSE_VULKAN_ALLOW_CPU=1 to use it anyway",
-                         index, in.name);
+                         "cpu backend); name it as --device vulkan:%d or set "
+                         "DIFFUSE_VULKAN_ALLOW_CPU=1 to use it anyway", index, in.name, index);
     vk_dev *vd = calloc(1, sizeof *vd);
     if (!vd)
         return df_errorf(DF_E_OOM, "vulkan: out of host memory");

@@ -56,12 +56,27 @@ static void barrier(dvk_device *d, VkCommandBuffer cmd)
     d->stats.barriers++;
 }
 
+/* A fault a shader reported (the first since the last one was read) fails the device, with
+ * the message the CPU backend gives for the same input. */
+static void check_fault(dvk_device *d)
+{
+    dvk_fault *f = (dvk_fault *)(void *)d->fault.mapped;
+    if (!f || f->kind == DVK_FAULT_NONE)
+        return;
+    if (d->failed == DF_OK && f->kind == DVK_FAULT_GATHER_ID)
+        d->failed = df_errorf(DF_E_ARG, "gather: id %lld at position %lld is outside the "
+                              "table of %lld rows", (long long)f->a, (long long)f->b,
+                              (long long)f->c);
+    memset(f, 0, sizeof *f);
+}
+
 static df_status wait_batch(dvk_device *d, dvk_batch *b)
 {
     if (!b->in_flight)
         return DF_OK;
     VkResult r = d->fn->vkWaitForFences(d->dev, 1, &b->fence, VK_TRUE, UINT64_MAX);
     b->in_flight = false;
+    check_fault(d);
     if (r == VK_SUCCESS && b->end_pos > d->done_pos)
         d->done_pos = b->end_pos;
     if (r != VK_SUCCESS && d->failed == DF_OK)
@@ -106,6 +121,11 @@ df_status dvk_flush(dvk_device *d)
     if (!b->recording)
         return DF_OK;
     b->recording = false;
+    VkMemoryBarrier hb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, /* the fault record */
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    d->fn->vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, NULL, 0, NULL);
     if (d->fn->vkEndCommandBuffer(b->cmd) != VK_SUCCESS)
         return df_errorf(DF_E_DEVICE, "vulkan: vkEndCommandBuffer failed");
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,

@@ -248,6 +248,9 @@ typedef struct dvk_device {
     int n_written, n_read;
     /* readback staging */
     dvk_arena readback;
+    /* Faults shaders report (a gather id outside its table): host-visible, checked when a
+     * batch has run (dvk_fault: kind 0 = none). */
+    dvk_arena fault;
     dvk_stats stats;
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
     uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
@@ -286,6 +289,13 @@ df_status dvk_batch_cmd(dvk_device *d, VkCommandBuffer *out);
 /* `bytes` of host-visible memory in the recording batch's arena, 256-byte aligned;
  * submits and moves to the next batch when the arena is full. */
 df_status dvk_batch_host(dvk_device *d, uint64_t bytes, void **host, VkDeviceAddress *addr);
+/* What a shader reported in d->fault (kind, then three numbers), read once a batch ran. */
+typedef struct dvk_fault {
+    uint32_t kind, pad;
+    int64_t a, b, c;
+} dvk_fault;
+enum { DVK_FAULT_NONE, DVK_FAULT_GATHER_ID };
+
 /* Submits the recording batch (if it has commands). */
 df_status dvk_flush(dvk_device *d);
 /* Submits and waits for every batch; returns the first failure. */
