@@ -74,7 +74,7 @@ static VkDeviceAddress addr_of(void *user, const df_view *v)
 /* Runs the callbacks whose position the device has reached. */
 static void run_callbacks(vk_dev *vd, df_status st)
 {
-    while (vd->cbs && dvk_reached(vd->d, vd->cbs->at, false)) {
+    while (vd->cbs && dvk_done(vd->d, vd->cbs->at)) {
         pending_cb *c = vd->cbs;
         vd->cbs = c->next;
         if (!vd->cbs)

@@ -162,6 +162,18 @@ uint64_t dvk_position(dvk_device *d)
     return d->pos;
 }
 
+bool dvk_done(dvk_device *d, uint64_t at)
+{
+    if (at <= d->done_pos)
+        return true;
+    for (int i = 0; i < DVK_BATCHES; i++) {
+        dvk_batch *b = &d->batch[i];
+        if (b->in_flight && d->fn->vkGetFenceStatus(d->dev, b->fence) == VK_SUCCESS)
+            wait_batch(d, b);
+    }
+    return at <= d->done_pos;
+}
+
 bool dvk_reached(dvk_device *d, uint64_t at, bool wait)
 {
     if (at <= d->done_pos)

@@ -305,6 +305,10 @@ df_status dvk_finish(dvk_device *d);
  * batch when `at` lies in it, so a position asked about is always reached eventually. */
 uint64_t dvk_position(dvk_device *d);
 bool dvk_reached(dvk_device *d, uint64_t at, bool wait);
+/* Whether the device has finished every command before `at`, submitting nothing (what the
+ * host callbacks ask after each launch: a batch is then submitted when it is full or the
+ * host waits, not at every launch). */
+bool dvk_done(dvk_device *d, uint64_t at);
 
 /* Declares that the next command reads / writes these ranges; records a barrier first if
  * it depends on an earlier command of the batch. */
