@@ -640,6 +640,11 @@ static df_status record(df_ctx *ctx, program *p, df_storage **bst, int n_bound,
         df_dev_graph *g = NULL;
         if (capturing && ctx->dev->ops->capture_end(ctx->stream, &g) != DF_OK)
             g = NULL;
+        if (s != DF_OK && g) { /* a part of the work: not a graph of the program */
+            ctx->dev->ops->graph_free(ctx->dev->impl, g);
+            g = NULL;
+            capturing = false;
+        }
         p->arena = ctx->arena;
         ctx->arena = shared;
         for (int j = 0; j < p->n_out; j++)
@@ -668,7 +673,7 @@ static df_status record(df_ctx *ctx, program *p, df_storage **bst, int n_bound,
                 df_free(c);
             if (g)
                 ctx->dev->ops->graph_free(ctx->dev->impl, g); /* out of memory: not kept */
-            if (!g)
+            if (!g && capturing)
                 p->no_capture = true; /* the device cannot record this program */
         }
     }
