@@ -46,6 +46,12 @@ if(DIFFUSE_VULKAN_BUILT)
   add_test(NAME vulkan/collectives COMMAND test_vk_collective)
   set_tests_properties(vulkan/collectives PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${VK_TEST_ENV}")
+  # Compiled mode on vulkan: every compile test, and the replay of a recorded command
+  # buffer (nothing recorded, one submit per call, the device's counters in df_stats).
+  add_test(NAME vulkan/compile_replay COMMAND test_compile)
+  set_tests_properties(vulkan/compile_replay PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+    ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan;DIFFUSE_VULKAN_ALLOW_CPU=1;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
+    FAIL_REGULAR_EXPRESSION "vulkan validation:")
   # No driver at run time (the loader pointed at none): a message, not a crash.
   add_test(NAME vulkan/no_driver COMMAND test_vk_ops --expect-no-driver)
   set_tests_properties(vulkan/no_driver PROPERTIES TIMEOUT 60
@@ -105,6 +111,20 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                            FAIL_REGULAR_EXPRESSION "vulkan validation:")
     endforeach()
   endforeach()
+  # Device selection: lavapipe (a CPU implementation) opens when named by index, and
+  # `--device vulkan` alone refuses it without DIFFUSE_VULKAN_ALLOW_CPU=1 (lavapipe is
+  # vulkan:0 in CI; on a machine with a GPU first these two do not apply).
+  set(VK_NAMED_ENV ${VK_TEST_ENV} "DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
+      "DIFFUSE_VULKAN_ALLOW_CPU=0")
+  add_test(NAME vulkan/named_cpu_device
+           COMMAND diffuse-check --device vulkan:0 ${DF_GOLDEN_DIR}/vae-decode-flux2)
+  set_tests_properties(vulkan/named_cpu_device PROPERTIES TIMEOUT 300
+                       ENVIRONMENT "${VK_NAMED_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  add_test(NAME vulkan/unnamed_cpu_device_refused
+           COMMAND diffuse-check --device vulkan ${DF_GOLDEN_DIR}/vae-decode-flux2)
+  set_tests_properties(vulkan/unnamed_cpu_device_refused PROPERTIES TIMEOUT 60
+                       ENVIRONMENT "${VK_NAMED_ENV}"
+                       PASS_REGULAR_EXPRESSION "CPU implementation of Vulkan.*--device vulkan:0")
   add_test(NAME vulkan/offload_same_image
            COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/offload.sh $<TARGET_FILE:diffuse>
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)

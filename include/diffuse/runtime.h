@@ -75,6 +75,14 @@ typedef struct df_stats {
     int64_t bytes_uploaded;        /* host -> device bytes copied (0 where the device reads
                                       host memory in place, as the CPU does) */
     int64_t bytes_downloaded;      /* device -> host bytes copied */
+    /* The device's own counters (0 where the device keeps none, as the CPU): kernels run
+     * on it (a replayed graph's again), kernels the host built (a replay builds none),
+     * hand-overs of work (Vulkan: command batches submitted) and recorded graphs replayed
+     * (compiled mode on a device that records them). */
+    int64_t device_dispatches;
+    int64_t device_dispatches_recorded;
+    int64_t device_submits;
+    int64_t device_graph_launches;
 } df_stats;
 
 /* The device chosen when none is named: $DIFFUSE_DEVICE (unless "auto"), else the best

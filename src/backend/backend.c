@@ -79,9 +79,14 @@ df_status df_device_open(const char *name, const char *options, df_device **out)
     dev->ops = ops;
     dev->index = index;
     snprintf(dev->name, sizeof dev->name, "%s:%d", backend, index);
+    /* A device named by its index is asked for: the backend may open one it would not
+     * offer by default (a CPU implementation of Vulkan). */
+    char opts[512];
+    snprintf(opts, sizeof opts, "%s%s%s", options ? options : "",
+             options && *options && colon ? "," : "", colon ? "named=1" : "");
     df_status s = ops->device_info(index, &dev->info);
     if (s == DF_OK)
-        s = ops->device_open(index, options, &dev->impl);
+        s = ops->device_open(index, opts, &dev->impl);
     if (s == DF_OK)
         s = df_buffer_cache_create(dev, &dev->cache);
     if (s != DF_OK) {

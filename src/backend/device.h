@@ -51,6 +51,7 @@ typedef enum df_op {
 typedef struct df_dev_buffer df_dev_buffer;
 typedef struct df_dev_stream df_dev_stream;
 typedef struct df_dev_comm df_dev_comm;
+typedef struct df_dev_graph df_dev_graph;
 
 /* ---- Kernel arguments ---------------------------------------------------------------- */
 
@@ -211,6 +212,18 @@ typedef struct df_device_info {
     int32_t priority;         /* df_device_default picks the highest that opens (cpu: 0) */
 } df_device_info;
 
+/* What a device has done since it was opened (device_counters). A kernel is counted as
+ * dispatched each time it runs, and as recorded only when the host built it (a replayed
+ * graph's kernels are dispatched again, not recorded again). A submit is one hand-over of
+ * work to the device: a batch of commands (Vulkan), or one kernel or one graph queued on a
+ * stream (a device without batches). */
+typedef struct df_dev_counters {
+    int64_t dispatches;
+    int64_t dispatches_recorded;
+    int64_t submits;
+    int64_t graph_launches;
+} df_dev_counters;
+
 /* Stream kinds (stream_create). A device may run both on one queue. */
 enum { DF_STREAM_COMPUTE = 0, DF_STREAM_COPY = 1 };
 
@@ -305,6 +318,22 @@ typedef struct df_device_ops {
     void (*comm_free)(df_dev_comm *c);
     /* Queued on s in stream order; every rank queues the same collectives in order. */
     df_status (*collective)(df_dev_stream *s, df_dev_comm *c, const df_coll *op);
+
+    /* -- Counters (optional): what the device did since it was opened. */
+    void (*device_counters)(void *dev, df_dev_counters *out);
+
+    /* -- Recorded graphs (optional: all four or none), as CUDA graphs are. Between
+     * capture_begin and capture_end, the launches, fused launches and device-to-device
+     * copies queued on s run as usual and are also recorded; capture_end returns them as
+     * a graph, and graph_launch queues the same work again on a stream, with the same
+     * buffers and offsets, without the host building it again (one submit). The caller
+     * keeps every buffer a graph uses alive and at its place (replay reads what is there
+     * when it runs). A host copy or a wait on the host inside a capture cannot be replayed:
+     * the work still runs, and capture_end then returns DF_E_UNSUPPORTED naming why. */
+    df_status (*capture_begin)(df_dev_stream *s);
+    df_status (*capture_end)(df_dev_stream *s, df_dev_graph **out);
+    df_status (*graph_launch)(df_dev_stream *s, df_dev_graph *g);
+    void (*graph_free)(void *dev, df_dev_graph *g); /* no stream uses it any more */
 } df_device_ops;
 
 /* The symbol a plugin library exports. Returns its table, or NULL (having written the

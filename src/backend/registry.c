@@ -334,3 +334,16 @@ df_status df_dev_drop_cache(const df_device *d, df_dev_stream *s, df_dev_buffer 
 {
     return d->ops->buffer_drop_cache ? d->ops->buffer_drop_cache(s, b) : DF_OK;
 }
+
+void df_dev_counters_get(const df_device *d, df_dev_counters *out)
+{
+    memset(out, 0, sizeof *out);
+    if (d->ops->device_counters)
+        d->ops->device_counters(d->impl, out);
+}
+
+bool df_dev_can_capture(const df_device *d)
+{
+    return d->ops->capture_begin && d->ops->capture_end && d->ops->graph_launch &&
+           d->ops->graph_free;
+}

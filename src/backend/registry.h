@@ -53,6 +53,10 @@ bool df_dev_supports(const struct df_device *d, const df_node *n);
 bool df_dev_has_op(const struct df_device *d, df_op op);
 df_dtype df_dev_matmul_dtype(const struct df_device *d, df_dtype requested);
 df_status df_dev_drop_cache(const struct df_device *d, df_dev_stream *s, df_dev_buffer *b);
+/* The device's counters (zeros where it keeps none). */
+void df_dev_counters_get(const struct df_device *d, df_dev_counters *out);
+/* Whether the device records graphs (capture_begin ... graph_free). */
+bool df_dev_can_capture(const struct df_device *d);
 #define df_dev_has(d, cap) (((d)->info.caps & (cap)) != 0)
 
 #endif

@@ -275,6 +275,13 @@ void df_ctx_stats(df_ctx *ctx, df_stats *out)
     out->live_bytes = m.live_bytes;
     out->bytes_uploaded = atomic_load(&ctx->dev->bytes_uploaded) - ctx->uploaded_base;
     out->bytes_downloaded = atomic_load(&ctx->dev->bytes_downloaded) - ctx->downloaded_base;
+    df_dev_counters c;
+    df_dev_counters_get(ctx->dev, &c);
+    out->device_dispatches = c.dispatches - ctx->counters_base.dispatches;
+    out->device_dispatches_recorded =
+        c.dispatches_recorded - ctx->counters_base.dispatches_recorded;
+    out->device_submits = c.submits - ctx->counters_base.submits;
+    out->device_graph_launches = c.graph_launches - ctx->counters_base.graph_launches;
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) == 0)
         out->peak_rss_bytes = (int64_t)ru.ru_maxrss * 1024;
@@ -305,6 +312,7 @@ void df_stats_reset(df_ctx *ctx)
     ctx->allocated_base = m.allocated_total;
     ctx->uploaded_base = atomic_load(&ctx->dev->bytes_uploaded);
     ctx->downloaded_base = atomic_load(&ctx->dev->bytes_downloaded);
+    df_dev_counters_get(ctx->dev, &ctx->counters_base);
 }
 
 void df_stats_add_weights(df_ctx *ctx, int64_t bytes_read, int64_t resident_delta)
@@ -330,7 +338,9 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     "\"resident_weight_bytes\":%lld,\"arena_bytes\":%lld,\"steps\":%lld,"
                     "\"seconds_per_step\":%.6f,\"rss_bytes\":%lld,"
                     "\"peak_resident_weight_bytes\":%lld,\"bytes_uploaded\":%lld,"
-                    "\"bytes_downloaded\":%lld}",
+                    "\"bytes_downloaded\":%lld,\"device_dispatches\":%lld,"
+                    "\"device_dispatches_recorded\":%lld,\"device_submits\":%lld,"
+                    "\"device_graph_launches\":%lld}",
                     (long long)s->ops_enqueued, (long long)s->graphs_built,
                     (long long)s->graphs_compiled, (long long)s->cache_hits,
                     (long long)s->cache_misses, s->compile_ms, (long long)s->fused_kernels,
@@ -339,7 +349,9 @@ int df_stats_to_json(const df_stats *s, char *buf, size_t cap)
                     (long long)s->resident_weight_bytes, (long long)s->arena_bytes,
                     (long long)s->steps, s->seconds_per_step, (long long)s->rss_bytes,
                     (long long)s->peak_resident_weight_bytes, (long long)s->bytes_uploaded,
-                    (long long)s->bytes_downloaded);
+                    (long long)s->bytes_downloaded, (long long)s->device_dispatches,
+                    (long long)s->device_dispatches_recorded, (long long)s->device_submits,
+                    (long long)s->device_graph_launches);
 }
 
 /* --- profiling -------------------------------------------------------------------------- */

@@ -64,6 +64,7 @@ struct df_ctx {
     df_stats stats;
     int64_t allocated_base; /* allocator total at the last df_stats_reset */
     int64_t uploaded_base, downloaded_base; /* the device's copy counters then */
+    df_dev_counters counters_base;          /* the device's counters then */
     double step_clock;      /* time of the previous df_mark_step */
     double step_seconds;    /* summed wall time of steps after the first */
     int64_t steps_timed;

@@ -489,6 +489,31 @@ static void data_rows(void)
     run(&(row){"token_rows argmax", 0, 0}, &am);
 }
 
+/* An id outside the table: the CPU's error (DF_E_ARG, naming the id, its position and the
+ * table's rows) from the device's next wait, not a row of garbage; then it runs again. */
+static void gather_out_of_range(void)
+{
+    df_status s = dvk_finish(g_dev); /* nothing pending from the rows before */
+    df_view table = input(DF_DTYPE_F32, SHAPE(6, 4), -1, 1);
+    df_view ids = input(DF_DTYPE_I32, SHAPE(5), 0, 6);
+    twin *tw = (twin *)ids.buf;
+    ((int32_t *)tw->cpu.ptr)[3] = 6;
+    if (s == DF_OK)
+        s = dvk_upload(g_dev, tw->dev->addr, tw->cpu.ptr, tw->bytes);
+    df_view gin[2] = {table, ids};
+    df_node g = node(DF_OP_GATHER, 2, gin, output(DF_DTYPE_F32, SHAPE(5, 4)));
+    dvk_env e = {.d = g_dev, .addr = addr_of};
+    if (s == DF_OK)
+        s = dvk_run_node(&e, &g);
+    if (s == DF_OK)
+        s = dvk_finish(g_dev);
+    const char *msg = df_error_message();
+    bool ok = s == DF_E_ARG && strstr(msg, "id 6 at position 3") && strstr(msg, "6 rows");
+    printf("%s gather id out of range: %s: %s\n", ok ? "ok  " : "FAIL", df_status_name(s), msg);
+    g_failures += !ok;
+    g_dev->failed = DF_OK; /* as stream_reset */
+}
+
 static void fused_rows(void)
 {
     for (int variant = 0; variant < 3; variant++) {
@@ -615,6 +640,7 @@ int main(int argc, char **argv)
     matmul_rows();
     attention_rows();
     data_rows();
+    gather_out_of_range();
     fused_rows();
     t_rows = now_ms() - t_rows;
     /* positions: everything recorded so far is reached once waited for */

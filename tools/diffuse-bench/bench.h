@@ -22,6 +22,7 @@ typedef struct bench_opts {
     int threads;        /* 0 = try 1 and 2 where the workload says so */
     const char *dtype;  /* NULL = both f32 and bf16 */
     const char *mode;   /* NULL = every mode that exists */
+    const char *device; /* --device: NULL = the default device */
     int argc;           /* workload-specific arguments after the name */
     char **argv;
 } bench_opts;
@@ -53,6 +54,9 @@ double bench_ceiling_gflops(df_dtype dtype, int threads);
 /* The same ceiling from CPU time: flop * threads / CPU seconds over all its runs. */
 double bench_ceiling_cpu_gflops(df_dtype dtype, int threads);
 
+/* --device as given (NULL: the default device), for the workloads that open contexts. */
+extern const char *bench_device_name;
+
 /* --quick as given on the command line, for helpers that have no bench_opts (the ceiling
  * then measures smaller products, once each). */
 extern bool bench_quick;
@@ -64,5 +68,7 @@ void bench_fill_random(float *p, int64_t n, uint64_t seed);
 int bench_ceiling(const bench_opts *o);   /* bench_gemm.c */
 int bench_gemm(const bench_opts *o);      /* bench_gemm.c */
 int bench_attention(const bench_opts *o); /* bench_attention.c */
+int bench_modes(const bench_opts *o);     /* bench_flux.c */
+int bench_device(const bench_opts *o);    /* bench_device.c */
 
 #endif

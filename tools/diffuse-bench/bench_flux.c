@@ -583,7 +583,8 @@ static int mode_setup(const bench_opts *o, const run_cfg *rc, const char *dir, i
     bool compile = !strcmp(b->mode, "compile"), blocks = !strcmp(b->mode, "blocks");
     df_eager_mode em = !strcmp(b->mode, "eager") ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
     b->r.mode = b->mode;
-    if (df_ctx_create(&(df_ctx_opts){.threads = rc->threads, .compute = rc->dtype, .mode = em},
+    if (df_ctx_create(&(df_ctx_opts){.device = bench_device_name, .threads = rc->threads,
+                                     .compute = rc->dtype, .mode = em},
                       &b->ctx) != DF_OK) {
         fprintf(stderr, "modes: %s\n", df_error_message());
         return b->bad = 1;
@@ -619,19 +620,24 @@ static void mode_report(const bench_opts *o, const run_cfg *rc, int k, mode_benc
     double sec = repeats % 2 ? b->times[repeats / 2]
                              : 0.5 * (b->times[repeats / 2 - 1] + b->times[repeats / 2]);
     b->median = sec;
-    char shape[96], extra[400];
+    char shape[96], extra[600];
     snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " forward %d+%d", rc->tokens[k][0],
              rc->tokens[k][1], rc->n_double, rc->n_single);
     snprintf(extra, sizeof extra,
              ",\"first_ms\":%.1f,\"compile_ms\":%.2f,\"graphs_compiled\":%lld,"
              "\"cache_hits\":%lld,\"fused_kernels\":%lld,\"kernels\":%lld,"
              "\"min_ms\":%.1f,\"max_ms\":%.1f,\"repeats\":%d,"
-             "\"first_peak_mib\":%.1f,\"step_peak_mib\":%.1f",
+             "\"first_peak_mib\":%.1f,\"step_peak_mib\":%.1f,\"device\":\"%s\","
+             "\"dispatches\":%lld,\"recorded\":%lld,\"submits\":%lld,\"graph_launches\":%lld",
              b->first * 1e3, b->st0.compile_ms, (long long)b->st0.graphs_compiled,
              (long long)st.cache_hits, (long long)(st.fused_kernels / repeats),
              (long long)(st.ops_enqueued / repeats), b->times[0] * 1e3,
              b->times[repeats - 1] * 1e3, repeats, b->st0.peak_bytes / 1048576.0,
-             st.peak_bytes / 1048576.0);
+             st.peak_bytes / 1048576.0, df_ctx_device_name(b->ctx),
+             (long long)(st.device_dispatches / repeats),
+             (long long)(st.device_dispatches_recorded / repeats),
+             (long long)(st.device_submits / repeats),
+             (long long)(st.device_graph_launches / repeats));
     bench_report(o, "modes", shape, rc->threads, df_dtype_name(rc->dtype), b->mode, sec * 1e3,
                  flop / sec, bench_ceiling_gflops(rc->dtype, rc->threads),
                  st.peak_bytes > b->st0.peak_bytes ? st.peak_bytes : b->st0.peak_bytes, extra);

@@ -2,7 +2,7 @@
  * diffuse-bench: the command line, the workload table, and the report format.
  *
  *   diffuse-bench [--json] [--quick] [--profile] [--threads N] [--dtype f32|bf16|int8]
- *                 [--mode eager|fuse|compile|blocks] WORKLOAD [args]
+ *                 [--mode eager|fuse|compile|blocks] [--device D] WORKLOAD [args]
  *
  * The common options may come before or after the workload's name; everything else after
  * the name is the workload's own arguments. A measurement is printed as a table row (a
@@ -22,7 +22,6 @@ int bench_flux(const bench_opts *o);
 int bench_flux2(const bench_opts *o);
 int bench_t5(const bench_opts *o);
 int bench_vae(const bench_opts *o);
-int bench_modes(const bench_opts *o);
 int bench_compile(const bench_opts *o);
 int bench_sd3(const bench_opts *o);
 int bench_tp(const bench_opts *o);
@@ -57,6 +56,12 @@ static const bench_workload workloads[] = {
     {"compile", "compile time of the whole transformer and of its repeated blocks at depth 8 "
                 "and 19+38 [--width 3072]",
      bench_compile},
+    {"device",
+     "--device D (default vulkan) against the CPU in the same run: df_linear GFLOP/s on "
+     "square sizes against the nominal peak (--peak GFLOPS; else unknown), and a "
+     "FLUX.1-shaped step in eager, fuse and compile with the device's counters [--peak G] "
+     "[--full]",
+     bench_device},
     {"sd3", "SD3.5-medium-width transformer step with CFG at 512x512", bench_sd3},
     {"tp",
      "tensor parallelism: FLUX.1-width transformer at 512x512, 1 process x 2 threads against "
@@ -66,6 +71,7 @@ static const bench_workload workloads[] = {
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 
 bool bench_quick;
+const char *bench_device_name;
 
 double bench_now(void)
 {
@@ -144,14 +150,17 @@ void bench_report(const bench_opts *o, const char *workload, const char *shape, 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: diffuse-bench [--json] [--quick] [--profile] [--threads N] "
-               "[--dtype f32|bf16|int8] [--mode eager|fuse|compile|blocks] WORKLOAD [args]\n\n"
+               "[--dtype f32|bf16|int8] [--mode eager|fuse|compile|blocks] [--device D] "
+               "WORKLOAD [args]\n\n"
                "  --json       one JSON object per measurement, per line\n"
                "  --quick      small shapes, few repeats (smoke runs)\n"
                "  --profile    per-op-kind time profile, where the workload offers one\n"
                "  --threads N  compute threads (default: 1 and 2 where the workload says so)\n"
                "  --dtype T    compute dtype f32, bf16 or int8 (default: all)\n"
                "  --mode M     execution mode eager, fuse, compile or blocks (default: eager;\n"
-               "               modes: every mode, or a comma-separated list)\n\n"
+               "               modes: every mode, or a comma-separated list)\n"
+               "  --device D   the device the contexts open (modes, device; default: the\n"
+               "               default device)\n\n"
                "workloads:\n");
     for (int i = 0; i < N_WORKLOADS; i++)
         fprintf(f, "  %-10s %s\n", workloads[i].name, workloads[i].help);
@@ -188,6 +197,9 @@ int main(int argc, char **argv)
             usage(stdout);
             free(rest);
             return 0;
+        } else if (strcmp(a, "--device") == 0 && v) {
+            o.device = bench_device_name = v;
+            i++;
         } else if (strcmp(a, "--json") == 0) {
             o.json = true;
         } else if (strcmp(a, "--quick") == 0) {
@@ -244,7 +256,8 @@ int main(int argc, char **argv)
         return 2;
     }
     bool blocks_ok = strcmp(name, "flux2") == 0 && strcmp(o.mode ? o.mode : "", "blocks") == 0;
-    if (o.mode && strcmp(name, "modes") != 0 && strcmp(o.mode, "eager") != 0 &&
+    if (o.mode && strcmp(name, "modes") != 0 && strcmp(name, "device") != 0 &&
+        strcmp(o.mode, "eager") != 0 &&
         strcmp(o.mode, "fuse") != 0 && !blocks_ok) {
         fprintf(stderr, "diffuse-bench: '%s' takes --mode eager or fuse, not '%s'\n", name,
                 o.mode);

@@ -16,6 +16,12 @@
  *
  * It has every capability of the CPU except host memory: no buffer_wrap_host, no
  * buffer_host_ptr, so weights are uploaded and results downloaded through copies.
+ *
+ * Recorded graphs (capture_begin ... graph_launch): a capture keeps the launches, fused
+ * launches and device-to-device copies of its stream, with the sim's handles, and a replay
+ * queues them again (each handle checked against the live buffers once more), so compiled
+ * mode's graph replay is tested without a GPU. Counters: every kernel the host hands over
+ * outside a replay is a dispatch recorded and a submit; a replay is one submit.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -49,11 +55,36 @@ typedef struct sim_device {
     int64_t n_free;
     double link_gbps, link_latency_s; /* 0: copies take no extra time */
     _Atomic int64_t link_ns, copies, waited_ns; /* for DIFFUSE_SIM_REPORT=1 */
+    df_dev_counters counters; /* host thread only */
 } sim_device;
+
+/* A recorded graph: what its stream was given between capture_begin and capture_end. */
+enum { SIM_ITEM_NODE, SIM_ITEM_FUSED, SIM_ITEM_COPY };
+
+typedef struct sim_item {
+    int kind;
+    union {
+        df_node node;
+        df_fused *fused;
+        struct {
+            df_dev_buffer *dst, *src;
+            uint64_t doff, soff, bytes;
+        } copy;
+    } u;
+} sim_item;
+
+struct df_dev_graph {
+    sim_item *items;
+    int n, cap;
+    const char *broken; /* why it cannot be replayed, or NULL */
+    bool oom;
+};
 
 struct df_dev_stream {
     sim_device *dev;
     df_dev_stream *cpu; /* the CPU stream (its worker thread) that runs the work */
+    df_dev_graph *capture; /* the graph being recorded, or NULL */
+    bool replaying;        /* inside graph_launch: not recorded, not counted again */
 };
 
 /* ---- handles ---------------------------------------------------------------------------- */
@@ -276,6 +307,8 @@ static void sim_buffer_free(void *impl, df_dev_buffer *h)
 
 /* ---- streams ------------------------------------------------------------------------------ */
 
+static void graph_free_items(df_dev_graph *g);
+
 static df_status sim_stream_create(void *impl, int kind, df_dev_stream **out)
 {
     sim_device *d = impl;
@@ -296,11 +329,121 @@ static void sim_stream_free(df_dev_stream *s)
 {
     if (!s)
         return;
+    if (s->capture)
+        graph_free_items(s->capture);
     s->dev->cpu->stream_sync(s->cpu);
     atomic_fetch_add(&s->dev->waited_ns, df_cpu_stream_waited_ns(s->cpu));
     s->dev->cpu->stream_free(s->cpu);
     df_free(s);
 }
+
+/* ---- recorded graphs ---------------------------------------------------------------------- */
+
+static sim_item *graph_add(df_dev_stream *s, int kind)
+{
+    df_dev_graph *g = s->capture;
+    if (!g || s->replaying)
+        return NULL;
+    if (g->n == g->cap) {
+        int cap = g->cap ? 2 * g->cap : 64;
+        sim_item *items = df_realloc(g->items, (size_t)cap * sizeof *items);
+        if (!items) {
+            g->oom = true;
+            return NULL;
+        }
+        g->items = items;
+        g->cap = cap;
+    }
+    sim_item *it = &g->items[g->n++];
+    memset(it, 0, sizeof *it);
+    it->kind = kind;
+    return it;
+}
+
+/* Work the host handed over: a kernel outside a replay is recorded and submitted. */
+static void count_kernel(df_dev_stream *s)
+{
+    s->dev->counters.dispatches++;
+    if (!s->replaying) {
+        s->dev->counters.dispatches_recorded++;
+        s->dev->counters.submits++;
+    }
+}
+
+static void graph_free_items(df_dev_graph *g)
+{
+    for (int i = 0; i < g->n; i++)
+        if (g->items[i].kind == SIM_ITEM_FUSED)
+            df_free(g->items[i].u.fused);
+    df_free(g->items);
+    df_free(g);
+}
+
+static df_status sim_capture_begin(df_dev_stream *s)
+{
+    if (s->capture)
+        return df_errorf(DF_E_STATE, "sim: a capture is already under way on this stream");
+    s->capture = df_calloc(1, sizeof *s->capture);
+    return s->capture ? DF_OK : df_errorf(DF_E_OOM, "sim: out of memory beginning a capture");
+}
+
+static df_status sim_capture_end(df_dev_stream *s, df_dev_graph **out)
+{
+    *out = NULL;
+    df_dev_graph *g = s->capture;
+    s->capture = NULL;
+    if (!g)
+        return df_errorf(DF_E_STATE, "sim: capture_end without capture_begin");
+    if (g->broken || g->oom) {
+        const char *why = g->oom ? "out of memory recording it" : g->broken;
+        graph_free_items(g);
+        return df_errorf(DF_E_UNSUPPORTED, "sim: the captured work cannot be replayed (%s)",
+                         why);
+    }
+    *out = g;
+    return DF_OK;
+}
+
+static df_status sim_launch(df_dev_stream *s, const df_node *n);
+static df_status sim_launch_fused(df_dev_stream *s, const df_fused *f);
+static df_status sim_copy_d2d(df_dev_stream *s, df_dev_buffer *dst, uint64_t doff,
+                              df_dev_buffer *src, uint64_t soff, uint64_t bytes);
+
+static df_status sim_graph_launch(df_dev_stream *s, df_dev_graph *g)
+{
+    if (s->capture)
+        return df_errorf(DF_E_STATE, "sim: a graph launched inside a capture");
+    s->replaying = true;
+    df_status st = DF_OK;
+    for (int i = 0; st == DF_OK && i < g->n; i++) {
+        const sim_item *it = &g->items[i];
+        if (it->kind == SIM_ITEM_NODE)
+            st = sim_launch(s, &it->u.node);
+        else if (it->kind == SIM_ITEM_FUSED)
+            st = sim_launch_fused(s, it->u.fused);
+        else
+            st = sim_copy_d2d(s, it->u.copy.dst, it->u.copy.doff, it->u.copy.src,
+                              it->u.copy.soff, it->u.copy.bytes);
+    }
+    s->replaying = false;
+    s->dev->counters.submits++;
+    s->dev->counters.graph_launches++;
+    return st;
+}
+
+static void sim_graph_free(void *impl, df_dev_graph *g)
+{
+    (void)impl;
+    if (g)
+        graph_free_items(g);
+}
+
+static void sim_counters(void *impl, df_dev_counters *out)
+{
+    *out = ((sim_device *)impl)->counters;
+}
+
+/* ---- work -------------------------------------------------------------------------------- */
 
 static df_status sim_launch(df_dev_stream *s, const df_node *n)
 {
@@ -308,7 +451,12 @@ static df_status sim_launch(df_dev_stream *s, const df_node *n)
     for (int i = 0; i < k.n_in; i++)
         DF_TRY(resolve_view(s->dev, &k.in[i]));
     DF_TRY(resolve_view(s->dev, &k.out));
-    return s->dev->cpu->launch(s->cpu, &k);
+    DF_TRY(s->dev->cpu->launch(s->cpu, &k));
+    count_kernel(s);
+    sim_item *it = graph_add(s, SIM_ITEM_NODE);
+    if (it)
+        it->u.node = *n;
+    return DF_OK;
 }
 
 static df_status sim_launch_fused(df_dev_stream *s, const df_fused *f)
@@ -328,6 +476,15 @@ static df_status sim_launch_fused(df_dev_stream *s, const df_fused *f)
         st = resolve_view(s->dev, &k->head_b);
     if (st == DF_OK)
         st = s->dev->cpu->launch_fused(s->cpu, k);
+    if (st == DF_OK) {
+        count_kernel(s);
+        sim_item *it = graph_add(s, SIM_ITEM_FUSED);
+        if (it) {
+            *k = *f; /* the sim's handles: resolved again at each replay */
+            it->u.fused = k;
+            return DF_OK;
+        }
+    }
     df_free(k);
     return st;
 }
@@ -348,6 +505,8 @@ static df_status sim_copy_h2d(df_dev_stream *s, df_dev_buffer *dst, uint64_t off
     if (!b)
         return DF_E_INTERNAL;
     DF_TRY(check_range(b, off, bytes));
+    if (s->capture)
+        s->capture->broken = "a host-to-device copy inside it";
     return link_copy_queue(s, (char *)b->ptr + off, src, bytes);
 }
 
@@ -358,6 +517,8 @@ static df_status sim_copy_d2h(df_dev_stream *s, void *dst, df_dev_buffer *src, u
     if (!b)
         return DF_E_INTERNAL;
     DF_TRY(check_range(b, off, bytes));
+    if (s->capture)
+        s->capture->broken = "a device-to-host copy inside it";
     return link_copy_queue(s, dst, (const char *)b->ptr + off, bytes);
 }
 
@@ -369,7 +530,16 @@ static df_status sim_copy_d2d(df_dev_stream *s, df_dev_buffer *dst, uint64_t dof
         return DF_E_INTERNAL;
     DF_TRY(check_range(db, doff, bytes));
     DF_TRY(check_range(sb, soff, bytes));
-    return s->dev->cpu->copy_d2d(s->cpu, db, doff, sb, soff, bytes);
+    DF_TRY(s->dev->cpu->copy_d2d(s->cpu, db, doff, sb, soff, bytes));
+    sim_item *it = graph_add(s, SIM_ITEM_COPY);
+    if (it) {
+        it->u.copy.dst = dst;
+        it->u.copy.src = src;
+        it->u.copy.doff = doff;
+        it->u.copy.soff = soff;
+        it->u.copy.bytes = bytes;
+    }
+    return DF_OK;
 }
 
 static df_status sim_host_callback(df_dev_stream *s, void (*fn)(void *, df_status), void *arg)
@@ -457,6 +627,8 @@ static df_status sim_collective(df_dev_stream *s, df_dev_comm *c, const df_coll 
     df_coll k = *op;
     if (!(k.buf = resolve(s->dev, op->buf)))
         return DF_E_INTERNAL;
+    if (s->capture) /* every rank would have to replay it in step: not recorded */
+        s->capture->broken = "a collective inside it";
     return s->dev->cpu->collective(s->cpu, c->cpu, &k);
 }
 
@@ -490,6 +662,11 @@ static const df_device_ops sim_ops = {
     .comm_create       = sim_comm_create,
     .comm_free         = sim_comm_free,
     .collective        = sim_collective,
+    .device_counters   = sim_counters,
+    .capture_begin     = sim_capture_begin,
+    .capture_end       = sim_capture_end,
+    .graph_launch      = sim_graph_launch,
+    .graph_free        = sim_graph_free,
 };
 
 const df_device_ops *df_backend_sim(void)

@@ -74,7 +74,7 @@ static VkDeviceAddress addr_of(void *user, const df_view *v)
 /* Runs the callbacks whose position the device has reached. */
 static void run_callbacks(vk_dev *vd, df_status st)
 {
-    while (vd->cbs && dvk_reached(vd->d, vd->cbs->at, false)) {
+    while (vd->cbs && dvk_done(vd->d, vd->cbs->at)) {
         pending_cb *c = vd->cbs;
         vd->cbs = c->next;
         if (!vd->cbs)
@@ -121,11 +121,13 @@ static df_status device_open(int index, const char *options, void **out)
     *out = NULL;
     dvk_device_info in;
     DF_TRY(dvk_device_info_get(index, &in));
-    if (in.usable && !dvk_device_offered(&in))
+    /* A CPU implementation (lavapipe) opens when named (vulkan:N) or allowed. */
+    bool named = options && strstr(options, "named=1") != NULL;
+    if (in.usable && !named && !dvk_device_offered(&in))
         return df_errorf(DF_E_UNSUPPORTED,
                          "vulkan:%d is '%s', a CPU implementation of Vulkan (slower than the "
-                         "cpu backend); set DIFFUSE_VULKAN_ALLOW_CPU=1 to use it anyway",
-                         index, in.name);
+                         "cpu backend); name it as --device vulkan:%d or set "
+                         "DIFFUSE_VULKAN_ALLOW_CPU=1 to use it anyway", index, in.name, index);
     vk_dev *vd = calloc(1, sizeof *vd);
     if (!vd)
         return df_errorf(DF_E_OOM, "vulkan: out of host memory");
@@ -301,6 +303,59 @@ static void stream_reset(df_dev_stream *s)
     s->dev->d->failed = DF_OK;
 }
 
+/* ---- recorded graphs and counters ------------------------------------------------------ */
+
+struct df_dev_graph {
+    dvk_graph *g;
+};
+
+static df_status capture_begin(df_dev_stream *s)
+{
+    return dvk_capture_begin(s->dev->d);
+}
+
+static df_status capture_end(df_dev_stream *s, df_dev_graph **out)
+{
+    *out = NULL;
+    dvk_graph *g = NULL;
+    DF_TRY(dvk_capture_end(s->dev->d, &g));
+    df_dev_graph *h = malloc(sizeof *h);
+    if (!h) {
+        dvk_graph_free(s->dev->d, g);
+        return df_errorf(DF_E_OOM, "vulkan: out of host memory");
+    }
+    h->g = g;
+    *out = h;
+    return DF_OK;
+}
+
+static df_status graph_launch(df_dev_stream *s, df_dev_graph *g)
+{
+    if (s->failed != DF_OK)
+        return DF_OK;
+    df_status st = dvk_graph_launch(s->dev->d, g->g);
+    return st == DF_OK ? DF_OK : fail(s, st);
+}
+
+static void graph_free(void *dev, df_dev_graph *g)
+{
+    vk_dev *vd = dev;
+    if (!g)
+        return;
+    dvk_graph_free(vd->d, g->g);
+    run_callbacks(vd, DF_OK);
+    free(g);
+}
+
+static void device_counters(void *dev, df_dev_counters *out)
+{
+    const dvk_stats *st = &((vk_dev *)dev)->d->stats;
+    *out = (df_dev_counters){.dispatches = st->dispatches,
+                             .dispatches_recorded = st->dispatches_recorded,
+                             .submits = st->submits,
+                             .graph_launches = st->graph_launches};
+}
+
 static bool supports(void *dev, const df_node *n)
 {
     if (!dvk_op_supported(n->op))
@@ -361,6 +416,11 @@ static const df_device_ops ops = {
     .comm_create = comm_create,
     .comm_free = dvk_comm_free,
     .collective = collective,
+    .device_counters = device_counters,
+    .capture_begin = capture_begin,
+    .capture_end = capture_end,
+    .graph_launch = graph_launch,
+    .graph_free = graph_free,
 };
 
 __attribute__((visibility("default"))) const df_device_ops *df_device_plugin(const df_host_api *host,

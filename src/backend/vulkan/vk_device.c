@@ -289,6 +289,8 @@ static df_status open_device(int index, dvk_device *d)
         DF_TRY(dvk_arena_init(d, &b->arena, (uint64_t)16 << 20));
     }
     DF_TRY(dvk_arena_init(d, &d->readback, (uint64_t)16 << 20));
+    DF_TRY(dvk_arena_init(d, &d->fault, 256));
+    memset(d->fault.mapped, 0, sizeof(dvk_fault));
     DF_TRY(dvk_pipeline_cache_open(d));
     const char *prof = getenv("DIFFUSE_VULKAN_PROFILE");
     d->profile = prof && strcmp(prof, "1") == 0;
@@ -331,6 +333,7 @@ void dvk_device_close(dvk_device *d)
             dvk_arena_deinit(d, &b->arena);
         }
         dvk_arena_deinit(d, &d->readback);
+        dvk_arena_deinit(d, &d->fault);
         dvk_pool_release(d);
         if (d->layout)
             d->fn->vkDestroyPipelineLayout(d->dev, d->layout, NULL);

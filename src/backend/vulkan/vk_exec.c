@@ -11,6 +11,13 @@
  * earlier command of the batch wrote, or writes what one read. Each batch starts with one
  * barrier, which orders it after the batches submitted before it.
  *
+ * Recorded graphs (compiled mode's replay): between dvk_capture_begin and dvk_capture_end
+ * the commands go into a secondary command buffer, whose parameter blocks live in arenas of
+ * its own; capture_end executes it once in the recording batch, dvk_graph_launch executes it
+ * again in a later one (vkCmdExecuteCommands: no command is recorded again, and the call's
+ * work is one submit). Its barriers are its hazards', as in a batch; one barrier before
+ * and after each execution orders it against the batch's other commands.
+ *
  * Pipelines are made on first use from the embedded SPIR-V and the specialisation
  * constants, through a VkPipelineCache that is loaded from and saved to
  * DIFFUSE_CACHE_DIR (default $XDG_CACHE_HOME/diffuse or ~/.cache/diffuse), in a file named
@@ -49,12 +56,27 @@ static void barrier(dvk_device *d, VkCommandBuffer cmd)
     d->stats.barriers++;
 }
 
+/* A fault a shader reported (the first since the last one was read) fails the device, with
+ * the message the CPU backend gives for the same input. */
+static void check_fault(dvk_device *d)
+{
+    dvk_fault *f = (dvk_fault *)(void *)d->fault.mapped;
+    if (!f || f->kind == DVK_FAULT_NONE)
+        return;
+    if (d->failed == DF_OK && f->kind == DVK_FAULT_GATHER_ID)
+        d->failed = df_errorf(DF_E_ARG, "gather: id %lld at position %lld is outside the "
+                              "table of %lld rows", (long long)f->a, (long long)f->b,
+                              (long long)f->c);
+    memset(f, 0, sizeof *f);
+}
+
 static df_status wait_batch(dvk_device *d, dvk_batch *b)
 {
     if (!b->in_flight)
         return DF_OK;
     VkResult r = d->fn->vkWaitForFences(d->dev, 1, &b->fence, VK_TRUE, UINT64_MAX);
     b->in_flight = false;
+    check_fault(d);
     if (r == VK_SUCCESS && b->end_pos > d->done_pos)
         d->done_pos = b->end_pos;
     if (r != VK_SUCCESS && d->failed == DF_OK)
@@ -63,8 +85,18 @@ static df_status wait_batch(dvk_device *d, dvk_batch *b)
     return r == VK_SUCCESS ? DF_OK : d->failed;
 }
 
+/* A capture under way whose commands still go into its graph. */
+static bool capturing(const dvk_device *d)
+{
+    return d->capture && !d->capture->broken;
+}
+
 df_status dvk_batch_cmd(dvk_device *d, VkCommandBuffer *out)
 {
+    if (capturing(d)) {
+        *out = d->capture->cmd;
+        return DF_OK;
+    }
     dvk_batch *b = &d->batch[d->cur];
     if (!b->recording) {
         DF_TRY(wait_batch(d, b));
@@ -89,6 +121,11 @@ df_status dvk_flush(dvk_device *d)
     if (!b->recording)
         return DF_OK;
     b->recording = false;
+    VkMemoryBarrier hb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, /* the fault record */
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    d->fn->vkCmdPipelineBarrier(b->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, NULL, 0, NULL);
     if (d->fn->vkEndCommandBuffer(b->cmd) != VK_SUCCESS)
         return df_errorf(DF_E_DEVICE, "vulkan: vkEndCommandBuffer failed");
     VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
@@ -102,7 +139,7 @@ df_status dvk_flush(dvk_device *d)
         return d->failed;
     }
     b->in_flight = true;
-    b->end_pos = d->pos;
+    b->end_pos = capturing(d) ? d->capture_pos : d->pos; /* the graph is not in it yet */
     d->stats.submits++;
     d->cur = (d->cur + 1) % DVK_BATCHES;
     return DF_OK;
@@ -110,6 +147,7 @@ df_status dvk_flush(dvk_device *d)
 
 df_status dvk_finish(dvk_device *d)
 {
+    DF_TRY(dvk_capture_break(d, "a wait for the device inside it"));
     df_status s = dvk_flush(d);
     for (int i = 0; i < DVK_BATCHES; i++) {
         df_status w = wait_batch(d, &d->batch[i]);
@@ -124,6 +162,18 @@ uint64_t dvk_position(dvk_device *d)
     return d->pos;
 }
 
+bool dvk_done(dvk_device *d, uint64_t at)
+{
+    if (at <= d->done_pos)
+        return true;
+    for (int i = 0; i < DVK_BATCHES; i++) {
+        dvk_batch *b = &d->batch[i];
+        if (b->in_flight && d->fn->vkGetFenceStatus(d->dev, b->fence) == VK_SUCCESS)
+            wait_batch(d, b);
+    }
+    return at <= d->done_pos;
+}
+
 bool dvk_reached(dvk_device *d, uint64_t at, bool wait)
 {
     if (at <= d->done_pos)
@@ -135,6 +185,12 @@ bool dvk_reached(dvk_device *d, uint64_t at, bool wait)
     }
     if (at <= d->done_pos)
         return true;
+    if (capturing(d) && at > d->capture_pos) { /* inside the graph being recorded */
+        if (!wait)
+            return false;
+        if (dvk_capture_break(d, "a wait for a position inside it") != DF_OK)
+            return true;
+    }
     if (d->batch[d->cur].recording && dvk_flush(d) != DF_OK)
         return true; /* a failed device: nothing will run; sync reports why */
     if (!wait)
@@ -147,9 +203,32 @@ bool dvk_reached(dvk_device *d, uint64_t at, bool wait)
     return at <= d->done_pos;
 }
 
+static df_status graph_host(dvk_device *d, dvk_graph *g, uint64_t need, void **host,
+                            VkDeviceAddress *addr)
+{
+    dvk_arena *a = g->n_arenas ? &g->arenas[g->n_arenas - 1] : NULL;
+    if (!a || a->used + need > a->size) {
+        uint64_t size = a && a->size < (4u << 20) ? 2 * a->size : a ? a->size : 64u << 10;
+        if (size < need)
+            size = need;
+        dvk_arena *na = realloc(g->arenas, ((size_t)g->n_arenas + 1) * sizeof *na);
+        if (!na)
+            return df_errorf(DF_E_OOM, "vulkan: out of host memory recording a graph");
+        g->arenas = na;
+        DF_TRY(dvk_arena_init(d, &g->arenas[g->n_arenas], size));
+        a = &g->arenas[g->n_arenas++];
+    }
+    *host = a->mapped + a->used;
+    *addr = a->addr + a->used;
+    a->used += need;
+    return DF_OK;
+}
+
 df_status dvk_batch_host(dvk_device *d, uint64_t bytes, void **host, VkDeviceAddress *addr)
 {
     uint64_t need = (bytes + 255) & ~(uint64_t)255;
+    if (capturing(d)) /* kept with the graph: its replays read them */
+        return graph_host(d, d->capture, need, host, addr);
     VkCommandBuffer cmd;
     DF_TRY(dvk_batch_cmd(d, &cmd));
     dvk_batch *b = &d->batch[d->cur];
@@ -290,9 +369,12 @@ df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_sp
     d->fn->vkCmdPushConstants(cmd, d->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, 8, &a);
     d->fn->vkCmdDispatch(cmd, gx, gy, gz);
     d->stats.dispatches++;
+    d->stats.dispatches_recorded++;
     d->pos++;
     dvk_batch *b = &d->batch[d->cur];
-    if (d->profile && shader < DVK_MAX_SHADERS) { /* DIFFUSE_VULKAN_PROFILE=1: timed alone */
+    if (capturing(d)) {
+        d->capture->dispatches++;
+    } else if (d->profile && shader < DVK_MAX_SHADERS) { /* DIFFUSE_VULKAN_PROFILE=1: timed alone */
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         DF_TRY(dvk_finish(d));
@@ -304,6 +386,116 @@ df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_sp
         DF_TRY(dvk_flush(d));
     }
     return DF_OK;
+}
+
+/* ---- recorded graphs --------------------------------------------------------------------- */
+
+df_status dvk_capture_begin(dvk_device *d)
+{
+    if (d->capture)
+        return df_errorf(DF_E_STATE, "vulkan: a capture is already under way");
+    if (d->profile)
+        return df_errorf(DF_E_UNSUPPORTED, "vulkan: no recorded graphs with "
+                         "DIFFUSE_VULKAN_PROFILE=1 (every dispatch is submitted alone)");
+    dvk_graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return df_errorf(DF_E_OOM, "vulkan: out of host memory recording a graph");
+    VkCommandBufferAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+                                      .commandPool = d->cmd_pool,
+                                      .level = VK_COMMAND_BUFFER_LEVEL_SECONDARY,
+                                      .commandBufferCount = 1};
+    VkCommandBufferInheritanceInfo ih = {
+        .sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_INHERITANCE_INFO};
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                                   .flags = VK_COMMAND_BUFFER_USAGE_SIMULTANEOUS_USE_BIT,
+                                   .pInheritanceInfo = &ih};
+    if (d->fn->vkAllocateCommandBuffers(d->dev, &ai, &g->cmd) != VK_SUCCESS) {
+        free(g);
+        return df_errorf(DF_E_DEVICE, "vulkan: allocating a secondary command buffer failed");
+    }
+    if (d->fn->vkBeginCommandBuffer(g->cmd, &bi) != VK_SUCCESS) {
+        d->fn->vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &g->cmd);
+        free(g);
+        return df_errorf(DF_E_DEVICE, "vulkan: vkBeginCommandBuffer failed (secondary)");
+    }
+    d->capture = g;
+    d->capture_pos = d->pos;
+    barrier(d, g->cmd); /* after everything before it; its hazards start here */
+    return DF_OK;
+}
+
+/* Ends the recording and executes the graph once in the recording batch. */
+static df_status end_recording(dvk_device *d, dvk_graph *g)
+{
+    d->capture = g;
+    if (d->fn->vkEndCommandBuffer(g->cmd) != VK_SUCCESS)
+        return df_errorf(DF_E_DEVICE, "vulkan: vkEndCommandBuffer failed (secondary)");
+    g->positions = d->pos - d->capture_pos;
+    const char *broken = g->broken;
+    g->broken = "ending"; /* commands from here go into the batch */
+    VkCommandBuffer prim;
+    df_status s = dvk_batch_cmd(d, &prim);
+    g->broken = broken;
+    if (s != DF_OK)
+        return s;
+    d->fn->vkCmdExecuteCommands(prim, 1, &g->cmd);
+    barrier(d, prim); /* what follows depends on it as a whole */
+    return DF_OK;
+}
+
+df_status dvk_capture_break(dvk_device *d, const char *why)
+{
+    if (!capturing(d))
+        return DF_OK;
+    df_status s = end_recording(d, d->capture);
+    d->capture->broken = why;
+    return s;
+}
+
+df_status dvk_capture_end(dvk_device *d, dvk_graph **out)
+{
+    *out = NULL;
+    dvk_graph *g = d->capture;
+    if (!g)
+        return df_errorf(DF_E_STATE, "vulkan: capture_end without capture_begin");
+    df_status s = g->broken ? DF_OK : end_recording(d, g);
+    d->capture = NULL;
+    if (s != DF_OK || g->broken) {
+        const char *why = g->broken ? g->broken : "recording it failed";
+        dvk_graph_free(d, g);
+        return s != DF_OK ? s : df_errorf(DF_E_UNSUPPORTED, "vulkan: the captured work "
+                                          "cannot be replayed (%s)", why);
+    }
+    *out = g;
+    return DF_OK;
+}
+
+df_status dvk_graph_launch(dvk_device *d, dvk_graph *g)
+{
+    if (d->capture)
+        return df_errorf(DF_E_STATE, "vulkan: a graph launched inside a capture");
+    VkCommandBuffer prim;
+    DF_TRY(dvk_batch_cmd(d, &prim)); /* the graph begins with its own barrier */
+    d->fn->vkCmdExecuteCommands(prim, 1, &g->cmd);
+    barrier(d, prim);
+    d->pos += g->positions;
+    d->stats.dispatches += g->dispatches;
+    d->stats.graph_launches++;
+    if (++d->batch[d->cur].dispatches >= DVK_BATCH_DISPATCHES)
+        DF_TRY(dvk_flush(d));
+    return DF_OK;
+}
+
+void dvk_graph_free(dvk_device *d, dvk_graph *g)
+{
+    if (!g)
+        return;
+    dvk_finish(d); /* no batch executes it any more */
+    d->fn->vkFreeCommandBuffers(d->dev, d->cmd_pool, 1, &g->cmd);
+    for (int i = 0; i < g->n_arenas; i++)
+        dvk_arena_deinit(d, &g->arenas[i]);
+    free(g->arenas);
+    free(g);
 }
 
 void dvk_profile_print(dvk_device *d)

@@ -75,6 +75,7 @@
     X(vkCmdDispatch)                                                                       \
     X(vkCmdPipelineBarrier)                                                                \
     X(vkCmdCopyBuffer)                                                                     \
+    X(vkCmdExecuteCommands)                                                                \
     X(vkQueueSubmit)                                                                       \
     X(vkCreateFence)                                                                       \
     X(vkDestroyFence)                                                                      \
@@ -206,9 +207,20 @@ typedef struct dvk_coopmat {
     bool asked; /* DIFFUSE_VULKAN_COOPMAT=1 */
     char why[160];
 } dvk_coopmat;
+/* A recorded graph (compiled mode's replay): a secondary command buffer that the batches
+ * execute, with the parameter blocks of its dispatches in arenas of its own. */
+typedef struct dvk_graph {
+    VkCommandBuffer cmd;
+    dvk_arena *arenas;
+    int n_arenas;
+    int64_t dispatches;
+    uint64_t positions; /* commands it holds (positions a launch advances by) */
+    const char *broken; /* why it cannot be replayed, or NULL */
+} dvk_graph;
 
 typedef struct dvk_stats {
     int64_t dispatches, submits, barriers, bytes_up, bytes_down, pipelines_created;
+    int64_t dispatches_recorded, graph_launches;
     double pipeline_ms; /* spent making pipelines (from the cache or compiling) */
 } dvk_stats;
 
@@ -242,10 +254,15 @@ typedef struct dvk_device {
     int n_written, n_read;
     /* readback staging */
     dvk_arena readback;
+    /* Faults shaders report (a gather id outside its table): host-visible, checked when a
+     * batch has run (dvk_fault: kind 0 = none). */
+    dvk_arena fault;
     dvk_stats stats;
     dvk_coopmat coopmat; /* vk_coopmat.c: chosen when the device is created */
     df_status failed; /* the first failure of a submitted batch (sticky until reset) */
     uint64_t pos, done_pos; /* commands recorded; position every finished batch reached */
+    dvk_graph *capture;     /* the graph being recorded, or NULL */
+    uint64_t capture_pos;   /* the position where it began */
     bool profile;           /* DIFFUSE_VULKAN_PROFILE=1 */
     double profile_ms[DVK_MAX_SHADERS];
     int64_t profile_calls[DVK_MAX_SHADERS];
@@ -279,6 +296,13 @@ df_status dvk_batch_cmd(dvk_device *d, VkCommandBuffer *out);
 /* `bytes` of host-visible memory in the recording batch's arena, 256-byte aligned;
  * submits and moves to the next batch when the arena is full. */
 df_status dvk_batch_host(dvk_device *d, uint64_t bytes, void **host, VkDeviceAddress *addr);
+/* What a shader reported in d->fault (kind, then three numbers), read once a batch ran. */
+typedef struct dvk_fault {
+    uint32_t kind, pad;
+    int64_t a, b, c;
+} dvk_fault;
+enum { DVK_FAULT_NONE, DVK_FAULT_GATHER_ID };
+
 /* Submits the recording batch (if it has commands). */
 df_status dvk_flush(dvk_device *d);
 /* Submits and waits for every batch; returns the first failure. */
@@ -288,6 +312,10 @@ df_status dvk_finish(dvk_device *d);
  * batch when `at` lies in it, so a position asked about is always reached eventually. */
 uint64_t dvk_position(dvk_device *d);
 bool dvk_reached(dvk_device *d, uint64_t at, bool wait);
+/* Whether the device has finished every command before `at`, submitting nothing (what the
+ * host callbacks ask after each launch: a batch is then submitted when it is full or the
+ * host waits, not at every launch). */
+bool dvk_done(dvk_device *d, uint64_t at);
 
 /* Declares that the next command reads / writes these ranges; records a barrier first if
  * it depends on an earlier command of the batch. */
@@ -298,6 +326,18 @@ void dvk_hazard(dvk_device *d, const dvk_range *reads, int n_reads, const dvk_ra
  * parameter block `params` (bytes) is copied into the batch's arena. */
 df_status dvk_dispatch(dvk_device *d, int shader, const uint32_t *spec, int n_spec,
                        const void *params, size_t bytes, uint32_t gx, uint32_t gy, uint32_t gz);
+
+/* Recorded graphs. Between dvk_capture_begin and dvk_capture_end the commands go into the
+ * graph's secondary command buffer; capture_end executes it once in the recording batch
+ * (the work runs as if queued directly) and returns it; dvk_graph_launch executes it again.
+ * A host copy or a wait inside a capture ends the recording there (the work still runs in
+ * order) and capture_end then returns DF_E_UNSUPPORTED. */
+df_status dvk_capture_begin(dvk_device *d);
+df_status dvk_capture_end(dvk_device *d, dvk_graph **out);
+df_status dvk_graph_launch(dvk_device *d, dvk_graph *g);
+void dvk_graph_free(dvk_device *d, dvk_graph *g);
+/* Ends a capture under way (if any) at this point, marking it not replayable for `why`. */
+df_status dvk_capture_break(dvk_device *d, const char *why);
 
 /* With DIFFUSE_VULKAN_PROFILE=1 every dispatch is submitted alone and timed; this prints
  * the time per shader to stderr (at close). */

@@ -287,6 +287,7 @@ static VkBuffer current_arena(dvk_device *d, VkDeviceAddress addr, uint64_t *off
 
 df_status dvk_upload(dvk_device *d, VkDeviceAddress dst, const void *src, uint64_t bytes)
 {
+    DF_TRY(dvk_capture_break(d, "an upload from host memory inside it"));
     dvk_block *blk = NULL;
     uint64_t boff = 0;
     DF_TRY(dvk_locate(d, dst, bytes, &blk, &boff));
@@ -314,6 +315,7 @@ df_status dvk_upload(dvk_device *d, VkDeviceAddress dst, const void *src, uint64
 
 df_status dvk_download(dvk_device *d, void *dst, VkDeviceAddress src, uint64_t bytes)
 {
+    DF_TRY(dvk_capture_break(d, "a read by the host inside it"));
     dvk_block *blk = NULL;
     uint64_t boff = 0;
     DF_TRY(dvk_locate(d, src, bytes, &blk, &boff));

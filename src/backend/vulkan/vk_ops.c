@@ -208,7 +208,7 @@ static df_status run_upsample(const dvk_env *e, const df_node *n)
 }
 
 typedef struct gather_params {
-    uint64_t table, ids, out;
+    uint64_t table, ids, out, fault;
     int64_t table_dtype, ids_dtype, rows, dim, count, groups_x;
 } gather_params;
 
@@ -218,6 +218,7 @@ static df_status run_gather(const dvk_env *e, const df_node *n)
     gather_params p = {.table = e->addr(e->user, t),
                        .ids = e->addr(e->user, ids),
                        .out = e->addr(e->user, &n->out),
+                       .fault = e->d->fault.addr,
                        .table_dtype = t->dtype,
                        .ids_dtype = ids->dtype,
                        .rows = t->shape[0],
