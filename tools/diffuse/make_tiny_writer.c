@@ -6,6 +6,11 @@
  * known, and for more than one the index (metadata.total_size, weight_map) is written in
  * the layout save_pretrained gives it. One shard's file is byte for byte what a single
  * df_st_writer would have written.
+ *
+ * Drawing normals costs far more than writing them: a tensor of more than BIG_TENSOR
+ * elements (only full-size models have them) repeats one draw of PERIOD values, a count
+ * no row length divides (so rows differ by a shift), and a full-size model is written at
+ * about disk speed. Smaller tensors, every tiny model's, are drawn whole.
  */
 #include <errno.h>
 #include <math.h>
@@ -120,6 +125,8 @@ void tw_add_values(tiny_writer *w, const char *name, const int64_t *shape, int n
         w->s = df_st_writer_add_f32(w->w, name, w->dtype, shape, ndim, v);
 }
 
+enum { BIG_TENSOR = 1 << 22, PERIOD = 65521 /* prime */ };
+
 void tw_add(tiny_writer *w, const char *name, const int64_t *shape, int ndim, float std,
             float mean)
 {
@@ -134,8 +141,13 @@ void tw_add(tiny_writer *w, const char *name, const int64_t *shape, int ndim, fl
         w->s = DF_E_OOM;
         return;
     }
-    if (std > 0)
+    if (std > 0 && n > BIG_TENSOR) {
+        df_rng_randn_f32(w->rng, v, PERIOD);
+        for (int64_t i = PERIOD; i < n; i += PERIOD)
+            memcpy(v + i, v, (size_t)(n - i < PERIOD ? n - i : PERIOD) * sizeof *v);
+    } else if (std > 0) {
         df_rng_randn_f32(w->rng, v, n);
+    }
     for (int64_t i = 0; i < n; i++)
         v[i] = std > 0 ? mean + std * v[i] : mean;
     tw_add_values(w, name, shape, ndim, v);
