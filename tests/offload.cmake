@@ -13,3 +13,12 @@ add_test(NAME cli/generate_errors
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/generate_errors.sh $<TARGET_FILE:diffuse>
                  ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(cli/generate_errors PROPERTIES FIXTURES_REQUIRED tiny_flux TIMEOUT 600)
+
+# make-tiny's streaming writer: the same seed and folder name with every component split
+# into files of at most 100 kB (text encoders, transformer, VAE, each with its index) gives
+# the image of the single files.
+add_test(NAME cli/flux_sharded
+         COMMAND sh -c "rm -rf \"$1\" && \"$0\" make-tiny --arch flux --seed 3 --shard-size 100000 \"$1\" >/dev/null && for c in text_encoder text_encoder_2 transformer vae; do ls \"$1\"/$c/*-00003-of-* \"$1\"/$c/*.safetensors.index.json >/dev/null || exit 1; done && \"$0\" generate -m \"$1\" -p fox -W 64 -H 64 --steps 1 -o \"$1\".png >/dev/null && \"$0\" generate -m \"$2\" -p fox -W 64 -H 64 --steps 1 -o \"$1\"-ref.png >/dev/null && cmp \"$1\".png \"$1\"-ref.png || { echo sharded folder differs; exit 1; }"
+                 $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/sharded/tiny-flux
+                 ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux)
+set_tests_properties(cli/flux_sharded PROPERTIES FIXTURES_REQUIRED tiny_flux TIMEOUT 300)

@@ -14,7 +14,9 @@
  *
  * Each setting loads the model (each rank only its slice), runs one warm-up forward (packs
  * weights, touches pages), then times `--repeats N` forwards (default 1, --quick 3) and
- * keeps the best; in 2 x 1 the ranks start each forward together (a barrier) and the time
+ * keeps the best; `--rounds N` runs the two settings N times in turn (1 x 2, 2 x 1, 1 x 2, ...)
+ * so that the load of other processes falls on both alike, and reports each round's ratio,
+ * their median and range, and each setting's best round; in 2 x 1 the ranks start each forward together (a barrier) and the time
  * runs until both finished. Kernel profiling is on for the timed forwards: the time rank 0
  * spends inside all-reduce kernels (the exchange plus waiting for the slower rank) is
  * reported as a share of the timed wall time. A forward at full width takes about 2 s on
@@ -503,9 +505,17 @@ static double forward_gflop(const tp_shape *s, int n_double, int n_single)
     return (n_double * dbl + n_single * sgl + emb) / 1e9;
 }
 
+enum { MAX_ROUNDS = 32 };
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int bench_tp(const bench_opts *o)
 {
-    int n_double = 1, n_single = 1, repeats = o->quick ? 3 : 1;
+    int n_double = 1, n_single = 1, repeats = o->quick ? 3 : 1, rounds = 1;
     const char *model = "flux";
     for (int i = 0; i + 1 < o->argc; i += 2) {
         if (strcmp(o->argv[i], "--double") == 0)
@@ -514,6 +524,8 @@ int bench_tp(const bench_opts *o)
             n_single = atoi(o->argv[i + 1]);
         else if (strcmp(o->argv[i], "--repeats") == 0)
             repeats = atoi(o->argv[i + 1]);
+        else if (strcmp(o->argv[i], "--rounds") == 0)
+            rounds = atoi(o->argv[i + 1]);
         else if (strcmp(o->argv[i], "--model") == 0)
             model = o->argv[i + 1];
     }
@@ -522,9 +534,10 @@ int bench_tp(const bench_opts *o)
         return 1;
     }
     bool f2 = strcmp(model, "flux2") == 0;
-    if (n_double < 0 || n_single < 0 || n_double + n_single < 1 || repeats < 1) {
+    if (n_double < 0 || n_single < 0 || n_double + n_single < 1 || repeats < 1 || rounds < 1 ||
+        rounds > MAX_ROUNDS) {
         fprintf(stderr, "tp: usage: tp [--model flux|flux2] [--double N] [--single N] "
-                        "[--repeats N]\n");
+                        "[--repeats N] [--rounds 1..%d]\n", MAX_ROUNDS);
         return 1;
     }
     const tp_shape *s = f2 ? (o->quick ? &flux2_quick : &flux2_shape)
@@ -554,8 +567,25 @@ int bench_tp(const bench_opts *o)
         return 1;
     }
     st.dir = dir;
-    rank_job one[1], two[2];
-    int bad = run_setting(&st, 1, 2, one) || run_setting(&st, 2, 1, two);
+    /* Rounds alternate the settings, so that a change in the machine's load (other
+     * processes on the cores) falls on both; each setting keeps its best round. */
+    rank_job one[1], two[2], r1[1], r2[2];
+    double ratios[MAX_ROUNDS];
+    int bad = 0;
+    for (int r = 0; !bad && r < rounds; r++) {
+        bad = run_setting(&st, 1, 2, r1) || run_setting(&st, 2, 1, r2);
+        if (bad)
+            break;
+        ratios[r] = r2[0].best / r1[0].best;
+        if (rounds > 1 && !o->json)
+            printf("tp: round %d: 1 x 2 %.1f ms, 2 x 1 %.1f ms (%.1f ms in all-reduce), "
+                   "ratio %.3f\n", r + 1, r1[0].best * 1e3, r2[0].best * 1e3,
+                   r2[0].reduce_ms / st.repeats, ratios[r]);
+        if (r == 0 || r1[0].best < one[0].best)
+            one[0] = r1[0];
+        if (r == 0 || r2[0].best < two[0].best)
+            memcpy(two, r2, sizeof two);
+    }
 
     char path[1200];
     snprintf(path, sizeof path, "%s/diffusion_pytorch_model.safetensors", dir);
@@ -593,6 +623,12 @@ int bench_tp(const bench_opts *o)
             printf("tp:   %-22s %8.1f %8.1f\n", two[0].prof[k].op, ms1,
                    two[0].prof[k].ms / st.repeats);
         }
+    }
+    if (rounds > 1 && !o->json) {
+        qsort(ratios, (size_t)rounds, sizeof ratios[0], cmp_double);
+        printf("tp: over %d interleaved rounds the per-round ratio 2 x 1 / 1 x 2 is %.3f at "
+               "the median (%.3f to %.3f)\n", rounds, ratios[rounds / 2], ratios[0],
+               ratios[rounds - 1]);
     }
     if (!o->json)
         printf("tp: 2 ranks x 1 thread take %.2fx the time of 1 process x 2 threads (goal <= "

@@ -65,7 +65,8 @@ static const bench_workload workloads[] = {
     {"sd3", "SD3.5-medium-width transformer step with CFG at 512x512", bench_sd3},
     {"tp",
      "tensor parallelism: FLUX.1-width transformer at 512x512, 1 process x 2 threads against "
-     "2 ranks x 1 thread (thread communicator) [--double N] [--single N] [--repeats N]",
+     "2 ranks x 1 thread (thread communicator) [--double N] [--single N] [--repeats N] "
+     "[--rounds N]",
      bench_tp},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))

@@ -31,117 +31,46 @@
 #include "cli.h"
 #include "make_tiny_flux2.h"
 #include "make_tiny_lm.h"
+#include "make_tiny_writer.h"
+
+/* One CLIP text encoder's sizes; proj > 0 makes it a CLIPTextModelWithProjection. */
+typedef struct clip_dims {
+    int d, layers, heads, ff, proj;
+    const char *act;
+    int vocab; /* the embedding's rows at least (the tokenizer's count if more) */
+} clip_dims;
+
+/* A T5 encoder's sizes (gated-gelu). */
+typedef struct t5_dims {
+    int d, d_kv, heads, ff, layers, vocab; /* vocab: as clip_dims' */
+} t5_dims;
 
 typedef struct tiny {
     char dir[2048];
-    df_rng rng;
+    df_rng rng; /* one generator through every component */
     df_dtype dtype;
-    df_st_writer *w;
-    df_status s;
+    tiny_writer w;       /* the component being written */
+    int64_t shard_bytes; /* its weight files are split past this (0: 2 GiB) */
     int fx_heads, fx_head_dim, fx_double, fx_single; /* the FLUX transformer's sizes */
+    clip_dims clip;                                  /* FLUX's CLIP-L */
+    t5_dims t5;                                      /* FLUX's T5 */
+    int vae_channels[4], vae_layers, vae_groups;     /* the VAE decoder */
 } tiny;
 
 /* ---- small file helpers ------------------------------------------------------------ */
 
-static int make_dir(const char *path)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "diffuse make-tiny: cannot create %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 static int write_text(const tiny *t, const char *rel, const char *text)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", t->dir, rel);
-    FILE *f = fopen(path, "wb");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
-        fprintf(stderr, "diffuse make-tiny: cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
+    return tw_write_file(t->dir, rel, text);
 }
 
-/* ---- weights ---------------------------------------------------------------------------- */
+/* ---- weights: one component at a time through make_tiny_writer.c ---------------------- */
 
-static void add(tiny *t, const char *name, const int64_t *shape, int ndim, float std, float mean)
-{
-    if (t->s != DF_OK)
-        return;
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++)
-        n *= shape[d];
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) {
-        t->s = DF_E_OOM;
-        return;
-    }
-    if (std > 0)
-        df_rng_randn_f32(&t->rng, v, n);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = std > 0 ? mean + std * v[i] : mean;
-    t->s = df_st_writer_add_f32(t->w, name, t->dtype, shape, ndim, v);
-    free(v);
-}
-
-#define SH(...) (const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-
-static void linear(tiny *t, const char *name, int64_t out, int64_t in, int bias)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(t, n, SH(out, in), 1.0f / sqrtf((float)in), 0);
-    if (bias) {
-        snprintf(n, sizeof n, "%s.bias", name);
-        add(t, n, SH(out), 0.02f, 0);
-    }
-}
-
-static void norm(tiny *t, const char *name, int64_t dim, int bias)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(t, n, SH(dim), 0.05f, 1.0f);
-    if (bias) {
-        snprintf(n, sizeof n, "%s.bias", name);
-        add(t, n, SH(dim), 0.02f, 0);
-    }
-}
-
-static void conv(tiny *t, const char *name, int64_t out, int64_t in, int64_t k)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(t, n, SH(out, in, k, k), 1.0f / sqrtf((float)(in * k * k)), 0);
-    snprintf(n, sizeof n, "%s.bias", name);
-    add(t, n, SH(out), 0.02f, 0);
-}
-
-static int begin(tiny *t, const char *component)
+static int begin(tiny *t, const char *component, const char *base)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", t->dir, component);
-    if (make_dir(path))
-        return -1;
-    t->s = df_st_writer_create(&t->w);
-    return t->s == DF_OK ? 0 : -1;
-}
-
-static int finish(tiny *t, const char *file)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", t->dir, file);
-    if (t->s == DF_OK)
-        t->s = df_st_writer_finish(t->w, path);
-    df_st_writer_free(t->w);
-    t->w = NULL;
-    if (t->s != DF_OK) {
-        fprintf(stderr, "diffuse make-tiny: %s: %s\n", path, df_error_message());
-        return -1;
-    }
-    return 0;
+    return tw_begin(&t->w, path, base, t->dtype, &t->rng, 0, t->shard_bytes);
 }
 
 /* ---- sizes ------------------------------------------------------------------------------ */
@@ -161,17 +90,22 @@ enum {
 #define SD3_INNER (SD3_HEADS * SD3_HEAD_DIM)
 static const int vae_channels[4] = {32, 32, 64, 64};
 
-/* One CLIP text encoder's sizes; proj > 0 makes it a CLIPTextModelWithProjection. */
-typedef struct clip_dims {
-    int d, layers, heads, ff, proj;
-    const char *act;
-} clip_dims;
-
-static const clip_dims flux_clip = {CLIP_D, CLIP_LAYERS, CLIP_HEADS, CLIP_FF, 0, "quick_gelu"};
+static const clip_dims flux_clip = {CLIP_D, CLIP_LAYERS, CLIP_HEADS, CLIP_FF, 0, "quick_gelu", 0};
 static const clip_dims sd3_clip_l = {CLIP_D, CLIP_LAYERS, CLIP_HEADS, CLIP_FF, SD3_CLIP_PROJ,
-                                     "quick_gelu"};
+                                     "quick_gelu", 0};
 static const clip_dims sd3_clip_g = {SD3_CLIP_G_D, CLIP_LAYERS, CLIP_HEADS, 2 * SD3_CLIP_G_D,
-                                     SD3_CLIP_PROJ, "gelu"};
+                                     SD3_CLIP_PROJ, "gelu", 0};
+static const t5_dims tiny_t5 = {T5_D, T5_KV, T5_HEADS, T5_FF, T5_LAYERS, 0};
+static const t5_dims sd3_t5 = {SD3_T5_D, T5_KV, T5_HEADS, T5_FF, T5_LAYERS, 0};
+
+/* --size schnell: FLUX.1-schnell's shapes. CLIP-L (12 layers at 768, vocabulary 49408),
+ * T5-XXL's encoder (24 layers at 4096, 64 heads of 64, gated-GELU 10240, vocabulary 32128),
+ * the transformer's 19 double + 38 single blocks of 24 heads of 128, the VAE decoder at
+ * 128-512 channels with 2 layers per block and 32 groups: about 17 G parameters (34 GB in
+ * bf16), written in shards. */
+static const clip_dims schnell_clip = {768, 12, 12, 3072, 0, "quick_gelu", 49408};
+static const t5_dims schnell_t5 = {4096, 64, 64, 10240, 24, 32128};
+static const int schnell_vae[4] = {128, 256, 512, 512};
 
 /* ---- CLIP tokenizer and encoder ----------------------------------------------------- */
 
@@ -213,7 +147,7 @@ static int write_clip_tokenizer(tiny *t, const char *folder, const char *pad, in
 {
     char path[4096], rel[256], text[1024];
     snprintf(path, sizeof path, "%s/%s", t->dir, folder);
-    if (make_dir(path))
+    if (tw_make_dir(path))
         return -1;
     size_t cap = 1 << 16, len = 0;
     char *v = malloc(cap);
@@ -257,6 +191,8 @@ static int write_clip_tokenizer(tiny *t, const char *folder, const char *pad, in
 /* A CLIP text encoder in `folder` (text_encoder, text_encoder_2). */
 static int write_clip(tiny *t, const char *folder, const clip_dims *c, int vocab)
 {
+    if (vocab < c->vocab)
+        vocab = c->vocab;
     char cfg[2048], rel[256];
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"%s\"],\n  \"bos_token_id\": 0,\n"
@@ -269,33 +205,32 @@ static int write_clip(tiny *t, const char *folder, const clip_dims *c, int vocab
              c->heads, c->layers, c->proj ? c->proj : c->d,
              t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
     snprintf(rel, sizeof rel, "%s/config.json", folder);
-    if (begin(t, folder) || write_text(t, rel, cfg))
+    if (begin(t, folder, "model") || write_text(t, rel, cfg))
         return -1;
     const int D = c->d;
-    add(t, "text_model.embeddings.token_embedding.weight", SH(vocab, D), 0.5f, 0);
-    add(t, "text_model.embeddings.position_embedding.weight", SH(77, D), 0.1f, 0);
+    tw_add(&t->w, "text_model.embeddings.token_embedding.weight", SH(vocab, D), 0.5f, 0);
+    tw_add(&t->w, "text_model.embeddings.position_embedding.weight", SH(77, D), 0.1f, 0);
     for (int l = 0; l < c->layers; l++) {
         char p[256];
         const char *lin[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                              "self_attn.out_proj"};
         for (int i = 0; i < 4; i++) {
             snprintf(p, sizeof p, "text_model.encoder.layers.%d.%s", l, lin[i]);
-            linear(t, p, D, D, 1);
+            tw_linear(&t->w, p, D, D, 1);
         }
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc1", l);
-        linear(t, p, c->ff, D, 1);
+        tw_linear(&t->w, p, c->ff, D, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.mlp.fc2", l);
-        linear(t, p, D, c->ff, 1);
+        tw_linear(&t->w, p, D, c->ff, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm1", l);
-        norm(t, p, D, 1);
+        tw_norm(&t->w, p, D, 1);
         snprintf(p, sizeof p, "text_model.encoder.layers.%d.layer_norm2", l);
-        norm(t, p, D, 1);
+        tw_norm(&t->w, p, D, 1);
     }
-    norm(t, "text_model.final_layer_norm", D, 1);
+    tw_norm(&t->w, "text_model.final_layer_norm", D, 1);
     if (c->proj)
-        add(t, "text_projection.weight", SH(c->proj, D), 1.0f / sqrtf((float)D), 0);
-    snprintf(rel, sizeof rel, "%s/model.safetensors", folder);
-    return finish(t, rel);
+        tw_add(&t->w, "text_projection.weight", SH(c->proj, D), 1.0f / sqrtf((float)D), 0);
+    return tw_finish(&t->w);
 }
 
 /* ---- T5 SentencePiece model and encoder ------------------------------------------------ */
@@ -359,7 +294,7 @@ static int write_t5_tokenizer(tiny *t, const char *folder, int *vocab_size)
 {
     char path[4096], rel[256];
     snprintf(path, sizeof path, "%s/%s", t->dir, folder);
-    if (make_dir(path))
+    if (tw_make_dir(path))
         return -1;
     enum { NORMAL = 1, UNKNOWN = 2, CONTROL = 3 };
     buf m = {0};
@@ -438,8 +373,10 @@ static int write_t5_tokenizer(tiny *t, const char *folder, int *vocab_size)
 }
 
 /* A T5 encoder of width d_model in `folder` (text_encoder_2, SD3's text_encoder_3). */
-static int write_t5(tiny *t, const char *folder, int d_model, int vocab)
+static int write_t5(tiny *t, const char *folder, const t5_dims *z, int vocab)
 {
+    if (vocab < z->vocab)
+        vocab = z->vocab;
     char cfg[2048], rel[256];
     snprintf(cfg, sizeof cfg,
              "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_ff\": %d,\n  \"d_kv\": %d,\n"
@@ -450,40 +387,39 @@ static int write_t5(tiny *t, const char *folder, int d_model, int vocab)
              "  \"relative_attention_max_distance\": 128,\n"
              "  \"relative_attention_num_buckets\": 32,\n  \"tie_word_embeddings\": false,\n"
              "  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
-             T5_FF, T5_KV, d_model, T5_HEADS, T5_LAYERS,
+             z->ff, z->d_kv, z->d, z->heads, z->layers,
              t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
     snprintf(rel, sizeof rel, "%s/config.json", folder);
-    if (begin(t, folder) || write_text(t, rel, cfg))
+    if (begin(t, folder, "model") || write_text(t, rel, cfg))
         return -1;
-    const int T5D = d_model;
-    add(t, "shared.weight", SH(vocab, T5D), 1.0f, 0);
-    int inner = T5_KV * T5_HEADS;
-    for (int l = 0; l < T5_LAYERS; l++) {
+    const int T5D = z->d;
+    tw_add(&t->w, "shared.weight", SH(vocab, T5D), 1.0f, 0);
+    int inner = z->d_kv * z->heads;
+    for (int l = 0; l < z->layers; l++) {
         char p[256];
         const char *qkv[] = {"q", "k", "v"};
         for (int i = 0; i < 3; i++) {
             snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.%s", l, qkv[i]);
-            linear(t, p, inner, T5D, 0);
+            tw_linear(&t->w, p, inner, T5D, 0);
         }
         snprintf(p, sizeof p, "encoder.block.%d.layer.0.SelfAttention.o", l);
-        linear(t, p, T5D, inner, 0);
+        tw_linear(&t->w, p, T5D, inner, 0);
         if (l == 0)
-            add(t, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-                SH(32, T5_HEADS), 0.5f, 0);
+            tw_add(&t->w, "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                SH(32, z->heads), 0.5f, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.0.layer_norm", l);
-        norm(t, p, T5D, 0);
+        tw_norm(&t->w, p, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_0", l);
-        linear(t, p, T5_FF, T5D, 0);
+        tw_linear(&t->w, p, z->ff, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wi_1", l);
-        linear(t, p, T5_FF, T5D, 0);
+        tw_linear(&t->w, p, z->ff, T5D, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.DenseReluDense.wo", l);
-        linear(t, p, T5D, T5_FF, 0);
+        tw_linear(&t->w, p, T5D, z->ff, 0);
         snprintf(p, sizeof p, "encoder.block.%d.layer.1.layer_norm", l);
-        norm(t, p, T5D, 0);
+        tw_norm(&t->w, p, T5D, 0);
     }
-    norm(t, "encoder.final_layer_norm", T5D, 0);
-    snprintf(rel, sizeof rel, "%s/model.safetensors", folder);
-    return finish(t, rel);
+    tw_norm(&t->w, "encoder.final_layer_norm", T5D, 0);
+    return tw_finish(&t->w);
 }
 
 /* ---- FLUX transformer --------------------------------------------------------------------- */
@@ -500,17 +436,18 @@ static int write_flux(tiny *t)
              "  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"joint_attention_dim\": %d,\n"
              "  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
              "  \"out_channels\": null,\n  \"patch_size\": 1,\n  \"pooled_projection_dim\": %d\n}\n",
-             hd, a0, a1, hd - a0 - a1, FX_IN, T5_D, t->fx_heads, t->fx_double, t->fx_single,
-             CLIP_D);
-    if (begin(t, "transformer") || write_text(t, "transformer/config.json", cfg))
+             hd, a0, a1, hd - a0 - a1, FX_IN, t->t5.d, t->fx_heads, t->fx_double, t->fx_single,
+             t->clip.d);
+    if (begin(t, "transformer", "diffusion_pytorch_model") ||
+        write_text(t, "transformer/config.json", cfg))
         return -1;
     const int D = t->fx_heads * hd, M = 4 * D;
-    linear(t, "x_embedder", D, FX_IN, 1);
-    linear(t, "context_embedder", D, T5_D, 1);
-    linear(t, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
-    linear(t, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
-    linear(t, "time_text_embed.text_embedder.linear_1", D, CLIP_D, 1);
-    linear(t, "time_text_embed.text_embedder.linear_2", D, D, 1);
+    tw_linear(&t->w, "x_embedder", D, FX_IN, 1);
+    tw_linear(&t->w, "context_embedder", D, t->t5.d, 1);
+    tw_linear(&t->w, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
+    tw_linear(&t->w, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
+    tw_linear(&t->w, "time_text_embed.text_embedder.linear_1", D, t->clip.d, 1);
+    tw_linear(&t->w, "time_text_embed.text_embedder.linear_2", D, D, 1);
     char p[256];
     for (int b = 0; b < t->fx_double; b++) {
         static const char *const sq[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
@@ -518,45 +455,45 @@ static int write_flux(tiny *t)
                                          "attn.to_add_out"};
         for (int i = 0; i < 8; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, sq[i]);
-            linear(t, p, D, D, 1);
+            tw_linear(&t->w, p, D, D, 1);
         }
         static const char *const qk[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
         for (int i = 0; i < 4; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.attn.%s", b, qk[i]);
-            norm(t, p, hd, 0);
+            tw_norm(&t->w, p, hd, 0);
         }
         snprintf(p, sizeof p, "transformer_blocks.%d.norm1.linear", b);
-        linear(t, p, 6 * D, D, 1);
+        tw_linear(&t->w, p, 6 * D, D, 1);
         snprintf(p, sizeof p, "transformer_blocks.%d.norm1_context.linear", b);
-        linear(t, p, 6 * D, D, 1);
+        tw_linear(&t->w, p, 6 * D, D, 1);
         static const char *const ff[] = {"ff", "ff_context"};
         for (int i = 0; i < 2; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.0.proj", b, ff[i]);
-            linear(t, p, M, D, 1);
+            tw_linear(&t->w, p, M, D, 1);
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.2", b, ff[i]);
-            linear(t, p, D, M, 1);
+            tw_linear(&t->w, p, D, M, 1);
         }
     }
     for (int b = 0; b < t->fx_single; b++) {
         static const char *const qkv[] = {"attn.to_q", "attn.to_k", "attn.to_v"};
         for (int i = 0; i < 3; i++) {
             snprintf(p, sizeof p, "single_transformer_blocks.%d.%s", b, qkv[i]);
-            linear(t, p, D, D, 1);
+            tw_linear(&t->w, p, D, D, 1);
         }
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_q", b);
-        norm(t, p, hd, 0);
+        tw_norm(&t->w, p, hd, 0);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_k", b);
-        norm(t, p, hd, 0);
+        tw_norm(&t->w, p, hd, 0);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.norm.linear", b);
-        linear(t, p, 3 * D, D, 1);
+        tw_linear(&t->w, p, 3 * D, D, 1);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.proj_mlp", b);
-        linear(t, p, M, D, 1);
+        tw_linear(&t->w, p, M, D, 1);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.proj_out", b);
-        linear(t, p, D, D + M, 1);
+        tw_linear(&t->w, p, D, D + M, 1);
     }
-    linear(t, "norm_out.linear", 2 * D, D, 1);
-    linear(t, "proj_out", FX_IN, D, 1);
-    return finish(t, "transformer/diffusion_pytorch_model.safetensors");
+    tw_linear(&t->w, "norm_out.linear", 2 * D, D, 1);
+    tw_linear(&t->w, "proj_out", FX_IN, D, 1);
+    return tw_finish(&t->w);
 }
 
 /* ---- SD3 transformer (SD3.5-like: dual attention, q/k RMS norms) ------------------------ */
@@ -596,21 +533,24 @@ static int write_sd3(tiny *t)
              "  \"qk_norm\": \"rms_norm\",\n  \"sample_size\": %d\n}\n",
              SD3_HEAD_DIM, D, VAE_LATENT, SD3_T5_D, SD3_HEADS, SD3_LAYERS, VAE_LATENT, P, pooled,
              M, SD3_SAMPLE);
-    if (begin(t, "transformer") || write_text(t, "transformer/config.json", cfg))
+    if (begin(t, "transformer", "diffusion_pytorch_model") ||
+        write_text(t, "transformer/config.json", cfg))
         return -1;
-    conv(t, "pos_embed.proj", D, VAE_LATENT, P);
+    tw_conv(&t->w, "pos_embed.proj", D, VAE_LATENT, P);
     float *grid = malloc((size_t)M * M * D * sizeof *grid);
-    if (!grid)
+    if (!grid) {
+        fprintf(stderr, "diffuse make-tiny: out of memory for the position grid\n");
+        tw_finish(&t->w);
         return -1;
+    }
     sincos_grid(grid, M, D, SD3_SAMPLE / P);
-    if (t->s == DF_OK)
-        t->s = df_st_writer_add_f32(t->w, "pos_embed.pos_embed", t->dtype, SH(1, M * M, D), grid);
+    tw_add_values(&t->w, "pos_embed.pos_embed", SH(1, M * M, D), grid);
     free(grid);
-    linear(t, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
-    linear(t, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
-    linear(t, "time_text_embed.text_embedder.linear_1", D, pooled, 1);
-    linear(t, "time_text_embed.text_embedder.linear_2", D, D, 1);
-    linear(t, "context_embedder", D, SD3_T5_D, 1);
+    tw_linear(&t->w, "time_text_embed.timestep_embedder.linear_1", D, 256, 1);
+    tw_linear(&t->w, "time_text_embed.timestep_embedder.linear_2", D, D, 1);
+    tw_linear(&t->w, "time_text_embed.text_embedder.linear_1", D, pooled, 1);
+    tw_linear(&t->w, "time_text_embed.text_embedder.linear_2", D, D, 1);
+    tw_linear(&t->w, "context_embedder", D, SD3_T5_D, 1);
     char p[256];
     for (int b = 0; b < SD3_LAYERS; b++) {
         bool dual = b < 2, last = b == SD3_LAYERS - 1;
@@ -623,29 +563,29 @@ static int write_sd3(tiny *t)
             if ((i == 7 && last) || (i >= 8 && !dual))
                 continue;
             snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, proj[i]);
-            linear(t, p, D, D, 1);
+            tw_linear(&t->w, p, D, D, 1);
         }
         static const char *const qk[] = {"attn.norm_q", "attn.norm_k", "attn.norm_added_q",
                                          "attn.norm_added_k", "attn2.norm_q", "attn2.norm_k"};
         for (int i = 0; i < (dual ? 6 : 4); i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, qk[i]);
-            norm(t, p, SD3_HEAD_DIM, 0);
+            tw_norm(&t->w, p, SD3_HEAD_DIM, 0);
         }
         snprintf(p, sizeof p, "transformer_blocks.%d.norm1.linear", b);
-        linear(t, p, (dual ? 9 : 6) * D, D, 1);
+        tw_linear(&t->w, p, (dual ? 9 : 6) * D, D, 1);
         snprintf(p, sizeof p, "transformer_blocks.%d.norm1_context.linear", b);
-        linear(t, p, (last ? 2 : 6) * D, D, 1);
+        tw_linear(&t->w, p, (last ? 2 : 6) * D, D, 1);
         static const char *const ff[] = {"ff", "ff_context"};
         for (int i = 0; i < (last ? 1 : 2); i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.0.proj", b, ff[i]);
-            linear(t, p, 4 * D, D, 1);
+            tw_linear(&t->w, p, 4 * D, D, 1);
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.net.2", b, ff[i]);
-            linear(t, p, D, 4 * D, 1);
+            tw_linear(&t->w, p, D, 4 * D, 1);
         }
     }
-    linear(t, "norm_out.linear", 2 * D, D, 1);
-    linear(t, "proj_out", P * P * VAE_LATENT, D, 1);
-    return finish(t, "transformer/diffusion_pytorch_model.safetensors");
+    tw_linear(&t->w, "norm_out.linear", 2 * D, D, 1);
+    tw_linear(&t->w, "proj_out", P * P * VAE_LATENT, D, 1);
+    return tw_finish(&t->w);
 }
 
 /* ---- VAE (decoder half; the encoder is not needed to generate) ------------------------- */
@@ -654,53 +594,53 @@ static void resnet(tiny *t, const char *p, int cin, int cout)
 {
     char n[256];
     snprintf(n, sizeof n, "%s.norm1", p);
-    norm(t, n, cin, 1);
+    tw_norm(&t->w, n, cin, 1);
     snprintf(n, sizeof n, "%s.conv1", p);
-    conv(t, n, cout, cin, 3);
+    tw_conv(&t->w, n, cout, cin, 3);
     snprintf(n, sizeof n, "%s.norm2", p);
-    norm(t, n, cout, 1);
+    tw_norm(&t->w, n, cout, 1);
     snprintf(n, sizeof n, "%s.conv2", p);
-    conv(t, n, cout, cout, 3);
+    tw_conv(&t->w, n, cout, cout, 3);
     if (cin != cout) {
         snprintf(n, sizeof n, "%s.conv_shortcut", p);
-        conv(t, n, cout, cin, 1);
+        tw_conv(&t->w, n, cout, cin, 1);
     }
 }
 
 /* The VAE with the pipeline's latent scaling (FLUX.1 0.3611 / 0.1159, SD3 1.5305 / 0.0609). */
 static int write_vae(tiny *t, double scaling, double shift)
 {
+    const int *ch = t->vae_channels;
     char cfg[2048];
     snprintf(cfg, sizeof cfg,
              "{\n  \"_class_name\": \"AutoencoderKL\",\n  \"_diffusers_version\": \"0.37.1\",\n"
              "  \"act_fn\": \"silu\",\n  \"block_out_channels\": [%d, %d, %d, %d],\n"
              "  \"down_block_types\": [\"DownEncoderBlock2D\", \"DownEncoderBlock2D\", "
              "\"DownEncoderBlock2D\", \"DownEncoderBlock2D\"],\n  \"force_upcast\": true,\n"
-             "  \"in_channels\": 3,\n  \"latent_channels\": %d,\n  \"layers_per_block\": 1,\n"
-             "  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": 8,\n"
+             "  \"in_channels\": 3,\n  \"latent_channels\": %d,\n  \"layers_per_block\": %d,\n"
+             "  \"mid_block_add_attention\": true,\n  \"norm_num_groups\": %d,\n"
              "  \"out_channels\": 3,\n  \"sample_size\": 256,\n  \"scaling_factor\": %g,\n"
              "  \"shift_factor\": %g,\n  \"up_block_types\": [\"UpDecoderBlock2D\", "
              "\"UpDecoderBlock2D\", \"UpDecoderBlock2D\", \"UpDecoderBlock2D\"],\n"
              "  \"use_post_quant_conv\": false,\n  \"use_quant_conv\": false\n}\n",
-             vae_channels[0], vae_channels[1], vae_channels[2], vae_channels[3], VAE_LATENT,
-             scaling, shift);
-    if (begin(t, "vae") || write_text(t, "vae/config.json", cfg))
+             ch[0], ch[1], ch[2], ch[3], VAE_LATENT, t->vae_layers, t->vae_groups, scaling, shift);
+    if (begin(t, "vae", "diffusion_pytorch_model") || write_text(t, "vae/config.json", cfg))
         return -1;
-    int top = vae_channels[3];
-    conv(t, "decoder.conv_in", top, VAE_LATENT, 3);
+    int top = ch[3];
+    tw_conv(&t->w, "decoder.conv_in", top, VAE_LATENT, 3);
     resnet(t, "decoder.mid_block.resnets.0", top, top);
     resnet(t, "decoder.mid_block.resnets.1", top, top);
-    norm(t, "decoder.mid_block.attentions.0.group_norm", top, 1);
+    tw_norm(&t->w, "decoder.mid_block.attentions.0.group_norm", top, 1);
     static const char *const att[] = {"to_q", "to_k", "to_v", "to_out.0"};
     for (int i = 0; i < 4; i++) {
         char n[256];
         snprintf(n, sizeof n, "decoder.mid_block.attentions.0.%s", att[i]);
-        linear(t, n, top, top, 1);
+        tw_linear(&t->w, n, top, top, 1);
     }
     int cin = top;
     for (int b = 0; b < 4; b++) {
-        int cout = vae_channels[3 - b];
-        for (int r = 0; r < 2; r++) {
+        int cout = ch[3 - b];
+        for (int r = 0; r <= t->vae_layers; r++) {
             char n[256];
             snprintf(n, sizeof n, "decoder.up_blocks.%d.resnets.%d", b, r);
             resnet(t, n, r ? cout : cin, cout);
@@ -708,13 +648,13 @@ static int write_vae(tiny *t, double scaling, double shift)
         if (b < 3) {
             char n[256];
             snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv", b);
-            conv(t, n, cout, cout, 3);
+            tw_conv(&t->w, n, cout, cout, 3);
         }
         cin = cout;
     }
-    norm(t, "decoder.conv_norm_out", vae_channels[0], 1);
-    conv(t, "decoder.conv_out", 3, vae_channels[0], 3);
-    return finish(t, "vae/diffusion_pytorch_model.safetensors");
+    tw_norm(&t->w, "decoder.conv_norm_out", ch[0], 1);
+    tw_conv(&t->w, "decoder.conv_out", 3, ch[0], 3);
+    return tw_finish(&t->w);
 }
 
 /* ---- the command ------------------------------------------------------------------------ */
@@ -758,7 +698,10 @@ int cmd_make_tiny(int argc, char **argv)
                                              {0, 0, 0, 0}};
     const char *arch = "flux";
     tiny t = {.dtype = DF_DTYPE_F32, .fx_heads = FX_HEADS, .fx_head_dim = FX_HEAD_DIM,
-              .fx_double = FX_DOUBLE, .fx_single = FX_SINGLE};
+              .fx_double = FX_DOUBLE, .fx_single = FX_SINGLE, .clip = flux_clip, .t5 = tiny_t5,
+              .vae_channels = {vae_channels[0], vae_channels[1], vae_channels[2],
+                               vae_channels[3]},
+              .vae_layers = 1, .vae_groups = 8};
     uint64_t seed = 0;
     const char *size = "tiny";
     long long shard_size = 0;
@@ -788,9 +731,10 @@ int cmd_make_tiny(int argc, char **argv)
             break;
         }
         case 'Z':
-            if (strcmp(optarg, "tiny") != 0 && strcmp(optarg, "klein-4b") != 0) {
-                fprintf(stderr, "diffuse make-tiny: --size is tiny or klein-4b, not '%s'\n",
-                        optarg);
+            if (strcmp(optarg, "tiny") != 0 && strcmp(optarg, "klein-4b") != 0 &&
+                strcmp(optarg, "schnell") != 0) {
+                fprintf(stderr, "diffuse make-tiny: --size is tiny, klein-4b or schnell, not "
+                                "'%s'\n", optarg);
                 return 2;
             }
             size = optarg;
@@ -808,7 +752,8 @@ int cmd_make_tiny(int argc, char **argv)
         case 'h':
             printf("usage: diffuse make-tiny [--arch flux|sd3|flux2|flux2-klein] [--seed N] "
                    "[--dtype f32|bf16|f16] "
-                   "[--heads N --head-dim N --double N --single N] DIR\n"
+                   "[--heads N --head-dim N --double N --single N] [--size tiny|klein-4b|schnell]\n"
+                   "[--shard-size BYTES] DIR\n"
                    "Writes a small pipeline folder with seeded random weights in the diffusers\n"
                    "layout: flux (FluxPipeline: model_index.json, scheduler/, text_encoder/ +\n"
                    "tokenizer/ (CLIP-L), text_encoder_2/ + tokenizer_2/ (T5), transformer/, vae/)\n"
@@ -822,8 +767,11 @@ int cmd_make_tiny(int argc, char **argv)
                    "Flux2Transformer2DModel, AutoencoderKLFlux2), --arch flux2-klein a distilled\n"
                    "Flux2KleinPipeline (Qwen3 text encoder and tokenizer); --size klein-4b gives\n"
                    "flux2-klein FLUX.2 [klein] 4B's real shapes (about 16 GB in bf16) with random\n"
-                   "weights, to measure a full-depth pipeline. --shard-size BYTES splits their\n"
-                   "transformer and VAE files past that size (default 2 GiB), with the index.\n"
+                   "weights, to measure a full-depth pipeline; --size schnell gives flux\n"
+                   "FLUX.1-schnell's (CLIP-L, T5-XXL, 19 + 38 blocks at 3072, the full VAE\n"
+                   "decoder: about 34 GB in bf16). --shard-size BYTES splits each component's\n"
+                   "weight files past that size (default 2 GiB), with the index; writing holds\n"
+                   "one shard in memory.\n"
                    "--arch mistral3-text-encoder | qwen3-text-encoder writes DIR as one text\n"
                    "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n");
             return 0;
@@ -846,20 +794,35 @@ int cmd_make_tiny(int argc, char **argv)
                         "flux2, flux2-klein, mistral3-text-encoder, qwen3-text-encoder)\n", arch);
         return 2;
     }
-    if (strcmp(size, "tiny") != 0 && !klein) {
-        fprintf(stderr, "diffuse make-tiny: --size %s is for --arch flux2-klein\n", size);
+    bool schnell = strcmp(size, "schnell") == 0;
+    if ((strcmp(size, "klein-4b") == 0 && !klein) ||
+        (schnell && strcmp(arch, "flux") != 0)) {
+        fprintf(stderr, "diffuse make-tiny: --size %s is for --arch %s\n", size,
+                schnell ? "flux" : "flux2-klein");
         return 2;
     }
+    if (schnell) {
+        t.clip = schnell_clip;
+        t.t5 = schnell_t5;
+        memcpy(t.vae_channels, schnell_vae, sizeof t.vae_channels);
+        t.vae_layers = 2;
+        t.vae_groups = 32;
+        t.fx_heads = 24;
+        t.fx_head_dim = 128;
+        t.fx_double = 19;
+        t.fx_single = 38;
+    }
+    t.shard_bytes = shard_size;
     snprintf(t.dir, sizeof t.dir, "%s", argv[optind]);
     /* Create parents one level at a time ("demo/tiny-flux"). */
     for (char *s = t.dir + 1; *s; s++)
         if (*s == '/') {
             *s = '\0';
-            if (make_dir(t.dir))
+            if (tw_make_dir(t.dir))
                 return 1;
             *s = '/';
         }
-    if (make_dir(t.dir))
+    if (tw_make_dir(t.dir))
         return 1;
     if (flux2) {
         tiny_flux2_sizes z = strcmp(size, "klein-4b") == 0 ? TINY_FLUX2_KLEIN_4B
@@ -876,7 +839,7 @@ int cmd_make_tiny(int argc, char **argv)
     int rc = write_text(&t, "model_index.json", sd3 ? sd3_index : flux_index);
     char sched[4096];
     snprintf(sched, sizeof sched, "%s/scheduler", t.dir);
-    rc = rc ? rc : make_dir(sched);
+    rc = rc ? rc : tw_make_dir(sched);
     char sched_cfg[1024];
     snprintf(sched_cfg, sizeof sched_cfg,
         "{\n  \"_class_name\": \"FlowMatchEulerDiscreteScheduler\",\n"
@@ -894,13 +857,13 @@ int cmd_make_tiny(int argc, char **argv)
         rc = rc ? rc : write_clip_tokenizer(&t, "tokenizer_2", "!", &clip_vocab);
         rc = rc ? rc : write_clip(&t, "text_encoder_2", &sd3_clip_g, clip_vocab);
         rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_3", &t5_vocab);
-        rc = rc ? rc : write_t5(&t, "text_encoder_3", SD3_T5_D, t5_vocab);
+        rc = rc ? rc : write_t5(&t, "text_encoder_3", &sd3_t5, t5_vocab);
         rc = rc ? rc : write_sd3(&t);
         rc = rc ? rc : write_vae(&t, 1.5305, 0.0609);
     } else {
-        rc = rc ? rc : write_clip(&t, "text_encoder", &flux_clip, clip_vocab);
+        rc = rc ? rc : write_clip(&t, "text_encoder", &t.clip, clip_vocab);
         rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_2", &t5_vocab);
-        rc = rc ? rc : write_t5(&t, "text_encoder_2", T5_D, t5_vocab);
+        rc = rc ? rc : write_t5(&t, "text_encoder_2", &t.t5, t5_vocab);
         rc = rc ? rc : write_flux(&t);
         rc = rc ? rc : write_vae(&t, 0.3611, 0.1159);
     }

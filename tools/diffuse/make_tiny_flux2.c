@@ -19,225 +19,15 @@
  * VAE decoder), for measuring a full-depth pipeline with random weights; the big components
  * are written in shards so that writing needs only a shard's memory.
  */
-#include <errno.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <diffuse/diffuse.h>
 
 #include "make_tiny_flux2.h"
-
-/* Tensors of one component, written in shards of at most shard_bytes. */
-typedef struct writer {
-    char dir[4096], base[64]; /* component folder; file base name */
-    df_st_writer *w;
-    df_rng rng;
-    df_dtype dtype;
-    df_status s;
-    int64_t shard_bytes, in_shard, total;
-    int shards;
-    char *map; /* the index's weight_map entries so far */
-    size_t map_len, map_cap;
-} writer;
-
-static int fail_io(const char *path)
-{
-    fprintf(stderr, "diffuse make-tiny: cannot write %s: %s\n", path, strerror(errno));
-    return -1;
-}
-
-static int write_file(const char *dir, const char *name, const char *text)
-{
-    char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0)
-        return fail_io(path);
-    return 0;
-}
-
-static int make_dir(const char *path)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "diffuse make-tiny: cannot create %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
-/* Shards are written as base.shard-N.tmp and renamed when their count is known. */
-static void shard_path(const writer *w, int i, int n, char *buf, size_t cap)
-{
-    if (n == 0)
-        snprintf(buf, cap, "%s/%s.shard-%d.tmp", w->dir, w->base, i);
-    else if (n == 1)
-        snprintf(buf, cap, "%s/%s.safetensors", w->dir, w->base);
-    else
-        snprintf(buf, cap, "%s/%s-%05d-of-%05d.safetensors", w->dir, w->base, i + 1, n);
-}
-
-static void flush_shard(writer *w)
-{
-    if (w->s != DF_OK || !w->w || w->in_shard == 0)
-        return;
-    char path[4400];
-    shard_path(w, w->shards, 0, path, sizeof path);
-    w->s = df_st_writer_finish(w->w, path);
-    df_st_writer_free(w->w);
-    w->w = NULL;
-    w->shards++;
-    w->in_shard = 0;
-}
-
-static void note_name(writer *w, const char *name)
-{
-    size_t need = strlen(name) + 32;
-    if (w->map_len + need > w->map_cap) {
-        size_t cap = (w->map_cap + need) * 2;
-        char *m = realloc(w->map, cap);
-        if (!m) {
-            w->s = DF_E_OOM;
-            return;
-        }
-        w->map = m;
-        w->map_cap = cap;
-    }
-    w->map_len += (size_t)sprintf(w->map + w->map_len, "%s\n%d\n", name, w->shards);
-}
-
-/* `name` of `shape` from mean + std * N(0, 1) (std 0: all mean). */
-static void add(writer *w, const char *name, const int64_t *shape, int ndim, float std, float mean)
-{
-    if (w->s != DF_OK)
-        return;
-    int64_t n = 1;
-    for (int d = 0; d < ndim; d++)
-        n *= shape[d];
-    int64_t bytes = n * (int64_t)df_dtype_size(w->dtype);
-    if (w->in_shard > 0 && w->in_shard + bytes > w->shard_bytes)
-        flush_shard(w);
-    if (w->s == DF_OK && !w->w)
-        w->s = df_st_writer_create(&w->w);
-    float *v = malloc((size_t)n * sizeof *v);
-    if (w->s == DF_OK && !v)
-        w->s = DF_E_OOM;
-    if (w->s == DF_OK) {
-        if (std > 0)
-            df_rng_randn_f32(&w->rng, v, n);
-        for (int64_t i = 0; i < n; i++)
-            v[i] = std > 0 ? mean + std * v[i] : mean;
-        note_name(w, name);
-        if (w->s == DF_OK)
-            w->s = df_st_writer_add_f32(w->w, name, w->dtype, shape, ndim, v);
-        w->in_shard += bytes;
-        w->total += bytes;
-    }
-    free(v);
-}
-
-#define SH(...) (const int64_t[]){__VA_ARGS__}, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-
-static void linear(writer *w, const char *name, int64_t out, int64_t in, bool bias)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(w, n, SH(out, in), 1.0f / sqrtf((float)in), 0);
-    if (bias) {
-        snprintf(n, sizeof n, "%s.bias", name);
-        add(w, n, SH(out), 0.02f, 0);
-    }
-}
-
-static void norm(writer *w, const char *name, int64_t dim, bool bias)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(w, n, SH(dim), 0.05f, 1.0f);
-    if (bias) {
-        snprintf(n, sizeof n, "%s.bias", name);
-        add(w, n, SH(dim), 0.02f, 0);
-    }
-}
-
-static void conv(writer *w, const char *name, int64_t out, int64_t in, int64_t k)
-{
-    char n[512];
-    snprintf(n, sizeof n, "%s.weight", name);
-    add(w, n, SH(out, in, k, k), 1.0f / sqrtf((float)(in * k * k)), 0);
-    snprintf(n, sizeof n, "%s.bias", name);
-    add(w, n, SH(out), 0.02f, 0);
-}
-
-static int begin(writer *w, const char *root, const char *component, const char *base,
-                 df_dtype dtype, uint64_t seed, int64_t shard_bytes)
-{
-    memset(w, 0, sizeof *w);
-    snprintf(w->dir, sizeof w->dir, "%s/%s", root, component);
-    snprintf(w->base, sizeof w->base, "%s", base);
-    df_rng_init(&w->rng, seed);
-    w->dtype = dtype;
-    w->shard_bytes = shard_bytes;
-    return make_dir(w->dir);
-}
-
-/* Writes the last shard, names the shards and, for more than one, the index. */
-static int finish(writer *w)
-{
-    flush_shard(w);
-    df_st_writer_free(w->w);
-    w->w = NULL;
-    char from[4400], to[4400];
-    for (int i = 0; w->s == DF_OK && i < w->shards; i++) {
-        shard_path(w, i, 0, from, sizeof from);
-        shard_path(w, i, w->shards, to, sizeof to);
-        if (rename(from, to) != 0) {
-            fprintf(stderr, "diffuse make-tiny: cannot rename %s to %s: %s\n", from, to,
-                    strerror(errno));
-            w->s = DF_E_IO;
-        }
-    }
-    if (w->s == DF_OK && w->shards > 1) {
-        /* each entry: its name (in the map) and a shard file name of under 64 bytes */
-        size_t cap = w->map_len * 3 + 96 * (size_t)(w->map_len / 8 + 1) + 256;
-        char *idx = malloc(cap);
-        if (!idx) {
-            w->s = DF_E_OOM;
-        } else {
-            size_t len = (size_t)snprintf(idx, cap, "{\n  \"metadata\": {\"total_size\": %lld},\n"
-                                          "  \"weight_map\": {", (long long)w->total);
-            bool first = true;
-            for (char *line = strtok(w->map, "\n"); line; line = strtok(NULL, "\n")) {
-                char *shard = strtok(NULL, "\n");
-                shard_path(w, atoi(shard), w->shards, to, sizeof to);
-                len += (size_t)snprintf(idx + len, cap - len, "%s\n    \"%s\": \"%s\"",
-                                        first ? "" : ",", line, strrchr(to, '/') + 1);
-                first = false;
-            }
-            if (len + 8 > cap) { /* cannot happen with the bound above */
-                fprintf(stderr, "diffuse make-tiny: the shard index outgrew its buffer\n");
-                w->s = DF_E_INTERNAL;
-            }
-            snprintf(idx + len, cap - len, "\n  }\n}\n");
-            char name[128];
-            snprintf(name, sizeof name, "%s.safetensors.index.json", w->base);
-            if (w->s == DF_OK && write_file(w->dir, name, idx))
-                w->s = DF_E_IO;
-            free(idx);
-        }
-    }
-    free(w->map);
-    w->map = NULL;
-    if (w->s != DF_OK) {
-        fprintf(stderr, "diffuse make-tiny: %s: %s\n", w->dir,
-                w->s == DF_E_OOM ? "out of memory" : df_error_message());
-        return -1;
-    }
-    return 0;
-}
+#include "make_tiny_writer.h"
 
 /* ---- tokenizers --------------------------------------------------------------------------- */
 
@@ -382,7 +172,7 @@ static int write_tokenizer(const char *root, bool klein, int *vocab)
 {
     char dir[4096], name[32];
     snprintf(dir, sizeof dir, "%s/tokenizer", root);
-    if (make_dir(dir))
+    if (tw_make_dir(dir))
         return -1;
     text t = {0}, c = {0};
     int first_byte = klein ? 0 : MISTRAL_CONTROL, base = first_byte + 256 + N_MERGES;
@@ -467,10 +257,10 @@ static int write_tokenizer(const char *root, bool klein, int *vocab)
     int rc = t.oom || c.oom ? -1 : 0;
     if (rc)
         fprintf(stderr, "diffuse make-tiny: out of memory for the tokenizer\n");
-    rc = rc ? rc : write_file(dir, "tokenizer.json", t.p);
-    rc = rc ? rc : write_file(dir, "tokenizer_config.json", c.p);
+    rc = rc ? rc : tw_write_file(dir, "tokenizer.json", t.p);
+    rc = rc ? rc : tw_write_file(dir, "tokenizer_config.json", c.p);
     rc = rc ? rc
-            : write_file(dir, "special_tokens_map.json",
+            : tw_write_file(dir, "special_tokens_map.json",
                          klein ? "{\n  \"eos_token\": \"<|im_end|>\",\n  \"pad_token\": "
                                  "\"<|endoftext|>\"\n}\n"
                                : "{\n  \"bos_token\": \"<s>\",\n  \"eos_token\": \"</s>\",\n"
@@ -500,21 +290,23 @@ static int write_transformer(const char *root, const tiny_flux2_sizes *z, bool g
              "  \"rope_theta\": 2000,\n  \"timestep_guidance_channels\": 256\n}\n",
              (long long)hd, a, a, a, (int)hd - 3 * a, guidance ? "true" : "false", (long long)C,
              (long long)J, z->heads, z->double_blocks, z->single_blocks);
-    writer w;
-    if (begin(&w, root, "transformer", "diffusion_pytorch_model", dtype, seed, z->shard_bytes) ||
-        write_file(w.dir, "config.json", cfg))
+    tiny_writer w;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/transformer", root);
+    if (tw_begin(&w, dir, "diffusion_pytorch_model", dtype, NULL, seed, z->shard_bytes) ||
+        tw_write_file(w.dir, "config.json", cfg))
         return -1;
-    linear(&w, "x_embedder", D, C, false);
-    linear(&w, "context_embedder", D, J, false);
-    linear(&w, "time_guidance_embed.timestep_embedder.linear_1", D, 256, false);
-    linear(&w, "time_guidance_embed.timestep_embedder.linear_2", D, D, false);
+    tw_linear(&w, "x_embedder", D, C, false);
+    tw_linear(&w, "context_embedder", D, J, false);
+    tw_linear(&w, "time_guidance_embed.timestep_embedder.linear_1", D, 256, false);
+    tw_linear(&w, "time_guidance_embed.timestep_embedder.linear_2", D, D, false);
     if (guidance) {
-        linear(&w, "time_guidance_embed.guidance_embedder.linear_1", D, 256, false);
-        linear(&w, "time_guidance_embed.guidance_embedder.linear_2", D, D, false);
+        tw_linear(&w, "time_guidance_embed.guidance_embedder.linear_1", D, 256, false);
+        tw_linear(&w, "time_guidance_embed.guidance_embedder.linear_2", D, D, false);
     }
-    linear(&w, "double_stream_modulation_img.linear", 6 * D, D, false);
-    linear(&w, "double_stream_modulation_txt.linear", 6 * D, D, false);
-    linear(&w, "single_stream_modulation.linear", 3 * D, D, false);
+    tw_linear(&w, "double_stream_modulation_img.linear", 6 * D, D, false);
+    tw_linear(&w, "double_stream_modulation_txt.linear", 6 * D, D, false);
+    tw_linear(&w, "single_stream_modulation.linear", 3 * D, D, false);
     char p[256];
     for (int b = 0; b < z->double_blocks; b++) {
         static const char *const sq[] = {"attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0",
@@ -522,52 +314,52 @@ static int write_transformer(const char *root, const tiny_flux2_sizes *z, bool g
                                          "attn.to_add_out"};
         for (int i = 0; i < 8; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s", b, sq[i]);
-            linear(&w, p, D, D, false);
+            tw_linear(&w, p, D, D, false);
         }
         static const char *const qk[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
         for (int i = 0; i < 4; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.attn.%s", b, qk[i]);
-            norm(&w, p, hd, false);
+            tw_norm(&w, p, hd, false);
         }
         static const char *const ff[] = {"ff", "ff_context"};
         for (int i = 0; i < 2; i++) {
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.linear_in", b, ff[i]);
-            linear(&w, p, 2 * M, D, false);
+            tw_linear(&w, p, 2 * M, D, false);
             snprintf(p, sizeof p, "transformer_blocks.%d.%s.linear_out", b, ff[i]);
-            linear(&w, p, D, M, false);
+            tw_linear(&w, p, D, M, false);
         }
     }
     for (int b = 0; b < z->single_blocks; b++) {
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.to_qkv_mlp_proj", b);
-        linear(&w, p, 3 * D + 2 * M, D, false);
+        tw_linear(&w, p, 3 * D + 2 * M, D, false);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.to_out", b);
-        linear(&w, p, D, D + M, false);
+        tw_linear(&w, p, D, D + M, false);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_q", b);
-        norm(&w, p, hd, false);
+        tw_norm(&w, p, hd, false);
         snprintf(p, sizeof p, "single_transformer_blocks.%d.attn.norm_k", b);
-        norm(&w, p, hd, false);
+        tw_norm(&w, p, hd, false);
     }
-    linear(&w, "norm_out.linear", 2 * D, D, false);
-    linear(&w, "proj_out", C, D, false);
-    return finish(&w);
+    tw_linear(&w, "norm_out.linear", 2 * D, D, false);
+    tw_linear(&w, "proj_out", C, D, false);
+    return tw_finish(&w);
 }
 
 /* ---- VAE (decoder half, post_quant_conv, batch-norm statistics) ------------------------- */
 
-static void resnet(writer *w, const char *p, int cin, int cout)
+static void resnet(tiny_writer *w, const char *p, int cin, int cout)
 {
     char n[256];
     snprintf(n, sizeof n, "%s.norm1", p);
-    norm(w, n, cin, true);
+    tw_norm(w, n, cin, true);
     snprintf(n, sizeof n, "%s.conv1", p);
-    conv(w, n, cout, cin, 3);
+    tw_conv(w, n, cout, cin, 3);
     snprintf(n, sizeof n, "%s.norm2", p);
-    norm(w, n, cout, true);
+    tw_norm(w, n, cout, true);
     snprintf(n, sizeof n, "%s.conv2", p);
-    conv(w, n, cout, cout, 3);
+    tw_conv(w, n, cout, cout, 3);
     if (cin != cout) {
         snprintf(n, sizeof n, "%s.conv_shortcut", p);
-        conv(w, n, cout, cin, 1);
+        tw_conv(w, n, cout, cin, 1);
     }
 }
 
@@ -589,23 +381,25 @@ static int write_vae(const char *root, const tiny_flux2_sizes *z, df_dtype dtype
              "\"UpDecoderBlock2D\", \"UpDecoderBlock2D\"],\n  \"use_post_quant_conv\": true,\n"
              "  \"use_quant_conv\": true\n}\n",
              ch[0], ch[1], ch[2], ch[3], L, z->vae_layers, z->vae_groups);
-    writer w;
-    if (begin(&w, root, "vae", "diffusion_pytorch_model", dtype, seed, z->shard_bytes) ||
-        write_file(w.dir, "config.json", cfg))
+    tiny_writer w;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/vae", root);
+    if (tw_begin(&w, dir, "diffusion_pytorch_model", dtype, NULL, seed, z->shard_bytes) ||
+        tw_write_file(w.dir, "config.json", cfg))
         return -1;
-    add(&w, "bn.running_mean", SH(4 * L), 0.2f, 0);
-    add(&w, "bn.running_var", SH(4 * L), 0.05f, 1.0f);
-    conv(&w, "post_quant_conv", L, L, 1);
+    tw_add(&w, "bn.running_mean", SH(4 * L), 0.2f, 0);
+    tw_add(&w, "bn.running_var", SH(4 * L), 0.05f, 1.0f);
+    tw_conv(&w, "post_quant_conv", L, L, 1);
     int top = ch[3];
-    conv(&w, "decoder.conv_in", top, L, 3);
+    tw_conv(&w, "decoder.conv_in", top, L, 3);
     resnet(&w, "decoder.mid_block.resnets.0", top, top);
     resnet(&w, "decoder.mid_block.resnets.1", top, top);
-    norm(&w, "decoder.mid_block.attentions.0.group_norm", top, true);
+    tw_norm(&w, "decoder.mid_block.attentions.0.group_norm", top, true);
     static const char *const att[] = {"to_q", "to_k", "to_v", "to_out.0"};
     char n[256];
     for (int i = 0; i < 4; i++) {
         snprintf(n, sizeof n, "decoder.mid_block.attentions.0.%s", att[i]);
-        linear(&w, n, top, top, true);
+        tw_linear(&w, n, top, top, true);
     }
     int cin = top;
     for (int b = 0; b < 4; b++) {
@@ -616,13 +410,13 @@ static int write_vae(const char *root, const tiny_flux2_sizes *z, df_dtype dtype
         }
         if (b < 3) {
             snprintf(n, sizeof n, "decoder.up_blocks.%d.upsamplers.0.conv", b);
-            conv(&w, n, cout, cout, 3);
+            tw_conv(&w, n, cout, cout, 3);
         }
         cin = cout;
     }
-    norm(&w, "decoder.conv_norm_out", ch[0], true);
-    conv(&w, "decoder.conv_out", 3, ch[0], 3);
-    return finish(&w);
+    tw_norm(&w, "decoder.conv_norm_out", ch[0], true);
+    tw_conv(&w, "decoder.conv_out", 3, ch[0], 3);
+    return tw_finish(&w);
 }
 
 /* ---- the pipeline folder ------------------------------------------------------------------ */
@@ -654,10 +448,11 @@ int tiny_write_flux2(const char *dir, bool klein, const tiny_flux2_sizes *z, df_
     char sub[4200];
     snprintf(sub, sizeof sub, "%s/scheduler", dir);
     int vocab = 0;
-    if (write_file(dir, "model_index.json", index) || make_dir(sub) ||
-        write_file(sub, "scheduler_config.json", sched) || write_tokenizer(dir, klein, &vocab))
+    if (tw_write_file(dir, "model_index.json", index) || tw_make_dir(sub) ||
+        tw_write_file(sub, "scheduler_config.json", sched) || write_tokenizer(dir, klein, &vocab))
         return -1;
     tiny_lm_sizes te = z->te;
+    te.shard_bytes = z->shard_bytes;
     if (te.vocab < vocab)
         te.vocab = vocab;
     snprintf(sub, sizeof sub, "%s/text_encoder", dir);

@@ -17,7 +17,7 @@ typedef struct tiny_flux2_sizes {
     tiny_lm_sizes te;     /* the text encoder (joint_attention_dim = 3 * te.hidden) */
     int vae_channels[4];  /* block_out_channels */
     int vae_layers, vae_groups;
-    int64_t shard_bytes;  /* the transformer and VAE files are split past this */
+    int64_t shard_bytes;  /* each component's weight files are split past this */
 } tiny_flux2_sizes;
 
 /* Tiny: a 2 x 16 transformer with 1 + 2 blocks, encoders of width 32 with just enough layers

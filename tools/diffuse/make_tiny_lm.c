@@ -11,54 +11,34 @@
  * something to skip. Qwen3 gets `model.` and an untied lm_head (as Qwen3-8B; Qwen3-4B ties
  * it and stores none). Weights are normal draws scaled by 1/sqrt(fan_in), norms near 1.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <diffuse/diffuse.h>
 
 #include "make_tiny_lm.h"
-
-typedef struct writer {
-    df_st_writer *w;
-    df_rng rng;
-    df_dtype dtype;
-    df_status s;
-} writer;
+#include "make_tiny_writer.h"
 
 /* `name` (printf-formatted) [rows, cols] (cols 0: a vector) of mean + std * N(0, 1). */
-static void put(writer *w, int64_t rows, int64_t cols, float std, float mean, const char *fmt,
-                const char *a, int i)
+static void put(tiny_writer *w, int64_t rows, int64_t cols, float std, float mean,
+                const char *fmt, const char *a, int i)
 {
-    if (w->s != DF_OK)
-        return;
     char name[256];
     snprintf(name, sizeof name, fmt, a, i);
-    int64_t n = rows * (cols ? cols : 1);
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) {
-        fprintf(stderr, "diffuse make-tiny: out of memory for '%s'\n", name);
-        w->s = DF_E_OOM;
-        return;
-    }
-    df_rng_randn_f32(&w->rng, v, n);
-    for (int64_t k = 0; k < n; k++)
-        v[k] = mean + std * v[k];
-    int64_t shape[2] = {rows, cols};
-    w->s = df_st_writer_add_f32(w->w, name, w->dtype, shape, cols ? 2 : 1, v);
-    free(v);
+    if (cols)
+        tw_add(w, name, SH(rows, cols), std, mean);
+    else
+        tw_add(w, name, SH(rows), std, mean);
 }
 
-static void linear(writer *w, int64_t out, int64_t in, const char *fmt, const char *p, int i)
+static void linear(tiny_writer *w, int64_t out, int64_t in, const char *fmt, const char *p, int i)
 {
     put(w, out, in, 1.0f / sqrtf((float)in), 0, fmt, p, i);
 }
 
 /* The language model's tensors under prefix p. */
-static void language_model(writer *w, const tiny_lm_sizes *z, bool qk_norm, const char *p)
+static void language_model(tiny_writer *w, const tiny_lm_sizes *z, bool qk_norm, const char *p)
 {
     int64_t d = z->hidden, f = z->intermediate, qw = z->heads * z->head_dim;
     int64_t kvw = z->kv_heads * z->head_dim;
@@ -84,7 +64,7 @@ static void language_model(writer *w, const tiny_lm_sizes *z, bool qk_norm, cons
 enum { VT_D = 16, VT_FF = 32, VT_PATCH = 4, VT_MERGE = 2 };
 
 /* A one-layer Pixtral vision tower and Mistral3's projector (never read by diffuse). */
-static void vision(writer *w, const tiny_lm_sizes *z)
+static void vision(tiny_writer *w, const tiny_lm_sizes *z)
 {
     const char *vt = "model.vision_tower.", *mp = "model.multi_modal_projector.";
     put(w, VT_D, 3 * VT_PATCH * VT_PATCH, 0.1f, 0, "%spatch_conv.weight", vt, 0);
@@ -120,25 +100,12 @@ static void lm_keys(char *buf, size_t cap, const tiny_lm_sizes *z, const char *i
              z->layers, ind, z->kv_heads, ind, eps, ind, theta, ind, z->vocab);
 }
 
-static int write_file(const char *dir, const char *name, const char *text)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
-        fprintf(stderr, "diffuse make-tiny: cannot write %s: %s\n", path, strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
 static int write_component(const char *dir, const tiny_lm_sizes *z, df_dtype dtype, uint64_t seed,
                            bool mistral3)
 {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "diffuse make-tiny: cannot create %s: %s\n", dir, strerror(errno));
+    tiny_writer w;
+    if (tw_begin(&w, dir, "model", dtype, NULL, seed, z->shard_bytes))
         return -1;
-    }
     const char *dt = dtype == DF_DTYPE_BF16  ? "bfloat16"
                      : dtype == DF_DTYPE_F16 ? "float16"
                                              : "float32";
@@ -169,25 +136,15 @@ static int write_component(const char *dir, const tiny_lm_sizes *z, df_dtype dty
                  "  \"use_sliding_window\": false\n}\n",
                  keys, dt);
     }
-    if (write_file(dir, "config.json", cfg))
+    if (tw_write_file(dir, "config.json", cfg)) {
+        tw_finish(&w);
         return -1;
-    writer w = {.dtype = dtype};
-    df_rng_init(&w.rng, seed);
-    w.s = df_st_writer_create(&w.w);
+    }
     language_model(&w, z, !mistral3, mistral3 ? "model.language_model." : "model.");
     if (mistral3)
         vision(&w, z);
     linear(&w, z->vocab, z->hidden, "%slm_head.weight", "", 0);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (w.s == DF_OK)
-        w.s = df_st_writer_finish(w.w, path);
-    df_st_writer_free(w.w);
-    if (w.s != DF_OK) {
-        fprintf(stderr, "diffuse make-tiny: %s: %s\n", path, df_error_message());
-        return -1;
-    }
-    return 0;
+    return tw_finish(&w);
 }
 
 int tiny_write_mistral3(const char *dir, const tiny_lm_sizes *z, df_dtype dtype, uint64_t seed)

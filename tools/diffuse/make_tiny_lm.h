@@ -1,7 +1,8 @@
 /*
  * make-tiny's decoder-only text encoder folders (make_tiny_lm.c), for the FLUX.2 pipelines'
- * tiny models: `dir` becomes a component folder (config.json + model.safetensors) in
- * transformers' own layout. Both return 0, or -1 after printing the failure on stderr.
+ * tiny models: `dir` becomes a component folder (config.json + model.safetensors, or its
+ * shards with model.safetensors.index.json past sizes->shard_bytes) in transformers' own
+ * layout. Both return 0, or -1 after printing the failure on stderr.
  */
 #ifndef DIFFUSE_MAKE_TINY_LM_H
 #define DIFFUSE_MAKE_TINY_LM_H
@@ -12,6 +13,7 @@
 
 typedef struct tiny_lm_sizes {
     int hidden, intermediate, layers, heads, kv_heads, head_dim, vocab;
+    int64_t shard_bytes; /* model.safetensors is split past this (0: 2 GiB) */
 } tiny_lm_sizes;
 
 /* Small enough for tests, with GQA (2 heads per KV head) and head_dim not hidden / heads.
