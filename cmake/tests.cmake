@@ -29,3 +29,14 @@ file(GLOB TEST_CMAKE CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*.cmake)
 foreach(f ${TEST_CMAKE})
   include(${f})
 endforeach()
+
+# Open MPI 4 creates its session directory (<tmp>/ompi.<host>.<uid>) with a racy mkdir: two
+# mpirun started at once by `ctest -j` can fail with "File exists". Each test gets a base
+# of its own, short enough for the Unix socket paths Open MPI puts under it.
+get_property(DF_ALL_TESTS DIRECTORY PROPERTY TESTS)
+set(DF_TEST_INDEX 0)
+foreach(t ${DF_ALL_TESTS})
+  math(EXPR DF_TEST_INDEX "${DF_TEST_INDEX} + 1")
+  set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT
+               "OMPI_MCA_orte_tmpdir_base=/tmp/diffuse-mpi-tests/${DF_TEST_INDEX}")
+endforeach()
