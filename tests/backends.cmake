@@ -26,7 +26,8 @@ endif()
 # program on the installed shared library, without DIFFUSE_BACKEND_DIR.
 if(CMOCKA_FOUND)
   add_executable(test_list_devices ${CMAKE_SOURCE_DIR}/tests/plugin/list_devices.c)
-  target_compile_options(test_list_devices PRIVATE ${DF_WARN})
+  target_compile_options(test_list_devices PRIVATE ${DF_WARN} ${DF_SAN})
+  target_link_options(test_list_devices PRIVATE ${DF_SAN}) # the sanitizer runtime first
   target_include_directories(test_list_devices PRIVATE ${CMAKE_SOURCE_DIR}/include)
   target_link_libraries(test_list_devices PRIVATE diffuse_shared)
   set_target_properties(test_list_devices PROPERTIES SKIP_BUILD_RPATH ON
