@@ -324,16 +324,50 @@ static void norm_rows(void)
     run(&(row){"group_norm 4 groups", 2e-5, 2e-5}, &gn);
 }
 
+/* The positions against the CPU's libm: timestep angles up to 1000 (FLUX's x1000 of t in
+ * [0, 1]) and 10^4 (guidance x1000), and RoPE angles up to 512 radians (FLUX.2's text
+ * positions); within 2 ulp of sinf / cosf and of double sin / cos rounded to f32. */
 static void position_rows(void)
 {
-    df_view t = input(DF_DTYPE_F32, SHAPE(3), 0, 1);
-    df_node te = node(DF_OP_TIMESTEP_EMBED, 1, &t, output(DF_DTYPE_F32, SHAPE(3, 33)));
-    te.a.i[0] = 33;
-    te.a.i[1] = 1;
-    te.a.f[0] = 1;
-    te.a.f[1] = 1000;
-    te.a.f[2] = 10000;
-    run(&(row){"timestep_embed (host)", 0, 0}, &te);
+    struct { const char *name; int64_t batch, dim, flip; double shift, scale, lo, hi; } ts[] = {
+        {"timestep_embed odd dim", 3, 33, 1, 1, 1000, 0, 1},
+        {"timestep_embed flux t x1000", 64, 256, 1, 0, 1000, 0, 1},
+        {"timestep_embed guidance x1000", 64, 256, 1, 0, 1000, 0, 10},
+        {"timestep_embed sd3 t in [0, 1000]", 64, 256, 1, 0, 1, 0, 1000},
+    };
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+        df_view t = input(DF_DTYPE_F32, SHAPE(ts[i].batch), ts[i].lo, ts[i].hi);
+        df_node te = node(DF_OP_TIMESTEP_EMBED, 1, &t,
+                          output(DF_DTYPE_F32, SHAPE(ts[i].batch, ts[i].dim)));
+        te.a.i[0] = ts[i].dim;
+        te.a.i[1] = ts[i].flip;
+        te.a.f[0] = ts[i].shift;
+        te.a.f[1] = ts[i].scale;
+        te.a.f[2] = 10000;
+        run(&(row){ts[i].name, 1.2e-7, 0}, &te);
+    }
+    df_view t16 = input(DF_DTYPE_BF16, SHAPE(5), 0, 1);
+    df_node te16 = node(DF_OP_TIMESTEP_EMBED, 1, &t16, output(DF_DTYPE_F32, SHAPE(5, 16)));
+    te16.a.i[0] = 16;
+    te16.a.f[0] = 0.5;
+    te16.a.f[1] = 1;
+    te16.a.f[2] = 100;
+    run(&(row){"timestep_embed bf16 t [sin, cos]", 1.2e-7, 0}, &te16);
+    df_view fids = input(DF_DTYPE_F32, SHAPE(300, 3), 0, 128);
+    df_node frt = node(DF_OP_ROPE_TABLE, 1, &fids, output(DF_DTYPE_F32, SHAPE(300, 64, 2)));
+    frt.a.i[0] = 3;
+    frt.a.i[1] = 16;
+    frt.a.i[2] = 56;
+    frt.a.i[3] = 56;
+    frt.a.f[0] = 10000;
+    run(&(row){"rope_table flux ids < 128", 1.2e-7, 0}, &frt);
+    df_view kids = input(DF_DTYPE_I32, SHAPE(300, 4), 0, 512);
+    df_node krt = node(DF_OP_ROPE_TABLE, 1, &kids, output(DF_DTYPE_F32, SHAPE(300, 64, 2)));
+    krt.a.i[0] = 4;
+    for (int a = 1; a <= 4; a++)
+        krt.a.i[a] = 32;
+    krt.a.f[0] = 2000;
+    run(&(row){"rope_table flux2 i32 ids < 512", 1.2e-7, 0}, &krt);
     df_view ids = input(DF_DTYPE_F32, SHAPE(9, 3), 0, 40);
     df_node rt = node(DF_OP_ROPE_TABLE, 1, &ids, output(DF_DTYPE_F32, SHAPE(9, 8, 2)));
     rt.a.i[0] = 3;
@@ -341,7 +375,7 @@ static void position_rows(void)
     rt.a.i[2] = 6;
     rt.a.i[3] = 6;
     rt.a.f[0] = 10000;
-    run(&(row){"rope_table (host)", 0, 0}, &rt);
+    run(&(row){"rope_table small", 1.2e-7, 0}, &rt);
     df_view table = rt.out;
     df_view x = input(DF_DTYPE_F32, SHAPE(2, 9, 3, 16), -2, 2);
     df_view xp = swapped(x, 1, 2); /* [2, 3, 9, 16] strided */

@@ -7,8 +7,8 @@
  * The semantics are the CPU kernels' (src/backend/cpu/): the same inputs, attributes and
  * output dtypes. Arithmetic is f32 throughout (the CPU accumulates some statistics in
  * double; here they are f32 tree reductions), so results agree within f32 rounding, not to
- * the bit. The timestep embedding and the RoPE table, tiny and defined by libm's float
- * steps, are computed on the host from the downloaded input and uploaded.
+ * the bit. The timestep embedding and the RoPE table run on the device too, their sines
+ * and cosines within an ulp of libm's (position.comp).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -369,61 +369,57 @@ static df_status run_rope(const dvk_env *e, const df_node *n)
     return dvk_dispatch(e->d, dvk_shader_find("rope"), NULL, 0, &p, sizeof p, gx, gy, 1);
 }
 
-/* ---- positions, on the host --------------------------------------------------------------- */
+/* ---- positions --------------------------------------------------------------------------- */
+/* position.comp: the frequencies depend on the attributes only, so the host computes them
+ * as the CPU does and they travel in the parameter block after its fixed part; the angles,
+ * sines and cosines are the shader's, so nothing waits for the device. */
 
-static df_status read_f32(const dvk_env *e, const df_view *v, float *dst)
-{
-    int64_t n = numel(v), es = dvk_esize(v->dtype);
-    void *raw = malloc((size_t)(n * es) + 1);
-    if (!raw)
-        return df_errorf(DF_E_OOM, "vulkan: out of host memory");
-    df_status s = dvk_download(e->d, raw, e->addr(e->user, v), (uint64_t)(n * es));
-    for (int64_t i = 0; s == DF_OK && i < n; i++) {
-        const char *p = (const char *)raw + i * es;
-        uint16_t h;
-        switch (v->dtype) {
-        case DF_DTYPE_F32: memcpy(&dst[i], p, 4); break;
-        case DF_DTYPE_F64: { double x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
-        case DF_DTYPE_BF16: memcpy(&h, p, 2); dst[i] = dvk_bf16_f32(h); break;
-        case DF_DTYPE_F16: memcpy(&h, p, 2); dst[i] = dvk_f16_f32(h); break;
-        case DF_DTYPE_I32: { int32_t x; memcpy(&x, p, 4); dst[i] = (float)x; break; }
-        case DF_DTYPE_I64: { int64_t x; memcpy(&x, p, 8); dst[i] = (float)x; break; }
-        default: dst[i] = (float)*(const uint8_t *)p; break;
-        }
-    }
-    free(raw);
-    return s;
-}
+enum { POS_TIMESTEP, POS_ROPE_TABLE };
+
+typedef struct timestep_params {
+    uint64_t t, out;
+    int64_t t_dtype, t_stride, batch, dim, half, flip, groups_x;
+    float scale, pad;
+} timestep_params;
+
+typedef struct rope_table_params {
+    uint64_t ids, out;
+    int64_t ids_dtype, ids_s0, ids_s1, seq, pairs, n_axes, groups_x, pad;
+    int64_t axis_of[8];
+} rope_table_params;
 
 static df_status run_timestep(const dvk_env *e, const df_node *n)
 {
     const df_view *t = &n->in[0];
     int64_t batch = t->shape[0], dim = n->a.i[0], half = dim / 2;
-    bool flip = n->a.i[1] != 0;
-    float *ts = malloc((size_t)(batch + half + batch * dim + 1) * sizeof(float));
-    if (!ts)
+    timestep_params p = {.t = e->addr(e->user, t),
+                         .out = e->addr(e->user, &n->out),
+                         .t_dtype = t->dtype,
+                         .t_stride = t->ndim > 0 ? t->stride[0] : 0,
+                         .batch = batch,
+                         .dim = dim,
+                         .half = half,
+                         .flip = n->a.i[1] != 0,
+                         .scale = (float)n->a.f[1]};
+    size_t bytes = sizeof p + (size_t)half * sizeof(float);
+    char *block = malloc(bytes);
+    if (!block)
         return df_errorf(DF_E_OOM, "vulkan timestep_embed: out of host memory");
-    float *freq = ts + batch, *out = freq + half;
-    df_status s = read_f32(e, t, ts);
+    float *freq = (float *)(block + sizeof p);
     float neg_log = (float)-log(n->a.f[2]);
     float denom = (float)((double)half - n->a.f[0]);
     for (int64_t i = 0; i < half; i++)
         freq[i] = expf(neg_log * (float)i / denom);
-    float scale = (float)n->a.f[1];
-    for (int64_t b = 0; s == DF_OK && b < batch; b++) {
-        float tb = scale * ts[b];
-        float *row = out + b * dim;
-        float *sin_part = flip ? row + half : row, *cos_part = flip ? row : row + half;
-        for (int64_t i = 0; i < half; i++) {
-            sin_part[i] = sinf(tb * freq[i]);
-            cos_part[i] = cosf(tb * freq[i]);
-        }
-        if (dim % 2)
-            row[dim - 1] = 0.0f;
-    }
-    if (s == DF_OK)
-        s = dvk_upload(e->d, e->addr(e->user, &n->out), out, (uint64_t)(batch * dim) * 4);
-    free(ts);
+    uint32_t gx, gy;
+    grid(batch * (half + dim % 2), 64, &gx, &gy);
+    p.groups_x = gx;
+    memcpy(block, &p, sizeof p);
+    dvk_range r = dvk_view_range(e, t), w = dvk_view_range(e, &n->out);
+    dvk_hazard(e->d, &r, 1, &w, 1);
+    uint32_t spec[1] = {POS_TIMESTEP};
+    df_status s = dvk_dispatch(e->d, dvk_shader_find("position"), spec, 1, block, bytes, gx, gy,
+                               1);
+    free(block);
     return s;
 }
 
@@ -434,40 +430,45 @@ static df_status run_rope_table(const dvk_env *e, const df_node *n)
     int n_axes = (int)n->a.i[0];
     if (n_axes < 1 || n_axes > 7)
         return df_errorf(DF_E_INTERNAL, "vulkan rope_table: %d axes", n_axes);
-    double *freq = malloc((size_t)(pairs + 1) * sizeof(double));
-    float *pos = malloc((size_t)(seq * n_axes + seq * pairs * 2 + 1) * sizeof(float));
-    if (!freq || !pos) {
-        free(freq);
-        free(pos);
+    rope_table_params p = {.ids = e->addr(e->user, ids),
+                           .out = e->addr(e->user, &n->out),
+                           .ids_dtype = ids->dtype,
+                           .ids_s0 = ids->stride[0],
+                           .ids_s1 = ids->ndim > 1 ? ids->stride[1] : 1,
+                           .seq = seq,
+                           .pairs = pairs,
+                           .n_axes = n_axes};
+    size_t bytes = sizeof p + (size_t)pairs * 2 * sizeof(float);
+    char *block = malloc(bytes);
+    if (!block)
         return df_errorf(DF_E_OOM, "vulkan rope_table: out of host memory");
-    }
-    float *out = pos + seq * n_axes;
-    int axis_of[8];
+    /* freq_k = 1 / theta^(2k/d) in f64, as hi + lo in f32 */
+    float *freq = (float *)(block + sizeof p);
     int64_t k0 = 0;
     double theta = n->a.f[0];
     for (int a = 0; a < n_axes; a++) {
         int64_t d = n->a.i[1 + a];
-        axis_of[a] = (int)k0;
-        for (int64_t k = 0; k < d / 2 && k0 + k < pairs; k++)
-            freq[k0 + k] = 1.0 / pow(theta, (double)(2 * k) / (double)d);
+        p.axis_of[a] = k0 < pairs ? k0 : pairs;
+        for (int64_t k = 0; k < d / 2 && k0 + k < pairs; k++) {
+            double f = 1.0 / pow(theta, (double)(2 * k) / (double)d);
+            freq[2 * (k0 + k)] = (float)f;
+            freq[2 * (k0 + k) + 1] = (float)(f - (double)(float)f);
+        }
         k0 += d / 2;
     }
-    axis_of[n_axes] = (int)(k0 < pairs ? k0 : pairs);
-    df_status s = read_f32(e, ids, pos);
-    for (int64_t i = 0; s == DF_OK && i < seq; i++) {
-        float *row = out + i * pairs * 2;
-        for (int a = 0; a < n_axes; a++) {
-            double p = (double)pos[i * n_axes + a];
-            for (int64_t k = axis_of[a]; k < axis_of[a + 1]; k++) {
-                row[2 * k] = (float)cos(p * freq[k]);
-                row[2 * k + 1] = (float)sin(p * freq[k]);
-            }
-        }
-    }
-    if (s == DF_OK)
-        s = dvk_upload(e->d, e->addr(e->user, &n->out), out, (uint64_t)(seq * pairs * 2) * 4);
-    free(freq);
-    free(pos);
+    p.axis_of[n_axes] = k0 < pairs ? k0 : pairs;
+    for (int64_t k = k0; k < pairs; k++) /* past the last axis: not written */
+        freq[2 * k] = freq[2 * k + 1] = 0.0f;
+    uint32_t gx, gy;
+    grid(seq * pairs, 64, &gx, &gy);
+    p.groups_x = gx;
+    memcpy(block, &p, sizeof p);
+    dvk_range r = dvk_view_range(e, ids), w = dvk_view_range(e, &n->out);
+    dvk_hazard(e->d, &r, 1, &w, 1);
+    uint32_t spec[1] = {POS_ROPE_TABLE};
+    df_status s = dvk_dispatch(e->d, dvk_shader_find("position"), spec, 1, block, bytes, gx, gy,
+                               1);
+    free(block);
     return s;
 }
 
