@@ -153,3 +153,29 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                          ENVIRONMENT "${VK_GOLDEN_ENV}")
   endif()
 endif()
+
+# A whole compiled FLUX.1, SD3 and FLUX.2 klein transformer replays as one recorded graph
+# (0 kernels recorded, 1 graph launch, 1 submit a call from the second on) with the
+# uncompiled forward's results: on vulkan (lavapipe) and on sim (Release).
+add_executable(test_compiled_transformer ${CMAKE_SOURCE_DIR}/tests/vulkan/test_compiled_transformer.c)
+target_compile_options(test_compiled_transformer PRIVATE ${DF_WARN} ${DF_SAN})
+target_link_libraries(test_compiled_transformer PRIVATE diffuse_static m)
+target_link_options(test_compiled_transformer PRIVATE ${DF_SAN})
+set_target_properties(test_compiled_transformer PROPERTIES
+                      RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+set(compiled_transformer_args ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux
+    ${CMAKE_BINARY_DIR}/test-tmp/cli-tiny-sd3 ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux2-klein)
+if(CMAKE_BUILD_TYPE STREQUAL "Release")
+  add_test(NAME sim/compiled_transformer_replay
+           COMMAND test_compiled_transformer sim ${compiled_transformer_args})
+  set_tests_properties(sim/compiled_transformer_replay PROPERTIES TIMEOUT 600
+                       FIXTURES_REQUIRED "tiny_flux;tiny_sd3;tiny_flux2")
+endif()
+if(DIFFUSE_VULKAN_BUILT)
+  add_test(NAME vulkan/compiled_transformer_replay
+           COMMAND test_compiled_transformer vulkan:0 ${compiled_transformer_args})
+  set_tests_properties(vulkan/compiled_transformer_replay PROPERTIES TIMEOUT 600
+    SKIP_RETURN_CODE 77 FIXTURES_REQUIRED "tiny_flux;tiny_sd3;tiny_flux2"
+    ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
+    FAIL_REGULAR_EXPRESSION "vulkan validation:")
+endif()
