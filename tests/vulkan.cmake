@@ -130,6 +130,14 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  # int8 products run on the CPU backend only: `--dtype int8` and a `diffuse quantize` folder
+  # on vulkan:0 stop with a message naming what needed them, and a nonzero exit (no crash).
+  add_test(NAME vulkan/int8_refused
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/int8_refused.sh $<TARGET_FILE:diffuse>
+                   $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR}/te-t5
+                   ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(vulkan/int8_refused PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED tiny_flux
+                       ENVIRONMENT "${VK_NAMED_ENV}")
   # `mpirun -np 2 diffuse-check --tp 2 --device vulkan` on the FLUX.1 and FLUX.2 klein
   # pipeline cases (tests/tp_golden.cmake's command), a few seconds each.
   if(DF_TP_MPIRUN)
