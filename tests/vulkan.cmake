@@ -70,10 +70,6 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
   set(VK_GOLDEN_CASES ${DF_GOLDEN_CASES})
   foreach(mode eager fuse compile)
     foreach(case ${VK_GOLDEN_CASES})
-      # the other-seed pictures add no device path to their first seed's: eager only
-      if(NOT mode STREQUAL "eager" AND case MATCHES "^t2i-.*-seed")
-        continue()
-      endif()
       add_test(NAME golden-vulkan/${mode}/${case}
                COMMAND diffuse-check --device vulkan --mode ${mode} ${DF_GOLDEN_DIR}/${case})
       set_tests_properties(golden-vulkan/${mode}/${case} PROPERTIES TIMEOUT 300
@@ -81,11 +77,8 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                            FAIL_REGULAR_EXPRESSION "vulkan validation:")
     endforeach()
   endforeach()
-  # compiled blocks: every blocks case but t2i-sd3 (lavapipe's slowest, 20-25 s; pipe-sd3
-  # compiles the same SD3 blocks)
-  set(VK_BLOCKS_CASES ${DF_GOLDEN_BLOCKS_CASES})
-  list(REMOVE_ITEM VK_BLOCKS_CASES t2i-sd3)
-  foreach(case ${VK_BLOCKS_CASES})
+  # compiled blocks: every blocks case
+  foreach(case ${DF_GOLDEN_BLOCKS_CASES})
     add_test(NAME golden-vulkan/blocks/${case}
              COMMAND diffuse-check --device vulkan --mode blocks ${DF_GOLDEN_DIR}/${case})
     set_tests_properties(golden-vulkan/blocks/${case} PROPERTIES TIMEOUT 300
