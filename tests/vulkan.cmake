@@ -70,10 +70,6 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
   set(VK_GOLDEN_CASES ${DF_GOLDEN_CASES})
   foreach(mode eager fuse compile)
     foreach(case ${VK_GOLDEN_CASES})
-      # the other-seed pictures add no device path to their first seed's: eager only
-      if(NOT mode STREQUAL "eager" AND case MATCHES "^t2i-.*-seed")
-        continue()
-      endif()
       add_test(NAME golden-vulkan/${mode}/${case}
                COMMAND diffuse-check --device vulkan --mode ${mode} ${DF_GOLDEN_DIR}/${case})
       set_tests_properties(golden-vulkan/${mode}/${case} PROPERTIES TIMEOUT 300
@@ -81,11 +77,8 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                            FAIL_REGULAR_EXPRESSION "vulkan validation:")
     endforeach()
   endforeach()
-  # compiled blocks: every blocks case but t2i-sd3 (lavapipe's slowest, 20-25 s; pipe-sd3
-  # compiles the same SD3 blocks)
-  set(VK_BLOCKS_CASES ${DF_GOLDEN_BLOCKS_CASES})
-  list(REMOVE_ITEM VK_BLOCKS_CASES t2i-sd3)
-  foreach(case ${VK_BLOCKS_CASES})
+  # compiled blocks: every blocks case
+  foreach(case ${DF_GOLDEN_BLOCKS_CASES})
     add_test(NAME golden-vulkan/blocks/${case}
              COMMAND diffuse-check --device vulkan --mode blocks ${DF_GOLDEN_DIR}/${case})
     set_tests_properties(golden-vulkan/blocks/${case} PROPERTIES TIMEOUT 300
@@ -130,6 +123,14 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
+  # int8 products run on the CPU backend only: `--dtype int8` and a `diffuse quantize` folder
+  # on vulkan:0 stop with a message naming what needed them, and a nonzero exit (no crash).
+  add_test(NAME vulkan/int8_refused
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/int8_refused.sh $<TARGET_FILE:diffuse>
+                   $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR}/te-t5
+                   ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(vulkan/int8_refused PROPERTIES TIMEOUT 300 FIXTURES_REQUIRED tiny_flux
+                       ENVIRONMENT "${VK_NAMED_ENV}")
   # `mpirun -np 2 diffuse-check --tp 2 --device vulkan` on the FLUX.1 and FLUX.2 klein
   # pipeline cases (tests/tp_golden.cmake's command), a few seconds each.
   if(DF_TP_MPIRUN)

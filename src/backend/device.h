@@ -192,6 +192,9 @@ enum {
                                            host memory in place, buffer_host_ptr answers */
     DF_CAP_COLLECTIVES      = 1u << 9,  /* comm_create / collective on device buffers */
     DF_CAP_PREPACK          = 1u << 10, /* keeps packed forms of DF_VIEW_CONST weights */
+    DF_CAP_INT8             = 1u << 11, /* int8 products: LINEAR (a.i[0]) and ATTENTION
+                                           (a.i[1]) computing in DF_DTYPE_I8, LINEAR with
+                                           int8 weights and their scales */
 };
 
 typedef enum df_device_kind {

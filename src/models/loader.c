@@ -220,6 +220,11 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
     *out = NULL;
     df_tensor_info info;
     DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    if (info.dtype == DF_DTYPE_I8 && !df_dev_has(ws->ctx->dev, DF_CAP_INT8))
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s: tensor '%s' is saved quantized (int8) and "
+                         "%s has no int8 products; int8 products run on the CPU backend only "
+                         "(--device cpu)", ws->component, tensor_file(ws, &info), name,
+                         ws->ctx->dev->name);
     df_tensor *t;
     if ((uintptr_t)info.data % info.elem_size == 0)
         t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);

@@ -25,6 +25,17 @@ static bool env_flag(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
+/* int8 compute needs a device with int8 products (DF_CAP_INT8): without them it is refused
+ * here, before any weight is quantized for products that could not run. */
+static df_status int8_supported(const df_ctx *ctx, df_dtype compute)
+{
+    if (compute != DF_DTYPE_I8 || df_dev_has(ctx->dev, DF_CAP_INT8))
+        return DF_OK;
+    return df_errorf(DF_E_UNSUPPORTED,
+                     "compute dtype int8: %s has no int8 products (linear, attention); int8 "
+                     "products run on the CPU backend only (--device cpu)", ctx->dev->name);
+}
+
 df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
 {
     *out = NULL;
@@ -50,6 +61,8 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
         ctx->threads = o.threads > 0 ? o.threads : ctx->dev->info.compute_units;
         s = df_dev_stream_create(ctx->dev, DF_STREAM_COMPUTE, &ctx->stream);
     }
+    if (s == DF_OK)
+        s = int8_supported(ctx, o.compute);
     df_eager_mode mode = env_flag("DIFFUSE_DEFER_AND_FUSE") ? DF_DEFER_AND_FUSE : o.mode;
     if (s == DF_OK)
         s = df_set_eager_mode(ctx, mode);
@@ -125,6 +138,7 @@ df_status df_ctx_set_compute_dtype(df_ctx *ctx, df_dtype compute)
     if (compute != DF_DTYPE_F32 && compute != DF_DTYPE_BF16 && compute != DF_DTYPE_I8)
         return df_errorf(DF_E_ARG, "compute dtype must be f32, bf16 or i8, not %s",
                          df_dtype_name(compute));
+    DF_TRY(int8_supported(ctx, compute));
     ctx->compute = compute;
     return DF_OK;
 }

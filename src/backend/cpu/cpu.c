@@ -204,7 +204,8 @@ static df_status cpu_device_info(int index, df_device_info *out)
     out->memory_free = avail > 0 && page > 0 ? (uint64_t)avail * (uint64_t)page : 0;
     out->caps = DF_CAP_FUSED | DF_CAP_FUSED_HEAD | DF_CAP_EPI_GELU_TANH | DF_CAP_EPI_SILU |
                 DF_CAP_EPI_GELU | DF_CAP_EPI_GATED_RESIDUAL | DF_CAP_OUT_STRIDED |
-                DF_CAP_OUT_BF16 | DF_CAP_HOST_MEMORY | DF_CAP_COLLECTIVES | DF_CAP_PREPACK;
+                DF_CAP_OUT_BF16 | DF_CAP_HOST_MEMORY | DF_CAP_COLLECTIVES | DF_CAP_PREPACK |
+                DF_CAP_INT8;
     (void)index;
     return DF_OK;
 }

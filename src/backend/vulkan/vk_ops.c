@@ -265,6 +265,20 @@ typedef struct norm_params {
     float eps, pad;
 } norm_params;
 
+/* norm.comp's workgroup, and the invocations it gives one row of d values (its LANES): a
+ * power of two from 8 to NORM_WG with about four values each, so that a text encoder's
+ * 32-96-value rows share a workgroup (NORM_WG / lanes rows each) instead of each leaving
+ * most of one idle. */
+enum { NORM_WG = 256 };
+
+static int norm_lanes(int64_t d)
+{
+    int lanes = 8;
+    while (lanes < NORM_WG && (int64_t)lanes * 4 < d)
+        lanes *= 2;
+    return lanes;
+}
+
 static df_status run_norm(const dvk_env *e, const df_node *n)
 {
     const df_view *x = &n->in[0];
@@ -309,13 +323,14 @@ static df_status run_norm(const dvk_env *e, const df_node *n)
         p.d = x->ndim > 0 ? x->shape[x->ndim - 1] : 1;
         p.rows = p.d > 0 ? numel(x) / p.d : 0;
     }
+    int lanes = norm_lanes(p.d);
     uint32_t gx, gy;
-    grid(p.rows, 1, &gx, &gy);
+    grid(p.rows, NORM_WG / lanes, &gx, &gy);
     p.groups_x = gx;
     dvk_range w = dvk_view_range(e, &n->out);
     dvk_hazard(e->d, r, nr, &w, 1);
-    uint32_t spec[1] = {(uint32_t)op};
-    return dvk_dispatch(e->d, dvk_shader_find("norm"), spec, 1, &p, sizeof p, gx, gy, 1);
+    uint32_t spec[2] = {(uint32_t)op, (uint32_t)lanes};
+    return dvk_dispatch(e->d, dvk_shader_find("norm"), spec, 2, &p, sizeof p, gx, gy, 1);
 }
 
 /* ---- RoPE --------------------------------------------------------------------------------- */

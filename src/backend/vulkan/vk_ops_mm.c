@@ -49,7 +49,10 @@ static df_status mm_dispatch(const dvk_env *e, const mm_params *p, df_dtype ta, 
         (!conv && p->K * (p->sbk < 0 ? -p->sbk : p->sbk) > INT32_MAX))
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: a product whose k steps span more than "
                          "2^31 elements");
-    uint32_t spec[6] = {(uint32_t)ta, (uint32_t)tb, bf16, conv, 64, 64};
+    /* a convolution's kernel size is a constant of its pipeline: the patch gather divides
+     * by it for every element it loads */
+    uint32_t kh = conv ? (uint32_t)p->kh : 1, kw = conv ? (uint32_t)p->kw : 1;
+    uint32_t spec[8] = {(uint32_t)ta, (uint32_t)tb, bf16, conv, 64, 64, kh, kw};
     dvk_range w = dvk_view_range(e, out);
     dvk_hazard(e->d, r, nr, &w, 1);
     uint32_t gx = (uint32_t)((p->N + 63) / 64), gy = (uint32_t)((p->M + 63) / 64);
@@ -58,7 +61,7 @@ static df_status mm_dispatch(const dvk_env *e, const mm_params *p, df_dtype ta, 
     if (bf16 && !conv && e->d->coopmat.use)
         return dvk_dispatch(e->d, dvk_shader_find("mm_coop"), spec, 2, p, sizeof *p, gx, gy,
                             (uint32_t)batch);
-    return dvk_dispatch(e->d, dvk_shader_find("mm"), spec, 6, p, sizeof *p, gx, gy,
+    return dvk_dispatch(e->d, dvk_shader_find("mm"), spec, 8, p, sizeof *p, gx, gy,
                         (uint32_t)batch);
 }
 

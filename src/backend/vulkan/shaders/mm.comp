@@ -9,7 +9,8 @@
  *
  * With CONV the B operand is the convolution's patch matrix, gathered from the image as it
  * is loaded (implicit im2col): B(k, n) = x[c, oy*stride - pad + ky, ox*stride - pad + kx]
- * for k = (c, ky, kx), n = (oy, ox), zero outside the image.
+ * for k = (c, ky, kx), n = (oy, ox), zero outside the image. The kernel size KH x KW is a
+ * specialisation constant, so that splitting k divides by constants.
  */
 #include "common.glsl"
 
@@ -20,6 +21,8 @@ layout(constant_id = 2) const int BF16 = 0;
 layout(constant_id = 3) const int CONV = 0;
 layout(constant_id = 4) const int BM = 64;
 layout(constant_id = 5) const int BN = 64;
+layout(constant_id = 6) const int KH = 1; /* CONV: the kernel's size */
+layout(constant_id = 7) const int KW = 1;
 const int BK = 16;
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
@@ -74,7 +77,8 @@ void main()
         boy[r] = CONV != 0 ? int(n / p.Wo) : 0;
         box[r] = CONV != 0 ? int(n % p.Wo) : 0;
     }
-    int khw = int(p.kh * p.kw), kw = int(p.kw), H = int(p.H), W = int(p.W);
+    const int khw = KH * KW, kw = KW;
+    int H = int(p.H), W = int(p.W);
     int cstride = int(p.stride), pad = int(p.pad);
     int sak = int(p.sak), sbk = int(p.sbk);
     for (int64_t k0 = 0; k0 < p.K; k0 += BK) {
