@@ -1,7 +1,8 @@
 # The option matrix of `diffuse generate` (tests/cli/option_matrix.txt): tiny FLUX.1, SD3 and
 # FLUX.2 (dev, klein) pipelines over every combination of mode, compiled blocks, offload,
 # dtype, batch and VAE tiling, and FLUX.1 and FLUX.2 under `mpirun -np 2 ... --tp 2` too. Split into slices (architecture x
-# dtype, and the --tp 2 runs) so that ctest -j runs them side by side.
+# dtype, and the --tp 2 runs) so that ctest -j runs them side by side; DF_MATRIX_SUBSET_*
+# below says which slices run every combination and which a pairwise subset.
 if(TARGET diffuse)
   add_executable(option_matrix ${CMAKE_SOURCE_DIR}/tests/cli/option_matrix.c)
   target_compile_definitions(option_matrix PRIVATE _GNU_SOURCE)
