@@ -17,48 +17,47 @@ set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
     sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer
     pipe-flux2 pipe-flux2-klein)
 
+# df_golden_tests(GROUP MODE [CASES...] [ARGS...]): one test golden/GROUP/CASE per case,
+# `diffuse-check --mode MODE --threads 2 ARGS CASE`; a text encoder case (te-*) has no
+# repeated blocks to compile, so MODE blocks leaves those out. tests/int8.cmake (read after
+# this file) registers its cases with it too.
+function(df_golden_tests group mode)
+  cmake_parse_arguments(PARSE_ARGV 2 G "" "" "CASES;ARGS")
+  if(NOT EXISTS ${DF_GOLDEN_DIR})
+    return()
+  endif()
+  foreach(case ${G_CASES})
+    if(mode STREQUAL "blocks" AND case MATCHES "^te-")
+      continue()
+    endif()
+    add_test(NAME golden/${group}/${case}
+             COMMAND diffuse-check --mode ${mode} --threads 2 ${G_ARGS} ${DF_GOLDEN_DIR}/${case})
+    set_tests_properties(golden/${group}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+endfunction()
+
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})
-    foreach(case ${DF_GOLDEN_CASES})
-      add_test(NAME golden/${mode}/${case}
-               COMMAND diffuse-check --mode ${mode} --threads 2 ${DF_GOLDEN_DIR}/${case})
-      set_tests_properties(golden/${mode}/${case} PROPERTIES TIMEOUT 600)
-    endforeach()
+    df_golden_tests(${mode} ${mode} CASES ${DF_GOLDEN_CASES})
   endforeach()
-  foreach(case ${DF_GOLDEN_BLOCKS_CASES})
-    add_test(NAME golden/blocks/${case}
-             COMMAND diffuse-check --mode blocks --threads 2 ${DF_GOLDEN_DIR}/${case})
-    set_tests_properties(golden/blocks/${case} PROPERTIES TIMEOUT 600)
-  endforeach()
+  df_golden_tests(blocks blocks CASES ${DF_GOLDEN_BLOCKS_CASES})
   # bf16 compute must stay within the bf16 tolerance of the float64 reference.
-  foreach(case flux-transformer te-t5 te-mistral t2i-flux-schnell sd3-transformer t2i-sd3
-          flux2-transformer flux2-klein-transformer pipe-flux2)
-    add_test(NAME golden/bf16/${case}
-             COMMAND diffuse-check --dtype bf16 --threads 2 ${DF_GOLDEN_DIR}/${case})
-  endforeach()
+  df_golden_tests(bf16 eager ARGS --dtype bf16
+                  CASES flux-transformer te-t5 te-mistral t2i-flux-schnell sd3-transformer
+                        t2i-sd3 flux2-transformer flux2-klein-transformer pipe-flux2)
   # ... and so must the defer-and-fuse and compiled plans, which write some operands of bf16
   # products in bf16 themselves.
   foreach(mode fuse compile)
-    foreach(case flux-transformer t2i-flux-schnell sd3-transformer flux2-transformer
-            flux2-klein-transformer)
-      add_test(NAME golden/bf16-${mode}/${case}
-               COMMAND diffuse-check --dtype bf16 --mode ${mode} --threads 2
-                       ${DF_GOLDEN_DIR}/${case})
-    endforeach()
+    df_golden_tests(bf16-${mode} ${mode} ARGS --dtype bf16
+                    CASES flux-transformer t2i-flux-schnell sd3-transformer flux2-transformer
+                          flux2-klein-transformer)
   endforeach()
   # int8 compute must stay within the int8 bound of its kind of case (diffuse-check's
   # check_int8_rel_l2) in every mode.
   foreach(mode eager fuse compile blocks)
-    foreach(case flux-transformer sd3-transformer te-t5 pipe-flux-schnell t2i-flux-schnell
-            pipe-sd3 t2i-sd3)
-      if(mode STREQUAL "blocks" AND case STREQUAL "te-t5")
-        continue() # no repeated blocks to compile in a text encoder case
-      endif()
-      add_test(NAME golden/int8-${mode}/${case}
-               COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2
-                       ${DF_GOLDEN_DIR}/${case})
-      set_tests_properties(golden/int8-${mode}/${case} PROPERTIES TIMEOUT 600)
-    endforeach()
+    df_golden_tests(int8-${mode} ${mode} ARGS --dtype int8
+                    CASES flux-transformer sd3-transformer te-t5 pipe-flux-schnell
+                          t2i-flux-schnell pipe-sd3 t2i-sd3)
   endforeach()
 else()
   message(WARNING "golden cases not found at ${DF_GOLDEN_DIR}; parity tests not registered")

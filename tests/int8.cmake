@@ -9,20 +9,11 @@ endif()
 # FLUX.2 under int8 compute: the golden cases within the int8 bound of their kind
 # (diffuse-check's check_int8_rel_l2) in every mode. te-mistral runs the decoder language
 # model that FLUX.2-klein's Qwen3 encoder shares (models/decoder_lm.c).
-if(EXISTS ${DF_GOLDEN_DIR})
-  foreach(mode eager fuse compile blocks)
-    foreach(case flux2-transformer flux2-klein-transformer te-mistral pipe-flux2
-            pipe-flux2-klein)
-      if(mode STREQUAL "blocks" AND case STREQUAL "te-mistral")
-        continue() # no repeated blocks to compile in a text encoder case
-      endif()
-      add_test(NAME golden/int8-${mode}/${case}
-               COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2
-                       ${DF_GOLDEN_DIR}/${case})
-      set_tests_properties(golden/int8-${mode}/${case} PROPERTIES TIMEOUT 600)
-    endforeach()
-  endforeach()
-endif()
+foreach(mode eager fuse compile blocks)
+  df_golden_tests(int8-${mode} ${mode} ARGS --dtype int8
+                  CASES flux2-transformer flux2-klein-transformer te-mistral pipe-flux2
+                        pipe-flux2-klein)
+endforeach()
 
 # FLUX.2 from prompts under int8 compute (the Mistral and Qwen3 encoders' linears quantized
 # too): a folder saved by `diffuse quantize` gives quantize-on-load's image bit for bit. The

@@ -3,9 +3,14 @@
  * (tests/cli/option_matrix.txt, which says what each line means) runs on a tiny pipeline,
  * and each either gives the images of its reference combination or is refused in one line.
  *
- * usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] [--slack N] [AXIS=NAME ...]
+ * usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] [--slack N] [--pairs]
+ *                      [AXIS=NAME ...]
  *
  * --slack N adds N levels to every tolerance (tests/matrix.cmake: 1 in unoptimised builds).
+ * --pairs runs, instead of every combination, a subset that has every pair of values of two
+ * axes in at least one combination (chosen greedily, the same subset each run), each
+ * compared with its reference only, within the tolerances of all its values together, not
+ * with each combination one axis away (tests/matrix.cmake says where this is enough).
  * AXIS=NAME arguments keep only the combinations with that value (several values of one
  * axis: any of them), so that ctest can run slices of the matrix side by side. A
  * combination whose reference lies outside the slice runs its reference too. Each command
@@ -74,7 +79,8 @@ typedef struct result {
 } result;
 
 static const char *g_bin, *g_work, *g_mpirun = "mpirun";
-static int g_slack; /* --slack: added to every tolerance */
+static int g_slack;   /* --slack: added to every tolerance */
+static bool g_pairs; /* --pairs: a pairwise subset, each compared with its reference only */
 static result *g_results;
 static int g_failures;
 
@@ -495,7 +501,7 @@ static bool run_checked(const matrix *m, int id, result *r)
     tol += tol ? slack : 0;
     if (!compare(r, ref, id, tol > known_tol ? tol : known_tol, "the reference", &worst, label))
         return false;
-    for (int a = 0; a < m->n_axes; a++) {
+    for (int a = 0; a < m->n_axes && !g_pairs; a++) {
         if (m->ax[a].kind != K_SAME || pick[a] == 0)
             continue;
         int near[MAX_AXES], vt = m->ax[a].v[pick[a]].tol;
@@ -525,6 +531,48 @@ static void run_combo(const matrix *m, int id)
     r->ok = run_checked(m, id, r);
 }
 
+/* ---- the pairwise subset ------------------------------------------------------------------ */
+
+/* g_paired[a][i][b][j]: whether values i of axis a and j of axis b (a < b) are in a chosen
+ * combination yet. */
+static bool g_paired[MAX_AXES][MAX_VALUES][MAX_AXES][MAX_VALUES];
+
+/* How many pairs of values of combination `pick` no chosen combination has yet. */
+static int new_pairs(const matrix *m, const int *pick)
+{
+    int n = 0;
+    for (int a = 0; a < m->n_axes; a++)
+        for (int b = a + 1; b < m->n_axes; b++)
+            n += !g_paired[a][pick[a]][b][pick[b]];
+    return n;
+}
+
+/* Marks in `chosen` (one flag per combination) a subset of the slice's valid combinations
+ * that has every pair of values some valid combination of the slice has: each time the one
+ * with the most pairs not yet chosen, the first of those in combination order. */
+static void choose_pairs(const matrix *m, bool *chosen)
+{
+    int n = combo_count(m), pick[MAX_AXES];
+    for (;;) {
+        int best = -1, best_new = 0;
+        for (int id = 0; id < n; id++) {
+            combo_decode(m, id, pick);
+            if (chosen[id] || !combo_valid(m, pick) || !combo_kept(m, pick))
+                continue;
+            int k = new_pairs(m, pick);
+            if (k > best_new)
+                best = id, best_new = k;
+        }
+        if (best < 0)
+            return;
+        chosen[best] = true;
+        combo_decode(m, best, pick);
+        for (int a = 0; a < m->n_axes; a++)
+            for (int b = a + 1; b < m->n_axes; b++)
+                g_paired[a][pick[a]][b][pick[b]] = true;
+    }
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 static bool make_models(const matrix *m, const bool *needed)
@@ -548,7 +596,7 @@ int main(int argc, char **argv)
 {
     if (argc < 4) {
         fprintf(stderr, "usage: option_matrix TABLE DIFFUSE WORK_DIR [--mpirun PATH] "
-                        "[--slack N] [AXIS=NAME ...]\n");
+                        "[--slack N] [--pairs] [AXIS=NAME ...]\n");
         return 2;
     }
     static matrix m;
@@ -562,6 +610,8 @@ int main(int argc, char **argv)
             g_mpirun = argv[++i];
         } else if (!strcmp(argv[i], "--slack") && i + 1 < argc) {
             g_slack = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--pairs")) {
+            g_pairs = true;
         } else if (parse_pair(&m, argv[i], &a, &v)) {
             m.keep[a][v] = true;
         } else {
@@ -583,13 +633,16 @@ int main(int argc, char **argv)
     if (!make_models(&m, needed))
         return 1;
     g_results = calloc((size_t)n, sizeof *g_results);
-    if (!g_results)
+    bool *chosen = calloc((size_t)n, sizeof *chosen);
+    if (!g_results || !chosen)
         return 1;
+    if (g_pairs)
+        choose_pairs(&m, chosen);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int id = 0; id < n; id++) {
         combo_decode(&m, id, pick);
-        if (combo_valid(&m, pick) && combo_kept(&m, pick)) {
+        if (g_pairs ? chosen[id] : combo_valid(&m, pick) && combo_kept(&m, pick)) {
             run_combo(&m, id);
             selected++;
         }
@@ -599,6 +652,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < g_results[id].n_images; i++)
             df_image_free(g_results[id].img[i]);
     free(g_results);
+    free(chosen);
     printf("%d combinations, %d failed, %.1f s\n", selected, g_failures,
            (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     if (g_failures == 0) {

@@ -23,6 +23,8 @@
 
 #include <diffuse/diffuse.h>
 
+#include "unit/fixtures.h"
+
 /* DF_TEST_NEEDS_ARGS: DEV_DIR KLEIN_DIR */
 static const char *dirs[2];
 
@@ -203,24 +205,7 @@ static const char *klein_base_dir(void)
 {
     static char dir[1024];
     snprintf(dir, sizeof dir, "%s/flux2-klein-base-prompts", DF_TEST_TMP);
-    char path[2400];
-    snprintf(path, sizeof path, "rm -rf '%s' && mkdir -p '%s'", dir, dir);
-    assert_int_equal(system(path), 0);
-    /* copies: a component linked from outside the folder is refused */
-    snprintf(path, sizeof path,
-             "cd '%s' && cp -r scheduler tokenizer text_encoder transformer vae '%s'", dirs[1],
-             dir);
-    assert_int_equal(system(path), 0);
-    snprintf(path, sizeof path, "%s/model_index.json", dir);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs("{\"_class_name\": \"Flux2KleinPipeline\", \"is_distilled\": false,\n"
-          " \"scheduler\": [\"diffusers\", \"FlowMatchEulerDiscreteScheduler\"],\n"
-          " \"text_encoder\": [\"transformers\", \"Qwen3ForCausalLM\"],\n"
-          " \"tokenizer\": [\"transformers\", \"Qwen2TokenizerFast\"],\n"
-          " \"transformer\": [\"diffusers\", \"Flux2Transformer2DModel\"],\n"
-          " \"vae\": [\"diffusers\", \"AutoencoderKLFlux2\"]}\n", f);
-    fclose(f);
+    fixture_klein_base(dirs[1], dir);
     return dir;
 }
 

@@ -16,19 +16,14 @@
 
 #include <diffuse/diffuse.h>
 
-enum { N = 384, CHAIN = 48 };
+#include "unit/fixtures.h"
 
-static df_ctx *make_ctx(void)
-{
-    df_ctx *ctx = NULL;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2}, &ctx), DF_OK);
-    return ctx;
-}
+enum { N = 384, CHAIN = 48 };
 
 static void test_early_read_does_not_wait_for_later_work(void **state)
 {
     (void)state;
-    df_ctx *ctx = make_ctx();
+    df_ctx *ctx = fixture_ctx(2);
     static float a_host[64], w_host[N * N], x_host[N * N], out[64];
     for (int i = 0; i < 64; i++)
         a_host[i] = (float)i - 20.0f;
@@ -61,7 +56,7 @@ static void test_early_read_does_not_wait_for_later_work(void **state)
 static void test_read_after_a_failure_reports_it(void **state)
 {
     (void)state;
-    df_ctx *ctx = make_ctx();
+    df_ctx *ctx = fixture_ctx(2);
     float table[4 * 3] = {0}, out[6];
     int64_t bad[2] = {1, 9}; /* 9: outside the table; only the kernel sees it */
     df_tensor *tab = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(4, 3), table);

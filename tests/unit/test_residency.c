@@ -12,20 +12,14 @@
 #include <diffuse/diffuse.h>
 
 #include "runtime/runtime.h"
-
-static df_ctx *make_ctx(void)
-{
-    df_ctx *ctx = NULL;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
-    return ctx;
-}
+#include "unit/fixtures.h"
 
 /* Sequential offload: everything released up front, then each block acquired and released
  * within every step: transient throughout. */
 static void test_sequential_blocks_are_transient(void **state)
 {
     (void)state;
-    df_ctx *ctx = make_ctx();
+    df_ctx *ctx = fixture_ctx(1);
     df_storage st = {0};
     df_residency_note_release(ctx, &st, false); /* df_blocks_set_sequential(on) */
     assert_true(st.transient);
@@ -46,7 +40,7 @@ static void test_sequential_blocks_are_transient(void **state)
 static void test_whole_models_are_not_transient(void **state)
 {
     (void)state;
-    df_ctx *ctx = make_ctx();
+    df_ctx *ctx = fixture_ctx(1);
     df_storage encoder = {0}, transformer = {0};
     for (int run = 0; run < 2; run++) {
         df_residency_note_acquire(ctx, &encoder, false);
@@ -65,7 +59,7 @@ static void test_whole_models_are_not_transient(void **state)
 static void test_part_resident_across_steps_is_not_transient(void **state)
 {
     (void)state;
-    df_ctx *ctx = make_ctx();
+    df_ctx *ctx = fixture_ctx(1);
     df_storage st = {.transient = true};
     df_residency_note_acquire(ctx, &st, true);
     assert_int_equal(df_mark_step(ctx), DF_OK);

@@ -12,19 +12,14 @@
  * Run under VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation: any validation message fails.
  * Without a Vulkan loader or device the test exits 77 (skipped).
  */
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/vulkan/vk_internal.h"
-#include "core/status.h"
+#include "vk_test.h"
 
 #define RANKS 3
 #define ME 1
-
-static dvk_device *g_dev;
-static int g_failures;
 
 /* Rank r's element i: exact in f32, and so are sums of three. */
 static float value(int r, int64_t i)
@@ -88,12 +83,6 @@ static df_status fake_barrier(void *self)
 {
     (void)self;
     return DF_OK;
-}
-
-static void check(bool ok, const char *what)
-{
-    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
-    g_failures += !ok;
 }
 
 /* One collective on `count` elements (a buffer of `total`): `init` is uploaded into a
@@ -202,11 +191,8 @@ static void test_refusals(const df_dev_comm *c)
 
 int main(void)
 {
-    df_status s = dvk_device_open(0, &g_dev);
-    if (s != DF_OK) {
-        printf("skipped: no Vulkan device: %s\n", df_error_message());
+    if (vk_test_skipped(dvk_device_open(0, &g_dev)))
         return 77;
-    }
     printf("device: %s, readback arena %llu bytes\n", g_dev->info.name,
            (unsigned long long)g_dev->readback.size);
     fake_comm f = {0};
@@ -228,13 +214,5 @@ int main(void)
     free(out);
     printf("bytes up %lld, down %lld\n", (long long)g_dev->stats.bytes_up,
            (long long)g_dev->stats.bytes_down);
-    dvk_device_close(g_dev);
-    dvk_instance_shutdown();
-    int msgs = atomic_load(&dvk_validation_messages);
-    if (msgs) {
-        printf("FAIL %d validation messages\n", msgs);
-        g_failures++;
-    }
-    printf("%d failures\n", g_failures);
-    return g_failures ? 1 : 0;
+    return vk_test_finish();
 }

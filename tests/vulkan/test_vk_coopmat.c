@@ -15,26 +15,15 @@
  * Without a Vulkan loader or device the test exits 77 (skipped).
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/vulkan/vk_internal.h"
-#include "core/status.h"
+#include "vk_test.h"
 
 struct df_dev_buffer {
     dvk_alloc *a;
 };
-
-static dvk_device *g_dev;
-static int g_failures;
-
-static void check(bool ok, const char *what)
-{
-    printf("%s %s\n", ok ? "ok  " : "FAIL", what);
-    g_failures += !ok;
-}
 
 static VkDeviceAddress addr_of(void *user, const df_view *v)
 {
@@ -142,11 +131,8 @@ static void test_bf16_linear(void)
 int main(void)
 {
     setenv("DIFFUSE_VULKAN_COOPMAT", "1", 1);
-    df_status s = dvk_device_open(0, &g_dev);
-    if (s != DF_OK) {
-        printf("skipped: no Vulkan device: %s\n", df_error_message());
+    if (vk_test_skipped(dvk_device_open(0, &g_dev)))
         return 77;
-    }
     int shader = dvk_shader_find("mm_coop");
     printf("device: %s: VK_KHR_cooperative_matrix %s; shader %s; chosen: %s (%s)\n",
            g_dev->info.name, g_dev->info.coopmat ? "yes" : "no",
@@ -168,13 +154,5 @@ int main(void)
     check(!c.use && strcmp(c.why, "DIFFUSE_VULKAN_COOPMAT=0") == 0,
           "DIFFUSE_VULKAN_COOPMAT=0: the portable path");
     test_bf16_linear();
-    dvk_device_close(g_dev);
-    dvk_instance_shutdown();
-    int msgs = atomic_load(&dvk_validation_messages);
-    if (msgs) {
-        printf("FAIL %d validation messages\n", msgs);
-        g_failures++;
-    }
-    printf("%d failures\n", g_failures);
-    return g_failures ? 1 : 0;
+    return vk_test_finish();
 }

@@ -17,16 +17,14 @@
  * Prints one line per row: the op, the largest absolute and relative error, the tolerance.
  */
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/vulkan/vk_internal.h"
 #include "core/alloc.h"
-#include "core/status.h"
+#include "vk_test.h"
 
 /* ---- twins --------------------------------------------------------------------------------- */
 
@@ -37,9 +35,7 @@ typedef struct twin {
     struct twin *next;
 } twin;
 
-static dvk_device *g_dev;
 static twin *g_twins;
-static int g_failures;
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 
 static double rnd(double lo, double hi)
@@ -652,10 +648,8 @@ int main(int argc, char **argv)
             dvk_device_close(g_dev);
         return ok ? 0 : 1;
     }
-    if (s != DF_OK) {
-        printf("skipped: no Vulkan device: %s\n", df_error_message());
+    if (vk_test_skipped(s))
         return 77;
-    }
     printf("device: %s (%s), subgroup %u, fp16 %d, int8 %d, coopmat %d\n", g_dev->info.name,
            g_dev->info.driver, g_dev->info.subgroup_size, g_dev->info.fp16, g_dev->info.int8,
            g_dev->info.coopmat);
@@ -700,13 +694,5 @@ int main(int argc, char **argv)
         printf("FAIL --expect-cache: no pipeline cache was loaded from %s\n", g_dev->cache_path);
         g_failures++;
     }
-    dvk_device_close(g_dev);
-    dvk_instance_shutdown();
-    int msgs = atomic_load(&dvk_validation_messages);
-    if (msgs) {
-        printf("FAIL %d validation messages\n", msgs);
-        g_failures++;
-    }
-    printf("%d failures\n", g_failures);
-    return g_failures ? 1 : 0;
+    return vk_test_finish();
 }
