@@ -26,3 +26,28 @@ foreach(arch flux2 flux2-klein)
   set_tests_properties(cli/int8_quantize_${arch} PROPERTIES FIXTURES_REQUIRED tiny_flux2
                        TIMEOUT 300)
 endforeach()
+
+# `diffuse quantize` streams: its peak memory is bounded by the largest tensor, well under
+# the 8-bit transformer (not under the sanitizers, whose allocator keeps freed memory), and a
+# sharded copy holds the same tensors (tests/unit/test_quantize_stream.c, which makes its
+# own make-tiny folder of about 450 MB).
+if(TARGET test_quantize_stream)
+  if(DIFFUSE_SANITIZE)
+    set(DF_QUANTIZE_PEAK "")
+  else()
+    set(DF_QUANTIZE_PEAK peak)
+  endif()
+  add_test(NAME unit/test_quantize_stream
+           COMMAND test_quantize_stream $<TARGET_FILE:diffuse>
+                   ${CMAKE_BINARY_DIR}/test-tmp/quantize-stream ${DF_QUANTIZE_PEAK})
+  set_tests_properties(unit/test_quantize_stream PROPERTIES TIMEOUT 600)
+endif()
+
+# A folder quantized into shards (diffuse quantize --shard-size) loads as the single file
+# does: the same int8 image, bit for bit.
+add_test(NAME cli/int8_quantize_sharded
+         COMMAND sh -c "rm -rf \"$2\" && mkdir -p \"$2/one\" \"$2/many\" && \"$0\" quantize -m \"$1\" -o \"$2/one/m\" >/dev/null && \"$0\" quantize --shard-size 100000 -m \"$1\" -o \"$2/many/m\" >/dev/null && test -f \"$2/many/m/transformer/diffusion_pytorch_model.safetensors.index.json\" && \"$0\" generate -m \"$2/one/m\" -p fox -W 32 -H 32 --steps 2 -o \"$2/one.png\" >/dev/null && \"$0\" generate -m \"$2/many/m\" -p fox -W 32 -H 32 --steps 2 -o \"$2/many.png\" >/dev/null && cmp \"$2/one.png\" \"$2/many.png\" || { echo sharded int8 folder differs; exit 1; }"
+                 $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux
+                 ${CMAKE_BINARY_DIR}/test-tmp/int8-sharded)
+set_tests_properties(cli/int8_quantize_sharded PROPERTIES FIXTURES_REQUIRED tiny_flux
+                     TIMEOUT 300)

@@ -41,6 +41,12 @@ DF_API bool df_int8_quantizes(const char *component, const char *name, int ndim)
  * on the stored values, which equal what quantizing on load gives. */
 DF_API df_status df_quantize_model(const char *in, const char *out, int64_t group);
 
+/* The same with each component's weights in shards of at most `shard_bytes` (<= 0: 2 GiB,
+ * DF_ST_SHARD_BYTES), named as the input's files with the diffusers index past one. Writing
+ * streams: memory holds about the largest tensor and its 8-bit copy. */
+DF_API df_status df_quantize_model_sharded(const char *in, const char *out, int64_t group,
+                                           int64_t shard_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,9 @@
  * Safetensors writer (see safetensors_writer.h).
  *
  * Entries are kept in memory until finish: the tiny models and test files this serves are
- * small, and holding them lets the header be written first in one piece.
+ * small, and holding them lets the header be written first in one piece. The declaration
+ * checks, the header and positioned writes are shared with the sharded, streaming writer
+ * (safetensors_shards.c).
  */
 #include <diffuse/safetensors_writer.h>
 
@@ -14,14 +16,11 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "io/safetensors_write.h"
 
 typedef struct entry {
-    char *name;
-    df_dtype dtype;
-    int ndim;
-    int64_t shape[8];
+    st_decl d;
     void *data;
-    size_t bytes;
 } entry;
 
 struct df_st_writer {
@@ -44,6 +43,78 @@ static const char *st_dtype(df_dtype t)
     }
 }
 
+df_status df_st_decl_init(st_decl *d, const char *name, df_dtype dtype, const int64_t *shape,
+                          int ndim)
+{
+    *d = (st_decl){0};
+    if (!st_dtype(dtype) || ndim < 0 || ndim > 8 || !name || !*name || strchr(name, '"') ||
+        strchr(name, '\\'))
+        return df_errorf(DF_E_ARG, "safetensors writer: bad tensor '%s'", name ? name : "");
+    size_t bytes = df_dtype_size(dtype);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || !df_size_mul(bytes, (size_t)shape[i], &bytes))
+            return df_errorf(DF_E_ARG, "safetensors writer: '%s' has a bad shape", name);
+    *d = (st_decl){.dtype = dtype, .ndim = ndim, .bytes = bytes};
+    memcpy(d->shape, shape, (size_t)ndim * sizeof *shape);
+    d->name = df_strdup(name);
+    return d->name ? DF_OK : df_errorf(DF_E_OOM, "safetensors writer: out of memory");
+}
+
+df_status df_st_header(const st_decl *const *e, int64_t n, char **out, size_t *out_len)
+{
+    *out = NULL;
+    size_t cap = 256 + (size_t)n * 512, len = 0;
+    char *hdr = df_malloc(cap);
+    if (!hdr)
+        return df_errorf(DF_E_OOM, "safetensors writer: out of memory");
+    len += (size_t)snprintf(hdr + len, cap - len, "{");
+    uint64_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const st_decl *d = e[i];
+        if (cap - len < strlen(d->name) + 256) {
+            cap = cap * 2 + strlen(d->name);
+            char *nh = df_realloc(hdr, cap);
+            if (!nh) {
+                df_free(hdr);
+                return df_errorf(DF_E_OOM, "safetensors writer: out of memory");
+            }
+            hdr = nh;
+        }
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
+                                i ? "," : "", d->name, st_dtype(d->dtype));
+        for (int k = 0; k < d->ndim; k++)
+            len += (size_t)snprintf(hdr + len, cap - len, k ? ",%lld" : "%lld",
+                                    (long long)d->shape[k]);
+        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)off, (unsigned long long)(off + d->bytes));
+        off += d->bytes;
+    }
+    len += (size_t)snprintf(hdr + len, cap - len, "}");
+    while (len % 8 && len + 1 < cap)
+        hdr[len++] = ' ';
+    *out = hdr;
+    *out_len = len;
+    return DF_OK;
+}
+
+df_status df_st_pwrite(int fd, const char *path, const void *data, size_t bytes,
+                       uint64_t offset)
+{
+    const char *p = data;
+    while (bytes > 0) {
+        ssize_t n = pwrite(fd, p, bytes, (off_t)offset);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return df_errorf(DF_E_IO, "%s: cannot write: %s", path,
+                             n < 0 ? strerror(errno) : "no space written");
+        p += n;
+        bytes -= (size_t)n;
+        offset += (uint64_t)n;
+    }
+    return DF_OK;
+}
+
 df_status df_st_writer_create(df_st_writer **out)
 {
     *out = df_calloc(1, sizeof **out);
@@ -55,7 +126,7 @@ void df_st_writer_free(df_st_writer *w)
     if (!w)
         return;
     for (int i = 0; i < w->n; i++) {
-        df_free(w->e[i].name);
+        df_free(w->e[i].d.name);
         df_free(w->e[i].data);
     }
     df_free(w->e);
@@ -65,13 +136,6 @@ void df_st_writer_free(df_st_writer *w)
 df_status df_st_writer_add(df_st_writer *w, const char *name, df_dtype dtype,
                            const int64_t *shape, int ndim, const void *data)
 {
-    if (!st_dtype(dtype) || ndim < 0 || ndim > 8 || !name || !*name || strchr(name, '"') ||
-        strchr(name, '\\'))
-        return df_errorf(DF_E_ARG, "safetensors writer: bad tensor '%s'", name ? name : "");
-    size_t bytes = df_dtype_size(dtype);
-    for (int d = 0; d < ndim; d++)
-        if (shape[d] < 0 || !df_size_mul(bytes, (size_t)shape[d], &bytes))
-            return df_errorf(DF_E_ARG, "safetensors writer: '%s' has a bad shape", name);
     if (w->n == w->cap) {
         int cap = w->cap ? 2 * w->cap : 64;
         entry *e = df_realloc(w->e, (size_t)cap * sizeof *e);
@@ -81,16 +145,13 @@ df_status df_st_writer_add(df_st_writer *w, const char *name, df_dtype dtype,
         w->cap = cap;
     }
     entry *e = &w->e[w->n];
-    *e = (entry){.dtype = dtype, .ndim = ndim, .bytes = bytes};
-    memcpy(e->shape, shape, (size_t)ndim * sizeof *shape);
-    e->name = df_strdup(name);
-    e->data = df_malloc(bytes);
-    if (!e->name || !e->data) {
-        df_free(e->name);
-        df_free(e->data);
+    DF_TRY(df_st_decl_init(&e->d, name, dtype, shape, ndim));
+    e->data = df_malloc(e->d.bytes);
+    if (!e->data) {
+        df_free(e->d.name);
         return df_errorf(DF_E_OOM, "safetensors writer: out of memory");
     }
-    memcpy(e->data, data, bytes);
+    memcpy(e->data, data, e->d.bytes);
     w->n++;
     return DF_OK;
 }
@@ -113,46 +174,26 @@ df_status df_st_writer_add_f32(df_st_writer *w, const char *name, df_dtype dtype
 
 static int by_name(const void *a, const void *b)
 {
-    return strcmp(((const entry *)a)->name, ((const entry *)b)->name);
+    return strcmp(((const entry *)a)->d.name, ((const entry *)b)->d.name);
 }
 
 df_status df_st_writer_finish(df_st_writer *w, const char *path)
 {
     qsort(w->e, (size_t)w->n, sizeof *w->e, by_name);
-    size_t cap = 256 + (size_t)w->n * 512, len = 0;
-    char *hdr = df_malloc(cap);
-    if (!hdr)
+    const st_decl **decls = df_malloc((size_t)(w->n ? w->n : 1) * sizeof *decls);
+    if (!decls)
         return df_errorf(DF_E_OOM, "safetensors writer: out of memory");
-    len += (size_t)snprintf(hdr + len, cap - len, "{");
-    uint64_t off = 0;
-    for (int i = 0; i < w->n; i++) {
-        entry *e = &w->e[i];
-        if (cap - len < strlen(e->name) + 256) {
-            cap = cap * 2 + strlen(e->name);
-            char *nh = df_realloc(hdr, cap);
-            if (!nh) {
-                df_free(hdr);
-                return df_errorf(DF_E_OOM, "safetensors writer: out of memory");
-            }
-            hdr = nh;
-        }
-        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[",
-                                i ? "," : "", e->name, st_dtype(e->dtype));
-        for (int d = 0; d < e->ndim; d++)
-            len += (size_t)snprintf(hdr + len, cap - len, d ? ",%lld" : "%lld",
-                                    (long long)e->shape[d]);
-        len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
-                                (unsigned long long)off, (unsigned long long)(off + e->bytes));
-        off += e->bytes;
-    }
-    len += (size_t)snprintf(hdr + len, cap - len, "}");
-    while (len % 8 && len + 1 < cap)
-        hdr[len++] = ' ';
+    for (int i = 0; i < w->n; i++)
+        decls[i] = &w->e[i].d;
+    char *hdr;
+    size_t len;
+    df_status s = df_st_header(decls, w->n, &hdr, &len);
+    df_free(decls);
+    DF_TRY(s);
 
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
-    df_status s = DF_OK;
     if (!f) {
         s = df_errorf(DF_E_IO, "%s: cannot create: %s", path, strerror(errno));
     } else {
@@ -161,7 +202,7 @@ df_status df_st_writer_finish(df_st_writer *w, const char *path)
             lenbuf[b] = (uint8_t)((uint64_t)len >> (8 * b));
         bool ok = fwrite(lenbuf, 1, 8, f) == 8 && fwrite(hdr, 1, len, f) == len;
         for (int i = 0; ok && i < w->n; i++)
-            ok = fwrite(w->e[i].data, 1, w->e[i].bytes, f) == w->e[i].bytes;
+            ok = fwrite(w->e[i].data, 1, w->e[i].d.bytes, f) == w->e[i].d.bytes;
         if (fclose(f) != 0)
             ok = false;
         if (!ok || rename(tmp, path) != 0) {

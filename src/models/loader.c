@@ -10,6 +10,9 @@
  * consults it, so model code binds every weight by its full shape and gets this rank's part.
  * A single row range wraps the mapping like a whole tensor; column ranges and packed row
  * ranges are read through df_weights into a buffer and copied into a tensor the set owns.
+ * A weight saved int8 takes the matching part of its scales: the rows of its output
+ * channels, or for a split of k the scale groups of its columns (the split must fall on
+ * group boundaries, unless a row has one scale).
  * Bytes read are counted per slice, so df_stats shows what this rank touched.
  */
 #include <stdarg.h>
@@ -231,8 +234,13 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
-    if (info.dtype == DF_DTYPE_I8)
-        DF_TRY(df_quant_bind_int8(ws, name, t)); /* its scales, saved beside it */
+    if (info.dtype == DF_DTYPE_I8) { /* its scales, saved beside it */
+        char scale_name[600];
+        df_tensor *scale;
+        snprintf(scale_name, sizeof scale_name, "%s_scale", name);
+        DF_TRY(bind(ws, scale_name, 2, (int64_t[]){info.shape[0], -1}, &scale));
+        DF_TRY(df_quant_attach_int8(name, t, scale));
+    }
     *out = t;
     return DF_OK;
 }
@@ -306,40 +314,29 @@ static df_status read_ranges(df_weight_set *ws, const df_tensor_info *info, int 
     return DF_OK;
 }
 
-/* Binds this rank's part of `name` split along `dim`. */
-static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
-                            int dim, const df_shard *sh, df_tensor **out)
+/* Binds the ranges of `dim` of the tensor `info` (checked), concatenated along `dim`. */
+static df_status bind_ranges(df_weight_set *ws, const df_tensor_info *info, int dim,
+                             int64_t ranges[][2], int n, df_tensor **out)
 {
-    *out = NULL;
-    df_tensor_info info;
-    DF_TRY(find_checked(ws, name, ndim, shape, &info));
-    if (info.dtype == DF_DTYPE_I8)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is saved quantized (I8); tensor "
-                         "parallelism needs the checkpoint as stored (--dtype int8 quantizes "
-                         "each rank's slice on load)", ws->component, name);
-    if (dim > 1 || (dim == 1 && info.ndim != 2))
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': only rows, or the columns of a 2-D "
-                         "tensor, can be split across ranks", ws->component, name);
-    int64_t ranges[DF_SHARD_MAX_PARTS][2];
-    int n = 0;
-    DF_TRY(shard_ranges(ws, name, dim, info.shape[dim], sh, ranges, &n));
+    const char *name = info->name;
     int64_t local_shape[DF_SAFETENSORS_MAX_DIMS], local = 0;
-    memcpy(local_shape, info.shape, sizeof local_shape);
+    memcpy(local_shape, info->shape, sizeof local_shape);
     for (int p = 0; p < n; p++)
         local += ranges[p][1] - ranges[p][0];
     local_shape[dim] = local;
     int64_t numel = 1;
-    for (int d = 0; d < info.ndim; d++)
+    for (int d = 0; d < info->ndim; d++)
         numel *= local_shape[d];
-    size_t bytes = (size_t)numel * info.elem_size;
+    size_t bytes = (size_t)numel * info->elem_size;
 
     if (dim == 0 && n == 1) { /* contiguous: wrap that part of the mapping */
-        int64_t row = info.shape[0] ? info.numel / info.shape[0] : 0;
+        int64_t row = info->shape[0] ? info->numel / info->shape[0] : 0;
         const uint8_t *data =
-            (const uint8_t *)info.data + (size_t)(ranges[0][0] * row) * info.elem_size;
-        df_tensor *t = (uintptr_t)data % info.elem_size == 0
-                           ? df_tensor_wrap(ws->ctx, info.dtype, local_shape, info.ndim, data)
-                           : df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, data);
+            (const uint8_t *)info->data + (size_t)(ranges[0][0] * row) * info->elem_size;
+        df_tensor *t = (uintptr_t)data % info->elem_size == 0
+                           ? df_tensor_wrap(ws->ctx, info->dtype, local_shape, info->ndim, data)
+                           : df_tensor_from_host(ws->ctx, info->dtype, local_shape, info->ndim,
+                                                 data);
         DF_TRY(keep(ws, name, t, data, bytes, bytes));
         *out = t;
         return DF_OK;
@@ -348,13 +345,73 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
     if (!buf)
         return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component, name);
     uint64_t before = df_weights_bytes_read(ws->w);
-    df_status s = read_ranges(ws, &info, dim, ranges, n, local, buf);
+    df_status s = read_ranges(ws, info, dim, ranges, n, local, buf);
     size_t read = (size_t)(df_weights_bytes_read(ws->w) - before);
-    df_tensor *t =
-        s == DF_OK ? df_tensor_from_host(ws->ctx, info.dtype, local_shape, info.ndim, buf) : NULL;
+    df_tensor *t = s == DF_OK
+                       ? df_tensor_from_host(ws->ctx, info->dtype, local_shape, info->ndim, buf)
+                       : NULL;
     df_free(buf);
     DF_TRY(s);
     DF_TRY(keep(ws, name, t, NULL, bytes, read));
+    *out = t;
+    return DF_OK;
+}
+
+/* The scales of the saved int8 weight `w` (its part t, split along `dim` into `ranges`):
+ * the same rows of output channels (dim 0), or the scale groups of its k ranges (dim 1),
+ * which must start and end on group boundaries. */
+static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df_tensor *t,
+                                  int dim, int64_t ranges[][2], int n, int world)
+{
+    char name[600];
+    snprintf(name, sizeof name, "%s_scale", w->name);
+    df_tensor_info info;
+    DF_TRY(find_checked(ws, name, 2, (int64_t[]){w->shape[0], -1}, &info));
+    df_tensor *scale = NULL;
+    int64_t k = w->shape[1], groups = info.shape[1];
+    if (dim == 0) {
+        DF_TRY(bind_ranges(ws, &info, 0, ranges, n, &scale));
+    } else if (groups == 1) { /* one scale per channel: every slice of k keeps it */
+        DF_TRY(bind(ws, name, 2, info.shape, &scale));
+    } else {
+        int64_t group = k / groups, granges[DF_SHARD_MAX_PARTS][2];
+        for (int p = 0; p < n; p++) {
+            if (group * groups != k || ranges[p][0] % group || ranges[p][1] % group)
+                return df_errorf(DF_E_UNSUPPORTED,
+                                 "%s: tensor '%s' is saved int8 with k %lld in scale groups "
+                                 "of %lld, which do not split at the slice boundaries of %d "
+                                 "tensor-parallel ranks (columns [%lld, %lld) of a rank); "
+                                 "quantize it with a group that divides each rank's slice "
+                                 "(diffuse quantize --group), or load the unquantized "
+                                 "checkpoint with --dtype int8",
+                                 ws->component, w->name, (long long)k, (long long)group, world,
+                                 (long long)ranges[p][0], (long long)ranges[p][1]);
+            granges[p][0] = ranges[p][0] / group;
+            granges[p][1] = ranges[p][1] / group;
+        }
+        DF_TRY(bind_ranges(ws, &info, 1, granges, n, &scale));
+    }
+    return df_quant_attach_int8(w->name, t, scale);
+}
+
+/* Binds this rank's part of `name` split along `dim`; a weight saved int8 brings the part
+ * of its scales that goes with it. */
+static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
+                            int dim, const df_shard *sh, df_tensor **out)
+{
+    *out = NULL;
+    df_tensor_info info;
+    DF_TRY(find_checked(ws, name, ndim, shape, &info));
+    if (dim > 1 || (dim == 1 && info.ndim != 2) || (info.dtype == DF_DTYPE_I8 && info.ndim != 2))
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': only rows, or the columns of a 2-D "
+                         "tensor, can be split across ranks", ws->component, name);
+    int64_t ranges[DF_SHARD_MAX_PARTS][2];
+    int n = 0;
+    DF_TRY(shard_ranges(ws, name, dim, info.shape[dim], sh, ranges, &n));
+    df_tensor *t;
+    DF_TRY(bind_ranges(ws, &info, dim, ranges, n, &t));
+    if (info.dtype == DF_DTYPE_I8)
+        DF_TRY(bind_scale_split(ws, &info, t, dim, ranges, n, sh->world));
     *out = t;
     return DF_OK;
 }

@@ -60,12 +60,10 @@ size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_te
     return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, df_int8_default_group())) * 8;
 }
 
-df_status df_quant_bind_int8(df_weight_set *ws, const char *name, df_tensor *t)
+df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale)
 {
-    int64_t n = t->v.shape[0];
-    df_tensor *scale = NULL;
-    DF_TRY(df_ws_tensor(ws, &scale, 2, (int64_t[]){n, -1}, "%s_scale", name));
-    if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 ||
+    if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 || scale->v.ndim != 2 ||
+        scale->v.shape[0] != t->v.shape[0] ||
         df_int8_weight_groups(t->v.shape[1], t->v.shape[1] / scale->v.shape[1]) !=
             scale->v.shape[1])
         return df_errorf(DF_E_FORMAT,

@@ -26,9 +26,10 @@ bool df_quant_keeps_precision(const char *component, const char *name);
 size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
                      size_t bytes);
 
-/* For a weight saved quantized (I8, from df_quantize_model): binds "<name>_scale" and
- * hands its scales to the weight's storage, for the int8 products. */
-struct df_weight_set;
-df_status df_quant_bind_int8(struct df_weight_set *ws, const char *name, df_tensor *t);
+/* For a weight saved quantized (I8, from df_quantize_model) bound as t (the whole tensor,
+ * or a rank's part): hands `scale`, its bound "<name>_scale" (or the part that goes with
+ * t), to the weight's storage for the int8 products. DF_E_FORMAT when the scales do not fit
+ * t's rows and groups. */
+df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale);
 
 #endif

@@ -4,17 +4,22 @@
  * The folder keeps diffusers' layout and names. In each component with weights that
  * df_int8_quantizes names (the transformer, T5), every such "<name>" [n, k] is stored as I8
  * (the quantized values, row-major) with "<name>_scale" F32 [n, groups] beside it; all
- * other tensors keep their dtype and bytes; the weights go to one safetensors file (a
- * sharded input becomes one file) and config.json gains
+ * other tensors keep their dtype and bytes; the weights go to safetensors shards named as
+ * the input's (BASE.safetensors, or past the shard size BASE-0000N-of-0000M.safetensors with
+ * the index) and config.json gains
  *     "quantization_config": {"quant_method": "diffuse-int8", "bits": 8, "group_size": G,
  *                             "symmetric": true, "activations": "int8, per token and group"}
  * (G = 0: the whole k). Every other file and folder is copied as it is. The loader reads the
  * I8 tensors in place (memory-mapped); int8 products take them as they are.
  *
- * The output of a component is built in memory (its 8-bit size) and written at the end.
+ * Writing streams: every output tensor is declared first (df_st_shards lays out each shard's
+ * header), then each input tensor is read from the mapping, quantized, written to its place
+ * and its pages released, so memory holds about one tensor and its 8-bit copy, not the
+ * component.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -143,49 +148,82 @@ static df_status write_config(const char *from, const char *to, int64_t group)
     return fclose(out) == 0 ? DF_OK : df_errorf(DF_E_IO, "%s: write failed", to);
 }
 
-/* One component: its weights with the quantized ones as I8 + scales, into `file`. */
-static df_status quantize_weights(const char *component, const df_weights *w, int64_t group,
-                                  const char *file)
+static bool quantized(const char *component, const df_tensor_info *info)
 {
-    df_st_writer *wr;
-    DF_TRY(df_st_writer_create(&wr));
+    return df_int8_quantizes(component, info->name, info->ndim) &&
+           (info->dtype == DF_DTYPE_F32 || info->dtype == DF_DTYPE_BF16 ||
+            info->dtype == DF_DTYPE_F16);
+}
+
+/* Tensor `info` into the shards (its first id there): as it is, or as I8 + scales. */
+static df_status write_tensor(df_st_shards *out, const char *component, const df_tensor_info *info,
+                              int64_t id, int64_t group)
+{
+    if (!quantized(component, info))
+        return df_st_shards_write(out, id, info->data);
+    int64_t n = info->shape[0], k = info->shape[1], groups = df_int8_weight_groups(k, group);
+    int8_t *qv = df_malloc((size_t)(n * k) + 1);
+    float *sc = df_malloc((size_t)(n * groups) * sizeof(float));
     df_status s = DF_OK;
-    for (int64_t i = 0; s == DF_OK && i < df_weights_count(w); i++) {
+    if (!qv || !sc)
+        s = df_errorf(DF_E_OOM, "%s: out of memory quantizing '%s'", component, info->name);
+    if (s == DF_OK)
+        s = df_int8_quantize(info->data, info->dtype, n, k, group, qv, sc);
+    if (s == DF_OK)
+        s = df_st_shards_write(out, id, qv);
+    if (s == DF_OK)
+        s = df_st_shards_write(out, id + 1, sc);
+    df_free(qv);
+    df_free(sc);
+    return s;
+}
+
+/* One component: its weights, the quantized ones as I8 + scales, streamed into shards of
+ * `to` named BASE*.safetensors. Every output tensor is declared first, so that each shard is
+ * laid out before any bytes come and each tensor goes straight to its file; the input's
+ * pages of a tensor are released once it is written. */
+static df_status quantize_weights(const char *component, const df_weights *w, int64_t group,
+                                  const char *to, const char *base, int64_t shard_bytes)
+{
+    df_st_shards *out;
+    DF_TRY(df_st_shards_create(to, base, shard_bytes, &out));
+    df_status s = DF_OK;
+    int64_t count = df_weights_count(w);
+    for (int64_t i = 0; s == DF_OK && i < count; i++) {
         df_tensor_info info;
         s = df_weights_at(w, i, &info);
         if (s != DF_OK)
             break;
-        bool q = df_int8_quantizes(component, info.name, info.ndim) &&
-                 (info.dtype == DF_DTYPE_F32 || info.dtype == DF_DTYPE_BF16 ||
-                  info.dtype == DF_DTYPE_F16);
-        if (!q) {
-            s = df_st_writer_add(wr, info.name, info.dtype, info.shape, info.ndim, info.data);
+        if (!quantized(component, &info)) {
+            s = df_st_shards_declare(out, info.name, info.dtype, info.shape, info.ndim, NULL);
             continue;
         }
-        int64_t n = info.shape[0], k = info.shape[1], groups = df_int8_weight_groups(k, group);
-        int8_t *qv = df_malloc((size_t)(n * k) + 1);
-        float *sc = df_malloc((size_t)(n * groups) * sizeof(float));
-        if (!qv || !sc)
-            s = df_errorf(DF_E_OOM, "%s: out of memory quantizing '%s'", component, info.name);
-        if (s == DF_OK)
-            s = df_int8_quantize(info.data, info.dtype, n, k, group, qv, sc);
-        if (s == DF_OK)
-            s = df_st_writer_add(wr, info.name, DF_DTYPE_I8, info.shape, 2, qv);
+        int64_t n = info.shape[0], groups = df_int8_weight_groups(info.shape[1], group);
         char name[1024];
         snprintf(name, sizeof name, "%s_scale", info.name);
+        s = df_st_shards_declare(out, info.name, DF_DTYPE_I8, info.shape, 2, NULL);
         if (s == DF_OK)
-            s = df_st_writer_add(wr, name, DF_DTYPE_F32, (int64_t[]){n, groups}, 2, sc);
-        df_free(qv);
-        df_free(sc);
+            s = df_st_shards_declare(out, name, DF_DTYPE_F32, (int64_t[]){n, groups}, 2, NULL);
     }
     if (s == DF_OK)
-        s = df_st_writer_finish(wr, file);
-    df_st_writer_free(wr);
+        s = df_st_shards_end_declarations(out);
+    for (int64_t i = 0, id = 0; s == DF_OK && i < count; i++) {
+        df_tensor_info info;
+        s = df_weights_at(w, i, &info);
+        if (s == DF_OK)
+            s = write_tensor(out, component, &info, id, group);
+        if (s == DF_OK)
+            s = df_weights_release_pages(w, info.name);
+        id += quantized(component, &info) ? 2 : 1;
+    }
+    if (s == DF_OK)
+        s = df_st_shards_finish(out);
+    df_st_shards_free(out);
     return s;
 }
 
 static df_status quantize_component(const char *from, const char *to, const char *component,
-                                    int64_t group)
+                                    int64_t group, int64_t shard_bytes)
 {
     char path[4096];
     df_weights *w;
@@ -202,10 +240,12 @@ static df_status quantize_component(const char *from, const char *to, const char
     if (quantized == 0) {
         s = copy_tree(from, to, false, NULL);
     } else {
-        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-        char file[8200];
-        snprintf(file, sizeof file, "%s/%.*s", to,
-                 (int)(ends_with(base, ".index.json") ? strlen(base) - 11 : strlen(base)), base);
+        /* the input's file name: BASE.safetensors or BASE.safetensors.index.json */
+        const char *file = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        const char *ext = strstr(file, ".safetensors");
+        char base[256];
+        snprintf(base, sizeof base, "%.*s", (int)(ext ? ext - file : (ptrdiff_t)strlen(file)),
+                 file);
         char cfg_in[4200], cfg_out[4200];
         snprintf(cfg_in, sizeof cfg_in, "%s/config.json", from);
         snprintf(cfg_out, sizeof cfg_out, "%s/config.json", to);
@@ -213,13 +253,19 @@ static df_status quantize_component(const char *from, const char *to, const char
         if (s == DF_OK)
             s = write_config(cfg_in, cfg_out, group);
         if (s == DF_OK)
-            s = quantize_weights(component, w, group, file);
+            s = quantize_weights(component, w, group, to, base, shard_bytes);
     }
     df_weights_free(w);
     return df_error_context(s, "quantizing %s", from);
 }
 
 df_status df_quantize_model(const char *in, const char *out, int64_t group)
+{
+    return df_quantize_model_sharded(in, out, group, 0);
+}
+
+df_status df_quantize_model_sharded(const char *in, const char *out, int64_t group,
+                                    int64_t shard_bytes)
 {
     if (group < 0 || (group > 0 && (group < 32 || group > 256 || group % 4 != 0)))
         return df_errorf(DF_E_ARG,
@@ -245,7 +291,7 @@ df_status df_quantize_model(const char *in, const char *out, int64_t group)
         if (!is_dir(a))
             s = copy_file(a, b);
         else if (stat(cfg, &st) == 0 && df_layout_find_weights(a, wpath, sizeof wpath) == DF_OK)
-            s = quantize_component(a, b, e->d_name, group);
+            s = quantize_component(a, b, e->d_name, group, shard_bytes);
         else
             s = copy_tree(a, b, false, NULL);
     }

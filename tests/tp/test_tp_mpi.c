@@ -9,12 +9,17 @@
  * defer and fuse with compiled repeated blocks, the compiled transformer). Failures: --tp 3
  * on 2 processes, a model folder missing on rank 1 only, and --tp without mpirun must end
  * every process with a non-zero status well within the time limit, the message printed once.
+ * int8: a folder saved by `diffuse quantize --group 32` (each rank reads its slice of the I8
+ * weights and of their scales) and --dtype int8 on a bf16 folder (each rank quantizes its
+ * slice) against one process; groups of 64, which a rank's slice of k would cut, stop every
+ * process with one message.
  *
  * flux2: make-tiny writes a Flux2Pipeline (Mistral 3 encoder: 4 heads, 2 KV heads) and a
  * distilled Flux2KleinPipeline (Qwen3) folder; both transformers have 2 heads. Each runs in
  * one process and as 2 ranks with the same options, strict eager and with compiled repeated
  * blocks (klein also compiled with model offload). Three ranks, over which the 2
- * transformer heads do not split, stop every process with one message.
+ * transformer heads do not split, stop every process with one message. A klein folder at 4
+ * heads of 32 in bf16 runs int8, saved with groups of 32 and quantized on load.
  *
  * vulkan (ctest vulkan/tp2_same_image, registered by tests/vulkan.cmake): the tiny FLUX
  * pipeline on `--device vulkan` (lavapipe with DIFFUSE_VULKAN_ALLOW_CPU=1 in CI), strict
@@ -41,6 +46,10 @@
 #define DEV   DF_TEST_TMP "/tp-flux2"
 #define KLEIN DF_TEST_TMP "/tp-flux2-klein"
 #define VK_TINY DF_TEST_TMP "/tp-vk-tiny"
+#define TINY_I8  DF_TEST_TMP "/tp-tiny-int8"
+#define TINY_BF16 DF_TEST_TMP "/tp-tiny-bf16"
+#define KLEIN4   DF_TEST_TMP "/tp-flux2-klein-4x32"
+#define KLEIN4_I8 DF_TEST_TMP "/tp-flux2-klein-4x32-int8"
 #define LIMIT "300" /* seconds: a hang fails the test instead of the whole suite */
 #define ARGS  "-p 'a lighthouse at dusk' -W 64 -H 48 --steps 3 --seed 7"
 #define ARGS2 "-p 'a lighthouse at dusk' -W 48 -H 32 --steps 2 --seed 7 --max-sequence-length 48"
@@ -100,9 +109,11 @@ static int setup_flux2(void **state)
     (void)state;
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
-             "rm -rf '%s' '%s' && '%s' make-tiny --arch flux2 '%s' && "
-             "'%s' make-tiny --arch flux2-klein '%s'",
-             DEV, KLEIN, DF_DIFFUSE_BIN, DEV, DF_DIFFUSE_BIN, KLEIN);
+             "rm -rf '%s' '%s' '%s' && '%s' make-tiny --arch flux2 '%s' && "
+             "'%s' make-tiny --arch flux2-klein '%s' && "
+             "'%s' make-tiny --arch flux2-klein --dtype bf16 --heads 4 --head-dim 32 '%s'",
+             DEV, KLEIN, KLEIN4, DF_DIFFUSE_BIN, DEV, DF_DIFFUSE_BIN, KLEIN, DF_DIFFUSE_BIN,
+             KLEIN4);
     return run(cmd, DF_TEST_TMP "/tp-flux2-make-tiny.err") == 0 ? 0 : -1;
 }
 
@@ -197,6 +208,65 @@ static void test_two_ranks_compiled_transformer(void **state)
     two_ranks_match(TINY, ARGS, DF_TEST_TMP "/tp-ref.png", "--mode compile", "compile");
 }
 
+/* ---- int8 ------------------------------------------------------------------------------ */
+
+/* `diffuse quantize` with `args` from `in` to `out` (replaced). */
+static void quantize(const char *in, const char *out, const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && '%s' quantize %s -m '%s' -o '%s'", out,
+             DF_DIFFUSE_BIN, args, in, out);
+    if (run(cmd, DF_TEST_TMP "/tp-quantize.err") != 0) {
+        print_file(DF_TEST_TMP "/tp-quantize.err");
+        fail_msg("diffuse quantize %s %s failed", args, in);
+    }
+}
+
+/* A folder saved int8 with scale groups of 32: every split of k (64 over 2 ranks, the single
+ * blocks' [attn 64, mlp 256] halves) falls on a group boundary, so each rank quantizes and
+ * multiplies exactly what one process does. */
+static void test_int8_saved(void **state)
+{
+    (void)state;
+    quantize(TINY, TINY_I8, "--group 32");
+    two_ranks_match(TINY_I8, ARGS, NULL, "", "int8-saved");
+}
+
+/* --dtype int8 on a bf16 folder: each rank quantizes its slice on load (with groups of 32,
+ * the groups one process uses). */
+static void test_int8_on_load(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && '%s' make-tiny --dtype bf16 '%s'", TINY_BF16,
+             DF_DIFFUSE_BIN, TINY_BF16);
+    assert_int_equal(run(cmd, DF_TEST_TMP "/tp-make-tiny-bf16.err"), 0);
+    setenv("DIFFUSE_INT8_GROUP", "32", 1);
+    two_ranks_match(TINY_BF16, ARGS, NULL, "--dtype int8", "int8-load");
+    unsetenv("DIFFUSE_INT8_GROUP");
+}
+
+/* Groups of 64 of the single blocks' proj_out (k 320) do not fall on rank 0's slice end at
+ * 32: every process stops, one message naming the tensor, k, the group and the ranks. */
+static void test_int8_groups_across_the_split(void **state)
+{
+    (void)state;
+    quantize(TINY, TINY_I8 "-64", "--group 64");
+    char cmd[4096];
+    const char *err = DF_TEST_TMP "/tp-int8-misaligned.err";
+    snprintf(cmd, sizeof cmd, MPIRUN "-np 2 '%s' generate --tp 2 -m '%s' " ARGS " -o '%s'",
+             DF_DIFFUSE_BIN, TINY_I8 "-64", DF_TEST_TMP "/tp-never.png");
+    int rc = run(cmd, err);
+    if (rc == 0 || rc == 124)
+        print_file(err);
+    assert_true(rc != 0 && rc != 124);
+    assert_int_equal(count_lines(err, "diffuse generate: "), 1);
+    assert_int_equal(count_lines(err, "'single_transformer_blocks.0.proj_out.weight' is saved "
+                                      "int8 with k 320 in scale groups of 64"),
+                     1);
+    assert_int_equal(count_lines(err, "of 2 tensor-parallel ranks"), 1);
+}
+
 /* ---- --device vulkan --------------------------------------------------------------------- */
 
 static void test_vulkan_eager(void **state)
@@ -280,6 +350,23 @@ static void test_klein_compiled_offloaded(void **state)
     two_ranks_match(KLEIN, ARGS2, NULL, "--mode compile --offload model", "flux2-klein-compile");
 }
 
+/* klein at 4 heads of 32 in bf16 (width 128, MLP 384; Qwen3 attention 64, MLP 64): every k
+ * a rank gets splits on groups of 32, saved and quantized on load. */
+static void test_klein_int8_saved(void **state)
+{
+    (void)state;
+    quantize(KLEIN4, KLEIN4_I8, "--group 32");
+    two_ranks_match(KLEIN4_I8, ARGS2, NULL, "", "flux2-klein-int8-saved");
+}
+
+static void test_klein_int8_on_load(void **state)
+{
+    (void)state;
+    setenv("DIFFUSE_INT8_GROUP", "32", 1);
+    two_ranks_match(KLEIN4, ARGS2, NULL, "--dtype int8", "flux2-klein-int8-load");
+    unsetenv("DIFFUSE_INT8_GROUP");
+}
+
 /* Heads that cannot be split over 3 ranks: every rank stops, one message. */
 static void test_indivisible_heads(void **state)
 {
@@ -306,12 +393,17 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_rank_count_mismatch),
         cmocka_unit_test(test_missing_model_on_one_rank),
         cmocka_unit_test(test_tp_without_mpirun),
+        cmocka_unit_test(test_int8_saved),
+        cmocka_unit_test(test_int8_on_load),
+        cmocka_unit_test(test_int8_groups_across_the_split),
     };
     const struct CMUnitTest flux2[] = {
         cmocka_unit_test(test_dev_eager),
         cmocka_unit_test(test_dev_blocks),
         cmocka_unit_test(test_klein_eager),
         cmocka_unit_test(test_klein_compiled_offloaded),
+        cmocka_unit_test(test_klein_int8_saved),
+        cmocka_unit_test(test_klein_int8_on_load),
         cmocka_unit_test(test_indivisible_heads),
     };
     const struct CMUnitTest vulkan[] = {

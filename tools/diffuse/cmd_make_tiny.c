@@ -705,6 +705,7 @@ int cmd_make_tiny(int argc, char **argv)
     uint64_t seed = 0;
     const char *size = "tiny";
     long long shard_size = 0;
+    unsigned sized = 0; /* which of --heads, --head-dim, --double, --single were given */
     optind = 1;
     for (int c; (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1;) {
         switch (c) {
@@ -728,6 +729,7 @@ int cmd_make_tiny(int argc, char **argv)
             }
             *(c == 'H' ? &t.fx_heads : c == 'D' ? &t.fx_head_dim : c == 'B' ? &t.fx_double
                                                                          : &t.fx_single) = (int)v;
+            sized |= c == 'H' ? 1u : c == 'D' ? 2u : c == 'B' ? 4u : 8u;
             break;
         }
         case 'Z':
@@ -761,7 +763,8 @@ int cmd_make_tiny(int argc, char **argv)
                    "text_encoder(_2, _3)/ + tokenizer(_2, _3)/, an MMDiT with dual attention).\n"
                    "--heads, --head-dim, --double, --single size the FLUX transformer (default\n"
                    "2 x 32, 1 + 2 blocks; FLUX.1 width is --heads 24 --head-dim 128), e.g. to\n"
-                   "try offloading on a pipeline whose transformer is gigabytes.\n"
+                   "try offloading on a pipeline whose transformer is gigabytes; they size the\n"
+                   "FLUX.2 transformers too (default 2 x 16, 1 + 2 blocks).\n"
                    "--arch flux2 writes a Flux2Pipeline (FLUX.2-dev-like: Mistral 3 text encoder\n"
                    "and a tokenizer.json in the FLUX.2-dev layout, a guidance-embedded\n"
                    "Flux2Transformer2DModel, AutoencoderKLFlux2), --arch flux2-klein a distilled\n"
@@ -829,6 +832,10 @@ int cmd_make_tiny(int argc, char **argv)
                                                            : TINY_FLUX2_SIZES(klein);
         if (shard_size > 0)
             z.shard_bytes = shard_size;
+        z.heads = sized & 1u ? t.fx_heads : z.heads;
+        z.head_dim = sized & 2u ? t.fx_head_dim : z.head_dim;
+        z.double_blocks = sized & 4u ? t.fx_double : z.double_blocks;
+        z.single_blocks = sized & 8u ? t.fx_single : z.single_blocks;
         if (tiny_write_flux2(t.dir, klein, &z, t.dtype, seed))
             return 1;
         printf("%s\n", t.dir);

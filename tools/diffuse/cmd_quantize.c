@@ -1,8 +1,8 @@
 /*
- * `diffuse quantize -m IN -o OUT [--group N|k]`: writes the model folder IN to OUT with the
- * linear weights of its transformer and T5 encoder stored as 8-bit values with their
- * scales (df_quantize_model; docs/int8.md). OUT loads like any model folder; its int8
- * weights are read in place. Exit status: 0 on success, 1 on failure, 2 for a usage error.
+ * `diffuse quantize -m IN -o OUT [--group N|k] [--shard-size BYTES]`: writes the model
+ * folder IN to OUT with the linear weights of its transformer and T5 encoder stored as
+ * 8-bit values with their scales (df_quantize_model_sharded, streaming tensor by tensor;
+ * docs/int8.md). OUT loads like any model folder; its int8 weights are read in place. Exit status: 0 on success, 1 on failure, 2 for a usage error.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -16,22 +16,25 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: diffuse quantize -m IN -o OUT [--group N|k]\n"
+    fprintf(f, "usage: diffuse quantize -m IN -o OUT [--group N|k] [--shard-size BYTES]\n"
                "  writes the model folder IN to OUT with 8-bit linear weights (transformer, T5)\n"
                "  -m, --model IN   the diffusers model folder to read\n"
                "  -o, --output OUT the folder to write (created)\n"
                "      --group N|k  scale group along k: 32 to 256, or k for the whole k\n"
                "                   (default: DIFFUSE_INT8_GROUP, else 128)\n"
+               "      --shard-size BYTES  split each component's weights into files of at\n"
+               "                   most this size, with the index (default 2 GiB)\n"
                "  -h, --help       this text\n");
 }
 
 int cmd_quantize(int argc, char **argv)
 {
     const char *in = NULL, *out = NULL;
-    int64_t group = df_int8_default_group();
+    int64_t group = df_int8_default_group(), shard_bytes = 0;
     static const struct option longs[] = {{"model", required_argument, 0, 'm'},
                                           {"output", required_argument, 0, 'o'},
                                           {"group", required_argument, 0, 'g'},
+                                          {"shard-size", required_argument, 0, 'X'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     int c;
@@ -57,6 +60,18 @@ int cmd_quantize(int argc, char **argv)
             group = g;
             break;
         }
+        case 'X': {
+            char *end;
+            long long v = strtoll(optarg, &end, 10);
+            if (*end || end == optarg || v < 1024) {
+                fprintf(stderr, "diffuse quantize: --shard-size is a byte count of at least "
+                                "1024, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            shard_bytes = v;
+            break;
+        }
         case 'h':
             usage(stdout);
             return 0;
@@ -71,7 +86,7 @@ int cmd_quantize(int argc, char **argv)
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (df_quantize_model(in, out, group) != DF_OK) {
+    if (df_quantize_model_sharded(in, out, group, shard_bytes) != DF_OK) {
         fprintf(stderr, "diffuse quantize: %s\n", df_error_message());
         return 1;
     }

@@ -3,7 +3,9 @@
  * from a seeded normal distribution and written tensor by tensor into safetensors shards of
  * at most a given size, named as diffusers and transformers name them (one file:
  * BASE.safetensors; more: BASE-0000N-of-0000M.safetensors with BASE.safetensors.index.json).
- * Writing holds one shard in memory, so a full-size model is written in a shard's memory.
+ * The shards are written by the library's df_st_shards; each tensor is declared and written
+ * in turn, so writing holds one shard in memory and a full-size model is written in a
+ * shard's memory.
  */
 #ifndef DIFFUSE_MAKE_TINY_WRITER_H
 #define DIFFUSE_MAKE_TINY_WRITER_H
@@ -15,18 +17,14 @@
 #include <diffuse/diffuse.h>
 
 /* Shards of this size unless a writer is given another (0). */
-#define TINY_SHARD_BYTES ((int64_t)1 << 31)
+#define TINY_SHARD_BYTES DF_ST_SHARD_BYTES
 
 typedef struct tiny_writer {
-    char dir[4096], base[64]; /* component folder; file base name */
-    df_st_writer *w;          /* the shard being filled (NULL before its first tensor) */
-    df_rng own, *rng;         /* rng: own, or the caller's to share across components */
+    char dir[4096];   /* component folder */
+    df_st_shards *w;  /* its weight files */
+    df_rng own, *rng; /* rng: own, or the caller's to share across components */
     df_dtype dtype;
     df_status s;
-    int64_t shard_bytes, in_shard, total;
-    int shards;
-    char *map; /* the index's weight_map entries so far: name \n shard \n */
-    size_t map_len, map_cap;
 } tiny_writer;
 
 /* Creates `dir` if needed (its parent must exist). */
