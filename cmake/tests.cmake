@@ -24,6 +24,21 @@ if(CMOCKA_FOUND)
 endif()
 file(MAKE_DIRECTORY ${CMAKE_BINARY_DIR}/test-tmp)
 
+# mpirun for every test that launches ranks (DF_MPIRUN_FOR_TESTS): the real one, run once
+# more when Open MPI's launcher loses the exit of a rank that had ended normally, which a
+# busy machine provokes (tests/tp/mpirun_retry.sh.in says how it is recognised).
+if(MPI_C_FOUND)
+  find_program(DF_MPIRUN_REAL NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
+endif()
+if(DF_MPIRUN_REAL)
+  set(DF_MPIRUN_RETRY_LOG ${CMAKE_BINARY_DIR}/test-tmp/mpirun-retries.log)
+  configure_file(${CMAKE_SOURCE_DIR}/tests/tp/mpirun_retry.sh.in
+                 ${CMAKE_BINARY_DIR}/tests/mpirun-retry @ONLY
+                 FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ
+                                  GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  set(DF_MPIRUN_FOR_TESTS ${CMAKE_BINARY_DIR}/tests/mpirun-retry)
+endif()
+
 # Extra registrations (golden cases, CLI checks, crasher replays) live beside their tests.
 file(GLOB TEST_CMAKE CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*.cmake)
 foreach(f ${TEST_CMAKE})

@@ -38,7 +38,7 @@ if(TARGET diffuse)
   if(NOT CMAKE_BUILD_TYPE STREQUAL "Release")
     set(DF_MATRIX_SUBSET_1 --pairs)
   endif()
-  find_program(DF_MATRIX_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
+  set(DF_MATRIX_MPIRUN ${DF_MPIRUN_FOR_TESTS}) # cmake/tests.cmake
   if(MPI_C_FOUND AND DF_MATRIX_MPIRUN)
     list(APPEND DF_MATRIX_SLICES "flux-tp2-f32\;arch=flux dtype=f32 tp=2"
                                  "flux-tp2-bf16\;arch=flux dtype=bf16 tp=2"

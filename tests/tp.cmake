@@ -4,7 +4,7 @@
 # diffuse was built with MPI and mpirun exists; the in-process checks of the TP plans
 # (thread communicator) are the unit test test_tp and run everywhere.
 if(MPI_C_FOUND AND CMOCKA_FOUND AND TARGET diffuse)
-  find_program(DF_MPIRUN NAMES mpirun mpiexec HINTS ${MPIEXEC_EXECUTABLE})
+  set(DF_MPIRUN ${DF_MPIRUN_FOR_TESTS}) # cmake/tests.cmake
 endif()
 if(DF_MPIRUN)
   add_executable(test_tp_mpi ${CMAKE_SOURCE_DIR}/tests/tp/test_tp_mpi.c)
