@@ -148,7 +148,7 @@ static df_status write_config(const char *from, const char *to, int64_t group)
     return fclose(out) == 0 ? DF_OK : df_errorf(DF_E_IO, "%s: write failed", to);
 }
 
-static bool quantized(const char *component, const df_tensor_info *info)
+static bool saved_int8(const char *component, const df_tensor_info *info)
 {
     return df_int8_quantizes(component, info->name, info->ndim) &&
            (info->dtype == DF_DTYPE_F32 || info->dtype == DF_DTYPE_BF16 ||
@@ -159,7 +159,7 @@ static bool quantized(const char *component, const df_tensor_info *info)
 static df_status write_tensor(df_st_shards *out, const char *component, const df_tensor_info *info,
                               int64_t id, int64_t group)
 {
-    if (!quantized(component, info))
+    if (!saved_int8(component, info))
         return df_st_shards_write(out, id, info->data);
     int64_t n = info->shape[0], k = info->shape[1], groups = df_int8_weight_groups(k, group);
     int8_t *qv = df_malloc((size_t)(n * k) + 1);
@@ -194,7 +194,7 @@ static df_status quantize_weights(const char *component, const df_weights *w, in
         s = df_weights_at(w, i, &info);
         if (s != DF_OK)
             break;
-        if (!quantized(component, &info)) {
+        if (!saved_int8(component, &info)) {
             s = df_st_shards_declare(out, info.name, info.dtype, info.shape, info.ndim, NULL);
             continue;
         }
@@ -214,7 +214,7 @@ static df_status quantize_weights(const char *component, const df_weights *w, in
             s = write_tensor(out, component, &info, id, group);
         if (s == DF_OK)
             s = df_weights_release_pages(w, info.name);
-        id += quantized(component, &info) ? 2 : 1;
+        id += saved_int8(component, &info) ? 2 : 1;
     }
     if (s == DF_OK)
         s = df_st_shards_finish(out);
