@@ -403,6 +403,21 @@ typedef struct rope_table_params {
     int64_t axis_of[8];
 } rope_table_params;
 
+/* One position.comp dispatch of `kind` reading `in` and writing `out`; frees `block`, the
+ * parameters and the frequency table the host computed. */
+static df_status position_dispatch(const dvk_env *e, const df_view *in, const df_view *out,
+                                   uint32_t kind, char *block, size_t bytes, uint32_t gx,
+                                   uint32_t gy)
+{
+    dvk_range r = dvk_view_range(e, in), w = dvk_view_range(e, out);
+    dvk_hazard(e->d, &r, 1, &w, 1);
+    uint32_t spec[1] = {kind};
+    df_status s = dvk_dispatch(e->d, dvk_shader_find("position"), spec, 1, block, bytes, gx, gy,
+                               1);
+    free(block);
+    return s;
+}
+
 static df_status run_timestep(const dvk_env *e, const df_node *n)
 {
     const df_view *t = &n->in[0];
@@ -429,13 +444,7 @@ static df_status run_timestep(const dvk_env *e, const df_node *n)
     grid(batch * (half + dim % 2), 64, &gx, &gy);
     p.groups_x = gx;
     memcpy(block, &p, sizeof p);
-    dvk_range r = dvk_view_range(e, t), w = dvk_view_range(e, &n->out);
-    dvk_hazard(e->d, &r, 1, &w, 1);
-    uint32_t spec[1] = {POS_TIMESTEP};
-    df_status s = dvk_dispatch(e->d, dvk_shader_find("position"), spec, 1, block, bytes, gx, gy,
-                               1);
-    free(block);
-    return s;
+    return position_dispatch(e, t, &n->out, POS_TIMESTEP, block, bytes, gx, gy);
 }
 
 static df_status run_rope_table(const dvk_env *e, const df_node *n)
@@ -478,13 +487,7 @@ static df_status run_rope_table(const dvk_env *e, const df_node *n)
     grid(seq * pairs, 64, &gx, &gy);
     p.groups_x = gx;
     memcpy(block, &p, sizeof p);
-    dvk_range r = dvk_view_range(e, ids), w = dvk_view_range(e, &n->out);
-    dvk_hazard(e->d, &r, 1, &w, 1);
-    uint32_t spec[1] = {POS_ROPE_TABLE};
-    df_status s = dvk_dispatch(e->d, dvk_shader_find("position"), spec, 1, block, bytes, gx, gy,
-                               1);
-    free(block);
-    return s;
+    return position_dispatch(e, ids, &n->out, POS_ROPE_TABLE, block, bytes, gx, gy);
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
