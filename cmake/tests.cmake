@@ -1,5 +1,7 @@
 # Unit tests: every tests/unit/test_<module>.c is one cmocka program and one ctest test.
-set(DF_GOLDEN_DIR "${CMAKE_SOURCE_DIR}/../shared/golden" CACHE PATH "golden reference cases")
+# The reference cases live in the repository (tests/golden, a copy of the project's shared
+# folder kept by tools/sync-golden); DF_GOLDEN_DIR points elsewhere for a one-off run.
+set(DF_GOLDEN_DIR "${CMAKE_SOURCE_DIR}/tests/golden" CACHE PATH "golden reference cases")
 if(CMOCKA_FOUND)
   file(GLOB UNIT_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/unit/test_*.c
        ${CMAKE_SOURCE_DIR}/tests/ops/test_*.c)

@@ -1,4 +1,4 @@
-# Golden parity tests: diffuse-check runs every case of ../shared/golden, in every execution
+# Golden parity tests: diffuse-check runs every case of tests/golden, in every execution
 # mode that exists.
 set(DF_GOLDEN_CASES
     rng-randn-f32-small rng-randn-f32-seed42-latent rng-randn-bf16-seed42
@@ -62,3 +62,10 @@ if(EXISTS ${DF_GOLDEN_DIR})
 else()
   message(WARNING "golden cases not found at ${DF_GOLDEN_DIR}; parity tests not registered")
 endif()
+
+# tests/golden is a copy of the shared reference folder: it must still match its own SOURCE,
+# and, where the shared folder is beside the checkout, that folder (skipped, saying so, in a
+# clone that has none; tools/sync-golden brings new cases over).
+add_test(NAME golden/copy/verify COMMAND ${CMAKE_SOURCE_DIR}/tools/sync-golden --verify)
+add_test(NAME golden/copy/matches-shared COMMAND ${CMAKE_SOURCE_DIR}/tools/sync-golden --check)
+set_tests_properties(golden/copy/matches-shared PROPERTIES SKIP_RETURN_CODE 77)

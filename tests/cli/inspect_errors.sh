@@ -122,7 +122,7 @@ rm -rf "$work"
 echo "all inspect checks passed"
 # Model checks: a FLUX transformer whose config asks for more blocks than the weights hold,
 # and one whose weight file lacks a tensor (the golden folder's own files, edited copies).
-golden=$(dirname "$0")/../../../shared/golden
+golden=$(dirname "$0")/../golden
 if [ -d "$golden/flux-transformer/model" ]; then
     mkdir -p "$work/deep" "$work/missing"
     cp "$golden/flux-transformer/model/diffusion_pytorch_model.safetensors" "$work/deep/"

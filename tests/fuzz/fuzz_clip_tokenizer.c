@@ -6,7 +6,7 @@
  * zeroed result; an encoding starts with BOS and ends with EOS, every id is in the
  * vocabulary, and the padded, truncated form (max_length 77) is the unpadded one cut to 76
  * ids plus EOS, then padding with mask 0. The golden folders are found through
- * $DF_GOLDEN_DIR, else DF_GOLDEN_DIR, else ../shared/golden beside the repository; when
+ * $DF_GOLDEN_DIR, else DF_GOLDEN_DIR, else tests/golden of the repository; when
  * they are missing a minimal vocabulary written to a temporary folder stands in.
  */
 #include <stddef.h>
@@ -29,11 +29,11 @@ static const char *golden_root(char *buf, size_t cap)
     snprintf(buf, cap, "%s", DF_GOLDEN_DIR);
     return buf;
 #else
-    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/../shared/golden */
+    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/tests/golden */
     char *cut = strstr(buf, "/tests/fuzz/");
     if (!cut)
         return NULL;
-    snprintf(cut, cap - (size_t)(cut - buf), "/../shared/golden");
+    snprintf(cut, cap - (size_t)(cut - buf), "/tests/golden");
     return buf;
 #endif
 }

@@ -35,11 +35,11 @@ static const char *golden_root(char *buf, size_t cap)
     snprintf(buf, cap, "%s", DF_GOLDEN_DIR);
     return buf;
 #else
-    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/../shared/golden */
+    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/tests/golden */
     char *cut = strstr(buf, "/tests/fuzz/");
     if (!cut)
         return NULL;
-    snprintf(cut, cap - (size_t)(cut - buf), "/../shared/golden");
+    snprintf(cut, cap - (size_t)(cut - buf), "/tests/golden");
     return buf;
 #endif
 }

@@ -9,7 +9,7 @@
  * are checked: every id is a token, the unpadded ids are the padded row's real part when they
  * fit, the mask is 1 exactly there. A PROMPT alone goes through a golden FLUX.2 tokenizer
  * instead, the lowest bit of its first byte choosing which (tok-mistral-tekken or tok-qwen3,
- * found through $DF_GOLDEN_DIR, else DF_GOLDEN_DIR, else ../shared/golden), formatted as its
+ * found through $DF_GOLDEN_DIR, else DF_GOLDEN_DIR, else tests/golden), formatted as its
  * pipeline does: 512 ids, one run of real ids on that tokenizer's padding side. (The golden files' plain calls are checked by
  * diffuse-check; here each input does one kind of work, which keeps the target fast.)
  * Invalid UTF-8 must fail with DF_E_ARG and a zeroed result.
@@ -35,11 +35,11 @@ static const char *golden_root(char *buf, size_t cap)
     snprintf(buf, cap, "%s", DF_GOLDEN_DIR);
     return buf;
 #else
-    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/../shared/golden */
+    snprintf(buf, cap, "%s", __FILE__); /* <repo>/tests/fuzz/x.c -> <repo>/tests/golden */
     char *cut = strstr(buf, "/tests/fuzz/");
     if (!cut)
         return NULL;
-    snprintf(cut, cap - (size_t)(cut - buf), "/../shared/golden");
+    snprintf(cut, cap - (size_t)(cut - buf), "/tests/golden");
     return buf;
 #endif
 }

@@ -12,7 +12,7 @@
  * counts the ids the text produced (special tokens included, padding not).
  *
  * The golden folder is the first of: the workload argument, $DF_GOLDEN_DIR,
- * ../shared/golden, ../../shared/golden (relative to the working directory).
+ * tests/golden, ../tests/golden (relative to the working directory).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +40,7 @@ static const char *const prompts[] = {
 static const char *find_golden(const bench_opts *o, char *buf, size_t cap)
 {
     const char *cands[4] = {o->argc > 0 ? o->argv[0] : NULL, getenv("DF_GOLDEN_DIR"),
-                            "../shared/golden", "../../shared/golden"};
+                            "tests/golden", "../tests/golden"};
     for (int i = 0; i < 4; i++) {
         struct stat st;
         if (!cands[i])

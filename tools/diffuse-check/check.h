@@ -1,5 +1,5 @@
 /*
- * diffuse-check: runs golden case folders (../shared/golden/README.md gives the format).
+ * diffuse-check: runs golden case folders (tests/golden/README.md gives the format).
  *
  * main.c loads a case (case.json, case.safetensors, the model folder it names), picks the
  * handler for its "kind", and the handler runs the computation with the library and

@@ -1,7 +1,7 @@
 /*
  * Positions and time: the sinusoidal timestep embedding, the RoPE table and the rotation.
  *
- * These follow diffusers' float32 steps exactly (../shared/golden/README.md, "float32 steps
+ * These follow diffusers' float32 steps exactly (tests/golden/README.md, "float32 steps
  * inside the float64 references"), because parity depends on them:
  *  - timestep embedding (get_timestep_embedding): exponent_i = f32(-ln(max_period)) * i,
  *    divided by f32(half - shift), freq_i = expf(exponent_i), angle = f32(scale * t) *
