@@ -9,13 +9,13 @@ set(DF_GOLDEN_CASES
     vae-decode-flux vae-decode-sd3 vae-decode-flux2
     pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
     sd3-transformer pipe-sd3 t2i-sd3 t2i-sd3-seed0
-    pipe-flux2 pipe-flux2-klein)
+    pipe-flux2 pipe-flux2-klein t2i-flux2 t2i-flux2-klein)
 # eager: strict eager; fuse: defer-and-fuse; compile: the transformer compiled whole, the rest
 # deferred and fused (as `diffuse generate --mode compile`); blocks: compiled repeated blocks.
 set(DF_GOLDEN_MODES eager fuse compile)
 set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
     sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer
-    pipe-flux2 pipe-flux2-klein)
+    pipe-flux2 pipe-flux2-klein t2i-flux2 t2i-flux2-klein)
 
 # df_golden_tests(GROUP MODE [CASES...] [ARGS...]): one test golden/GROUP/CASE per case,
 # `diffuse-check --mode MODE --threads 2 ARGS CASE`; a text encoder case (te-*) has no

@@ -5,7 +5,7 @@
 # RUN_SERIAL: two ranks on a shared machine would time each other out under ctest -j.
 if(DF_MPIRUN AND EXISTS ${DF_GOLDEN_DIR})
   set(DF_TP_GOLDEN_CASES pipe-flux-schnell t2i-flux-schnell t2i-flux-schnell-seed42
-      pipe-flux2 pipe-flux2-klein)
+      pipe-flux2 pipe-flux2-klein t2i-flux2 t2i-flux2-klein)
   set(DF_TP_MPIRUN ${CMAKE_COMMAND} -E env OMPI_MCA_rmaps_base_oversubscribe=1
       ASAN_OPTIONS=detect_leaks=0 ${DF_MPIRUN} --oversubscribe --allow-run-as-root
       -x ASAN_OPTIONS)

@@ -20,8 +20,12 @@
  * - Masks: with an attention mask, one additive [B, 1, S, S] mask holds 0 where key j <= query
  *   i is a real token and -FLT_MAX elsewhere (causal and padding together, never summed
  *   into -inf), as transformers' 4-D causal mask with finfo.min. A query row with no real
- *   key (left padding) then has every score at -FLT_MAX and softmax averages all S values,
- *   which is what transformers' eager and CPU SDPA attention compute for those rows.
+ *   key (the pad rows before the first token of a left-padded prompt) gets attention output
+ *   0, as transformers 5.x computes it (torch >= 2.5's SDPA with a boolean mask returns 0
+ *   for a fully masked row): the layer then adds o_proj(0) = 0 and such a row carries the
+ *   embedding and the MLP path only. The row's factor, exactly 1 or 0, is count / (count +
+ *   1e-30) of its real-key count (one small product), so no kernel needs a new rule.
+ *   transformers 4.x averaged all S values over such a row instead (docs/flux2.md).
  *   Without a mask, the kernel's causal flag does the same work.
  * - Positions are 0..S-1 in every row, whatever the padding: the pipelines pass no
  *   position_ids and transformers then uses cache_position.
@@ -320,6 +324,28 @@ static df_tensor *rope_table(df_ctx *ctx, const df_decoder_lm *m, int64_t s)
     return table;
 }
 
+/* Per query row, 1 when it has at least one real key j <= i and 0 when it has none: [B, 1, S, 1]
+ * (count / (count + 1e-30) is exactly 1 for any count >= 1 in float32). */
+static df_tensor *attended_rows(df_ctx *ctx, const df_decoder_lm *m, df_tensor *mask)
+{
+    int64_t b = df_tensor_dim(mask, 0), s = df_tensor_dim(mask, 1);
+    float *upper = df_malloc((size_t)(s * s) * sizeof *upper);
+    if (!upper) {
+        df_errorf(DF_E_OOM, "%s: out of memory for the %" PRId64 "x%" PRId64 " row mask",
+                  m->component, s, s);
+        return NULL;
+    }
+    for (int64_t j = 0; j < s; j++) /* [key j, query i]: key j counts for every query i >= j */
+        for (int64_t i = 0; i < s; i++)
+            upper[j * s + i] = j <= i ? 1.0f : 0.0f;
+    df_tensor *keys_before = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s, s), upper);
+    df_free(upper);
+    df_tensor *key = df_reshape(ctx, df_cast(ctx, mask, DF_DTYPE_F32), DF_SHAPE(b, 1, 1, s));
+    df_tensor *count = df_matmul(ctx, key, keys_before); /* [B, 1, 1, S] real keys per row */
+    count = df_reshape(ctx, count, DF_SHAPE(b, 1, s, 1));
+    return df_div(ctx, count, df_scale(ctx, count, 1.0f, 1e-30f));
+}
+
 /* The additive causal + padding mask [B, 1, S, S]: 0 where key j <= query i and key j is a
  * token, -FLT_MAX elsewhere. */
 static df_tensor *attention_mask_add(df_ctx *ctx, const df_decoder_lm *m, df_tensor *mask)
@@ -372,9 +398,10 @@ static df_tensor *tp_sum(df_ctx *ctx, const df_decoder_lm *m, df_tensor *x)
 }
 
 /* MistralDecoderLayer / Qwen3DecoderLayer.forward. x: [B, S, D]; rope [S, Dh/2, 2]; mask
- * NULL (causal) or additive [B, 1, S, S]. */
+ * NULL (causal) or additive [B, 1, S, S], with rows [B, 1, S, 1] (attended_rows). */
 static df_tensor *layer_forward(df_ctx *ctx, const df_decoder_lm *m, const lm_layer *l,
-                                df_tensor *x, df_tensor *rope, df_tensor *mask)
+                                df_tensor *x, df_tensor *rope, df_tensor *mask,
+                                df_tensor *rows)
 {
     const df_decoder_lm_config *c = &m->cfg;
     int64_t b = df_tensor_dim(x, 0), s = df_tensor_dim(x, 1), dh = c->head_dim;
@@ -392,6 +419,8 @@ static df_tensor *layer_forward(df_ctx *ctx, const df_decoder_lm *m, const lm_la
     k = repeat_kv(ctx, df_rope(ctx, heads_for_rope(ctx, k), rope), h / kv);
     v = repeat_kv(ctx, df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3)), h / kv); /* [B, H, S, Dh] */
     df_tensor *a = df_attention(ctx, q, k, v, mask, mask == NULL, 0.0f);  /* 1/sqrt(Dh) */
+    if (rows)
+        a = df_mul(ctx, a, rows); /* rows without a real key: 0 */
     a = df_reshape(ctx, df_transpose(ctx, a, 1, 2), DF_SHAPE(b, s, h * dh));
     x = df_add(ctx, x, tp_sum(ctx, m, df_linear(ctx, a, &l->o)));
     n = df_rms_norm(ctx, x, l->post_norm, eps);
@@ -471,12 +500,14 @@ df_status df_decoder_lm_forward(df_ctx *ctx, const df_decoder_lm *m, df_tensor *
 
     df_decoder_lm_output o = {0};
     df_scope base = df_scope_begin(ctx);
-    df_tensor *rope = NULL, *mask = NULL;
+    df_tensor *rope = NULL, *mask = NULL, *rows = NULL;
     if (run > 0) {
         rope = rope_table(ctx, m, s);
-        if (rope && attention_mask)
+        if (rope && attention_mask) {
             mask = attention_mask_add(ctx, m, attention_mask);
-        if (df_ctx_status(ctx) == DF_OK && (!rope || (attention_mask && !mask))) {
+            rows = mask ? attended_rows(ctx, m, attention_mask) : NULL;
+        }
+        if (df_ctx_status(ctx) == DF_OK && (!rope || (attention_mask && (!mask || !rows)))) {
             df_scope_end(ctx, base, NULL);
             return DF_E_OOM; /* the message is set */
         }
@@ -485,7 +516,7 @@ df_status df_decoder_lm_forward(df_ctx *ctx, const df_decoder_lm *m, df_tensor *
     collect(req, idx, 0, x, &o);
     for (int i = 0; i < run && df_ctx_status(ctx) == DF_OK; i++) {
         df_scope mark = df_scope_begin(ctx);
-        x = df_scope_end(ctx, mark, layer_forward(ctx, m, &m->layers[i], x, rope, mask));
+        x = df_scope_end(ctx, mark, layer_forward(ctx, m, &m->layers[i], x, rope, mask, rows));
         if (i + 1 < L)
             collect(req, idx, i + 1, x, &o);
     }

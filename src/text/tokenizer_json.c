@@ -14,14 +14,22 @@
  *     go around the ids, and padding fills to max_length on the padding side with mask 0.
  * Every added token is matched, special or not (split_special_tokens=False).
  *
- * From tokenizer_config.json, as transformers reads it: bos/eos/unk/pad_token (a string or
- * {"content": ...}; each must be a token of tokenizer.json), model_max_length, padding_side
- * and truncation_side. Without padding_side the class default of tokenizer_class applies:
- * "left" for LlamaTokenizer(Fast), "right" otherwise (PreTrainedTokenizerBase; Qwen2's
- * tokenizers keep it). LlamaTokenizerFast also rebuilds the post-processor from
- * add_bos_token (default true) and add_eos_token (default false) when it loads, so for that
- * class those two keys decide the special tokens, not the file's post_processor. The
- * config's added_tokens_decoder repeats tokenizer.json's added tokens and is not read.
+ * From tokenizer_config.json, as transformers 5.x reads it: bos/eos/unk/pad_token (a string
+ * or {"content": ...}; each must be a token of tokenizer.json), model_max_length,
+ * padding_side and truncation_side. The class that tokenizer_class names decides the rest,
+ * as AutoTokenizer resolves it:
+ *  - LlamaTokenizer(Fast) over a tokenizer.json that is not byte-level (SentencePiece-style
+ *    Metaspace) is LlamaTokenizer: left padding, and the post-processor rebuilt from
+ *    add_bos_token (default true) and add_eos_token (default false);
+ *  - every other class, LlamaTokenizer(Fast) over a byte-level tokenizer.json included (the
+ *    tekken layout of Mistral 3 / FLUX.2 [dev]: AutoTokenizer loads it as the generic
+ *    TokenizersBackend), pads on the side tokenizer.json's own "padding" names, else on the
+ *    right (transformers 4.x padded the tekken layout on the left), truncates on the side
+ *    its "truncation" names, else on the right, and keeps the file's post_processor unless
+ *    the config names add_bos_token or add_eos_token: then both are rebuilt, a missing one
+ *    false.
+ * padding_side / truncation_side in the config override those defaults. The config's
+ * added_tokens_decoder repeats tokenizer.json's added tokens and is not read.
  */
 #include "text/tokenizer_json.h"
 
@@ -264,7 +272,16 @@ static bool config_bool(const cJSON *cfg, const char *key, bool dflt)
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
 }
 
-static df_status read_config(df_tok_json *t, const cJSON *cfg, const char *file)
+/* tokenizer.json's own padding / truncation direction ({"direction": "Left"}): left? */
+static bool json_side_left(const cJSON *root, const char *key, bool dflt)
+{
+    const cJSON *o = cJSON_GetObjectItemCaseSensitive(root, key);
+    const cJSON *d = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "direction") : NULL;
+    return cJSON_IsString(d) ? strcmp(d->valuestring, "Left") == 0 : dflt;
+}
+
+static df_status read_config(df_tok_json *t, const cJSON *cfg, const cJSON *root,
+                             bool byte_level, const char *file)
 {
     df_tok_json_info *in = &t->info;
     DF_TRY(config_token(t, cfg, "bos_token", file, &in->bos_id));
@@ -272,16 +289,25 @@ static df_status read_config(df_tok_json *t, const cJSON *cfg, const char *file)
     DF_TRY(config_token(t, cfg, "unk_token", file, &in->unk_id));
     DF_TRY(config_token(t, cfg, "pad_token", file, &in->pad_id));
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(cfg, "tokenizer_class");
-    bool llama = cJSON_IsString(cls) && (!strcmp(cls->valuestring, "LlamaTokenizerFast") ||
-                                         !strcmp(cls->valuestring, "LlamaTokenizer"));
-    DF_TRY(config_side(cfg, "padding_side", llama, file, &in->padding_left));
-    DF_TRY(config_side(cfg, "truncation_side", false, file, &in->truncation_left));
+    bool llama = cJSON_IsString(cls) && !byte_level &&
+                 (!strcmp(cls->valuestring, "LlamaTokenizerFast") ||
+                  !strcmp(cls->valuestring, "LlamaTokenizer"));
+    bool pad_left = llama || json_side_left(root, "padding", false);
+    DF_TRY(config_side(cfg, "padding_side", pad_left, file, &in->padding_left));
+    DF_TRY(config_side(cfg, "truncation_side", json_side_left(root, "truncation", false), file,
+                       &in->truncation_left));
     const cJSON *mml = cJSON_GetObjectItemCaseSensitive(cfg, "model_max_length");
     if (cJSON_IsNumber(mml) && mml->valuedouble >= 1 && mml->valuedouble < 1e15)
         in->model_max_length = (int64_t)mml->valuedouble; /* larger: "no limit" */
-    if (llama) { /* LlamaTokenizerFast.update_post_processor */
-        bool bos = config_bool(cfg, "add_bos_token", true);
+    bool rebuild = llama || cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token") ||
+                   cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
+    if (rebuild) { /* update_post_processor */
+        bool bos = config_bool(cfg, "add_bos_token", llama);
         bool eos = config_bool(cfg, "add_eos_token", false);
+        if (!llama) { /* TokenizersBackend drops a token the config does not define */
+            bos = bos && in->bos_id >= 0;
+            eos = eos && in->eos_id >= 0;
+        }
         if ((bos && in->bos_id < 0) || (eos && in->eos_id < 0))
             return df_errorf(DF_E_FORMAT, "%s: add_%s_token is true but there is no %s_token",
                              file, bos && in->bos_id < 0 ? "bos" : "eos",
@@ -329,7 +355,8 @@ df_status df_tok_json_create(const char *json, size_t json_len, const char *conf
     if (s == DF_OK && config)
         s = parse_object(config, config_len, cfg_file, &cfg);
     if (s == DF_OK)
-        s = read_config(t, cfg, cfg_file); /* a missing config reads as {} */
+        s = read_config(t, cfg, root, memmem(json, json_len, "\"ByteLevel\"", 11) != NULL,
+                        cfg_file); /* a missing config reads as {} */
     t->info.num_special = (int64_t)(t->prefix.len + t->suffix.len);
     cJSON_Delete(root);
     cJSON_Delete(cfg);

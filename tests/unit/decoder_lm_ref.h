@@ -6,8 +6,8 @@
  * The reference follows transformers' MistralModel / Qwen3Model literally: embedding, per
  * layer RMS norm, q/k/v (Qwen3: RMS norm per head), rotate_half RoPE with the cos/sin table
  * computed in float32 as MistralRotaryEmbedding does, repeat_kv, scores / sqrt(head_dim)
- * plus finfo.min where the 4-D causal + padding mask says so (so a row that sees no real key
- * averages every value), softmax, o, residual, RMS norm, down(silu(gate) * up), residual;
+ * plus finfo.min where the 4-D causal + padding mask says so, softmax (a row that sees no
+ * real key gives 0, as transformers 5.x with torch >= 2.5's SDPA does), o, residual, RMS norm, down(silu(gate) * up), residual;
  * the final norm gives hidden_states[L]. Weights are the checkpoint's values (bf16 ones
  * upcast exactly).
  */
@@ -270,14 +270,14 @@ static inline void ref_forward(const tiny_lm *m, const int64_t *ids, const int64
                     }
                     double sum = 0;
                     for (int64_t j = 0; j < S; j++) {
-                        p[j] = any ? exp(p[j] - mx) : 1.0; /* no real key: uniform */
+                        p[j] = any ? exp(p[j] - mx) : 0.0; /* no real key: output 0 */
                         sum += p[j];
                     }
                     for (int64_t e = 0; e < dh; e++) {
                         double acc = 0;
                         for (int64_t j = 0; j < S; j++)
                             acc += p[j] * v[((b * S + j) * KV + kvh) * dh + e];
-                        att[h * dh + e] = acc / sum;
+                        att[h * dh + e] = any ? acc / sum : 0.0;
                     }
                 }
                 double *yt = y + (b * S + i) * d;

@@ -391,6 +391,42 @@ static void test_llama_class(void **state)
     df_tok_json_free(t);
 }
 
+/* LlamaTokenizerFast over a byte-level tokenizer.json (the tekken layout) loads as
+ * transformers 5.x's generic class: the file's padding direction or right, the file's
+ * post-processor unless the config names add_bos_token / add_eos_token (then both rebuilt,
+ * a missing one false). */
+static void test_byte_level_llama_class(void **state)
+{
+    (void)state;
+    spec s = {.vocab = SMALL_VOCAB, .added = SMALL_ADDED, .post = TEMPLATE_POST,
+              .pre = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                     "\"trim_offsets\": true, \"use_regex\": false}"};
+    const char *cls = "{\"tokenizer_class\": \"LlamaTokenizerFast\", \"bos_token\": "
+                      "\"<s>\", \"eos_token\": \"</s>\", \"pad_token\": \"<pad>\"";
+    char cfg[512];
+    snprintf(cfg, sizeof cfg, "%s}", cls);
+    df_tok_json *t = load(&s, cfg);
+    df_tok_json_info info;
+    df_tok_json_get_info(t, &info);
+    assert_false(info.padding_left);
+    expect_ids(t, "ab", true, IDS(1, 3, 4, 2)); /* TEMPLATE_POST: <s> $A </s> */
+    expect_padded(t, "a", 5, IDS(1, 3, 2, 0, 0), IDS(1, 1, 1, 0, 0));
+    df_tok_json_free(t);
+    /* add_bos_token alone: <s> $A, the eos gone */
+    snprintf(cfg, sizeof cfg, "%s, \"add_bos_token\": true}", cls);
+    t = load(&s, cfg);
+    expect_ids(t, "ab", true, IDS(1, 3, 4));
+    df_tok_json_free(t);
+    /* add_eos_token alone: $A </s> (the bos default is false here, true for LlamaTokenizer) */
+    snprintf(cfg, sizeof cfg, "%s, \"add_eos_token\": true, \"padding_side\": \"left\"}",
+             cls);
+    t = load(&s, cfg);
+    expect_ids(t, "ab", true, IDS(3, 4, 2));
+    df_tok_json_get_info(t, &info);
+    assert_true(info.padding_left);
+    df_tok_json_free(t);
+}
+
 /* ---- malformed and unsupported files ------------------------------------------------------- */
 
 static void test_malformed(void **state)
@@ -559,18 +595,18 @@ static void test_encode_prompt_golden(void **state)
     df_tokenizer_info info;
     df_tokenizer_get_info(m, &info);
     assert_int_equal(df_tokenizer_kind(m), DF_TOKENIZER_BPE_JSON);
-    assert_true(info.padding_left);
+    assert_false(info.padding_left); /* LlamaTokenizerFast over ByteLevel: right, as 5.x */
     assert_int_equal(info.pad_id, 11);
     df_tokens a, b;
     assert_int_equal(df_tokenizer_encode_prompt(m, DF_PROMPT_FLUX2_MISTRAL, "a cat", 5, NULL,
                                                 NULL, &a), DF_OK);
     assert_int_equal(a.count, 512);
-    int64_t first = 0;
-    while (a.attention_mask[first] == 0)
-        assert_int_equal(a.ids[first++], 11);
-    assert_int_equal(a.ids[first], 1);      /* the template's one <s> */
-    assert_int_equal(a.ids[first + 1], 17); /* [SYSTEM_PROMPT] */
-    assert_int_equal(a.ids[511], 4);        /* [/INST] */
+    assert_int_equal(a.ids[0], 1); /* the template's one <s> */
+    assert_int_equal(a.ids[1], 17); /* [SYSTEM_PROMPT] */
+    int64_t last = 511;
+    while (a.attention_mask[last] == 0)
+        assert_int_equal(a.ids[last--], 11);
+    assert_int_equal(a.ids[last], 4); /* [/INST] */
     assert_int_equal(df_tokenizer_encode_prompt(m, DF_PROMPT_FLUX2_MISTRAL, "a [IMG]cat", 10,
                                                 NULL, NULL, &b), DF_OK);
     assert_memory_equal(a.ids, b.ids, 512 * sizeof *a.ids);
@@ -605,6 +641,7 @@ int main(void)
         cmocka_unit_test(test_added_tokens),
         cmocka_unit_test(test_template_truncation_padding),
         cmocka_unit_test(test_llama_class),
+        cmocka_unit_test(test_byte_level_llama_class),
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_unsupported),
         cmocka_unit_test(test_out_of_memory),

@@ -253,7 +253,7 @@ static int write_tokenizer(const char *root, bool klein, int *vocab)
                     "1000000000000000019884624838656,\n  \"pad_token\": \"<pad>\",\n"
                     "  \"processor_class\": \"PixtralProcessor\",\n  \"tokenizer_class\": "
                     "\"LlamaTokenizerFast\",\n  \"unk_token\": \"<unk>\",\n"
-                    "  \"use_default_system_prompt\": false\n}\n");
+                    "  \"use_default_system_prompt\": false,\n  \"padding_side\": \"left\"\n}\n");
     int rc = t.oom || c.oom ? -1 : 0;
     if (rc)
         fprintf(stderr, "diffuse make-tiny: out of memory for the tokenizer\n");

@@ -738,9 +738,20 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
     d.bias = bias != NULL;
     if (d.m == 0 || d.n == 0)
         return DF_OK;
-    bool packed = (w->flags & DF_VIEW_CONST) && !(w->flags & DF_VIEW_STREAMED) && d.k > 0;
+    /* A weight runs through the packed plan whether it stays resident (packed once, kept)
+     * or is streamed (packed into scratch for this call): one primitive for both, so
+     * offloading never changes a bit of the result. */
+    bool packed = (w->flags & DF_VIEW_CONST) && d.k > 0;
+    bool streamed = packed && (w->flags & DF_VIEW_STREAMED);
+    const df_gemm_plan *p;
+    if (packed) {
+        plan_key key = key_of(&d, B_PACKED);
+        DF_TRY(plan_lookup(&key, &p));
+        streamed = streamed && p->prim;
+    }
     size_t sx = round64(df_gemm_operand_scratch(x, d.type));
-    size_t sw = packed ? 0 : round64(df_gemm_operand_scratch(w, d.type));
+    size_t sw = streamed ? round64(dnnl_memory_desc_get_size(&p->b_md))
+                : packed ? 0 : round64(df_gemm_operand_scratch(w, d.type));
     size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;
     char *scratch = NULL;
     if (sx + sw + sb > 0 && !(scratch = df_env_scratch(env, sx + sw + sb)))
@@ -750,10 +761,10 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
     DF_TRY(df_gemm_operand(x, d.type, scratch, &xa));
     if (bias)
         DF_TRY(df_gemm_operand(bias, DF_DTYPE_F32, scratch + sx + sw, &bb));
-    const df_gemm_plan *p;
-    if (packed) {
-        plan_key key = key_of(&d, B_PACKED);
-        DF_TRY(plan_lookup(&key, &p));
+    if (streamed) {
+        DF_TRY(pack(w, &p->b_md, scratch + sx));
+        wb = scratch + sx;
+    } else if (packed) {
         if (p->prim)
             DF_TRY(packed_weight_of(w, p, &wb));
     } else {
