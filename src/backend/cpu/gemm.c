@@ -738,6 +738,14 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
     d.bias = bias != NULL;
     if (d.m == 0 || d.n == 0)
         return DF_OK;
+    /* oneDNN writes bf16 only where it computes bf16 (AVX-512 and up): elsewhere a bf16
+     * output is computed in f32 into scratch and rounded to nearest even row by row. */
+    bool round_out = d.c_bf16 && d.type == DF_DTYPE_F32;
+    int64_t ldc_out = d.ldc ? d.ldc : d.n;
+    if (round_out) {
+        d.c_bf16 = false;
+        d.ldc = 0;
+    }
     /* A weight runs through the packed plan whether it stays resident (packed once, kept)
      * or is streamed (packed into scratch for this call): one primitive for both, so
      * offloading never changes a bit of the result. */
@@ -753,9 +761,11 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
     size_t sw = streamed ? round64(dnnl_memory_desc_get_size(&p->b_md))
                 : packed ? 0 : round64(df_gemm_operand_scratch(w, d.type));
     size_t sb = bias ? round64(df_gemm_operand_scratch(bias, DF_DTYPE_F32)) : 0;
+    size_t sc = round_out ? round64((size_t)(d.m * d.n) * sizeof(float)) : 0;
     char *scratch = NULL;
-    if (sx + sw + sb > 0 && !(scratch = df_env_scratch(env, sx + sw + sb)))
-        return df_errorf(DF_E_OOM, "linear: out of memory for %zu bytes of scratch", sx + sw + sb);
+    if (sx + sw + sb + sc > 0 && !(scratch = df_env_scratch(env, sx + sw + sb + sc)))
+        return df_errorf(DF_E_OOM, "linear: out of memory for %zu bytes of scratch",
+                         sx + sw + sb + sc);
 
     const void *xa, *wb = NULL, *bb = NULL;
     DF_TRY(df_gemm_operand(x, d.type, scratch, &xa));
@@ -771,7 +781,13 @@ static df_status linear_run(df_kernel_env *env, const df_view *x, const df_view 
         DF_TRY(df_gemm_operand(w, d.type, scratch + sx, &wb));
         DF_TRY(df_gemm_plan_get(&d, &p));
     }
-    return plan_exec(p, xa, wb, bb, out, NULL, gate, residual);
+    if (!round_out)
+        return plan_exec(p, xa, wb, bb, out, NULL, gate, residual);
+    float *c = (float *)(scratch + sx + sw + sb);
+    DF_TRY(plan_exec(p, xa, wb, bb, c, NULL, gate, residual));
+    for (int64_t i = 0; i < d.m; i++)
+        df_gemm_f32_to_bf16(c + i * d.n, (uint16_t *)out + i * ldc_out, d.n);
+    return DF_OK;
 }
 
 df_status df_gemm_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
