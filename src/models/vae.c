@@ -99,11 +99,15 @@ struct df_vae {
 
 /* --- config ------------------------------------------------------------------------------ */
 
-/* AutoencoderKLFlux2's decoder_block_out_channels: null or absent means the encoder's
- * block_out_channels; otherwise as many entries, which the decoder is built from. */
+/* AutoencoderKLFlux2's decoder_block_out_channels (diffusers 0.42): null, absent or empty
+ * means the encoder's block_out_channels (diffusers builds the decoder from
+ * `decoder_block_out_channels or block_out_channels`); otherwise as many entries, which the
+ * decoder is built from. */
 static df_status read_decoder_channels(const df_json *cfg, df_vae_info *info)
 {
-    if (df_json_is_null(df_json_get(cfg, "decoder_block_out_channels")))
+    const df_json *dec = df_json_get(cfg, "decoder_block_out_channels");
+    if (df_json_is_null(dec) ||
+        (df_json_type_of(dec) == DF_JSON_ARRAY && df_json_array_size(dec) == 0))
         return DF_OK;
     int64_t n;
     DF_TRY(df_json_get_int_array(cfg, "decoder_block_out_channels", info->block_out_channels,
