@@ -135,9 +135,9 @@ static df_status read_batch_norm(const df_json *cfg, df_vae_info *info)
         DF_TRY(df_json_get_int_array(cfg, "patch_size", patch, 2, &n));
         if (n != 2 || patch[0] != 2 || patch[1] != 2)
             return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: patch_size is not [2, 2] (the FLUX.2 pipelines "
-                             "patchify latents 2x2)",
-                             src);
+                             "%s: patch_size is [%lld, %lld]; only [2, 2] is implemented (the "
+                             "FLUX.2 pipelines patchify latents 2x2)",
+                             src, (long long)patch[0], (long long)patch[1]);
     }
     info->bn_channels = 4 * info->latent_channels;
     info->scaling_factor = 1.0;
