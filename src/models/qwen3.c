@@ -46,9 +46,10 @@ static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t 
     bool sliding;
     DF_TRY(df_json_get_bool_or(j, "use_sliding_window", false, &sliding));
     if (sliding)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: key 'use_sliding_window' is true; windowed attention is not implemented",
-                         df_json_source(j));
+        return df_errorf(
+            DF_E_UNSUPPORTED,
+            "%s: key 'use_sliding_window' is true; windowed attention is not implemented",
+            df_json_source(j));
     DF_TRY(df_decoder_lm_read_common(j, 10000.0, 128, 1e-6, c));
     DF_TRY(check_layer_types(j));
     c->qk_norm = true;

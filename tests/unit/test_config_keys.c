@@ -208,8 +208,7 @@ static void test_scheduler_values_not_implemented_are_refused(void **state)
         assert_message_names("scheduler_config.json", keys[i], "true", NULL);
         /* false is the implemented value */
         snprintf(json, sizeof json,
-                 "{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"%s\": false}",
-                 keys[i]);
+                 "{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\", \"%s\": false}", keys[i]);
         assert_int_equal(df_scheduler_load_json(json, strlen(json), "s.json", &s), DF_OK);
         df_scheduler_free(s);
     }
