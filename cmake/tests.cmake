@@ -41,6 +41,28 @@ if(DF_MPIRUN_REAL)
   set(DF_MPIRUN_FOR_TESTS ${CMAKE_BINARY_DIR}/tests/mpirun-retry)
 endif()
 
+# df_golden_tests(GROUP MODE [DIR dir] [CASES...] [ARGS...]): one test golden/GROUP/CASE per
+# case, `diffuse-check --mode MODE --threads 2 ARGS DIR/CASE` (DIR: DF_GOLDEN_DIR unless
+# given); a text encoder case (te-*) has no repeated blocks to compile, so MODE blocks leaves
+# those out. Defined here, before any tests/*.cmake is read, so that each of them can use it.
+function(df_golden_tests group mode)
+  cmake_parse_arguments(PARSE_ARGV 2 G "" "DIR" "CASES;ARGS")
+  if(NOT G_DIR)
+    set(G_DIR ${DF_GOLDEN_DIR})
+  endif()
+  if(NOT EXISTS ${G_DIR})
+    return()
+  endif()
+  foreach(case ${G_CASES})
+    if(mode STREQUAL "blocks" AND case MATCHES "^te-")
+      continue()
+    endif()
+    add_test(NAME golden/${group}/${case}
+             COMMAND diffuse-check --mode ${mode} --threads 2 ${G_ARGS} ${G_DIR}/${case})
+    set_tests_properties(golden/${group}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+endfunction()
+
 # Extra registrations (golden cases, CLI checks, crasher replays) live beside their tests.
 file(GLOB TEST_CMAKE CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/*.cmake)
 foreach(f ${TEST_CMAKE})

@@ -17,24 +17,7 @@ set(DF_GOLDEN_BLOCKS_CASES flux-transformer pipe-flux-schnell t2i-flux-schnell
     sd3-transformer pipe-sd3 t2i-sd3 flux2-transformer flux2-klein-transformer
     pipe-flux2 pipe-flux2-klein t2i-flux2 t2i-flux2-klein)
 
-# df_golden_tests(GROUP MODE [CASES...] [ARGS...]): one test golden/GROUP/CASE per case,
-# `diffuse-check --mode MODE --threads 2 ARGS CASE`; a text encoder case (te-*) has no
-# repeated blocks to compile, so MODE blocks leaves those out. tests/int8.cmake (read after
-# this file) registers its cases with it too.
-function(df_golden_tests group mode)
-  cmake_parse_arguments(PARSE_ARGV 2 G "" "" "CASES;ARGS")
-  if(NOT EXISTS ${DF_GOLDEN_DIR})
-    return()
-  endif()
-  foreach(case ${G_CASES})
-    if(mode STREQUAL "blocks" AND case MATCHES "^te-")
-      continue()
-    endif()
-    add_test(NAME golden/${group}/${case}
-             COMMAND diffuse-check --mode ${mode} --threads 2 ${G_ARGS} ${DF_GOLDEN_DIR}/${case})
-    set_tests_properties(golden/${group}/${case} PROPERTIES TIMEOUT 600)
-  endforeach()
-endfunction()
+# df_golden_tests (cmake/tests.cmake) registers each case; tests/int8.cmake uses it too.
 
 if(EXISTS ${DF_GOLDEN_DIR})
   foreach(mode ${DF_GOLDEN_MODES})

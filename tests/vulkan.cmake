@@ -68,11 +68,15 @@ endif()
 if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUAL "Release")
   set(VK_GOLDEN_ENV ${VK_TEST_ENV} "DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin"
       "DIFFUSE_VULKAN_ALLOW_CPU=1")
-  set(VK_GOLDEN_CASES ${DF_GOLDEN_CASES})
+  set(VK_GOLDEN_CASES ${DF_GOLDEN_CASES} ${DF_REPO_CASES})
   foreach(mode eager fuse compile)
     foreach(case ${VK_GOLDEN_CASES})
+      set(dir ${DF_GOLDEN_DIR})
+      if(case IN_LIST DF_REPO_CASES) # the repository's own cases (tests/cases.cmake)
+        set(dir ${DF_CASES_DIR})
+      endif()
       add_test(NAME golden-vulkan/${mode}/${case}
-               COMMAND diffuse-check --device vulkan --mode ${mode} ${DF_GOLDEN_DIR}/${case})
+               COMMAND diffuse-check --device vulkan --mode ${mode} ${dir}/${case})
       set_tests_properties(golden-vulkan/${mode}/${case} PROPERTIES TIMEOUT 300
                            ENVIRONMENT "${VK_GOLDEN_ENV}"
                            FAIL_REGULAR_EXPRESSION "vulkan validation:")

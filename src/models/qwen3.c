@@ -5,9 +5,12 @@
  * Choices:
  * - Qwen3Config's defaults: head_dim 128, rope_theta 10000, rms_norm_eps 1e-6,
  *   attention_bias false. use_sliding_window true (no released Qwen3 sets it) is
- *   DF_E_UNSUPPORTED.
+ *   DF_E_UNSUPPORTED, and so is a layer_types entry (transformers 5.x) other than
+ *   "full_attention".
  * - lm_head (absent when tie_word_embeddings) is marked used without being bound.
  */
+#include <string.h>
+
 #include <diffuse/qwen3.h>
 
 #include "core/status.h"
@@ -16,6 +19,26 @@
 static const char *const prefixes[] = {"model.", "", NULL};
 static const char *const skipped[] = {"lm_head.", NULL};
 
+/* transformers 5.x's layer_types: one attention kind per layer. Only full attention is
+ * implemented; a config that names another kind for any layer is refused. */
+static df_status check_layer_types(const df_json *j)
+{
+    const df_json *types = df_json_get(j, "layer_types");
+    if (df_json_is_null(types))
+        return DF_OK;
+    DF_TRY(df_json_get_array(j, "layer_types", &types));
+    for (int64_t i = 0; i < df_json_array_size(types); i++) {
+        const char *t;
+        DF_TRY(df_json_to_string(df_json_array_get(types, i), &t));
+        if (strcmp(t, "full_attention") != 0)
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "%s: key 'layer_types[%lld]' is '%.64s'; only \"full_attention\" "
+                             "is implemented",
+                             df_json_source(j), (long long)i, t);
+    }
+    return DF_OK;
+}
+
 static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t *window)
 {
     *c = (df_decoder_lm_config){0};
@@ -23,10 +46,12 @@ static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t 
     bool sliding;
     DF_TRY(df_json_get_bool_or(j, "use_sliding_window", false, &sliding));
     if (sliding)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: key 'use_sliding_window': windowed attention is not implemented",
-                         df_json_source(j));
+        return df_errorf(
+            DF_E_UNSUPPORTED,
+            "%s: key 'use_sliding_window' is true; windowed attention is not implemented",
+            df_json_source(j));
     DF_TRY(df_decoder_lm_read_common(j, 10000.0, 128, 1e-6, c));
+    DF_TRY(check_layer_types(j));
     c->qk_norm = true;
     return DF_OK;
 }

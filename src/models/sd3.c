@@ -107,7 +107,9 @@ static df_status check_config(const df_json *cfg, df_sd3_cfg *c)
     DF_TRY(get_size(cfg, "sample_size", 128, 1, &c->sample_size));
     DF_TRY(get_size(cfg, "patch_size", 2, 1, &c->patch_size));
     DF_TRY(get_size(cfg, "in_channels", 16, 1, &c->in_channels));
-    DF_TRY(get_size(cfg, "out_channels", c->in_channels, 1, &c->out_channels));
+    /* diffusers: `out_channels: int = 16`, then `out_channels or in_channels` for null */
+    int64_t out_default = df_json_get(cfg, "out_channels") ? c->in_channels : 16;
+    DF_TRY(get_size(cfg, "out_channels", out_default, 1, &c->out_channels));
     DF_TRY(get_size(cfg, "num_layers", 18, 0, &c->num_layers));
     DF_TRY(get_size(cfg, "attention_head_dim", 64, 1, &c->attention_head_dim));
     DF_TRY(get_size(cfg, "num_attention_heads", 18, 1, &c->num_attention_heads));

@@ -99,11 +99,15 @@ struct df_vae {
 
 /* --- config ------------------------------------------------------------------------------ */
 
-/* AutoencoderKLFlux2's decoder_block_out_channels: null or absent means the encoder's
- * block_out_channels; otherwise as many entries, which the decoder is built from. */
+/* AutoencoderKLFlux2's decoder_block_out_channels (diffusers 0.42): null, absent or empty
+ * means the encoder's block_out_channels (diffusers builds the decoder from
+ * `decoder_block_out_channels or block_out_channels`); otherwise as many entries, which the
+ * decoder is built from. */
 static df_status read_decoder_channels(const df_json *cfg, df_vae_info *info)
 {
-    if (df_json_is_null(df_json_get(cfg, "decoder_block_out_channels")))
+    const df_json *dec = df_json_get(cfg, "decoder_block_out_channels");
+    if (df_json_is_null(dec) ||
+        (df_json_type_of(dec) == DF_JSON_ARRAY && df_json_array_size(dec) == 0))
         return DF_OK;
     int64_t n;
     DF_TRY(df_json_get_int_array(cfg, "decoder_block_out_channels", info->block_out_channels,
@@ -131,9 +135,9 @@ static df_status read_batch_norm(const df_json *cfg, df_vae_info *info)
         DF_TRY(df_json_get_int_array(cfg, "patch_size", patch, 2, &n));
         if (n != 2 || patch[0] != 2 || patch[1] != 2)
             return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: patch_size is not [2, 2] (the FLUX.2 pipelines "
-                             "patchify latents 2x2)",
-                             src);
+                             "%s: patch_size is [%lld, %lld]; only [2, 2] is implemented (the "
+                             "FLUX.2 pipelines patchify latents 2x2)",
+                             src, (long long)patch[0], (long long)patch[1]);
     }
     info->bn_channels = 4 * info->latent_channels;
     info->scaling_factor = 1.0;
