@@ -28,23 +28,29 @@ df_dtype df_dtype_auto(const df_matmul_rates *r, df_dtype weights, char *why, si
     }
     double f32 = r->f32_gflops, bf16 = r->bf16_gflops, ratio = bf16 / f32;
     if (!(bf16 > 0)) {
-        snprintf(why, cap, "the device has no bf16 matrix products (f32 %.0f GFLOP/s; %s)",
-                 f32, r->how);
+        snprintf(why, cap, "the device has no bf16 matrix products (f32 %.0f GFLOP/s; %s)", f32,
+                 r->how);
         return DF_DTYPE_F32;
     }
     if (!(ratio >= BF16_WORTH)) {
-        snprintf(why, cap, "bf16 products are not clearly faster here: %.0f against f32's "
-                 "%.0f GFLOP/s (%.2fx, under %.2fx; %s)", bf16, f32, ratio, BF16_WORTH, r->how);
+        snprintf(why, cap,
+                 "bf16 products are not clearly faster here: %.0f against f32's "
+                 "%.0f GFLOP/s (%.2fx, under %.2fx; %s)",
+                 bf16, f32, ratio, BF16_WORTH, r->how);
         return DF_DTYPE_F32;
     }
     if (weights != DF_DTYPE_BF16) {
-        snprintf(why, cap, "bf16 products are %.2fx faster here (%.0f against %.0f GFLOP/s; "
+        snprintf(why, cap,
+                 "bf16 products are %.2fx faster here (%.0f against %.0f GFLOP/s; "
                  "%s), but the checkpoint's weights are %s, not bf16 (bf16 compute is chosen "
-                 "only for bf16 checkpoints)", ratio, bf16, f32, r->how,
+                 "only for bf16 checkpoints)",
+                 ratio, bf16, f32, r->how,
                  weights == DF_DTYPE_COUNT ? "of unknown dtype" : df_dtype_name(weights));
         return DF_DTYPE_F32;
     }
-    snprintf(why, cap, "the checkpoint stores bf16 weights and bf16 products are %.2fx faster "
-             "here (%.0f against %.0f GFLOP/s; %s)", ratio, bf16, f32, r->how);
+    snprintf(why, cap,
+             "the checkpoint stores bf16 weights and bf16 products are %.2fx faster "
+             "here (%.0f against %.0f GFLOP/s; %s)",
+             ratio, bf16, f32, r->how);
     return DF_DTYPE_BF16;
 }

@@ -86,8 +86,8 @@ static void test_rates_from_the_environment(void **state)
     setenv("DIFFUSE_MATMUL_RATES", "bf16=0,f32=12.5", 1);
     assert_int_equal(df_ctx_matmul_rates(ctx, &r), DF_OK);
     assert_true(r.f32_gflops == 12.5 && r.bf16_gflops == 0);
-    const char *bad[] = {"f32=abc", "f32=470;bf16=961", "bf16=961", "f32=-1,bf16=2",
-                         "f32=470,bf16=961,x=1", "f32=nan,bf16=1"};
+    const char *bad[] = {"f32=abc",       "f32=470;bf16=961",     "bf16=961",
+                         "f32=-1,bf16=2", "f32=470,bf16=961,x=1", "f32=nan,bf16=1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("DIFFUSE_MATMUL_RATES", bad[i], 1);
         r.f32_gflops = 1;
@@ -169,8 +169,7 @@ static void test_probe_is_cached_and_a_damaged_cache_measured_again(void **state
     assert_non_null(strstr(r.how, "measured earlier on 1 threads, cached in"));
 
     const char *damaged[] = {
-        "garbage\n",
-        "",
+        "garbage\n", "",
         "diffuse matmul rates 1\nkey another CPU|isa 0|oneDNN 0.0.0|threads 1\nf32 1\nbf16 2\n",
         NULL, /* the right key, rates cut off */
     };
@@ -241,8 +240,7 @@ static void test_checkpoint_dtype_is_the_transformers(void **state)
     assert_int_equal(df_pipeline_checkpoint_dtype(tiny("sd3", "bf16")), DF_DTYPE_BF16);
     assert_int_equal(df_pipeline_checkpoint_dtype(tiny("sd3", "f32")), DF_DTYPE_F32);
     assert_int_equal(df_pipeline_checkpoint_dtype(SD3_DIR), DF_DTYPE_F32);
-    assert_int_equal(df_pipeline_checkpoint_dtype(DF_TEST_TMP "/no-such-pipeline"),
-                     DF_DTYPE_COUNT);
+    assert_int_equal(df_pipeline_checkpoint_dtype(DF_TEST_TMP "/no-such-pipeline"), DF_DTYPE_COUNT);
 }
 
 static void expect_load(const char *dir, const df_load_opts *o, df_dtype want, const char *why)
@@ -255,8 +253,8 @@ static void expect_load(const char *dir, const df_load_opts *o, df_dtype want, c
     df_dtype got = df_pipeline_compute_dtype(p, &got_why);
     if (got != want || !strstr(got_why, why))
         fail_msg("%s under %s: %s (%s), expected %s naming '%s'", dir,
-                 getenv("DIFFUSE_MATMUL_RATES"), df_dtype_name(got), got_why,
-                 df_dtype_name(want), why);
+                 getenv("DIFFUSE_MATMUL_RATES"), df_dtype_name(got), got_why, df_dtype_name(want),
+                 why);
     assert_int_equal(df_ctx_compute_dtype(df_pipeline_ctx(p)), want);
     printf("%s: %s (%s)\n", dir, df_dtype_name(got), got_why);
     df_pipeline_free(p);
@@ -295,9 +293,8 @@ static void *rank_load(void *arg)
 {
     rank_job *j = arg;
     df_pipeline *p = NULL;
-    j->s = df_pipeline_load(j->dir, &(df_load_opts){.threads = j->threads, .comm = j->comm,
-                                                    .auto_dtype = true},
-                            &p);
+    j->s = df_pipeline_load(
+        j->dir, &(df_load_opts){.threads = j->threads, .comm = j->comm, .auto_dtype = true}, &p);
     const char *why = df_error_message();
     if (j->s == DF_OK)
         j->dtype = df_pipeline_compute_dtype(p, &why);
@@ -347,14 +344,14 @@ static void test_tensor_parallel_ranks_take_rank0s_choice(void **state)
     load_two_ranks(dir, 1, 2, jobs); /* rank 0's rates say f32 */
     for (int r = 0; r < 2; r++) {
         if (jobs[r].dtype != DF_DTYPE_F32 || !strstr(jobs[r].why, "100 against f32's 1000"))
-            fail_msg("rank %d of a rank 0 with slow bf16: %s (%s)", r,
-                     df_dtype_name(jobs[r].dtype), jobs[r].why);
+            fail_msg("rank %d of a rank 0 with slow bf16: %s (%s)", r, df_dtype_name(jobs[r].dtype),
+                     jobs[r].why);
     }
     load_two_ranks(dir, 2, 1, jobs); /* rank 0's rates say bf16 */
     for (int r = 0; r < 2; r++) {
         if (jobs[r].dtype != DF_DTYPE_BF16 || !strstr(jobs[r].why, "1000 against 100 GFLOP/s"))
-            fail_msg("rank %d of a rank 0 with fast bf16: %s (%s)", r,
-                     df_dtype_name(jobs[r].dtype), jobs[r].why);
+            fail_msg("rank %d of a rank 0 with fast bf16: %s (%s)", r, df_dtype_name(jobs[r].dtype),
+                     jobs[r].why);
     }
     assert_string_equal(jobs[0].why, jobs[1].why);
     unsetenv("DIFFUSE_CACHE_DIR");

@@ -170,8 +170,7 @@ static const struct {
 };
 #define N_MODELS (sizeof models / sizeof models[0])
 
-static void expect(df_status got, df_status want, const char *what, const char *w1,
-                   const char *w2)
+static void expect(df_status got, df_status want, const char *what, const char *w1, const char *w2)
 {
     const char *m = df_error_message();
     if (got != want || !strstr(m, w1) || (w2 && !strstr(m, w2)))
@@ -250,17 +249,16 @@ static void test_config_class_unknown_or_not_a_string(void **state)
 }
 
 /* A pipeline folder: the golden t2i-sd3 one's components linked under an edited index. */
-static const char *edited_pipeline(const char *name, const char *from, const char *to,
-                                   char *dir, size_t cap)
+static const char *edited_pipeline(const char *name, const char *from, const char *to, char *dir,
+                                   size_t cap)
 {
     fresh_dir(name, dir, cap);
-    static const char *const parts[] = {"scheduler", "text_encoder", "text_encoder_2",
-                                        "text_encoder_3", "tokenizer", "tokenizer_2",
-                                        "tokenizer_3", "transformer", "vae"};
+    static const char *const parts[] = {"scheduler",      "text_encoder", "text_encoder_2",
+                                        "text_encoder_3", "tokenizer",    "tokenizer_2",
+                                        "tokenizer_3",    "transformer",  "vae"};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         char cmd[4096];
-        snprintf(cmd, sizeof cmd, "cp -r '%s/%s' '%s/'", GOLDEN("t2i-sd3/pipeline"), parts[i],
-                 dir);
+        snprintf(cmd, sizeof cmd, "cp -r '%s/%s' '%s/'", GOLDEN("t2i-sd3/pipeline"), parts[i], dir);
         assert_int_equal(system(cmd), 0);
     }
     char *index = read_text(GOLDEN("t2i-sd3/pipeline/model_index.json"));

@@ -68,7 +68,7 @@ static void test_every_loaded_class_has_a_check(void **state)
 static void test_golden_pipelines_fit_their_tables(void **state)
 {
     (void)state;
-    static const char *const dirs[] = {"t2i-flux-schnell", "t2i-sd3",   "t2i-flux2",
+    static const char *const dirs[] = {"t2i-flux-schnell", "t2i-sd3",    "t2i-flux2",
                                        "t2i-flux2-klein",  "pipe-flux2", "pipe-sd3"};
     int n;
     const df_pipeline_table *tables = df_pipeline_tables(&n);

@@ -33,10 +33,10 @@
 #include "backend/cpu/gemm.h"
 #include "core/status.h"
 
-#define PROBE_M 512
-#define PROBE_N 2048
-#define PROBE_K 2048
-#define PROBE_REPS 5
+#define PROBE_M     512
+#define PROBE_N     2048
+#define PROBE_K     2048
+#define PROBE_REPS  5
 #define CACHE_MAGIC "diffuse matmul rates 1"
 
 /* "f32=470,bf16=961" (either order, bf16 may be 0). */
@@ -61,7 +61,8 @@ static df_status parse_env(const char *v, double *f32, double *bf16)
             break;
     }
     if (*p || r[0] <= 0 || r[1] < 0)
-        return df_errorf(DF_E_ARG, "DIFFUSE_MATMUL_RATES='%.64s': expected "
+        return df_errorf(DF_E_ARG,
+                         "DIFFUSE_MATMUL_RATES='%.64s': expected "
                          "\"f32=GFLOPS,bf16=GFLOPS\" with a positive f32 rate (bf16 may be 0)",
                          v);
     *f32 = r[0];
@@ -127,8 +128,7 @@ static bool cache_read(const char *path, const char *key, double *f32, double *b
     double a = -1, b = -1;
     bool ok = fgets(magic, sizeof magic, f) && strcmp(magic, CACHE_MAGIC "\n") == 0 &&
               fgets(line, sizeof line, f) && strncmp(line, "key ", 4) == 0 &&
-              strcspn(line + 4, "\n") == strlen(key) &&
-              strncmp(line + 4, key, strlen(key)) == 0 &&
+              strcspn(line + 4, "\n") == strlen(key) && strncmp(line + 4, key, strlen(key)) == 0 &&
               fscanf(f, "f32 %lf\nbf16 %lf\n", &a, &b) == 2 && fscanf(f, "%7s", tail) == EOF &&
               isfinite(a) && isfinite(b) && a > 0 && b >= 0;
     fclose(f);
@@ -173,8 +173,7 @@ static df_status measure(int threads, double *f32, double *bf16)
     *bf16 = 0;
     if (df_gemm_compute_dtype(DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return DF_OK; /* oneDNN has no bf16 products below AVX-512: bf16 would run as f32 */
-    return df_cpu_gemm_rate(DF_DTYPE_BF16, threads, PROBE_M, PROBE_N, PROBE_K, PROBE_REPS,
-                            bf16);
+    return df_cpu_gemm_rate(DF_DTYPE_BF16, threads, PROBE_M, PROBE_N, PROBE_K, PROBE_REPS, bf16);
 }
 
 df_status df_cpu_matmul_rates(int threads, double *f32, double *bf16, char *how, size_t cap)
