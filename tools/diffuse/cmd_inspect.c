@@ -31,6 +31,7 @@
 typedef struct inspect {
     bool summary;      /* no per-tensor lines */
     bool model_checks; /* load each component of a known class on its own */
+    bool lone;         /* PATH is one component folder: a class it cannot load is an error */
     int components;
     int files;
     int64_t tensors;
@@ -261,7 +262,7 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
         rc = fail(); /* a model config without weights, or only .bin files */
     }
     df_model_check_fn check = cls && in->model_checks ? df_model_check_find(cls) : NULL;
-    if (rc == 0 && own_class && cls && in->model_checks && !check) {
+    if (rc == 0 && in->lone && own_class && cls && in->model_checks && !check) {
         char known[2048];
         fputs("error: ", stderr);
         put_clean(stderr, dir);
@@ -285,12 +286,7 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
     return rc;
 }
 
-/*
- * A pipeline folder gets the checks of a load because it is loaded (the weights are mapped,
- * not read): every component the class needs, with its class, config and weights. A
- * pipeline class this build cannot load is said so on stdout; then each component of a
- * known class is loaded on its own.
- */
+/* The one error line of a folder this build cannot load. */
 static int not_loadable(const char *why)
 {
     fputs("error: pipeline not loadable by this build: ", stderr);
@@ -299,23 +295,111 @@ static int not_loadable(const char *why)
     return 1;
 }
 
+/* Whether `dir` holds a file `name`. */
+static bool has_file(const char *dir, const char *name)
+{
+    char path[DF_PATH_MAX + 64];
+    struct stat sb;
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Whether `dir` looks like a component folder: a config, tokenizer files or weights. */
+static bool is_component_folder(const char *dir)
+{
+    static const char *const marks[] = {"config.json", "scheduler_config.json",
+                                        "tokenizer_config.json", "tokenizer.json", "vocab.json",
+                                        "spiece.model"};
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++)
+        if (has_file(dir, marks[i]))
+            return true;
+    char w[DF_PATH_MAX];
+    return df_layout_find_weights(dir, w, sizeof w) != DF_E_IO;
+}
+
+/* Lists and checks, by the classes their configs name, the component folders under `dir`
+ * (subfolders holding a config, tokenizer files or weights): what a pipeline folder without
+ * a readable model_index.json still holds. */
+static int list_component_folders(inspect *in, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail_msg(dir, "cannot open the folder");
+    char *names[64];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < 64;) {
+        char sub[DF_PATH_MAX];
+        struct stat sb;
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+            is_component_folder(sub))
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], by_str);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char sub[DF_PATH_MAX];
+        snprintf(sub, sizeof sub, "%s/%s", dir, names[i] ? names[i] : "");
+        if (rc == 0 && names[i])
+            rc = inspect_component(in, sub, names[i], NULL);
+        free(names[i]);
+    }
+    return rc;
+}
+
+/*
+ * A folder without model_index.json: a component folder, or a pipeline folder that lost its
+ * index, told apart by what it holds. The latter's component folders are listed, then it
+ * is an error: without the index there is no pipeline class and no list of components.
+ */
+static int inspect_folder(inspect *in, const char *dir)
+{
+    if (is_component_folder(dir)) {
+        in->lone = true;
+        return inspect_component(in, dir, dir, NULL);
+    }
+    printf("pipeline ");
+    put_clean(stdout, dir);
+    printf(": no model_index.json\n");
+    int before = in->components;
+    if (list_component_folders(in, dir))
+        return 1;
+    char why[DF_PATH_MAX + 256];
+    snprintf(why, sizeof why, "%s/model_index.json: no such file; a pipeline folder needs it "
+             "to name its class and components (%s)", dir,
+             in->components > before
+                 ? "its component folders are listed above"
+                 : "and this folder holds no component folder, config or weights either");
+    return not_loadable(why);
+}
+
+/*
+ * A pipeline folder gets the checks of a load because it is loaded (the weights are mapped,
+ * not read): every component the class needs, with its class, config and weights. When it
+ * does not load (a class this build does not implement, a broken file, an index that
+ * cannot be read) each component of a known class is loaded on its own while it is listed,
+ * and the load's message ends the listing as "pipeline not loadable by this build" - unless
+ * a component's own check failed first, whose message is then the one line.
+ */
 static int inspect_pipeline(inspect *in, const char *dir)
 {
     df_model_index *idx;
-    if (df_model_index_load(dir, &idx) != DF_OK)
-        return fail();
+    char why[1024] = "";
+    if (df_model_index_load(dir, &idx) != DF_OK) { /* list the folders, then say why */
+        snprintf(why, sizeof why, "%s", df_error_message());
+        printf("pipeline ");
+        put_clean(stdout, dir);
+        printf(": model_index.json cannot be read\n");
+        return list_component_folders(in, dir) ? 1 : not_loadable(why);
+    }
     df_pipeline *p = NULL;
     /* an explicit dtype: --dtype auto would measure the CPU, which a listing does not need */
     df_status s = df_pipeline_load(dir, &(df_load_opts){.threads = 1, .dtype = DF_DTYPE_F32},
                                    &p);
     df_pipeline_free(p);
-    if (s != DF_OK && s != DF_E_UNSUPPORTED) {
-        df_model_index_free(idx);
-        return fail();
-    }
-    char unsupported[1024] = "";
-    if (s == DF_E_UNSUPPORTED)
-        snprintf(unsupported, sizeof unsupported, "%s", df_error_message());
+    if (s != DF_OK)
+        snprintf(why, sizeof why, "%s", df_error_message());
     in->model_checks = s != DF_OK;
     const char *cls = df_model_index_class(idx);
     const char *ver = df_json_string(df_json_get(df_model_index_json(idx), "_diffusers_version"));
@@ -346,81 +430,13 @@ static int inspect_pipeline(inspect *in, const char *dir)
         else
             rc = inspect_component(in, cdir, c->name, c->cls);
     }
-    if (rc == 0 && unsupported[0]) {
-        rc = not_loadable(unsupported);
+    if (rc == 0 && why[0]) {
+        rc = not_loadable(why);
     } else if (rc == 0) {
         printf("pipeline loads: every component matches its class and config\n");
     }
     df_model_index_free(idx);
     return rc;
-}
-
-/* Whether `dir` holds a file `name`. */
-static bool has_file(const char *dir, const char *name)
-{
-    char path[DF_PATH_MAX + 64];
-    struct stat sb;
-    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
-    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* Whether `dir` looks like a component folder: a config, tokenizer files or weights. */
-static bool is_component_folder(const char *dir)
-{
-    static const char *const marks[] = {"config.json", "scheduler_config.json",
-                                        "tokenizer_config.json", "tokenizer.json", "vocab.json",
-                                        "spiece.model"};
-    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++)
-        if (has_file(dir, marks[i]))
-            return true;
-    char w[DF_PATH_MAX];
-    return df_layout_find_weights(dir, w, sizeof w) != DF_E_IO;
-}
-
-/*
- * A folder without model_index.json: a component folder, or a pipeline folder that lost its
- * index, told apart by what it holds. The latter's component folders are listed (and
- * checked by the classes their configs name), then it is an error: without the index there
- * is no pipeline class and no list of components to load.
- */
-static int inspect_folder(inspect *in, const char *dir)
-{
-    if (is_component_folder(dir))
-        return inspect_component(in, dir, dir, NULL);
-    DIR *d = opendir(dir);
-    if (!d)
-        return fail_msg(dir, "cannot open the folder");
-    char *names[64];
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) && n < 64;) {
-        char sub[DF_PATH_MAX];
-        struct stat sb;
-        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
-        if (e->d_name[0] != '.' && stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode) &&
-            is_component_folder(sub))
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], by_str);
-    printf("pipeline ");
-    put_clean(stdout, dir);
-    printf(": no model_index.json\n");
-    int rc = 0;
-    for (int i = 0; i < n; i++) {
-        char sub[DF_PATH_MAX];
-        snprintf(sub, sizeof sub, "%s/%s", dir, names[i] ? names[i] : "");
-        if (rc == 0 && names[i])
-            rc = inspect_component(in, sub, names[i], NULL);
-        free(names[i]);
-    }
-    if (rc != 0)
-        return rc;
-    char why[DF_PATH_MAX + 256];
-    snprintf(why, sizeof why, "%s/model_index.json: no such file; a pipeline folder needs it "
-             "to name its class and components (%s)", dir,
-             n ? "its component folders are listed above"
-               : "and this folder holds no component folder, config or weights either");
-    return not_loadable(why);
 }
 
 /* `path`, a .json file, parsed as a diffusers folder's JSON files are read: an object. */
