@@ -1,5 +1,5 @@
 /*
- * What the CPU offers for matrix products: whether bf16 compute is fast here, and the raw
+ * What the CPU offers for matrix products: its bf16 and int8 instructions, and the raw
  * rate of the GEMM provider (oneDNN), which benchmarks use as the ceiling that diffuse's
  * own matrix products are measured against.
  */
@@ -18,12 +18,11 @@ extern "C" {
 
 /* True when the CPU has native bf16 dot products (AMX-BF16 or AVX512-BF16), so that bf16
  * products round as the hardware instructions do; bf16 compute works everywhere. Native
- * does not mean reliably faster (see df_cpu_auto_dtype, which chooses the compute dtype). */
+ * does not mean faster: --dtype auto measures instead (df_ctx_matmul_rates, df_dtype_auto). */
 DF_API bool df_cpu_has_fast_bf16(void);
 
-/* The CPU features that decide the compute dtype, as the GEMM provider (oneDNN) can use
- * them in this process (its effective ISA: the hardware, what the OS allows, and a cap
- * set with ONEDNN_MAX_CPU_ISA). */
+/* The CPU features of the GEMM provider (oneDNN), as it can use them in this process (its
+ * effective ISA: the hardware, what the OS allows, and a cap set with ONEDNN_MAX_CPU_ISA). */
 typedef struct df_cpu_features {
     bool avx512;      /* AVX-512 F/BW/VL/DQ (oneDNN's avx512_core) */
     bool avx512_bf16; /* AVX512-BF16 dot products */
@@ -32,16 +31,6 @@ typedef struct df_cpu_features {
 
 /* The features of the CPU this runs on, read at run time. */
 DF_API void df_cpu_features_get(df_cpu_features *out);
-
-/* The compute dtype for a CPU with `cpu`'s features and a checkpoint whose weights are
- * stored in `weights` (the transformer's dtype; DF_DTYPE_COUNT when unknown): bf16 only
- * for bf16 checkpoints on CPUs with AMX-BF16, where bf16 products are 4-6x faster than
- * f32; f32 everywhere else, including AVX512-BF16 without AMX, where oneDNN's bf16
- * products are not reliably faster (from 145 against 231 GFLOP/s for f32 to about twice
- * the f32 rate, by shape and load) and bf16 loses precision. *why (may be NULL) gets one
- * static sentence saying why ("this CPU has ..."). */
-DF_API df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights,
-                                  const char **why);
 
 /* The kernel int8 compute runs on this CPU: "avx512-vnni", "avx-vnni" or "portable" (chosen
  * from cpuid; DIFFUSE_INT8_PATH forces one the CPU has). */

@@ -44,8 +44,9 @@ typedef struct df_component {
  * df_model_index_free). Members whose value is an array are components and must be
  * [library, class] pairs of strings or nulls; other members ("_class_name",
  * "requires_safety_checker", ...) are settings and are kept in the JSON only. Fails with
- * DF_E_IO when the file cannot be read, DF_E_FORMAT when it is malformed or a component name
- * is not a plain name.
+ * DF_E_IO when the file cannot be read, DF_E_FORMAT when it is malformed, its root is not an
+ * object, or a component name or class is not a Python identifier (a name becomes a folder
+ * name, so "../x" is refused).
  */
 DF_API df_status df_model_index_load(const char *dir, df_model_index **out);
 
@@ -80,7 +81,9 @@ DF_API df_status df_layout_component_dir(const char *root, const char *component
  */
 DF_API df_status df_layout_find_weights(const char *dir, char *buf, size_t cap);
 
-/* Parses `dir`/`file` (a plain file name such as "config.json"); as df_json_parse_file. */
+/* Parses `dir`/`file` (a plain file name such as "config.json"); as df_json_parse_file,
+ * and DF_E_FORMAT naming the file when its root is not a JSON object (every JSON file of a
+ * diffusers folder is one). */
 DF_API df_status df_layout_open_json(const char *dir, const char *file, df_json **out);
 
 /* df_layout_open_json(dir, "config.json", out). */
@@ -101,6 +104,9 @@ DF_API df_status df_model_check_register(const char *cls, df_model_check_fn fn);
 
 /* The checker of class `cls`, or NULL when none is registered. */
 DF_API df_model_check_fn df_model_check_find(const char *cls);
+
+/* The registered classes as "A, B, C" in buf (cap bytes, cut short if it must); returns buf. */
+DF_API const char *df_model_check_classes(char *buf, size_t cap);
 
 #ifdef __cplusplus
 }

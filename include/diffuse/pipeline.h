@@ -38,8 +38,9 @@ typedef struct df_load_opts {
     int threads;         /* 0: all cores */
     df_dtype dtype;      /* compute dtype: DF_DTYPE_F32, DF_DTYPE_BF16 or DF_DTYPE_I8 (8-bit
                             linears in the transformer and T5; docs/int8.md); 0 with auto_dtype */
-    bool auto_dtype;     /* bf16 for bf16 checkpoints on CPUs with AMX-BF16, else f32
-                            (df_cpu_auto_dtype) */
+    bool auto_dtype;     /* bf16 for bf16 checkpoints on devices whose bf16 products
+                            measure >= 1.25x f32's, else f32 (df_dtype_auto); under tensor
+                            parallelism rank 0 measures and every rank takes its choice */
     df_eager_mode mode;  /* strict eager or defer-and-fuse */
     bool compile;        /* compile the transformer's forward (static shapes, traced once
                             per image size; see compile.h); the rest runs in `mode`. With
@@ -158,8 +159,8 @@ DF_API void df_gen_output_free(df_gen_output *out);
 /* The pipeline's class ("FluxPipeline"), its context, and its default parameters. */
 DF_API const char *df_pipeline_class(const df_pipeline *p);
 DF_API df_ctx *df_pipeline_ctx(df_pipeline *p);
-/* The compute dtype the pipeline runs in and, in *why (may be NULL; static), the reason:
- * "asked for", or with auto_dtype which one was chosen for this CPU and why. */
+/* The compute dtype the pipeline runs in and, in *why (may be NULL; valid while p lives),
+ * the reason: "asked for", or with auto_dtype the measured rates and why they decided. */
 DF_API df_dtype df_pipeline_compute_dtype(const df_pipeline *p, const char **why);
 DF_API void df_pipeline_defaults(const df_pipeline *p, int *steps, float *guidance,
                                  int *max_sequence_length, int *size);

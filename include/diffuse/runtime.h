@@ -134,6 +134,29 @@ DF_API df_eager_mode df_get_eager_mode(const df_ctx *ctx);
 DF_API int df_ctx_threads(const df_ctx *ctx);
 DF_API const char *df_ctx_device_name(const df_ctx *ctx);
 
+/* How fast the context's device multiplies matrices, as the device answers it. */
+typedef struct df_matmul_rates {
+    double f32_gflops;  /* f32 products, GFLOP/s */
+    double bf16_gflops; /* bf16 products (f32 accumulation), GFLOP/s; 0: none */
+    char how[320];      /* where the numbers come from: "measured now on 16 threads ...",
+                           "measured earlier ..., cached in FILE", "given by ..." */
+} df_matmul_rates;
+
+/* Asks the context's device for its matrix product rates (the CPU measures oneDNN's f32 and
+ * bf16 products the first time and caches them in DIFFUSE_CACHE_DIR; DIFFUSE_MATMUL_RATES=
+ * "f32=N,bf16=M" answers instead). Fails with DF_E_UNSUPPORTED when the device does not
+ * say, DF_E_ARG for a malformed DIFFUSE_MATMUL_RATES; *out is zeroed on failure. */
+DF_API df_status df_ctx_matmul_rates(df_ctx *ctx, df_matmul_rates *out);
+
+/* The compute dtype --dtype auto picks: bf16 only when the device's bf16 products measured
+ * at least 1.25x its f32 ones (bf16 must pay for the precision it loses) and the checkpoint
+ * stores bf16 weights (`weights`, the transformer's dtype; DF_DTYPE_COUNT when unknown: an
+ * f32 or f16 checkpoint asks for more precision than bf16 keeps); f32 otherwise, and when
+ * `rates` is NULL (the device does not say). `why` (cap bytes, may be NULL) gets one
+ * sentence with the measured rates and the reason. */
+DF_API df_dtype df_dtype_auto(const df_matmul_rates *rates, df_dtype weights, char *why,
+                              size_t cap);
+
 /* Waits until all queued work has run; returns the context's error, if any. */
 DF_API df_status df_sync(df_ctx *ctx);
 /* An event marks a point in the context's stream: everything asked for before it. */

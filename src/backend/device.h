@@ -337,6 +337,13 @@ typedef struct df_device_ops {
     df_status (*capture_end)(df_dev_stream *s, df_dev_graph **out);
     df_status (*graph_launch)(df_dev_stream *s, df_dev_graph *g);
     void (*graph_free)(void *dev, df_dev_graph *g); /* no stream uses it any more */
+
+    /* -- optional: how fast this device multiplies matrices in f32 and in bf16, in GFLOP/s
+     * (*bf16 = 0: no bf16 products), for --dtype auto, which picks bf16 only where it is
+     * clearly faster. `how` (cap bytes) gets a few words on where the numbers come from
+     * ("measured now", "cached in FILE"). A device may measure the first time it is asked
+     * and keep the answer. Default: the device does not say (auto stays with f32). */
+    df_status (*matmul_rates)(void *dev, double *f32, double *bf16, char *how, size_t cap);
 } df_device_ops;
 
 /* The symbol a plugin library exports. Returns its table, or NULL (having written the

@@ -330,6 +330,18 @@ df_dtype df_dev_matmul_dtype(const df_device *d, df_dtype requested)
     return d->ops->matmul_dtype ? d->ops->matmul_dtype(d->impl, requested) : requested;
 }
 
+df_status df_dev_matmul_rates(const df_device *d, double *f32, double *bf16, char *how,
+                              size_t cap)
+{
+    *f32 = *bf16 = 0;
+    if (cap)
+        how[0] = '\0';
+    if (!d->ops->matmul_rates)
+        return df_errorf(DF_E_UNSUPPORTED, "device %s does not say how fast its matrix "
+                         "products are", d->name);
+    return d->ops->matmul_rates(d->impl, f32, bf16, how, cap);
+}
+
 df_status df_dev_drop_cache(const df_device *d, df_dev_stream *s, df_dev_buffer *b)
 {
     return d->ops->buffer_drop_cache ? d->ops->buffer_drop_cache(s, b) : DF_OK;

@@ -52,6 +52,9 @@ bool df_dev_supports(const struct df_device *d, const df_node *n);
 /* Whether the device has a kernel for op at all (a node with only the op set). */
 bool df_dev_has_op(const struct df_device *d, df_op op);
 df_dtype df_dev_matmul_dtype(const struct df_device *d, df_dtype requested);
+/* The device's matmul_rates answer; DF_E_UNSUPPORTED naming the device when it has none. */
+df_status df_dev_matmul_rates(const struct df_device *d, double *f32, double *bf16, char *how,
+                              size_t cap);
 df_status df_dev_drop_cache(const struct df_device *d, df_dev_stream *s, df_dev_buffer *b);
 /* The device's counters (zeros where it keeps none). */
 void df_dev_counters_get(const struct df_device *d, df_dev_counters *out);

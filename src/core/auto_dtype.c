@@ -1,35 +1,56 @@
 /*
- * The compute dtype that `--dtype auto` picks, from the CPU's features (read at run time,
- * df_cpu_features_get) and the checkpoint's dtype.
+ * The compute dtype that `--dtype auto` picks, from the device's measured matrix product
+ * rates (df_ctx_matmul_rates) and the checkpoint's dtype.
  *
- * bf16 compute is only worth its lost precision where the hardware multiplies bf16 much
- * faster than f32: AMX-BF16 tiles (4-6x oneDNN's f32 rate). With AVX512-BF16 alone oneDNN's
- * bf16 products are not reliably faster (measured from 145 against 231 GFLOP/s for f32 to
- * about twice the f32 rate, by shape and load), and without either bf16 is emulated. bf16
- * compute is also chosen only for bf16 checkpoints: an f32 or f16 checkpoint asks for more
- * precision than bf16 keeps.
+ * Feature flags do not say whether bf16 pays: oneDNN's bf16 products run about twice its
+ * f32 rate on an AMD EPYC with AVX512-BF16 and no AMX, but 0.6x on an Intel Xeon with the
+ * same flags, and 4-6x with AMX. So the device measures, and bf16 is chosen only where it is
+ * clearly faster - at least 1.25x, since it costs precision and a product is only part of a
+ * step - and only for bf16 checkpoints: an f32 or f16 checkpoint asks for more precision
+ * than bf16 keeps (the user can still ask for --dtype bf16).
  */
-#include <diffuse/cpu.h>
+#include <stdio.h>
 
-df_dtype df_cpu_auto_dtype(const df_cpu_features *cpu, df_dtype weights, const char **why)
+#include <diffuse/runtime.h>
+
+#define BF16_WORTH 1.25 /* the least bf16 / f32 rate ratio that picks bf16 */
+
+df_dtype df_dtype_auto(const df_matmul_rates *r, df_dtype weights, char *why, size_t cap)
 {
-    const char *reason;
-    df_dtype pick = DF_DTYPE_F32;
-    if (cpu->amx_bf16 && weights == DF_DTYPE_BF16) {
-        pick = DF_DTYPE_BF16;
-        reason = "the checkpoint stores bf16 weights and this CPU has AMX-BF16, where "
-                 "bf16 products are several times faster than f32";
-    } else if (cpu->amx_bf16) {
-        reason = "this CPU has AMX-BF16, but the checkpoint's weights are not bf16 (bf16 "
-                 "compute is chosen only for bf16 checkpoints)";
-    } else if (cpu->avx512_bf16) {
-        reason = "this CPU has AVX512-BF16 but no AMX-BF16; there bf16 products are not "
-                 "reliably faster than f32 and lose precision";
-    } else {
-        reason = "this CPU has no native bf16 products (no AMX-BF16 or AVX512-BF16); "
-                 "bf16 would be emulated and slower";
+    char dummy[8];
+    if (!why || cap == 0) {
+        why = dummy;
+        cap = sizeof dummy;
     }
-    if (why)
-        *why = reason;
-    return pick;
+    if (!r || !(r->f32_gflops > 0)) {
+        snprintf(why, cap, "the device does not say how fast its bf16 products are");
+        return DF_DTYPE_F32;
+    }
+    double f32 = r->f32_gflops, bf16 = r->bf16_gflops, ratio = bf16 / f32;
+    if (!(bf16 > 0)) {
+        snprintf(why, cap, "the device has no bf16 matrix products (f32 %.0f GFLOP/s; %s)", f32,
+                 r->how);
+        return DF_DTYPE_F32;
+    }
+    if (!(ratio >= BF16_WORTH)) {
+        snprintf(why, cap,
+                 "bf16 products are not clearly faster here: %.0f against f32's "
+                 "%.0f GFLOP/s (%.2fx, under %.2fx; %s)",
+                 bf16, f32, ratio, BF16_WORTH, r->how);
+        return DF_DTYPE_F32;
+    }
+    if (weights != DF_DTYPE_BF16) {
+        snprintf(why, cap,
+                 "bf16 products are %.2fx faster here (%.0f against %.0f GFLOP/s; "
+                 "%s), but the checkpoint's weights are %s, not bf16 (bf16 compute is chosen "
+                 "only for bf16 checkpoints)",
+                 ratio, bf16, f32, r->how,
+                 weights == DF_DTYPE_COUNT ? "of unknown dtype" : df_dtype_name(weights));
+        return DF_DTYPE_F32;
+    }
+    snprintf(why, cap,
+             "the checkpoint stores bf16 weights and bf16 products are %.2fx faster "
+             "here (%.0f against %.0f GFLOP/s; %s)",
+             ratio, bf16, f32, r->how);
+    return DF_DTYPE_BF16;
 }

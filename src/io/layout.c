@@ -3,8 +3,11 @@
  * configs, and the registry of per-class model checks.
  *
  * model_index.json members whose value is an array are components; any other member is a
- * pipeline setting. A component array must be [library, class] with strings or nulls, and
- * its name must be a plain name, since it becomes a folder name. Weights are looked for in
+ * pipeline setting. A component array must be [library, class] with strings or nulls; its
+ * name must be a plain name, since it becomes a folder name, and both the name and the
+ * class must be Python identifiers, since diffusers passes the name as a keyword argument
+ * and looks the class up as an attribute of its library. Every JSON file of the layout
+ * (model_index.json, config.json, scheduler_config.json, tokenizer files) is an object. Weights are looked for in
  * diffusers' order of preference; when a folder has only PyTorch pickles (.bin) we say so
  * instead of "missing", since diffuse does not read pickles. The model check registry is a
  * fixed table behind a mutex: model code registers once, inspect looks up.
@@ -29,6 +32,19 @@ struct df_model_index {
     int count;
     df_component *components;
 };
+
+/* Whether s is a Python identifier of ASCII letters, digits and '_' (not starting with a
+ * digit): every diffusers component name and every class diffuse can load is one. */
+static bool is_identifier(const char *s)
+{
+    if (!s[0] || (s[0] >= '0' && s[0] <= '9'))
+        return false;
+    for (const char *p = s; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '_'))
+            return false;
+    return true;
+}
 
 /* Reads one member as a component; *is_component is false for a setting. */
 static df_status read_component(const df_json *root, const char *key, const df_json *v,
@@ -56,6 +72,12 @@ static df_status read_component(const df_json *root, const char *key, const df_j
         return df_errorf(DF_E_FORMAT, "%s: component '%s': library and class must both be "
                          "null or both be strings", src, key);
     DF_TRY(df_path_check_inside(key, true, src, "component"));
+    if (!is_identifier(key))
+        return df_errorf(DF_E_FORMAT, "%s: component name '%.96s' is not a Python identifier "
+                         "(letters, digits and '_')", src, key);
+    if (parts[1] && !is_identifier(parts[1]))
+        return df_errorf(DF_E_FORMAT, "%s: component '%s': class '%.96s' is not a Python "
+                         "identifier (letters, digits and '_')", src, key, parts[1]);
     *c = (df_component){key, parts[0], parts[1]};
     return DF_OK;
 }
@@ -238,7 +260,15 @@ df_status df_layout_open_json(const char *dir, const char *file, df_json **out)
     char path[DF_PATH_MAX];
     DF_TRY(df_path_check_inside(file, true, dir, "file"));
     DF_TRY(join_into(dir, file, path, sizeof path));
-    return df_json_parse_file(path, out);
+    DF_TRY(df_json_parse_file(path, out));
+    if (df_json_type_of(*out) != DF_JSON_OBJECT) {
+        df_status s = df_errorf(DF_E_FORMAT, "%s: the root must be a JSON object, found %s",
+                                path, df_json_type_name(df_json_type_of(*out)));
+        df_json_free(*out);
+        *out = NULL;
+        return s;
+    }
+    return DF_OK;
 }
 
 df_status df_layout_open_config(const char *dir, df_json **out)
@@ -289,4 +319,18 @@ df_model_check_fn df_model_check_find(const char *cls)
             fn = checks[i].fn;
     pthread_mutex_unlock(&checks_lock);
     return fn;
+}
+
+const char *df_model_check_classes(char *buf, size_t cap)
+{
+    size_t used = 0;
+    if (cap)
+        buf[0] = '\0';
+    pthread_mutex_lock(&checks_lock);
+    for (int i = 0; i < n_checks && used < cap; i++) {
+        int n = snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", checks[i].cls);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    pthread_mutex_unlock(&checks_lock);
+    return buf;
 }

@@ -19,6 +19,7 @@
 
 #include "core/status.h"
 #include "models/decoder_lm.h"
+#include "models/text_config.h"
 
 static const char *const prefixes[] = {"model.language_model.", "language_model.model.", "model.",
                                        "", NULL};
@@ -36,6 +37,9 @@ static df_status read_config(const df_json *root, df_decoder_lm_config *c, int64
 {
     *c = (df_decoder_lm_config){0};
     *window = 0;
+    static const char *const classes[] = {"MistralModel", "MistralForCausalLM",
+                                          "Mistral3ForConditionalGeneration"};
+    DF_TRY(df_text_config_class(root, classes, 3));
     const df_json *text = df_json_get(root, "text_config");
     const df_json *j = df_json_is_null(text) ? root : text;
     DF_TRY(df_decoder_lm_read_common(j, 10000.0, 0, 1e-6, c));

@@ -20,7 +20,7 @@ df_status df_config_class(const df_json *cfg, const char *cls)
     const char *name = NULL;
     DF_TRY(df_json_get_string_or(cfg, "_class_name", NULL, &name));
     if (name && strcmp(name, cls) != 0)
-        return df_errorf(DF_E_FORMAT, "%s: key '_class_name' is '%s'; expected '%s'",
-                         df_json_source(cfg), name, cls);
+        return df_errorf(DF_E_UNSUPPORTED, "%s: key '_class_name': class '%.96s' is not "
+                         "supported (this loader reads %s)", df_json_source(cfg), name, cls);
     return DF_OK;
 }

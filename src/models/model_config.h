@@ -10,7 +10,8 @@
  * the file, the key, the value and the range. */
 df_status df_config_size(const df_json *cfg, const char *key, int64_t dflt, int64_t min,
                          int64_t max, int64_t *out);
-/* When the config names its "_class_name", it must be `cls`. */
+/* When the config names its "_class_name", it must be `cls`: DF_E_FORMAT when it is not a
+ * string, DF_E_UNSUPPORTED naming both classes when it is another class. */
 df_status df_config_class(const df_json *cfg, const char *cls);
 
 #endif

@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "models/decoder_lm.h"
+#include "models/text_config.h"
 
 static const char *const prefixes[] = {"model.", "", NULL};
 static const char *const skipped[] = {"lm_head.", NULL};
@@ -43,6 +44,8 @@ static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t 
 {
     *c = (df_decoder_lm_config){0};
     *window = 0;
+    static const char *const classes[] = {"Qwen3Model", "Qwen3ForCausalLM"};
+    DF_TRY(df_text_config_class(j, classes, 2));
     bool sliding;
     DF_TRY(df_json_get_bool_or(j, "use_sliding_window", false, &sliding));
     if (sliding)

@@ -95,16 +95,6 @@ static df_status offload(const df_pipeline *p, df_weight_set *ws)
     return ws && p->opts.offload != DF_OFFLOAD_NONE ? df_ws_release(ws, NULL) : DF_OK;
 }
 
-static df_status expect_class(const df_pipeline *p, const df_model_index *idx, const char *name,
-                              const char *cls)
-{
-    const df_component *c = df_model_index_find(idx, name);
-    if (c && c->cls && strcmp(c->cls, cls) != 0)
-        return df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: component '%s' is a %s; "
-                         "FluxPipeline supports %s", p->dir, name, c->cls, cls);
-    return DF_OK;
-}
-
 /* What a folder made for smaller images says (the demo pipeline, models/demo): the image
  * side is the VAE config's sample_size where it is a whole number of packed latents
  * (FLUX.1's own VAEs say 1024, FluxPipeline's default; otherwise 1024 stays), and T5 takes
@@ -143,11 +133,6 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
         return df_errorf(DF_E_OOM, "out of memory");
     p->impl = f;
     char dir[4096];
-    DF_TRY(expect_class(p, idx, "transformer", "FluxTransformer2DModel"));
-    DF_TRY(expect_class(p, idx, "vae", "AutoencoderKL"));
-    DF_TRY(expect_class(p, idx, "text_encoder", "CLIPTextModel"));
-    DF_TRY(expect_class(p, idx, "text_encoder_2", "T5EncoderModel"));
-    DF_TRY(expect_class(p, idx, "scheduler", "FlowMatchEulerDiscreteScheduler"));
 
     DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
     char path[4200];

@@ -22,9 +22,88 @@
 #include "models/loader.h"
 #include "pipelines/pipeline.h"
 
-static const df_pipeline_kind *const classes[] = {
-    &df_flux_pipeline_class, &df_sd3_pipeline_class, &df_flux2_pipeline_class,
-    &df_flux2_klein_pipeline_class};
+#define CLIP_TOKENIZER {"CLIPTokenizer", "CLIPTokenizerFast"}
+#define T5_TOKENIZER {"T5Tokenizer", "T5TokenizerFast"}
+#define SCHEDULER {"scheduler", {"FlowMatchEulerDiscreteScheduler"}}
+
+/* Tokenizers are read from their files (df_tokenizer_load decides the kind), so each slot
+ * names the classes transformers 4.x and 5.x save for that tokenizer: 5.x writes the
+ * generic TokenizersBackend where 4.x wrote PreTrainedTokenizerFast. */
+static const df_pipeline_table tables[] = {
+    {&df_flux_pipeline_class,
+     {{"transformer", {"FluxTransformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModel"}},
+      {"text_encoder_2", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", T5_TOKENIZER},
+      SCHEDULER}},
+    {&df_sd3_pipeline_class,
+     {{"transformer", {"SD3Transformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_3", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", CLIP_TOKENIZER},
+      {"tokenizer_3", T5_TOKENIZER},
+      SCHEDULER}},
+    {&df_flux2_pipeline_class,
+     {{"transformer", {"Flux2Transformer2DModel"}},
+      {"vae", {"AutoencoderKLFlux2"}},
+      {"text_encoder", {"Mistral3ForConditionalGeneration"}},
+      {"tokenizer", {"PixtralProcessor", "LlamaTokenizerFast", "LlamaTokenizer",
+                     "PreTrainedTokenizerFast", "TokenizersBackend"}},
+      SCHEDULER}},
+    {&df_flux2_klein_pipeline_class,
+     {{"transformer", {"Flux2Transformer2DModel"}},
+      {"vae", {"AutoencoderKLFlux2"}},
+      {"text_encoder", {"Qwen3ForCausalLM"}},
+      {"tokenizer", {"Qwen2Tokenizer", "Qwen2TokenizerFast", "PreTrainedTokenizerFast",
+                     "TokenizersBackend"}},
+      SCHEDULER}},
+};
+
+const df_pipeline_table *df_pipeline_tables(int *n)
+{
+    *n = (int)(sizeof tables / sizeof tables[0]);
+    return tables;
+}
+
+/* "A, B or C" of a NULL-terminated list, into buf. */
+static const char *join_names(const char *const *names, int count, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < count && names[i] && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s",
+                                 i == 0 ? "" : (i + 1 < count && names[i + 1]) ? ", " : " or ",
+                                 names[i]);
+    return buf;
+}
+
+/* Every component of the table that the index names must be one of its classes. */
+static df_status check_components(const df_pipeline *p, const df_pipeline_table *t,
+                                  const df_model_index *idx)
+{
+    for (const df_component_rule *r = t->components;
+         r < t->components + DF_PIPELINE_MAX_COMPONENTS && r->name; r++) {
+        const df_component *c = df_model_index_find(idx, r->name);
+        if (!c || !c->cls)
+            continue;
+        bool known = false;
+        for (int i = 0; i < DF_COMPONENT_MAX_CLASSES && r->classes[i] && !known; i++)
+            known = strcmp(c->cls, r->classes[i]) == 0;
+        if (!known) {
+            char list[512];
+            return df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: component '%s' is a "
+                             "%.96s; %s supports %s", p->dir, r->name, c->cls, t->kind->name,
+                             join_names(r->classes, DF_COMPONENT_MAX_CLASSES, list,
+                                        sizeof list));
+        }
+    }
+    return DF_OK;
+}
 
 bool df_pipeline_has_component(const df_model_index *idx, const char *name)
 {
@@ -133,40 +212,82 @@ df_dtype df_pipeline_checkpoint_dtype(const char *pipeline_dir)
     return most;
 }
 
+/*
+ * --dtype auto: the device's measured rates and the checkpoint's dtype decide (df_dtype_auto).
+ * Under tensor parallelism every rank must compute in the same dtype, and ranks measuring
+ * at once would slow each other down: rank 0 asks, and sends its choice and reason to the
+ * others. Every rank calls this (it holds collectives), whatever `s` its load has so far.
+ */
+static df_status choose_auto_dtype(df_pipeline *p, df_status s)
+{
+    if (df_pipeline_tp(p))
+        s = df_comm_agree(p->comm, s);
+    if (s != DF_OK)
+        return s;
+    struct {
+        int32_t dtype;
+        char why[sizeof p->dtype_why];
+    } choice = {DF_DTYPE_F32, ""};
+    if (df_pipeline_lead(p)) {
+        df_matmul_rates r;
+        df_status asked = df_ctx_matmul_rates(p->ctx, &r);
+        bool known = asked == DF_OK;
+        if (asked == DF_E_ARG)
+            s = asked; /* a malformed DIFFUSE_MATMUL_RATES is the user's to fix */
+        /* the checkpoint matters only where bf16 could be chosen: no file read elsewhere */
+        bool faster = known && r.bf16_gflops >= 1.25 * r.f32_gflops;
+        df_dtype stored = faster ? df_pipeline_checkpoint_dtype(p->dir) : DF_DTYPE_COUNT;
+        choice.dtype = (int32_t)df_dtype_auto(known ? &r : NULL, stored, choice.why,
+                                              sizeof choice.why);
+    }
+    if (df_pipeline_tp(p)) {
+        s = df_comm_agree(p->comm, s);
+        if (s == DF_OK)
+            s = df_comm_broadcast(p->comm, &choice, sizeof choice, 0);
+    }
+    if (s != DF_OK)
+        return s;
+    choice.why[sizeof choice.why - 1] = '\0';
+    p->compute = (df_dtype)choice.dtype;
+    snprintf(p->dtype_why, sizeof p->dtype_why, "%s", choice.why);
+    return df_ctx_set_compute_dtype(p->ctx, p->compute);
+}
+
 static df_status load_parts(df_pipeline *p)
 {
     df_model_index *idx = NULL;
-    DF_TRY(df_model_index_load(p->dir, &idx));
+    df_status s = df_model_index_load(p->dir, &idx); /* no early return: see choose_auto_dtype */
     const char *cls = df_model_index_class(idx);
-    for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++)
-        if (cls && strcmp(cls, classes[i]->name) == 0)
-            p->cls = classes[i];
-    df_status s = DF_OK;
-    if (!p->cls)
-        s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%s' is not "
-                      "supported (supported: FluxPipeline, StableDiffusion3Pipeline, "
-                      "Flux2Pipeline, Flux2KleinPipeline)", p->dir,
-                      cls ? cls : "(none)");
-    else if (df_comm_size(p->comm) > 1 && p->cls == &df_sd3_pipeline_class)
+    const df_pipeline_table *table = NULL;
+    const char *names[sizeof tables / sizeof tables[0] + 1] = {NULL};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        names[i] = tables[i].kind->name;
+        if (cls && strcmp(cls, names[i]) == 0)
+            table = &tables[i];
+    }
+    p->cls = table ? table->kind : NULL;
+    char list[256];
+    if (s == DF_OK && !p->cls)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%.96s' is not "
+                      "supported (supported: %s)", p->dir, cls ? cls : "(none)",
+                      join_names(names, (int)(sizeof tables / sizeof tables[0]), list,
+                                 sizeof list));
+    else if (s == DF_OK)
+        s = check_components(p, table, idx);
+    if (s == DF_OK && df_comm_size(p->comm) > 1 && p->cls == &df_sd3_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
                       "implemented for FluxPipeline, Flux2Pipeline and Flux2KleinPipeline, "
                       "not %s", p->dir, p->cls->name);
-    df_dtype compute = p->opts.dtype;
-    p->dtype_why = "asked for";
-    if (s == DF_OK && p->opts.auto_dtype) {
-        df_cpu_features cpu;
-        df_cpu_features_get(&cpu);
-        /* the checkpoint matters only where bf16 could be chosen: no file read elsewhere */
-        df_dtype stored = cpu.amx_bf16 ? df_pipeline_checkpoint_dtype(p->dir) : DF_DTYPE_COUNT;
-        compute = df_cpu_auto_dtype(&cpu, stored, &p->dtype_why);
-    }
-    p->compute = compute;
+    p->compute = p->opts.auto_dtype ? DF_DTYPE_F32 : p->opts.dtype;
+    snprintf(p->dtype_why, sizeof p->dtype_why, "asked for");
     if (s == DF_OK)
         s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
                                          .threads = p->opts.threads,
-                                         .compute = compute,
+                                         .compute = p->compute,
                                          .mode = p->opts.mode},
                           &p->ctx);
+    if (p->opts.auto_dtype)
+        s = choose_auto_dtype(p, s);
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
         s = p->cls->load(p, idx);

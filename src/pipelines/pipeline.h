@@ -23,7 +23,7 @@ struct df_pipeline {
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;
     df_dtype compute;      /* the context's compute dtype */
-    const char *dtype_why; /* why (static): "asked for", or df_cpu_auto_dtype's reason */
+    char dtype_why[512];   /* why: "asked for", or df_dtype_auto's reason */
     int64_t run_peak; /* the most weight bytes resident in any phase of the current run */
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
@@ -62,6 +62,26 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
                                     const char *name, char *buf, size_t cap);
 /* Whether the index names the component (not [null, null]). */
 bool df_pipeline_has_component(const df_model_index *idx, const char *name);
+
+/* The components a pipeline class loads, with the classes model_index.json may name for
+ * each (a component given as [null, null] is left out; one not listed is ignored, as
+ * diffusers ignores an unexpected one). One table per class, in pipeline.c: the load checks
+ * a folder against it before the class loads anything, and `diffuse inspect` has a model
+ * check for every class it names (tests/unit/test_pipeline_tables.c). */
+#define DF_PIPELINE_MAX_COMPONENTS 10
+#define DF_COMPONENT_MAX_CLASSES 6
+typedef struct df_component_rule {
+    const char *name;                                /* "transformer"; NULL ends the table */
+    const char *classes[DF_COMPONENT_MAX_CLASSES];  /* NULL-terminated */
+} df_component_rule;
+
+typedef struct df_pipeline_table {
+    const df_pipeline_kind *kind;
+    df_component_rule components[DF_PIPELINE_MAX_COMPONENTS];
+} df_pipeline_table;
+
+/* The pipeline classes this build loads; *n gets their count. */
+const df_pipeline_table *df_pipeline_tables(int *n);
 
 /* Tensor parallelism (p->comm). lead: rank 0, or the only process; tp: more than one rank.
  * tp_check: after work that ran the stream's collectives, a rank that failed there cannot

@@ -96,18 +96,6 @@ static void sd3_free(void *impl)
 
 /* --- loading ----------------------------------------------------------------------------- */
 
-static df_status expect_class(const df_pipeline *p, const df_model_index *idx, const char *name,
-                              const char *cls)
-{
-    const df_component *c = df_model_index_find(idx, name);
-    if (c && c->cls && strcmp(c->cls, cls) != 0)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s/model_index.json: component '%s' is a %s; "
-                         "StableDiffusion3Pipeline supports %s",
-                         p->dir, name, c->cls, cls);
-    return DF_OK;
-}
-
 static df_status load_tokenizer(df_pipeline *p, const df_model_index *idx, const char *name,
                                 df_tokenizer **out)
 {
@@ -186,12 +174,6 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     if (!s)
         return df_errorf(DF_E_OOM, "out of memory");
     p->impl = s;
-    DF_TRY(expect_class(p, idx, "transformer", "SD3Transformer2DModel"));
-    DF_TRY(expect_class(p, idx, "vae", "AutoencoderKL"));
-    DF_TRY(expect_class(p, idx, "text_encoder", "CLIPTextModelWithProjection"));
-    DF_TRY(expect_class(p, idx, "text_encoder_2", "CLIPTextModelWithProjection"));
-    DF_TRY(expect_class(p, idx, "text_encoder_3", "T5EncoderModel"));
-    DF_TRY(expect_class(p, idx, "scheduler", "FlowMatchEulerDiscreteScheduler"));
     if (df_pipeline_has_component(idx, "image_encoder"))
         return df_errorf(DF_E_UNSUPPORTED,
                          "%s/model_index.json: IP-Adapter image encoders are "

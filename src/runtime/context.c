@@ -16,6 +16,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "backend/registry.h"
 #include "runtime/lazy.h"
 #include "runtime/runtime.h"
 
@@ -182,6 +183,16 @@ int df_ctx_threads(const df_ctx *ctx)
 const char *df_ctx_device_name(const df_ctx *ctx)
 {
     return ctx->dev->name;
+}
+
+df_status df_ctx_matmul_rates(df_ctx *ctx, df_matmul_rates *out)
+{
+    memset(out, 0, sizeof *out);
+    df_status s = df_dev_matmul_rates(ctx->dev, &out->f32_gflops, &out->bf16_gflops, out->how,
+                                      sizeof out->how);
+    if (s != DF_OK)
+        memset(out, 0, sizeof *out);
+    return s;
 }
 
 df_status df_sync(df_ctx *ctx)

@@ -8,7 +8,9 @@
  *    additional_special_tokens, model_max_length and, in current files, added_tokens_decoder
  *    (id -> {content, lstrip, rstrip, ...});
  *  - only when it has no added_tokens_decoder (older folders) do special_tokens_map.json
- *    (overriding the config's names) and added_tokens.json (content -> id) count;
+ *    (overriding the config's names) and added_tokens.json (content -> id) count; but
+ *    special_tokens_map.json, where there is one, must be a JSON object in every folder
+ *    (tokenizer.json ones too), since transformers parses it whenever it is there;
  *  - T5Tokenizer first places <extra_id_0..extra_ids-1> at ids piece_count-1+extra_ids-i
  *    (lstrip and rstrip), unless additional_special_tokens names none of them;
  *  - every special token not yet an added token becomes one: its vocabulary id when the
@@ -239,8 +241,10 @@ static df_status read_config(config *c, const char *dir, df_tokenizer_type type)
             c->added_decoder = dec;
         }
     }
+    /* transformers reads special_tokens_map.json whenever it is there, so one that is not a
+     * JSON object fails the load; its names count only without added_tokens_decoder */
+    DF_TRY(read_json(dir, "special_tokens_map.json", &c->special_map));
     if (!c->added_decoder) { /* the legacy files count only without added_tokens_decoder */
-        DF_TRY(read_json(dir, "special_tokens_map.json", &c->special_map));
         if (c->special_map)
             DF_TRY(read_names(c, c->special_map));
         DF_TRY(read_json(dir, "added_tokens.json", &c->added_json));
@@ -470,6 +474,10 @@ df_status df_tokenizer_load(const char *dir, df_tokenizer **out)
     } else if (df_file_exists(fast)) {
         t->type = DF_TOKENIZER_BPE_JSON;
         s = df_tok_json_load(dir, &t->json);
+        df_json *special_map = NULL; /* read and checked as the slow tokenizers read it */
+        if (s == DF_OK)
+            s = read_json(dir, "special_tokens_map.json", &special_map);
+        df_json_free(special_map);
         if (s == DF_OK) {
             *out = t;
             return DF_OK;

@@ -12,7 +12,8 @@
  *  4. with add_special_tokens, truncation keeps max_length minus the post-processor's
  *     tokens (from the right unless truncation_side is "left"), the post-processor's tokens
  *     go around the ids, and padding fills to max_length on the padding side with mask 0.
- * Every added token is matched, special or not (split_special_tokens=False).
+ * Every added token is matched, special or not (split_special_tokens=False); one whose
+ * content is empty loads, as the library loads it, and never matches.
  *
  * From tokenizer_config.json, as transformers 5.x reads it: bos/eos/unk/pad_token (a string
  * or {"content": ...}; each must be a token of tokenizer.json), model_max_length,
@@ -70,10 +71,9 @@ static df_status parse_added_one(df_tok_json *t, const cJSON *it, int i, const c
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
     const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
     added_token *a = &t->added[i];
-    if (!tj_json_id(id, (double)INT32_MAX, &a->id) || !cJSON_IsString(content) ||
-        !content->valuestring[0])
+    if (!tj_json_id(id, (double)INT32_MAX, &a->id) || !cJSON_IsString(content))
         return df_errorf(DF_E_FORMAT, "%s: added_tokens[%d] needs an integer \"id\" >= 0 and a "
-                         "non-empty \"content\"", file, i);
+                         "string \"content\"", file, i);
     a->len = strlen(content->valuestring);
     static const char *const flags[] = {"lstrip", "rstrip", "normalized", "special",
                                         "single_word"};
@@ -108,7 +108,8 @@ static df_status parse_added_one(df_tok_json *t, const cJSON *it, int i, const c
     a->content = df_strdup(content->valuestring);
     if (!a->content || !df_str_map_put(&t->added_map, a->content, a->len, a->id, NULL))
         return df_errorf(DF_E_OOM, "%s: out of memory", file);
-    t->first_byte[a->normalized][(uint8_t)a->content[0]] = true;
+    if (a->len > 0) /* an empty token is kept (its id stays taken) but never matches */
+        t->first_byte[a->normalized][(uint8_t)a->content[0]] = true;
     return DF_OK;
 }
 
@@ -436,7 +437,7 @@ static int find_added(const df_tok_json *t, bool normalized, const char *s, size
         int best = -1;
         for (int k = 0; k < t->nadded; k++) {
             const added_token *a = &t->added[k];
-            if (a->normalized == normalized && a->len <= len - i &&
+            if (a->normalized == normalized && a->len > 0 && a->len <= len - i &&
                 memcmp(s + i, a->content, a->len) == 0 && (best < 0 || a->len > t->added[best].len))
                 best = k;
         }

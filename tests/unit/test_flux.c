@@ -727,7 +727,12 @@ static void test_bad_config_values_are_refused_before_the_weights(void **state)
     expect_config_error("type", "\"in_channels\": 64", "\"in_channels\": \"64\"", DF_E_FORMAT,
                         "in_channels");
     expect_config_error("class", "\"FluxTransformer2DModel\"", "\"SD3Transformer2DModel\"",
-                        DF_E_FORMAT, "_class_name");
+                        DF_E_UNSUPPORTED, "_class_name");
+    expect_config_error("class-3d", "\"FluxTransformer2DModel\"", "\"FluxTransformer3DModel\"",
+                        DF_E_UNSUPPORTED, "class 'FluxTransformer3DModel' is not supported "
+                        "(this loader reads FluxTransformer2DModel)");
+    expect_config_error("class-number", "\"FluxTransformer2DModel\"", "3", DF_E_FORMAT,
+                        "'_class_name': expected a string");
 }
 
 /* A folder with the golden config (edited) and the golden weights (edited by `edit`). */

@@ -541,7 +541,7 @@ static void test_bad_configs_are_refused_naming_the_key(void **state)
 {
     (void)state;
     expect_load_error(DEV_CASE, "\"Flux2Transformer2DModel\"", "\"FluxTransformer2DModel\"",
-                      DF_E_FORMAT, "_class_name", "Flux2Transformer2DModel");
+                      DF_E_UNSUPPORTED, "_class_name", "Flux2Transformer2DModel");
     expect_load_error(DEV_CASE, "\"patch_size\": 1", "\"patch_size\": 2", DF_E_UNSUPPORTED,
                       "patch_size", NULL);
     expect_load_error(DEV_CASE, "\"attention_head_dim\": 16", "\"attention_head_dim\": 20",

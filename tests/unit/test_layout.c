@@ -69,6 +69,15 @@ static const bad_mi bad_model_indexes[] = {
     {"component empty", "{\"\": [\"diffusers\", \"AutoencoderKL\"]}", "empty"},
     {"not an object", "[\"vae\"]", "must be a JSON object"},
     {"class name not a string", "{\"_class_name\": 3}", "'_class_name'"},
+    {"class a path", "{\"vae\": [\"diffusers\", \"../../etc/passwd\"]}",
+     "component 'vae': class '../../etc/passwd' is not a Python identifier"},
+    {"class with a space", "{\"vae\": [\"diffusers\", \"Autoencoder KL\"]}",
+     "not a Python identifier"},
+    {"class empty", "{\"vae\": [\"diffusers\", \"\"]}", "not a Python identifier"},
+    {"component with -", "{\"text-encoder\": [\"transformers\", \"T5EncoderModel\"]}",
+     "component name 'text-encoder' is not a Python identifier"},
+    {"component from a digit", "{\"2vae\": [\"diffusers\", \"AutoencoderKL\"]}",
+     "not a Python identifier"},
 };
 
 static void test_bad_model_index(void **state)
@@ -86,6 +95,35 @@ static void test_bad_model_index(void **state)
         assert_null(idx);
         df_json_free(j);
     }
+}
+
+/* Every JSON file of a folder is an object: df_layout_open_json refuses another root,
+ * naming the file, and so does loading model_index.json. */
+static void test_json_root_must_be_an_object(void **state)
+{
+    (void)state;
+    char dir[600], path[800];
+    test_dir("layout-roots", dir, sizeof dir);
+    static const char *const roots[][2] = {{"[]", "found array"}, {"\"x\"", "found string"},
+                                           {"null", "found null"}, {"1", "found number"}};
+    for (size_t i = 0; i < sizeof roots / sizeof roots[0]; i++) {
+        write_text(path_in(dir, "config.json", path, sizeof path), roots[i][0]);
+        df_json *j = (df_json *)1;
+        assert_int_equal(df_layout_open_config(dir, &j), DF_E_FORMAT);
+        assert_null(j);
+        assert_non_null(strstr(df_error_message(), path));
+        assert_non_null(strstr(df_error_message(), roots[i][1]));
+        write_text(path_in(dir, "model_index.json", path, sizeof path), roots[i][0]);
+        df_model_index *idx = (df_model_index *)1;
+        assert_int_equal(df_model_index_load(dir, &idx), DF_E_FORMAT);
+        assert_null(idx);
+        assert_non_null(strstr(df_error_message(), path));
+        assert_non_null(strstr(df_error_message(), roots[i][1]));
+    }
+    write_text(path_in(dir, "config.json", path, sizeof path), "{}");
+    df_json *j = NULL;
+    assert_int_equal(df_layout_open_config(dir, &j), DF_OK);
+    df_json_free(j);
 }
 
 static void touch(const char *dir, const char *name)
@@ -274,6 +312,7 @@ int main(void)
         cmocka_unit_test(test_model_index), cmocka_unit_test(test_bad_model_index),
         cmocka_unit_test(test_folders),     cmocka_unit_test(test_registry),
         cmocka_unit_test(test_golden_folders),
+        cmocka_unit_test(test_json_root_must_be_an_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

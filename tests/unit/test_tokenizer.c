@@ -932,6 +932,11 @@ static void test_consistency_rules(void **state)
          "special_tokens_map.json:1:", "invalid JSON"},
         {GOOD_VOCAB, GOOD_MERGES, NULL, "{\"pad_token\": \"<pad>\"}", NULL,
          "special_tokens_map.json", "pad_token '<pad>' is neither"},
+        /* parsed even where added_tokens_decoder makes its names unused */
+        {GOOD_VOCAB, GOOD_MERGES, "{\"added_tokens_decoder\": {}}", "{\"pad_token\": ", NULL,
+         "special_tokens_map.json:1:", "invalid JSON"},
+        {GOOD_VOCAB, GOOD_MERGES, "{\"added_tokens_decoder\": {}}", "[\"<pad>\"]", NULL,
+         "special_tokens_map.json", "expected a JSON object, found array"},
         {GOOD_VOCAB, GOOD_MERGES, NULL, NULL, "{\"<new>\": \"5\"}",
          "added_tokens.json: key '<new>'", "found string"},
         {GOOD_VOCAB, GOOD_MERGES, NULL, NULL, "{\"<new>\": -5}", "added_tokens.json",
@@ -980,6 +985,48 @@ static void test_consistency_rules(void **state)
     df_tokenizer_free(t);
 #undef GOOD_VOCAB
 #undef GOOD_MERGES
+}
+
+/* A tokenizer.json folder parses special_tokens_map.json too, as transformers does: one that
+ * is not a JSON object fails the load naming it; a good one changes nothing. */
+static void test_special_tokens_map_of_a_tokenizer_json_folder(void **state)
+{
+    (void)state;
+    char src[1024];
+    golden_dir(src, sizeof src, "tok-qwen3", "tokenizer");
+    const char *dir = tmp_dir("json-special-map");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp '%s/tokenizer.json' '%s/tokenizer_config.json' '%s/'", src,
+             src, dir);
+    assert_int_equal(system(cmd), 0);
+    df_tokenizer *t = load(dir);
+    df_tokens want;
+    assert_int_equal(df_tokenizer_encode(t, "a red fox", 9, NULL, &want), DF_OK);
+    df_tokenizer_free(t);
+    static const char *const bad[][2] = {{"{\"pad_token\": \"<|endoftext|>\",", "invalid JSON"},
+                                         {"\"<|endoftext|>\"", "expected a JSON object"},
+                                         {"", "invalid JSON"}};
+    char path[1200];
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_in(dir, "special_tokens_map.json", bad[i][0]);
+        t = (df_tokenizer *)1;
+        df_status s = df_tokenizer_load(dir, &t);
+        if (s != DF_E_FORMAT || !strstr(df_error_message(), path) ||
+            !strstr(df_error_message(), bad[i][1]))
+            fail_msg("case %zu: got %s '%s', expected DF_E_FORMAT naming %s and '%s'", i,
+                     df_status_name(s), df_error_message(), path, bad[i][1]);
+        assert_null(t);
+    }
+    write_in(dir, "special_tokens_map.json", "{\"pad_token\": \"<|endoftext|>\"}");
+    t = load(dir);
+    df_tokens got;
+    assert_int_equal(df_tokenizer_encode(t, "a red fox", 9, NULL, &got), DF_OK);
+    assert_int_equal(got.count, want.count);
+    assert_memory_equal(got.ids, want.ids, (size_t)want.count * sizeof *want.ids);
+    df_tokens_deinit(&got);
+    df_tokens_deinit(&want);
+    df_tokenizer_free(t);
 }
 
 /* spiece.model: a piece whose score is not finite would poison every lattice sum. */
@@ -1191,6 +1238,7 @@ int main(void)
         cmocka_unit_test(test_golden_clip_l),
         cmocka_unit_test(test_golden_clip_g),
         cmocka_unit_test(test_golden_t5),
+        cmocka_unit_test(test_special_tokens_map_of_a_tokenizer_json_folder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -311,6 +311,41 @@ static void test_added_tokens(void **state)
     df_tok_json_free(t);
 }
 
+/* An added token whose content is empty loads (the Rust library loads it) and never
+ * matches: every text encodes as without it, its id stays taken. */
+static void test_empty_added_token(void **state)
+{
+    (void)state;
+    spec s = {.vocab = "\"a\": 0, \"b\": 1, \" \": 2, \"<x>\": 3",
+              .added = "[" ADDED("<x>", 3, "") "]"};
+    spec e = s;
+    e.added = "[" ADDED("", 4, ", \"normalized\": false, \"lstrip\": true") ", "
+              ADDED("<x>", 3, "") "]";
+    e.norm = "{\"type\": \"NFC\"}";
+    s.norm = e.norm;
+    df_tok_json *plain = load(&s, NULL), *empty = load(&e, NULL);
+    static const char *const texts[] = {"", "a", "ab <x>b", "<x><x>", " a  b ", "c"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        df_tokens want, got;
+        const char *t = texts[i];
+        assert_int_equal(df_tok_json_encode(plain, t, strlen(t), NULL, true, &want), DF_OK);
+        assert_int_equal(df_tok_json_encode(empty, t, strlen(t), NULL, true, &got), DF_OK);
+        if (got.count != want.count ||
+            memcmp(got.ids, want.ids, (size_t)want.count * sizeof *want.ids) != 0)
+            fail_msg("'%s': %lld ids with the empty added tokens, %lld without", t,
+                     (long long)got.count, (long long)want.count);
+        df_tokens_deinit(&want);
+        df_tokens_deinit(&got);
+    }
+    expect_ids(empty, "ab <x>b", true, IDS(0, 1, 2, 3, 1));
+    assert_string_equal(df_tok_json_id_to_piece(empty, 4), "");
+    df_tok_json_free(plain);
+    df_tok_json_free(empty);
+    /* its id is still its own: another token on it is refused */
+    e.added = "[" ADDED("", 3, "") "]";
+    expect_error(&e, NULL, DF_E_FORMAT, "added_tokens[0]", "'<x>'");
+}
+
 #define TEMPLATE_POST                                                                          \
     "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", "    \
     "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": "  \
@@ -639,6 +674,7 @@ int main(void)
         cmocka_unit_test(test_byte_level),
         cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_empty_added_token),
         cmocka_unit_test(test_template_truncation_padding),
         cmocka_unit_test(test_llama_class),
         cmocka_unit_test(test_byte_level_llama_class),

@@ -9,6 +9,27 @@
 
 #include "cli.h"
 
+/* What --dtype auto sees of the device: its matrix product rates, and the pick for a bf16
+ * checkpoint. */
+static void print_rates(const char *device)
+{
+    df_ctx *ctx;
+    df_matmul_rates r;
+    if (df_ctx_create(&(df_ctx_opts){.device = device}, &ctx) != DF_OK) {
+        printf("%-10s matmul rates: cannot open the device: %s\n", "", df_error_message());
+        return;
+    }
+    if (df_ctx_matmul_rates(ctx, &r) != DF_OK) {
+        printf("%-10s matmul rates: %s\n", "", df_error_message());
+    } else {
+        printf("%-10s matmul f32 %.0f GFLOP/s, bf16 %.0f GFLOP/s (%s)\n", "", r.f32_gflops,
+               r.bf16_gflops, r.how);
+        printf("%-10s --dtype auto: %s for bf16 checkpoints, f32 for others\n", "",
+               df_dtype_name(df_dtype_auto(&r, DF_DTYPE_BF16, NULL, 0)));
+    }
+    df_ctx_free(ctx);
+}
+
 int cmd_devices(int argc, char **argv)
 {
     bool all = false;
@@ -44,6 +65,7 @@ int cmd_devices(int argc, char **argv)
         if (d[i].memory_free)
             printf(" (%.1f GiB free)", (double)d[i].memory_free / (1u << 30));
         printf("\n%-10s %s\n", "", caps[0] ? caps : "(no capabilities: ops one by one)");
+        print_rates(d[i].device);
     }
     return n > 0 ? 0 : 1;
 }

@@ -8,7 +8,10 @@
  * weight against the config. Tensors are listed with dtype, shape and bytes, then totals.
  *
  * Broken input prints one line on stderr ("error: " and the library's message, which names
- * the file and what is wrong) and exits 1; a usage error exits 2. Names from files are
+ * the file and what is wrong) and exits 1; a usage error exits 2. A pipeline folder this
+ * build cannot load (no model_index.json, a pipeline or component class it does not
+ * implement) is broken input too: what was found is listed on stdout first, then the one
+ * line "error: pipeline not loadable by this build: ..." says why. Names from files are
  * printed with control characters escaped, so a hostile tensor name can neither break the
  * one-line rule nor drive the terminal. SIGPIPE is ignored (`inspect ... | head` must not
  * kill us); a failed write to stdout is reported as an error instead.
@@ -28,6 +31,7 @@
 typedef struct inspect {
     bool summary;      /* no per-tensor lines */
     bool model_checks; /* load each component of a known class on its own */
+    bool lone;         /* PATH is one component folder: a class it cannot load is an error */
     int components;
     int files;
     int64_t tensors;
@@ -182,13 +186,16 @@ static int check_json_files(const char *dir, bool *has_config)
     return rc;
 }
 
-/* The class a config.json names: diffusers' "_class_name" or transformers' "architectures". */
-static const char *config_class(const df_json *cfg)
+/* The class a config.json names: diffusers' "_class_name" (which must be a string) or
+ * transformers' "architectures". */
+static df_status config_class(const df_json *cfg, const char **out)
 {
-    const char *cls = df_json_string(df_json_get(cfg, "_class_name"));
-    if (!cls)
-        cls = df_json_string(df_json_array_get(df_json_get(cfg, "architectures"), 0));
-    return cls;
+    df_status s = df_json_get_string_or(cfg, "_class_name", NULL, out);
+    if (s != DF_OK)
+        return s;
+    if (!*out)
+        *out = df_json_string(df_json_array_get(df_json_get(cfg, "architectures"), 0));
+    return DF_OK;
 }
 
 /* The tensors of a Mistral / Mistral3 text encoder that loading skips unread (vision
@@ -229,8 +236,11 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
     df_json *cfg = NULL;
     if (has_config && df_layout_open_config(dir, &cfg) != DF_OK)
         return fail();
-    if (!cls && cfg)
-        cls = config_class(cfg);
+    bool own_class = !cls; /* the folder's own config names it, not a pipeline's index */
+    if (!cls && cfg && config_class(cfg, &cls) != DF_OK) {
+        df_json_free(cfg);
+        return fail();
+    }
     printf("component ");
     put_clean(stdout, label);
     if (cls) {
@@ -252,7 +262,16 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
         rc = fail(); /* a model config without weights, or only .bin files */
     }
     df_model_check_fn check = cls && in->model_checks ? df_model_check_find(cls) : NULL;
-    if (rc == 0 && check) {
+    if (rc == 0 && in->lone && own_class && cls && in->model_checks && !check) {
+        char known[2048];
+        fputs("error: ", stderr);
+        put_clean(stderr, dir);
+        fputs("/config.json: class '", stderr);
+        put_clean(stderr, cls);
+        fprintf(stderr, "' is not one this build loads (it loads %s)\n",
+                df_model_check_classes(known, sizeof known));
+        rc = 1;
+    } else if (rc == 0 && check) {
         if (check(dir, cfg, w) != DF_OK)
             rc = fail();
         else if (w)
@@ -267,27 +286,120 @@ static int inspect_component(inspect *in, const char *dir, const char *label, co
     return rc;
 }
 
+/* The one error line of a folder this build cannot load. */
+static int not_loadable(const char *why)
+{
+    fputs("error: pipeline not loadable by this build: ", stderr);
+    put_clean(stderr, why);
+    fputc('\n', stderr);
+    return 1;
+}
+
+/* Whether `dir` holds a file `name`. */
+static bool has_file(const char *dir, const char *name)
+{
+    char path[DF_PATH_MAX + 64];
+    struct stat sb;
+    int n = snprintf(path, sizeof path, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof path && stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* Whether `dir` looks like a component folder: a config, tokenizer files or weights. */
+static bool is_component_folder(const char *dir)
+{
+    static const char *const marks[] = {"config.json", "scheduler_config.json",
+                                        "tokenizer_config.json", "tokenizer.json", "vocab.json",
+                                        "spiece.model"};
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++)
+        if (has_file(dir, marks[i]))
+            return true;
+    char w[DF_PATH_MAX];
+    return df_layout_find_weights(dir, w, sizeof w) != DF_E_IO;
+}
+
+/* Lists and checks, by the classes their configs name, the component folders under `dir`
+ * (subfolders holding a config, tokenizer files or weights): what a pipeline folder without
+ * a readable model_index.json still holds. */
+static int list_component_folders(inspect *in, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fail_msg(dir, "cannot open the folder");
+    char *names[64];
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) && n < 64;) {
+        char sub[DF_PATH_MAX];
+        struct stat sb;
+        snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+        if (e->d_name[0] != '.' && stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode) &&
+            is_component_folder(sub))
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], by_str);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        char sub[DF_PATH_MAX];
+        snprintf(sub, sizeof sub, "%s/%s", dir, names[i] ? names[i] : "");
+        if (rc == 0 && names[i])
+            rc = inspect_component(in, sub, names[i], NULL);
+        free(names[i]);
+    }
+    return rc;
+}
+
+/*
+ * A folder without model_index.json: a component folder, or a pipeline folder that lost its
+ * index, told apart by what it holds. The latter's component folders are listed, then it
+ * is an error: without the index there is no pipeline class and no list of components.
+ */
+static int inspect_folder(inspect *in, const char *dir)
+{
+    if (is_component_folder(dir)) {
+        in->lone = true;
+        return inspect_component(in, dir, dir, NULL);
+    }
+    printf("pipeline ");
+    put_clean(stdout, dir);
+    printf(": no model_index.json\n");
+    int before = in->components;
+    if (list_component_folders(in, dir))
+        return 1;
+    char why[DF_PATH_MAX + 256];
+    snprintf(why, sizeof why, "%s/model_index.json: no such file; a pipeline folder needs it "
+             "to name its class and components (%s)", dir,
+             in->components > before
+                 ? "its component folders are listed above"
+                 : "and this folder holds no component folder, config or weights either");
+    return not_loadable(why);
+}
+
 /*
  * A pipeline folder gets the checks of a load because it is loaded (the weights are mapped,
- * not read): every component the class needs, with its class, config and weights. A
- * pipeline class this build cannot load is said so on stdout; then each component of a
- * known class is loaded on its own.
+ * not read): every component the class needs, with its class, config and weights. When it
+ * does not load (a class this build does not implement, a broken file, an index that
+ * cannot be read) each component of a known class is loaded on its own while it is listed,
+ * and the load's message ends the listing as "pipeline not loadable by this build" - unless
+ * a component's own check failed first, whose message is then the one line.
  */
 static int inspect_pipeline(inspect *in, const char *dir)
 {
     df_model_index *idx;
-    if (df_model_index_load(dir, &idx) != DF_OK)
-        return fail();
-    df_pipeline *p = NULL;
-    df_status s = df_pipeline_load(dir, NULL, &p);
-    df_pipeline_free(p);
-    if (s != DF_OK && s != DF_E_UNSUPPORTED) {
-        df_model_index_free(idx);
-        return fail();
+    char why[1024] = "";
+    if (df_model_index_load(dir, &idx) != DF_OK) { /* list the folders, then say why */
+        snprintf(why, sizeof why, "%s", df_error_message());
+        printf("pipeline ");
+        put_clean(stdout, dir);
+        printf(": model_index.json cannot be read\n");
+        return list_component_folders(in, dir) ? 1 : not_loadable(why);
     }
-    char unsupported[1024] = "";
-    if (s == DF_E_UNSUPPORTED)
-        snprintf(unsupported, sizeof unsupported, "%s", df_error_message());
+    df_pipeline *p = NULL;
+    /* an explicit dtype: --dtype auto would measure the CPU, which a listing does not need */
+    df_status s = df_pipeline_load(dir, &(df_load_opts){.threads = 1, .dtype = DF_DTYPE_F32},
+                                   &p);
+    df_pipeline_free(p);
+    if (s != DF_OK)
+        snprintf(why, sizeof why, "%s", df_error_message());
     in->model_checks = s != DF_OK;
     const char *cls = df_model_index_class(idx);
     const char *ver = df_json_string(df_json_get(df_model_index_json(idx), "_diffusers_version"));
@@ -318,15 +430,35 @@ static int inspect_pipeline(inspect *in, const char *dir)
         else
             rc = inspect_component(in, cdir, c->name, c->cls);
     }
-    if (rc == 0 && unsupported[0]) {
-        printf("pipeline not loadable by this build: ");
-        put_clean(stdout, unsupported);
-        printf("\n");
+    if (rc == 0 && why[0]) {
+        rc = not_loadable(why);
     } else if (rc == 0) {
         printf("pipeline loads: every component matches its class and config\n");
     }
     df_model_index_free(idx);
     return rc;
+}
+
+/* `path`, a .json file, parsed as a diffusers folder's JSON files are read: an object. */
+static int inspect_json_file(inspect *in, const char *path)
+{
+    char dir[DF_PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (slash)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        snprintf(dir, sizeof dir, ".");
+    if (slash && slash == path)
+        snprintf(dir, sizeof dir, "/");
+    df_json *j;
+    if (df_layout_open_json(dir, slash ? slash + 1 : path, &j) != DF_OK)
+        return fail();
+    printf("json ");
+    put_clean(stdout, path);
+    printf(": valid (object of %lld keys)\n", (long long)df_json_object_size(j));
+    df_json_free(j);
+    in->files++;
+    return 0;
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -345,24 +477,12 @@ static int inspect_path(inspect *in, const char *path)
         snprintf(probe, sizeof probe, "%s/model_index.json", path);
         if (stat(probe, &sb) == 0)
             return inspect_pipeline(in, path);
-        return inspect_component(in, path, path, NULL);
+        return inspect_folder(in, path);
     }
     if (!S_ISREG(sb.st_mode))
         return fail_msg(path, "not a regular file or folder");
-    if (ends_with(path, ".json") && !ends_with(path, ".safetensors.index.json")) {
-        df_json *j;
-        if (df_json_parse_file(path, &j) != DF_OK)
-            return fail();
-        printf("json ");
-        put_clean(stdout, path);
-        printf(": valid (%s", df_json_type_name(df_json_type_of(j)));
-        if (df_json_type_of(j) == DF_JSON_OBJECT)
-            printf(" of %lld keys", (long long)df_json_object_size(j));
-        printf(")\n");
-        df_json_free(j);
-        in->files++;
-        return 0;
-    }
+    if (ends_with(path, ".json") && !ends_with(path, ".safetensors.index.json"))
+        return inspect_json_file(in, path);
     return inspect_weights_file(in, path);
 }
 

@@ -598,6 +598,12 @@ static df_dtype cpu_matmul_dtype(void *impl, df_dtype requested)
     return df_gemm_compute_dtype(requested);
 }
 
+static df_status cpu_matmul_rates(void *impl, double *f32, double *bf16, char *how, size_t cap)
+{
+    const cpu_device *d = impl;
+    return df_cpu_matmul_rates(d->threads, f32, bf16, how, cap);
+}
+
 static df_status cpu_comm_create(void *impl, const df_host_comm *host, df_dev_comm **out)
 {
     df_dev_comm *c = df_calloc(1, sizeof *c);
@@ -684,6 +690,7 @@ static const df_device_ops cpu_ops = {
     .stream_throttle   = cpu_stream_throttle,
     .supports          = cpu_supports,
     .matmul_dtype      = cpu_matmul_dtype,
+    .matmul_rates      = cpu_matmul_rates,
     .comm_create       = cpu_comm_create,
     .comm_free         = cpu_comm_free,
     .collective        = cpu_collective,

@@ -112,6 +112,11 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
  * asked and the provider can compute in bf16 on this CPU, else DF_DTYPE_F32. */
 df_dtype df_gemm_compute_dtype(int requested);
 
+/* The rates (GFLOP/s) of oneDNN's f32 and bf16 products on `threads` threads (bf16 0 where
+ * oneDNN has none), measured once and cached by CPU, ISA, oneDNN version and threads
+ * (matmul_rates.c); `how` says where they come from. DIFFUSE_MATMUL_RATES overrides. */
+df_status df_cpu_matmul_rates(int threads, double *f32, double *bf16, char *how, size_t cap);
+
 /* f32 -> bf16, round to nearest even, vectorised, on the calling thread alone. */
 void df_gemm_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);
 
