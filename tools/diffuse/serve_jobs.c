@@ -21,6 +21,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,7 +415,8 @@ static void run_job(serve_job *j)
         }
         j->skip = false;
         j->image_index = i + 1;
-        j->step = 0;
+        if (s == DF_OK && i + 1 < j->req.images)
+            j->step = 0; /* a stopped job keeps the step it reached */
         j->version++;
         changed();
         serve_unlock();
@@ -457,6 +461,9 @@ static void *worker(void *arg)
         changed();
         serve_unlock();
         run_job(next);
+#ifdef __GLIBC__
+        malloc_trim(0); /* a long-running server gives back what a run freed */
+#endif
         serve_lock();
         S.current = NULL;
         unref(next);
@@ -468,6 +475,11 @@ static void *worker(void *arg)
 
 int serve_jobs_start(const serve_options *o)
 {
+#ifdef __GLIBC__
+    /* One connection, one thread: without a bound glibc gives threads arenas of their own
+     * that keep what they freed, and the server's memory creeps up with its connections. */
+    mallopt(M_ARENA_MAX, 2);
+#endif
     S.n_models = o->n_models;
     for (int i = 0; i < o->n_models; i++) {
         S.models[i].dir = o->model_dirs[i];
