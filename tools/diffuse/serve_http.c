@@ -751,7 +751,7 @@ static enum MHD_Result send_output(struct MHD_Connection *c, const char *name)
 
 typedef enum route_id {
     R_PAGE, R_TXT2IMG, R_SD_MODELS, R_OPTIONS, R_SAMPLERS, R_SCHEDULERS, R_PROGRESS,
-    R_INTERRUPT, R_SKIP, R_GENERATIONS, R_MODELS, R_JOBS,
+    R_INTERRUPT, R_SKIP, R_SCRIPTS, R_GENERATIONS, R_MODELS, R_JOBS,
 } route_id;
 
 static const struct {
@@ -768,6 +768,7 @@ static const struct {
     {"/sdapi/v1/progress", "GET", R_PROGRESS},
     {"/sdapi/v1/interrupt", "POST", R_INTERRUPT},
     {"/sdapi/v1/skip", "POST", R_SKIP},
+    {"/sdapi/v1/scripts", "GET", R_SCRIPTS},
     {"/v1/images/generations", "POST", R_GENERATIONS},
     {"/v1/models", "GET", R_MODELS},
     {"/v1/jobs", "POST", R_JOBS},
@@ -828,6 +829,11 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
         case R_PROGRESS: return a1111_progress(c);
         case R_INTERRUPT: return a1111_stop(c, false);
         case R_SKIP: return a1111_stop(c, true);
+        case R_SCRIPTS: { /* clients ask which extensions exist: none */
+            serve_buf b = {0};
+            serve_buf_puts(&b, "{\"txt2img\": [], \"img2img\": []}");
+            return send_json(c, 200, &b);
+        }
         case R_GENERATIONS: return openai_generate(c, rq);
         case R_MODELS: return openai_models(c);
         case R_JOBS: return jobs_post(c, rq);
