@@ -1,4 +1,6 @@
 # diffuse serve (tools/diffuse/serve*.c, docs/server.md):
+#   server/library   what the library grew for it: on_step cancellation, PNG in memory,
+#                    host_step as a run parameter, the log hook (cmocka, models/demo)
 #   server/request   the request layer: base64, JSON escaping, both protocols' bodies (cmocka)
 #   server/api       every endpoint and error status against models/demo (stdlib Python)
 #   server/load      8 clients for 20 s with cancels and hang-ups; RSS flat (not under the
@@ -15,6 +17,19 @@ if(CMOCKA_FOUND)
   set_target_properties(test_serve_request PROPERTIES RUNTIME_OUTPUT_DIRECTORY
                         ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME server/request COMMAND test_serve_request)
+  if(EXISTS ${CMAKE_SOURCE_DIR}/models/demo/model_index.json)
+    add_executable(test_serve_library ${CMAKE_SOURCE_DIR}/tests/server/test_serve_library.c)
+    target_include_directories(test_serve_library PRIVATE ${CMAKE_SOURCE_DIR}/src)
+    target_compile_definitions(test_serve_library PRIVATE _GNU_SOURCE
+                               DF_DEMO_MODEL="${CMAKE_SOURCE_DIR}/models/demo"
+                               DF_TEST_TMP="${CMAKE_BINARY_DIR}/test-tmp")
+    target_compile_options(test_serve_library PRIVATE ${DF_WARN} ${DF_SAN})
+    target_link_libraries(test_serve_library PRIVATE diffuse_static PkgConfig::CMOCKA)
+    set_target_properties(test_serve_library PROPERTIES RUNTIME_OUTPUT_DIRECTORY
+                          ${CMAKE_BINARY_DIR}/tests)
+    add_test(NAME server/library COMMAND test_serve_library)
+    set_tests_properties(server/library PROPERTIES TIMEOUT 300)
+  endif()
 endif()
 
 find_package(Python3 COMPONENTS Interpreter)
