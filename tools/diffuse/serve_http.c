@@ -377,7 +377,7 @@ static enum MHD_Result a1111_options_post(struct MHD_Connection *c, request_ctx 
             serve_model_set_default(m);
         serve_unlock();
         if (m < 0) {
-            snprintf(msg, sizeof msg, "sd_model_checkpoint: unknown model '%.200s'; available: %s",
+            snprintf(msg, sizeof msg, "sd_model_checkpoint: unknown model '%.200s'; available: %.400s",
                      name, names);
             ok = send_error(c, 400, "sd_model_checkpoint", msg);
         } else {

@@ -215,7 +215,7 @@ int serve_job_submit(serve_request *req, serve_job **out, serve_error *err)
         serve_model_list_text(names, sizeof names);
         err->status = rc = 400;
         snprintf(err->param, sizeof err->param, "model");
-        snprintf(err->message, sizeof err->message, "unknown model '%.200s'; available: %s",
+        snprintf(err->message, sizeof err->message, "unknown model '%.200s'; available: %.280s",
                  req->model, names);
     } else if (S.loading) {
         err->status = rc = 503;
