@@ -64,7 +64,7 @@ def read_events(s, job, limit=600):
 
 
 s = Server(diffuse, "-m", model, "-m", os.path.join(tmp, "demo2"), "-m", os.path.join(tmp, "broken"),
-           "--outputs", os.path.join(tmp, "outputs"), "--queue", "2", "--threads", "2")
+           "--outputs", os.path.join(tmp, "outputs"), "--queue", "2", "--threads", "1")
 s.wait_ready()
 
 # ---- the page and the listings
@@ -245,7 +245,7 @@ check(True, "cancelled while waiting and while running")
 s.stop()
 
 # ---- the API key
-s = Server(diffuse, "-m", model, "--api-key", "sekrit", "--threads", "2")
+s = Server(diffuse, "-m", model, "--api-key", "sekrit", "--threads", "1")
 s.auth = {"Authorization": "Bearer sekrit"}
 s.wait_ready()
 st, _, hdr = s.request("GET", "/v1/models")

@@ -46,7 +46,7 @@ def check_drawn(images_and_scenes, who):
 
 
 s = Server(diffuse, "-m", model, "--api-key", KEY, "--outputs", os.path.join(out, "outputs"),
-           "--threads", "2")
+           "--threads", "1")
 s.auth = {"Authorization": "Bearer " + KEY}
 s.wait_ready()
 cases = held_out_scenes(4)

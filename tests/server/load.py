@@ -29,7 +29,7 @@ PROMPTS = ["a large yellow circle in the top left corner on a blue background",
            "two small red squares on a white background",
            "a green triangle in the bottom right corner on a black background"]
 
-s = Server(diffuse, "-m", model, "--queue", "64", "--threads", "2")
+s = Server(diffuse, "-m", model, "--queue", "64", "--threads", "1")
 s.wait_ready()
 # The first request of each image size the clients use: a new size builds per-size state
 # once (about 1.4 MiB for the demo's 32x32 after 64x64), which is not growth under load.

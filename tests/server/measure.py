@@ -43,7 +43,7 @@ def first_step_server(s):
 
 def first_step_cli():
     t0 = time.time()
-    p = subprocess.Popen([diffuse, "generate", "-m", model, "-p", PROMPT, "--threads", "2",
+    p = subprocess.Popen([diffuse, "generate", "-m", model, "-p", PROMPT, "--threads", "1",
                           "-o", "/tmp/measure-cli.png"], stderr=subprocess.PIPE, text=True)
     first = None
     for line in p.stderr:
@@ -53,7 +53,7 @@ def first_step_cli():
     return first
 
 
-s = Server(diffuse, "-m", model, "--threads", "2", "--queue", "64")
+s = Server(diffuse, "-m", model, "--threads", "1", "--queue", "64")
 s.wait_ready()
 first_step_server(s)  # the first run of a size builds per-size state
 srv = [first_step_server(s) for _ in range(n)]
