@@ -77,8 +77,13 @@ static void test_on_step_cancels_and_the_next_run_is_unchanged(void **state)
     for (int at = 0; at <= 3; at++) {
         stopper s = {.stop_at = at};
         df_gen_output out;
-        df_gen_params g = {.prompt = PROMPT, .width = 64, .height = 64, .steps = 4, .seed = 42,
-                           .on_step = stop_at, .progress_user = &s};
+        df_gen_params g = {.prompt = PROMPT,
+                           .width = 64,
+                           .height = 64,
+                           .steps = 4,
+                           .seed = 42,
+                           .on_step = stop_at,
+                           .progress_user = &s};
         assert_int_equal(df_pipeline_run(pipe_, &g, &out), DF_E_CANCELLED);
         assert_non_null(strstr(df_error_message(), "cancelled"));
         assert_int_equal(out.count, 0);

@@ -32,8 +32,8 @@ static void test_base64_rfc4648_vectors(void **state)
         serve_buf_free(&b);
     }
     uint8_t out[16];
-    assert_int_equal(serve_base64_decode("Zm9v!", 5, out), -1);  /* not in the alphabet */
-    assert_int_equal(serve_base64_decode("Zm9vY", 5, out), -1);  /* 4n + 1 characters */
+    assert_int_equal(serve_base64_decode("Zm9v!", 5, out), -1); /* not in the alphabet */
+    assert_int_equal(serve_base64_decode("Zm9vY", 5, out), -1); /* 4n + 1 characters */
 }
 
 static void test_base64_all_bytes_round_trip(void **state)
@@ -116,10 +116,8 @@ static void test_a1111_errors_name_the_field(void **state)
         serve_request r;
         serve_error e;
         int st = serve_parse_a1111(cases[i].body, strlen(cases[i].body), &lim, &r, &e);
-        if (st != 400 || strcmp(e.param, cases[i].param) ||
-            !strstr(e.message, cases[i].in_message))
-            fail_msg("%s: got %d, param '%s', message '%s'", cases[i].body, st, e.param,
-                     e.message);
+        if (st != 400 || strcmp(e.param, cases[i].param) || !strstr(e.message, cases[i].in_message))
+            fail_msg("%s: got %d, param '%s', message '%s'", cases[i].body, st, e.param, e.message);
         assert_null(r.prompt);
     }
 }

@@ -21,14 +21,16 @@
 
 static void help(FILE *f)
 {
-    fprintf(f,
+    fprintf(
+        f,
         "usage: diffuse serve -m MODEL_DIR [-m MODEL_DIR ...] [options]\n"
         "\n"
         "An image server with AUTOMATIC1111's API (/sdapi/v1/...), OpenAI's images API\n"
         "(/v1/images/generations), a jobs API with progress events (/v1/jobs) and a page at /.\n"
         "Models stay loaded; one image is made at a time, the rest wait in a queue.\n"
         "\n"
-        "  -m, --model DIR        a diffusers pipeline folder, named by its folder name; the first\n"
+        "  -m, --model DIR        a diffusers pipeline folder, named by its folder name; the "
+        "first\n"
         "                         is the default (more: -m DIR again, at most 16)\n"
         "      --host ADDR        address to listen on (default 127.0.0.1: this machine only)\n"
         "      --port N           port (default 7860; 0: any free port, printed at start)\n"
@@ -74,17 +76,35 @@ static int parse_long(const char *opt, const char *s, long lo, long hi, long *ou
 
 int cmd_serve(int argc, char **argv)
 {
-    enum { O_HOST = 256, O_PORT, O_KEY, O_QUEUE, O_OUTPUTS, O_CORS, O_MAXPIX, O_DTYPE, O_MODE,
-           O_OFFLOAD, O_DEVICE, O_THREADS };
-    static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},      {"host", required_argument, 0, O_HOST},
-        {"port", required_argument, 0, O_PORT},    {"api-key", required_argument, 0, O_KEY},
-        {"queue", required_argument, 0, O_QUEUE},  {"outputs", required_argument, 0, O_OUTPUTS},
-        {"cors", required_argument, 0, O_CORS},    {"max-pixels", required_argument, 0, O_MAXPIX},
-        {"dtype", required_argument, 0, O_DTYPE},  {"mode", required_argument, 0, O_MODE},
-        {"offload", required_argument, 0, O_OFFLOAD},
-        {"device", required_argument, 0, O_DEVICE}, {"threads", required_argument, 0, O_THREADS},
-        {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+    enum {
+        O_HOST = 256,
+        O_PORT,
+        O_KEY,
+        O_QUEUE,
+        O_OUTPUTS,
+        O_CORS,
+        O_MAXPIX,
+        O_DTYPE,
+        O_MODE,
+        O_OFFLOAD,
+        O_DEVICE,
+        O_THREADS
+    };
+    static const struct option longopts[] = {{"model", required_argument, 0, 'm'},
+                                             {"host", required_argument, 0, O_HOST},
+                                             {"port", required_argument, 0, O_PORT},
+                                             {"api-key", required_argument, 0, O_KEY},
+                                             {"queue", required_argument, 0, O_QUEUE},
+                                             {"outputs", required_argument, 0, O_OUTPUTS},
+                                             {"cors", required_argument, 0, O_CORS},
+                                             {"max-pixels", required_argument, 0, O_MAXPIX},
+                                             {"dtype", required_argument, 0, O_DTYPE},
+                                             {"mode", required_argument, 0, O_MODE},
+                                             {"offload", required_argument, 0, O_OFFLOAD},
+                                             {"device", required_argument, 0, O_DEVICE},
+                                             {"threads", required_argument, 0, O_THREADS},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
     serve_options o = {.load = {.auto_dtype = true}, .queue = 16, .max_pixels = 2048 * 2048};
     const char *host = "127.0.0.1", *key = NULL, *cors = NULL;
     long port = 7860, v;
@@ -99,16 +119,27 @@ int cmd_serve(int argc, char **argv)
             }
             o.model_dirs[o.n_models++] = optarg;
             break;
-        case O_HOST: host = optarg; break;
-        case O_PORT: if ((rc = parse_long("--port", optarg, 0, 65535, &port))) return rc; break;
-        case O_KEY: key = optarg; break;
+        case O_HOST:
+            host = optarg;
+            break;
+        case O_PORT:
+            if ((rc = parse_long("--port", optarg, 0, 65535, &port)))
+                return rc;
+            break;
+        case O_KEY:
+            key = optarg;
+            break;
         case O_QUEUE:
             if ((rc = parse_long("--queue", optarg, 1, 100000, &v)))
                 return rc;
             o.queue = (int)v;
             break;
-        case O_OUTPUTS: o.outputs = optarg; break;
-        case O_CORS: cors = optarg; break;
+        case O_OUTPUTS:
+            o.outputs = optarg;
+            break;
+        case O_CORS:
+            cors = optarg;
+            break;
         case O_MAXPIX:
             if ((rc = parse_long("--max-pixels", optarg, 256, 1L << 28, &v)))
                 return rc;
@@ -154,14 +185,22 @@ int cmd_serve(int argc, char **argv)
             } else if (!strcmp(optarg, "sequential")) {
                 o.load.offload = DF_OFFLOAD_SEQUENTIAL;
             } else {
-                fprintf(stderr, "diffuse serve: --offload is none, model or sequential, not "
-                                "'%s'\n", optarg);
+                fprintf(stderr,
+                        "diffuse serve: --offload is none, model or sequential, not "
+                        "'%s'\n",
+                        optarg);
                 return 2;
             }
             break;
-        case O_DEVICE: o.load.device = optarg; break;
-        case 'h': help(stdout); return 0;
-        default: help(stderr); return 2;
+        case O_DEVICE:
+            o.load.device = optarg;
+            break;
+        case 'h':
+            help(stdout);
+            return 0;
+        default:
+            help(stderr);
+            return 2;
         }
     }
     if (optind < argc) {
@@ -182,8 +221,8 @@ int cmd_serve(int argc, char **argv)
         }
     }
     struct stat st;
-    if (o.outputs && (stat(o.outputs, &st) != 0 || !S_ISDIR(st.st_mode) ||
-                      access(o.outputs, W_OK) != 0)) {
+    if (o.outputs &&
+        (stat(o.outputs, &st) != 0 || !S_ISDIR(st.st_mode) || access(o.outputs, W_OK) != 0)) {
         fprintf(stderr, "diffuse serve: --outputs '%s' is not a writable folder\n", o.outputs);
         return 1;
     }

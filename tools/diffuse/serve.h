@@ -31,10 +31,10 @@ typedef struct serve_request {
     int steps;             /* 0: the model's default */
     float guidance;
     bool guidance_set;
-    bool seed_random;      /* seed -1 */
+    bool seed_random; /* seed -1 */
     uint64_t seed;
-    int images;            /* >= 1 */
-    bool want_url;         /* OpenAI response_format "url" */
+    int images;    /* >= 1 */
+    bool want_url; /* OpenAI response_format "url" */
 } serve_request;
 
 /* Limits the parsers enforce. */
@@ -108,29 +108,29 @@ typedef struct serve_image {
 typedef struct serve_job {
     char id[33];
     serve_request req;
-    char model[256];          /* the model that runs it (resolved at submit) */
+    char model[256]; /* the model that runs it (resolved at submit) */
     serve_job_state state;
-    int step, steps;          /* of the current image */
-    int image_index;          /* images finished */
+    int step, steps; /* of the current image */
+    int image_index; /* images finished */
     double created, started, finished;
     bool cancel, skip, interrupted;
-    unsigned version;         /* bumped on every change: the events stream waits for it */
+    unsigned version; /* bumped on every change: the events stream waits for it */
     serve_image images[SERVE_MAX_IMAGES];
     int n_images;
     int width, height, steps_used; /* the resolved parameters of the run */
     float guidance_used;
     char error[768];
-    int error_status;         /* HTTP status for the error */
+    int error_status; /* HTTP status for the error */
     int refs;
-    struct serve_job *next;   /* in the list of all jobs, newest first */
+    struct serve_job *next; /* in the list of all jobs, newest first */
 } serve_job;
 
 typedef struct serve_options {
     const char *model_dirs[16];
     int n_models;
     df_load_opts load;
-    int queue;                /* waiting places */
-    const char *outputs;      /* NULL: no url responses */
+    int queue;           /* waiting places */
+    const char *outputs; /* NULL: no url responses */
     int64_t max_pixels;
 } serve_options;
 
@@ -153,7 +153,7 @@ void serve_job_release(serve_job *j);      /* takes the lock itself */
 void serve_job_cancel(serve_job *j);       /* takes the lock itself */
 /* The running job (a reference), or NULL. */
 serve_job *serve_job_current(void);
-int serve_queue_length(void);              /* with the lock held */
+int serve_queue_length(void); /* with the lock held */
 
 /* Models: names (folder names), the default, which are loaded. With the lock held. */
 int serve_model_count(void);

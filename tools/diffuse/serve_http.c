@@ -65,8 +65,7 @@ static enum MHD_Result send_buf(struct MHD_Connection *c, int status, const char
     size_t len = b->len;
     char *data = b->data ? b->data : strdup("");
     memset(b, 0, sizeof *b);
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, data, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(data);
         return MHD_NO;
@@ -90,15 +89,24 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, serve_buf
 static const char *error_type(int status)
 {
     switch (status) {
-    case 400: return "invalid_request_error";
-    case 401: return "authentication_error";
-    case 404: return "not_found_error";
-    case 405: return "method_not_allowed";
-    case 409: return "cancelled";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: return "service_unavailable";
-    default: return "server_error";
+    case 400:
+        return "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 404:
+        return "not_found_error";
+    case 405:
+        return "method_not_allowed";
+    case 409:
+        return "cancelled";
+    case 413:
+        return "request_too_large";
+    case 429:
+        return "rate_limit_error";
+    case 503:
+        return "service_unavailable";
+    default:
+        return "server_error";
     }
 }
 
@@ -232,8 +240,9 @@ static void put_job(serve_buf *b, const serve_job *j, int position)
     serve_buf_printf(b, "{\"id\": \"%s\", \"state\": \"%s\", \"model\": ", j->id,
                      serve_job_state_name(j->state));
     serve_buf_json_str(b, j->model);
-    serve_buf_printf(b, ", \"step\": %d, \"steps\": %d, \"image\": %d, \"images\": %d, "
-                        "\"queue_position\": %d, \"created\": %.3f",
+    serve_buf_printf(b,
+                     ", \"step\": %d, \"steps\": %d, \"image\": %d, \"images\": %d, "
+                     "\"queue_position\": %d, \"created\": %.3f",
                      j->step, j->steps, j->image_index, j->req.images, position, j->created);
     if (j->error[0]) {
         serve_buf_puts(b, ", \"error\": ");
@@ -283,9 +292,10 @@ static enum MHD_Result a1111_txt2img(struct MHD_Connection *c, request_ctx *rq)
         serve_buf_json_str(&b, j->req.prompt);
         serve_buf_puts(&b, ", \"negative_prompt\": ");
         serve_buf_json_str(&b, j->req.negative_prompt);
-        serve_buf_printf(&b, ", \"steps\": %d, \"cfg_scale\": %g, \"width\": %d, \"height\": %d, "
-                             "\"seed\": %llu, \"batch_size\": %d, \"n_iter\": 1, "
-                             "\"sampler_name\": \"Euler\"}, \"info\": ",
+        serve_buf_printf(&b,
+                         ", \"steps\": %d, \"cfg_scale\": %g, \"width\": %d, \"height\": %d, "
+                         "\"seed\": %llu, \"batch_size\": %d, \"n_iter\": 1, "
+                         "\"sampler_name\": \"Euler\"}, \"info\": ",
                          j->steps_used, j->guidance_used, j->width, j->height,
                          (unsigned long long)j->req.seed, batch);
         serve_buf_puts(&info, "{\"prompt\": ");
@@ -300,11 +310,11 @@ static enum MHD_Result a1111_txt2img(struct MHD_Connection *c, request_ctx *rq)
         serve_buf_printf(&info, ", \"seed\": %llu, \"all_seeds\": [",
                          (unsigned long long)j->req.seed);
         for (int i = 0; i < j->n_images; i++)
-            serve_buf_printf(&info, "%s%llu", i ? ", " : "",
-                             (unsigned long long)j->images[i].seed);
-        serve_buf_printf(&info, "], \"subseed\": -1, \"width\": %d, \"height\": %d, "
-                                "\"sampler_name\": \"Euler\", \"cfg_scale\": %g, \"steps\": %d, "
-                                "\"batch_size\": %d, \"sd_model_name\": ",
+            serve_buf_printf(&info, "%s%llu", i ? ", " : "", (unsigned long long)j->images[i].seed);
+        serve_buf_printf(&info,
+                         "], \"subseed\": -1, \"width\": %d, \"height\": %d, "
+                         "\"sampler_name\": \"Euler\", \"cfg_scale\": %g, \"steps\": %d, "
+                         "\"batch_size\": %d, \"sd_model_name\": ",
                          j->width, j->height, j->guidance_used, j->steps_used, batch);
         serve_buf_json_str(&info, j->model);
         serve_buf_printf(&info, ", \"interrupted\": %s}", j->interrupted ? "true" : "false");
@@ -359,8 +369,8 @@ static enum MHD_Result a1111_options_get(struct MHD_Connection *c)
 static enum MHD_Result a1111_options_post(struct MHD_Connection *c, request_ctx *rq)
 {
     df_json *root = NULL;
-    if (df_json_parse_string(rq->body.data ? rq->body.data : "", rq->body.len, "options",
-                             &root) != DF_OK)
+    if (df_json_parse_string(rq->body.data ? rq->body.data : "", rq->body.len, "options", &root) !=
+        DF_OK)
         return send_error(c, 400, NULL, df_error_message());
     enum MHD_Result ok;
     const char *name = NULL;
@@ -377,8 +387,8 @@ static enum MHD_Result a1111_options_post(struct MHD_Connection *c, request_ctx 
             serve_model_set_default(m);
         serve_unlock();
         if (m < 0) {
-            snprintf(msg, sizeof msg, "sd_model_checkpoint: unknown model '%.200s'; available: %.400s",
-                     name, names);
+            snprintf(msg, sizeof msg,
+                     "sd_model_checkpoint: unknown model '%.200s'; available: %.400s", name, names);
             ok = send_error(c, 400, "sd_model_checkpoint", msg);
         } else {
             serve_buf b = {0};
@@ -436,11 +446,12 @@ static enum MHD_Result a1111_progress(struct MHD_Connection *c)
         gmtime_r(&t, &tmv);
         strftime(stamp, sizeof stamp, "%Y%m%d%H%M%S", &tmv);
     }
-    serve_buf_printf(&b, "{\"progress\": %.4f, \"eta_relative\": %.3f, \"state\": "
-                         "{\"skipped\": %s, \"interrupted\": %s, \"job\": \"%s\", "
-                         "\"job_count\": %d, \"job_timestamp\": \"%s\", \"job_no\": %d, "
-                         "\"sampling_step\": %d, \"sampling_steps\": %d}, "
-                         "\"current_image\": null, \"textinfo\": ",
+    serve_buf_printf(&b,
+                     "{\"progress\": %.4f, \"eta_relative\": %.3f, \"state\": "
+                     "{\"skipped\": %s, \"interrupted\": %s, \"job\": \"%s\", "
+                     "\"job_count\": %d, \"job_timestamp\": \"%s\", \"job_no\": %d, "
+                     "\"sampling_step\": %d, \"sampling_steps\": %d}, "
+                     "\"current_image\": null, \"textinfo\": ",
                      progress, eta, skipped ? "true" : "false", interrupted ? "true" : "false",
                      j ? j->id : "", count, stamp, job_no, step, steps);
     serve_buf_json_str(&b, serve_model_loading() ? "loading a model" : j ? "running" : "idle");
@@ -483,8 +494,9 @@ static enum MHD_Result openai_generate(struct MHD_Connection *c, request_ctx *rq
     serve_unlock();
     if (no_outputs) {
         serve_request_deinit(&req);
-        return send_error(c, 400, "response_format", "response_format \"url\" needs the server "
-                                                     "started with --outputs DIR");
+        return send_error(c, 400, "response_format",
+                          "response_format \"url\" needs the server "
+                          "started with --outputs DIR");
     }
     serve_job *j;
     if (serve_job_submit(&req, &j, &err)) {
@@ -596,8 +608,9 @@ static void next_event(event_stream *es)
     if (es->started && j->version == es->seen) {
         serve_buf_puts(b, ": waiting\n\n");
     } else if (j->state == JOB_DONE) {
-        serve_buf_printf(b, "event: done\ndata: {\"id\": \"%s\", \"width\": %d, \"height\": %d, "
-                            "\"steps\": %d, \"guidance\": %g, \"model\": ",
+        serve_buf_printf(b,
+                         "event: done\ndata: {\"id\": \"%s\", \"width\": %d, \"height\": %d, "
+                         "\"steps\": %d, \"guidance\": %g, \"model\": ",
                          j->id, j->width, j->height, j->steps_used, j->guidance_used);
         serve_buf_json_str(b, j->model);
         serve_buf_puts(b, ", \"data\": ");
@@ -605,8 +618,10 @@ static void next_event(event_stream *es)
         serve_buf_puts(b, "}\n\n");
         es->finished = true;
     } else if (j->state >= JOB_FAILED) {
-        serve_buf_printf(b, "event: error\ndata: {\"id\": \"%s\", \"state\": \"%s\", "
-                            "\"message\": ", j->id, serve_job_state_name(j->state));
+        serve_buf_printf(b,
+                         "event: error\ndata: {\"id\": \"%s\", \"state\": \"%s\", "
+                         "\"message\": ",
+                         j->id, serve_job_state_name(j->state));
         serve_buf_json_str(b, j->error);
         serve_buf_puts(b, "}\n\n");
         es->finished = true;
@@ -615,8 +630,9 @@ static void next_event(event_stream *es)
         put_job(b, j, position_of(j));
         serve_buf_puts(b, "\n\n");
     } else {
-        serve_buf_printf(b, "event: step\ndata: {\"id\": \"%s\", \"step\": %d, \"steps\": %d, "
-                            "\"image\": %d, \"images\": %d}\n\n",
+        serve_buf_printf(b,
+                         "event: step\ndata: {\"id\": \"%s\", \"step\": %d, \"steps\": %d, "
+                         "\"image\": %d, \"images\": %d}\n\n",
                          j->id, j->step, j->steps, j->image_index, j->req.images);
     }
     es->seen = j->version;
@@ -660,9 +676,8 @@ static enum MHD_Result job_events(struct MHD_Connection *c, serve_job *j)
         return send_error(c, 500, NULL, "out of memory");
     es->job = j;
     j = NULL; /* the stream holds the reference now */
-    struct MHD_Response *r =
-        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, events_read, es,
-                                          events_free);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024,
+                                                               events_read, es, events_free);
     if (!r) {
         events_free(es);
         return MHD_NO;
@@ -750,8 +765,19 @@ static enum MHD_Result send_output(struct MHD_Connection *c, const char *name)
 /* ---- routing ----------------------------------------------------------------------- */
 
 typedef enum route_id {
-    R_PAGE, R_TXT2IMG, R_SD_MODELS, R_OPTIONS, R_SAMPLERS, R_SCHEDULERS, R_PROGRESS,
-    R_INTERRUPT, R_SKIP, R_SCRIPTS, R_GENERATIONS, R_MODELS, R_JOBS,
+    R_PAGE,
+    R_TXT2IMG,
+    R_SD_MODELS,
+    R_OPTIONS,
+    R_SAMPLERS,
+    R_SCHEDULERS,
+    R_PROGRESS,
+    R_INTERRUPT,
+    R_SKIP,
+    R_SCRIPTS,
+    R_GENERATIONS,
+    R_MODELS,
+    R_JOBS,
 } route_id;
 
 static const struct {
@@ -794,8 +820,9 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
     if (!strncmp(url, "/outputs/", 9))
         return send_output(c, url + 9);
     if (!authorized(c))
-        return send_error(c, 401, NULL, "this server needs an API key: send "
-                                        "'Authorization: Bearer KEY'");
+        return send_error(c, 401, NULL,
+                          "this server needs an API key: send "
+                          "'Authorization: Bearer KEY'");
     if (rq->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "the body is larger than %u bytes", MAX_BODY);
@@ -820,23 +847,35 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
         }
         bool post = !strcmp(method, "POST");
         switch (routes[i].id) {
-        case R_PAGE: return send_page(c);
-        case R_TXT2IMG: return a1111_txt2img(c, rq);
-        case R_SD_MODELS: return a1111_models(c);
-        case R_OPTIONS: return post ? a1111_options_post(c, rq) : a1111_options_get(c);
-        case R_SAMPLERS: return a1111_samplers(c);
-        case R_SCHEDULERS: return a1111_schedulers(c);
-        case R_PROGRESS: return a1111_progress(c);
-        case R_INTERRUPT: return a1111_stop(c, false);
-        case R_SKIP: return a1111_stop(c, true);
+        case R_PAGE:
+            return send_page(c);
+        case R_TXT2IMG:
+            return a1111_txt2img(c, rq);
+        case R_SD_MODELS:
+            return a1111_models(c);
+        case R_OPTIONS:
+            return post ? a1111_options_post(c, rq) : a1111_options_get(c);
+        case R_SAMPLERS:
+            return a1111_samplers(c);
+        case R_SCHEDULERS:
+            return a1111_schedulers(c);
+        case R_PROGRESS:
+            return a1111_progress(c);
+        case R_INTERRUPT:
+            return a1111_stop(c, false);
+        case R_SKIP:
+            return a1111_stop(c, true);
         case R_SCRIPTS: { /* clients ask which extensions exist: none */
             serve_buf b = {0};
             serve_buf_puts(&b, "{\"txt2img\": [], \"img2img\": []}");
             return send_json(c, 200, &b);
         }
-        case R_GENERATIONS: return openai_generate(c, rq);
-        case R_MODELS: return openai_models(c);
-        case R_JOBS: return jobs_post(c, rq);
+        case R_GENERATIONS:
+            return openai_generate(c, rq);
+        case R_MODELS:
+            return openai_models(c);
+        case R_JOBS:
+            return jobs_post(c, rq);
         }
     }
     char msg[300];
@@ -845,9 +884,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     (void)cls;
     (void)version;
@@ -873,8 +911,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         MHD_add_response_header(r, "Access-Control-Allow-Origin", C.cors);
         MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, DELETE, OPTIONS");
-        MHD_add_response_header(r, "Access-Control-Allow-Headers",
-                                "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
         enum MHD_Result ok = MHD_queue_response(c, 204, r);
         MHD_destroy_response(r);
         return ok;
@@ -905,8 +942,8 @@ int serve_http_start(const char *host, int port, const char *api_key, const char
     struct sockaddr_in6 a6 = {0};
     struct sockaddr_in a4 = {0};
     struct sockaddr *addr;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_ERROR_LOG;
+    unsigned flags =
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
         a4.sin_family = AF_INET;
         a4.sin_port = htons((uint16_t)port);
@@ -917,19 +954,15 @@ int serve_http_start(const char *host, int port, const char *api_key, const char
         addr = (struct sockaddr *)&a6;
         flags |= MHD_USE_IPv6;
     } else {
-        fprintf(stderr, "diffuse serve: --host expects an IPv4 or IPv6 address, not '%s'\n",
-                host);
+        fprintf(stderr, "diffuse serve: --host expects an IPv4 or IPv6 address, not '%s'\n", host);
         return -1;
     }
     daemon_ = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, NULL,
-                               MHD_OPTION_SOCK_ADDR, addr,
-                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
-                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
-                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                               MHD_OPTION_END);
+                               MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
+                               (unsigned)256, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
+                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
     if (!daemon_) {
-        fprintf(stderr, "diffuse serve: cannot listen on %s:%d: %s\n", host, port,
-                strerror(errno));
+        fprintf(stderr, "diffuse serve: cannot listen on %s:%d: %s\n", host, port, strerror(errno));
         return -1;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);

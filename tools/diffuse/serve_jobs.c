@@ -108,24 +108,50 @@ void serve_random_hex(char out[33])
 const char *serve_job_state_name(serve_job_state s)
 {
     switch (s) {
-    case JOB_QUEUED: return "queued";
-    case JOB_RUNNING: return "running";
-    case JOB_DONE: return "done";
-    case JOB_FAILED: return "failed";
-    case JOB_CANCELLED: return "cancelled";
+    case JOB_QUEUED:
+        return "queued";
+    case JOB_RUNNING:
+        return "running";
+    case JOB_DONE:
+        return "done";
+    case JOB_FAILED:
+        return "failed";
+    case JOB_CANCELLED:
+        return "cancelled";
     }
     return "unknown";
 }
 
 /* ---- models (with the lock held) --------------------------------------------------- */
 
-int serve_model_count(void) { return S.n_models; }
-const char *serve_model_name(int i) { return S.models[i].name; }
-const char *serve_model_dir(int i) { return S.models[i].dir; }
-int serve_model_default(void) { return S.default_model; }
-bool serve_model_loading(void) { return S.loading; }
-void serve_model_set_default(int i) { S.default_model = i; }
-const char *serve_outputs_dir(void) { return S.outputs; }
+int serve_model_count(void)
+{
+    return S.n_models;
+}
+const char *serve_model_name(int i)
+{
+    return S.models[i].name;
+}
+const char *serve_model_dir(int i)
+{
+    return S.models[i].dir;
+}
+int serve_model_default(void)
+{
+    return S.default_model;
+}
+bool serve_model_loading(void)
+{
+    return S.loading;
+}
+void serve_model_set_default(int i)
+{
+    S.default_model = i;
+}
+const char *serve_outputs_dir(void)
+{
+    return S.outputs;
+}
 
 int serve_model_find(const char *name)
 {
@@ -359,19 +385,30 @@ static df_status run_one(serve_job *j, df_pipeline *p, uint64_t seed, serve_imag
 {
     const serve_request *r = &j->req;
     df_gen_params g = {
-        .prompt = r->prompt, .negative_prompt = r->negative_prompt,
-        .width = r->width, .height = r->height, .steps = r->steps,
-        .guidance = r->guidance, .guidance_set = r->guidance_set, .seed = seed,
-        .on_step = on_step, .progress_user = j,
+        .prompt = r->prompt,
+        .negative_prompt = r->negative_prompt,
+        .width = r->width,
+        .height = r->height,
+        .steps = r->steps,
+        .guidance = r->guidance,
+        .guidance_set = r->guidance_set,
+        .seed = seed,
+        .on_step = on_step,
+        .progress_user = j,
     };
     df_gen_output out = {0};
     df_status s = df_pipeline_run(p, &g, &out);
     if (s != DF_OK)
         return s;
     char *params = NULL;
-    df_image_params ip = {.prompt = r->prompt, .negative_prompt = r->negative_prompt,
-                          .steps = out.steps, .sampler = "Euler", .cfg_scale = out.guidance,
-                          .seed = seed, .width = out.width, .height = out.height,
+    df_image_params ip = {.prompt = r->prompt,
+                          .negative_prompt = r->negative_prompt,
+                          .steps = out.steps,
+                          .sampler = "Euler",
+                          .cfg_scale = out.guidance,
+                          .seed = seed,
+                          .width = out.width,
+                          .height = out.height,
                           .model = j->model};
     s = df_image_format_parameters(&ip, &params);
     if (s == DF_OK)
@@ -486,9 +523,10 @@ int serve_jobs_start(const serve_options *o)
         folder_name(o->model_dirs[i], S.models[i].name, sizeof S.models[i].name);
         for (int k = 0; k < i; k++)
             if (!strcmp(S.models[k].name, S.models[i].name)) {
-                fprintf(stderr, "diffuse serve: two models are named '%s' (%s and %s): models "
-                                "are named by their folder\n", S.models[i].name,
-                        S.models[k].dir, S.models[i].dir);
+                fprintf(stderr,
+                        "diffuse serve: two models are named '%s' (%s and %s): models "
+                        "are named by their folder\n",
+                        S.models[i].name, S.models[k].dir, S.models[i].dir);
                 return -1;
             }
     }

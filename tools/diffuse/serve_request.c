@@ -90,17 +90,23 @@ static int get_str(const df_json *root, const char *key, const char **out, serve
     return 0;
 }
 
-static int check_size(serve_request *r, const serve_limits *lim, serve_error *err)
+/* `size_field`: the field that carried both (OpenAI's "size"), or NULL for width/height. */
+static int check_size(serve_request *r, const serve_limits *lim, const char *size_field,
+                      serve_error *err)
 {
     const char *names[2] = {"width", "height"};
+    if (size_field)
+        names[0] = names[1] = size_field;
     int v[2] = {r->width, r->height};
     for (int i = 0; i < 2; i++)
         if (v[i] && v[i] % 16)
-            return fail(err, 400, names[i], "'%s' must be a multiple of 16, not %d", names[i],
-                        v[i]);
+            return fail(err, 400, names[i], "'%s': the %s must be a multiple of 16, not %d",
+                        names[i], i ? "height" : "width", v[i]);
     if ((int64_t)r->width * r->height > lim->max_pixels)
-        return fail(err, 400, "width", "%dx%d is %lld pixels; this server allows at most %lld "
-                    "(--max-pixels)", r->width, r->height, (long long)r->width * r->height,
+        return fail(err, 400, names[0],
+                    "%dx%d is %lld pixels; this server allows at most %lld "
+                    "(--max-pixels)",
+                    r->width, r->height, (long long)r->width * r->height,
                     (long long)lim->max_pixels);
     return 0;
 }
@@ -131,8 +137,7 @@ static int parse_common(const df_json *root, serve_request *r, serve_error *err)
     return 0;
 }
 
-static int parse_guidance(const df_json *root, const char *key, serve_request *r,
-                          serve_error *err)
+static int parse_guidance(const df_json *root, const char *key, serve_request *r, serve_error *err)
 {
     const df_json *j = df_json_get(root, key);
     if (df_json_is_null(j))
@@ -198,7 +203,7 @@ static int parse_a1111_fields(const df_json *root, const serve_limits *lim, serv
         return fail(err, 400, "batch_size", "batch_size x n_iter is %lld images; at most %d",
                     (long long)(batch * iters), SERVE_MAX_IMAGES);
     r->images = (int)(batch * iters);
-    if ((rc = check_size(r, lim, err)))
+    if ((rc = check_size(r, lim, NULL, err)))
         return rc;
 
     const char *sampler = NULL, *scheduler = NULL;
@@ -271,14 +276,14 @@ static int parse_openai_fields(const df_json *root, const serve_limits *lim, ser
     if (size && strcmp(size, "auto") != 0) {
         int w, h, used = 0;
         if (sscanf(size, "%5dx%5d%n", &w, &h, &used) != 2 || size[used] || w < 16 || h < 16)
-            return fail(err, 400, "size", "'size' must be \"WIDTHxHEIGHT\" (e.g. \"1024x1024\") "
-                        "or \"auto\", not \"%.64s\"", size);
+            return fail(err, 400, "size",
+                        "'size' must be \"WIDTHxHEIGHT\" (e.g. \"1024x1024\") "
+                        "or \"auto\", not \"%.64s\"",
+                        size);
         r->width = w;
         r->height = h;
-        if ((rc = check_size(r, lim, err))) {
-            snprintf(err->param, sizeof err->param, "size");
+        if ((rc = check_size(r, lim, "size", err)))
             return rc;
-        }
     }
     if ((rc = get_str(root, "response_format", &format, err)))
         return rc;
@@ -368,11 +373,21 @@ void serve_buf_json_str(serve_buf *b, const char *s)
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
         char esc[8];
         switch (*p) {
-        case '"': serve_buf_put(b, "\\\"", 2); break;
-        case '\\': serve_buf_put(b, "\\\\", 2); break;
-        case '\n': serve_buf_put(b, "\\n", 2); break;
-        case '\r': serve_buf_put(b, "\\r", 2); break;
-        case '\t': serve_buf_put(b, "\\t", 2); break;
+        case '"':
+            serve_buf_put(b, "\\\"", 2);
+            break;
+        case '\\':
+            serve_buf_put(b, "\\\\", 2);
+            break;
+        case '\n':
+            serve_buf_put(b, "\\n", 2);
+            break;
+        case '\r':
+            serve_buf_put(b, "\\r", 2);
+            break;
+        case '\t':
+            serve_buf_put(b, "\\t", 2);
+            break;
         default:
             if (*p < 0x20) {
                 snprintf(esc, sizeof esc, "\\u%04x", *p);
