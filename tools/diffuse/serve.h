@@ -4,7 +4,9 @@
  *   serve_request.c  request bodies (AUTOMATIC1111 and OpenAI JSON) to one serve_request,
  *                    base64, and a small JSON writer for the answers; no I/O, fuzzed
  *   serve_jobs.c     the models, the FIFO queue and the worker that runs one job at a time
- *   serve_http.c     libmicrohttpd: routes, authentication, the two APIs, the events stream
+ *   serve_http.c     libmicrohttpd: routes, authentication, files, the answers' common parts
+ *   serve_a1111.c    AUTOMATIC1111's API
+ *   serve_openai.c   OpenAI's images API and the jobs API with its events stream
  *   serve_page.c     the web page served at /
  *   cmd_serve.c      the command line
  */

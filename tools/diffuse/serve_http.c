@@ -6,10 +6,9 @@
  * own socket, so a client that goes away cancels its job. Bodies are collected up to
  * MAX_BODY (a larger one is read to its end and answered 413).
  *
- * Routes, each a row of `routes` below: the AUTOMATIC1111 API under /sdapi/v1/, OpenAI's
- * images API under /v1/, the jobs API (POST /v1/jobs, GET and DELETE /v1/jobs/{id}, the
- * Server-Sent Events stream /v1/jobs/{id}/events), generated files under /outputs/ and the
- * page at /. Every error is a JSON body
+ * Routes, each a row of `routes` below: the AUTOMATIC1111 API under /sdapi/v1/
+ * (serve_a1111.c), OpenAI's images API and the jobs API under /v1/ (serve_openai.c),
+ * generated files under /outputs/ and the page at / (here). Every error is a JSON body
  *     {"error": {"message": "...", "type": "...", "param": "..."}, "detail": "..."}
  * (OpenAI's shape; "detail" is what FastAPI, and so A1111, answers).
  *
@@ -33,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "serve.h"
+#include "serve_http.h"
 
 #define MAX_BODY (1u << 20)
 
@@ -81,7 +80,7 @@ static enum MHD_Result send_buf(struct MHD_Connection *c, int status, const char
     return ok;
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *c, int status, serve_buf *b)
+enum MHD_Result serve_send_json(struct MHD_Connection *c, int status, serve_buf *b)
 {
     return send_buf(c, status, "application/json", b, NULL, NULL);
 }
@@ -110,8 +109,8 @@ static const char *error_type(int status)
     }
 }
 
-static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *param,
-                                  const char *message)
+enum MHD_Result serve_send_error(struct MHD_Connection *c, int status, const char *param,
+                                 const char *message)
 {
     serve_buf b = {0};
     serve_buf_puts(&b, "{\"error\": {\"message\": ");
@@ -135,9 +134,20 @@ static enum MHD_Result send_error(struct MHD_Connection *c, int status, const ch
     return send_buf(c, status, "application/json", &b, h, v);
 }
 
-static enum MHD_Result send_serve_error(struct MHD_Connection *c, const serve_error *e)
+void serve_add_cors(struct MHD_Response *r)
 {
-    return send_error(c, e->status, e->param, e->message);
+    if (C.cors)
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", C.cors);
+}
+
+const serve_limits *serve_http_limits(void)
+{
+    return &C.limits;
+}
+
+enum MHD_Result serve_send_serve_error(struct MHD_Connection *c, const serve_error *e)
+{
+    return serve_send_error(c, e->status, e->param, e->message);
 }
 
 /* ---- authentication ---------------------------------------------------------------- */
@@ -197,7 +207,7 @@ static bool client_gone(struct MHD_Connection *c)
 }
 
 /* Blocks until job j has finished; a client that goes away cancels it. */
-static void wait_finished(struct MHD_Connection *c, serve_job *j)
+void serve_wait_finished(struct MHD_Connection *c, serve_job *j)
 {
     for (;;) {
         serve_lock();
@@ -214,7 +224,7 @@ static void wait_finished(struct MHD_Connection *c, serve_job *j)
 
 /* ---- shared pieces of answers ------------------------------------------------------ */
 
-static void put_image_data(serve_buf *b, const serve_job *j, const char *host, bool url)
+void serve_put_image_data(serve_buf *b, const serve_job *j, const char *host, bool url)
 {
     serve_buf_puts(b, "[");
     for (int i = 0; i < j->n_images; i++) {
@@ -235,7 +245,7 @@ static void put_image_data(serve_buf *b, const serve_job *j, const char *host, b
     serve_buf_puts(b, "]");
 }
 
-static void put_job(serve_buf *b, const serve_job *j, int position)
+void serve_put_job(serve_buf *b, const serve_job *j, int position)
 {
     serve_buf_printf(b, "{\"id\": \"%s\", \"state\": \"%s\", \"model\": ", j->id,
                      serve_job_state_name(j->state));
@@ -252,7 +262,7 @@ static void put_job(serve_buf *b, const serve_job *j, int position)
 }
 
 /* The place of a queued job in the queue (1 = next), 0 otherwise. With the lock held. */
-static int position_of(const serve_job *j)
+int serve_queue_position(const serve_job *j)
 {
     if (j->state != JOB_QUEUED)
         return 0;
@@ -260,461 +270,6 @@ static int position_of(const serve_job *j)
     for (const serve_job *k = j->next; k; k = k->next)
         older += k->state == JOB_QUEUED;
     return older + 1;
-}
-
-/* ---- AUTOMATIC1111 ----------------------------------------------------------------- */
-
-static enum MHD_Result a1111_txt2img(struct MHD_Connection *c, request_ctx *rq)
-{
-    serve_request req;
-    serve_error err;
-    if (serve_parse_a1111(rq->body.data, rq->body.len, &C.limits, &req, &err))
-        return send_serve_error(c, &err);
-    int batch = req.images;
-    serve_job *j;
-    if (serve_job_submit(&req, &j, &err)) {
-        serve_request_deinit(&req);
-        return send_serve_error(c, &err);
-    }
-    wait_finished(c, j);
-    serve_lock();
-    enum MHD_Result ok;
-    /* Interrupted (/sdapi/v1/interrupt) answers with what was made, as A1111 does. */
-    if (j->state == JOB_DONE || (j->state == JOB_CANCELLED && j->interrupted)) {
-        serve_buf b = {0}, info = {0};
-        serve_buf_puts(&b, "{\"images\": [");
-        for (int i = 0; i < j->n_images; i++) {
-            serve_buf_puts(&b, i ? ", \"" : "\"");
-            serve_buf_base64(&b, j->images[i].png, j->images[i].png_len);
-            serve_buf_puts(&b, "\"");
-        }
-        serve_buf_puts(&b, "], \"parameters\": {\"prompt\": ");
-        serve_buf_json_str(&b, j->req.prompt);
-        serve_buf_puts(&b, ", \"negative_prompt\": ");
-        serve_buf_json_str(&b, j->req.negative_prompt);
-        serve_buf_printf(&b,
-                         ", \"steps\": %d, \"cfg_scale\": %g, \"width\": %d, \"height\": %d, "
-                         "\"seed\": %llu, \"batch_size\": %d, \"n_iter\": 1, "
-                         "\"sampler_name\": \"Euler\"}, \"info\": ",
-                         j->steps_used, j->guidance_used, j->width, j->height,
-                         (unsigned long long)j->req.seed, batch);
-        serve_buf_puts(&info, "{\"prompt\": ");
-        serve_buf_json_str(&info, j->req.prompt);
-        serve_buf_puts(&info, ", \"all_prompts\": [");
-        for (int i = 0; i < j->n_images; i++) {
-            serve_buf_puts(&info, i ? ", " : "");
-            serve_buf_json_str(&info, j->req.prompt);
-        }
-        serve_buf_puts(&info, "], \"negative_prompt\": ");
-        serve_buf_json_str(&info, j->req.negative_prompt);
-        serve_buf_printf(&info, ", \"seed\": %llu, \"all_seeds\": [",
-                         (unsigned long long)j->req.seed);
-        for (int i = 0; i < j->n_images; i++)
-            serve_buf_printf(&info, "%s%llu", i ? ", " : "", (unsigned long long)j->images[i].seed);
-        serve_buf_printf(&info,
-                         "], \"subseed\": -1, \"width\": %d, \"height\": %d, "
-                         "\"sampler_name\": \"Euler\", \"cfg_scale\": %g, \"steps\": %d, "
-                         "\"batch_size\": %d, \"sd_model_name\": ",
-                         j->width, j->height, j->guidance_used, j->steps_used, batch);
-        serve_buf_json_str(&info, j->model);
-        serve_buf_printf(&info, ", \"interrupted\": %s}", j->interrupted ? "true" : "false");
-        serve_buf_json_str(&b, info.data);
-        serve_buf_puts(&b, "}");
-        serve_buf_free(&info);
-        serve_unlock();
-        ok = send_json(c, 200, &b);
-    } else {
-        char msg[sizeof j->error];
-        int status = j->error_status ? j->error_status : 500;
-        snprintf(msg, sizeof msg, "%s", j->error);
-        serve_unlock();
-        ok = send_error(c, status, NULL, msg);
-    }
-    serve_job_release(j);
-    return ok;
-}
-
-static enum MHD_Result a1111_models(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    serve_buf_puts(&b, "[");
-    serve_lock();
-    for (int i = 0; i < serve_model_count(); i++) {
-        serve_buf_puts(&b, i ? ", {\"title\": " : "{\"title\": ");
-        serve_buf_json_str(&b, serve_model_name(i));
-        serve_buf_puts(&b, ", \"model_name\": ");
-        serve_buf_json_str(&b, serve_model_name(i));
-        serve_buf_puts(&b, ", \"hash\": null, \"sha256\": null, \"filename\": ");
-        serve_buf_json_str(&b, serve_model_dir(i));
-        serve_buf_puts(&b, ", \"config\": null}");
-    }
-    serve_unlock();
-    serve_buf_puts(&b, "]");
-    return send_json(c, 200, &b);
-}
-
-static enum MHD_Result a1111_options_get(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    serve_lock();
-    serve_buf_puts(&b, "{\"sd_model_checkpoint\": ");
-    serve_buf_json_str(&b, serve_model_name(serve_model_default()));
-    serve_unlock();
-    serve_buf_puts(&b, ", \"samples_format\": \"png\", \"CLIP_stop_at_last_layers\": 1}");
-    return send_json(c, 200, &b);
-}
-
-/* Only sd_model_checkpoint means something here; other options are accepted and ignored,
- * as clients set many at once. */
-static enum MHD_Result a1111_options_post(struct MHD_Connection *c, request_ctx *rq)
-{
-    df_json *root = NULL;
-    if (df_json_parse_string(rq->body.data ? rq->body.data : "", rq->body.len, "options", &root) !=
-        DF_OK)
-        return send_error(c, 400, NULL, df_error_message());
-    enum MHD_Result ok;
-    const char *name = NULL;
-    if (df_json_type_of(root) != DF_JSON_OBJECT) {
-        ok = send_error(c, 400, NULL, "the body must be a JSON object");
-    } else if (df_json_get_string_or(root, "sd_model_checkpoint", NULL, &name) != DF_OK) {
-        ok = send_error(c, 400, "sd_model_checkpoint", df_error_message());
-    } else {
-        serve_lock();
-        int m = name ? serve_model_find(name) : serve_model_default();
-        char names[512], msg[768];
-        serve_model_list_text(names, sizeof names);
-        if (m >= 0)
-            serve_model_set_default(m);
-        serve_unlock();
-        if (m < 0) {
-            snprintf(msg, sizeof msg,
-                     "sd_model_checkpoint: unknown model '%.200s'; available: %.400s", name, names);
-            ok = send_error(c, 400, "sd_model_checkpoint", msg);
-        } else {
-            serve_buf b = {0};
-            serve_buf_puts(&b, "null");
-            ok = send_json(c, 200, &b);
-        }
-    }
-    df_json_free(root);
-    return ok;
-}
-
-static enum MHD_Result a1111_samplers(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    serve_buf_puts(&b, "[{\"name\": \"Euler\", \"aliases\": [\"k_euler\", \"flow_match_euler\"], "
-                       "\"options\": {}}]");
-    return send_json(c, 200, &b);
-}
-
-static enum MHD_Result a1111_schedulers(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    serve_buf_puts(&b, "[{\"name\": \"automatic\", \"label\": \"Automatic\", \"aliases\": null, "
-                       "\"default_rho\": -1, \"need_inner_model\": false}, "
-                       "{\"name\": \"flow_match_euler\", \"label\": \"Flow match Euler\", "
-                       "\"aliases\": null, \"default_rho\": -1, \"need_inner_model\": false}]");
-    return send_json(c, 200, &b);
-}
-
-static enum MHD_Result a1111_progress(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    serve_job *j = serve_job_current();
-    serve_lock();
-    int queued = serve_queue_length();
-    double progress = 0, eta = 0;
-    int step = 0, steps = 0, job_no = 0, count = queued;
-    bool skipped = false, interrupted = false;
-    char stamp[32] = "0";
-    if (j) {
-        count += j->req.images;
-        job_no = j->image_index;
-        step = j->step;
-        steps = j->steps;
-        skipped = j->skip;
-        interrupted = j->cancel;
-        double per_image = steps ? (double)step / steps : 0;
-        progress = (j->image_index + per_image) / j->req.images;
-        double elapsed = (double)ts.tv_sec + ts.tv_nsec * 1e-9 - j->started;
-        eta = progress > 0 ? elapsed / progress - elapsed : 0;
-        time_t t = (time_t)j->started;
-        struct tm tmv;
-        gmtime_r(&t, &tmv);
-        strftime(stamp, sizeof stamp, "%Y%m%d%H%M%S", &tmv);
-    }
-    serve_buf_printf(&b,
-                     "{\"progress\": %.4f, \"eta_relative\": %.3f, \"state\": "
-                     "{\"skipped\": %s, \"interrupted\": %s, \"job\": \"%s\", "
-                     "\"job_count\": %d, \"job_timestamp\": \"%s\", \"job_no\": %d, "
-                     "\"sampling_step\": %d, \"sampling_steps\": %d}, "
-                     "\"current_image\": null, \"textinfo\": ",
-                     progress, eta, skipped ? "true" : "false", interrupted ? "true" : "false",
-                     j ? j->id : "", count, stamp, job_no, step, steps);
-    serve_buf_json_str(&b, serve_model_loading() ? "loading a model" : j ? "running" : "idle");
-    serve_buf_puts(&b, "}");
-    serve_unlock();
-    serve_job_release(j);
-    return send_json(c, 200, &b);
-}
-
-/* /sdapi/v1/interrupt and /sdapi/v1/skip act on the running job. */
-static enum MHD_Result a1111_stop(struct MHD_Connection *c, bool skip)
-{
-    serve_job *j = serve_job_current();
-    if (j) {
-        serve_lock();
-        if (skip) {
-            j->skip = true;
-        } else {
-            j->interrupted = true;
-            j->cancel = true;
-        }
-        serve_unlock();
-        serve_job_release(j);
-    }
-    serve_buf b = {0};
-    serve_buf_puts(&b, "null");
-    return send_json(c, 200, &b);
-}
-
-/* ---- OpenAI and jobs --------------------------------------------------------------- */
-
-static enum MHD_Result openai_generate(struct MHD_Connection *c, request_ctx *rq)
-{
-    serve_request req;
-    serve_error err;
-    if (serve_parse_openai(rq->body.data, rq->body.len, &C.limits, &req, &err))
-        return send_serve_error(c, &err);
-    serve_lock();
-    bool no_outputs = req.want_url && !serve_outputs_dir();
-    serve_unlock();
-    if (no_outputs) {
-        serve_request_deinit(&req);
-        return send_error(c, 400, "response_format",
-                          "response_format \"url\" needs the server "
-                          "started with --outputs DIR");
-    }
-    serve_job *j;
-    if (serve_job_submit(&req, &j, &err)) {
-        serve_request_deinit(&req);
-        return send_serve_error(c, &err);
-    }
-    wait_finished(c, j);
-    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
-    serve_lock();
-    enum MHD_Result ok;
-    if (j->state == JOB_DONE) {
-        serve_buf b = {0};
-        serve_buf_printf(&b, "{\"created\": %lld, \"data\": ", (long long)j->created);
-        put_image_data(&b, j, host, j->req.want_url);
-        serve_buf_puts(&b, "}");
-        serve_unlock();
-        ok = send_json(c, 200, &b);
-    } else {
-        char msg[sizeof j->error];
-        int status = j->error_status ? j->error_status : 500;
-        snprintf(msg, sizeof msg, "%s", j->error);
-        serve_unlock();
-        ok = send_error(c, status, NULL, msg);
-    }
-    serve_job_release(j);
-    return ok;
-}
-
-static enum MHD_Result openai_models(struct MHD_Connection *c)
-{
-    serve_buf b = {0};
-    serve_buf_puts(&b, "{\"object\": \"list\", \"data\": [");
-    serve_lock();
-    for (int i = 0; i < serve_model_count(); i++) {
-        serve_buf_puts(&b, i ? ", {\"id\": " : "{\"id\": ");
-        serve_buf_json_str(&b, serve_model_name(i));
-        serve_buf_puts(&b, ", \"object\": \"model\", \"created\": 0, \"owned_by\": \"diffuse\"}");
-    }
-    serve_unlock();
-    serve_buf_puts(&b, "]}");
-    return send_json(c, 200, &b);
-}
-
-static enum MHD_Result jobs_post(struct MHD_Connection *c, request_ctx *rq)
-{
-    serve_request req;
-    serve_error err;
-    if (serve_parse_openai(rq->body.data, rq->body.len, &C.limits, &req, &err))
-        return send_serve_error(c, &err);
-    req.want_url = false; /* images come back in the job */
-    serve_job *j;
-    if (serve_job_submit(&req, &j, &err)) {
-        serve_request_deinit(&req);
-        return send_serve_error(c, &err);
-    }
-    serve_buf b = {0};
-    serve_lock();
-    put_job(&b, j, position_of(j));
-    serve_unlock();
-    serve_job_release(j);
-    return send_json(c, 202, &b);
-}
-
-static enum MHD_Result job_get(struct MHD_Connection *c, serve_job *j)
-{
-    serve_buf b = {0};
-    serve_lock();
-    put_job(&b, j, position_of(j));
-    if (j->state == JOB_DONE) {
-        b.len--; /* reopen the object */
-        serve_buf_puts(&b, ", \"data\": ");
-        put_image_data(&b, j, NULL, false);
-        serve_buf_puts(&b, "}");
-    }
-    serve_unlock();
-    return send_json(c, 200, &b);
-}
-
-static enum MHD_Result job_delete(struct MHD_Connection *c, serve_job *j)
-{
-    serve_job_cancel(j);
-    serve_buf b = {0};
-    serve_lock();
-    put_job(&b, j, position_of(j));
-    serve_unlock();
-    return send_json(c, 200, &b);
-}
-
-/* The events stream: one "event: NAME\ndata: JSON\n\n" per change, "state" first, then
- * "step"s, and "done" (with the images) or "error" last. A comment every 10 s keeps
- * proxies from closing an idle stream. */
-typedef struct event_stream {
-    serve_job *job;
-    unsigned seen;
-    bool started, finished;
-    serve_buf pending;
-    size_t sent;
-} event_stream;
-
-static void next_event(event_stream *es)
-{
-    serve_job *j = es->job;
-    serve_buf *b = &es->pending;
-    serve_lock();
-    if (es->started) {
-        for (int waited = 0; j->version == es->seen && waited < 40; waited++)
-            serve_wait(0.25);
-    }
-    if (es->started && j->version == es->seen) {
-        serve_buf_puts(b, ": waiting\n\n");
-    } else if (j->state == JOB_DONE) {
-        serve_buf_printf(b,
-                         "event: done\ndata: {\"id\": \"%s\", \"width\": %d, \"height\": %d, "
-                         "\"steps\": %d, \"guidance\": %g, \"model\": ",
-                         j->id, j->width, j->height, j->steps_used, j->guidance_used);
-        serve_buf_json_str(b, j->model);
-        serve_buf_puts(b, ", \"data\": ");
-        put_image_data(b, j, NULL, false);
-        serve_buf_puts(b, "}\n\n");
-        es->finished = true;
-    } else if (j->state >= JOB_FAILED) {
-        serve_buf_printf(b,
-                         "event: error\ndata: {\"id\": \"%s\", \"state\": \"%s\", "
-                         "\"message\": ",
-                         j->id, serve_job_state_name(j->state));
-        serve_buf_json_str(b, j->error);
-        serve_buf_puts(b, "}\n\n");
-        es->finished = true;
-    } else if (!es->started || j->state == JOB_QUEUED) {
-        serve_buf_puts(b, "event: state\ndata: ");
-        put_job(b, j, position_of(j));
-        serve_buf_puts(b, "\n\n");
-    } else {
-        serve_buf_printf(b,
-                         "event: step\ndata: {\"id\": \"%s\", \"step\": %d, \"steps\": %d, "
-                         "\"image\": %d, \"images\": %d}\n\n",
-                         j->id, j->step, j->steps, j->image_index, j->req.images);
-    }
-    es->seen = j->version;
-    es->started = true;
-    serve_unlock();
-}
-
-static ssize_t events_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    (void)pos;
-    event_stream *es = cls;
-    if (es->sent == es->pending.len) {
-        if (es->finished)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        es->pending.len = 0;
-        es->sent = 0;
-        next_event(es);
-        if (es->pending.failed)
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-    size_t n = es->pending.len - es->sent;
-    if (n > max)
-        n = max;
-    memcpy(buf, es->pending.data + es->sent, n);
-    es->sent += n;
-    return (ssize_t)n;
-}
-
-static void events_free(void *cls)
-{
-    event_stream *es = cls;
-    serve_job_release(es->job);
-    serve_buf_free(&es->pending);
-    free(es);
-}
-
-static enum MHD_Result job_events(struct MHD_Connection *c, serve_job *j)
-{
-    event_stream *es = calloc(1, sizeof *es);
-    if (!es)
-        return send_error(c, 500, NULL, "out of memory");
-    es->job = j;
-    j = NULL; /* the stream holds the reference now */
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024,
-                                                               events_read, es, events_free);
-    if (!r) {
-        events_free(es);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "text/event-stream");
-    MHD_add_response_header(r, "Cache-Control", "no-store");
-    if (C.cors)
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", C.cors);
-    enum MHD_Result ok = MHD_queue_response(c, 200, r);
-    MHD_destroy_response(r);
-    return ok;
-}
-
-/* /v1/jobs/{id}[/events] */
-static enum MHD_Result jobs_item(struct MHD_Connection *c, const char *method, const char *rest)
-{
-    char id[33];
-    size_t n = strspn(rest, "0123456789abcdef");
-    bool events = n == 32 && !strcmp(rest + 32, "/events");
-    if (n != 32 || (rest[32] && !events))
-        return send_error(c, 404, NULL, "no such job");
-    memcpy(id, rest, 32);
-    id[32] = '\0';
-    const char *allowed = events ? "GET" : "GET, DELETE";
-    if (strcmp(method, "GET") && (events || strcmp(method, "DELETE"))) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "%.16s is not allowed here; use %s", method, allowed);
-        return send_error(c, 405, NULL, msg);
-    }
-    serve_job *j = serve_job_find(id);
-    if (!j)
-        return send_error(c, 404, NULL, "no such job (finished jobs are kept for a while only)");
-    if (events)
-        return job_events(c, j);
-    enum MHD_Result ok = !strcmp(method, "GET") ? job_get(c, j) : job_delete(c, j);
-    serve_job_release(j);
-    return ok;
 }
 
 /* ---- files ------------------------------------------------------------------------- */
@@ -741,7 +296,7 @@ static enum MHD_Result send_output(struct MHD_Connection *c, const char *name)
     serve_unlock();
     size_t n = strspn(name, "0123456789abcdef");
     if (!dir || n != 32 || strcmp(name + 32, ".png") != 0)
-        return send_error(c, 404, NULL, "no such file");
+        return serve_send_error(c, 404, NULL, "no such file");
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -749,7 +304,7 @@ static enum MHD_Result send_output(struct MHD_Connection *c, const char *name)
     if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         if (fd >= 0)
             close(fd);
-        return send_error(c, 404, NULL, "no such file");
+        return serve_send_error(c, 404, NULL, "no such file");
     }
     struct MHD_Response *r = MHD_create_response_from_fd((uint64_t)st.st_size, fd);
     if (!r) {
@@ -814,22 +369,22 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
 {
     if (!strcmp(url, "/") || !strcmp(url, "/index.html")) {
         if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-            return send_error(c, 405, NULL, "the page answers GET only");
+            return serve_send_error(c, 405, NULL, "the page answers GET only");
         return send_page(c);
     }
     if (!strncmp(url, "/outputs/", 9))
         return send_output(c, url + 9);
     if (!authorized(c))
-        return send_error(c, 401, NULL,
-                          "this server needs an API key: send "
-                          "'Authorization: Bearer KEY'");
+        return serve_send_error(c, 401, NULL,
+                                "this server needs an API key: send "
+                                "'Authorization: Bearer KEY'");
     if (rq->too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "the body is larger than %u bytes", MAX_BODY);
-        return send_error(c, 413, NULL, msg);
+        return serve_send_error(c, 413, NULL, msg);
     }
     if (!strncmp(url, "/v1/jobs/", 9))
-        return jobs_item(c, method, url + 9);
+        return serve_jobs_item(c, method, url + 9);
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
         if (strcmp(url, routes[i].path) != 0)
             continue;
@@ -850,37 +405,37 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
         case R_PAGE:
             return send_page(c);
         case R_TXT2IMG:
-            return a1111_txt2img(c, rq);
+            return serve_a1111_txt2img(c, &rq->body);
         case R_SD_MODELS:
-            return a1111_models(c);
+            return serve_a1111_models(c);
         case R_OPTIONS:
-            return post ? a1111_options_post(c, rq) : a1111_options_get(c);
+            return post ? serve_a1111_options_post(c, &rq->body) : serve_a1111_options_get(c);
         case R_SAMPLERS:
-            return a1111_samplers(c);
+            return serve_a1111_samplers(c);
         case R_SCHEDULERS:
-            return a1111_schedulers(c);
+            return serve_a1111_schedulers(c);
         case R_PROGRESS:
-            return a1111_progress(c);
+            return serve_a1111_progress(c);
         case R_INTERRUPT:
-            return a1111_stop(c, false);
+            return serve_a1111_stop(c, false);
         case R_SKIP:
-            return a1111_stop(c, true);
+            return serve_a1111_stop(c, true);
         case R_SCRIPTS: { /* clients ask which extensions exist: none */
             serve_buf b = {0};
             serve_buf_puts(&b, "{\"txt2img\": [], \"img2img\": []}");
-            return send_json(c, 200, &b);
+            return serve_send_json(c, 200, &b);
         }
         case R_GENERATIONS:
-            return openai_generate(c, rq);
+            return serve_openai_generate(c, &rq->body);
         case R_MODELS:
-            return openai_models(c);
+            return serve_openai_models(c);
         case R_JOBS:
-            return jobs_post(c, rq);
+            return serve_jobs_post(c, &rq->body);
         }
     }
     char msg[300];
     snprintf(msg, sizeof msg, "no route %.200s", url);
-    return send_error(c, 404, NULL, msg);
+    return serve_send_error(c, 404, NULL, msg);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
