@@ -21,7 +21,8 @@ CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
                libutf8proc-dev libpcre2-dev libdnnl-dev libopenmpi-dev openmpi-bin clang \
                libclang-rt-14-dev libomp-dev \
-               mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers vulkan-tools
+               mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers vulkan-tools \
+               libmicrohttpd-dev chromium chromium-driver python3-venv
 
 .PHONY: all deps build check check-release check-asan demo demo-sd3 demo-flux2 fuzz install clean
 

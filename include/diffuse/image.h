@@ -45,6 +45,18 @@ DF_API df_status df_image_create(int width, int height, df_image **out);
 DF_API df_status df_image_save_png(const df_image *img, const char *path, const char *parameters);
 
 /*
+ * Encodes `img` as an 8-bit RGB PNG in memory, with the same "parameters" text chunk as
+ * df_image_save_png. On success *out (free with df_image_png_free) holds *out_len bytes.
+ * Fails with DF_E_ARG for a malformed image or parameters that are not valid UTF-8, DF_E_OOM;
+ * *out is then NULL.
+ */
+DF_API df_status df_image_encode_png(const df_image *img, const char *parameters, void **out,
+                                     size_t *out_len);
+
+/* Frees a buffer from df_image_encode_png. NULL is fine. */
+DF_API void df_image_png_free(void *png);
+
+/*
  * Reads a PNG of any colour type and bit depth as 8-bit RGB (grey is replicated, palettes
  * expanded, 16-bit samples keep their high byte, alpha is dropped). When parameters_out
  * is not NULL it receives the "parameters" text as UTF-8 (free with df_image_text_free),

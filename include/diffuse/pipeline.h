@@ -66,6 +66,12 @@ typedef struct df_load_opts {
 /* Called after every denoising step. */
 typedef void (*df_progress_fn)(int step, int steps, double seconds_elapsed, void *user);
 
+/* Called once before the first step (step 0, steps 0) and after every denoising step (after
+ * `progress`); returning false stops the run, which then fails with DF_E_CANCELLED having
+ * freed everything it made. May be called from the thread that called df_pipeline_run only;
+ * it may read a flag another thread sets. */
+typedef bool (*df_step_fn)(int step, int steps, double seconds_elapsed, void *user);
+
 /* Prints "step i/N  s/step  ETA" to stderr: a bar on a terminal, plain lines otherwise. */
 DF_API void df_progress_bar(int step, int steps, double seconds_elapsed, void *user);
 
@@ -90,7 +96,13 @@ typedef struct df_gen_params {
                                         * [B, C, H/8, W/8] (SD3); patchified
                                         * [B, 128, H/16, W/16] (FLUX.2) */
     df_progress_fn progress;
-    void *progress_user;
+    df_step_fn on_step;          /* NULL: the run cannot be stopped (not with tensor
+                                  * parallelism: DF_E_UNSUPPORTED) */
+    void *progress_user;         /* passed to progress and on_step */
+    /* Where the denoising loop steps the scheduler: 0 as DIFFUSE_HOST_STEP says (device
+     * unless it is 1), 1 on the host (the reference path: latents read back every step),
+     * -1 on the device. Tensor parallelism always steps on the host. */
+    int host_step;
     /* Classifier-free guidance (SD3: on when guidance > 1; default 7.0, 28 steps). */
     const char *negative_prompt;       /* NULL: "" (diffusers' default) */
     const float *negative_prompt_embeds;        /* [B, L, joint_attention_dim], with the

@@ -33,6 +33,7 @@ typedef enum df_status {
     DF_E_DEVICE       = -7, /* a device or backend failed */
     DF_E_STATE        = -8, /* called at the wrong time (e.g. a host read under fullgraph) */
     DF_E_INTERNAL     = -9, /* a bug in diffuse */
+    DF_E_CANCELLED    = -10, /* the caller stopped the run (df_gen_params.on_step) */
 } df_status;
 
 /* Short name of a status code ("DF_E_FORMAT"). Never NULL. */
@@ -43,6 +44,14 @@ DF_API const char *df_error_message(void);
 
 /* Clears the calling thread's error message. */
 DF_API void df_error_clear(void);
+
+/* Messages the library prints that are not errors (warnings such as unused checkpoint
+ * tensors, backend notes): level 0 warning, 1 note, 2 detail. By default they go to stderr
+ * as one line each ("detail" only with DIFFUSE_VERBOSE set). A program that owns its
+ * output (a server) installs a hook instead; NULL restores stderr. The hook may be called
+ * from any thread, so it must be thread-safe; `line` has no trailing newline. */
+typedef void (*df_log_fn)(int level, const char *line, void *user);
+DF_API void df_set_log_fn(df_log_fn fn, void *user);
 
 /* For programs that use the library: on failure print the message and exit(1). */
 #define DF_CHECK(expr)                                                                     \

@@ -33,14 +33,12 @@ static pthread_once_t autoload_once = PTHREAD_ONCE_INIT;
 
 static void host_logf(int level, const char *fmt, ...)
 {
-    if (level > 1 && !getenv("DIFFUSE_VERBOSE"))
-        return;
+    char line[1024];
     va_list ap;
     va_start(ap, fmt);
-    fputs("diffuse: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    df_logf(level, "diffuse: %s", line);
 }
 
 static df_status host_errorf(df_status s, const char *fmt, ...)

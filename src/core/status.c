@@ -7,6 +7,8 @@
 #include "core/status.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MSG_CAP 1024
@@ -26,6 +28,7 @@ const char *df_status_name(df_status s)
     case DF_E_DEVICE:      return "DF_E_DEVICE";
     case DF_E_STATE:       return "DF_E_STATE";
     case DF_E_INTERNAL:    return "DF_E_INTERNAL";
+    case DF_E_CANCELLED:   return "DF_E_CANCELLED";
     }
     return "DF_E_UNKNOWN";
 }
@@ -64,4 +67,43 @@ df_status df_error_context(df_status s, const char *fmt, ...)
     memcpy(last_msg + n + 2, old, m);
     last_msg[n + 2 + m] = '\0';
     return s;
+}
+
+/* The hook and its argument change together: one pointer to a pair that is never freed
+ * while it may be in use (the pairs live in a small static ring). */
+typedef struct log_hook {
+    df_log_fn fn;
+    void *user;
+} log_hook;
+
+static log_hook hooks[8];
+static atomic_uint next_hook;
+static _Atomic(log_hook *) hook;
+
+void df_set_log_fn(df_log_fn fn, void *user)
+{
+    if (!fn) {
+        atomic_store(&hook, NULL);
+        return;
+    }
+    log_hook *h = &hooks[atomic_fetch_add(&next_hook, 1) % 8];
+    h->fn = fn;
+    h->user = user;
+    atomic_store(&hook, h);
+}
+
+void df_logf(int level, const char *fmt, ...)
+{
+    log_hook *h = atomic_load(&hook);
+    if (!h && level > 1 && !getenv("DIFFUSE_VERBOSE"))
+        return;
+    char line[MSG_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (h)
+        h->fn(level, line, h->user);
+    else
+        fprintf(stderr, "%s\n", line);
 }

@@ -15,6 +15,9 @@ df_status df_errorf(df_status s, const char *fmt, ...) __attribute__((format(pri
 df_status df_error_context(df_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Sends one line to the log hook (df_set_log_fn), or to stderr. */
+void df_logf(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 #define DF_TRY(expr)                                                                       \
     do {                                                                                   \
         df_status df_try_s_ = (expr);                                                      \

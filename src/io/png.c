@@ -315,6 +315,22 @@ df_status df_image_save_png(const df_image *img, const char *path, const char *p
     return st;
 }
 
+df_status df_image_encode_png(const df_image *img, const char *parameters, void **out,
+                              size_t *out_len)
+{
+    *out = NULL;
+    *out_len = 0;
+    if (!img || !img->pixels || img->channels != 3 || img->width < 1 || img->height < 1)
+        return df_errorf(DF_E_ARG, "PNG in memory: can only encode an 8-bit RGB image with "
+                                   "pixels");
+    return encode_png(img, "PNG in memory", parameters, out, out_len);
+}
+
+void df_image_png_free(void *png)
+{
+    df_free(png);
+}
+
 /* ---- loading ------------------------------------------------------------------------- */
 
 /* The "parameters" chunk as UTF-8, or NULL (*out) when there is none. */

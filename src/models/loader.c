@@ -602,7 +602,7 @@ df_status df_ws_check_all_used(df_weight_set *ws)
         snprintf(w + n, cap - n, " and %lld more", (long long)(unused - NAMED));
     /* diffusers warns and loads the rest; so do we (one line, as it prints one) */
     if (ws->tp_rank == 0)
-        fprintf(stderr, "%s\n", last_warning);
+        df_logf(0, "%s", last_warning);
     return DF_OK;
 }
 

@@ -469,7 +469,7 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         onload(p, df_flux_weight_set(f->transformer));
     /* The latents stay on the device (x) unless the host steps: the reference path, and
      * tensor parallelism, which shares rank 0's latents after every step. */
-    bool on_device = !df_scheduler_host_step() && !df_pipeline_tp(p);
+    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p);
     df_scope mark = df_scope_begin(ctx);
     df_tensor *x = s == DF_OK && on_device
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat)
@@ -515,8 +515,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             /* ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
         x = df_scope_end(ctx, mark, x); /* the step's tensors go; the new latents stay */
-        if (s == DF_OK && g->progress)
-            g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
+        if (s == DF_OK)
+            s = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
     }
     if (s == DF_OK && on_device)
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n_lat * sizeof *lat);

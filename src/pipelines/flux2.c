@@ -431,7 +431,7 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
 {
     df_ctx *ctx = p->ctx;
     int64_t n = r->B * r->S * r->C;
-    bool on_device = !df_scheduler_host_step() && !df_pipeline_tp(p);
+    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p);
     float *v = on_device ? NULL : df_malloc((size_t)n * sizeof *v);
     df_scheduler *sched = NULL;
     df_tensor *img_ids = NULL, *txt_ids = NULL;
@@ -467,8 +467,8 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         if (s == DF_OK && !on_device) /* the ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
         x = df_scope_end(ctx, mark, x);
-        if (s == DF_OK && g->progress)
-            g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
+        if (s == DF_OK)
+            s = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
     }
     if (s == DF_OK && on_device)
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);

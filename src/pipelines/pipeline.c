@@ -19,6 +19,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "sched/flow_match_euler.h"
 #include "models/loader.h"
 #include "pipelines/pipeline.h"
 
@@ -345,8 +346,15 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     memset(out, 0, sizeof *out);
     if (!g)
         return df_errorf(DF_E_ARG, "generate: no parameters");
+    if (g->on_step && p->comm)
+        return df_errorf(DF_E_UNSUPPORTED, "generate: on_step (cancellation) with tensor "
+                                           "parallelism: every rank would have to agree");
     p->run_peak = 0;
-    df_status s = p->cls->run(p, g, out);
+    df_status s = DF_OK;
+    if (g->on_step && !g->on_step(0, 0, 0.0, g->progress_user))
+        s = df_errorf(DF_E_CANCELLED, "generate: cancelled before the first step");
+    if (s == DF_OK)
+        s = p->cls->run(p, g, out);
     restore_run_peak(p);
     if (s != DF_OK) {
         /* Resetting the context waits for its stream, which may report the stream's own
@@ -431,6 +439,22 @@ void df_progress_bar(int step, int steps, double elapsed, void *user)
         fprintf(stderr, "step %d/%d  %.2f s/step  ETA %.0f s\n", step, steps, per, eta);
     }
     fflush(stderr);
+}
+
+df_status df_pipeline_step_done(const df_gen_params *g, int step, int steps, double elapsed)
+{
+    if (g->progress)
+        g->progress(step, steps, elapsed, g->progress_user);
+    if (g->on_step && !g->on_step(step, steps, elapsed, g->progress_user))
+        return df_errorf(DF_E_CANCELLED, "generate: cancelled after step %d of %d", step, steps);
+    return DF_OK;
+}
+
+bool df_pipeline_host_step(const df_gen_params *g)
+{
+    if (g->host_step)
+        return g->host_step > 0;
+    return df_scheduler_host_step();
 }
 
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase)

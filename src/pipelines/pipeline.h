@@ -91,6 +91,13 @@ const df_pipeline_table *df_pipeline_tables(int *n);
  * idle). All three are s / DF_OK without tensor parallelism. */
 bool df_pipeline_lead(const df_pipeline *p);
 bool df_pipeline_tp(const df_pipeline *p);
+
+/* After denoising step `step` of `steps`: calls g->progress, then g->on_step; DF_E_CANCELLED
+ * when on_step asks to stop. */
+df_status df_pipeline_step_done(const df_gen_params *g, int step, int steps, double elapsed);
+
+/* Whether the denoising loop steps on the host: g->host_step, else DIFFUSE_HOST_STEP. */
+bool df_pipeline_host_step(const df_gen_params *g);
 df_status df_pipeline_tp_check(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_agree(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes);

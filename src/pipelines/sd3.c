@@ -524,7 +524,7 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
         st = df_scheduler_set_begin_index(sched, 0);
     /* The latents stay on the device (x), guided and stepped there, unless the host steps
      * (DIFFUSE_HOST_STEP=1: the reference path, guidance and step on host floats). */
-    bool on_device = !df_scheduler_host_step();
+    bool on_device = !df_pipeline_host_step(g);
     df_scope mark = df_scope_begin(ctx);
     df_tensor *x = st == DF_OK && on_device
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat)
@@ -564,8 +564,8 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
         if (st == DF_OK && !on_device)
             st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
         x = df_scope_end(ctx, mark, on_device ? x : NULL);
-        if (st == DF_OK && g->progress)
-            g->progress(i + 1, r->steps, df_now() - t0, g->progress_user);
+        if (st == DF_OK)
+            st = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
     }
     if (st == DF_OK && on_device)
         st = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
