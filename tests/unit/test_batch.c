@@ -152,9 +152,12 @@ static void test_sd3_batch_pairs_each_prompt_with_its_negative_and_generator(voi
     df_gen_output alone = generate(p, &g);
     double d_first = image_diff(&first, 1, &alone, 0, ref.n);
     double d_second = image_diff(&second, 0, &alone, 0, ref.n);
-    printf("sd3 batch: Q/\"\" in a batch vs alone: %.3g (second), %.3g (first)\n", d_first,
+    printf("sd3 batch: Q/\"\" in a batch vs alone: %.3g (first), %.3g (second)\n", d_first,
            d_second);
-    assert_true(d_first <= 1e-5 && d_second <= 1e-5);
+    /* float32 rounding only: a batch of 2 (4 rows with CFG) runs other GEMM blockings than a
+     * batch of 1 (on AVX2 oneDNN's kernels change with the row count, 1.4e-5 measured) and
+     * CFG at 5 amplifies it; a wrong pairing moves the image by more than 1e-2 */
+    assert_true(d_first <= 1e-4 && d_second <= 1e-4);
 
     /* One negative prompt for the whole batch ("" by default) is another image: the check
      * above is about the pairing. */
@@ -208,7 +211,7 @@ static void test_sd3_one_generator_draws_the_batch_at_once(void **state)
     df_gen_output q_alone = generate(p, &h);
     double d = image_diff(&one, 1, &q_alone, 0, ref.n);
     printf("sd3 batch, one generator: Q vs Q alone from the second half: %.3g\n", d);
-    assert_true(d <= 1e-5);
+    assert_true(d <= 1e-4); /* float32 rounding of other blockings, as above */
 
     /* num_images_per_prompt 2 with four generators: [P, P, Q, Q]. */
     static const uint64_t four[4] = {0, 9, 5, 11};
