@@ -168,7 +168,15 @@ df_status df_cache_config_parse(const char *spec, df_cache_config *out)
 void df_cache_config_format(const df_cache_config *c, char *buf, size_t cap)
 {
     if (c->kind == DF_CACHE_FIRST_BLOCK) {
-        snprintf(buf, cap, "first-block:threshold=%.17g", c->threshold);
+        int digits = 6; /* the shortest that reads back as the same double */
+        while (digits < 17) {
+            char t[64];
+            snprintf(t, sizeof t, "%.*g", digits, c->threshold);
+            if (strtod(t, NULL) == c->threshold)
+                break;
+            digits++;
+        }
+        snprintf(buf, cap, "first-block:threshold=%.*g", digits, c->threshold);
     } else if (c->kind == DF_CACHE_TAYLORSEER) {
         char after[16];
         if (c->disable_cache_after_step < 0)
@@ -404,12 +412,12 @@ void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *
     ts_module *m = module_of(ctx, c, module, n);
     if (!m)
         return;
-    int delta = c->call - m->last_update;
+    int delta = c->call - m->last_update, had = m->n_factors;
     for (int i = 0; i < n; i++) {
         df_tensor *chain[MAX_ORDER + 1] = {out[i]};
         int got = 1;
         for (int j = 0; m->last_update >= 0 && j < c->cfg.max_order; j++) {
-            if (j >= m->n_factors)
+            if (j >= had)
                 break;
             df_tensor *prev = df_cast(ctx, m->factors[i][j], DF_DTYPE_F32);
             chain[j + 1] = df_scale(ctx, df_sub(ctx, chain[j], prev), 1.0f / (float)delta, 0.0f);

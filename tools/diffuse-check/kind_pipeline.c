@@ -278,12 +278,12 @@ int check_kind_pipeline(check_case *c)
             free(u8);
         }
         if (g.cache) { /* one letter per step, as ASCII codes */
-            double trace[1000];
+            int64_t trace[1000];
             int64_t n = (int64_t)strlen(out.cache_trace);
             for (int64_t i = 0; i < n; i++)
                 trace[i] = (unsigned char)out.cache_trace[i];
             printf("%s: cache trace %s\n", c->name, out.cache_trace);
-            rc |= check_compare_f64(c, "cache_trace", trace, n);
+            rc |= check_compare_i64(c, "cache_trace", trace, n);
         }
         check_write_stats(c, df_pipeline_ctx(p));
     }
