@@ -1,10 +1,11 @@
 # Step caches (docs/step-cache.md): diffusers' FirstBlockCache and TaylorSeer on the tiny
-# FLUX.1 pipeline, against diffusers' own cached float64 runs (tests/cases/cache-*, made by
+# FLUX.1 and FLUX.2 [klein] pipelines, against diffusers' own cached float64 runs (tests/cases/cache-*, made by
 # tools/refgen/step_cache_cases.py): the image and the per-call trace, in every mode that
 # takes the cache, and the modes that refuse it say so.
 set(DF_CACHE_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
-set(DF_CACHE_CASES cache-fbc-flux cache-taylorseer-flux cache-taylorseer-flux-order1)
-if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell)
+set(DF_CACHE_CASES cache-fbc-flux cache-taylorseer-flux cache-taylorseer-flux-order1
+    cache-taylorseer-flux2-klein)
+if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell AND EXISTS ${DF_GOLDEN_DIR}/pipe-flux2-klein)
   foreach(case ${DF_CACHE_CASES})
     foreach(mode eager fuse)
       add_test(NAME step_cache/${mode}/${case}

@@ -66,4 +66,8 @@ void df_flux_set_step_cache(struct df_flux *m, df_step_cache *c);
 /* Attention modules of a FLUX.1 transformer (double and single blocks). */
 int df_flux_attention_modules(const struct df_flux *m);
 
+struct df_flux2;
+void df_flux2_set_step_cache(struct df_flux2 *m, df_step_cache *c);
+int df_flux2_attention_modules(const struct df_flux2 *m);
+
 #endif

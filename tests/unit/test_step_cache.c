@@ -1,5 +1,6 @@
 /*
- * Step caches: the --cache specs, TaylorSeer's schedule, and on the tiny FLUX.1 pipeline of
+ * Step caches: the --cache specs, TaylorSeer's schedule, the pipelines that refuse a cache
+ * (naming why), and on the tiny FLUX.1 pipeline of
  * tests/golden/t2i-flux-schnell that a first-block cache that never skips gives the uncached
  * image bit for bit, and one that always skips runs fewer ops (the blocks really are left
  * out) and a different image. Parity with diffusers' cached runs is tests/step_cache.cmake's.
@@ -153,6 +154,36 @@ static void test_first_block_cache_skips_only_when_told(void **state)
     df_gen_output_free(&always.out);
 }
 
+/* Where diffusers 0.42 has no such cache, diffuse refuses it and says why. */
+static void test_pipelines_without_caches_say_why(void **state)
+{
+    (void)state;
+    struct {
+        const char *folder, *spec, *why;
+    } cases[] = {
+        {"t2i-sd3", "first-block", "SD3Transformer2DModel has no step caches"},
+        {"t2i-flux2", "taylorseer", "outside a cache context"},
+        {"t2i-flux2-klein", "first-block", "use taylorseer"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/%s/pipeline", DF_GOLDEN_DIR, cases[k].folder);
+        df_pipeline *p = NULL;
+        assert_int_equal(df_pipeline_load(dir, &(df_load_opts){.threads = 2}, &p), DF_OK);
+        df_cache_config cfg;
+        assert_int_equal(df_cache_config_parse(cases[k].spec, &cfg), DF_OK);
+        df_gen_output out;
+        assert_int_equal(df_pipeline_run(p, &(df_gen_params){.prompt = "a", .height = 64,
+                                                             .width = 64, .steps = 2,
+                                                             .max_sequence_length = 16,
+                                                             .cache = &cfg},
+                                         &out),
+                         DF_E_UNSUPPORTED);
+        assert_non_null(strstr(df_error_message(), cases[k].why));
+        df_pipeline_free(p);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -160,6 +191,7 @@ int main(void)
         cmocka_unit_test(test_bad_specs_are_refused_by_name),
         cmocka_unit_test(test_taylorseer_schedule_is_diffusers),
         cmocka_unit_test(test_first_block_cache_skips_only_when_told),
+        cmocka_unit_test(test_pipelines_without_caches_say_why),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

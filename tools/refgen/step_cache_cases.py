@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Reference cases for diffuse's step caches (docs/step-cache.md), in the golden format.
 
-Runs diffusers' FluxPipeline on the tiny pipeline of tests/golden/pipe-flux-schnell (its prompt
-embeddings and latents) with `pipe.transformer.enable_cache(config)`, in float64, and writes
-tests/cases/<case>/ with case.json and case.safetensors:
+Runs diffusers' FluxPipeline and Flux2KleinPipeline on the tiny pipelines of
+tests/golden/pipe-flux-schnell and pipe-flux2-klein (their prompt embeddings and latents) with
+`pipe.transformer.enable_cache(config)`, in float64, and writes tests/cases/<case>/ with
+case.json and case.safetensors:
 
-  in.prompt_embeds, in.pooled_prompt_embeds, in.latents   the golden case's inputs
+  in.*                                                    the golden case's inputs
   out.latents_final, out.image, out.image_uint8           the cached run (float64)
   out.cache_trace                                         one ASCII code per transformer call:
                                                           C computed, S skipped, P predicted
@@ -29,12 +30,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import diffusers
-from diffusers import FirstBlockCacheConfig, FluxPipeline, TaylorSeerCacheConfig
+from diffusers import FirstBlockCacheConfig, Flux2KleinPipeline, FluxPipeline, TaylorSeerCacheConfig
 from diffusers.hooks import first_block_cache as fbc
 from diffusers.hooks import taylorseer_cache as tsc
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
-GOLDEN = os.path.join(ROOT, "tests", "golden", "pipe-flux-schnell")
 STEPS = 12
 
 # ---- what the hooks decided, call by call ---------------------------------------------------
@@ -78,24 +78,34 @@ def trace_of(kind):
 
 # ---- the pipeline -----------------------------------------------------------------------------
 
-inputs = load_file(os.path.join(GOLDEN, "case.safetensors"))
-ins = {k: inputs[k] for k in ("in.prompt_embeds", "in.pooled_prompt_embeds", "in.latents")}
-pipe = FluxPipeline.from_pretrained(os.path.join(GOLDEN, "pipeline"), torch_dtype=torch.float64,
-                                    text_encoder=None, tokenizer=None, text_encoder_2=None,
-                                    tokenizer_2=None)
-pipe.set_progress_bar_config(disable=True)
+class Target:
+    """A golden pipeline case's folder and inputs, and the call that runs it."""
+
+    def __init__(self, golden, cls, guidance, drop):
+        self.golden = os.path.join(ROOT, "tests", "golden", golden)
+        self.name, self.cls, self.guidance = golden, cls, guidance
+        inputs = load_file(os.path.join(self.golden, "case.safetensors"))
+        self.ins = {k: v for k, v in inputs.items() if k.startswith("in.")}
+        self.pipe = cls.from_pretrained(os.path.join(self.golden, "pipeline"),
+                                        torch_dtype=torch.float64, **{k: None for k in drop})
+        self.pipe.set_progress_bar_config(disable=True)
+        self.uncached = None
 
 
-def run(config, output_type):
+flux = Target("pipe-flux-schnell", FluxPipeline, 0.0,
+              ["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
+klein = Target("pipe-flux2-klein", Flux2KleinPipeline, 1.0, ["text_encoder", "tokenizer"])
+
+
+def run(target, config, output_type):
     """One call with a fresh cache (None: uncached); returns the output and the trace."""
+    pipe = target.pipe
     if config is not None:
         pipe.transformer.enable_cache(config)
     events.clear()
-    out = pipe(prompt_embeds=ins["in.prompt_embeds"].double(),
-               pooled_prompt_embeds=ins["in.pooled_prompt_embeds"].double(),
-               latents=ins["in.latents"].double(), height=64, width=64,
-               num_inference_steps=STEPS, guidance_scale=0.0, output_type=output_type,
-               return_dict=False)[0]
+    out = pipe(**{k[3:]: v.double() for k, v in target.ins.items()}, height=64, width=64,
+               num_inference_steps=STEPS, guidance_scale=target.guidance,
+               output_type=output_type, return_dict=False)[0]
     fbc_diffs = [d for k, d, _ in events if k == "fbc"]
     trace = trace_of("fbc" if isinstance(config, FirstBlockCacheConfig) else "ts") if config else ""
     if config is not None:
@@ -108,22 +118,21 @@ def psnr(a, b):
     return float("inf") if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
-uncached_image = run(None, "np")[0]
-
-
-def write_case(name, config, args_cache, covers, extra_notes, details):
-    image, trace, diffs = run(config, "np")
-    latents, trace2, _ = run(config, "latent")
+def write_case(target, name, config, args_cache, covers, extra_notes, details):
+    if target.uncached is None:
+        target.uncached = run(target, None, "np")[0]
+    image, trace, diffs = run(target, config, "np")
+    latents, trace2, _ = run(target, config, "latent")
     assert trace == trace2, (trace, trace2)
-    image_u8 = np.stack([np.array(p) for p in pipe.numpy_to_pil(image)])
+    image_u8 = np.stack([np.array(p) for p in target.pipe.numpy_to_pil(image)])
     out = {
-        **{k: v.contiguous() for k, v in ins.items()},
+        **{k: v.contiguous() for k, v in target.ins.items()},
         "out.latents_final": torch.as_tensor(latents, dtype=torch.float64).contiguous(),
         "out.image": torch.as_tensor(image, dtype=torch.float64).contiguous(),
         "out.image_uint8": torch.as_tensor(image_u8, dtype=torch.uint8).contiguous(),
         "out.cache_trace": torch.tensor([ord(ch) for ch in trace], dtype=torch.int64),
     }
-    details = dict(details, trace=trace, uncached_psnr_db=psnr(image, uncached_image))
+    details = dict(details, trace=trace, uncached_psnr_db=psnr(image, target.uncached))
     if diffs and diffs[0] is None:
         measured = [d for d in diffs if d is not None]
         details["diffs"] = diffs
@@ -133,19 +142,18 @@ def write_case(name, config, args_cache, covers, extra_notes, details):
         "case": name,
         "kind": "pipeline",
         "covers": covers,
-        "class": "FluxPipeline",
-        "dir": "../../golden/pipe-flux-schnell/pipeline",
-        "call": "pipe = FluxPipeline.from_pretrained(dir, torch_dtype=torch.float64, text encoders "
-                "and tokenizers None); pipe.transformer.enable_cache(<args.cache>); image = pipe("
-                "prompt_embeds, pooled_prompt_embeds, latents, height=64, width=64, "
-                f"num_inference_steps={STEPS}, guidance_scale=0.0, output_type='np'); the cache "
-                "is disabled and enabled again before the output_type='latent' call",
+        "class": target.cls.__name__,
+        "dir": f"../../golden/{target.name}/pipeline",
+        "call": f"pipe = {target.cls.__name__}.from_pretrained(dir, torch_dtype=torch.float64, "
+                "text encoders and tokenizers None); pipe.transformer.enable_cache(<args.cache>); "
+                f"image = pipe({', '.join(k[3:] for k in sorted(target.ins))}, height=64, "
+                f"width=64, num_inference_steps={STEPS}, guidance_scale={target.guidance}, "
+                "output_type='np'); the cache is disabled and enabled again before the "
+                "output_type='latent' call",
         "args": {
-            "prompt_embeds": "in.prompt_embeds",
-            "pooled_prompt_embeds": "in.pooled_prompt_embeds",
-            "latents": "in.latents",
-            "height": 64, "width": 64, "num_inference_steps": STEPS, "guidance_scale": 0.0,
-            "output_type": "np",
+            **{k[3:]: k for k in sorted(target.ins)},
+            "height": 64, "width": 64, "num_inference_steps": STEPS,
+            "guidance_scale": target.guidance, "output_type": "np",
             "cache": args_cache,
         },
         "outputs": {"latents_final": "out.latents_final", "image": "out.image",
@@ -155,7 +163,7 @@ def write_case(name, config, args_cache, covers, extra_notes, details):
                       "image_uint8": {"max_abs": 1, "rel_l2": 1.0}},
         "exact": ["cache_trace"],
         "notes": [
-            "inputs and pipeline folder: tests/golden/pipe-flux-schnell",
+            f"inputs and pipeline folder: tests/golden/{target.name}",
             "args.cache: the config given to pipe.transformer.enable_cache, as {config: class "
             "name, field: value}; diffuse-check passes it as --cache",
             "out.cache_trace: ASCII codes, one per transformer call: C computed every block, "
@@ -182,7 +190,7 @@ def pick_threshold():
     """A threshold that skips some calls and computes others, far from every measured change."""
     best = None
     for t in (0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85):
-        _, trace, diffs = run(FirstBlockCacheConfig(threshold=t), "latent")
+        _, trace, diffs = run(flux, FirstBlockCacheConfig(threshold=t), "latent")
         margin = min(abs(d - t) for d in diffs if d is not None)
         if trace.count("S") >= 3 and trace.count("C") >= 4 and (best is None or margin > best[1]):
             best = (t, margin)
@@ -190,7 +198,7 @@ def pick_threshold():
 
 
 threshold = pick_threshold()
-write_case("cache-fbc-flux", FirstBlockCacheConfig(threshold=threshold),
+write_case(flux, "cache-fbc-flux", FirstBlockCacheConfig(threshold=threshold),
            {"config": "FirstBlockCacheConfig", "threshold": threshold},
            f"FluxPipeline (pipe-flux-schnell) 12 steps with FirstBlockCacheConfig(threshold="
            f"{threshold}): which calls skip the blocks after the first, and the image",
@@ -199,7 +207,7 @@ write_case("cache-fbc-flux", FirstBlockCacheConfig(threshold=threshold),
            {"threshold": threshold})
 
 ts = dict(cache_interval=3, disable_cache_before_step=2, max_order=2)
-write_case("cache-taylorseer-flux", TaylorSeerCacheConfig(**ts, taylor_factors_dtype=torch.float32),
+write_case(flux, "cache-taylorseer-flux", TaylorSeerCacheConfig(**ts, taylor_factors_dtype=torch.float32),
            {"config": "TaylorSeerCacheConfig", **ts, "taylor_factors_dtype": "float32"},
            "FluxPipeline (pipe-flux-schnell) 12 steps with TaylorSeerCacheConfig(cache_interval=3, "
            "disable_cache_before_step=2, max_order=2, taylor_factors_dtype=float32): the attention "
@@ -209,7 +217,7 @@ write_case("cache-taylorseer-flux", TaylorSeerCacheConfig(**ts, taylor_factors_d
            dict(ts, taylor_factors_dtype="float32"))
 
 ts1 = dict(cache_interval=5, disable_cache_before_step=3, max_order=1, disable_cache_after_step=10)
-write_case("cache-taylorseer-flux-order1",
+write_case(flux, "cache-taylorseer-flux-order1",
            TaylorSeerCacheConfig(**ts1, taylor_factors_dtype=torch.float32),
            {"config": "TaylorSeerCacheConfig", **ts1, "taylor_factors_dtype": "float32"},
            "FluxPipeline (pipe-flux-schnell) 12 steps with TaylorSeerCacheConfig(cache_interval=5, "
@@ -217,3 +225,14 @@ write_case("cache-taylorseer-flux-order1",
            "taylor_factors_dtype=float32): the defaults' schedule with a cooldown",
            ["taylor_factors_dtype float32, as in cache-taylorseer-flux"],
            dict(ts1, taylor_factors_dtype="float32"))
+
+tk = dict(cache_interval=4, disable_cache_before_step=2, max_order=1)
+write_case(klein, "cache-taylorseer-flux2-klein",
+           TaylorSeerCacheConfig(**tk, taylor_factors_dtype=torch.float32),
+           {"config": "TaylorSeerCacheConfig", **tk, "taylor_factors_dtype": "float32"},
+           "Flux2KleinPipeline (pipe-flux2-klein, distilled) 12 steps with TaylorSeerCacheConfig("
+           "cache_interval=4, disable_cache_before_step=2, max_order=1, taylor_factors_dtype="
+           "float32): the double blocks' Flux2Attention and the single blocks' "
+           "Flux2ParallelSelfAttention (attention and MLP) predicted",
+           ["taylor_factors_dtype float32, as in cache-taylorseer-flux"],
+           dict(tk, taylor_factors_dtype="float32"))
