@@ -3,8 +3,8 @@
 # tools/refgen/step_cache_cases.py): the image and the per-call trace, in every mode that
 # takes the cache, and the modes that refuse it say so.
 set(DF_CACHE_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
-set(DF_CACHE_CASES cache-fbc-flux cache-taylorseer-flux cache-taylorseer-flux-order1
-    cache-taylorseer-flux2-klein)
+set(DF_CACHE_CASES cache-fbc-flux cache-taylorseer-flux cache-taylorseer-flux-bf16
+    cache-taylorseer-flux-order1 cache-taylorseer-flux2-klein)
 if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell AND EXISTS ${DF_GOLDEN_DIR}/pipe-flux2-klein)
   foreach(case ${DF_CACHE_CASES})
     foreach(mode eager fuse)
