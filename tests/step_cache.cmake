@@ -1,11 +1,12 @@
-# Step caches (docs/step-cache.md): diffusers' FirstBlockCache and TaylorSeer on the tiny
+# Step caches (docs/step-cache.md): diffusers' FirstBlockCache, TaylorSeer and MagCache on the tiny
 # FLUX.1 and FLUX.2 [klein] pipelines, against diffusers' own cached float64 runs (tests/cases/cache-*, made by
 # tools/refgen/step_cache_cases.py): the image and the per-call trace, in every mode that
 # takes the cache, and the modes that refuse it say so.
 set(DF_CACHE_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
 set(DF_CACHE_CASES cache-fbc-flux cache-taylorseer-flux cache-taylorseer-flux-bf16
-    cache-taylorseer-flux-order1 cache-taylorseer-flux2-klein)
-if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell AND EXISTS ${DF_GOLDEN_DIR}/pipe-flux2-klein)
+    cache-taylorseer-flux-order1 cache-taylorseer-flux2-klein cache-mag-flux cache-mag-flux2)
+if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell AND EXISTS ${DF_GOLDEN_DIR}/pipe-flux2-klein
+   AND EXISTS ${DF_GOLDEN_DIR}/pipe-flux2)
   foreach(case ${DF_CACHE_CASES})
     foreach(mode eager fuse)
       add_test(NAME step_cache/${mode}/${case}
@@ -13,9 +14,12 @@ if(EXISTS ${DF_GOLDEN_DIR}/pipe-flux-schnell AND EXISTS ${DF_GOLDEN_DIR}/pipe-fl
       set_tests_properties(step_cache/${mode}/${case} PROPERTIES TIMEOUT 600)
     endforeach()
   endforeach()
-  # The first-block cache works between compiled blocks; TaylorSeer, inside them, does not.
-  add_test(NAME step_cache/blocks/cache-fbc-flux
-           COMMAND diffuse-check --mode blocks --threads 2 ${DF_CACHE_CASES_DIR}/cache-fbc-flux)
+  # The first-block cache and MagCache work between compiled blocks; TaylorSeer, inside
+  # them, does not.
+  foreach(case cache-fbc-flux cache-mag-flux cache-mag-flux2)
+    add_test(NAME step_cache/blocks/${case}
+             COMMAND diffuse-check --mode blocks --threads 2 ${DF_CACHE_CASES_DIR}/${case})
+  endforeach()
   add_test(NAME step_cache/blocks/taylorseer-refused
            COMMAND diffuse-check --mode blocks --threads 2
                    ${DF_CACHE_CASES_DIR}/cache-taylorseer-flux)

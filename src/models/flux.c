@@ -671,6 +671,11 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     df_step_cache_begin(m->cache);
     bool first_block = df_step_cache_first_block(m->cache), rest = true;
     df_tensor *h = NULL; /* [B, S, D] joint sequence, text first */
+    if (df_step_cache_mag(m->cache)) {
+        df_tensor *xs = df_step_cache_mag_head(ctx, m->cache, x); /* the blocks skipped? */
+        if (xs)
+            h = df_concat(ctx, c, xs, 1), rest = false;
+    }
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers && rest; i++) {
         df_tensor *x0 = x, *io[2];
@@ -688,6 +693,8 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         }
         if (first_block)
             df_step_cache_tail(ctx, m->cache, h);
+        if (df_step_cache_mag(m->cache))
+            df_step_cache_mag_tail(ctx, m->cache, df_slice(ctx, h, 1, d.s_txt, d.S));
     }
     df_step_cache_end(m->cache);
     x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */

@@ -757,17 +757,27 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->cache);
-    df_scope mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_layers; i++) {
-        df_tensor *io[2];
-        df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
-        x = io[0], c = io[1];
-    }
-    df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
-    mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_single_layers; i++) {
-        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
-                      (df_tensor *[]){h, mod_single, pe}, &h);
+    df_tensor *skip = df_step_cache_mag(m->cache) ? df_step_cache_mag_head(ctx, m->cache, x)
+                                                  : NULL; /* MagCache: the blocks skipped? */
+    df_tensor *h = NULL;                                  /* [B, S, D] joint, text first */
+    if (skip) {
+        h = df_concat(ctx, c, skip, 1);
+    } else {
+        df_scope mark = df_scope_begin(ctx);
+        for (int i = 0; i < m->cfg.num_layers; i++) {
+            df_tensor *io[2];
+            df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe},
+                          io);
+            x = io[0], c = io[1];
+        }
+        h = df_concat(ctx, c, x, 1);
+        mark = df_scope_begin(ctx);
+        for (int i = 0; i < m->cfg.num_single_layers; i++) {
+            df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
+                          (df_tensor *[]){h, mod_single, pe}, &h);
+        }
+        if (df_step_cache_mag(m->cache))
+            df_step_cache_mag_tail(ctx, m->cache, df_slice(ctx, h, 1, s_txt, S));
     }
     df_step_cache_end(m->cache);
     x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */

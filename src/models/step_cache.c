@@ -18,6 +18,16 @@
  * factor j, each stored in taylor_factors_dtype (rounded after the whole chain, which runs
  * in the output's dtype). A prediction is sum_j F(j) * (s - s_last)^j / j!.
  *
+ * MagCache (hooks/mag_cache.py). Before the first block, at step s past
+ * int(retention_ratio * num_inference_steps + 0.5): ratio *= mag_ratios[s], steps += 1,
+ * err += |1 - ratio| (all float32, as torch computes on the ratios' 0-d float32 tensors,
+ * the threshold rounded to float32 for the comparison); the call skips every block when a
+ * residual is stored, err <= threshold and steps <= max_skip_steps, and otherwise resets
+ * ratio, steps and err and computes. A skipping call returns the image stream's input plus
+ * the stored residual (the text stream passes through); a computing call stores the last
+ * block's image output minus the first block's image input. The step counter and the
+ * state restart after num_inference_steps calls.
+ *
  * Every call of a run goes through one state: the pipelines call their transformer once per
  * step (diffusers' cache_context("cond")).
  */
@@ -55,6 +65,11 @@ struct df_step_cache {
     int64_t n_res;
     bool have_prev;
     df_tensor *head_out, *tail_res;
+    /* MagCache: the accumulation in float32, as torch does it on the ratios' 0-d tensors */
+    int mag_step;
+    float mag_ratio, mag_err;
+    int mag_steps;
+    df_tensor *mag_in, *mag_res; /* this call's head input; the last computed residual */
     /* TaylorSeer */
     ts_module *mod;
     int n_mod;
@@ -65,9 +80,53 @@ struct df_step_cache {
 
 df_cache_config df_cache_config_default(df_cache_kind kind)
 {
-    return (df_cache_config){.kind = kind, .threshold = 0.05, .cache_interval = 5,
-                             .disable_cache_before_step = 3, .disable_cache_after_step = -1,
-                             .max_order = 1, .taylor_factors_dtype = DF_DTYPE_BF16};
+    return (df_cache_config){.kind = kind, .threshold = kind == DF_CACHE_MAG ? 0.06 : 0.05,
+                             .cache_interval = 5, .disable_cache_before_step = 3,
+                             .disable_cache_after_step = -1, .max_order = 1,
+                             .taylor_factors_dtype = DF_DTYPE_BF16, .max_skip_steps = 3,
+                             .retention_ratio = 0.2, .num_inference_steps = 28};
+}
+
+/* diffusers' FLUX_MAG_RATIOS (hooks/mag_cache.py): FLUX.1-dev at 28 steps. */
+static const float flux_mag_ratios[28] = {
+    1.0f,     1.21094f, 1.11719f, 1.07812f, 1.0625f,  1.03906f, 1.03125f,
+    1.03906f, 1.02344f, 1.03125f, 1.02344f, 0.98047f, 1.01562f, 1.00781f,
+    1.0f,     1.00781f, 1.0f,     1.00781f, 1.0f,     1.0f,     0.99609f,
+    0.99609f, 0.98047f, 0.98828f, 0.96484f, 0.95703f, 0.93359f, 0.89062f};
+
+static df_status parse_ratios(df_cache_config *c, const char *cache, const char *v)
+{
+    if (strcmp(v, "flux") == 0 || strcmp(v, "FLUX_MAG_RATIOS") == 0) {
+        c->n_mag_ratios = 28;
+        memcpy(c->mag_ratios, flux_mag_ratios, sizeof flux_mag_ratios);
+        return DF_OK;
+    }
+    int n = 0;
+    for (const char *p = v; *p;) {
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p || !isfinite(x) || (*end && *end != '/') || n == DF_CACHE_MAX_MAG_RATIOS)
+            return df_errorf(DF_E_ARG, "--cache %s: mag_ratios must be 'flux' or at most %d "
+                             "numbers separated by '/', not '%s'", cache,
+                             DF_CACHE_MAX_MAG_RATIOS, v);
+        c->mag_ratios[n++] = (float)x; /* torch.tensor(list): float32 */
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0)
+        return df_errorf(DF_E_ARG, "--cache %s: mag_ratios is empty", cache);
+    c->n_mag_ratios = n;
+    return DF_OK;
+}
+
+static df_status parse_number(const char *cache, const char *key, const char *v, double *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == '\0' || *end != '\0' || !(x >= 0) || !isfinite(x))
+        return df_errorf(DF_E_ARG, "--cache %s: %s must be a number >= 0, not '%s'", cache, key,
+                         v);
+    *out = x;
+    return DF_OK;
 }
 
 static df_status parse_int(const char *cache, const char *key, const char *v, int min, int *out)
@@ -83,13 +142,23 @@ static df_status parse_int(const char *cache, const char *key, const char *v, in
 
 static df_status parse_key(df_cache_config *c, const char *cache, const char *key, const char *v)
 {
-    if (c->kind == DF_CACHE_FIRST_BLOCK && strcmp(key, "threshold") == 0) {
-        char *end;
-        c->threshold = strtod(v, &end);
-        if (*v == '\0' || *end != '\0' || !(c->threshold >= 0) || !isfinite(c->threshold))
-            return df_errorf(DF_E_ARG, "--cache %s: threshold must be a number >= 0, not '%s'",
-                             cache, v);
-        return DF_OK;
+    if ((c->kind == DF_CACHE_FIRST_BLOCK || c->kind == DF_CACHE_MAG) &&
+        strcmp(key, "threshold") == 0)
+        return parse_number(cache, key, v, &c->threshold);
+    if (c->kind == DF_CACHE_MAG) {
+        if (strcmp(key, "max_skip_steps") == 0)
+            return parse_int(cache, key, v, 0, &c->max_skip_steps);
+        if (strcmp(key, "retention_ratio") == 0)
+            return parse_number(cache, key, v, &c->retention_ratio);
+        if (strcmp(key, "num_inference_steps") == 0)
+            return parse_int(cache, key, v, 1, &c->num_inference_steps);
+        if (strcmp(key, "mag_ratios") == 0)
+            return parse_ratios(c, cache, v);
+        if (strcmp(key, "calibrate") == 0 && (strcmp(v, "False") == 0 || strcmp(v, "false") == 0))
+            return DF_OK;
+        if (strcmp(key, "calibrate") == 0)
+            return df_errorf(DF_E_UNSUPPORTED, "--cache %s: calibrate is not implemented; give "
+                             "mag_ratios", cache);
     }
     if (c->kind == DF_CACHE_TAYLORSEER) {
         if (strcmp(key, "cache_interval") == 0)
@@ -122,17 +191,41 @@ static df_status parse_key(df_cache_config *c, const char *cache, const char *ke
         }
     }
     return df_errorf(DF_E_ARG, "--cache %s: unknown key '%s' (%s)", cache, key,
-                     c->kind == DF_CACHE_FIRST_BLOCK
-                         ? "first-block takes threshold"
+                     c->kind == DF_CACHE_FIRST_BLOCK ? "first-block takes threshold"
+                     : c->kind == DF_CACHE_MAG
+                         ? "magcache takes threshold, max_skip_steps, retention_ratio, "
+                           "num_inference_steps, mag_ratios"
                          : "taylorseer takes cache_interval, disable_cache_before_step, "
                            "disable_cache_after_step, max_order, taylor_factors_dtype");
+}
+
+/* MagCacheConfig.__post_init__: ratios of another length are resampled to
+ * num_inference_steps by nearest_interp, index round((float)i * (float)scale), rounding
+ * half to even as torch.round does. */
+static void interpolate_ratios(df_cache_config *c)
+{
+    int src = c->n_mag_ratios, n = c->num_inference_steps;
+    if (src == n || n > DF_CACHE_MAX_MAG_RATIOS)
+        return;
+    float from[DF_CACHE_MAX_MAG_RATIOS];
+    memcpy(from, c->mag_ratios, (size_t)src * sizeof *from);
+    if (n == 1) {
+        c->mag_ratios[0] = from[src - 1];
+    } else {
+        float scale = (float)((double)(src - 1) / (double)(n - 1));
+        for (int i = 0; i < n; i++) {
+            int k = (int)nearbyintf((float)i * scale);
+            c->mag_ratios[i] = from[k < src ? k : src - 1];
+        }
+    }
+    c->n_mag_ratios = n;
 }
 
 df_status df_cache_config_parse(const char *spec, df_cache_config *out)
 {
     if (!spec || !out)
         return df_errorf(DF_E_ARG, "--cache: no value");
-    char buf[512];
+    char buf[16384]; /* a spec with 1000 mag_ratios */
     if (strlen(spec) >= sizeof buf)
         return df_errorf(DF_E_ARG, "--cache: the value is longer than %zu bytes", sizeof buf - 1);
     strcpy(buf, spec);
@@ -146,9 +239,11 @@ df_status df_cache_config_parse(const char *spec, df_cache_config *out)
         c = df_cache_config_default(DF_CACHE_FIRST_BLOCK);
     else if (strcmp(buf, "taylorseer") == 0)
         c = df_cache_config_default(DF_CACHE_TAYLORSEER);
+    else if (strcmp(buf, "magcache") == 0)
+        c = df_cache_config_default(DF_CACHE_MAG);
     else
         return df_errorf(DF_E_ARG, "--cache: unknown cache '%s' (expected first-block, "
-                         "taylorseer or none)", buf);
+                         "taylorseer, magcache or none)", buf);
     if (keys && c.kind == DF_CACHE_NONE && *keys)
         return df_errorf(DF_E_ARG, "--cache none takes no keys, found '%s'", keys);
     for (char *kv = keys, *next; kv && *kv; kv = next) {
@@ -161,6 +256,11 @@ df_status df_cache_config_parse(const char *spec, df_cache_config *out)
         *v++ = '\0';
         DF_TRY(parse_key(&c, buf, kv, v));
     }
+    if (c.kind == DF_CACHE_MAG && c.n_mag_ratios == 0)
+        return df_errorf(DF_E_ARG, "--cache magcache: mag_ratios is required (they are "
+                         "model-dependent; 'flux' gives diffusers' FLUX_MAG_RATIOS)");
+    if (c.kind == DF_CACHE_MAG)
+        interpolate_ratios(&c);
     *out = c;
     return DF_OK;
 }
@@ -188,6 +288,15 @@ void df_cache_config_format(const df_cache_config *c, char *buf, size_t cap)
                  "disable_cache_after_step=%s,max_order=%d,taylor_factors_dtype=%s",
                  c->cache_interval, c->disable_cache_before_step, after, c->max_order,
                  c->taylor_factors_dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32");
+    } else if (c->kind == DF_CACHE_MAG) {
+        int len = snprintf(buf, cap,
+                           "magcache:threshold=%g,max_skip_steps=%d,retention_ratio=%g,"
+                           "num_inference_steps=%d,mag_ratios=",
+                           c->threshold, c->max_skip_steps, c->retention_ratio,
+                           c->num_inference_steps);
+        for (int i = 0; i < c->n_mag_ratios && len > 0 && (size_t)len < cap; i++)
+            len += snprintf(buf + len, cap - (size_t)len, "%s%.9g", i ? "/" : "",
+                            c->mag_ratios[i]);
     } else {
         snprintf(buf, cap, "none");
     }
@@ -201,8 +310,14 @@ df_status df_step_cache_create(const df_cache_config *cfg, const char *model, in
     *out = NULL;
     if (!cfg || cfg->kind == DF_CACHE_NONE)
         return DF_OK;
-    if (cfg->kind != DF_CACHE_FIRST_BLOCK && cfg->kind != DF_CACHE_TAYLORSEER)
+    if (cfg->kind != DF_CACHE_FIRST_BLOCK && cfg->kind != DF_CACHE_TAYLORSEER &&
+        cfg->kind != DF_CACHE_MAG)
         return df_errorf(DF_E_ARG, "step cache: unknown kind %d", (int)cfg->kind);
+    if (cfg->kind == DF_CACHE_MAG &&
+        (cfg->n_mag_ratios < 1 || cfg->n_mag_ratios > DF_CACHE_MAX_MAG_RATIOS ||
+         cfg->num_inference_steps < 1))
+        return df_errorf(DF_E_ARG, "magcache: mag_ratios (1 to %d) and num_inference_steps >= 1 "
+                         "are required", DF_CACHE_MAX_MAG_RATIOS);
     if (cfg->kind == DF_CACHE_TAYLORSEER &&
         (cfg->max_order < 0 || cfg->max_order > MAX_ORDER || cfg->cache_interval < 1 ||
          (cfg->taylor_factors_dtype != DF_DTYPE_BF16 && cfg->taylor_factors_dtype != DF_DTYPE_F32)))
@@ -213,6 +328,7 @@ df_status df_step_cache_create(const df_cache_config *cfg, const char *model, in
         return df_errorf(DF_E_OOM, "out of memory for the step cache");
     c->cfg = *cfg;
     c->call = -1;
+    c->mag_ratio = 1.0f;
     snprintf(c->model, sizeof c->model, "%s", model);
     if (cfg->kind == DF_CACHE_TAYLORSEER) {
         c->mod = df_calloc(n_modules ? (size_t)n_modules : 1, sizeof *c->mod);
@@ -362,6 +478,64 @@ void df_step_cache_tail(df_ctx *ctx, df_step_cache *c, df_tensor *tail_out)
     c->head_out = NULL;
 }
 
+/* ---- MagCache ----------------------------------------------------------------------------- */
+
+bool df_step_cache_mag(const df_step_cache *c)
+{
+    return c && c->cfg.kind == DF_CACHE_MAG;
+}
+
+/* MagCacheBlockHook._advance_step: the state restarts after num_inference_steps calls. */
+static void mag_advance(df_step_cache *c)
+{
+    if (++c->mag_step >= c->cfg.num_inference_steps) {
+        c->mag_step = 0;
+        c->mag_ratio = 1.0f, c->mag_steps = 0, c->mag_err = 0.0f;
+        df_tensor_free(c->mag_res);
+        c->mag_res = NULL;
+    }
+}
+
+df_tensor *df_step_cache_mag_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in)
+{
+    c->mag_in = x_in;
+    const df_cache_config *k = &c->cfg;
+    bool run = true;
+    float scale = c->mag_step < k->n_mag_ratios ? k->mag_ratios[c->mag_step] : 1.0f;
+    int retention = (int)(k->retention_ratio * k->num_inference_steps + 0.5);
+    if (c->mag_step >= retention) {
+        c->mag_ratio *= scale;
+        c->mag_steps++;
+        c->mag_err += fabsf(1.0f - c->mag_ratio);
+        if (c->call >= 0 && c->call < MAX_CALLS)
+            c->diffs[c->call] = c->mag_err; /* what the threshold is compared with */
+        if (c->mag_res && c->mag_err <= (float)k->threshold && c->mag_steps <= k->max_skip_steps) {
+            run = false;
+        } else {
+            c->mag_ratio = 1.0f, c->mag_steps = 0, c->mag_err = 0.0f;
+        }
+    }
+    if (run)
+        return NULL;
+    c->letter = 'S';
+    df_tensor *out = df_add(ctx, x_in, c->mag_res);
+    mag_advance(c); /* the tail's hook advances on a skipped call too */
+    return out;
+}
+
+void df_step_cache_mag_tail(df_ctx *ctx, df_step_cache *c, df_tensor *x_out)
+{
+    if (!c->mag_in) {
+        fail(ctx, df_errorf(DF_E_ARG, "magcache: the tail ran without the head"));
+        return;
+    }
+    df_tensor *res = df_sub(ctx, x_out, c->mag_in); /* the image stream's residual */
+    df_tensor_free(c->mag_res);
+    c->mag_res = df_tensor_persist(res);
+    c->mag_in = NULL;
+    mag_advance(c);
+}
+
 /* ---- TaylorSeer --------------------------------------------------------------------------- */
 
 static ts_module *module_of(df_ctx *ctx, df_step_cache *c, int module, int n)
@@ -441,6 +615,7 @@ void df_step_cache_free(df_step_cache *c)
         return;
     df_tensor_free(c->head_out);
     df_tensor_free(c->tail_res);
+    df_tensor_free(c->mag_res);
     for (int k = 0; k < c->n_mod; k++)
         for (int i = 0; i < MAX_OUT; i++)
             for (int j = 0; j < MAX_ORDER + 1; j++)

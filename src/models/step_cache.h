@@ -11,6 +11,9 @@
  *   block's output is) and df_step_cache_tail the last block's output, whose difference is
  *   the cached residual; if not, df_step_cache_skip adds that residual to the first
  *   block's output instead.
+ * - MagCache, around all the blocks (MagCacheHeadHook, the tail's MagCacheBlockHook):
+ *   df_step_cache_mag_head before the first block decides; df_step_cache_mag_tail after the
+ *   last takes the residual.
  * - TaylorSeer, around each attention module (TaylorSeerCacheHook on "*blocks.*attn"):
  *   df_step_cache_predict fills the module's outputs from its Taylor factors on a
  *   predicted step; otherwise the module computes and df_step_cache_update takes them.
@@ -50,6 +53,13 @@ bool df_step_cache_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in, df_tenso
 void df_step_cache_keep_head(df_ctx *ctx, df_step_cache *c, df_tensor *head_out);
 df_tensor *df_step_cache_skip(df_ctx *ctx, df_step_cache *c, df_tensor *head_out);
 void df_step_cache_tail(df_ctx *ctx, df_step_cache *c, df_tensor *tail_out);
+
+/* MagCache, before the first block: x_in [B, S_img, D] the image stream. NULL when the
+ * blocks run (then df_step_cache_mag_tail takes the last block's image output); otherwise
+ * the image stream the skipped blocks are taken to make (the text stream is unchanged). */
+bool df_step_cache_mag(const df_step_cache *c);
+df_tensor *df_step_cache_mag_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in);
+void df_step_cache_mag_tail(df_ctx *ctx, df_step_cache *c, df_tensor *x_out);
 
 /* TaylorSeer. Module `module` (0..n_modules) with n outputs: true when this call predicts
  * them (written to out[0..n)); false when the module computes, and then

@@ -445,9 +445,10 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
  * latents after every step. */
 /* The step caches of a run (g->cache), as Flux2KleinPipeline enables them: one state per
  * cache context, "cond" (cache[0]) and, with CFG, "uncond" (cache[1]). diffusers 0.42 runs
- * neither cache on Flux2Pipeline (it calls the transformer outside any cache context, which
- * its hooks refuse) and no first-block cache on FLUX.2 (its hook subtracts the double
- * block's output pair from the single block's joint output): both are refused here too. */
+ * no first-block or TaylorSeer cache on Flux2Pipeline (it calls the transformer outside any
+ * cache context, which those hooks refuse; MagCache's sets one) and no first-block cache on
+ * FLUX.2 (its hook subtracts the double block's output pair from the single block's joint
+ * output): both are refused here too. */
 static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                              const run_sizes *r, df_step_cache **cache)
 {
@@ -455,10 +456,11 @@ static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params 
     if (!g->cache || g->cache->kind == DF_CACHE_NONE)
         return DF_OK;
     DF_TRY(df_pipeline_check_cache(p, g));
-    if (!f->klein)
+    if (!f->klein && g->cache->kind != DF_CACHE_MAG)
         return df_errorf(DF_E_UNSUPPORTED, "--cache: Flux2Pipeline calls its transformer "
-                         "outside a cache context, where diffusers 0.42's cache hooks fail; "
-                         "step caches run on Flux2KleinPipeline and FluxPipeline");
+                         "outside a cache context, where diffusers 0.42's first-block and "
+                         "TaylorSeer hooks fail (its MagCache sets one itself); these step "
+                         "caches run on Flux2KleinPipeline and FluxPipeline");
     if (g->cache->kind == DF_CACHE_FIRST_BLOCK)
         return df_errorf(DF_E_UNSUPPORTED, "--cache first-block: diffusers 0.42's first-block "
                          "cache fails on Flux2Transformer2DModel (its single blocks return the "

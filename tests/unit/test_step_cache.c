@@ -61,6 +61,31 @@ static void test_specs_take_the_configs_fields_and_defaults(void **state)
     assert_string_equal(buf, "first-block:threshold=0.65");
 }
 
+/* MagCacheConfig: mag_ratios required; other lengths resampled as nearest_interp does. */
+static void test_magcache_ratios(void **state)
+{
+    (void)state;
+    df_cache_config c;
+    assert_int_equal(df_cache_config_parse("magcache", &c), DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "mag_ratios is required"));
+    assert_int_equal(df_cache_config_parse("magcache:mag_ratios=flux,calibrate=True", &c),
+                     DF_E_UNSUPPORTED);
+    assert_int_equal(df_cache_config_parse("magcache:mag_ratios=flux", &c), DF_OK);
+    assert_true(c.threshold == 0.06 && c.max_skip_steps == 3 && c.retention_ratio == 0.2);
+    assert_int_equal(c.n_mag_ratios, 28); /* FLUX_MAG_RATIOS at 28 steps */
+    assert_true(c.mag_ratios[1] == 1.21094f && c.mag_ratios[27] == 0.89062f);
+    /* 28 -> 12: index round(i * 27/11) in float32, half to even: 0, 2, 5, 7, 10, ... 27 */
+    assert_int_equal(df_cache_config_parse("magcache:mag_ratios=flux,num_inference_steps=12", &c),
+                     DF_OK);
+    assert_int_equal(c.n_mag_ratios, 12);
+    assert_true(c.mag_ratios[1] == 1.11719f && c.mag_ratios[2] == 1.03906f);
+    assert_true(c.mag_ratios[11] == 0.89062f);
+    assert_int_equal(df_cache_config_parse("magcache:mag_ratios=1/2/3,num_inference_steps=3", &c),
+                     DF_OK);
+    assert_true(c.mag_ratios[0] == 1.0f && c.mag_ratios[2] == 3.0f);
+    assert_int_equal(df_cache_config_parse("magcache:mag_ratios=1/x", &c), DF_E_ARG);
+}
+
 static void test_bad_specs_are_refused_by_name(void **state)
 {
     (void)state;
@@ -75,8 +100,8 @@ static void test_bad_specs_are_refused_by_name(void **state)
     assert_int_equal(df_cache_config_parse("taylorseer:taylor_factors_dtype=f16", &c), DF_E_ARG);
     assert_non_null(strstr(df_error_message(), "bfloat16 or float32"));
     assert_int_equal(df_cache_config_parse("taylorseer:threshold=1", &c), DF_E_ARG);
-    assert_int_equal(df_cache_config_parse("magcache", &c), DF_E_ARG);
-    assert_non_null(strstr(df_error_message(), "unknown cache 'magcache'"));
+    assert_int_equal(df_cache_config_parse("teacache", &c), DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "unknown cache 'teacache'"));
     assert_int_equal(df_cache_config_parse("first-block:threshold", &c), DF_E_ARG);
     assert_int_equal(c.kind, DF_CACHE_NONE); /* untouched by a refused spec */
 }
@@ -163,6 +188,7 @@ static void test_pipelines_without_caches_say_why(void **state)
     } cases[] = {
         {"t2i-sd3", "first-block", "SD3Transformer2DModel has no step caches"},
         {"t2i-flux2", "taylorseer", "outside a cache context"},
+        {"t2i-sd3", "magcache:mag_ratios=flux", "SD3Transformer2DModel has no step caches"},
         {"t2i-flux2-klein", "first-block", "use taylorseer"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -188,6 +214,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_specs_take_the_configs_fields_and_defaults),
+        cmocka_unit_test(test_magcache_ratios),
         cmocka_unit_test(test_bad_specs_are_refused_by_name),
         cmocka_unit_test(test_taylorseer_schedule_is_diffusers),
         cmocka_unit_test(test_first_block_cache_skips_only_when_told),

@@ -157,7 +157,7 @@ int bench_cache(const bench_opts *o)
             break;
         double speedup = base.cpu_step / r.cpu_step, db = psnr(r.image, base.image, r.n);
         if (o->json) {
-            char extra[1400];
+            char extra[17000];
             snprintf(extra, sizeof extra,
                      ",\"cache\":\"%s\",\"trace\":\"%s\",\"computed\":%d,\"skipped\":%d,"
                      "\"predicted\":%d,\"cpu_s_per_step\":%.4f,\"uncached_cpu_s_per_step\":%.4f,"

@@ -131,19 +131,26 @@ static int get_cache(check_case *c, df_cache_config *cfg, const df_cache_config 
     const char *kind = !name                                       ? NULL
                        : strcmp(name, "FirstBlockCacheConfig") == 0 ? "first-block"
                        : strcmp(name, "TaylorSeerCacheConfig") == 0 ? "taylorseer"
+                       : strcmp(name, "MagCacheConfig") == 0        ? "magcache"
                                                                    : NULL;
     if (df_json_type_of(j) != DF_JSON_OBJECT || !kind)
         return check_fail(c, "args.cache: expected {\"config\": \"FirstBlockCacheConfig\" or "
                           "\"TaylorSeerCacheConfig\", fields...}");
-    char spec[512];
+    char spec[16384];
     int len = snprintf(spec, sizeof spec, "%s", kind);
     for (int64_t i = 0; i < df_json_object_size(j); i++) {
         const char *key;
         const df_json *v = df_json_object_at(j, i, &key);
         if (strcmp(key, "config") == 0)
             continue;
-        char val[64];
-        if (df_json_is_null(v))
+        char val[8192];
+        if (df_json_type_of(v) == DF_JSON_ARRAY) { /* mag_ratios: numbers joined by '/' */
+            int n = 0;
+            val[0] = '\0';
+            for (int64_t e = 0; e < df_json_array_size(v) && n < (int)sizeof val - 32; e++)
+                n += snprintf(val + n, sizeof val - (size_t)n, "%s%.9g", e ? "/" : "",
+                              df_json_number(df_json_array_get(v, e)));
+        } else if (df_json_is_null(v))
             snprintf(val, sizeof val, "None");
         else if (df_json_type_of(v) == DF_JSON_STRING)
             snprintf(val, sizeof val, "%s", df_json_string(v));

@@ -76,8 +76,12 @@ static void help(FILE *f)
         "                             first-block[:threshold=0.05] or\n"
         "                             taylorseer[:cache_interval=5,disable_cache_before_step=3,\n"
         "                             disable_cache_after_step=None,max_order=1,\n"
-        "                             taylor_factors_dtype=bfloat16] (FLUX.1; -v and\n"
-        "                             --stats-json say which steps computed, skipped, predicted)\n"
+        "                             taylor_factors_dtype=bfloat16] or\n"
+        "                             magcache:mag_ratios=flux|R/R/...[,threshold=0.06,\n"
+        "                             max_skip_steps=3,retention_ratio=0.2,\n"
+        "                             num_inference_steps=28] (FLUX.1, FLUX.2; docs/step-cache.md;\n"
+        "                             -v and --stats-json say which steps computed, skipped,\n"
+        "                             predicted)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
         "  -v, --verbose              print timings and memory at the end\n"
         "  -h, --help                 this text\n"
@@ -200,7 +204,7 @@ static void add_cache_stats(char *json, size_t cap, const df_cache_config *c,
     int n[3] = {0, 0, 0};
     for (const char *t = out->cache_trace; *t; t++)
         n[*t == 'S' ? 1 : *t == 'P' ? 2 : 0]++;
-    char spec[256];
+    char spec[16384];
     df_cache_config_format(c, spec, sizeof spec);
     snprintf(json + len - 1, cap - (len - 1),
              ",\"cache\":\"%s\",\"cache_trace\":\"%s\",\"steps_computed\":%d,"
@@ -211,10 +215,14 @@ static void add_cache_stats(char *json, size_t cap, const df_cache_config *c,
 /* -v: each transformer call's fate, with the first-block cache's measured change. */
 static void print_cache_steps(const df_cache_config *c, const df_gen_output *out)
 {
-    char spec[256];
+    char spec[16384];
     df_cache_config_format(c, spec, sizeof spec);
     fprintf(stderr, "cache %s: %s (C computed, S skipped, P predicted)\n", spec,
             out->cache_trace);
+    for (int i = 0; c->kind == DF_CACHE_MAG && out->cache_trace[i]; i++)
+        if (!isnan(out->cache_diff[i]))
+            fprintf(stderr, "  step %d: %c  accumulated error %.6f (threshold %g)\n", i,
+                    out->cache_trace[i], out->cache_diff[i], c->threshold);
     for (int i = 0; c->kind == DF_CACHE_FIRST_BLOCK && out->cache_trace[i]; i++) {
         if (isnan(out->cache_diff[i]))
             fprintf(stderr, "  step %d: %c\n", i, out->cache_trace[i]);
@@ -463,7 +471,7 @@ int cmd_generate(int argc, char **argv)
     if (p && tpc.rank == 0 && (stats_path || verbose)) {
         df_stats st;
         df_ctx_stats(df_pipeline_ctx(p), &st);
-        char json[4096];
+        static char json[24576]; /* the counters and a cache spec of up to 1000 ratios */
         df_stats_to_json(&st, json, sizeof json);
         if (g.cache && g.cache->kind != DF_CACHE_NONE)
             add_cache_stats(json, sizeof json, g.cache, &out);

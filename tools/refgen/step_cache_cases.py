@@ -30,7 +30,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import diffusers
-from diffusers import FirstBlockCacheConfig, Flux2KleinPipeline, FluxPipeline, TaylorSeerCacheConfig
+from diffusers import (FirstBlockCacheConfig, Flux2KleinPipeline, Flux2Pipeline, FluxPipeline,
+                       MagCacheConfig, TaylorSeerCacheConfig)
+from diffusers.hooks import mag_cache as mgc
 from diffusers.hooks import first_block_cache as fbc
 from diffusers.hooks import taylorseer_cache as tsc
 
@@ -69,7 +71,39 @@ def ts_decide(self):
 tsc.TaylorSeerCacheHook._measure_should_compute = ts_decide
 
 
+_mag_forward = mgc.MagCacheHeadHook.new_forward
+
+
+def mag_forward(self, module, *args, **kwargs):
+    out = _mag_forward(self, module, *args, **kwargs)
+    events.append(("mag", None, self.state_manager.get_state().should_compute))
+    return out
+
+
+mgc.MagCacheHeadHook.new_forward = mag_forward
+
+
+def mag_errors(config):
+    """The accumulated errors MagCacheHeadHook compares with the threshold, replayed in its
+    float32 arithmetic (None where it compares nothing), given the trace's decisions."""
+    errs, ratio, steps, err = [], 1.0, 0, 0.0
+    retention = int(config.retention_ratio * config.num_inference_steps + 0.5)
+    for s in range(config.num_inference_steps):
+        if s < retention:
+            errs.append(None)
+            continue
+        ratio = ratio * config.mag_ratios[s]
+        steps += 1
+        err = err + abs(1.0 - ratio)
+        errs.append(float(err))
+        if not (err <= config.threshold and steps <= config.max_skip_steps and s > 0):
+            ratio, steps, err = 1.0, 0, 0.0
+    return errs
+
+
 def trace_of(kind):
+    if kind == "mag":
+        return "".join("C" if run else "S" for k, _, run in events if k == "mag")
     if kind == "fbc":
         return "".join("C" if run else "S" for k, _, run in events if k == "fbc")
     first = next(h for k, h, _ in events if k == "ts")  # transformer_blocks.0.attn
@@ -95,6 +129,7 @@ class Target:
 flux = Target("pipe-flux-schnell", FluxPipeline, 0.0,
               ["text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2"])
 klein = Target("pipe-flux2-klein", Flux2KleinPipeline, 1.0, ["text_encoder", "tokenizer"])
+flux2 = Target("pipe-flux2", Flux2Pipeline, 4.0, ["text_encoder", "tokenizer"])
 
 
 def run(target, config, output_type):
@@ -107,7 +142,9 @@ def run(target, config, output_type):
                num_inference_steps=STEPS, guidance_scale=target.guidance,
                output_type=output_type, return_dict=False)[0]
     fbc_diffs = [d for k, d, _ in events if k == "fbc"]
-    trace = trace_of("fbc" if isinstance(config, FirstBlockCacheConfig) else "ts") if config else ""
+    kind = ("fbc" if isinstance(config, FirstBlockCacheConfig)
+            else "mag" if isinstance(config, MagCacheConfig) else "ts")
+    trace = trace_of(kind) if config else ""
     if config is not None:
         pipe.transformer.disable_cache()
     return out, trace, fbc_diffs
@@ -133,6 +170,11 @@ def write_case(target, name, config, args_cache, covers, extra_notes, details, w
         "out.cache_trace": torch.tensor([ord(ch) for ch in trace], dtype=torch.int64),
     }
     details = dict(details, trace=trace, uncached_psnr_db=psnr(image, target.uncached))
+    if isinstance(config, MagCacheConfig):
+        errs = mag_errors(config)
+        details["accumulated_errors"] = errs
+        details["margin"] = min(abs(e - float(torch.tensor(config.threshold, dtype=torch.float32)))
+                                for e in errs if e is not None)
     if diffs and diffs[0] is None:
         measured = [d for d in diffs if d is not None]
         details["diffs"] = diffs
@@ -246,3 +288,17 @@ write_case(klein, "cache-taylorseer-flux2-klein",
            "Flux2ParallelSelfAttention (attention and MLP) predicted",
            ["taylor_factors_dtype float32, as in cache-taylorseer-flux"],
            dict(tk, taylor_factors_dtype="float32"))
+
+ratios = [float(r) for r in mgc.FLUX_MAG_RATIOS]  # float32 values, as JSON doubles
+for target, name, covers in (
+        (flux, "cache-mag-flux", "FluxPipeline (pipe-flux-schnell)"),
+        (flux2, "cache-mag-flux2", "Flux2Pipeline (pipe-flux2, guidance-embedded)")):
+    mk = dict(threshold=0.1, num_inference_steps=STEPS)
+    write_case(target, name, MagCacheConfig(**mk, mag_ratios=ratios),
+               {"config": "MagCacheConfig", **mk, "mag_ratios": ratios},
+               f"{covers} 12 steps with MagCacheConfig(threshold=0.1, num_inference_steps=12, "
+               "mag_ratios=FLUX_MAG_RATIOS): the 28 ratios resampled to 12, which calls skip "
+               "every block, and the image",
+               ["the decisions depend on the ratios only (and on a stored residual): "
+                "details.accumulated_errors are the float32 values compared with the threshold"],
+               dict(mk, mag_ratios="FLUX_MAG_RATIOS"))
