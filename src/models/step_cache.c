@@ -36,10 +36,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "core/status.h"
 #include <diffuse/ops.h>
 
+#include "core/alloc.h"
+#include "core/status.h"
 #include "models/step_cache.h"
 
 #define MAX_CALLS 1000
@@ -408,6 +408,13 @@ static void fail(df_ctx *ctx, df_status s)
         df_ctx_fail(ctx, s);
 }
 
+/* Fails the context; false for the callers that answer "run the blocks?". */
+static bool failed(df_ctx *ctx, df_status s)
+{
+    fail(ctx, s);
+    return false;
+}
+
 bool df_step_cache_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in, df_tensor *x_out)
 {
     df_tensor *r = df_sub(ctx, x_out, x_in); /* [B, S, D] the first block's residual */
@@ -416,20 +423,19 @@ bool df_step_cache_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in, df_tenso
     int64_t n = df_tensor_numel(r);
     if (!c->cur || n != c->n_res) {
         if (c->have_prev)
-            return fail(ctx, df_errorf(DF_E_SHAPE, "first-block cache: the residual has %lld "
-                                       "elements, the cached one %lld", (long long)n,
-                                       (long long)c->n_res)), false;
+            return failed(ctx, df_errorf(DF_E_SHAPE, "first-block cache: the residual has "
+                                         "%lld elements, the cached one %lld", (long long)n,
+                                         (long long)c->n_res));
         df_free(c->prev), df_free(c->cur);
         c->prev = df_malloc((size_t)n * sizeof *c->prev);
         c->cur = df_malloc((size_t)n * sizeof *c->cur);
         c->n_res = n;
         if (!c->prev || !c->cur)
-            return fail(ctx, df_errorf(DF_E_OOM, "out of memory for the first-block cache")),
-                   false;
+            return failed(ctx, df_errorf(DF_E_OOM, "out of memory for the first-block cache"));
     }
     df_status s = df_tensor_read(ctx, r, DF_DTYPE_F32, c->cur, (size_t)n * sizeof *c->cur);
     if (s != DF_OK)
-        return fail(ctx, s), false;
+        return failed(ctx, s);
     bool run = true;
     if (c->have_prev) {
         double num = 0, den = 0;
