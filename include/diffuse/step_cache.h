@@ -47,16 +47,16 @@ typedef struct df_cache_config {
     /* FirstBlockCacheConfig, MagCacheConfig */
     double threshold; /* 0.05; MagCache 0.06 */
     /* TaylorSeerCacheConfig */
-    int cache_interval;             /* 5 */
-    int disable_cache_before_step;  /* 3 */
-    int disable_cache_after_step;   /* -1: None */
-    int max_order;                  /* 1 */
-    df_dtype taylor_factors_dtype;  /* DF_DTYPE_BF16 (torch.bfloat16) or DF_DTYPE_F32 */
+    int cache_interval;            /* 5 */
+    int disable_cache_before_step; /* 3 */
+    int disable_cache_after_step;  /* -1: None */
+    int max_order;                 /* 1 */
+    df_dtype taylor_factors_dtype; /* DF_DTYPE_BF16 (torch.bfloat16) or DF_DTYPE_F32 */
     /* MagCacheConfig */
-    int max_skip_steps;             /* 3 */
-    double retention_ratio;         /* 0.2 */
-    int num_inference_steps;        /* 28 */
-    int n_mag_ratios;               /* required (diffusers has no default either) */
+    int max_skip_steps;      /* 3 */
+    double retention_ratio;  /* 0.2 */
+    int num_inference_steps; /* 28 */
+    int n_mag_ratios;        /* required (diffusers has no default either) */
     float mag_ratios[DF_CACHE_MAX_MAG_RATIOS];
 } df_cache_config;
 

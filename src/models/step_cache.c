@@ -44,7 +44,7 @@
 
 #define MAX_CALLS 1000
 #define MAX_ORDER 8
-#define MAX_OUT 2
+#define MAX_OUT   2
 
 /* One TaylorSeer-hooked module: factors[i][j] is output i's order-j factor. */
 typedef struct ts_module {
@@ -56,8 +56,8 @@ typedef struct ts_module {
 struct df_step_cache {
     df_cache_config cfg;
     char model[64];
-    int call;     /* the current call, from 0 (-1 before the first) */
-    char letter;  /* the current call's letter */
+    int call;    /* the current call, from 0 (-1 before the first) */
+    char letter; /* the current call's letter */
     char trace[MAX_CALLS + 1];
     double diffs[MAX_CALLS];
     /* FirstBlockCache */
@@ -80,11 +80,16 @@ struct df_step_cache {
 
 df_cache_config df_cache_config_default(df_cache_kind kind)
 {
-    return (df_cache_config){.kind = kind, .threshold = kind == DF_CACHE_MAG ? 0.06 : 0.05,
-                             .cache_interval = 5, .disable_cache_before_step = 3,
-                             .disable_cache_after_step = -1, .max_order = 1,
-                             .taylor_factors_dtype = DF_DTYPE_BF16, .max_skip_steps = 3,
-                             .retention_ratio = 0.2, .num_inference_steps = 28};
+    return (df_cache_config){.kind = kind,
+                             .threshold = kind == DF_CACHE_MAG ? 0.06 : 0.05,
+                             .cache_interval = 5,
+                             .disable_cache_before_step = 3,
+                             .disable_cache_after_step = -1,
+                             .max_order = 1,
+                             .taylor_factors_dtype = DF_DTYPE_BF16,
+                             .max_skip_steps = 3,
+                             .retention_ratio = 0.2,
+                             .num_inference_steps = 28};
 }
 
 /* diffusers' FLUX_MAG_RATIOS (hooks/mag_cache.py): FLUX.1-dev at 28 steps. */
@@ -106,9 +111,10 @@ static df_status parse_ratios(df_cache_config *c, const char *cache, const char 
         char *end;
         double x = strtod(p, &end);
         if (end == p || !isfinite(x) || (*end && *end != '/') || n == DF_CACHE_MAX_MAG_RATIOS)
-            return df_errorf(DF_E_ARG, "--cache %s: mag_ratios must be 'flux' or at most %d "
-                             "numbers separated by '/', not '%s'", cache,
-                             DF_CACHE_MAX_MAG_RATIOS, v);
+            return df_errorf(DF_E_ARG,
+                             "--cache %s: mag_ratios must be 'flux' or at most %d "
+                             "numbers separated by '/', not '%s'",
+                             cache, DF_CACHE_MAX_MAG_RATIOS, v);
         c->mag_ratios[n++] = (float)x; /* torch.tensor(list): float32 */
         p = *end ? end + 1 : end;
     }
@@ -123,8 +129,7 @@ static df_status parse_number(const char *cache, const char *key, const char *v,
     char *end;
     double x = strtod(v, &end);
     if (*v == '\0' || *end != '\0' || !(x >= 0) || !isfinite(x))
-        return df_errorf(DF_E_ARG, "--cache %s: %s must be a number >= 0, not '%s'", cache, key,
-                         v);
+        return df_errorf(DF_E_ARG, "--cache %s: %s must be a number >= 0, not '%s'", cache, key, v);
     *out = x;
     return DF_OK;
 }
@@ -134,8 +139,8 @@ static df_status parse_int(const char *cache, const char *key, const char *v, in
     char *end;
     long x = strtol(v, &end, 10);
     if (*v == '\0' || *end != '\0' || x < min || x > 1000000)
-        return df_errorf(DF_E_ARG, "--cache %s: %s must be an integer >= %d, not '%s'", cache,
-                         key, min, v);
+        return df_errorf(DF_E_ARG, "--cache %s: %s must be an integer >= %d, not '%s'", cache, key,
+                         min, v);
     *out = (int)x;
     return DF_OK;
 }
@@ -157,8 +162,10 @@ static df_status parse_key(df_cache_config *c, const char *cache, const char *ke
         if (strcmp(key, "calibrate") == 0 && (strcmp(v, "False") == 0 || strcmp(v, "false") == 0))
             return DF_OK;
         if (strcmp(key, "calibrate") == 0)
-            return df_errorf(DF_E_UNSUPPORTED, "--cache %s: calibrate is not implemented; give "
-                             "mag_ratios", cache);
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "--cache %s: calibrate is not implemented; give "
+                             "mag_ratios",
+                             cache);
     }
     if (c->kind == DF_CACHE_TAYLORSEER) {
         if (strcmp(key, "cache_interval") == 0)
@@ -185,8 +192,10 @@ static df_status parse_key(df_cache_config *c, const char *cache, const char *ke
             else if (strcmp(v, "float32") == 0 || strcmp(v, "torch.float32") == 0)
                 c->taylor_factors_dtype = DF_DTYPE_F32;
             else
-                return df_errorf(DF_E_ARG, "--cache %s: taylor_factors_dtype must be bfloat16 "
-                                 "or float32, not '%s'", cache, v);
+                return df_errorf(DF_E_ARG,
+                                 "--cache %s: taylor_factors_dtype must be bfloat16 "
+                                 "or float32, not '%s'",
+                                 cache, v);
             return DF_OK;
         }
     }
@@ -242,8 +251,10 @@ df_status df_cache_config_parse(const char *spec, df_cache_config *out)
     else if (strcmp(buf, "magcache") == 0)
         c = df_cache_config_default(DF_CACHE_MAG);
     else
-        return df_errorf(DF_E_ARG, "--cache: unknown cache '%s' (expected first-block, "
-                         "taylorseer, magcache or none)", buf);
+        return df_errorf(DF_E_ARG,
+                         "--cache: unknown cache '%s' (expected first-block, "
+                         "taylorseer, magcache or none)",
+                         buf);
     if (keys && c.kind == DF_CACHE_NONE && *keys)
         return df_errorf(DF_E_ARG, "--cache none takes no keys, found '%s'", keys);
     for (char *kv = keys, *next; kv && *kv; kv = next) {
@@ -258,7 +269,7 @@ df_status df_cache_config_parse(const char *spec, df_cache_config *out)
     }
     if (c.kind == DF_CACHE_MAG && c.n_mag_ratios == 0)
         return df_errorf(DF_E_ARG, "--cache magcache: mag_ratios is required (they are "
-                         "model-dependent; 'flux' gives diffusers' FLUX_MAG_RATIOS)");
+                                   "model-dependent; 'flux' gives diffusers' FLUX_MAG_RATIOS)");
     if (c.kind == DF_CACHE_MAG)
         interpolate_ratios(&c);
     *out = c;
@@ -289,14 +300,13 @@ void df_cache_config_format(const df_cache_config *c, char *buf, size_t cap)
                  c->cache_interval, c->disable_cache_before_step, after, c->max_order,
                  c->taylor_factors_dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32");
     } else if (c->kind == DF_CACHE_MAG) {
-        int len = snprintf(buf, cap,
-                           "magcache:threshold=%g,max_skip_steps=%d,retention_ratio=%g,"
-                           "num_inference_steps=%d,mag_ratios=",
-                           c->threshold, c->max_skip_steps, c->retention_ratio,
-                           c->num_inference_steps);
+        int len =
+            snprintf(buf, cap,
+                     "magcache:threshold=%g,max_skip_steps=%d,retention_ratio=%g,"
+                     "num_inference_steps=%d,mag_ratios=",
+                     c->threshold, c->max_skip_steps, c->retention_ratio, c->num_inference_steps);
         for (int i = 0; i < c->n_mag_ratios && len > 0 && (size_t)len < cap; i++)
-            len += snprintf(buf + len, cap - (size_t)len, "%s%.9g", i ? "/" : "",
-                            c->mag_ratios[i]);
+            len += snprintf(buf + len, cap - (size_t)len, "%s%.9g", i ? "/" : "", c->mag_ratios[i]);
     } else {
         snprintf(buf, cap, "none");
     }
@@ -316,13 +326,17 @@ df_status df_step_cache_create(const df_cache_config *cfg, const char *model, in
     if (cfg->kind == DF_CACHE_MAG &&
         (cfg->n_mag_ratios < 1 || cfg->n_mag_ratios > DF_CACHE_MAX_MAG_RATIOS ||
          cfg->num_inference_steps < 1))
-        return df_errorf(DF_E_ARG, "magcache: mag_ratios (1 to %d) and num_inference_steps >= 1 "
-                         "are required", DF_CACHE_MAX_MAG_RATIOS);
+        return df_errorf(DF_E_ARG,
+                         "magcache: mag_ratios (1 to %d) and num_inference_steps >= 1 "
+                         "are required",
+                         DF_CACHE_MAX_MAG_RATIOS);
     if (cfg->kind == DF_CACHE_TAYLORSEER &&
         (cfg->max_order < 0 || cfg->max_order > MAX_ORDER || cfg->cache_interval < 1 ||
          (cfg->taylor_factors_dtype != DF_DTYPE_BF16 && cfg->taylor_factors_dtype != DF_DTYPE_F32)))
-        return df_errorf(DF_E_ARG, "taylorseer: max_order must be in [0, %d], cache_interval "
-                         ">= 1 and taylor_factors_dtype bfloat16 or float32", MAX_ORDER);
+        return df_errorf(DF_E_ARG,
+                         "taylorseer: max_order must be in [0, %d], cache_interval "
+                         ">= 1 and taylor_factors_dtype bfloat16 or float32",
+                         MAX_ORDER);
     df_step_cache *c = df_calloc(1, sizeof *c);
     if (!c)
         return df_errorf(DF_E_OOM, "out of memory for the step cache");
@@ -423,9 +437,10 @@ bool df_step_cache_head(df_ctx *ctx, df_step_cache *c, df_tensor *x_in, df_tenso
     int64_t n = df_tensor_numel(r);
     if (!c->cur || n != c->n_res) {
         if (c->have_prev)
-            return failed(ctx, df_errorf(DF_E_SHAPE, "first-block cache: the residual has "
-                                         "%lld elements, the cached one %lld", (long long)n,
-                                         (long long)c->n_res));
+            return failed(ctx, df_errorf(DF_E_SHAPE,
+                                         "first-block cache: the residual has "
+                                         "%lld elements, the cached one %lld",
+                                         (long long)n, (long long)c->n_res));
         df_free(c->prev), df_free(c->cur);
         c->prev = df_malloc((size_t)n * sizeof *c->prev);
         c->cur = df_malloc((size_t)n * sizeof *c->cur);
@@ -547,8 +562,10 @@ void df_step_cache_mag_tail(df_ctx *ctx, df_step_cache *c, df_tensor *x_out)
 static ts_module *module_of(df_ctx *ctx, df_step_cache *c, int module, int n)
 {
     if (module < 0 || module >= c->n_mod || n < 1 || n > MAX_OUT) {
-        fail(ctx, df_errorf(DF_E_ARG, "taylorseer: %s has no attention module %d with %d "
-                            "outputs", c->model, module, n));
+        fail(ctx, df_errorf(DF_E_ARG,
+                            "taylorseer: %s has no attention module %d with %d "
+                            "outputs",
+                            c->model, module, n));
         return NULL;
     }
     return &c->mod[module];
@@ -564,9 +581,10 @@ bool df_step_cache_predict(df_ctx *ctx, df_step_cache *c, int module, df_tensor 
     if (!m)
         return true;
     if (m->last_update < 0 || m->n_out != n) {
-        fail(ctx, df_errorf(DF_E_ARG, "taylorseer: call %d of %s predicts before any call "
-                            "computed (disable_cache_before_step=%d)", c->call, c->model,
-                            c->cfg.disable_cache_before_step));
+        fail(ctx, df_errorf(DF_E_ARG,
+                            "taylorseer: call %d of %s predicts before any call "
+                            "computed (disable_cache_before_step=%d)",
+                            c->call, c->model, c->cfg.disable_cache_before_step));
         return true;
     }
     double k = c->call - m->last_update, coeff = 1.0;
@@ -576,16 +594,16 @@ bool df_step_cache_predict(df_ctx *ctx, df_step_cache *c, int module, df_tensor 
             coeff = pow(k, j);
             for (int f = 2; f <= j; f++)
                 coeff /= f;
-            y = df_add(ctx, y, df_scale(ctx, df_cast(ctx, m->factors[i][j], DF_DTYPE_F32),
-                                        (float)coeff, 0.0f));
+            y = df_add(
+                ctx, y,
+                df_scale(ctx, df_cast(ctx, m->factors[i][j], DF_DTYPE_F32), (float)coeff, 0.0f));
         }
         out[i] = y;
     }
     return true;
 }
 
-void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *const *out,
-                          int n)
+void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *const *out, int n)
 {
     if (!c || c->cfg.kind != DF_CACHE_TAYLORSEER)
         return;
@@ -608,7 +626,8 @@ void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *
             m->factors[i][j] = NULL;
         }
         for (int j = 0; j < got; j++)
-            m->factors[i][j] = df_tensor_persist(df_cast(ctx, chain[j], c->cfg.taylor_factors_dtype));
+            m->factors[i][j] =
+                df_tensor_persist(df_cast(ctx, chain[j], c->cfg.taylor_factors_dtype));
         m->n_factors = got;
     }
     m->n_out = n;

@@ -65,8 +65,7 @@ void df_step_cache_mag_tail(df_ctx *ctx, df_step_cache *c, df_tensor *x_out);
  * them (written to out[0..n)); false when the module computes, and then
  * df_step_cache_update takes its outputs. */
 bool df_step_cache_predict(df_ctx *ctx, df_step_cache *c, int module, df_tensor **out, int n);
-void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *const *out,
-                          int n);
+void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *const *out, int n);
 
 void df_step_cache_free(df_step_cache *c);
 

@@ -148,9 +148,13 @@ static void generate(const char *spec, run *r)
     df_cache_config cfg;
     assert_int_equal(df_cache_config_parse(spec, &cfg), DF_OK);
     df_stats_reset(df_pipeline_ctx(p));
-    assert_int_equal(df_pipeline_run(p, &(df_gen_params){.prompt = "a red fox", .height = 64,
-                                                         .width = 64, .steps = 6, .seed = 3,
-                                                         .cache = &cfg},
+    assert_int_equal(df_pipeline_run(p,
+                                     &(df_gen_params){.prompt = "a red fox",
+                                                      .height = 64,
+                                                      .width = 64,
+                                                      .steps = 6,
+                                                      .seed = 3,
+                                                      .cache = &cfg},
                                      &r->out),
                      DF_OK);
     df_stats st;
@@ -199,10 +203,13 @@ static void test_pipelines_without_caches_say_why(void **state)
         df_cache_config cfg;
         assert_int_equal(df_cache_config_parse(cases[k].spec, &cfg), DF_OK);
         df_gen_output out;
-        assert_int_equal(df_pipeline_run(p, &(df_gen_params){.prompt = "a", .height = 64,
-                                                             .width = 64, .steps = 2,
-                                                             .max_sequence_length = 16,
-                                                             .cache = &cfg},
+        assert_int_equal(df_pipeline_run(p,
+                                         &(df_gen_params){.prompt = "a",
+                                                          .height = 64,
+                                                          .width = 64,
+                                                          .steps = 2,
+                                                          .max_sequence_length = 16,
+                                                          .cache = &cfg},
                                          &out),
                          DF_E_UNSUPPORTED);
         assert_non_null(strstr(df_error_message(), cases[k].why));

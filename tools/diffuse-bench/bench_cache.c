@@ -129,7 +129,9 @@ int bench_cache(const bench_opts *o)
                      : o->dtype && strcmp(o->dtype, "int8") == 0 ? DF_DTYPE_I8
                                                                  : DF_DTYPE_F32;
     const char *mode = o->mode ? o->mode : "eager";
-    df_load_opts lo = {.device = o->device, .threads = threads, .dtype = dtype,
+    df_load_opts lo = {.device = o->device,
+                       .threads = threads,
+                       .dtype = dtype,
                        .mode = strcmp(mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER,
                        .compile_blocks = strcmp(mode, "blocks") == 0};
     df_pipeline *p;
@@ -137,16 +139,20 @@ int bench_cache(const bench_opts *o)
         fprintf(stderr, "diffuse-bench cache: %s\n", df_error_message());
         return 1;
     }
-    df_gen_params g = {.prompt = "a photo of a red fox in the snow", .height = size,
-                       .width = size, .steps = steps, .guidance = (float)guidance,
-                       .guidance_set = true, .seed = 0};
+    df_gen_params g = {.prompt = "a photo of a red fox in the snow",
+                       .height = size,
+                       .width = size,
+                       .steps = steps,
+                       .guidance = (float)guidance,
+                       .guidance_set = true,
+                       .seed = 0};
     char shape[96];
     snprintf(shape, sizeof shape, "%s %dx%d %d steps", df_pipeline_class(p), size, size, steps);
     result base = {0};
     int rc = run_once(p, &g, NULL, &base);
     if (rc == 0 && !o->json)
-        printf("%-44s %-10s %9s %9s %7s %8s  %s\n", "cache", "", "s/step", "cpu s/st",
-               "speedup", "PSNR dB", "trace (C computed, S skipped, P predicted)");
+        printf("%-44s %-10s %9s %9s %7s %8s  %s\n", "cache", "", "s/step", "cpu s/st", "speedup",
+               "PSNR dB", "trace (C computed, S skipped, P predicted)");
     if (rc == 0 && !o->json)
         printf("%-44s %-10s %9.3f %9.3f %7.2f %8s  %s\n", "none", mode, base.wall_step,
                base.cpu_step, 1.0, "-", "");
@@ -164,8 +170,8 @@ int bench_cache(const bench_opts *o)
                      "\"speedup\":%.3f,\"psnr_db\":%.2f",
                      specs[k], r.trace, count(r.trace, 'C'), count(r.trace, 'S'),
                      count(r.trace, 'P'), r.cpu_step, base.cpu_step, speedup, db);
-            bench_report(o, "cache", shape, threads, df_dtype_name(dtype), mode,
-                         r.wall_step * 1e3, 0, 0, 0, extra);
+            bench_report(o, "cache", shape, threads, df_dtype_name(dtype), mode, r.wall_step * 1e3,
+                         0, 0, 0, extra);
         } else {
             printf("%-44s %-10s %9.3f %9.3f %7.2f %8.2f  %s\n", specs[k], mode, r.wall_step,
                    r.cpu_step, speedup, db, r.trace);
