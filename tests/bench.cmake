@@ -10,3 +10,7 @@ add_test(NAME bench/bad-mode
 # The FLUX.2 transformer workload at its tiny shape, in every mode it has.
 add_test(NAME bench/flux2-quick COMMAND diffuse-bench --quick flux2)
 add_test(NAME bench/flux2-quick-blocks COMMAND diffuse-bench --quick --mode blocks flux2)
+# The step-cache workload on the tiny FLUX.1 pipeline of the golden cases.
+add_test(NAME bench/cache-quick
+         COMMAND diffuse-bench --quick cache ${DF_GOLDEN_DIR}/t2i-flux-schnell/pipeline)
+set_tests_properties(bench/cache-quick PROPERTIES PASS_REGULAR_EXPRESSION "taylorseer")

@@ -14,6 +14,7 @@
 #include "ops.h"
 /* Each part adds its header below, one line each. */
 #include "safetensors_writer.h"
+#include "step_cache.h"
 #include "pipeline.h"
 #include "compile.h"
 #include "dist.h"

@@ -16,6 +16,7 @@
 #include "compile.h"
 #include "image.h"
 #include "runtime.h"
+#include "step_cache.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -132,6 +133,9 @@ typedef struct df_gen_params {
      * pipeline's own (Flux2Pipeline 10, 20, 30; Flux2KleinPipeline 9, 18, 27). */
     const int *text_encoder_out_layers;
     int n_text_encoder_out_layers;
+    /* A step cache on the transformer (step_cache.h), as `pipe.transformer.enable_cache`;
+     * NULL or DF_CACHE_NONE: every step computes. */
+    const df_cache_config *cache;
 } df_gen_params;
 
 typedef struct df_gen_output {
@@ -146,6 +150,12 @@ typedef struct df_gen_output {
     int latents_ndim;
     int steps;
     float guidance;
+    /* With a step cache: one letter per transformer call, 'C' computed, 'S' skipped (first
+     * block cache), 'P' predicted (TaylorSeer); "" without one. */
+    char cache_trace[1001];
+    /* First-block cache: call i's relative change of the first block's residual, the number
+     * compared with the threshold (NaN where none was measured: the first call). */
+    double cache_diff[1000];
     /* Weight residency and memory of each phase of the run (encode, denoise, decode): the
      * most weight bytes resident during it, what stayed resident after it, and the RSS. */
     int n_phases;

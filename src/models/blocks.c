@@ -222,6 +222,13 @@ void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_scope mark, df_tensor *c
     offload_after(ctx, b, g);
 }
 
+void df_blocks_skip_rest(df_ctx *ctx, df_blocks *b)
+{
+    if (b->sequential && b->ahead >= 0)
+        fail(ctx, df_ws_release(b->ws, b->block[b->ahead].prefix));
+    b->ahead = -1;
+}
+
 /* ---- depth ------------------------------------------------------------------------------- */
 
 /* The config's depth `n` of blocks named `prefix`.<i>.<probe> must be what the checkpoint

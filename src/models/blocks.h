@@ -101,6 +101,10 @@ void df_blocks_end(df_ctx *ctx, df_blocks *b);
 void df_blocks_run(df_ctx *ctx, df_blocks *b, int g, df_scope mark, df_tensor *const *in,
                    df_tensor **out);
 
+/* The forward leaves out the blocks after the last one it ran (a step cache skipped them):
+ * under sequential offload the block read ahead is released. */
+void df_blocks_skip_rest(df_ctx *ctx, df_blocks *b);
+
 /* The config's depth `n` (key `key`) of blocks named `prefix`.<i>.<probe> must be what the
  * checkpoint holds: block n-1 present, block n absent (DF_E_FORMAT naming both). */
 df_status df_blocks_check_depth(df_weight_set *ws, const char *dir, const char *key, int64_t n,

@@ -39,6 +39,7 @@
 #include "core/status.h"
 #include "models/embeddings.h"
 #include "models/blocks.h"
+#include "models/step_cache.h"
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
@@ -119,6 +120,7 @@ struct df_flux {
     /* The repeated blocks in forward order (double, then single): compiled per class and
      * offloaded one at a time (blocks.h). */
     df_blocks rep;
+    df_step_cache *cache; /* a run's step cache (step_cache.h), or NULL */
 };
 
 /* Sizes of one forward call. H: this rank's attention heads; tp: ranks. */
@@ -460,18 +462,12 @@ static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
     return tp_sum(ctx, d, df_linear(ctx, h, out));           /* [B, S, D]  */
 }
 
-/* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
- * streams are written back into *x and *c. */
-static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
-                                 df_tensor *temb, df_tensor *pe, const dims *d)
+/* FluxAttention of a double block (diffusers' `attn` module, what TaylorSeer hooks): the
+ * modulated streams nx [B, S_img, D], nc [B, S_txt, D] -> a[0] image, a[1] text, after
+ * to_out and to_add_out. */
+static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
+                             df_tensor *pe, const dims *d, df_tensor **a)
 {
-    /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp: [B, 1, D] each */
-    df_tensor *mx[6], *mc[6];
-    df_emb_modulation(ctx, &b->norm1, temb, 6, mx);
-    df_emb_modulation(ctx, &b->norm1_context, temb, 6, mc);
-    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
-    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
-
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
     project_qkv(ctx, &b->img, nx, d, d->s_img, &qx, &kx, &vx); /* [B, S_img, H, Dh] */
     project_qkv(ctx, &b->txt, nc, d, d->s_txt, &qc, &kc, &vc); /* [B, S_txt, H, Dh] */
@@ -481,14 +477,34 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *o = rope_attention(ctx, q, k, v, pe, d);        /* [B, S, H*Dh] */
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, H*Dh] */
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
+    a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
+    a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+}
 
-    df_tensor *ax = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out)); /* [B, S_img, D] */
+/* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
+ * streams are written back into *x and *c. `slot`: its attention module in `cache`. */
+static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
+                                 df_tensor *temb, df_tensor *pe, const dims *d,
+                                 df_step_cache *cache, int slot)
+{
+    /* shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp: [B, 1, D] each */
+    df_tensor *mx[6], *mc[6];
+    df_emb_modulation(ctx, &b->norm1, temb, 6, mx);
+    df_emb_modulation(ctx, &b->norm1_context, temb, 6, mc);
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
+
+    df_tensor *a[2]; /* the attention module's outputs: image [B, S_img, D], text [B, S_txt, D] */
+    if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
+        double_attention(ctx, b, nx, nc, pe, d, a);
+        df_step_cache_update(ctx, cache, slot, a, 2);
+    }
+    df_tensor *ax = a[0], *ac = a[1];
     df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));      /* [B, S_img, D] */
     nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);        /* [B, S_img, D] */
     df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d); /* [B, S_img, D] */
     *x = df_add(ctx, hx, df_mul(ctx, mx[5], fx));                 /* [B, S_img, D] */
 
-    df_tensor *ac = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out));   /* [B, S_txt, D] */
     df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));              /* [B, S_txt, D] */
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                /* [B, S_txt, D] */
     df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d); /* [B, S_txt, D] */
@@ -497,15 +513,20 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
 
 /* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
 static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_tensor *x,
-                                       df_tensor *temb, df_tensor *pe, const dims *d)
+                                       df_tensor *temb, df_tensor *pe, const dims *d,
+                                       df_step_cache *cache, int slot)
 {
     df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
     df_emb_modulation(ctx, &b->norm, temb, 3, mod);
     df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS);    /* [B, S, D]  */
     df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D/tp] */
-    df_tensor *q, *k, *v;
-    project_qkv(ctx, &b->attn, n, d, d->S, &q, &k, &v);          /* [B, S, H, Dh] */
-    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);       /* [B, S, D/tp] */
+    df_tensor *attn; /* the `attn` module's output (TaylorSeer's unit): [B, S, D/tp] */
+    if (!df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
+        df_tensor *q, *k, *v;
+        project_qkv(ctx, &b->attn, n, d, d->S, &q, &k, &v); /* [B, S, H, Dh] */
+        attn = rope_attention(ctx, q, k, v, pe, d);         /* [B, S, D/tp] */
+        df_step_cache_update(ctx, cache, slot, &attn, 1);
+    }
     df_tensor *h = df_concat(ctx, attn, mlp, 2);                 /* [B, S, 5D/tp] */
     h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));         /* [B, S, D] */
     return df_add(ctx, x, df_mul(ctx, mod[2], h));               /* residual */
@@ -535,7 +556,7 @@ static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor
     const df_flux *m = model;
     dims d = block_dims(m, in[0], in[1]);
     out[0] = in[0], out[1] = in[1];
-    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], &d);
+    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], &d, m->cache, i);
     return df_ctx_status(ctx);
 }
 
@@ -545,7 +566,8 @@ static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor
 {
     const df_flux *m = model;
     dims d = block_dims(m, in[0], NULL);
-    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d);
+    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->cache,
+                                  (int)m->cfg.num_layers + i);
     return df_ctx_status(ctx);
 }
 
@@ -595,6 +617,31 @@ static df_tensor *conditioning(df_ctx *ctx, const df_flux *m, const df_flux_inpu
     return df_add(ctx, temb, pooled); /* [B, D] */
 }
 
+/* FirstBlockCache after the first block (x0: its image input; x, c: its outputs): whether
+ * the other blocks run; if not, *h is the joint sequence they are taken to make. */
+static bool first_block_head(df_ctx *ctx, df_flux *m, df_tensor *x0, df_tensor *x, df_tensor *c,
+                             df_tensor **h)
+{
+    df_tensor *head = df_concat(ctx, c, x, 1); /* [B, S, D] laid out as the last block's output */
+    if (df_step_cache_head(ctx, m->cache, x0, x)) {
+        df_step_cache_keep_head(ctx, m->cache, head);
+        return true;
+    }
+    *h = df_step_cache_skip(ctx, m->cache, head);
+    df_blocks_skip_rest(ctx, &m->rep);
+    return false;
+}
+
+void df_flux_set_step_cache(df_flux *m, df_step_cache *c)
+{
+    m->cache = c;
+}
+
+int df_flux_attention_modules(const df_flux *m)
+{
+    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
+}
+
 df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
 {
     if (!ctx)
@@ -621,18 +668,35 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
                                       m->axes, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
+    df_step_cache_begin(m->cache);
+    bool first_block = df_step_cache_first_block(m->cache), rest = true;
+    df_tensor *h = NULL; /* [B, S, D] joint sequence, text first */
+    if (df_step_cache_mag(m->cache)) {
+        df_tensor *xs = df_step_cache_mag_head(ctx, m->cache, x); /* the blocks skipped? */
+        if (xs)
+            h = df_concat(ctx, c, xs, 1), rest = false;
+    }
     df_scope mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_layers; i++) {
-        df_tensor *io[2];
+    for (int i = 0; i < m->cfg.num_layers && rest; i++) {
+        df_tensor *x0 = x, *io[2];
         df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, temb, pe}, io);
         x = io[0], c = io[1];
+        if (i == 0 && first_block)
+            rest = first_block_head(ctx, m, x0, x, c, &h);
     }
-    df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
-    mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_single_layers; i++) {
-        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
-                      (df_tensor *[]){h, temb, pe}, &h);
+    if (rest) {
+        h = df_concat(ctx, c, x, 1);
+        mark = df_scope_begin(ctx);
+        for (int i = 0; i < m->cfg.num_single_layers; i++) {
+            df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
+                          (df_tensor *[]){h, temb, pe}, &h);
+        }
+        if (first_block)
+            df_step_cache_tail(ctx, m->cache, h);
+        if (df_step_cache_mag(m->cache))
+            df_step_cache_mag_tail(ctx, m->cache, df_slice(ctx, h, 1, d.s_txt, d.S));
     }
+    df_step_cache_end(m->cache);
     x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
     df_tensor *out = df_linear(ctx, x, &m->proj_out);                     /* [B, S_img, out] */

@@ -37,6 +37,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/blocks.h"
+#include "models/step_cache.h"
 #include "models/embeddings.h"
 #include "models/loader.h"
 #include "models/model_config.h"
@@ -84,6 +85,7 @@ struct df_flux2 {
     bool tp_ctx_rows, tp_mod_rows;        /* context_embedder / modulations split rowwise */
     df_tp_rule tp_plan[FLUX2_TP_RULES];   /* the ws borrows it: lives as long as the model */
     df_blocks rep;                        /* double, then single blocks (blocks.h) */
+    df_step_cache *cache;                 /* a run's step cache (step_cache.h), or NULL */
 };
 
 /* Sizes of one block call. H: this rank's heads; tp: ranks. */
@@ -519,16 +521,12 @@ static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const d
 /* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
  * [B, 6D] (shift, scale, gate of attention, then of the MLP); the new streams are written
  * back into *x and *c. */
-static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
-                                 df_tensor *mod_img, df_tensor *mod_txt, df_tensor *pe,
-                                 const dims *d)
+/* Flux2Attention of a double block (its `attn` module, what TaylorSeer hooks): the
+ * modulated streams nx [B, S_img, D], nc [B, S_txt, D] -> a[0] image, a[1] text, after
+ * to_out and to_add_out. */
+static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
+                             df_tensor *pe, const dims *d, df_tensor **a)
 {
-    df_tensor *mx[6], *mc[6];
-    for (int i = 0; i < 6; i++)
-        mx[i] = mod_part(ctx, mod_img, 6, i), mc[i] = mod_part(ctx, mod_txt, 6, i);
-    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
-    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
-
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
     project_qkv(ctx, &b->img, nx, d, &qx, &kx, &vx);    /* [B, S_img, H, Dh] */
     project_qkv(ctx, &b->txt, nc, d, &qc, &kc, &vc);    /* [B, S_txt, H, Dh] */
@@ -538,26 +536,42 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *o = rope_attention(ctx, q, k, v, pe, d); /* [B, S, H*Dh] */
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
+    a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
+    a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+}
 
-    df_tensor *ax = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out)); /* [B, S_img, D] */
+static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
+                                 df_tensor *mod_img, df_tensor *mod_txt, df_tensor *pe,
+                                 const dims *d, df_step_cache *cache, int slot)
+{
+    df_tensor *mx[6], *mc[6];
+    for (int i = 0; i < 6; i++)
+        mx[i] = mod_part(ctx, mod_img, 6, i), mc[i] = mod_part(ctx, mod_txt, 6, i);
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
+
+    df_tensor *a[2]; /* the attention module's outputs: image, text */
+    if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
+        double_attention(ctx, b, nx, nc, pe, d, a);
+        df_step_cache_update(ctx, cache, slot, a, 2);
+    }
+    df_tensor *ax = a[0], *ac = a[1];
     df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));
     nx = df_emb_modulate(ctx, hx, mx[3], mx[4], d->eps);
     *x = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d)));
 
-    df_tensor *ac = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
     df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], d->eps);
     *c = df_add(ctx, hc,
                 df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d)));
 }
 
-/* Flux2SingleTransformerBlock.forward on the joint sequence: h [B, S, D], mod [B, 3D]
- * (shift, scale, gate) -> [B, S, D]. */
-static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_tensor *h,
-                                       df_tensor *mod, df_tensor *pe, const dims *d)
+/* Flux2ParallelSelfAttention (the single block's `attn` module, what TaylorSeer hooks): one
+ * projection to q, k, v and the SwiGLU MLP, attention, one output projection of both.
+ * n [B, S, D] -> [B, S, D]. */
+static df_tensor *parallel_attention(df_ctx *ctx, const single_block *b, df_tensor *n,
+                                     df_tensor *pe, const dims *d)
 {
-    df_tensor *shift = mod_part(ctx, mod, 3, 0), *scale = mod_part(ctx, mod, 3, 1);
-    df_tensor *n = df_emb_modulate(ctx, h, shift, scale, d->eps); /* [B, S, D] */
     df_tensor *p = df_linear(ctx, n, &b->qkv_mlp);                /* [B, S, (3D + 2M)/tp] */
     int64_t Dl = d->H * (df_tensor_dim(b->norm_q, 0)), W = df_tensor_dim(p, 2);
     df_tensor *q = heads(ctx, df_slice(ctx, p, 2, 0, Dl), b->norm_q, d);
@@ -566,7 +580,22 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
     df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);         /* [B, S, D/tp] */
     df_tensor *mlp = swiglu(ctx, df_slice(ctx, p, 2, 3 * Dl, W));  /* [B, S, M/tp] */
     df_tensor *o = df_linear(ctx, df_concat(ctx, attn, mlp, 2), &b->to_out);
-    o = tp_sum(ctx, d, o);                                         /* [B, S, D] */
+    return tp_sum(ctx, d, o);                                      /* [B, S, D] */
+}
+
+/* Flux2SingleTransformerBlock.forward on the joint sequence: h [B, S, D], mod [B, 3D]
+ * (shift, scale, gate) -> [B, S, D]. */
+static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_tensor *h,
+                                       df_tensor *mod, df_tensor *pe, const dims *d,
+                                       df_step_cache *cache, int slot)
+{
+    df_tensor *shift = mod_part(ctx, mod, 3, 0), *scale = mod_part(ctx, mod, 3, 1);
+    df_tensor *n = df_emb_modulate(ctx, h, shift, scale, d->eps); /* [B, S, D] */
+    df_tensor *o; /* Flux2ParallelSelfAttention (attention and MLP): [B, S, D] */
+    if (!df_step_cache_predict(ctx, cache, slot, &o, 1)) {
+        o = parallel_attention(ctx, b, n, pe, d);
+        df_step_cache_update(ctx, cache, slot, &o, 1);
+    }
     return df_add(ctx, h, df_mul(ctx, mod_part(ctx, mod, 3, 2), o)); /* residual */
 }
 
@@ -594,7 +623,8 @@ static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor
     const df_flux2 *m = model;
     dims d = block_dims(m, in[0], in[1]);
     out[0] = in[0], out[1] = in[1];
-    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d);
+    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d,
+                         m->cache, i);
     return df_ctx_status(ctx);
 }
 
@@ -604,7 +634,8 @@ static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor
 {
     const df_flux2 *m = model;
     dims d = block_dims(m, in[0], NULL);
-    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d);
+    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->cache,
+                                  (int)m->cfg.num_layers + i);
     return df_ctx_status(ctx);
 }
 
@@ -683,6 +714,16 @@ static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tenso
     *single = df_slice(ctx, all, 1, 12 * D, 15 * D); /* [B, 3D] */
 }
 
+void df_flux2_set_step_cache(df_flux2 *m, df_step_cache *c)
+{
+    m->cache = c;
+}
+
+int df_flux2_attention_modules(const df_flux2 *m)
+{
+    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
+}
+
 df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
 {
     if (!ctx)
@@ -715,18 +756,30 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
                                       m->axes, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
-    df_scope mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_layers; i++) {
-        df_tensor *io[2];
-        df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
-        x = io[0], c = io[1];
+    df_step_cache_begin(m->cache);
+    df_tensor *skip = df_step_cache_mag(m->cache) ? df_step_cache_mag_head(ctx, m->cache, x)
+                                                  : NULL; /* MagCache: the blocks skipped? */
+    df_tensor *h = NULL;                                  /* [B, S, D] joint, text first */
+    if (skip) {
+        h = df_concat(ctx, c, skip, 1);
+    } else {
+        df_scope mark = df_scope_begin(ctx);
+        for (int i = 0; i < m->cfg.num_layers; i++) {
+            df_tensor *io[2];
+            df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe},
+                          io);
+            x = io[0], c = io[1];
+        }
+        h = df_concat(ctx, c, x, 1);
+        mark = df_scope_begin(ctx);
+        for (int i = 0; i < m->cfg.num_single_layers; i++) {
+            df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
+                          (df_tensor *[]){h, mod_single, pe}, &h);
+        }
+        if (df_step_cache_mag(m->cache))
+            df_step_cache_mag_tail(ctx, m->cache, df_slice(ctx, h, 1, s_txt, S));
     }
-    df_tensor *h = df_concat(ctx, c, x, 1); /* [B, S, D] joint sequence, text first */
-    mark = df_scope_begin(ctx);
-    for (int i = 0; i < m->cfg.num_single_layers; i++) {
-        df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
-                      (df_tensor *[]){h, mod_single, pe}, &h);
-    }
+    df_step_cache_end(m->cache);
     x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, (float)m->cfg.eps); /* [B,S,D] */
     df_tensor *out = df_linear(ctx, x, &m->proj_out); /* [B, S_img, out] */

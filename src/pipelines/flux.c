@@ -44,6 +44,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/residency.h"
+#include "models/step_cache.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -438,7 +439,7 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int64_t S, df_sch
 
 /* The denoising loop over the packed latents lat [B, S, Ci] (in place). */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *embeds, df_tensor *pooled, float *lat)
+                         df_tensor *embeds, df_tensor *pooled, float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
@@ -459,6 +460,13 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         }
     if (s == DF_OK)
         s = make_scheduler(f, r->steps, S, &sched);
+    df_step_cache *cache = NULL; /* `transformer.enable_cache(g->cache)` for this run */
+    if (s == DF_OK)
+        s = df_pipeline_check_cache(p, g);
+    if (s == DF_OK)
+        s = df_step_cache_create(g->cache, "FluxTransformer2DModel",
+                                 df_flux_attention_modules(f->transformer), &cache);
+    df_flux_set_step_cache(f->transformer, cache);
     df_tensor *img_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S, 3), ids)
                                     : NULL;
     df_tensor *txt_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt)
@@ -522,6 +530,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n_lat * sizeof *lat);
     df_scope_end(ctx, mark, NULL);
     df_scheduler_free(sched);
+    df_pipeline_end_cache(cache, out);
+    df_flux_set_step_cache(f->transformer, NULL);
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = offload(p, df_flux_weight_set(f->transformer));
     df_free(v_host);
@@ -583,7 +593,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, pooled, lat);
+        s = denoise(p, f, g, &r, embeds, pooled, lat, out);
     df_pipeline_note_phase(p, out, "denoise");
 
     if (s == DF_OK && df_pipeline_lead(p))

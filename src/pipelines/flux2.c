@@ -58,6 +58,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/residency.h"
+#include "models/step_cache.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -426,8 +427,37 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
  * the device and step there (the same bits as the host step), unless the host steps:
  * DIFFUSE_HOST_STEP=1 (the reference path) or tensor parallelism, which shares rank 0's
  * latents after every step. */
+/* The step caches of a run (g->cache), as Flux2KleinPipeline enables them: one state per
+ * cache context, "cond" (cache[0]) and, with CFG, "uncond" (cache[1]). diffusers 0.42 runs
+ * no first-block or TaylorSeer cache on Flux2Pipeline (it calls the transformer outside any
+ * cache context, which those hooks refuse; MagCache's sets one) and no first-block cache on
+ * FLUX.2 (its hook subtracts the double block's output pair from the single block's joint
+ * output): both are refused here too. */
+static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
+                             const run_sizes *r, df_step_cache **cache)
+{
+    cache[0] = cache[1] = NULL;
+    if (!g->cache || g->cache->kind == DF_CACHE_NONE)
+        return DF_OK;
+    DF_TRY(df_pipeline_check_cache(p, g));
+    if (!f->klein && g->cache->kind != DF_CACHE_MAG)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache: Flux2Pipeline calls its transformer "
+                         "outside a cache context, where diffusers 0.42's first-block and "
+                         "TaylorSeer hooks fail (its MagCache sets one itself); these step "
+                         "caches run on Flux2KleinPipeline and FluxPipeline");
+    if (g->cache->kind == DF_CACHE_FIRST_BLOCK)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache first-block: diffusers 0.42's first-block "
+                         "cache fails on Flux2Transformer2DModel (its single blocks return the "
+                         "joint sequence, not the image and text streams); use taylorseer");
+    int n = df_flux2_attention_modules(f->transformer);
+    for (int k = 0; k < (r->cfg ? 2 : 1); k++)
+        DF_TRY(df_step_cache_create(g->cache, "Flux2Transformer2DModel", n, &cache[k]));
+    return DF_OK;
+}
+
 static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
-                         const run_sizes *r, df_tensor *embeds, df_tensor *neg, float *lat)
+                         const run_sizes *r, df_tensor *embeds, df_tensor *neg, float *lat,
+                         df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     int64_t n = r->B * r->S * r->C;
@@ -440,6 +470,9 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         s = make_scheduler(f, r, &sched);
     if (s == DF_OK)
         s = make_ids(ctx, r, &img_ids, &txt_ids);
+    df_step_cache *cache[2] = {NULL, NULL}; /* "cond", "uncond" */
+    if (s == DF_OK)
+        s = make_caches(p, f, g, r, cache);
     if (p->opts.offload == DF_OFFLOAD_MODEL)
         df_pipeline_onload(p, df_flux2_weight_set(f->transformer));
     df_scope mark = df_scope_begin(ctx);
@@ -452,9 +485,12 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         df_tensor *in =
             on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat);
         df_tensor *vt = NULL, *vnt = NULL;
+        df_flux2_set_step_cache(f->transformer, cache[0]);
         s = predict(p, f, r, in, t, embeds, img_ids, txt_ids, &vt);
+        df_flux2_set_step_cache(f->transformer, cache[1]);
         if (s == DF_OK && r->cfg)
             s = predict(p, f, r, in, t, neg, img_ids, txt_ids, &vnt);
+        df_flux2_set_step_cache(f->transformer, NULL);
         if (s == DF_OK && r->cfg) /* neg + scale * (cond - neg), each op in float32 */
             vt = df_add(ctx, vnt, df_scale(ctx, df_sub(ctx, vt, vnt), r->guidance, -0.0f));
         if (s == DF_OK && on_device)
@@ -474,6 +510,8 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
     df_scope_end(ctx, mark, NULL);
     df_scheduler_free(sched);
+    df_pipeline_end_cache(cache[0], out); /* the trace of the "cond" calls */
+    df_step_cache_free(cache[1]);
     if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
         s = df_pipeline_offload(p, df_flux2_weight_set(f->transformer));
     df_free(v);
@@ -656,7 +694,7 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, neg, lat);
+        s = denoise(p, f, g, &r, embeds, neg, lat, out);
     df_pipeline_note_phase(p, out, "denoise");
     bool unpack = f->klein && df_pipeline_lead(p);
     if (s == DF_OK && df_pipeline_lead(p))

@@ -7,6 +7,7 @@
  * to it (so the models load sharded), and after loading every rank agrees on the result: a
  * rank that failed to load stops all of them, and rank 0 holds the failing rank's message.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "core/status.h"
 #include "sched/flow_match_euler.h"
 #include "models/loader.h"
+#include "models/step_cache.h"
 #include "pipelines/pipeline.h"
 
 #define CLIP_TOKENIZER {"CLIPTokenizer", "CLIPTokenizerFast"}
@@ -368,6 +370,37 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_E_OOM)
         suggest_less_memory(p->opts.offload);
     return s;
+}
+
+df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g)
+{
+    if (!g->cache || g->cache->kind == DF_CACHE_NONE)
+        return DF_OK;
+    const char *name = g->cache->kind == DF_CACHE_FIRST_BLOCK ? "first-block" : "taylorseer";
+    if (p->opts.compile)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache %s: the transformer is compiled whole "
+                         "(--mode compile), so no step can leave blocks out; use --mode eager "
+                         "or fuse, or --compile-blocks", name);
+    if (df_pipeline_tp(p))
+        return df_errorf(DF_E_UNSUPPORTED, "--cache %s with tensor parallelism is not "
+                         "implemented", name);
+    if (g->cache->kind == DF_CACHE_TAYLORSEER && p->opts.compile_blocks)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache taylorseer predicts attention inside the "
+                         "blocks, which compiled blocks (--compile-blocks) trace once; use "
+                         "first-block or leave the blocks uncompiled");
+    return DF_OK;
+}
+
+void df_pipeline_end_cache(df_step_cache *c, df_gen_output *out)
+{
+    if (!c)
+        return;
+    snprintf(out->cache_trace, sizeof out->cache_trace, "%s", df_step_cache_trace(c));
+    int n;
+    const double *d = df_step_cache_diffs(c, &n);
+    for (int i = 0; i < 1000; i++)
+        out->cache_diff[i] = i < n ? d[i] : NAN;
+    df_step_cache_free(c);
 }
 
 void df_gen_output_free(df_gen_output *out)

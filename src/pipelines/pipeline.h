@@ -102,4 +102,12 @@ df_status df_pipeline_tp_check(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_agree(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes);
 
+/* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
+ * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */
+df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g);
+/* After the loop: the cache's trace and measured changes into the output, then the cache
+ * freed (c may be NULL). */
+struct df_step_cache;
+void df_pipeline_end_cache(struct df_step_cache *c, df_gen_output *out);
+
 #endif

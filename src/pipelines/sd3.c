@@ -622,6 +622,10 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     df_ctx *ctx = p->ctx;
     run_cfg r = {0};
     DF_TRY(check_params(p, s, g, &r));
+    if (g->cache && g->cache->kind != DF_CACHE_NONE) /* docs/step-cache.md */
+        return df_errorf(DF_E_UNSUPPORTED, "--cache: SD3Transformer2DModel has no step caches "
+                         "in diffusers 0.42 (no enable_cache); they run on FluxPipeline and "
+                         "Flux2KleinPipeline");
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     int64_t f = df_vae_config(s->vae)->scale_factor;
     int64_t C = c->in_channels, h = r.H / f, w = r.W / f, n_lat = (int64_t)r.B * C * h * w;

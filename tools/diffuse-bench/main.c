@@ -25,6 +25,7 @@ int bench_vae(const bench_opts *o);
 int bench_compile(const bench_opts *o);
 int bench_sd3(const bench_opts *o);
 int bench_tp(const bench_opts *o);
+int bench_cache(const bench_opts *o);
 
 static const bench_workload workloads[] = {
     {"ceiling", "best GEMM rate of the provider (oneDNN), f32 and bf16, 1 and 2 threads",
@@ -68,6 +69,11 @@ static const bench_workload workloads[] = {
      "2 ranks x 1 thread (thread communicator) [--double N] [--single N] [--repeats N] "
      "[--rounds N]",
      bench_tp},
+    {"cache",
+     "step caches (first-block, taylorseer) against the uncached run of a FluxPipeline / "
+     "Flux2KleinPipeline folder: s/step, speed-up, trace, PSNR DIR [--steps 28] [--size 512] "
+     "[--guidance 3.5] [--cache SPEC]...",
+     bench_cache},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 

@@ -118,6 +118,55 @@ static int unsupported_args(check_case *c, bool sd3)
     return 0;
 }
 
+/* args.cache: the config diffusers' `pipe.transformer.enable_cache` took, as
+ * {"config": "FirstBlockCacheConfig" | "TaylorSeerCacheConfig", <its fields>}: turned into
+ * the --cache spec and parsed by the library, so an unknown field fails the case. */
+static int get_cache(check_case *c, df_cache_config *cfg, const df_cache_config **out)
+{
+    *out = NULL;
+    const df_json *j = df_json_get(c->args, "cache");
+    if (!j || df_json_is_null(j))
+        return 0;
+    const char *name = df_json_string(df_json_get(j, "config"));
+    const char *kind = !name                                       ? NULL
+                       : strcmp(name, "FirstBlockCacheConfig") == 0 ? "first-block"
+                       : strcmp(name, "TaylorSeerCacheConfig") == 0 ? "taylorseer"
+                       : strcmp(name, "MagCacheConfig") == 0        ? "magcache"
+                                                                   : NULL;
+    if (df_json_type_of(j) != DF_JSON_OBJECT || !kind)
+        return check_fail(c, "args.cache: expected {\"config\": \"FirstBlockCacheConfig\" or "
+                          "\"TaylorSeerCacheConfig\", fields...}");
+    char spec[16384];
+    int len = snprintf(spec, sizeof spec, "%s", kind);
+    for (int64_t i = 0; i < df_json_object_size(j); i++) {
+        const char *key;
+        const df_json *v = df_json_object_at(j, i, &key);
+        if (strcmp(key, "config") == 0)
+            continue;
+        char val[8192];
+        if (df_json_type_of(v) == DF_JSON_ARRAY) { /* mag_ratios: numbers joined by '/' */
+            int n = 0;
+            val[0] = '\0';
+            for (int64_t e = 0; e < df_json_array_size(v) && n < (int)sizeof val - 32; e++)
+                n += snprintf(val + n, sizeof val - (size_t)n, "%s%.9g", e ? "/" : "",
+                              df_json_number(df_json_array_get(v, e)));
+        } else if (df_json_is_null(v))
+            snprintf(val, sizeof val, "None");
+        else if (df_json_type_of(v) == DF_JSON_STRING)
+            snprintf(val, sizeof val, "%s", df_json_string(v));
+        else
+            snprintf(val, sizeof val, "%.17g", df_json_number(v));
+        len += snprintf(spec + len, sizeof spec - (size_t)len, "%c%s=%s",
+                        strchr(spec, ':') ? ',' : ':', key, val);
+        if (len >= (int)sizeof spec)
+            return check_fail(c, "args.cache: too many fields");
+    }
+    if (df_cache_config_parse(spec, cfg) != DF_OK)
+        return check_fail(c, "args.cache: %s", df_error_message());
+    *out = cfg;
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0;
@@ -194,6 +243,8 @@ int check_kind_pipeline(check_case *c)
         g.n_prompts = (int)es[0];
     }
     g.latents = latents;
+    df_cache_config cache;
+    rc |= get_cache(c, &cache, &g.cache);
     rc |= unsupported_args(c, sd3);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
@@ -232,6 +283,14 @@ int check_kind_pipeline(check_case *c)
                     u8[b * per + i] = out.images[b]->pixels[i];
             rc |= check_compare_f64(c, "image_uint8", u8, n_img);
             free(u8);
+        }
+        if (g.cache) { /* one letter per step, as ASCII codes */
+            int64_t trace[1000];
+            int64_t n = (int64_t)strlen(out.cache_trace);
+            for (int64_t i = 0; i < n; i++)
+                trace[i] = (unsigned char)out.cache_trace[i];
+            printf("%s: cache trace %s\n", c->name, out.cache_trace);
+            rc |= check_compare_i64(c, "cache_trace", trace, n);
         }
         check_write_stats(c, df_pipeline_ctx(p));
     }

@@ -74,6 +74,16 @@ static void help(FILE *f)
         "      --tp N                 tensor parallelism over N processes, started as\n"
         "                             mpirun -np N diffuse generate --tp N ... (FLUX.1, FLUX.2)\n"
         "      --vae-tiling           decode the image in tiles (bounded memory for large images)\n"
+        "      --cache SPEC           a step cache, as diffusers' transformer.enable_cache:\n"
+        "                             first-block[:threshold=0.05] or\n"
+        "                             taylorseer[:cache_interval=5,disable_cache_before_step=3,\n"
+        "                             disable_cache_after_step=None,max_order=1,\n"
+        "                             taylor_factors_dtype=bfloat16] or\n"
+        "                             magcache:mag_ratios=flux|R/R/...[,threshold=0.06,\n"
+        "                             max_skip_steps=3,retention_ratio=0.2,\n"
+        "                             num_inference_steps=28] (FLUX.1, FLUX.2; docs/step-cache.md;\n"
+        "                             -v and --stats-json say which steps computed, skipped,\n"
+        "                             predicted)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
         "  -v, --verbose              print timings and memory at the end\n"
         "  -h, --help                 this text\n"
@@ -185,11 +195,51 @@ static void numbered(char *dst, size_t cap, const char *path, int i)
     snprintf(dst, cap, "%.*s-%d%s", (int)(dot - path), path, i, dot);
 }
 
+/* The step cache's part of --stats-json: its spec, one letter per transformer call and the
+ * counts of each (appended to the counters' JSON object). */
+static void add_cache_stats(char *json, size_t cap, const df_cache_config *c,
+                            const df_gen_output *out)
+{
+    size_t len = strlen(json);
+    if (len < 1 || json[len - 1] != '}')
+        return;
+    int n[3] = {0, 0, 0};
+    for (const char *t = out->cache_trace; *t; t++)
+        n[*t == 'S' ? 1 : *t == 'P' ? 2 : 0]++;
+    char spec[16384];
+    df_cache_config_format(c, spec, sizeof spec);
+    snprintf(json + len - 1, cap - (len - 1),
+             ",\"cache\":\"%s\",\"cache_trace\":\"%s\",\"steps_computed\":%d,"
+             "\"steps_skipped\":%d,\"steps_predicted\":%d}",
+             spec, out->cache_trace, n[0], n[1], n[2]);
+}
+
+/* -v: each transformer call's fate, with the first-block cache's measured change. */
+static void print_cache_steps(const df_cache_config *c, const df_gen_output *out)
+{
+    char spec[16384];
+    df_cache_config_format(c, spec, sizeof spec);
+    fprintf(stderr, "cache %s: %s (C computed, S skipped, P predicted)\n", spec,
+            out->cache_trace);
+    for (int i = 0; c->kind == DF_CACHE_MAG && out->cache_trace[i]; i++)
+        if (!isnan(out->cache_diff[i]))
+            fprintf(stderr, "  step %d: %c  accumulated error %.6f (threshold %g)\n", i,
+                    out->cache_trace[i], out->cache_diff[i], c->threshold);
+    for (int i = 0; c->kind == DF_CACHE_FIRST_BLOCK && out->cache_trace[i]; i++) {
+        if (isnan(out->cache_diff[i]))
+            fprintf(stderr, "  step %d: %c\n", i, out->cache_trace[i]);
+        else
+            fprintf(stderr, "  step %d: %c  change %.6f %s threshold %g\n", i,
+                    out->cache_trace[i], out->cache_diff[i],
+                    out->cache_diff[i] > c->threshold ? ">" : "<=", c->threshold);
+    }
+}
+
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
-           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP };
+           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP, O_CACHE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -210,11 +260,13 @@ int cmd_generate(int argc, char **argv)
         {"slg-scale", required_argument, 0, O_SLG_SCALE},
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
-        {"tp", required_argument, 0, O_TP}, {0, 0, 0, 0}};
+        {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
+        {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
+    df_cache_config cache;
     int verbose = 0, rc;
     int slg_layers[64];
     int tp = 0, muted = cli_tp_mute_others(); /* usage errors from rank 0 only */
@@ -326,6 +378,13 @@ int cmd_generate(int argc, char **argv)
         case O_DEVICE: lo.device = optarg; break;
         case O_TILING: g.vae_tiling = true; break;
         case O_TP: if ((rc = parse_int("--tp", optarg, 1, 4096, &tp))) return rc; break;
+        case O_CACHE:
+            if (df_cache_config_parse(optarg, &cache) != DF_OK) {
+                fprintf(stderr, "diffuse generate: %s\n", df_error_message());
+                return 2;
+            }
+            g.cache = &cache;
+            break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;
@@ -414,8 +473,10 @@ int cmd_generate(int argc, char **argv)
     if (p && tpc.rank == 0 && (stats_path || verbose)) {
         df_stats st;
         df_ctx_stats(df_pipeline_ctx(p), &st);
-        char json[2048];
+        static char json[24576]; /* the counters and a cache spec of up to 1000 ratios */
         df_stats_to_json(&st, json, sizeof json);
+        if (g.cache && g.cache->kind != DF_CACHE_NONE)
+            add_cache_stats(json, sizeof json, g.cache, &out);
         if (stats_path) {
             FILE *f = fopen(stats_path, "w");
             if (!f || fprintf(f, "%s\n", json) < 0 || fclose(f) != 0) {
@@ -431,6 +492,8 @@ int cmd_generate(int argc, char **argv)
                         out.phases[i].phase, out.phases[i].peak_resident_weight_bytes / 1048576.0,
                         out.phases[i].resident_weight_bytes / 1048576.0,
                         out.phases[i].rss_bytes / 1048576.0);
+        if (verbose && g.cache && g.cache->kind != DF_CACHE_NONE)
+            print_cache_steps(g.cache, &out);
         if (verbose)
             fprintf(stderr, "steps %lld, %.3f s/step, peak device bytes %.1f MiB, peak RSS "
                             "%.1f MiB, resident weights %.1f MiB\n",
