@@ -1,0 +1,19 @@
+# File formats (docs/io.md): the reference cases of tests/cases made by tools/refgen/ —
+# FLUX.1 transformers from single files (ComfyUI fp8, city96 GGUF Q8_0 / Q4_K) through the
+# name maps, run by diffuse-check in every mode and with bf16 and int8 compute. The
+# dequantisation and fp8 cases (gguf-dequant, fp8-safetensors) are read by
+# tests/unit/test_gguf.c and test_fp8.c.
+set(DF_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
+set(DF_FORMAT_CASES flux-single-comfy flux-gguf-q8_0 flux-gguf-q4_k)
+foreach(case ${DF_FORMAT_CASES})
+  foreach(mode eager fuse compile blocks)
+    add_test(NAME formats/${mode}/${case}
+             COMMAND diffuse-check --mode ${mode} --threads 2 ${DF_CASES_DIR}/${case})
+    set_tests_properties(formats/${mode}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+  foreach(dtype bf16 int8)
+    add_test(NAME formats/${dtype}/${case}
+             COMMAND diffuse-check --dtype ${dtype} --threads 2 ${DF_CASES_DIR}/${case})
+    set_tests_properties(formats/${dtype}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+endforeach()
