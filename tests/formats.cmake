@@ -17,3 +17,9 @@ foreach(case ${DF_FORMAT_CASES})
     set_tests_properties(formats/${dtype}/${case} PROPERTIES TIMEOUT 600)
   endforeach()
 endforeach()
+
+# `diffuse generate --transformer FILE` (tests/cli/transformer_file.sh).
+add_test(NAME formats/cli-transformer-file
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/transformer_file.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(formats/cli-transformer-file PROPERTIES TIMEOUT 600)
