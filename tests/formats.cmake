@@ -23,3 +23,20 @@ add_test(NAME formats/cli-transformer-file
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/transformer_file.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(formats/cli-transformer-file PROPERTIES TIMEOUT 600)
+
+# `diffuse inspect FILE`: a GGUF's types and a single file's recognised layout; a
+# truncated GGUF is one error line naming the file.
+add_test(NAME formats/inspect-gguf
+         COMMAND diffuse inspect -s ${DF_CASES_DIR}/flux-gguf-q8_0/flux1-tiny-q8_0.gguf)
+set_tests_properties(formats/inspect-gguf PROPERTIES PASS_REGULAR_EXPRESSION
+  "types: F32 x 46 F16 x 2 Q8_0 x 32\n  recognised: FLUX.1 transformer in Black Forest Labs' layout \\(no prefix\\), schnell[^\n]*, 2 double \\+ 2 single blocks")
+add_test(NAME formats/inspect-comfy
+         COMMAND diffuse inspect -s ${DF_CASES_DIR}/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors)
+set_tests_properties(formats/inspect-comfy PROPERTIES PASS_REGULAR_EXPRESSION
+  "recognised: FLUX.1 transformer in Black Forest Labs' layout \\(prefix 'model.diffusion_model.'\\)")
+add_test(NAME formats/inspect-truncated-gguf
+         COMMAND sh -c "head -c 300 \"$1\" > \"$2/trunc.gguf\" && \"$0\" inspect \"$2/trunc.gguf\" 2>&1; test $? -eq 1"
+                 $<TARGET_FILE:diffuse> ${DF_CASES_DIR}/flux-gguf-q8_0/flux1-tiny-q8_0.gguf
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(formats/inspect-truncated-gguf PROPERTIES PASS_REGULAR_EXPRESSION
+  "^error: [^\n]*trunc.gguf: truncated[^\n]*\n$")

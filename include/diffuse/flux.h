@@ -91,6 +91,15 @@ DF_API df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out);
 DF_API df_status df_flux_load_file(df_ctx *ctx, const char *config_dir, const char *file,
                                    df_flux **out);
 
+/*
+ * What a single file (.safetensors or .gguf) holds, as df_flux_load_file would read it:
+ * writes one line into out (cap bytes) such as "FLUX.1 transformer in Black Forest Labs'
+ * layout (prefix 'model.diffusion_model.'), dev (guidance_in), 19 double + 38 single
+ * blocks", and sets *found. *found is false (and out says what is missing) when the file
+ * is not a FLUX.1 transformer in the original layout. Fails as the readers' open.
+ */
+DF_API df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *found);
+
 /* The model's configuration (borrowed, valid while the model lives). */
 DF_API const df_flux_cfg *df_flux_config(const df_flux *m);
 

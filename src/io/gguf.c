@@ -43,11 +43,11 @@ typedef struct gg_kv {
         uint64_t u;
         int64_t i;
         double f;
-    } v;                       /* scalars, widened */
-    char *str;                 /* a string value */
-    const uint8_t *arr;        /* a numeric array's first element in the mapping */
-    char *arr_strings;         /* a string array's elements, each NUL-terminated */
-    uint64_t *arr_offsets;     /* ... and where each begins in arr_strings */
+    } v;                   /* scalars, widened */
+    char *str;             /* a string value */
+    const uint8_t *arr;    /* a numeric array's first element in the mapping */
+    char *arr_strings;     /* a string array's elements, each NUL-terminated */
+    uint64_t *arr_offsets; /* ... and where each begins in arr_strings */
 } gg_kv;
 
 typedef struct gg_tensor {
@@ -89,8 +89,10 @@ static size_t cursor_pos(const cursor *c)
 static df_status take(cursor *c, size_t n, const char *what, const void **out)
 {
     if (n > c->left)
-        return df_errorf(DF_E_FORMAT, "%s: truncated: %s needs %zu bytes at offset %zu but "
-                         "the file has %zu left", c->g->path, what, n, cursor_pos(c), c->left);
+        return df_errorf(DF_E_FORMAT,
+                         "%s: truncated: %s needs %zu bytes at offset %zu but "
+                         "the file has %zu left",
+                         c->g->path, what, n, cursor_pos(c), c->left);
     *out = c->p;
     c->p += n;
     c->left -= n;
@@ -129,18 +131,20 @@ static df_status read_string(cursor *c, const char *what, bool name, char **out)
     uint64_t n;
     DF_TRY(read_u64(c, what, &n));
     if (name && n > MAX_NAME)
-        return df_errorf(DF_E_FORMAT, "%s: %s at offset %zu is %llu bytes long; names are at "
-                         "most %d", c->g->path, what, cursor_pos(c) - 8,
-                         (unsigned long long)n, MAX_NAME);
+        return df_errorf(DF_E_FORMAT,
+                         "%s: %s at offset %zu is %llu bytes long; names are at "
+                         "most %d",
+                         c->g->path, what, cursor_pos(c) - 8, (unsigned long long)n, MAX_NAME);
     if (n > c->left)
-        return df_errorf(DF_E_FORMAT, "%s: truncated: %s at offset %zu claims %llu bytes but "
-                         "the file has %zu left", c->g->path, what, cursor_pos(c) - 8,
-                         (unsigned long long)n, c->left);
+        return df_errorf(DF_E_FORMAT,
+                         "%s: truncated: %s at offset %zu claims %llu bytes but "
+                         "the file has %zu left",
+                         c->g->path, what, cursor_pos(c) - 8, (unsigned long long)n, c->left);
     const void *p = NULL;
     DF_TRY(take(c, (size_t)n, what, &p));
     if (name && memchr(p, 0, (size_t)n))
-        return df_errorf(DF_E_FORMAT, "%s: %s at offset %zu contains a NUL byte", c->g->path,
-                         what, cursor_pos(c) - (size_t)n);
+        return df_errorf(DF_E_FORMAT, "%s: %s at offset %zu contains a NUL byte", c->g->path, what,
+                         cursor_pos(c) - (size_t)n);
     char *s = df_malloc((size_t)n + 1);
     if (!s)
         return df_errorf(DF_E_OOM, "%s: out of memory for %s", c->g->path, what);
@@ -154,19 +158,31 @@ static df_status read_string(cursor *c, const char *what, bool name, char **out)
 static size_t scalar_size(uint32_t type)
 {
     switch (type) {
-    case DF_GGUF_UINT8: case DF_GGUF_INT8: case DF_GGUF_BOOL:       return 1;
-    case DF_GGUF_UINT16: case DF_GGUF_INT16:                        return 2;
-    case DF_GGUF_UINT32: case DF_GGUF_INT32: case DF_GGUF_FLOAT32:  return 4;
-    case DF_GGUF_UINT64: case DF_GGUF_INT64: case DF_GGUF_FLOAT64:  return 8;
-    default:                                                        return 0;
+    case DF_GGUF_UINT8:
+    case DF_GGUF_INT8:
+    case DF_GGUF_BOOL:
+        return 1;
+    case DF_GGUF_UINT16:
+    case DF_GGUF_INT16:
+        return 2;
+    case DF_GGUF_UINT32:
+    case DF_GGUF_INT32:
+    case DF_GGUF_FLOAT32:
+        return 4;
+    case DF_GGUF_UINT64:
+    case DF_GGUF_INT64:
+    case DF_GGUF_FLOAT64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
 static const char *type_name(uint32_t type)
 {
-    static const char *const names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32",
-                                        "float32", "bool", "string", "array", "uint64",
-                                        "int64", "float64"};
+    static const char *const names[] = {"uint8",  "int8",    "uint16", "int16",  "uint32",
+                                        "int32",  "float32", "bool",   "string", "array",
+                                        "uint64", "int64",   "float64"};
     return type < sizeof names / sizeof names[0] ? names[type] : "unknown";
 }
 
@@ -175,10 +191,18 @@ static void widen(gg_kv *kv, uint32_t type, const uint8_t *p)
 {
     uint64_t raw = le(p, (int)scalar_size(type));
     switch (type) {
-    case DF_GGUF_INT8:    kv->v.i = (int8_t)raw; break;
-    case DF_GGUF_INT16:   kv->v.i = (int16_t)raw; break;
-    case DF_GGUF_INT32:   kv->v.i = (int32_t)raw; break;
-    case DF_GGUF_INT64:   kv->v.i = (int64_t)raw; break;
+    case DF_GGUF_INT8:
+        kv->v.i = (int8_t)raw;
+        break;
+    case DF_GGUF_INT16:
+        kv->v.i = (int16_t)raw;
+        break;
+    case DF_GGUF_INT32:
+        kv->v.i = (int32_t)raw;
+        break;
+    case DF_GGUF_INT64:
+        kv->v.i = (int64_t)raw;
+        break;
     case DF_GGUF_FLOAT32: {
         uint32_t u = (uint32_t)raw;
         float f;
@@ -186,8 +210,12 @@ static void widen(gg_kv *kv, uint32_t type, const uint8_t *p)
         kv->v.f = f;
         break;
     }
-    case DF_GGUF_FLOAT64: memcpy(&kv->v.f, &raw, 8); break;
-    default:              kv->v.u = raw; break;
+    case DF_GGUF_FLOAT64:
+        memcpy(&kv->v.f, &raw, 8);
+        break;
+    default:
+        kv->v.u = raw;
+        break;
     }
 }
 
@@ -199,18 +227,20 @@ static df_status read_array(cursor *c, gg_kv *kv)
     DF_TRY(read_u64(c, "an array's length", &kv->count));
     kv->elem_type = (df_gguf_value_type)et;
     if (et == DF_GGUF_ARRAY)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: key '%s' is an array of arrays, which diffuse "
-                         "does not read", g->path, kv->key);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: key '%s' is an array of arrays, which diffuse "
+                         "does not read",
+                         g->path, kv->key);
     size_t es = et == DF_GGUF_STRING ? 8 : scalar_size(et);
     if (es == 0)
         return df_errorf(DF_E_FORMAT, "%s: key '%s': unknown array element type %u", g->path,
                          kv->key, et);
     size_t bytes;
-    if (!df_size_mul((size_t)kv->count, es, &bytes) || kv->count > SIZE_MAX / 8 ||
-        bytes > c->left)
-        return df_errorf(DF_E_FORMAT, "%s: key '%s': an array of %llu %s needs at least %llu "
-                         "bytes but the file has %zu left", g->path, kv->key,
-                         (unsigned long long)kv->count, type_name(et),
+    if (!df_size_mul((size_t)kv->count, es, &bytes) || kv->count > SIZE_MAX / 8 || bytes > c->left)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: key '%s': an array of %llu %s needs at least %llu "
+                         "bytes but the file has %zu left",
+                         g->path, kv->key, (unsigned long long)kv->count, type_name(et),
                          (unsigned long long)kv->count * es, c->left);
     if (et != DF_GGUF_STRING) {
         const void *p = NULL;
@@ -226,9 +256,11 @@ static df_status read_array(cursor *c, gg_kv *kv)
         const void *p = NULL;
         DF_TRY(read_u64(&probe, "an array string's length", &n));
         if (n > probe.left)
-            return df_errorf(DF_E_FORMAT, "%s: key '%s': element %llu claims %llu bytes but "
-                             "the file has %zu left", g->path, kv->key, (unsigned long long)i,
-                             (unsigned long long)n, probe.left);
+            return df_errorf(DF_E_FORMAT,
+                             "%s: key '%s': element %llu claims %llu bytes but "
+                             "the file has %zu left",
+                             g->path, kv->key, (unsigned long long)i, (unsigned long long)n,
+                             probe.left);
         DF_TRY(take(&probe, (size_t)n, "an array string", &p));
     }
     size_t total = (size_t)(probe.p - c->p);
@@ -261,14 +293,14 @@ static df_status read_kv(cursor *c, gg_kv *kv)
         return read_array(c, kv);
     size_t n = scalar_size(type);
     if (n == 0)
-        return df_errorf(DF_E_FORMAT, "%s: key '%s': unknown value type %u", c->g->path,
-                         kv->key, type);
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': unknown value type %u", c->g->path, kv->key,
+                         type);
     const void *p = NULL;
     DF_TRY(take(c, n, "a value", &p));
     widen(kv, type, p);
     if (type == DF_GGUF_BOOL && kv->v.u > 1)
-        return df_errorf(DF_E_FORMAT, "%s: key '%s': a bool must be 0 or 1, found %llu",
-                         c->g->path, kv->key, (unsigned long long)kv->v.u);
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': a bool must be 0 or 1, found %llu", c->g->path,
+                         kv->key, (unsigned long long)kv->v.u);
     return DF_OK;
 }
 
@@ -298,9 +330,10 @@ static df_status check_kv(df_gguf *g)
     if (k >= 0) {
         const gg_kv *a = &g->kv[k];
         if (a->type != DF_GGUF_UINT32 || a->v.u == 0 || (a->v.u & (a->v.u - 1)) != 0)
-            return df_errorf(DF_E_FORMAT, "%s: general.alignment must be a uint32 power of two, "
-                             "found %s %llu", g->path, type_name(a->type),
-                             (unsigned long long)a->v.u);
+            return df_errorf(DF_E_FORMAT,
+                             "%s: general.alignment must be a uint32 power of two, "
+                             "found %s %llu",
+                             g->path, type_name(a->type), (unsigned long long)a->v.u);
         g->alignment = (uint32_t)a->v.u;
     }
     return DF_OK;
@@ -313,34 +346,37 @@ static df_status read_tensor_info(cursor *c, gg_tensor *t)
     uint32_t ndim;
     DF_TRY(read_u32(c, "a tensor's dimension count", &ndim));
     if (ndim == 0 || ndim > DF_GGUF_MAX_DIMS)
-        return df_errorf(ndim ? DF_E_UNSUPPORTED : DF_E_FORMAT, "%s: tensor '%s' has %u "
-                         "dimensions; GGUF tensors have 1 to %d", g->path, t->name, ndim,
-                         DF_GGUF_MAX_DIMS);
+        return df_errorf(ndim ? DF_E_UNSUPPORTED : DF_E_FORMAT,
+                         "%s: tensor '%s' has %u "
+                         "dimensions; GGUF tensors have 1 to %d",
+                         g->path, t->name, ndim, DF_GGUF_MAX_DIMS);
     t->ndim = (int)ndim;
     t->numel = 1;
     for (int d = 0; d < t->ndim; d++) {
         uint64_t ne;
         DF_TRY(read_u64(c, "a tensor dimension", &ne));
         if (ne > (uint64_t)INT64_MAX || !df_i64_mul(t->numel, (int64_t)ne, &t->numel))
-            return df_errorf(DF_E_FORMAT, "%s: tensor '%s': dimension %d (%llu) makes it too "
-                             "large to address", g->path, t->name, d, (unsigned long long)ne);
+            return df_errorf(DF_E_FORMAT,
+                             "%s: tensor '%s': dimension %d (%llu) makes it too "
+                             "large to address",
+                             g->path, t->name, d, (unsigned long long)ne);
         t->shape[t->ndim - 1 - d] = (int64_t)ne; /* ggml lists the innermost first */
     }
     DF_TRY(read_u32(c, "a tensor type", &t->type));
     DF_TRY(read_u64(c, "a tensor offset", &t->offset));
     t->info = df_qblock_info_of(t->type);
     if (!t->info)
-        return df_errorf(DF_E_FORMAT, "%s: tensor '%s' has unknown ggml type %u", g->path,
-                         t->name, t->type);
+        return df_errorf(DF_E_FORMAT, "%s: tensor '%s' has unknown ggml type %u", g->path, t->name,
+                         t->type);
     int64_t inner = t->shape[t->ndim - 1];
     if (inner % t->info->block != 0)
-        return df_errorf(DF_E_FORMAT, "%s: tensor '%s': its innermost dimension %lld is not a "
-                         "multiple of %s's block of %d", g->path, t->name, (long long)inner,
-                         t->info->name, t->info->block);
+        return df_errorf(DF_E_FORMAT,
+                         "%s: tensor '%s': its innermost dimension %lld is not a "
+                         "multiple of %s's block of %d",
+                         g->path, t->name, (long long)inner, t->info->name, t->info->block);
     size_t nbytes;
     if (!df_size_mul((size_t)(t->numel / t->info->block), (size_t)t->info->bytes, &nbytes))
-        return df_errorf(DF_E_FORMAT, "%s: tensor '%s' is too large to address", g->path,
-                         t->name);
+        return df_errorf(DF_E_FORMAT, "%s: tensor '%s' is too large to address", g->path, t->name);
     t->nbytes = nbytes;
     return DF_OK;
 }
@@ -364,13 +400,15 @@ static df_status check_tensors(df_gguf *g)
     for (int64_t i = 0; i < g->n_tensors; i++) {
         const gg_tensor *t = &g->tensors[i];
         if (t->offset % g->alignment != 0)
-            return df_errorf(DF_E_FORMAT, "%s: tensor '%s': offset %llu is not a multiple of "
-                             "the alignment %u", g->path, t->name,
-                             (unsigned long long)t->offset, g->alignment);
+            return df_errorf(DF_E_FORMAT,
+                             "%s: tensor '%s': offset %llu is not a multiple of "
+                             "the alignment %u",
+                             g->path, t->name, (unsigned long long)t->offset, g->alignment);
         if (t->offset > g->data_size || t->nbytes > g->data_size - t->offset)
-            return df_errorf(DF_E_FORMAT, "%s: tensor '%s' spans bytes [%llu, %llu) of the data "
-                             "section but it has %llu bytes: truncated?", g->path, t->name,
-                             (unsigned long long)t->offset,
+            return df_errorf(DF_E_FORMAT,
+                             "%s: tensor '%s' spans bytes [%llu, %llu) of the data "
+                             "section but it has %llu bytes: truncated?",
+                             g->path, t->name, (unsigned long long)t->offset,
                              (unsigned long long)(t->offset + t->nbytes),
                              (unsigned long long)g->data_size);
     }
@@ -392,8 +430,10 @@ static df_status check_tensors(df_gguf *g)
         if (b->nbytes == 0)
             continue;
         if (a && a->offset + a->nbytes > b->offset)
-            s = df_errorf(DF_E_FORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) "
-                          "overlap", g->path, a->name, (unsigned long long)a->offset,
+            s = df_errorf(DF_E_FORMAT,
+                          "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) "
+                          "overlap",
+                          g->path, a->name, (unsigned long long)a->offset,
                           (unsigned long long)(a->offset + a->nbytes), b->name,
                           (unsigned long long)b->offset,
                           (unsigned long long)(b->offset + b->nbytes));
@@ -414,11 +454,15 @@ static df_status parse(df_gguf *g)
                          g->path);
     DF_TRY(read_u32(&c, "the version", &g->version));
     if (g->version == 0x02000000u || g->version == 0x03000000u)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: a big-endian GGUF file; diffuse reads "
-                         "little-endian ones", g->path);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: a big-endian GGUF file; diffuse reads "
+                         "little-endian ones",
+                         g->path);
     if (g->version == 1)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: GGUF version 1 is not supported (convert it "
-                         "to version 3)", g->path);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: GGUF version 1 is not supported (convert it "
+                         "to version 3)",
+                         g->path);
     if (g->version != 2 && g->version != 3)
         return df_errorf(DF_E_FORMAT, "%s: unknown GGUF version %u (expected 3)", g->path,
                          g->version);
@@ -426,9 +470,11 @@ static df_status parse(df_gguf *g)
     DF_TRY(read_u64(&c, "the tensor count", &n_tensors));
     DF_TRY(read_u64(&c, "the metadata count", &n_kv));
     if (n_kv > c.left / 13 || n_tensors > c.left / 28)
-        return df_errorf(DF_E_FORMAT, "%s: %llu metadata entries and %llu tensors cannot fit "
-                         "in the %zu bytes that follow the header", g->path,
-                         (unsigned long long)n_kv, (unsigned long long)n_tensors, c.left);
+        return df_errorf(
+            DF_E_FORMAT,
+            "%s: truncated or corrupt: %llu metadata entries and %llu tensors cannot fit "
+            "in the %zu bytes that follow the header",
+            g->path, (unsigned long long)n_kv, (unsigned long long)n_tensors, c.left);
     g->kv = df_calloc((size_t)(n_kv ? n_kv : 1), sizeof *g->kv);
     g->tensors = df_calloc((size_t)(n_tensors ? n_tensors : 1), sizeof *g->tensors);
     if (!g->kv || !g->tensors)
@@ -507,8 +553,7 @@ df_status df_gguf_open(const char *path, df_gguf **out)
     if (size > 0) {
         void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
-            s = df_errorf(DF_E_IO, "%s: cannot map %zu bytes: %s", path, g->size,
-                          strerror(errno));
+            s = df_errorf(DF_E_IO, "%s: cannot map %zu bytes: %s", path, g->size, strerror(errno));
         } else {
             g->base = m;
             g->mapped = true;
@@ -580,8 +625,7 @@ static const gg_tensor *lookup(const df_gguf *g, const char *name)
     if (!g || !name)
         return NULL;
     gg_tensor probe = {.name = (char *)name};
-    return bsearch(&probe, g->tensors, (size_t)g->n_tensors, sizeof *g->tensors,
-                   tensor_by_name);
+    return bsearch(&probe, g->tensors, (size_t)g->n_tensors, sizeof *g->tensors, tensor_by_name);
 }
 
 static void fill(const df_gguf *g, const gg_tensor *t, df_gguf_tensor *out)
@@ -655,27 +699,24 @@ int64_t df_gguf_kv_find(const df_gguf *g, const char *key)
     return -1;
 }
 
-static df_status find_kv(const df_gguf *g, const char *key, const char *want,
-                         const gg_kv **out)
+static df_status find_kv(const df_gguf *g, const char *key, const char *want, const gg_kv **out)
 {
     int64_t i = df_gguf_kv_find(g, key);
     *out = i >= 0 ? &g->kv[i] : NULL;
     if (i < 0)
-        return df_errorf(DF_E_FORMAT, "%s: no metadata key '%s' (expected %s)",
-                         df_gguf_path(g), key ? key : "(null)", want);
+        return df_errorf(DF_E_FORMAT, "%s: no metadata key '%s' (expected %s)", df_gguf_path(g),
+                         key ? key : "(null)", want);
     return DF_OK;
 }
 
 static bool is_int(uint32_t t)
 {
-    return t <= DF_GGUF_INT32 || t == DF_GGUF_BOOL || t == DF_GGUF_UINT64 ||
-           t == DF_GGUF_INT64;
+    return t <= DF_GGUF_INT32 || t == DF_GGUF_BOOL || t == DF_GGUF_UINT64 || t == DF_GGUF_INT64;
 }
 
 static bool is_signed(uint32_t t)
 {
-    return t == DF_GGUF_INT8 || t == DF_GGUF_INT16 || t == DF_GGUF_INT32 ||
-           t == DF_GGUF_INT64;
+    return t == DF_GGUF_INT8 || t == DF_GGUF_INT16 || t == DF_GGUF_INT32 || t == DF_GGUF_INT64;
 }
 
 df_status df_gguf_get_int(const df_gguf *g, const char *key, int64_t *out)
@@ -683,11 +724,11 @@ df_status df_gguf_get_int(const df_gguf *g, const char *key, int64_t *out)
     const gg_kv *kv;
     DF_TRY(find_kv(g, key, "an integer", &kv));
     if (!is_int(kv->type))
-        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected an integer",
-                         g->path, key, type_name(kv->type));
+        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected an integer", g->path,
+                         key, type_name(kv->type));
     if (!is_signed(kv->type) && kv->v.u > (uint64_t)INT64_MAX)
-        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' (%llu) does not fit in int64",
-                         g->path, key, (unsigned long long)kv->v.u);
+        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' (%llu) does not fit in int64", g->path,
+                         key, (unsigned long long)kv->v.u);
     *out = is_signed(kv->type) ? kv->v.i : (int64_t)kv->v.u;
     return DF_OK;
 }
@@ -701,8 +742,8 @@ df_status df_gguf_get_float(const df_gguf *g, const char *key, double *out)
     else if (is_int(kv->type))
         *out = is_signed(kv->type) ? (double)kv->v.i : (double)kv->v.u;
     else
-        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected a number", g->path,
-                         key, type_name(kv->type));
+        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected a number", g->path, key,
+                         type_name(kv->type));
     return DF_OK;
 }
 
@@ -711,8 +752,8 @@ df_status df_gguf_get_string(const df_gguf *g, const char *key, const char **out
     const gg_kv *kv;
     DF_TRY(find_kv(g, key, "a string", &kv));
     if (kv->type != DF_GGUF_STRING)
-        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected a string", g->path,
-                         key, type_name(kv->type));
+        return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is a %s; expected a string", g->path, key,
+                         type_name(kv->type));
     *out = kv->str;
     return DF_OK;
 }
@@ -726,13 +767,12 @@ static df_status array_elem(const df_gguf *g, const char *key, uint64_t i, bool 
         return df_errorf(DF_E_FORMAT, "%s: metadata '%s' is not an array of %s", g->path, key,
                          strings ? "strings" : "numbers");
     if (i >= kv->count)
-        return df_errorf(DF_E_ARG, "%s: metadata '%s': index %llu past its %llu elements",
-                         g->path, key, (unsigned long long)i, (unsigned long long)kv->count);
+        return df_errorf(DF_E_ARG, "%s: metadata '%s': index %llu past its %llu elements", g->path,
+                         key, (unsigned long long)i, (unsigned long long)kv->count);
     return DF_OK;
 }
 
-df_status df_gguf_get_array_string(const df_gguf *g, const char *key, uint64_t i,
-                                   const char **out)
+df_status df_gguf_get_array_string(const df_gguf *g, const char *key, uint64_t i, const char **out)
 {
     const gg_kv *kv;
     DF_TRY(array_elem(g, key, i, true, &kv));
@@ -756,8 +796,8 @@ df_status df_gguf_get_array_number(const df_gguf *g, const char *key, uint64_t i
 
 /* ---- reads ------------------------------------------------------------------------ */
 
-df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int64_t r1,
-                            df_dtype as, void *dst, size_t dst_bytes)
+df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int64_t r1, df_dtype as,
+                            void *dst, size_t dst_bytes)
 {
     const gg_tensor *t = lookup(g, name);
     if (!t)
@@ -767,26 +807,30 @@ df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int6
         return df_errorf(DF_E_ARG, "%s: tensor '%s' can be read as f32, bf16 or f16, not %s",
                          g->path, name, df_dtype_name(as));
     if (!t->info->dequant)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s, which diffuse "
-                         "does not dequantise", g->path, name, t->info->name);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: tensor '%s' is stored as %s, which diffuse "
+                         "does not dequantise",
+                         g->path, name, t->info->name);
     if (r1 < 0)
         r1 = t->shape[0];
     if (r0 < 0 || r1 < r0 || r1 > t->shape[0])
-        return df_errorf(DF_E_ARG, "%s: tensor '%s': rows [%lld, %lld) are not inside its "
-                         "%lld rows", g->path, name, (long long)r0, (long long)r1,
-                         (long long)t->shape[0]);
+        return df_errorf(DF_E_ARG,
+                         "%s: tensor '%s': rows [%lld, %lld) are not inside its "
+                         "%lld rows",
+                         g->path, name, (long long)r0, (long long)r1, (long long)t->shape[0]);
     int64_t row = t->shape[0] ? t->numel / t->shape[0] : 0;
     int64_t n = (r1 - r0) * row;
     size_t need = (size_t)n * df_dtype_size(as);
     if (dst_bytes < need || (need && !dst))
-        return df_errorf(DF_E_ARG, "%s: tensor '%s': the destination has %zu bytes; %zu are "
-                         "needed", g->path, name, dst ? dst_bytes : 0, need);
+        return df_errorf(DF_E_ARG,
+                         "%s: tensor '%s': the destination has %zu bytes; %zu are "
+                         "needed",
+                         g->path, name, dst ? dst_bytes : 0, need);
     const int block = t->info->block;
     const size_t bbytes = (size_t)t->info->bytes;
     /* A row is a whole number of blocks: the innermost dimension is, and a row is a
      * product that includes it. */
-    const uint8_t *src = g->base + g->data_start + t->offset +
-                         (size_t)(r0 * row / block) * bbytes;
+    const uint8_t *src = g->base + g->data_start + t->offset + (size_t)(r0 * row / block) * bbytes;
     if (as == DF_DTYPE_F32)
         return df_qblock_dequant(t->type, src, n / block, dst);
     float stage[STAGE_FLOATS];

@@ -17,6 +17,11 @@
  */
 #include "models/names.h"
 
+#include <diffuse/flux.h>
+
+#include "core/status.h"
+#include "models/single_file.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -28,7 +33,13 @@ typedef struct rule {
     int part[2][2];
 } rule;
 
-#define WHOLE 1, 1, {{0, 1}}
+#define WHOLE                                                                                      \
+    1, 1,                                                                                          \
+    {                                                                                              \
+        {                                                                                          \
+            0, 1                                                                                   \
+        }                                                                                          \
+    }
 
 static const rule rules[] = {
     {"x_embedder.weight", "img_in.weight", WHOLE},
@@ -69,8 +80,8 @@ static const rule rules[] = {
     {"single_transformer_blocks.*.attn.to_v.", "single_blocks.*.linear1.", 7, 1, {{2, 3}}},
     {"single_transformer_blocks.*.proj_mlp.", "single_blocks.*.linear1.", 7, 1, {{3, 7}}},
     {"single_transformer_blocks.*.proj_out.", "single_blocks.*.linear2.", WHOLE},
-    {"single_transformer_blocks.*.attn.norm_q.weight",
-     "single_blocks.*.norm.query_norm.scale", WHOLE},
+    {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
+     WHOLE},
     {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
      WHOLE},
     {"norm_out.linear.", "final_layer.adaLN_modulation.1.", 2, 2, {{1, 2}, {0, 1}}},
@@ -109,8 +120,7 @@ static bool match(const char *pattern, const char *name, char *index, const char
 }
 
 /* Writes `pattern` with '*' replaced by `index`, then `rest`. */
-static bool expand(const char *pattern, const char *index, const char *rest, char *out,
-                   size_t cap)
+static bool expand(const char *pattern, const char *index, const char *rest, char *out, size_t cap)
 {
     size_t n = 0;
     for (; *pattern && n + 16 < cap; pattern++) {
@@ -145,4 +155,47 @@ bool df_names_flux_bfl(const char *diffusers, df_name_src *out)
 const char *df_names_flux_probe(void)
 {
     return "double_blocks.0.img_attn.qkv.weight";
+}
+
+/* Blocks whose probe tensor exists: 0, 1, ... until one is missing. */
+static int count_blocks(const df_single_file *sf, const char *fmt)
+{
+    int n = 0;
+    char name[128];
+    for (;; n++) {
+        snprintf(name, sizeof name, fmt, n);
+        if (!df_single_file_has(sf, name))
+            return n;
+    }
+}
+
+df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *found)
+{
+    *found = false;
+    if (cap)
+        out[0] = '\0';
+    df_single_file *sf;
+    DF_TRY(df_single_file_open(path, "inspect", df_names_flux_bfl, df_names_flux_probe(), &sf));
+    if (!df_single_file_mapped(sf)) {
+        snprintf(out, cap,
+                 "not a FLUX.1 transformer in Black Forest Labs' layout (no tensor "
+                 "named '[prefix]%s')",
+                 df_names_flux_probe());
+        df_single_file_free(sf);
+        return DF_OK;
+    }
+    const char *prefix = df_single_file_prefix(sf);
+    bool dev = df_single_file_has(sf, "time_text_embed.guidance_embedder.linear_1.weight");
+    int nd = count_blocks(sf, "transformer_blocks.%d.norm1.linear.weight");
+    int ns = count_blocks(sf, "single_transformer_blocks.%d.norm.linear.weight");
+    snprintf(out, cap,
+             "FLUX.1 transformer in Black Forest Labs' layout (%s%s%s), %s, %d "
+             "double + %d single blocks",
+             *prefix ? "prefix '" : "no prefix", prefix, *prefix ? "'" : "",
+             dev ? "dev (guidance_in: guidance_embeds true)"
+                 : "schnell (no guidance_in: guidance_embeds false)",
+             nd, ns);
+    *found = true;
+    df_single_file_free(sf);
+    return DF_OK;
 }

@@ -26,9 +26,9 @@
 
 struct df_single_file {
     char component[64];
-    df_gguf *gguf;       /* one of these two */
+    df_gguf *gguf; /* one of these two */
     df_weights *st;
-    df_name_map map;     /* NULL: the names are diffusers' own */
+    df_name_map map; /* NULL: the names are diffusers' own */
     char prefix[128];
     int64_t count;
     uint8_t *used;
@@ -134,7 +134,7 @@ df_status df_single_file_open(const char *path, const char *component, df_name_m
         return df_errorf(DF_E_OOM, "%s: out of memory", component);
     snprintf(sf->component, sizeof sf->component, "%s", component);
     df_status s = df_str_ends_with(path, ".gguf") ? df_gguf_open(path, &sf->gguf)
-                                                   : df_weights_open(path, &sf->st);
+                                                  : df_weights_open(path, &sf->st);
     if (s == DF_OK) {
         sf->count = reader_count(sf);
         sf->used = df_calloc((size_t)(sf->count ? sf->count : 1), 1);
@@ -202,8 +202,8 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 {
     size_t used = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < ndim && used < cap; d++)
-        used += (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld",
-                                 (long long)shape[d]);
+        used +=
+            (size_t)snprintf(buf + used, cap - used, d ? ", %lld" : "%lld", (long long)shape[d]);
     if (used < cap)
         snprintf(buf + used, cap - used, "]");
 }
@@ -211,8 +211,7 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
 /* Checks the file's tensor against the shape the model asks for, given the rows the map
  * takes; *rows receives that row count. */
 static df_status check_shape(const df_single_file *sf, const char *name, const df_name_src *src,
-                             const src_info *info, int ndim, const int64_t *shape,
-                             int64_t *rows)
+                             const src_info *info, int ndim, const int64_t *shape, int64_t *rows)
 {
     int64_t have = info->ndim ? info->shape[0] : 1;
     bool fits = info->ndim == ndim && ndim >= 1 && have % src->units == 0;
@@ -228,18 +227,20 @@ static df_status check_shape(const df_single_file *sf, const char *name, const d
     shape_str(want, sizeof want, ndim, shape);
     shape_str(got, sizeof got, info->ndim, info->shape);
     if (src->units > 1)
-        return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' (for diffusers' '%s', %d of its %d "
+        return df_errorf(DF_E_FORMAT,
+                         "%s: %s: tensor '%s' (for diffusers' '%s', %d of its %d "
                          "row blocks) has shape %s; expected %s for that part",
                          sf->component, df_single_file_path(sf), src->name, name,
                          src->part[0][1] - src->part[0][0], src->units, got, want);
-    return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' (diffusers' '%s') has shape %s, "
-                     "expected %s", sf->component, df_single_file_path(sf), src->name, name,
-                     got, want);
+    return df_errorf(DF_E_FORMAT,
+                     "%s: %s: tensor '%s' (diffusers' '%s') has shape %s, "
+                     "expected %s",
+                     sf->component, df_single_file_path(sf), src->name, name, got, want);
 }
 
 /* Reads rows [r0, r1) of the file's tensor into dst as `as`. */
-static df_status read_rows(const df_single_file *sf, const src_info *info, int64_t r0,
-                           int64_t r1, df_dtype as, void *dst, size_t bytes)
+static df_status read_rows(const df_single_file *sf, const src_info *info, int64_t r0, int64_t r1,
+                           df_dtype as, void *dst, size_t bytes)
 {
     if (sf->gguf)
         return df_gguf_read_rows(sf->gguf, info->name, r0, r1, as, dst, bytes);
@@ -282,10 +283,11 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
         return df_errorf(DF_E_FORMAT, "%s: %s: missing tensor '%s' (diffusers' '%s')",
                          sf->component, df_single_file_path(sf), src.name, name);
     if (info.dtype == DF_DTYPE_COUNT && !info.upcast)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: %s: tensor '%s' is stored as %s; single-file "
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: %s: tensor '%s' is stored as %s; single-file "
                          "weights must be F32, BF16, F16, F8_E4M3, F8_E5M2 or a GGUF type "
-                         "diffuse dequantises", sf->component, df_single_file_path(sf),
-                         src.name, info.dtype_name);
+                         "diffuse dequantises",
+                         sf->component, df_single_file_path(sf), src.name, info.dtype_name);
     int64_t rows;
     DF_TRY(check_shape(sf, name, &src, &info, ndim, shape, &rows));
     int64_t local[DF_SAFETENSORS_MAX_DIMS];
@@ -303,8 +305,8 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
         mark_scale_used(sf, src.name);
 
     if (src.n == 1 && info.dtype != DF_DTYPE_COUNT) {
-        const uint8_t *p = (const uint8_t *)info.data +
-                           (size_t)(src.part[0][0] * block * row) * info.elem_size;
+        const uint8_t *p =
+            (const uint8_t *)info.data + (size_t)(src.part[0][0] * block * row) * info.elem_size;
         if ((uintptr_t)p % info.elem_size == 0) {
             *out = df_tensor_wrap(ctx, as, local, info.ndim, p);
             *data = p;

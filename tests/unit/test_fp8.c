@@ -50,8 +50,8 @@ static void test_matches_torch(void **state)
                 fail_msg("%s [%zu]: %.9g, torch %.9g", name, i, got[i], want[i]);
         /* the last row alone, and columns [1, C) */
         int64_t rows = ti.shape[0], cols = ti.shape[1];
-        assert_int_equal(df_safetensors_read_rows(st, name, rows - 1, rows, DF_DTYPE_F32, got,
-                                                  n * 4), DF_OK);
+        assert_int_equal(
+            df_safetensors_read_rows(st, name, rows - 1, rows, DF_DTYPE_F32, got, n * 4), DF_OK);
         for (int64_t c = 0; c < cols; c++)
             assert_true(same(got[c], want[(rows - 1) * cols + c]));
         assert_int_equal(df_safetensors_read_cols(st, name, 1, cols, DF_DTYPE_F32, got, n * 4),
@@ -75,9 +75,9 @@ static void test_matches_torch(void **state)
 static void test_conversions(void **state)
 {
     (void)state;
-    assert_true(df_f8_e4m3_to_f32(0x7e) == 448.0f);   /* largest e4m3fn */
+    assert_true(df_f8_e4m3_to_f32(0x7e) == 448.0f); /* largest e4m3fn */
     assert_true(isnan(df_f8_e4m3_to_f32(0xff)));
-    assert_true(df_f8_e4m3_to_f32(0x01) == 0x1p-9f);  /* smallest subnormal */
+    assert_true(df_f8_e4m3_to_f32(0x01) == 0x1p-9f); /* smallest subnormal */
     assert_true(df_f8_e4m3_to_f32(0xb8) == -1.0f);
     assert_true(df_f8_e5m2_to_f32(0x7b) == 57344.0f); /* largest e5m2 */
     assert_true(isinf(df_f8_e5m2_to_f32(0xfc)) && df_f8_e5m2_to_f32(0xfc) < 0);
@@ -103,7 +103,8 @@ static void test_refusals(void **state)
     size_t len;
     uint8_t *file = st_bytes("{\"m.scale_weight\":{\"dtype\":\"F32\",\"shape\":[3],"
                              "\"data_offsets\":[0,12]},\"m.weight\":{\"dtype\":\"F8_E4M3\","
-                             "\"shape\":[2,4],\"data_offsets\":[12,20]}}", data, 20, &len);
+                             "\"shape\":[2,4],\"data_offsets\":[12,20]}}",
+                             data, 20, &len);
     assert_int_equal(df_safetensors_open_memory(file, len, "s.safetensors", &st), DF_OK);
     float out[8];
     assert_int_equal(df_safetensors_read(st, "m.weight", DF_DTYPE_F32, out, sizeof out),

@@ -139,8 +139,7 @@ static void test_good_file_opens(void **state)
     float rows[3];
     assert_int_equal(df_gguf_read_rows(g, "a", 1, 2, DF_DTYPE_F32, rows, sizeof rows), DF_OK);
     assert_memory_equal(rows, (const uint8_t *)t.data + 12, 12);
-    assert_int_equal(df_gguf_read_rows(g, "a", 1, 3, DF_DTYPE_F32, rows, sizeof rows),
-                     DF_E_ARG);
+    assert_int_equal(df_gguf_read_rows(g, "a", 1, 3, DF_DTYPE_F32, rows, sizeof rows), DF_E_ARG);
     assert_int_equal(df_gguf_find(g, "c", &t), DF_E_FORMAT);
     assert_non_null(strstr(df_error_message(), "'c'"));
     df_gguf_free(g);
@@ -341,11 +340,9 @@ static void test_metadata_of_every_type(void **state)
     static const struct {
         const char *key;
         int64_t v;
-    } ints[] = {{"test.u8", 200},           {"test.i8", -100},
-                {"test.u16", 60000},        {"test.i16", -30000},
-                {"test.u32", 4000000000},   {"test.i32", -2000000000},
-                {"test.u64", 1LL << 40},    {"test.i64", -(1LL << 40)},
-                {"test.bool", 1}};
+    } ints[] = {{"test.u8", 200},        {"test.i8", -100},          {"test.u16", 60000},
+                {"test.i16", -30000},    {"test.u32", 4000000000},   {"test.i32", -2000000000},
+                {"test.u64", 1LL << 40}, {"test.i64", -(1LL << 40)}, {"test.bool", 1}};
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
         assert_int_equal(df_gguf_get_int(g, ints[k].key, &i), DF_OK);
         assert_int_equal(i, ints[k].v);
@@ -394,8 +391,8 @@ static void test_dequant_matches_gguf_package(void **state)
         uint16_t *half = malloc((size_t)t.numel * 2);
         assert_int_equal(df_safetensors_read(ref, name, DF_DTYPE_F32, want, (size_t)t.numel * 4),
                          DF_OK);
-        assert_int_equal(df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_F32, got,
-                                           (size_t)t.numel * 4), DF_OK);
+        assert_int_equal(
+            df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_F32, got, (size_t)t.numel * 4), DF_OK);
         for (int64_t i = 0; i < t.numel; i++)
             if (got[i] != want[i])
                 fail_msg("%s [%lld]: %.9g, gguf package %.9g", t.name, (long long)i, got[i],
@@ -403,12 +400,12 @@ static void test_dequant_matches_gguf_package(void **state)
         int64_t row = t.numel / t.shape[0];
         for (int64_t r = 0; r < t.shape[0]; r++) {
             memset(got, 0, (size_t)row * 4);
-            assert_int_equal(df_gguf_read_rows(g, t.name, r, r + 1, DF_DTYPE_F32, got,
-                                               (size_t)row * 4), DF_OK);
+            assert_int_equal(
+                df_gguf_read_rows(g, t.name, r, r + 1, DF_DTYPE_F32, got, (size_t)row * 4), DF_OK);
             assert_memory_equal(got, want + r * row, (size_t)row * 4);
         }
-        assert_int_equal(df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_BF16, half,
-                                           (size_t)t.numel * 2), DF_OK);
+        assert_int_equal(
+            df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_BF16, half, (size_t)t.numel * 2), DF_OK);
         for (int64_t i = 0; i < t.numel; i++)
             assert_int_equal(half[i], df_f32_to_bf16(want[i]));
         free(want);
