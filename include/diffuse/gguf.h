@@ -115,6 +115,11 @@ DF_API df_status df_gguf_get_array_number(const df_gguf *g, const char *key, uin
 DF_API df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int64_t r1,
                                    df_dtype as, void *dst, size_t dst_bytes);
 
+/* Gives back the pages holding tensor `name` after it was read (as
+ * df_safetensors_release_pages): they leave the resident set and are read from the file
+ * again if touched. Does nothing for a handle over memory. DF_E_FORMAT when absent. */
+DF_API df_status df_gguf_release_pages(const df_gguf *g, const char *name);
+
 /* Unmaps and frees. NULL is fine. */
 DF_API void df_gguf_free(df_gguf *g);
 

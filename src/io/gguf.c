@@ -843,3 +843,19 @@ df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int6
     }
     return DF_OK;
 }
+
+df_status df_gguf_release_pages(const df_gguf *g, const char *name)
+{
+    const gg_tensor *t = lookup(g, name);
+    if (!t)
+        return df_errorf(DF_E_FORMAT, "%s: no tensor '%s'", df_gguf_path(g),
+                         name ? name : "(null)");
+    if (!g->mapped || t->nbytes == 0)
+        return DF_OK;
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t begin = (g->data_start + t->offset) / page * page;
+    uint64_t end = (g->data_start + t->offset + t->nbytes + page - 1) / page * page;
+    if (madvise((void *)(g->base + begin), (size_t)(end - begin), MADV_DONTNEED) != 0)
+        return df_errorf(DF_E_IO, "%s: cannot release the pages of '%s'", g->path, name);
+    return DF_OK;
+}

@@ -155,6 +155,10 @@ static df_status copy_f8(const df_safetensors *st, const st_entry *e, int64_t fi
                          int64_t row_len, int64_t r0, const float *scales, void *dst,
                          df_dtype as)
 {
+    float lut[256]; /* every byte's value: a table beats decoding each element */
+    for (int b = 0; b < 256; b++)
+        lut[b] = e->f8 == ST_F8_E4M3 ? df_f8_e4m3_to_f32((uint8_t)b)
+                                     : df_f8_e5m2_to_f32((uint8_t)b);
     float stage[STAGE_BYTES / sizeof(float)];
     const int64_t chunk = (int64_t)(sizeof stage / sizeof stage[0]);
     const uint8_t *src = st->data + e->begin;
@@ -164,9 +168,7 @@ static df_status copy_f8(const df_safetensors *st, const st_entry *e, int64_t fi
         float *out = as == DF_DTYPE_F32 ? (float *)dst + i : stage;
         for (int64_t k = 0; k < m; k++) {
             int64_t at = first + i + k;
-            float v = e->f8 == ST_F8_E4M3 ? df_f8_e4m3_to_f32(src[at])
-                                          : df_f8_e5m2_to_f32(src[at]);
-            out[k] = v * scales[(row_len ? at / row_len : 0) - r0];
+            out[k] = lut[src[at]] * scales[(row_len ? at / row_len : 0) - r0];
         }
         if (as != DF_DTYPE_F32)
             DF_TRY(df_convert(stage, DF_DTYPE_F32, (uint8_t *)dst + (size_t)i * outsz, as, m));

@@ -10,7 +10,9 @@
  * block of rows by block of rows into one buffer of the final size and dtype, which the
  * tensor copies; fp8 and GGUF-quantised weights are upcast while being read, a few KB at a
  * time, so nothing the size of the whole tensor exists in f32 unless f32 is the compute
- * dtype. (The buffer and the tensor's copy exist together for one tensor at a time.)
+ * dtype. (The buffer and the tensor's copy exist together for one tensor at a time.) The
+ * pages of a tensor read this way are given back after the read, so the resident set holds
+ * the weights once, not the file's bytes beside them.
  */
 #include "models/single_file.h"
 
@@ -331,6 +333,11 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
             s = df_ctx_status(ctx);
     }
     df_free(buf);
+    /* The file's bytes were only a source: drop their pages from the resident set (they
+     * are read again if another part of the same tensor is bound later). */
+    if (s == DF_OK)
+        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info.name)
+                     : df_weights_release_pages(sf->st, info.name);
     *bytes = total;
     return s;
 }

@@ -60,6 +60,9 @@ def to_bfl(sd, num_layers, num_single):
         put(f"time_in.out_layer.{w}", f"time_text_embed.timestep_embedder.linear_2.{w}")
         put(f"vector_in.in_layer.{w}", f"time_text_embed.text_embedder.linear_1.{w}")
         put(f"vector_in.out_layer.{w}", f"time_text_embed.text_embedder.linear_2.{w}")
+        if f"time_text_embed.guidance_embedder.linear_1.{w}" in sd:  # dev
+            put(f"guidance_in.in_layer.{w}", f"time_text_embed.guidance_embedder.linear_1.{w}")
+            put(f"guidance_in.out_layer.{w}", f"time_text_embed.guidance_embedder.linear_2.{w}")
         put(f"final_layer.linear.{w}", f"proj_out.{w}")
         scale, shift = sd[f"norm_out.linear.{w}"].chunk(2, dim=0)
         out[f"final_layer.adaLN_modulation.1.{w}"] = torch.cat([shift, scale], dim=0)
