@@ -16,6 +16,7 @@
 #include <diffuse/gguf.h>
 #include <diffuse/safetensors.h>
 
+#include "core/alloc.h"
 #include "core/quant_blocks.h"
 
 #define CASE_DIR DF_GOLDEN_DIR "/../cases/gguf-dequant"
@@ -418,6 +419,33 @@ static void test_dequant_matches_gguf_package(void **state)
     df_gguf_free(g);
 }
 
+/* Fail allocation 1, 2, 3, ... of opening the gguf package's file until it opens: each
+ * failure is DF_E_OOM and leaks nothing. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    int64_t live = df_alloc_live();
+    for (int64_t n = 1;; n++) {
+        df_gguf *g = (df_gguf *)1;
+        df_alloc_fail_at(n);
+        df_status s = df_gguf_open(CASE_DIR "/model.gguf", &g);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            assert_int_equal(df_gguf_count(g), 14);
+            df_gguf_free(g);
+            assert_true(n > 20); /* keys, strings, arrays and names all allocate */
+            break;
+        }
+        if (s != DF_E_OOM)
+            fail_msg("allocation %lld: %s '%s'", (long long)n, df_status_name(s),
+                     df_error_message());
+        assert_null(g);
+        assert_int_equal(df_alloc_live(), live);
+        assert_true(n < 5000);
+    }
+    assert_int_equal(df_alloc_live(), live);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -432,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_unsupported_type_is_listed_but_not_read),
         cmocka_unit_test(test_metadata_of_every_type),
         cmocka_unit_test(test_dequant_matches_gguf_package),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
