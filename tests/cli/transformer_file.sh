@@ -19,6 +19,17 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
     fail "single-file run: $(cat "$work/err")"
 cmp -s "$work/folder.png" "$work/file.png" || fail "the single-file image differs from the folder's"
 
+# A folder of configs, tokenizers and the other components, with transformer/ holding only
+# config.json, plus the transformer as a single file, is a complete pipeline.
+# (named "pipeline" as the original: the PNG's parameters carry the folder's name)
+mkdir "$work/cfg" && cp -r "$flux" "$work/cfg/pipeline" &&
+    rm "$work/cfg/pipeline/transformer/diffusion_pytorch_model.safetensors" &&
+    cp "$flux/transformer/diffusion_pytorch_model.safetensors" "$work/flux1.safetensors" ||
+    fail "copying the pipeline"
+"$bin" generate -m "$work/cfg/pipeline" $args -o "$work/cfg.png" --transformer "$work/flux1.safetensors" \
+    2>"$work/err" || fail "config-only folder: $(cat "$work/err")"
+cmp -s "$work/folder.png" "$work/cfg.png" || fail "the config-only folder's image differs"
+
 # expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
 expect() {
     word=$1
