@@ -16,6 +16,7 @@
 
 #include <diffuse/diffuse.h>
 
+#include "core/alloc.h"
 #include "models/names.h"
 #include "models/single_file.h"
 #include "unit/io_files.h"
@@ -186,12 +187,56 @@ static void test_rows_that_do_not_split(void **state)
     df_ctx_free(ctx);
 }
 
+#define CASES       DF_GOLDEN_DIR "/../cases"
+#define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
+
+/* Every allocation of a single-file load fails in turn (a GGUF with Q8_0 blocks, and an
+ * fp8 ComfyUI file with its halves swapped): DF_E_OOM each time, and nothing leaks. */
+static void sweep(const char *file)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    df_flux *m = NULL;
+    assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, file, &m), DF_OK); /* warm caches */
+    df_flux_free(m);
+    int64_t live = df_alloc_live();
+    int failures = 0;
+    for (int64_t nth = 1; nth < 100000; nth++) {
+        m = NULL;
+        df_alloc_fail_at(nth);
+        df_status s = df_flux_load_file(ctx, FLUX_CONFIG, file, &m);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            df_flux_free(m);
+            break;
+        }
+        failures++;
+        if (s != DF_E_OOM)
+            fail_msg("%s: allocation %lld: %s instead of DF_E_OOM: %s", file, (long long)nth,
+                     df_status_name(s), df_error_message());
+        assert_null(m);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+    }
+    assert_true(failures > 3);
+    assert_int_equal(df_alloc_live(), live);
+    df_ctx_free(ctx);
+}
+
+static void test_load_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    sweep(CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf");
+    sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_name_map),
         cmocka_unit_test(test_bind_views_and_swaps),
         cmocka_unit_test(test_rows_that_do_not_split),
+        cmocka_unit_test(test_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
