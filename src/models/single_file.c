@@ -10,7 +10,8 @@
  * block of rows by block of rows into one buffer of the final size and dtype, which the
  * tensor copies; fp8 and GGUF-quantised weights are upcast while being read, a few KB at a
  * time, so nothing the size of the whole tensor exists in f32 unless f32 is the compute
- * dtype. (The buffer and the tensor's copy exist together for one tensor at a time.) The
+ * dtype, on the context's threads. (The buffer and the tensor's copy exist together for
+ * one tensor at a time.) The
  * pages of a tensor read this way are given back after the read, so the resident set holds
  * the weights once, not the file's bytes beside them.
  */
@@ -268,6 +269,45 @@ static void mark_scale_used(df_single_file *sf, const char *name)
         sf->used[i] = 1;
 }
 
+/*
+ * Reads rows [r0, r1) into dst (row_bytes each in `as`) on the context's threads: the
+ * upcast or dequantisation is the cost of loading, and rows are independent. A chunk that
+ * fails on a worker is read again on this thread, so the failure (and its message, which
+ * is per thread) is this thread's.
+ */
+static df_status read_rows_threaded(const df_single_file *sf, const src_info *info, int64_t r0,
+                                    int64_t r1, df_dtype as, uint8_t *dst, size_t row_bytes,
+                                    int threads)
+{
+    int64_t rows = r1 - r0;
+    int64_t per = rows / (threads > 1 ? 4 * threads : 1);
+    if (per < 1)
+        per = 1;
+    int64_t chunks = (rows + per - 1) / per;
+    int64_t failed = -1;
+#pragma omp parallel for num_threads(threads > 1 && chunks > 1 ? threads : 1) schedule(dynamic)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t a = r0 + c * per, b = a + per < r1 ? a + per : r1;
+        if (read_rows(sf, info, a, b, as, dst + (size_t)(a - r0) * row_bytes,
+                      (size_t)(b - a) * row_bytes) != DF_OK) {
+#pragma omp critical(single_file_failed)
+            if (failed < 0 || c < failed)
+                failed = c;
+        }
+    }
+    if (failed < 0)
+        return DF_OK;
+    int64_t a = r0 + failed * per, b = a + per < r1 ? a + per : r1;
+    DF_TRY(read_rows(sf, info, a, b, as, dst + (size_t)(a - r0) * row_bytes,
+                     (size_t)(b - a) * row_bytes));
+    for (int64_t c = failed + 1; c < chunks; c++) { /* the rest, on this thread */
+        a = r0 + c * per, b = a + per < r1 ? a + per : r1;
+        DF_TRY(read_rows(sf, info, a, b, as, dst + (size_t)(a - r0) * row_bytes,
+                         (size_t)(b - a) * row_bytes));
+    }
+    return DF_OK;
+}
+
 df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name, int ndim,
                               const int64_t *shape, df_tensor **out, const void **data,
                               size_t *bytes)
@@ -324,7 +364,8 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
     for (int p = 0; p < src.n && s == DF_OK; p++) {
         int64_t r0 = src.part[p][0] * block, r1 = src.part[p][1] * block;
         size_t n = (size_t)((r1 - r0) * row) * es;
-        s = read_rows(sf, &info, r0, r1, as, buf + at, n);
+        s = read_rows_threaded(sf, &info, r0, r1, as, buf + at, (size_t)row * es,
+                               df_ctx_threads(ctx));
         at += n;
     }
     if (s == DF_OK) {
