@@ -21,6 +21,7 @@
 #include "models.h"
 #include "json.h"
 #include "safetensors.h"
+#include "gguf.h"
 #include "weights.h"
 #include "layout.h"
 #include "cpu.h"

@@ -43,6 +43,15 @@ DF_API float    df_bf16_to_f32(uint16_t x);
 DF_API uint16_t df_f32_to_f16(float x);
 DF_API float    df_f16_to_f32(uint16_t x);
 
+/*
+ * fp8 storage formats (safetensors F8_E4M3 and F8_E5M2, torch's float8_e4m3fn and
+ * float8_e5m2) widened to f32, exactly. e4m3fn has no infinities: 0x7f and 0xff are NaN,
+ * the largest value is 448. e5m2 is the upper byte of an f16 (infinities and NaN as f16).
+ * They are storage dtypes only: readers upcast them, nothing computes in them.
+ */
+DF_API float df_f8_e4m3_to_f32(uint8_t x);
+DF_API float df_f8_e5m2_to_f32(uint8_t x);
+
 /* Converts n elements between any two numeric dtypes (to or from f32 exactly as above;
  * integers convert by value, floats to integers truncate toward zero). */
 DF_API df_status df_convert(const void *src, df_dtype src_type, void *dst, df_dtype dst_type,

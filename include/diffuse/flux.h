@@ -77,6 +77,29 @@ typedef struct df_flux_inputs {
  */
 DF_API df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out);
 
+/*
+ * Same with config_dir/config.json as the config and the weights of the single file `file`:
+ * a .safetensors (diffusers' names, Black Forest Labs' original names as in
+ * flux1-dev.safetensors, or ComfyUI's "model.diffusion_model." prefix; f32, bf16, f16 or
+ * fp8 with optional scale_weight / weight_scale) or a .gguf (city96's layout; F32, F16,
+ * BF16, Q8_0, Q4_0/1, Q5_0/1, Q2_K..Q6_K). Original names are mapped to diffusers' on
+ * binding (fused qkv and linear1 split by row views, the final layer's shift/scale halves
+ * swapped); fp8 and quantised weights are upcast block by block into the compute dtype
+ * (f32 when the context computes in f32, else bf16). Fails as df_flux_load, and with
+ * DF_E_UNSUPPORTED for tensor parallelism (use a diffusers folder).
+ */
+DF_API df_status df_flux_load_file(df_ctx *ctx, const char *config_dir, const char *file,
+                                   df_flux **out);
+
+/*
+ * What a single file (.safetensors or .gguf) holds, as df_flux_load_file would read it:
+ * writes one line into out (cap bytes) such as "FLUX.1 transformer in Black Forest Labs'
+ * layout (prefix 'model.diffusion_model.'), dev (guidance_in), 19 double + 38 single
+ * blocks", and sets *found. *found is false (and out says what is missing) when the file
+ * is not a FLUX.1 transformer in the original layout. Fails as the readers' open.
+ */
+DF_API df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *found);
+
 /* The model's configuration (borrowed, valid while the model lives). */
 DF_API const df_flux_cfg *df_flux_config(const df_flux *m);
 

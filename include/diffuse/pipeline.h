@@ -62,6 +62,11 @@ typedef struct df_load_opts {
      * latents. */
     int tp;
     struct df_comm *comm;
+    /* FluxPipeline: the transformer's weights from this single file (a .safetensors in
+     * diffusers', Black Forest Labs' or ComfyUI's layout, f32/bf16/f16/fp8, or a city96
+     * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
+     * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
+    const char *transformer_file;
 } df_load_opts;
 
 /* Called after every denoising step. */

@@ -4,7 +4,8 @@
  * bf16 is the upper half of an f32; rounding adds 0x7fff plus the lowest kept bit, which
  * rounds to nearest even, and NaNs are kept quiet instead of rounding into infinity.
  * f16 conversion is done bit by bit so that subnormals and overflow are exact without
- * depending on the compiler's _Float16 support.
+ * depending on the compiler's _Float16 support. The fp8 formats are widened by value
+ * (e4m3fn) or as the upper byte of an f16 (e5m2), both exact.
  */
 #include <diffuse/dtype.h>
 
@@ -129,6 +130,22 @@ float df_f16_to_f32(uint16_t x)
     float f;
     memcpy(&f, &u, 4);
     return f;
+}
+
+float df_f8_e4m3_to_f32(uint8_t x)
+{
+    float sign = (x & 0x80u) ? -1.0f : 1.0f;
+    unsigned exp = (x >> 3) & 0x0fu, mant = x & 0x07u;
+    if (exp == 0x0f && mant == 0x07)
+        return sign * NAN;
+    if (exp == 0) /* subnormal: mant * 2^-9 */
+        return sign * (float)mant * 0x1p-9f;
+    return sign * ldexpf(1.0f + (float)mant * 0.125f, (int)exp - 7);
+}
+
+float df_f8_e5m2_to_f32(uint8_t x)
+{
+    return df_f16_to_f32((uint16_t)(x << 8));
 }
 
 static double load_one(const void *src, df_dtype t, int64_t i)

@@ -13,7 +13,8 @@
  * exactly - an overlap, a hole or bytes after the last tensor are errors (holes would let
  * one file be two formats at once). Duplicate names are refused by the JSON layer. Dtypes
  * that diffuse cannot load (I8, BOOL, F8, ...) are accepted and listed, so inspect can show
- * them; reading them is DF_E_UNSUPPORTED.
+ * them; reading them is DF_E_UNSUPPORTED, except fp8 (F8_E4M3, F8_E5M2), which reads
+ * upcast to a float dtype (safetensors_read.c).
  */
 #include "io/safetensors.h"
 
@@ -167,6 +168,9 @@ static df_status parse_tensor(const df_safetensors *st, const char *name, const 
             e->dtype_name = dtypes[i].name;
             e->elem_size = dtypes[i].size;
             e->dtype = dtypes[i].dtype;
+            e->f8 = strcmp(dt, "F8_E4M3") == 0   ? ST_F8_E4M3
+                    : strcmp(dt, "F8_E5M2") == 0 ? ST_F8_E5M2
+                                                 : ST_F8_NONE;
         }
     }
     if (!e->dtype_name)

@@ -12,11 +12,14 @@
 /* The safetensors format caps the JSON header at 100 MB. */
 #define DF_SAFETENSORS_MAX_HEADER ((uint64_t)100 << 20)
 
+enum { ST_F8_NONE, ST_F8_E4M3, ST_F8_E5M2 };
+
 typedef struct st_entry {
     const char *name;       /* in the handle's names block */
     const char *dtype_name; /* static */
     df_dtype dtype;         /* DF_DTYPE_COUNT when not loadable */
     uint8_t elem_size;
+    uint8_t f8;             /* ST_F8_E4M3 or ST_F8_E5M2 for fp8 (dtype is DF_DTYPE_COUNT) */
     int ndim;
     int64_t shape[DF_SAFETENSORS_MAX_DIMS];
     int64_t numel;

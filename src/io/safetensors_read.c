@@ -10,6 +10,11 @@
  * the header length odd) is staged through an aligned buffer, and conversions to an integer
  * dtype check every value, because converting NaN or an out-of-range float to an integer
  * is undefined behaviour.
+ *
+ * fp8 tensors (F8_E4M3, F8_E5M2) read into float dtypes only: each element is widened to
+ * f32 exactly, multiplied by its scale when the file has one (ComfyUI's "<m>.scale_weight"
+ * or "<m>.weight_scale": one value, or one per row), and rounded once to the target, a few
+ * KB at a time.
  */
 #include <math.h>
 #include <string.h>
@@ -93,6 +98,101 @@ static df_status copy_convert(const df_safetensors *st, const char *name, const 
     return DF_OK;
 }
 
+/* ---- fp8 ---------------------------------------------------------------------------- */
+
+/* The scale tensor of fp8 tensor `name`: ComfyUI's "<m>.scale_weight" beside "<m>.weight",
+ * or "<name>_scale" ("<m>.weight_scale"). NULL when it has none. */
+static const st_entry *f8_scale_entry(const df_safetensors *st, const char *name)
+{
+    char buf[1024];
+    size_t n = strlen(name);
+    if (n > 7 && n < sizeof buf - 16 && strcmp(name + n - 7, ".weight") == 0) {
+        snprintf(buf, sizeof buf, "%.*s.scale_weight", (int)(n - 7), name);
+        const st_entry *e = df_st_lookup(st, buf);
+        if (e)
+            return e;
+    }
+    if (n >= sizeof buf - 8)
+        return NULL;
+    snprintf(buf, sizeof buf, "%s_scale", name);
+    return df_st_lookup(st, buf);
+}
+
+/* The scales of rows [r0, r1) of fp8 tensor e into s[0 .. r1 - r0): 1 without a scale
+ * tensor; its one value; or its values r0 .. r1 when it has one per row. */
+static df_status f8_scales(const df_safetensors *st, const char *name, const st_entry *e,
+                           int64_t r0, int64_t r1, float *s)
+{
+    const st_entry *se = f8_scale_entry(st, name);
+    int64_t rows = e->ndim ? e->shape[0] : 1;
+    if (!se) {
+        for (int64_t r = r0; r < r1; r++)
+            s[r - r0] = 1.0f;
+        return DF_OK;
+    }
+    if (se->dtype != DF_DTYPE_F32 && se->dtype != DF_DTYPE_BF16 && se->dtype != DF_DTYPE_F16)
+        return df_errorf(DF_E_FORMAT, "%s: '%s', the scale of fp8 tensor '%s', is %s; "
+                         "expected F32, BF16 or F16", st->path, se->name, name, se->dtype_name);
+    if (se->numel == 1) {
+        float one;
+        DF_TRY(copy_convert(st, se->name, st->data + se->begin, se->dtype, &one, DF_DTYPE_F32,
+                            1));
+        for (int64_t r = r0; r < r1; r++)
+            s[r - r0] = one;
+        return DF_OK;
+    }
+    if (se->numel != rows)
+        return df_errorf(DF_E_FORMAT, "%s: '%s', the scale of fp8 tensor '%s', has %lld values; "
+                         "expected 1 or one per row (%lld)", st->path, se->name, name,
+                         (long long)se->numel, (long long)rows);
+    return copy_convert(st, se->name, st->data + se->begin + (size_t)r0 * se->elem_size,
+                        se->dtype, s, DF_DTYPE_F32, r1 - r0);
+}
+
+/* Widens n fp8 elements of e starting at element `first` (in rows of row_len elements;
+ * scales[r - r0] is row r's scale) and writes them to dst as `as`. */
+static df_status copy_f8(const df_safetensors *st, const st_entry *e, int64_t first, int64_t n,
+                         int64_t row_len, int64_t r0, const float *scales, void *dst,
+                         df_dtype as)
+{
+    float lut[256]; /* every byte's value: a table beats decoding each element */
+    for (int b = 0; b < 256; b++)
+        lut[b] = e->f8 == ST_F8_E4M3 ? df_f8_e4m3_to_f32((uint8_t)b)
+                                     : df_f8_e5m2_to_f32((uint8_t)b);
+    float stage[STAGE_BYTES / sizeof(float)];
+    const int64_t chunk = (int64_t)(sizeof stage / sizeof stage[0]);
+    const uint8_t *src = st->data + e->begin;
+    size_t outsz = df_dtype_size(as);
+    for (int64_t i = 0; i < n; i += chunk) {
+        int64_t m = n - i < chunk ? n - i : chunk;
+        float *out = as == DF_DTYPE_F32 ? (float *)dst + i : stage;
+        for (int64_t k = 0; k < m; k++) {
+            int64_t at = first + i + k;
+            out[k] = lut[src[at]] * scales[(row_len ? at / row_len : 0) - r0];
+        }
+        if (as != DF_DTYPE_F32)
+            DF_TRY(df_convert(stage, DF_DTYPE_F32, (uint8_t *)dst + (size_t)i * outsz, as, m));
+    }
+    return DF_OK;
+}
+
+/* Reads elements [first, first + n) of fp8 tensor e, all inside rows [r0, r1). */
+static df_status read_f8(const df_safetensors *st, const char *name, const st_entry *e,
+                         int64_t r0, int64_t r1, int64_t first, int64_t n, void *dst,
+                         df_dtype as)
+{
+    int64_t rows = e->ndim ? e->shape[0] : 1;
+    int64_t row_len = rows ? e->numel / rows : 0;
+    float *scales = df_malloc(sizeof *scales * (size_t)(r1 - r0 + 1));
+    if (!scales)
+        return df_errorf(DF_E_OOM, "%s: out of memory reading '%s'", st->path, name);
+    df_status s = f8_scales(st, name, e, r0, r1, scales);
+    if (s == DF_OK)
+        s = copy_f8(st, e, first, n, row_len, r0, scales, dst, as);
+    df_free(scales);
+    return s;
+}
+
 /* Finds the tensor and checks that it can be read as `as` into dst_bytes for n elements. */
 static df_status prepare(const df_safetensors *st, const char *name, df_dtype as, int64_t n,
                          size_t dst_bytes, const void *dst, const st_entry **out)
@@ -106,7 +206,12 @@ static df_status prepare(const df_safetensors *st, const char *name, df_dtype as
     if ((unsigned)as >= DF_DTYPE_COUNT)
         return df_errorf(DF_E_ARG, "%s: tensor '%s': invalid target dtype %d", st->path, name,
                          (int)as);
-    if (e->dtype == DF_DTYPE_COUNT)
+    if (e->f8 && as != DF_DTYPE_F32 && as != DF_DTYPE_BF16 && as != DF_DTYPE_F16 &&
+        as != DF_DTYPE_F64)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s, which reads as a "
+                         "float dtype, not %s", st->path, name, e->dtype_name,
+                         df_dtype_name(as));
+    if (e->dtype == DF_DTYPE_COUNT && !e->f8)
         return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is stored as %s, which diffuse "
                          "does not load", st->path, name, e->dtype_name);
     if (n < 0)
@@ -134,6 +239,8 @@ df_status df_safetensors_read(const df_safetensors *st, const char *name, df_dty
     const st_entry *e;
     DF_TRY(prepare(st, name, as, -1, dst_bytes, dst, &e));
     count_bytes(st, e->end - e->begin);
+    if (e->f8)
+        return read_f8(st, name, e, 0, e->ndim ? e->shape[0] : 1, 0, e->numel, dst, as);
     return copy_convert(st, name, st->data + e->begin, e->dtype, dst, as, e->numel);
 }
 
@@ -156,6 +263,8 @@ df_status df_safetensors_read_rows(const df_safetensors *st, const char *name, i
     DF_TRY(prepare(st, name, as, n, dst_bytes, dst, &e));
     size_t first = (size_t)(r0 * row) * e->elem_size;
     count_bytes(st, (uint64_t)n * e->elem_size);
+    if (e->f8)
+        return read_f8(st, name, e, r0, r1, r0 * row, n, dst, as);
     return copy_convert(st, name, st->data + e->begin + first, e->dtype, dst, as, n);
 }
 
@@ -174,7 +283,10 @@ df_status df_safetensors_read_cols(const df_safetensors *st, const char *name, i
     DF_TRY(prepare(st, name, as, rows * w, dst_bytes, dst, &e));
     size_t outsz = df_dtype_size(as);
     count_bytes(st, (uint64_t)(rows * w) * e->elem_size);
-    for (int64_t r = 0; r < rows && w > 0; r++) {
+    for (int64_t r = 0; r < rows && w > 0 && e->f8; r++)
+        DF_TRY(read_f8(st, name, e, r, r + 1, r * cols + c0, w,
+                       (uint8_t *)dst + (size_t)(r * w) * outsz, as));
+    for (int64_t r = 0; r < rows && w > 0 && !e->f8; r++) {
         const uint8_t *src = st->data + e->begin + (size_t)(r * cols + c0) * e->elem_size;
         DF_TRY(copy_convert(st, name, src, e->dtype, (uint8_t *)dst + (size_t)(r * w) * outsz,
                             as, w));

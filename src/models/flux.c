@@ -290,7 +290,8 @@ static df_status shard(df_flux *m, const char *dir)
 
 static df_status list_blocks(df_flux *m);
 
-df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
+/* Loads with dir's config and the weights of dir, or of `file` (a single file) when set. */
+static df_status load(df_ctx *ctx, const char *dir, const char *file, df_flux **out)
 {
     if (!out)
         return df_errorf(DF_E_ARG, "df_flux_load: out is NULL");
@@ -313,7 +314,10 @@ df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
         df_calloc(cfg.num_single_layers ? (size_t)cfg.num_single_layers : 1, sizeof *m->singles);
     if (!m->blocks || !m->singles)
         s = df_errorf(DF_E_OOM, "transformer: out of memory");
-    if (s == DF_OK)
+    if (s == DF_OK && file)
+        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_flux_bfl,
+                                      df_names_flux_probe(), &m->ws);
+    else if (s == DF_OK)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
     if (s == DF_OK)
         s = shard(m, dir);
@@ -327,6 +331,22 @@ df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
     }
     *out = m;
     return DF_OK;
+}
+
+df_status df_flux_load(df_ctx *ctx, const char *dir, df_flux **out)
+{
+    return load(ctx, dir, NULL, out);
+}
+
+df_status df_flux_load_file(df_ctx *ctx, const char *config_dir, const char *file,
+                            df_flux **out)
+{
+    if (!file) {
+        if (out)
+            *out = NULL;
+        return df_errorf(DF_E_ARG, "df_flux_load_file: file is NULL");
+    }
+    return load(ctx, config_dir, file, out);
 }
 
 const df_flux_cfg *df_flux_config(const df_flux *m)

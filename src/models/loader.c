@@ -29,6 +29,7 @@
 #include "core/status.h"
 #include "models/loader.h"
 #include "models/quant_policy.h"
+#include "models/single_file.h"
 #include "runtime/runtime.h"
 
 typedef struct bound {
@@ -43,6 +44,7 @@ typedef struct bound {
 struct df_weight_set {
     df_ctx *ctx;
     df_weights *w;
+    df_single_file *sf; /* instead of w: a single file read through a name map */
     df_json *config;
     char dir[1024];
     char component[64];
@@ -85,6 +87,26 @@ df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component
     return DF_OK;
 }
 
+df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const char *file,
+                                    const char *component, df_name_map map, const char *probe,
+                                    df_weight_set **out)
+{
+    *out = NULL;
+    df_weight_set *ws = df_calloc(1, sizeof *ws);
+    if (!ws)
+        return df_errorf(DF_E_OOM, "%s: out of memory", component);
+    ws->ctx = ctx;
+    snprintf(ws->dir, sizeof ws->dir, "%s", config_dir);
+    snprintf(ws->component, sizeof ws->component, "%s", component);
+    df_status s = df_single_file_open(file, component, map, probe, &ws->sf);
+    if (s != DF_OK) {
+        df_weight_set_free(ws);
+        return s;
+    }
+    *out = ws;
+    return DF_OK;
+}
+
 void df_weight_set_free(df_weight_set *ws)
 {
     if (!ws)
@@ -101,6 +123,7 @@ void df_weight_set_free(df_weight_set *ws)
     df_free(ws->used);
     df_json_free(ws->config);
     df_weights_free(ws->w);
+    df_single_file_free(ws->sf);
     df_free(ws);
 }
 
@@ -221,6 +244,15 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
                       df_tensor **out)
 {
     *out = NULL;
+    if (ws->sf) {
+        const void *data;
+        size_t bytes;
+        df_tensor *t;
+        DF_TRY(df_single_file_bind(ws->sf, ws->ctx, name, ndim, shape, &t, &data, &bytes));
+        DF_TRY(keep(ws, name, t, data, bytes, bytes));
+        *out = t;
+        return DF_OK;
+    }
     df_tensor_info info;
     DF_TRY(find_checked(ws, name, ndim, shape, &info));
     if (info.dtype == DF_DTYPE_I8 && !df_dev_has(ws->ctx->dev, DF_CAP_INT8))
@@ -423,6 +455,10 @@ static bool splits(const df_shard *sh)
 
 static df_status check_shard(const df_weight_set *ws, const char *name, const df_shard *sh)
 {
+    if (ws->sf && sh && sh->world > 1)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s': tensor parallelism over a "
+                         "single-file checkpoint (%s) is not supported; use a diffusers "
+                         "folder", ws->component, name, df_single_file_path(ws->sf));
     if (sh && sh->world > 1 && (sh->rank < 0 || sh->rank >= sh->world))
         return df_errorf(DF_E_ARG, "%s: tensor '%s': rank %d of %d", ws->component, name,
                          sh->rank, sh->world);
@@ -567,6 +603,8 @@ bool df_ws_has(df_weight_set *ws, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (ws->sf)
+        return df_single_file_has(ws->sf, name);
     return df_weights_contains(ws->w, name);
 }
 
@@ -584,16 +622,24 @@ df_status df_ws_check_all_used(df_weight_set *ws)
     size_t n = 0;
     char *w = last_warning;
     size_t cap = sizeof last_warning;
-    for (int64_t i = 0; i < ws->count; i++) {
-        if (ws->used[i])
+    int64_t count = ws->sf ? df_single_file_count(ws->sf) : ws->count;
+    for (int64_t i = 0; i < count; i++) {
+        const char *name = NULL;
+        if (ws->sf) {
+            name = df_single_file_unused(ws->sf, i);
+        } else if (!ws->used[i]) {
+            df_tensor_info info;
+            DF_TRY(df_weights_at(ws->w, i, &info));
+            name = info.name;
+        }
+        if (!name)
             continue;
-        df_tensor_info info;
-        DF_TRY(df_weights_at(ws->w, i, &info));
         if (unused == 0)
             n = (size_t)snprintf(w, cap, "warning: %s: %s: tensors the config does not call "
-                                 "for were not loaded:", ws->component, df_weights_path(ws->w));
+                                 "for were not loaded:", ws->component,
+                                 ws->sf ? df_single_file_path(ws->sf) : df_weights_path(ws->w));
         if (unused < NAMED && n < cap)
-            n += (size_t)snprintf(w + n, cap - n, " '%s'", info.name);
+            n += (size_t)snprintf(w + n, cap - n, " '%s'", name);
         unused++;
     }
     if (unused == 0)

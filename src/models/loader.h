@@ -20,6 +20,8 @@
 #include <diffuse/ops.h>
 #include <diffuse/runtime.h>
 
+#include "models/names.h"
+
 typedef struct df_weight_set df_weight_set;
 
 /* Opens the weights of the component folder `dir` (diffusion_pytorch_model.safetensors,
@@ -27,6 +29,12 @@ typedef struct df_weight_set df_weight_set;
  * ("transformer"). */
 df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component,
                              df_weight_set **out);
+/* The weights in the single file `file` (safetensors or GGUF) read through the name map
+ * `map` (names.h; used when a tensor name ends in `probe`), with config_dir/config.json as
+ * the config. See single_file.h. */
+df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const char *file,
+                                    const char *component, df_name_map map, const char *probe,
+                                    df_weight_set **out);
 void df_weight_set_free(df_weight_set *ws);
 
 /* Also reads `dir`/config.json; the result is owned by the set. */

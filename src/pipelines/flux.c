@@ -144,7 +144,10 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     df_scheduler_free(s);
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
-    DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
+    if (p->opts.transformer_file)
+        DF_TRY(df_flux_load_file(p->ctx, dir, p->opts.transformer_file, &f->transformer));
+    else
+        DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     if (df_pipeline_lead(p))
         DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);

@@ -277,6 +277,10 @@ static df_status load_parts(df_pipeline *p)
                                  sizeof list));
     else if (s == DF_OK)
         s = check_components(p, table, idx);
+    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
+                      "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
+                      p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 && p->cls == &df_sd3_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
                       "implemented for FluxPipeline, Flux2Pipeline and Flux2KleinPipeline, "

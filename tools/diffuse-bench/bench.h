@@ -70,5 +70,6 @@ int bench_gemm(const bench_opts *o);      /* bench_gemm.c */
 int bench_attention(const bench_opts *o); /* bench_attention.c */
 int bench_modes(const bench_opts *o);     /* bench_flux.c */
 int bench_device(const bench_opts *o);    /* bench_device.c */
+int bench_single_file(const bench_opts *o); /* bench_single_file.c */
 
 #endif

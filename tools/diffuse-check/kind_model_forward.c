@@ -5,7 +5,9 @@
  * The model is loaded from the case's own folder with the library's loader, in a context
  * made from --device, --threads, --dtype and --mode. Each argument is either "in.<name>"
  * (read as f32 and uploaded as a tensor), null (the input is absent), or a number (a [1]
- * tensor holding it); return_dict is ignored. FluxTransformer2DModel and
+ * tensor holding it); return_dict is ignored. A FLUX.1 case may name a "single_file"
+ * (safetensors or GGUF, in the original or ComfyUI layout) that holds the weights, "dir"
+ * then holding only the config. FluxTransformer2DModel and
  * Flux2Transformer2DModel run here, SD3Transformer2DModel in kind_sd3.c.
  */
 #include <stdio.h>
@@ -31,8 +33,19 @@ static const df_module flux_module = {
 static int run_flux(check_case *c, df_ctx *ctx)
 {
     df_flux *m;
-    if (df_flux_load(ctx, c->model_dir, &m) != DF_OK)
-        return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
+    /* "single_file": the weights come from that file (relative to the case folder), read
+     * through the name maps, with "dir" giving the config. */
+    const char *single = NULL;
+    if (df_json_get_string_or(c->root, "single_file", NULL, &single) != DF_OK)
+        return check_fail(c, "%s", df_error_message());
+    char file[4096];
+    if (single)
+        snprintf(file, sizeof file, "%s/%s", c->dir, single);
+    df_status ls = single ? df_flux_load_file(ctx, c->model_dir, file, &m)
+                          : df_flux_load(ctx, c->model_dir, &m);
+    if (ls != DF_OK)
+        return check_fail(c, "loading %s: %s", single ? file : c->model_dir,
+                          df_error_message());
     static const char *const keys[] = {"hidden_states",
                                        "encoder_hidden_states",
                                        "pooled_projections",

@@ -29,6 +29,11 @@ static void help(FILE *f)
         "\n"
         "  -m, --model DIR            diffusers pipeline folder (with model_index.json): FLUX.1,\n"
         "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]\n"
+        "      --transformer FILE     FLUX.1: the transformer's weights from one file instead\n"
+        "                             of MODEL_DIR/transformer (whose config.json is used):\n"
+        "                             .safetensors (diffusers, BFL or ComfyUI names; f32, bf16,\n"
+        "                             f16, fp8) or .gguf (F16, BF16, Q8_0, Q4_0/1, Q5_0/1,\n"
+        "                             Q2_K..Q6_K)\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
@@ -239,7 +244,8 @@ int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
-           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP, O_CACHE };
+           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
+           O_CACHE, O_TRANSFORMER };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -261,7 +267,7 @@ int cmd_generate(int argc, char **argv)
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
-        {0, 0, 0, 0}};
+        {"transformer", required_argument, 0, O_TRANSFORMER}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL;
     df_load_opts lo = {.auto_dtype = true};
@@ -385,6 +391,7 @@ int cmd_generate(int argc, char **argv)
             }
             g.cache = &cache;
             break;
+        case O_TRANSFORMER: lo.transformer_file = optarg; break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;

@@ -1,11 +1,14 @@
 /*
  * `diffuse inspect PATH`: lists and validates weights and model folders.
  *
- * PATH may be a .safetensors file, a *.safetensors.index.json, a component folder
+ * PATH may be a .safetensors file, a .gguf file (metadata, tensors with their ggml types,
+ * and which types diffuse cannot dequantise), a *.safetensors.index.json, a component folder
  * (config.json + weights) or a pipeline folder (model_index.json). Everything the loader
  * would read is opened and validated: every JSON file of every component folder, every
  * weight file and index entry, and, for a class whose model code registered a check, every
  * weight against the config. Tensors are listed with dtype, shape and bytes, then totals.
+ * A single file in a layout the name maps know (a FLUX.1 transformer with Black Forest
+ * Labs' names, a ComfyUI prefix, city96's GGUF) gets a "recognised:" line.
  *
  * Broken input prints one line on stderr ("error: " and the library's message, which names
  * the file and what is wrong) and exits 1; a usage error exits 2. A pipeline folder this
@@ -28,6 +31,8 @@
 
 #include "cli.h"
 
+static bool ends_with(const char *s, const char *suffix);
+
 typedef struct inspect {
     bool summary;      /* no per-tensor lines */
     bool model_checks; /* load each component of a known class on its own */
@@ -41,8 +46,9 @@ typedef struct inspect {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: diffuse inspect [--summary] PATH\n"
-               "  PATH  a .safetensors file, a .safetensors.index.json, a component folder\n"
-               "        (config.json + weights) or a pipeline folder (model_index.json)\n"
+               "  PATH  a .safetensors file, a .gguf file, a .safetensors.index.json, a\n"
+               "        component folder (config.json + weights) or a pipeline folder\n"
+               "        (model_index.json); for a single file, what it was recognised as\n"
                "  -s, --summary  list files and totals, not each tensor\n");
 }
 
@@ -141,6 +147,21 @@ static int list_weights(inspect *in, const df_weights *w)
     return 0;
 }
 
+/* For a single file: what the FLUX.1 name map recognises in it, when it does. */
+static int describe_single_file(const char *path, bool always)
+{
+    char line[512];
+    bool found;
+    if (df_flux_describe_file(path, line, sizeof line, &found) != DF_OK)
+        return fail();
+    if (found || always) {
+        printf("  recognised: ");
+        put_clean(stdout, line);
+        printf("\n");
+    }
+    return 0;
+}
+
 static int inspect_weights_file(inspect *in, const char *path)
 {
     df_weights *w;
@@ -148,7 +169,90 @@ static int inspect_weights_file(inspect *in, const char *path)
         return fail();
     int rc = list_weights(in, w);
     df_weights_free(w);
+    if (rc == 0 && ends_with(path, ".safetensors"))
+        rc = describe_single_file(path, false);
     return rc;
+}
+
+/* One metadata value, short: scalars and strings as they are, arrays as type and count. */
+static void print_kv(const df_gguf *g, int64_t i)
+{
+    df_gguf_value_type type, elem;
+    uint64_t count;
+    const char *key = df_gguf_kv_key(g, i, &type, &elem, &count);
+    fputs("    ", stdout);
+    put_clean(stdout, key);
+    fputs(" = ", stdout);
+    const char *s;
+    int64_t v;
+    double d;
+    if (type == DF_GGUF_ARRAY) {
+        printf("array of %llu (element type %d)\n", (unsigned long long)count, (int)elem);
+    } else if (type == DF_GGUF_STRING && df_gguf_get_string(g, key, &s) == DF_OK) {
+        putchar('"');
+        put_clean(stdout, strlen(s) > 200 ? "(long string)" : s);
+        printf("\"\n");
+    } else if (type != DF_GGUF_FLOAT32 && type != DF_GGUF_FLOAT64 &&
+               df_gguf_get_int(g, key, &v) == DF_OK) {
+        printf("%lld\n", (long long)v);
+    } else if (df_gguf_get_float(g, key, &d) == DF_OK) {
+        printf("%.9g\n", d);
+    } else {
+        printf("?\n");
+    }
+}
+
+static int inspect_gguf_file(inspect *in, const char *path)
+{
+    df_gguf *g;
+    if (df_gguf_open(path, &g) != DF_OK)
+        return fail();
+    char h[32];
+    int64_t count = df_gguf_count(g);
+    uint64_t bytes = df_gguf_tensor_bytes(g);
+    printf("  gguf ");
+    put_clean(stdout, path);
+    printf(": version %u, alignment %u, %lld metadata keys, %lld tensors, %s (%llu bytes)\n",
+           df_gguf_version(g), df_gguf_alignment(g), (long long)df_gguf_kv_count(g),
+           (long long)count, human(bytes, h, sizeof h), (unsigned long long)bytes);
+    for (int64_t i = 0; i < df_gguf_kv_count(g) && !in->summary; i++)
+        print_kv(g, i);
+    int64_t by_type[64] = {0}, unreadable = 0;
+    const char *type_names[64] = {0};
+    for (int64_t i = 0; i < count; i++) {
+        df_gguf_tensor t;
+        if (df_gguf_at(g, i, &t) != DF_OK) {
+            df_gguf_free(g);
+            return fail();
+        }
+        if (t.type < 64) {
+            by_type[t.type]++;
+            type_names[t.type] = t.type_name;
+        }
+        unreadable += !t.readable;
+        if (in->summary)
+            continue;
+        char shape[200];
+        size_t n = 0;
+        shape[0] = '\0';
+        for (int d = 0; d < t.ndim && n < sizeof shape - 24; d++)
+            n += (size_t)snprintf(shape + n, sizeof shape - n, "%s%lld", d ? ", " : "",
+                                  (long long)t.shape[d]);
+        fputs("    ", stdout);
+        put_clean(stdout, t.name);
+        printf("  %-7s [%s] %zu%s\n", t.type_name, shape, t.nbytes,
+               t.readable ? "" : "  (type not dequantised by diffuse)");
+    }
+    printf("  types:");
+    for (int t = 0; t < 64; t++)
+        if (by_type[t])
+            printf(" %s x %lld", type_names[t], (long long)by_type[t]);
+    printf("%s\n", unreadable ? "  (some types are not dequantised by diffuse)" : "");
+    df_gguf_free(g);
+    in->files++;
+    in->tensors += count;
+    in->bytes += bytes;
+    return describe_single_file(path, true);
 }
 
 static int by_str(const void *a, const void *b)
@@ -483,6 +587,8 @@ static int inspect_path(inspect *in, const char *path)
         return fail_msg(path, "not a regular file or folder");
     if (ends_with(path, ".json") && !ends_with(path, ".safetensors.index.json"))
         return inspect_json_file(in, path);
+    if (ends_with(path, ".gguf"))
+        return inspect_gguf_file(in, path);
     return inspect_weights_file(in, path);
 }
 

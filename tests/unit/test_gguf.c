@@ -1,0 +1,466 @@
+/*
+ * GGUF reader: hand-made files (good ones, and one hostile file per check), the file the
+ * `gguf` package writes in tests/cases/gguf-dequant (its metadata of every type), and
+ * dequantisation of every supported type against gguf.quants.dequantize.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <diffuse/gguf.h>
+#include <diffuse/safetensors.h>
+
+#include "core/alloc.h"
+#include "core/quant_blocks.h"
+
+#define CASE_DIR DF_GOLDEN_DIR "/../cases/gguf-dequant"
+
+/* ---- a byte builder for GGUF files ------------------------------------------------- */
+
+typedef struct buf {
+    uint8_t b[8192];
+    size_t n;
+} buf;
+
+static void put(buf *f, const void *p, size_t n)
+{
+    assert_true(f->n + n <= sizeof f->b);
+    memcpy(f->b + f->n, p, n);
+    f->n += n;
+}
+
+static void u32(buf *f, uint32_t v)
+{
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    put(f, b, 4);
+}
+
+static void u64(buf *f, uint64_t v)
+{
+    u32(f, (uint32_t)v);
+    u32(f, (uint32_t)(v >> 32));
+}
+
+static void str(buf *f, const char *s)
+{
+    u64(f, strlen(s));
+    put(f, s, strlen(s));
+}
+
+static void header(buf *f, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
+{
+    f->n = 0;
+    put(f, "GGUF", 4);
+    u32(f, version);
+    u64(f, n_tensors);
+    u64(f, n_kv);
+}
+
+/* A tensor description: name, dims (innermost first, as ggml writes them), type, offset. */
+static void tinfo(buf *f, const char *name, int ndim, const uint64_t *ne, uint32_t type,
+                  uint64_t offset)
+{
+    str(f, name);
+    u32(f, (uint32_t)ndim);
+    for (int i = 0; i < ndim; i++)
+        u64(f, ne[i]);
+    u32(f, type);
+    u64(f, offset);
+}
+
+/* Pads to `align` with zeros, then appends n data bytes of a pattern. */
+static void data(buf *f, size_t align, size_t n)
+{
+    while (f->n % align)
+        put(f, "", 1);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = (uint8_t)(i * 37 + 11);
+        put(f, &v, 1);
+    }
+}
+
+/* Two F32 tensors: "a" [2, 3] at 0 and "b" [4] at 32; one string key. */
+static void good_file(buf *f)
+{
+    header(f, 3, 2, 1);
+    str(f, "general.name");
+    u32(f, DF_GGUF_STRING);
+    str(f, "tiny");
+    tinfo(f, "a", 2, (uint64_t[]){3, 2}, DF_GGML_F32, 0);
+    tinfo(f, "b", 1, (uint64_t[]){4}, DF_GGML_F32, 32);
+    data(f, 32, 48);
+}
+
+static df_status open_buf(const buf *f, df_gguf **g)
+{
+    *g = (df_gguf *)1; /* must come back NULL on failure */
+    return df_gguf_open_memory(f->b, f->n, "t.gguf", g);
+}
+
+/* Opens f, expects `want` and a message containing `needle` (and the file's name). */
+static void expect_refused(const buf *f, df_status want, const char *needle)
+{
+    df_gguf *g;
+    df_status s = open_buf(f, &g);
+    if (s != want || !strstr(df_error_message(), needle))
+        fail_msg("status %d, message '%s'; wanted %d and '%s'", s, df_error_message(), want,
+                 needle);
+    assert_null(g);
+    assert_non_null(strstr(df_error_message(), "t.gguf"));
+}
+
+static void test_good_file_opens(void **state)
+{
+    (void)state;
+    buf f;
+    good_file(&f);
+    df_gguf *g;
+    assert_int_equal(open_buf(&f, &g), DF_OK);
+    assert_int_equal(df_gguf_version(g), 3);
+    assert_int_equal(df_gguf_alignment(g), 32);
+    assert_int_equal(df_gguf_count(g), 2);
+    df_gguf_tensor t;
+    assert_int_equal(df_gguf_find(g, "a", &t), DF_OK);
+    assert_int_equal(t.ndim, 2);
+    assert_int_equal(t.shape[0], 2); /* ggml's ne = {3, 2} is [2, 3] outermost first */
+    assert_int_equal(t.shape[1], 3);
+    assert_int_equal(t.nbytes, 24);
+    assert_string_equal(t.type_name, "F32");
+    assert_true(t.readable);
+    assert_int_equal(t.offset % 32, 0);
+    const char *name;
+    assert_int_equal(df_gguf_get_string(g, "general.name", &name), DF_OK);
+    assert_string_equal(name, "tiny");
+    float rows[3];
+    assert_int_equal(df_gguf_read_rows(g, "a", 1, 2, DF_DTYPE_F32, rows, sizeof rows), DF_OK);
+    assert_memory_equal(rows, (const uint8_t *)t.data + 12, 12);
+    assert_int_equal(df_gguf_read_rows(g, "a", 1, 3, DF_DTYPE_F32, rows, sizeof rows), DF_E_ARG);
+    assert_int_equal(df_gguf_find(g, "c", &t), DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(), "'c'"));
+    df_gguf_free(g);
+}
+
+static void test_bad_magic_and_versions(void **state)
+{
+    (void)state;
+    buf f;
+    good_file(&f);
+    f.b[0] = 'X';
+    expect_refused(&f, DF_E_FORMAT, "GGUF");
+    good_file(&f);
+    f.b[4] = 1;
+    expect_refused(&f, DF_E_UNSUPPORTED, "version 1");
+    good_file(&f);
+    f.b[4] = 9;
+    expect_refused(&f, DF_E_FORMAT, "version 9");
+    good_file(&f);
+    f.b[4] = 0;
+    f.b[7] = 3;
+    expect_refused(&f, DF_E_UNSUPPORTED, "big-endian");
+}
+
+static void test_truncated_everywhere(void **state)
+{
+    (void)state;
+    buf f;
+    good_file(&f);
+    size_t full = f.n;
+    /* Every cut before the data is refused with a message; none reads past the end (the
+     * sanitised build checks that). */
+    for (size_t n = 0; n < full; n++) {
+        df_gguf *g;
+        df_status s = df_gguf_open_memory(f.b, n, "t.gguf", &g);
+        if (s == DF_OK)
+            fail_msg("a file cut to %zu of %zu bytes opened", n, full);
+        assert_null(g);
+        assert_non_null(strstr(df_error_message(), "t.gguf"));
+    }
+}
+
+static void test_counts_larger_than_file(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 0, UINT64_MAX / 2);
+    expect_refused(&f, DF_E_FORMAT, "cannot fit");
+    header(&f, 3, (uint64_t)1 << 40, 0);
+    expect_refused(&f, DF_E_FORMAT, "cannot fit");
+}
+
+static void test_string_length_past_end(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 0, 1);
+    u64(&f, (uint64_t)1 << 62); /* key length */
+    put(&f, "abcdefghijklmnop", 16);
+    expect_refused(&f, DF_E_FORMAT, "metadata key");
+    header(&f, 3, 0, 1);
+    str(&f, "k");
+    u32(&f, DF_GGUF_STRING);
+    u64(&f, 1000);
+    put(&f, "abcdefghijklmnop", 16);
+    expect_refused(&f, DF_E_FORMAT, "claims 1000 bytes");
+}
+
+static void test_bad_values(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 0, 1);
+    str(&f, "k");
+    u32(&f, 13); /* no such value type */
+    u64(&f, 0);
+    expect_refused(&f, DF_E_FORMAT, "unknown value type 13");
+    header(&f, 3, 0, 1);
+    str(&f, "k");
+    u32(&f, DF_GGUF_ARRAY);
+    u32(&f, DF_GGUF_UINT64);
+    u64(&f, (uint64_t)1 << 61); /* x 8 bytes overflows */
+    u64(&f, 0);
+    expect_refused(&f, DF_E_FORMAT, "array");
+    header(&f, 3, 0, 1);
+    str(&f, "k");
+    u32(&f, DF_GGUF_ARRAY);
+    u32(&f, DF_GGUF_ARRAY);
+    u64(&f, 0);
+    expect_refused(&f, DF_E_UNSUPPORTED, "array of arrays");
+    header(&f, 3, 0, 1);
+    str(&f, "k");
+    u32(&f, DF_GGUF_BOOL);
+    put(&f, "\x02", 1);
+    expect_refused(&f, DF_E_FORMAT, "bool");
+    header(&f, 3, 0, 2);
+    str(&f, "k");
+    u32(&f, DF_GGUF_UINT8);
+    put(&f, "\x02", 1);
+    str(&f, "k");
+    u32(&f, DF_GGUF_UINT8);
+    put(&f, "\x03", 1);
+    expect_refused(&f, DF_E_FORMAT, "'k' appears twice");
+    header(&f, 3, 0, 1);
+    u64(&f, 3);
+    put(&f, "a\0b", 3);
+    u32(&f, DF_GGUF_UINT8);
+    put(&f, "\x02", 1);
+    expect_refused(&f, DF_E_FORMAT, "NUL");
+}
+
+static void test_bad_alignment(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 0, 1);
+    str(&f, "general.alignment");
+    u32(&f, DF_GGUF_UINT32);
+    u32(&f, 24);
+    expect_refused(&f, DF_E_FORMAT, "power of two");
+    header(&f, 3, 0, 1);
+    str(&f, "general.alignment");
+    u32(&f, DF_GGUF_UINT64);
+    u64(&f, 64);
+    expect_refused(&f, DF_E_FORMAT, "uint32");
+}
+
+static void test_bad_tensors(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 5, (uint64_t[]){1, 1, 1, 1, 1}, DF_GGML_F32, 0);
+    data(&f, 32, 4);
+    expect_refused(&f, DF_E_UNSUPPORTED, "5 dimensions");
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){4}, 77, 0);
+    data(&f, 32, 16);
+    expect_refused(&f, DF_E_FORMAT, "unknown ggml type 77");
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 2, (uint64_t[]){48, 2}, DF_GGML_Q8_0, 0);
+    data(&f, 32, 102);
+    expect_refused(&f, DF_E_FORMAT, "not a multiple of Q8_0's block of 32");
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 2, (uint64_t[]){(uint64_t)1 << 40, (uint64_t)1 << 40}, DF_GGML_F32, 0);
+    data(&f, 32, 16);
+    expect_refused(&f, DF_E_FORMAT, "too large");
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){4}, DF_GGML_F32, 8);
+    data(&f, 32, 64);
+    expect_refused(&f, DF_E_FORMAT, "not a multiple of the alignment");
+    header(&f, 3, 1, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){64}, DF_GGML_F32, 0);
+    data(&f, 32, 100);
+    expect_refused(&f, DF_E_FORMAT, "truncated");
+    header(&f, 3, 2, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){16}, DF_GGML_F32, 0);
+    tinfo(&f, "b", 1, (uint64_t[]){4}, DF_GGML_F32, 32);
+    data(&f, 32, 64);
+    expect_refused(&f, DF_E_FORMAT, "overlap");
+    header(&f, 3, 2, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){4}, DF_GGML_F32, 0);
+    tinfo(&f, "a", 1, (uint64_t[]){4}, DF_GGML_F32, 32);
+    data(&f, 32, 64);
+    expect_refused(&f, DF_E_FORMAT, "'a' appears twice");
+}
+
+static void test_unsupported_type_is_listed_but_not_read(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 1, 0);
+    tinfo(&f, "iq", 1, (uint64_t[]){256}, 23 /* IQ4_XS */, 0);
+    data(&f, 32, 136);
+    df_gguf *g;
+    assert_int_equal(open_buf(&f, &g), DF_OK);
+    df_gguf_tensor t;
+    assert_int_equal(df_gguf_find(g, "iq", &t), DF_OK);
+    assert_string_equal(t.type_name, "IQ4_XS");
+    assert_false(t.readable);
+    float out[256];
+    assert_int_equal(df_gguf_read_rows(g, "iq", 0, -1, DF_DTYPE_F32, out, sizeof out),
+                     DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "IQ4_XS"));
+    df_gguf_free(g);
+}
+
+/* ---- the gguf package's own file --------------------------------------------------- */
+
+static void test_metadata_of_every_type(void **state)
+{
+    (void)state;
+    df_gguf *g;
+    assert_int_equal(df_gguf_open(CASE_DIR "/model.gguf", &g), DF_OK);
+    int64_t i;
+    double d;
+    const char *s;
+    static const struct {
+        const char *key;
+        int64_t v;
+    } ints[] = {{"test.u8", 200},        {"test.i8", -100},          {"test.u16", 60000},
+                {"test.i16", -30000},    {"test.u32", 4000000000},   {"test.i32", -2000000000},
+                {"test.u64", 1LL << 40}, {"test.i64", -(1LL << 40)}, {"test.bool", 1}};
+    for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
+        assert_int_equal(df_gguf_get_int(g, ints[k].key, &i), DF_OK);
+        assert_int_equal(i, ints[k].v);
+    }
+    assert_int_equal(df_gguf_get_float(g, "test.f32", &d), DF_OK);
+    assert_true(d == 0.25);
+    assert_int_equal(df_gguf_get_float(g, "test.f64", &d), DF_OK);
+    assert_true(d == -1.5);
+    assert_int_equal(df_gguf_get_string(g, "test.str", &s), DF_OK);
+    assert_string_equal(s, "h\xc3\xa9llo");
+    assert_int_equal(df_gguf_get_string(g, "general.architecture", &s), DF_OK);
+    assert_string_equal(s, "flux");
+    assert_int_equal(df_gguf_get_array_string(g, "test.strs", 2, &s), DF_OK);
+    assert_string_equal(s, "ccc");
+    assert_int_equal(df_gguf_get_array_string(g, "test.strs", 1, &s), DF_OK);
+    assert_string_equal(s, "");
+    assert_int_equal(df_gguf_get_array_string(g, "test.strs", 3, &s), DF_E_ARG);
+    assert_int_equal(df_gguf_get_array_number(g, "test.ints", 1, &d), DF_OK);
+    assert_true(d == -2);
+    assert_int_equal(df_gguf_get_int(g, "test.str", &i), DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(), "test.str"));
+    assert_int_equal(df_gguf_get_int(g, "nope", &i), DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(), "'nope'"));
+    df_gguf_free(g);
+}
+
+/* Every tensor of the case dequantised (whole, by single rows, and to bf16) against the
+ * gguf package's result. */
+static void test_dequant_matches_gguf_package(void **state)
+{
+    (void)state;
+    df_gguf *g;
+    df_safetensors *ref;
+    assert_int_equal(df_gguf_open(CASE_DIR "/model.gguf", &g), DF_OK);
+    assert_int_equal(df_safetensors_open(CASE_DIR "/case.safetensors", &ref), DF_OK);
+    int checked = 0;
+    for (int64_t k = 0; k < df_gguf_count(g); k++) {
+        df_gguf_tensor t;
+        assert_int_equal(df_gguf_at(g, k, &t), DF_OK);
+        char name[128];
+        snprintf(name, sizeof name, "out.%s", t.name);
+        df_tensor_info ri;
+        assert_int_equal(df_safetensors_find(ref, name, &ri), DF_OK);
+        assert_int_equal(ri.numel, t.numel);
+        float *want = malloc((size_t)t.numel * 4), *got = malloc((size_t)t.numel * 4);
+        uint16_t *half = malloc((size_t)t.numel * 2);
+        assert_int_equal(df_safetensors_read(ref, name, DF_DTYPE_F32, want, (size_t)t.numel * 4),
+                         DF_OK);
+        assert_int_equal(
+            df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_F32, got, (size_t)t.numel * 4), DF_OK);
+        for (int64_t i = 0; i < t.numel; i++)
+            if (got[i] != want[i])
+                fail_msg("%s [%lld]: %.9g, gguf package %.9g", t.name, (long long)i, got[i],
+                         want[i]);
+        int64_t row = t.numel / t.shape[0];
+        for (int64_t r = 0; r < t.shape[0]; r++) {
+            memset(got, 0, (size_t)row * 4);
+            assert_int_equal(
+                df_gguf_read_rows(g, t.name, r, r + 1, DF_DTYPE_F32, got, (size_t)row * 4), DF_OK);
+            assert_memory_equal(got, want + r * row, (size_t)row * 4);
+        }
+        assert_int_equal(
+            df_gguf_read_rows(g, t.name, 0, -1, DF_DTYPE_BF16, half, (size_t)t.numel * 2), DF_OK);
+        for (int64_t i = 0; i < t.numel; i++)
+            assert_int_equal(half[i], df_f32_to_bf16(want[i]));
+        free(want);
+        free(got);
+        free(half);
+        checked++;
+    }
+    assert_int_equal(checked, 14);
+    df_safetensors_free(ref);
+    df_gguf_free(g);
+}
+
+/* Fail allocation 1, 2, 3, ... of opening the gguf package's file until it opens: each
+ * failure is DF_E_OOM and leaks nothing. */
+static void test_out_of_memory(void **state)
+{
+    (void)state;
+    int64_t live = df_alloc_live();
+    for (int64_t n = 1;; n++) {
+        df_gguf *g = (df_gguf *)1;
+        df_alloc_fail_at(n);
+        df_status s = df_gguf_open(CASE_DIR "/model.gguf", &g);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            assert_int_equal(df_gguf_count(g), 14);
+            df_gguf_free(g);
+            assert_true(n > 20); /* keys, strings, arrays and names all allocate */
+            break;
+        }
+        if (s != DF_E_OOM)
+            fail_msg("allocation %lld: %s '%s'", (long long)n, df_status_name(s),
+                     df_error_message());
+        assert_null(g);
+        assert_int_equal(df_alloc_live(), live);
+        assert_true(n < 5000);
+    }
+    assert_int_equal(df_alloc_live(), live);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_file_opens),
+        cmocka_unit_test(test_bad_magic_and_versions),
+        cmocka_unit_test(test_truncated_everywhere),
+        cmocka_unit_test(test_counts_larger_than_file),
+        cmocka_unit_test(test_string_length_past_end),
+        cmocka_unit_test(test_bad_values),
+        cmocka_unit_test(test_bad_alignment),
+        cmocka_unit_test(test_bad_tensors),
+        cmocka_unit_test(test_unsupported_type_is_listed_but_not_read),
+        cmocka_unit_test(test_metadata_of_every_type),
+        cmocka_unit_test(test_dequant_matches_gguf_package),
+        cmocka_unit_test(test_out_of_memory),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

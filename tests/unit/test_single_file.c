@@ -1,0 +1,242 @@
+/*
+ * Single-file checkpoints: the FLUX.1 name map, and binding through it from hand-made
+ * files — a row block of a fused tensor is a view of the mapping holding the right rows,
+ * the final layer's halves come back swapped, a prefix is found from the keys, and a fused
+ * tensor whose rows do not split is refused with a message naming both names.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <diffuse/diffuse.h>
+
+#include "core/alloc.h"
+#include "models/names.h"
+#include "models/single_file.h"
+#include "unit/io_files.h"
+
+static void test_name_map(void **state)
+{
+    (void)state;
+    df_name_src s;
+    assert_true(df_names_flux_bfl("transformer_blocks.13.attn.add_k_proj.bias", &s));
+    assert_string_equal(s.name, "double_blocks.13.txt_attn.qkv.bias");
+    assert_int_equal(s.units, 3);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.part[0][0], 1);
+    assert_int_equal(s.part[0][1], 2);
+    assert_true(df_names_flux_bfl("single_transformer_blocks.0.proj_mlp.weight", &s));
+    assert_string_equal(s.name, "single_blocks.0.linear1.weight");
+    assert_int_equal(s.units, 7);
+    assert_int_equal(s.part[0][0], 3);
+    assert_int_equal(s.part[0][1], 7);
+    assert_true(df_names_flux_bfl("norm_out.linear.weight", &s));
+    assert_string_equal(s.name, "final_layer.adaLN_modulation.1.weight");
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.part[0][0], 1); /* [scale; shift] = second half, then first */
+    assert_int_equal(s.part[1][0], 0);
+    assert_true(df_names_flux_bfl("single_transformer_blocks.1.attn.norm_k.weight", &s));
+    assert_string_equal(s.name, "single_blocks.1.norm.key_norm.scale");
+    assert_true(df_names_flux_bfl("x_embedder.bias", &s));
+    assert_string_equal(s.name, "img_in.bias");
+    assert_false(df_names_flux_bfl("transformer_blocks.x.norm1.linear.weight", &s));
+    assert_false(df_names_flux_bfl("transformer_blocks.0.norm1.linear.scale", &s));
+    assert_false(df_names_flux_bfl("x_embedder.weightx", &s));
+    assert_false(df_names_flux_bfl("no_such.weight", &s));
+}
+
+/* A file with the probe (double_blocks.0.img_attn.qkv.weight [6, 2] = 0..11), the final
+ * layer [4, 2] = 100..107 and linear1 of block 0 [7, 1] = 200..206, under `prefix`. */
+static const char *write_bfl(const char *prefix, char *path, size_t cap)
+{
+    char dir[512], header[1024];
+    test_dir("single-file", dir, sizeof dir);
+    path_in(dir, "bfl.safetensors", path, cap);
+    float data[6 * 2 + 4 * 2 + 7];
+    for (int i = 0; i < 12; i++)
+        data[i] = (float)i;
+    for (int i = 0; i < 8; i++)
+        data[12 + i] = (float)(100 + i);
+    for (int i = 0; i < 7; i++)
+        data[20 + i] = (float)(200 + i);
+    snprintf(header, sizeof header,
+             "{\"%sdouble_blocks.0.img_attn.qkv.weight\":{\"dtype\":\"F32\",\"shape\":[6,2],"
+             "\"data_offsets\":[0,48]},"
+             "\"%sfinal_layer.adaLN_modulation.1.weight\":{\"dtype\":\"F32\",\"shape\":[4,2],"
+             "\"data_offsets\":[48,80]},"
+             "\"%ssingle_blocks.0.linear1.weight\":{\"dtype\":\"F32\",\"shape\":[7,1],"
+             "\"data_offsets\":[80,108]}}",
+             prefix, prefix, prefix);
+    while (strlen(header) % 8) /* data aligned, as writers keep it: tensors can be views */
+        strcat(header, " ");
+    size_t len;
+    uint8_t *file = st_bytes(header, data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    return path;
+}
+
+static void read_all(df_ctx *ctx, df_tensor *t, float *out, size_t n)
+{
+    assert_int_equal(df_tensor_read(ctx, t, DF_DTYPE_F32, out, n * sizeof *out), DF_OK);
+}
+
+static void test_bind_views_and_swaps(void **state)
+{
+    (void)state;
+    char path[600];
+    write_bfl("model.diffusion_model.", path, sizeof path);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(
+        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        DF_OK);
+    assert_true(df_single_file_mapped(sf));
+    assert_string_equal(df_single_file_prefix(sf), "model.diffusion_model.");
+    assert_true(df_single_file_has(sf, "transformer_blocks.0.attn.to_v.weight"));
+    assert_false(df_single_file_has(sf, "transformer_blocks.1.attn.to_v.weight"));
+
+    df_tensor *t;
+    const void *data;
+    size_t bytes;
+    float got[8];
+    assert_int_equal(df_single_file_bind(sf, ctx, "transformer_blocks.0.attn.to_k.weight", 2,
+                                         (int64_t[]){2, 2}, &t, &data, &bytes),
+                     DF_OK);
+    assert_non_null(data); /* a view of the mapping, not a copy */
+    assert_int_equal(bytes, 16);
+    read_all(ctx, t, got, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(got[i] == (float)(4 + i));
+    df_tensor_free(t);
+
+    assert_int_equal(df_single_file_bind(sf, ctx, "norm_out.linear.weight", 2, (int64_t[]){4, 2},
+                                         &t, &data, &bytes),
+                     DF_OK);
+    assert_null(data); /* two blocks of rows: read into memory */
+    read_all(ctx, t, got, 8);
+    static const float swapped[8] = {104, 105, 106, 107, 100, 101, 102, 103};
+    assert_memory_equal(got, swapped, sizeof swapped);
+    df_tensor_free(t);
+
+    /* linear1 has 7 rows: proj_mlp is rows 3..6 */
+    assert_int_equal(df_single_file_bind(sf, ctx, "single_transformer_blocks.0.proj_mlp.weight", 2,
+                                         (int64_t[]){4, 1}, &t, &data, &bytes),
+                     DF_OK);
+    read_all(ctx, t, got, 4);
+    for (int i = 0; i < 4; i++)
+        assert_true(got[i] == (float)(203 + i));
+    df_tensor_free(t);
+
+    /* a shape the config does not agree with names both tensors */
+    assert_int_equal(df_single_file_bind(sf, ctx, "transformer_blocks.0.attn.to_q.weight", 2,
+                                         (int64_t[]){3, 2}, &t, &data, &bytes),
+                     DF_E_FORMAT);
+    assert_non_null(
+        strstr(df_error_message(), "model.diffusion_model.double_blocks.0.img_attn.qkv.weight"));
+    assert_non_null(strstr(df_error_message(), "transformer_blocks.0.attn.to_q.weight"));
+    assert_int_equal(
+        df_single_file_bind(sf, ctx, "proj_out.weight", 2, (int64_t[]){4, 2}, &t, &data, &bytes),
+        DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(), "missing tensor"));
+    assert_non_null(strstr(df_error_message(), "final_layer.linear.weight"));
+
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        assert_null(df_single_file_unused(sf, i)); /* all three tensors were bound */
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
+static void test_rows_that_do_not_split(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-bad", dir, sizeof dir);
+    path_in(dir, "bad.safetensors", path, sizeof path);
+    float data[10] = {0};
+    size_t len;
+    uint8_t *file = st_bytes("{\"double_blocks.0.img_attn.qkv.weight\":{\"dtype\":\"F32\","
+                             "\"shape\":[5,2],\"data_offsets\":[0,40]}}",
+                             data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(
+        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        DF_OK);
+    assert_string_equal(df_single_file_prefix(sf), "");
+    df_tensor *t = (df_tensor *)1;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "transformer_blocks.0.attn.to_q.weight", 2,
+                                         (int64_t[]){-1, 2}, &t, &d, &bytes),
+                     DF_E_FORMAT);
+    assert_null(t);
+    assert_non_null(strstr(df_error_message(), "row blocks"));
+    assert_non_null(df_single_file_unused(sf, 0)); /* a refused tensor stays unbound */
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
+#define CASES       DF_GOLDEN_DIR "/../cases"
+#define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
+
+/* Every allocation of a single-file load fails in turn (a GGUF with Q8_0 blocks, and an
+ * fp8 ComfyUI file with its halves swapped): DF_E_OOM each time, and nothing leaks. */
+static void sweep(const char *file)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    df_flux *m = NULL;
+    assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, file, &m), DF_OK); /* warm caches */
+    df_flux_free(m);
+    int64_t live = df_alloc_live();
+    int failures = 0;
+    for (int64_t nth = 1; nth < 100000; nth++) {
+        m = NULL;
+        df_alloc_fail_at(nth);
+        df_status s = df_flux_load_file(ctx, FLUX_CONFIG, file, &m);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            df_flux_free(m);
+            break;
+        }
+        failures++;
+        if (s != DF_E_OOM)
+            fail_msg("%s: allocation %lld: %s instead of DF_E_OOM: %s", file, (long long)nth,
+                     df_status_name(s), df_error_message());
+        assert_null(m);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+    }
+    assert_true(failures > 3);
+    assert_int_equal(df_alloc_live(), live);
+    df_ctx_free(ctx);
+}
+
+static void test_load_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    sweep(CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf");
+    sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_name_map),
+        cmocka_unit_test(test_bind_views_and_swaps),
+        cmocka_unit_test(test_rows_that_do_not_split),
+        cmocka_unit_test(test_load_out_of_memory_sweep),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
