@@ -91,7 +91,7 @@ static df_status td_launch(df_dev_stream *s, const df_node *n)
     for (int d = 0; d < n->out.ndim; d++)
         count *= n->out.shape[d];
     for (int64_t i = 0; i < count; i++)
-        o[i] = (float)n->a.f[0];
+        o[i] = (float)n->a.value;
     s->done++;
     return DF_OK;
 }
