@@ -636,7 +636,7 @@ static inline void ref_case_in_ctx(df_ctx *ctx, const char *where, void *arg)
     assert_int_equal(df_sync(ctx), DF_OK);
 }
 
-/* Runs one row on every backend and mode (a cmocka test body; state is the op_case). */
+/* Runs one row on every device and mode (a cmocka test body; state is the op_case). */
 static inline void ref_run_case(void **state)
 {
     ref_case_run r = {.c = *state};

@@ -1,8 +1,9 @@
 /*
  * The op table: every op except the matrix products (those are in test_ops_matmul.c),
- * the view functions, cast and contiguous, each row run on every backend that opens and
- * in every execution mode the context accepts, against a float64 reference written here
- * (op_ref.h has the driver). Inputs come from a generator seeded by the row's name and
+ * the view functions, cast and contiguous, each row run on every device the library lists
+ * (or the one $DIFFUSE_DEVICE names) and in every execution mode the context accepts,
+ * against a float64 reference written here (op_ref.h has the driver, and checks that each
+ * device other than the CPU dispatched the table's kernels). Inputs come from a generator seeded by the row's name and
  * reach the op dense, permuted, sliced or expanded; weights come in f32, bf16 and f16.
  *
  * After the table: error cases (shapes that do not fit name both shapes, a gather id out
