@@ -479,19 +479,14 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n);
 typedef df_status (*run_fn)(const dvk_env *e, const df_node *n);
 
 /* The kernel of each op, NULL where this device has none (ALL_REDUCE runs on the host-staged
- * path). ew.comp computes every op routed to run_elementwise, keyed by its df_op. */
+ * path). ew.comp computes FILL and every op marked fuse in ops.def, keyed by its df_op (a
+ * unary one through common.glsl's unary_f, which vulkan/vocab checks has its branch). */
 static const run_fn run_table[DF_OP_COUNT] = {
-    [DF_OP_COPY]           = run_elementwise,
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+    DF_IF_##fuse([DF_OP_##name] = run_elementwise, )
+#include "backend/ops.def"
+#undef DF_OP
     [DF_OP_FILL]           = run_elementwise,
-    [DF_OP_ADD]            = run_elementwise,
-    [DF_OP_SUB]            = run_elementwise,
-    [DF_OP_MUL]            = run_elementwise,
-    [DF_OP_DIV]            = run_elementwise,
-    [DF_OP_SCALE]          = run_elementwise,
-    [DF_OP_SILU]           = run_elementwise,
-    [DF_OP_GELU]           = run_elementwise,
-    [DF_OP_GELU_TANH]      = run_elementwise,
-    [DF_OP_QUICK_GELU]     = run_elementwise,
     [DF_OP_SOFTMAX]        = run_norm,
     [DF_OP_LAYER_NORM]     = run_norm,
     [DF_OP_RMS_NORM]       = run_norm,
