@@ -18,14 +18,14 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                                                        \
-    do {                                                                                        \
-        if (!(cond)) {                                                                          \
-            printf("FAIL ");                                                                    \
-            printf(__VA_ARGS__);                                                                \
-            printf("\n");                                                                       \
-            failures++;                                                                         \
-        }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("FAIL ");                                                                       \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 static char *slurp(const char *path)
@@ -71,8 +71,8 @@ static void check_constants(const char *vocab)
         snprintf(name, sizeof name, "DT_%s", dt[t]);
         check_value(vocab, name, t);
     }
-#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
-    check_value(vocab, "OP_" #name, DF_OP_##name);                                              \
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                         \
+    check_value(vocab, "OP_" #name, DF_OP_##name);                                                 \
     DF_IF_##epi(check_value(vocab, "ACT_" #name, DF_ACT_##name);)
 #include "backend/ops.def"
 #undef DF_OP
@@ -97,8 +97,8 @@ static void check_no_hand_numbers(const char *dir)
     int files = 0;
     for (struct dirent *e; d && (e = readdir(d));) {
         size_t n = strlen(e->d_name);
-        if (!(n > 5 && (strcmp(e->d_name + n - 5, ".comp") == 0 ||
-                        strcmp(e->d_name + n - 5, ".glsl") == 0)))
+        if (!(n > 5 &&
+              (strcmp(e->d_name + n - 5, ".comp") == 0 || strcmp(e->d_name + n - 5, ".glsl") == 0)))
             continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
@@ -149,8 +149,8 @@ static void check_unary_branches(const char *dir)
 static void check_supports(void)
 {
     for (int op = 0; op < DF_OP_COUNT; op++)
-        CHECK(dvk_op_supported((df_op)op) == (op != DF_OP_ALL_REDUCE),
-              "vulkan supports %s: %d", dvk_op_name((df_op)op), dvk_op_supported((df_op)op));
+        CHECK(dvk_op_supported((df_op)op) == (op != DF_OP_ALL_REDUCE), "vulkan supports %s: %d",
+              dvk_op_name((df_op)op), dvk_op_supported((df_op)op));
     CHECK(!dvk_op_supported(DF_OP_COUNT), "vulkan claims an op past the vocabulary");
     printf("ok   the vulkan table runs every op but all_reduce\n");
 }

@@ -32,19 +32,19 @@ int main(int argc, char **argv)
                "gen_vocab_glsl.c; do not edit). */\n");
     for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
         fprintf(f, "#define DT_%s %d\n", dtypes[i].name, (int)dtypes[i].t);
-#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                         \
     fprintf(f, "#define OP_%s %d\n", #name, (int)DF_OP_##name);
 #include "backend/ops.def"
 #undef DF_OP
     fprintf(f, "#define OP_COUNT %d\n", (int)DF_OP_COUNT);
     fprintf(f, "#define FI_LOAD %d\n#define FI_HEAD %d\n", DF_FI_LOAD, DF_FI_HEAD);
     fprintf(f, "#define ACT_NONE %d\n", (int)DF_ACT_NONE);
-#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                         \
     DF_IF_##epi(fprintf(f, "#define ACT_%s %d\n", #name, (int)DF_ACT_##name);)
 #include "backend/ops.def"
 #undef DF_OP
     fprintf(f, "\n/* The op an epilogue activation computes, or -1. */\nint act_op(int act)\n{\n");
-#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                         \
     DF_IF_##epi(fprintf(f, "    if (act == ACT_%s)\n        return OP_%s;\n", #name, #name);)
 #include "backend/ops.def"
 #undef DF_OP
