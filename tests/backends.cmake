@@ -4,8 +4,9 @@ if(CMOCKA_FOUND)
   set(DF_TEST_PLUGIN_DIR ${CMAKE_BINARY_DIR}/test-plugins)
   foreach(plugin testdev badabi)
     add_library(diffuse-${plugin} MODULE ${CMAKE_SOURCE_DIR}/tests/plugin/testdev.c)
-    target_include_directories(diffuse-${plugin} PRIVATE ${CMAKE_SOURCE_DIR}/include
-                               ${CMAKE_SOURCE_DIR}/src)
+    # the installed headers' layout only: <diffuse/device.h> and the public headers
+    target_include_directories(diffuse-${plugin} PRIVATE ${CMAKE_BINARY_DIR}/abi
+                               ${CMAKE_SOURCE_DIR}/include)
     target_compile_options(diffuse-${plugin} PRIVATE ${DF_WARN} -fvisibility=hidden)
     set_target_properties(diffuse-${plugin} PROPERTIES PREFIX "lib"
                           LIBRARY_OUTPUT_DIRECTORY ${DF_TEST_PLUGIN_DIR})
@@ -22,8 +23,10 @@ if(CMOCKA_FOUND)
   endforeach()
 endif()
 
-# The installed layout: plugins in libdir are found by the installed program and by a
-# program on the installed shared library, without DIFFUSE_BACKEND_DIR.
+# The installed layout: a plugin built outside the tree against the installed headers
+# alone (tests/plugin/testdev.c, compiled by the script) and put in libdir is found by the
+# installed program and by a program on the installed shared library, without
+# DIFFUSE_BACKEND_DIR.
 if(CMOCKA_FOUND)
   add_executable(test_list_devices ${CMAKE_SOURCE_DIR}/tests/plugin/list_devices.c)
   target_compile_options(test_list_devices PRIVATE ${DF_WARN} ${DF_SAN})
@@ -34,7 +37,8 @@ if(CMOCKA_FOUND)
                         RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME cli/installed_plugins
            COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/installed_plugins.sh ${CMAKE_BINARY_DIR}
-                   ${CMAKE_INSTALL_LIBDIR} $<TARGET_FILE:diffuse-testdev>
-                   $<TARGET_FILE:test_list_devices> ${CMAKE_BINARY_DIR}/test-tmp)
+                   ${CMAKE_INSTALL_LIBDIR} ${CMAKE_SOURCE_DIR}/tests/plugin/testdev.c
+                   $<TARGET_FILE:test_list_devices> ${CMAKE_BINARY_DIR}/test-tmp
+                   ${CMAKE_C_COMPILER})
   set_tests_properties(cli/installed_plugins PROPERTIES TIMEOUT 300)
 endif()

@@ -24,6 +24,24 @@ if(DIFFUSE_VULKAN_BUILT)
   target_link_libraries(test_vk_collective PRIVATE diffuse_vulkan_core diffuse_static)
   set_target_properties(test_vk_collective PROPERTIES
                         RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  # The shaders' vocabulary (the generated vocab.glsl) against the C one; no driver needed.
+  add_executable(test_vk_vocab ${CMAKE_SOURCE_DIR}/tests/vulkan/test_vk_vocab.c)
+  target_include_directories(test_vk_vocab PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_definitions(test_vk_vocab PRIVATE _GNU_SOURCE)
+  target_compile_options(test_vk_vocab PRIVATE ${DF_WARN} ${DF_SAN})
+  target_link_options(test_vk_vocab PRIVATE ${DF_SAN})
+  target_link_libraries(test_vk_vocab PRIVATE diffuse_vulkan_core diffuse_static)
+  set_target_properties(test_vk_vocab PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME vulkan/vocab
+           COMMAND test_vk_vocab ${CMAKE_BINARY_DIR}/src/backend/vulkan/spv/vocab.glsl
+                   ${CMAKE_SOURCE_DIR}/src/backend/vulkan/shaders)
+  # The op table (tests/ops/test_ops.c) on the Vulkan device alone: the library's plugin,
+  # named, so that lavapipe is used; skipped (77) without a driver.
+  if(CMOCKA_FOUND)
+    add_test(NAME vulkan/unit/test_ops COMMAND test_ops)
+    set_tests_properties(vulkan/unit/test_ops PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan:0;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin")
+  endif()
   add_test(NAME vulkan/ops COMMAND test_vk_ops)
   set_tests_properties(vulkan/ops PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
                        ENVIRONMENT "${VK_TEST_ENV}" FIXTURES_SETUP vk_pipeline_cache)

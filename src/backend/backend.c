@@ -21,8 +21,8 @@ static const struct {
     int n_in;
     df_op_kind kind;
 } op_table[DF_OP_COUNT] = {
-#define DF_OP(name, printed, n_in, kind) [DF_OP_##name] = {printed, n_in, kind},
-#include "runtime/ops.def"
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) [DF_OP_##name] = {printed, n_in, kind},
+#include "backend/ops.def"
 #undef DF_OP
 };
 

@@ -21,9 +21,13 @@
  * Versioning: DF_DEVICE_ABI_VERSION changes whenever a type or an entry below changes in a
  * way an older plugin would misread; the runtime refuses a plugin built for another
  * version. New optional entries are appended at the end of df_device_ops (struct_size says
- * how much of the table a plugin knows). The op numbers (df_op, from runtime/ops.def) and
- * the fused opcodes are part of the ABI: new ones are only appended, and a backend refuses
- * a node whose op it does not know (supports() returns false).
+ * how much of the table a plugin knows). The vocabulary (ops, their attributes, the
+ * capability bits, the epilogue activations; ops.def beside this header, which makes every
+ * table below) is part of the ABI: new entries are only appended, and a backend refuses a
+ * node whose op it does not know (supports() returns false).
+ *
+ * This header and ops.def are installed (<diffuse/device.h>, <diffuse/ops.def>) with the
+ * public headers they include, so a plugin builds outside the tree.
  */
 #ifndef DF_BACKEND_DEVICE_H
 #define DF_BACKEND_DEVICE_H
@@ -36,16 +40,142 @@
 #include <diffuse/dtype.h>
 #include <diffuse/status.h>
 
-#define DF_DEVICE_ABI_VERSION 3
+#define DF_DEVICE_ABI_VERSION 4
 #define DF_DEVICE_MAX_DIMS 6 /* = DF_MAX_DIMS of the public API */
 #define DF_NODE_MAX_IN 5
 
+/* ---- The vocabulary (ops.def) --------------------------------------------------------- */
+
+/* Expands to its arguments for a Y column of ops.def, to nothing for an N. */
+#define DF_IF_Y(...) __VA_ARGS__
+#define DF_IF_N(...)
+
+/* What an op does, broadly (ops.def's kind column). */
+typedef enum df_op_kind {
+    DF_OPK_ELEMENTWISE,
+    DF_OPK_REDUCE,
+    DF_OPK_MATMUL, /* a product: its attribute `compute` is the dtype it computes in */
+    DF_OPK_DATA,
+    DF_OPK_OTHER,
+} df_op_kind;
+
 typedef enum df_op {
-#define DF_OP(name, printed, n_in, kind) DF_OP_##name,
-#include "runtime/ops.def"
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) DF_OP_##name,
+#include "ops.def"
 #undef DF_OP
     DF_OP_COUNT
 } df_op;
+
+/* Capability bits (df_device_info.caps) that the planner and the runtime read. */
+enum {
+#define DF_CAP(name, bit, word, doc) DF_CAP_##name = 1u << (bit),
+#include "ops.def"
+#undef DF_CAP
+};
+
+/* Activations a matrix product applies on its way out (LINEAR's attribute act), set by the
+ * planner when the device has the matching DF_CAP_EPI_* bit: the ops marked epi. */
+typedef enum df_act {
+    DF_ACT_NONE,
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) DF_IF_##epi(DF_ACT_##name, )
+#include "ops.def"
+#undef DF_OP
+    DF_ACT_COUNT
+} df_act;
+
+/* Attributes: one named field per meaning (ops.def's DF_ATTR list says which op reads
+ * which). Every field is 8 bytes, so the struct has no padding. */
+#define DF_ATTR_MAX_AXES 7
+typedef int64_t df_attr_int;
+typedef double df_attr_real;
+typedef int64_t df_attr_axes[DF_ATTR_MAX_AXES];
+
+typedef struct df_attrs {
+#define DF_ATTR(type, name, doc) df_attr_##type name;
+#include "ops.def"
+#undef DF_ATTR
+} df_attrs;
+
+/* DF_A(name): the bit of attribute `name` in an op's attribute set (ops.def). */
+enum {
+#define DF_ATTR(type, name, doc) DF_ATTR_INDEX_##name,
+#include "ops.def"
+#undef DF_ATTR
+    DF_ATTR_COUNT
+};
+#define DF_A(name) (UINT64_C(1) << DF_ATTR_INDEX_##name)
+
+/* The tables made from ops.def, for the runtime and for plugins alike. */
+
+/* The op's printed name ("gelu_tanh"), or "?". */
+static inline const char *df_vocab_op_name(df_op op)
+{
+    switch (op) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) case DF_OP_##name: return printed;
+#include "ops.def"
+#undef DF_OP
+    default: return "?";
+    }
+}
+
+/* The op's attribute set: DF_A(...) bits. */
+static inline uint64_t df_vocab_op_attrs(df_op op)
+{
+    switch (op) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) case DF_OP_##name: return (attrs);
+#include "ops.def"
+#undef DF_OP
+    default: return 0;
+    }
+}
+
+/* Whether op is an instruction of fused programs (ops.def's fuse column). */
+static inline bool df_vocab_op_fuses(df_op op)
+{
+    switch (op) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs) DF_IF_##fuse(case DF_OP_##name:)
+#include "ops.def"
+#undef DF_OP
+        return true;
+    default: return false;
+    }
+}
+
+/* The epilogue activation of an op marked epi, else DF_ACT_NONE. */
+static inline df_act df_vocab_act_of(df_op op)
+{
+    switch (op) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+    DF_IF_##epi(case DF_OP_##name: return DF_ACT_##name;)
+#include "ops.def"
+#undef DF_OP
+    default: return DF_ACT_NONE;
+    }
+}
+
+/* The op an epilogue activation computes (DF_OP_COUNT for DF_ACT_NONE or an unknown one). */
+static inline df_op df_vocab_act_op(int act)
+{
+    switch (act) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+    DF_IF_##epi(case DF_ACT_##name: return DF_OP_##name;)
+#include "ops.def"
+#undef DF_OP
+    default: return DF_OP_COUNT;
+    }
+}
+
+/* The capability bit a device declares to apply `act` as an epilogue (0 for none). */
+static inline uint32_t df_vocab_act_cap(int act)
+{
+    switch (act) {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+    DF_IF_##epi(case DF_ACT_##name: return DF_CAP_EPI_##name;)
+#include "ops.def"
+#undef DF_OP
+    default: return 0;
+    }
+}
 
 /* Opaque objects a backend defines. */
 typedef struct df_dev_buffer df_dev_buffer;
@@ -89,17 +219,8 @@ typedef struct df_view {
     int64_t scale_groups;
 } df_view;
 
-typedef struct df_attrs {
-    int64_t i[8];
-    double f[4];
-} df_attrs;
-
-/* Activations a matrix product applies on its way out (LINEAR's a.i[3]), set by the
- * planner when the device has the matching DF_CAP_EPI_* bit. */
-enum { DF_ACT_NONE, DF_ACT_GELU_TANH, DF_ACT_SILU, DF_ACT_GELU };
-
-/* One op: its inputs, its output and its attributes (runtime/ops.def says what each op's
- * slots and attributes mean). The output is dense row-major unless the device declared
+/* One op: its inputs, its output and its attributes (ops.def says what each op's slots
+ * and attributes mean). The output is dense row-major unless the device declared
  * DF_CAP_OUT_STRIDED and the planner pointed it into a larger tensor. */
 typedef struct df_node {
     df_op op;
@@ -120,14 +241,13 @@ typedef struct df_node {
 #define DF_FUSED_MAX_IN 16
 #define DF_FUSED_MAX_INSN 48
 
-typedef enum df_fused_opcode {
-    DF_FI_LOAD,       /* r[dst] = in[a] */
-    DF_FI_HEAD,       /* r[dst] = norm(head_x row) */
-    DF_FI_ADD, DF_FI_SUB, DF_FI_MUL, DF_FI_DIV,
-    DF_FI_SCALE,      /* r[dst] = f0 * r[a] + f1 */
-    DF_FI_SILU, DF_FI_GELU, DF_FI_GELU_TANH, DF_FI_QUICK_GELU,
-    DF_FI_COPY,       /* r[dst] = r[a] */
-} df_fused_opcode;
+/* An instruction's opcode is the df_op it computes (an op marked fuse in ops.def; COPY
+ * copies a register), or one of these two: */
+enum {
+    DF_FI_LOAD = 254, /* r[dst] = in[a] */
+    DF_FI_HEAD = 255, /* r[dst] = norm(head_x row) */
+};
+_Static_assert((int)DF_OP_COUNT < (int)DF_FI_LOAD, "fused opcodes: every op has a number below LOAD");
 
 typedef struct df_fused_insn {
     uint8_t op, dst, a, b;
@@ -176,26 +296,6 @@ typedef struct df_coll {
 } df_coll;
 
 /* ---- Devices -------------------------------------------------------------------------- */
-
-/* Capability bits (df_device_info.caps) that the planner and the runtime read. */
-enum {
-    DF_CAP_FUSED            = 1u << 0,  /* launch_fused runs df_fused programs */
-    DF_CAP_FUSED_HEAD       = 1u << 1,  /* ... with a normalisation head */
-    DF_CAP_EPI_GELU_TANH    = 1u << 2,  /* LINEAR applies a.i[3] = DF_ACT_GELU_TANH */
-    DF_CAP_EPI_SILU         = 1u << 3,  /* ... DF_ACT_SILU */
-    DF_CAP_EPI_GELU         = 1u << 4,  /* ... DF_ACT_GELU */
-    DF_CAP_EPI_GATED_RESIDUAL = 1u << 5, /* LINEAR a.i[4]: out = in[4] + in[3] * (x w^T + b) */
-    DF_CAP_OUT_STRIDED      = 1u << 6,  /* LINEAR, ATTENTION, RMS_NORM_ROPE write into a
-                                           strided output (columns of a larger tensor) */
-    DF_CAP_OUT_BF16         = 1u << 7,  /* fused programs, LINEAR, ATTENTION write bf16 */
-    DF_CAP_HOST_MEMORY      = 1u << 8,  /* buffers are host memory: buffer_wrap_host uses
-                                           host memory in place, buffer_host_ptr answers */
-    DF_CAP_COLLECTIVES      = 1u << 9,  /* comm_create / collective on device buffers */
-    DF_CAP_PREPACK          = 1u << 10, /* keeps packed forms of DF_VIEW_CONST weights */
-    DF_CAP_INT8             = 1u << 11, /* int8 products: LINEAR (a.i[0]) and ATTENTION
-                                           (a.i[1]) computing in DF_DTYPE_I8, LINEAR with
-                                           int8 weights and their scales */
-};
 
 typedef enum df_device_kind {
     DF_DEVICE_KIND_CPU,

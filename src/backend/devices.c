@@ -55,20 +55,22 @@ const char *df_device_caps_string(uint32_t caps, char *buf, size_t cap)
         uint32_t bit;
         const char *name;
     } names[] = {
-        {DF_CAP_FUSED, "fused"}, {DF_CAP_FUSED_HEAD, "fused-norm-head"},
-        {DF_CAP_EPI_GELU_TANH, "epilogue-gelu-tanh"}, {DF_CAP_EPI_SILU, "epilogue-silu"},
-        {DF_CAP_EPI_GELU, "epilogue-gelu"}, {DF_CAP_EPI_GATED_RESIDUAL, "epilogue-gated-residual"},
-        {DF_CAP_OUT_STRIDED, "strided-outputs"}, {DF_CAP_OUT_BF16, "bf16-outputs"},
-        {DF_CAP_HOST_MEMORY, "host-memory"}, {DF_CAP_COLLECTIVES, "collectives"},
-        {DF_CAP_PREPACK, "prepacked-weights"},
+#define DF_CAP(name, bit, word, doc) {DF_CAP_##name, word},
+#include "backend/ops.def"
+#undef DF_CAP
     };
     size_t used = 0;
     if (cap)
         buf[0] = '\0';
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         if ((caps & names[i].bit) && used < cap)
             used += (size_t)snprintf(buf + used, cap - used, "%s%s", used ? " " : "",
                                      names[i].name);
+        caps &= ~names[i].bit;
+    }
+    for (int b = 0; b < 32; b++) /* bits of a newer vocabulary than this library's */
+        if ((caps >> b & 1u) && used < cap)
+            used += (size_t)snprintf(buf + used, cap - used, "%scap%d", used ? " " : "", b);
     return buf;
 }
 

@@ -26,14 +26,6 @@
 
 _Static_assert(DF_DEVICE_MAX_DIMS == DF_MAX_DIMS, "the device ABI and the API agree on ranks");
 
-typedef enum df_op_kind {
-    DF_OPK_ELEMENTWISE,
-    DF_OPK_REDUCE,
-    DF_OPK_MATMUL,
-    DF_OPK_DATA,
-    DF_OPK_OTHER,
-} df_op_kind;
-
 const char *df_op_name(df_op op);
 df_op_kind df_op_kind_of(df_op op);
 int df_op_inputs(df_op op);
@@ -91,6 +83,7 @@ struct df_gnode {
                            larger tensor for the kernels that take that (rms_norm_rope,
                            and linear or attention writing their columns of a concat) */
     df_attrs a;
+    struct df_comm *comm; /* ALL_REDUCE: the communicator it sums over (NULL: one rank) */
     /* Graph bookkeeping (defer-and-fuse / compile); unused in strict eager. */
     int id;
     df_gnode *next;

@@ -113,7 +113,7 @@ static df_status hc_barrier(void *self)
 /* in -> out (a copy on the device when they differ), then the sum over the ranks. */
 static df_status all_reduce(df_ctx *ctx, const df_gnode *g, const df_node *n)
 {
-    df_comm *comm = (df_comm *)(intptr_t)g->a.i[0];
+    df_comm *comm = g->comm;
     uint64_t bytes = (uint64_t)df_gview_numel(&g->out) * sizeof(float);
     if (n->in[0].buf != n->out.buf || n->in[0].offset != n->out.offset)
         DF_TRY(df_dev_copy_d2d(ctx->dev, ctx->stream, n->out.buf, n->out.offset, n->in[0].buf,

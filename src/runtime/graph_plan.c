@@ -56,14 +56,41 @@ static uint64_t hash_view(uint64_t h, const df_gview *v)
     return h;
 }
 
+/* The attributes that shape a program: every int attribute (real ones are read from the
+ * live nodes when a program runs, so a new eps or scale needs no new program). */
+static uint64_t mix_int(uint64_t h, int64_t v)
+{
+    return mix(h, (uint64_t)v);
+}
+
+static uint64_t mix_real(uint64_t h, double v)
+{
+    (void)v;
+    return h;
+}
+
+static uint64_t mix_axes(uint64_t h, const int64_t *v)
+{
+    for (int k = 0; k < DF_ATTR_MAX_AXES; k++)
+        h = mix(h, (uint64_t)v[k]);
+    return h;
+}
+
+static uint64_t hash_attrs(uint64_t h, const df_attrs *a)
+{
+#define DF_ATTR(type, name, doc) h = mix_##type(h, a->name);
+#include "backend/ops.def"
+#undef DF_ATTR
+    return h;
+}
+
 uint64_t df_graph_key(df_gnode *const *nodes, int n)
 {
     uint64_t h = mix(0xcbf29ce484222325ull, (uint64_t)n);
     for (int i = 0; i < n; i++) {
         const df_gnode *x = nodes[i];
         h = mix(h, (uint64_t)x->op);
-        for (int k = 0; k < 8; k++)
-            h = mix(h, (uint64_t)x->a.i[k]);
+        h = hash_attrs(h, &x->a);
         h = mix(h, (uint64_t)(x->out.st->handles > 0));
         h = hash_view(h, &x->out);
         for (int k = 0; k < x->n_in; k++)
@@ -74,19 +101,14 @@ uint64_t df_graph_key(df_gnode *const *nodes, int n)
 
 /* ---- planning ---------------------------------------------------------------------------- */
 
+/* An op a fused program can run (ops.def's fuse column), computing f32; a copy only from
+ * a float dtype. */
 static bool pointwise(const df_gnode *x)
 {
-    switch (x->op) {
-    case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL: case DF_OP_DIV: case DF_OP_SCALE:
-    case DF_OP_SILU: case DF_OP_GELU: case DF_OP_GELU_TANH: case DF_OP_QUICK_GELU:
-        return x->out.dtype == DF_DTYPE_F32;
-    case DF_OP_COPY:
-        return x->out.dtype == DF_DTYPE_F32 &&
-               (x->in[0].dtype == DF_DTYPE_F32 || x->in[0].dtype == DF_DTYPE_BF16 ||
-                x->in[0].dtype == DF_DTYPE_F16);
-    default:
+    if (!df_vocab_op_fuses(x->op) || x->out.dtype != DF_DTYPE_F32)
         return false;
-    }
+    return x->op != DF_OP_COPY || x->in[0].dtype == DF_DTYPE_F32 ||
+           x->in[0].dtype == DF_DTYPE_BF16 || x->in[0].dtype == DF_DTYPE_F16;
 }
 
 /* Whether input view v of a node is exactly the dense output of node p. */
@@ -98,22 +120,6 @@ static bool identity_view(const df_gview *v, const df_gnode *p)
         if (v->shape[d] != p->out.shape[d] || (v->shape[d] != 1 && v->stride[d] != p->out.stride[d]))
             return false;
     return true;
-}
-
-static df_fused_opcode opcode_of(df_op op)
-{
-    switch (op) {
-    case DF_OP_ADD: return DF_FI_ADD;
-    case DF_OP_SUB: return DF_FI_SUB;
-    case DF_OP_MUL: return DF_FI_MUL;
-    case DF_OP_DIV: return DF_FI_DIV;
-    case DF_OP_SCALE: return DF_FI_SCALE;
-    case DF_OP_SILU: return DF_FI_SILU;
-    case DF_OP_GELU: return DF_FI_GELU;
-    case DF_OP_GELU_TANH: return DF_FI_GELU_TANH;
-    case DF_OP_QUICK_GELU: return DF_FI_QUICK_GELU;
-    default: return DF_FI_COPY;
-    }
 }
 
 typedef struct planner {
@@ -162,7 +168,7 @@ static int gen(planner *pl, lz_group *g, int x)
         pl->overflow = true;
         return 0;
     }
-    g->insn[g->n_insn] = (df_fused_insn){.op = (uint8_t)opcode_of(nd->op),
+    g->insn[g->n_insn] = (df_fused_insn){.op = (uint8_t)nd->op,
                                          .dst = (uint8_t)g->n_regs, .a = (uint8_t)regs[0],
                                          .b = (uint8_t)regs[1]};
     g->insn_node[g->n_insn++] = x;
@@ -250,10 +256,7 @@ static bool same_shape(const df_gview *a, const df_gview *b)
 /* Whether the device's products apply activation `act` on their way out. */
 static bool has_epilogue(const df_device *dev, int act)
 {
-    uint32_t cap = act == DF_ACT_GELU_TANH ? DF_CAP_EPI_GELU_TANH
-                 : act == DF_ACT_SILU      ? DF_CAP_EPI_SILU
-                 : act == DF_ACT_GELU      ? DF_CAP_EPI_GELU
-                                           : 0;
+    uint32_t cap = df_vocab_act_cap(act);
     return cap && df_dev_has(dev, cap);
 }
 
@@ -310,7 +313,7 @@ static void plan_norm_rope(df_gnode *const *nodes, int n, lz_program *p, const i
         const df_gnode *c = nodes[src];
         if (c->op == DF_OP_RMS_NORM) {
             part[n_part++] = src;
-        } else if (c->op == DF_OP_CONCAT && c->a.i[0] == 1) {
+        } else if (c->op == DF_OP_CONCAT && c->a.axis == 1) {
             for (int k = 0; k < 2; k++) {
                 int q = producer_of(&c->in[k]);
                 if (!sole_use(nodes, p, uses, q) || nodes[q]->op != DF_OP_RMS_NORM ||
@@ -371,7 +374,7 @@ static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, c
         const df_gnode *x = nodes[c];
         if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
             continue;
-        int dim = (int)x->a.i[0], last = x->out.ndim - 1;
+        int dim = (int)x->a.axis, last = x->out.ndim - 1;
         int64_t outer = 1;
         for (int d = 0; d < dim; d++)
             outer *= x->out.shape[d];
@@ -418,11 +421,8 @@ static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, c
  * activations of a product, q, k and v of attention, when they compute in bf16. */
 static bool rounds_to_bf16(const df_gnode *x, int k, const df_device *dev)
 {
-    if (x->op == DF_OP_LINEAR && k == 0)
-        return df_dev_matmul_dtype(dev, (df_dtype)x->a.i[0]) == DF_DTYPE_BF16;
-    if (x->op == DF_OP_ATTENTION && k <= 2)
-        return df_dev_matmul_dtype(dev, (df_dtype)x->a.i[1]) == DF_DTYPE_BF16;
-    return false;
+    bool operand = (x->op == DF_OP_LINEAR && k == 0) || (x->op == DF_OP_ATTENTION && k <= 2);
+    return operand && df_dev_matmul_dtype(dev, (df_dtype)x->a.compute) == DF_DTYPE_BF16;
 }
 
 /* Whether node i's kernel can write a bf16 result: fused kernels, products, attention. */

@@ -55,12 +55,7 @@ static inline int producer_of(const df_gview *v)
 /* The GEMM post-op of an activation op, or DF_ACT_NONE. */
 static inline int activation_of(df_op op)
 {
-    switch (op) {
-    case DF_OP_GELU_TANH: return DF_ACT_GELU_TANH;
-    case DF_OP_SILU: return DF_ACT_SILU;
-    case DF_OP_GELU: return DF_ACT_GELU;
-    default: return DF_ACT_NONE;
-    }
+    return df_vocab_act_of(op);
 }
 
 /* The node whose storage holds node i's result: the activation folded into a product. */

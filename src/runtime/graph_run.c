@@ -119,9 +119,9 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
     for (int k = 0; k < g->n_insn; k++) {
         f->insn[k] = g->insn[k];
         int src = g->insn_node[k];
-        if (src >= 0 && g->insn[k].op == DF_FI_SCALE) {
-            f->insn[k].f0 = (float)nodes[src]->a.f[0];
-            f->insn[k].f1 = (float)nodes[src]->a.f[1];
+        if (src >= 0 && g->insn[k].op == DF_OP_SCALE) {
+            f->insn[k].f0 = (float)nodes[src]->a.alpha;
+            f->insn[k].f1 = (float)nodes[src]->a.beta;
         }
     }
     if (g->head >= 0) {
@@ -130,7 +130,7 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
         df_gview_lower(&h->in[0], &f->head_x);
         df_gview_lower(&h->in[1], &f->head_w);
         df_gview_lower(h->op == DF_OP_LAYER_NORM ? &h->in[2] : &(df_gview){0}, &f->head_b);
-        f->head_eps = h->a.f[0];
+        f->head_eps = h->a.eps;
     }
     for (int i = 0; i <= g->root; i++)
         if (i == g->root || p->root_of[i] == g->root)
@@ -223,7 +223,7 @@ df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_progra
         df_storage *own = nodes[i]->out.st;
         nodes[i]->out = nodes[j]->out;
         df_storage_retain(nodes[i]->out.st);
-        nodes[i]->a.i[3] = activation_of(nodes[j]->op);
+        nodes[i]->a.act = activation_of(nodes[j]->op);
         int m = p->gate_mul[i];
         if (m >= 0) { /* the gate row from the mul, the residual from the add */
             df_gnode *x = nodes[i];
@@ -232,7 +232,7 @@ df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_progra
             df_storage_retain(x->in[3].st);
             df_storage_retain(x->in[4].st);
             x->n_in = 5;
-            x->a.i[4] = 1;
+            x->a.gated = 1;
             nodes[m]->out.st->producer = NULL;
             df_node_free(nodes[m]);
             nodes[m] = NULL;

@@ -229,7 +229,7 @@ df_tensor *df_concat(df_ctx *ctx, df_tensor *a, df_tensor *b, int dim)
         return NULL;
     n->in[0] = a->v;
     n->in[1] = b->v;
-    n->a.i[0] = d;
+    n->a.axis = d;
     set_out(n, a->v.dtype, nd, a->v.shape);
     n->out.shape[d] = a->v.shape[d] + b->v.shape[d];
     return df_emit(ctx, n);
@@ -270,7 +270,7 @@ df_tensor *df_token_rows(df_ctx *ctx, df_tensor *ids, int64_t token)
     if (!n || !ids)
         return df_free(n), NULL;
     n->in[0] = ids->v;
-    n->a.i[0] = token;
+    n->a.token = token;
     set_out(n, DF_DTYPE_I64, 1, ids->v.shape);
     return df_emit(ctx, n);
 }
@@ -312,8 +312,8 @@ static df_tensor *unary(df_ctx *ctx, df_op op, df_tensor *x, float alpha, float 
     if (!n)
         return NULL;
     n->in[0] = x->v;
-    n->a.f[0] = alpha;
-    n->a.f[1] = beta;
+    n->a.alpha = alpha;
+    n->a.beta = beta;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     return df_emit(ctx, n);
 }
@@ -341,8 +341,8 @@ static df_tensor *norm_node(df_ctx *ctx, df_op op, df_tensor *x, df_tensor *w, d
     df_gnode *n = dense_node(ctx, op, x, w, b);
     if (!n)
         return NULL;
-    n->a.f[0] = eps;
-    n->a.i[0] = groups;
+    n->a.eps = eps;
+    n->a.groups = groups;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     return df_emit(ctx, n);
 }
@@ -407,11 +407,11 @@ df_tensor *df_timestep_embedding(df_ctx *ctx, df_tensor *t, int dim, bool flip, 
     if (!n || !t)
         return df_free(n), NULL;
     n->in[0] = t->v;
-    n->a.i[0] = dim;
-    n->a.i[1] = flip;
-    n->a.f[0] = shift;
-    n->a.f[1] = scale;
-    n->a.f[2] = max_period;
+    n->a.dim = dim;
+    n->a.flip = flip;
+    n->a.shift = shift;
+    n->a.scale = scale;
+    n->a.max_period = max_period;
     set_out(n, DF_DTYPE_F32, 2, (int64_t[]){t->v.shape[0], dim});
     return df_emit(ctx, n);
 }
@@ -422,7 +422,7 @@ df_tensor *df_rope_table(df_ctx *ctx, df_tensor *ids, const int *axes_dim, int n
     if (!ready(ctx, "rope_table", 1, ids))
         return NULL;
     char di[96];
-    if (ids->v.ndim != 2 || ids->v.shape[1] != n_axes || n_axes < 1 || n_axes > 7)
+    if (ids->v.ndim != 2 || ids->v.shape[1] != n_axes || n_axes < 1 || n_axes > DF_ATTR_MAX_AXES)
         return fail_shape(ctx, NULL, "rope_table", "ids %s must be [S, %d]", desc(ids, di),
                           n_axes);
     int64_t total = 0;
@@ -437,10 +437,10 @@ df_tensor *df_rope_table(df_ctx *ctx, df_tensor *ids, const int *axes_dim, int n
     if (!n || !ids)
         return df_free(n), NULL;
     n->in[0] = ids->v;
-    n->a.i[0] = n_axes;
+    n->a.n_axes = n_axes;
     for (int a = 0; a < n_axes; a++)
-        n->a.i[1 + a] = axes_dim[a];
-    n->a.f[0] = theta;
+        n->a.axes_dim[a] = axes_dim[a];
+    n->a.theta = theta;
     set_out(n, DF_DTYPE_F32, 3, (int64_t[]){ids->v.shape[0], total / 2, 2});
     return df_emit(ctx, n);
 }
@@ -483,7 +483,7 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
     df_gnode *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);
     if (!n)
         return NULL;
-    n->a.i[0] = ctx->compute;
+    n->a.compute = ctx->compute;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     n->out.shape[x->v.ndim - 1] = w->v.shape[0];
     return df_emit(ctx, n);
@@ -525,8 +525,8 @@ df_tensor *df_matmul(df_ctx *ctx, df_tensor *a, df_tensor *b)
         return df_free(n), NULL;
     n->in[0] = a->v;
     n->in[1] = b->v;
-    n->a.i[0] = ctx->compute;
-    n->a.i[1] = bt;
+    n->a.compute = ctx->compute;
+    n->a.trans_b = bt;
     set_out(n, DF_DTYPE_F32, na, a->v.shape);
     n->out.shape[na - 1] = b->v.shape[nb - 1];
     return df_emit(ctx, n);
@@ -572,9 +572,9 @@ df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, d
     n->in[2] = v->v;
     if (mask)
         n->in[3] = mv;
-    n->a.i[0] = causal;
-    n->a.i[1] = ctx->compute;
-    n->a.f[0] = scale > 0 ? scale : 1.0 / sqrt((double)q->v.shape[3]);
+    n->a.causal = causal;
+    n->a.compute = ctx->compute;
+    n->a.scale = scale > 0 ? scale : 1.0 / sqrt((double)q->v.shape[3]);
     /* The node writes [B, Sq, H, Dv] densely, so that the usual transpose back to
      * [B, Sq, H*Dv] is free; the caller sees the [B, H, Sq, Dv] view of it. */
     set_out(n, DF_DTYPE_F32, 4, (int64_t[]){B, Sq, H, v->v.shape[3]});
@@ -602,9 +602,9 @@ df_tensor *df_conv2d(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b, int 
     df_gnode *n = dense_node(ctx, DF_OP_CONV2D, x, w, b);
     if (!n)
         return NULL;
-    n->a.i[0] = stride;
-    n->a.i[1] = padding;
-    n->a.i[2] = ctx->compute;
+    n->a.stride = stride;
+    n->a.padding = padding;
+    n->a.compute = ctx->compute;
     set_out(n, DF_DTYPE_F32, 4, (int64_t[]){x->v.shape[0], w->v.shape[0], ho, wo});
     return df_emit(ctx, n);
 }
@@ -651,7 +651,7 @@ df_tensor *df_all_reduce(df_ctx *ctx, df_tensor *x)
     if (!n || !x)
         return df_free(n), NULL;
     n->in[0] = x->v;
-    n->a.i[0] = (int64_t)(intptr_t)ctx->comm;
+    n->comm = ctx->comm;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     return df_emit(ctx, n);
 }

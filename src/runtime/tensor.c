@@ -192,7 +192,7 @@ df_tensor *df_full(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim, 
     n->out.dtype = dtype;
     n->out.ndim = ndim;
     memcpy(n->out.shape, shape, (size_t)ndim * sizeof *shape);
-    n->a.f[0] = value;
+    n->a.value = value;
     return df_emit(ctx, n);
 }
 

@@ -7,9 +7,11 @@
  * row also lists its inputs (shape, dtype, value range, and how the tensor is presented
  * to the op: dense, permuted, sliced or expanded), attributes and a tolerance. The driver
  * (ref_run_case) draws the inputs from a generator seeded by the row's name, rounds them
- * to their dtype, computes the reference once, and then runs the op on every backend that
- * opens and in every execution mode the context accepts, comparing each result with
- * |got - want| <= atol + rtol * |want|.
+ * to their dtype, computes the reference once, and then runs the op on every device the
+ * library lists (cpu, sim, and vulkan where a driver answers; only $DIFFUSE_DEVICE when it
+ * names one) and in every execution mode the context accepts, comparing each result with
+ * |got - want| <= atol + rtol * |want|. A run on a device that keeps counters (sim, vulkan)
+ * must move its dispatch counter, which proves the kernels ran there and not on the CPU.
  *
  * To add rows for another op (say in test_ops_matmul.c):
  *
@@ -241,7 +243,15 @@ struct op_case {
     int64_t i[8]; /* attributes, as the run/ref functions read them */
     double f[4];
     double atol, rtol;
+    /* on a device that computes in f32 throughout (not the CPU's kernels: vulkan), a
+     * tolerance of its own where that loses more than REF_F32_ATOL, REF_F32_RTOL (0: those) */
+    double atol_f32, rtol_f32;
 };
+
+/* The least tolerance on devices that do not run the CPU's kernels: their transcendental
+ * functions and reductions are f32 (results agree within f32 rounding, not to the bit). */
+#define REF_F32_ATOL 1e-6
+#define REF_F32_RTOL 4e-6
 
 /* Host values of one input: drawn for the stored shape, then spread to the logical one. */
 static inline ref_tensor ref_make_values(const ref_input *in, ref_rng *rng)
@@ -371,7 +381,6 @@ static inline df_tensor *ref_present(df_ctx *ctx, const ref_input *in, const ref
 
 /* ---- backends and modes ------------------------------------------------------------------ */
 
-static const char *const ref_backends[] = {"cpu", "cuda"};
 static const df_eager_mode ref_modes[] = {DF_DEFER_NEVER, DF_DEFER_AND_FUSE};
 
 static inline const char *ref_mode_name(df_eager_mode m)
@@ -379,12 +388,61 @@ static inline const char *ref_mode_name(df_eager_mode m)
     return m == DF_DEFER_NEVER ? "eager" : "defer_and_fuse";
 }
 
-/* A context on `backend` in `mode`, or NULL (with the reason in why) when that backend or
- * mode is not available. */
-static inline df_ctx *ref_open(const char *backend, df_eager_mode mode, char *why, size_t cap)
+/* One device the table runs on, and what the table did there. */
+typedef struct ref_device {
+    char name[32]; /* "cpu:0", "sim:0", "vulkan:0" */
+    char kind[8];  /* "cpu", "sim", "gpu", "other" */
+    bool cpu_kernels; /* cpu and sim run the CPU's kernels: the rows' own tolerances hold */
+    int64_t dispatches; /* the device's dispatch counter, summed over the table's contexts */
+    int runs, refused;  /* (row, mode) runs, and those the device refused (DF_E_UNSUPPORTED) */
+} ref_device;
+
+/* The devices of this program (ref_devices fills it once) and the one running now. */
+static ref_device ref_dev[16];
+static int ref_n_dev = -1;
+static ref_device *ref_current;
+
+/* Whether `want` ("sim", "vulkan:1") names device `name` ("sim:0"). */
+static inline bool ref_names(const char *want, const char *name)
+{
+    size_t n = strcspn(want, ":");
+    if (strchr(want, ':'))
+        return strcmp(want, name) == 0;
+    return strncmp(want, name, n) == 0 && name[n] == ':';
+}
+
+/* The devices the table runs on: every device the library lists, test devices included,
+ * or only those $DIFFUSE_DEVICE names (the sim pass of ctest sets it to sim). */
+static inline int ref_devices(void)
+{
+    if (ref_n_dev >= 0)
+        return ref_n_dev;
+    const char *want = getenv("DIFFUSE_DEVICE");
+    bool all = !want || !*want || strcmp(want, "auto") == 0;
+    df_device_desc d[16];
+    int n = df_device_list(d, 16, true), k = 0;
+    for (int i = 0; i < n && i < 16 && k < 16; i++) {
+        if (!all && !ref_names(want, d[i].device))
+            continue;
+        ref_device *r = &ref_dev[k++];
+        snprintf(r->name, sizeof r->name, "%.31s", d[i].device);
+        snprintf(r->kind, sizeof r->kind, "%.7s", d[i].kind);
+        r->cpu_kernels = strcmp(r->kind, "cpu") == 0 || strcmp(r->kind, "sim") == 0;
+    }
+    if (!all && k == 0) { /* as the Vulkan tests without a driver: skipped, and said */
+        printf("DIFFUSE_DEVICE=%s names no device the library lists: skipped\n", want);
+        exit(77);
+    }
+    ref_n_dev = k;
+    return k;
+}
+
+/* A context on `device` in `mode`, or NULL (with the reason in why) when that mode is not
+ * available there. */
+static inline df_ctx *ref_open(const char *device, df_eager_mode mode, char *why, size_t cap)
 {
     df_ctx *ctx = NULL;
-    df_status s = df_ctx_create(&(df_ctx_opts){.device = backend, .threads = 2}, &ctx);
+    df_status s = df_ctx_create(&(df_ctx_opts){.device = device, .threads = 2}, &ctx);
     if (s != DF_OK) {
         snprintf(why, cap, "%s: %s", df_status_name(s), df_error_message());
         return NULL;
@@ -398,21 +456,23 @@ static inline df_ctx *ref_open(const char *backend, df_eager_mode mode, char *wh
     return ctx;
 }
 
-/* Prints which (backend, mode) pairs the op tests run in; returns how many. */
+/* Prints which (device, mode) pairs the op tests run in; returns how many. */
 static inline int ref_print_modes(const char *program)
 {
-    int runs = 0;
-    for (size_t b = 0; b < sizeof ref_backends / sizeof *ref_backends; b++) {
+    int n = ref_devices(), runs = 0;
+    for (int b = 0; b < n; b++) {
         for (size_t m = 0; m < sizeof ref_modes / sizeof *ref_modes; m++) {
             char why[512];
-            df_ctx *ctx = ref_open(ref_backends[b], ref_modes[m], why, sizeof why);
+            df_ctx *ctx = ref_open(ref_dev[b].name, ref_modes[m], why, sizeof why);
             if (ctx) {
-                printf("%s: runs on %s in mode %s\n", program, ref_backends[b],
+                printf("%s: runs on %s (%s%s) in mode %s\n", program, ref_dev[b].name,
+                       ref_dev[b].kind,
+                       ref_dev[b].cpu_kernels ? "" : "; tolerances at least f32's",
                        ref_mode_name(ref_modes[m]));
                 runs++;
                 df_ctx_free(ctx);
             } else {
-                printf("%s: not run on %s in mode %s (%s)\n", program, ref_backends[b],
+                printf("%s: not run on %s in mode %s (%s)\n", program, ref_dev[b].name,
                        ref_mode_name(ref_modes[m]), why);
             }
         }
@@ -420,26 +480,53 @@ static inline int ref_print_modes(const char *program)
     return runs;
 }
 
-/* Calls fn once per available (backend, mode) with a fresh context; returns the count. */
+/* Calls fn once per available (device, mode) with a fresh context; returns the count. Adds
+ * each context's device dispatches to its device (ref_check_devices reads them). */
 typedef void (*ref_ctx_fn)(df_ctx *ctx, const char *where, void *arg);
 
 static inline int ref_for_each_ctx(ref_ctx_fn fn, void *arg)
 {
-    int runs = 0;
-    for (size_t b = 0; b < sizeof ref_backends / sizeof *ref_backends; b++) {
+    int n = ref_devices(), runs = 0;
+    for (int b = 0; b < n; b++) {
         for (size_t m = 0; m < sizeof ref_modes / sizeof *ref_modes; m++) {
-            char why[512], where[64];
-            df_ctx *ctx = ref_open(ref_backends[b], ref_modes[m], why, sizeof why);
+            char why[512], where[96];
+            df_ctx *ctx = ref_open(ref_dev[b].name, ref_modes[m], why, sizeof why);
             if (!ctx)
                 continue;
-            snprintf(where, sizeof where, "%s/%s", ref_backends[b], ref_mode_name(ref_modes[m]));
+            snprintf(where, sizeof where, "%.31s/%s", ref_dev[b].name,
+                     ref_mode_name(ref_modes[m]));
+            ref_current = &ref_dev[b];
             fn(ctx, where, arg);
+            ref_current = NULL;
+            df_stats st;
+            df_ctx_stats(ctx, &st);
+            ref_dev[b].dispatches += st.device_dispatches;
+            ref_dev[b].runs++;
             df_ctx_free(ctx);
             runs++;
         }
     }
-    assert_true(runs > 0); /* at least the CPU in strict eager */
+    assert_true(runs > 0); /* at least one device in strict eager */
     return runs;
+}
+
+/* After a table: prints what ran where, and fails (returns 1) when a device other than the
+ * CPU (which keeps no counters) dispatched no kernel: the table did not run there. */
+static inline int ref_check_devices(const char *program)
+{
+    int failed = 0;
+    for (int b = 0; b < ref_n_dev; b++) {
+        const ref_device *d = &ref_dev[b];
+        printf("%s: %s: %d runs, %d refused by the device (DF_E_UNSUPPORTED), %lld kernels "
+               "dispatched there\n", program, d->name, d->runs, d->refused,
+               (long long)d->dispatches);
+        if (strcmp(d->kind, "cpu") != 0 && d->runs > 0 && d->dispatches <= 0) {
+            printf("%s: FAIL %s dispatched nothing: the table did not run on it\n", program,
+                   d->name);
+            failed = 1;
+        }
+    }
+    return failed;
 }
 
 /* ---- comparing ---------------------------------------------------------------------------- */
@@ -525,14 +612,31 @@ static inline void ref_case_in_ctx(df_ctx *ctx, const char *where, void *arg)
             fail_msg("%s: making input %d failed: %s", what, k, df_error_message());
     }
     df_tensor *out = c->run(ctx, c, in);
+    ref_device *dev = ref_current;
+    df_status s = out ? df_sync(ctx) : df_ctx_status(ctx); /* defer-and-fuse: runs it now */
+    if (s == DF_E_UNSUPPORTED && !dev->cpu_kernels) {
+        /* a dtype or op the device does not run (vulkan: f64): said, counted, not failed */
+        print_message("refused %s: %s\n", what, df_error_message());
+        dev->refused++;
+        df_ctx_reset_error(ctx);
+        df_scope_end(ctx, mark, NULL);
+        return;
+    }
     double *got = ref_read(ctx, out, &r->want, what);
-    ref_compare(what, got, &r->want, c->atol, c->rtol);
+    double atol = c->atol, rtol = c->rtol;
+    if (!dev->cpu_kernels) {
+        double fa = c->atol_f32 > 0 ? c->atol_f32 : REF_F32_ATOL;
+        double fr = c->rtol_f32 > 0 ? c->rtol_f32 : REF_F32_RTOL;
+        atol = atol > fa ? atol : fa;
+        rtol = rtol > fr ? rtol : fr;
+    }
+    ref_compare(what, got, &r->want, atol, rtol);
     free(got);
     df_scope_end(ctx, mark, NULL);
     assert_int_equal(df_sync(ctx), DF_OK);
 }
 
-/* Runs one row on every backend and mode (a cmocka test body; state is the op_case). */
+/* Runs one row on every device and mode (a cmocka test body; state is the op_case). */
 static inline void ref_run_case(void **state)
 {
     ref_case_run r = {.c = *state};
@@ -559,7 +663,7 @@ static inline int ref_run_table(const char *group, const op_case *cases, size_t 
     }
     int failed = _cmocka_run_group_tests(group, tests, n, NULL, NULL);
     free(tests);
-    return failed;
+    return failed + ref_check_devices(group);
 }
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * The op table: every op except the matrix products (those are in test_ops_matmul.c),
- * the view functions, cast and contiguous, each row run on every backend that opens and
- * in every execution mode the context accepts, against a float64 reference written here
- * (op_ref.h has the driver). Inputs come from a generator seeded by the row's name and
+ * the view functions, cast and contiguous, each row run on every device the library lists
+ * (or the one $DIFFUSE_DEVICE names) and in every execution mode the context accepts,
+ * against a float64 reference written here (op_ref.h has the driver, and checks that each
+ * device other than the CPU dispatched the table's kernels). Inputs come from a generator seeded by the row's name and
  * reach the op dense, permuted, sliced or expanded; weights come in f32, bf16 and f16.
  *
  * After the table: error cases (shapes that do not fit name both shapes, a gather id out
@@ -677,7 +678,7 @@ static const op_case cases[] = {
      .f = {1e-5}},
     {"layer_norm large mean", run_layer_norm, ref_layer_norm, 3,
      {{SHAPE(80, 512), .lo = 1000, .hi = 1001}, X(512), X(512)}, .atol = 3e-5, .rtol = 3e-5,
-     .f = {1e-6}},
+     .f = {1e-6}, .atol_f32 = 3e-4, .rtol_f32 = 1e-3}, /* f32 statistics of values near 1000 */
     {"layer_norm permuted sliced weight", run_layer_norm, ref_layer_norm, 3,
      {XV(REF_PERMUTED, 2, 40, 33), XV(REF_SLICED, 33), ABSENT}, NORM_TOL, .f = {1e-5}},
     {"layer_norm large eps", run_layer_norm, ref_layer_norm, 3,
@@ -975,15 +976,21 @@ static void test_null_inputs_give_null(void **state)
     ref_for_each_ctx(null_inputs_in, NULL);
 }
 
+static void invalid_cast_in(df_ctx *ctx, const char *where, void *arg)
+{
+    (void)arg;
+    df_tensor *x = zeros(ctx, DF_SHAPE(2));
+    assert_null(df_cast(ctx, x, DF_DTYPE_COUNT));
+    df_status s = df_sync(ctx);
+    if (s != DF_E_ARG)
+        fail_msg("%s: cast to dtype %d: %s, expected DF_E_ARG: %s", where, DF_DTYPE_COUNT,
+                 df_status_name(s), df_error_message());
+}
+
 static void test_cast_to_an_invalid_dtype_is_an_argument_error(void **state)
 {
     (void)state;
-    df_ctx *ctx;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2}, &ctx), DF_OK);
-    df_tensor *x = zeros(ctx, DF_SHAPE(2));
-    assert_null(df_cast(ctx, x, DF_DTYPE_COUNT));
-    assert_int_equal(df_sync(ctx), DF_E_ARG);
-    df_ctx_free(ctx);
+    ref_for_each_ctx(invalid_cast_in, NULL);
 }
 
 /* ---- accuracy sweep of the activations ------------------------------------------------------ */
@@ -1028,7 +1035,8 @@ static void sweep_in(df_ctx *ctx, const char *where, void *arg)
                       "absolute error %.3g over [-40, 40]\n",
                       where, names[kind], worst_core, kind == 1 ? " and below" : "", worst_neg,
                       worst_abs);
-        assert_true(worst_core <= 4.0);
+        /* the CPU's kernels within 4 ulps; a device with its own f32 exp (vulkan) within 64 */
+        assert_true(worst_core <= (ref_current->cpu_kernels ? 4.0 : 64.0));
         assert_true(worst_abs <= 2e-6);
     }
     /* specials: silu(-inf) = -0 or 0, silu(inf) = inf, NaN stays NaN */

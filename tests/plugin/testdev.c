@@ -1,14 +1,15 @@
 /*
  * A device plugin for the registry tests, built as libdiffuse-testdev.so (and, with
  * TESTDEV_BAD_ABI, as libdiffuse-badabi.so, which claims another ABI version). It links
- * nothing of the library: it sees only backend/device.h and the host services it is
- * given. Its memory is host memory, its one stream runs each item at once when it is
+ * nothing of the library: it sees only the installed device ABI (<diffuse/device.h>) and
+ * the host services it is given, and cli/installed_plugins builds it outside the tree
+ * against an installed prefix. Its memory is host memory, its one stream runs each item at once when it is
  * queued, and its only kernel is FILL of f32 (enough to run df_full and read it back).
  */
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/device.h"
+#include <diffuse/device.h>
 
 static const df_host_api *host;
 
@@ -91,7 +92,7 @@ static df_status td_launch(df_dev_stream *s, const df_node *n)
     for (int d = 0; d < n->out.ndim; d++)
         count *= n->out.shape[d];
     for (int64_t i = 0; i < count; i++)
-        o[i] = (float)n->a.f[0];
+        o[i] = (float)n->a.value;
     s->done++;
     return DF_OK;
 }

@@ -97,7 +97,7 @@ static void test_bf16_linear(void)
     n.in[2] = (df_view){.buf = &bb, .dtype = DF_DTYPE_F32, .ndim = 1, .shape = {N},
                         .stride = {1}};
     n.out = dense(&bo, M, N);
-    n.a.i[0] = DF_DTYPE_BF16;
+    n.a.compute = DF_DTYPE_BF16;
     dvk_env e = {.d = g_dev, .addr = addr_of};
     if (s == DF_OK)
         s = dvk_run_node(&e, &n);

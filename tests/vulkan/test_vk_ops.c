@@ -1,5 +1,5 @@
 /*
- * Every op of runtime/ops.def (but the collective) run by the Vulkan backend's core and by
+ * Every op of backend/ops.def (but the collective) run by the Vulkan backend's core and by
  * the CPU backend's kernels on the same inputs, compared element by element:
  * |vk - cpu| <= atol + rtol * |cpu|. The CPU kernels are themselves checked against the
  * float64 references by tests/ops; this test checks the shaders against them.
@@ -274,10 +274,10 @@ static void elementwise_rows(void)
         run(&(row){casts[i].name, 0, 0}, &n);
     }
     df_node fill = node(DF_OP_FILL, 0, NULL, output(DF_DTYPE_F32, SHAPE(1000)));
-    fill.a.f[0] = 0.3;
+    fill.a.value = 0.3;
     run(&(row){"fill f32", 0, 0}, &fill);
     df_node filli = node(DF_OP_FILL, 0, NULL, output(DF_DTYPE_I64, SHAPE(77)));
-    filli.a.f[0] = -12345;
+    filli.a.value = -12345;
     run(&(row){"fill i64", 0, 0}, &filli);
 
     df_view b = input(DF_DTYPE_BF16, SHAPE(7, 1, 3), 0.5, 2);
@@ -296,8 +296,8 @@ static void elementwise_rows(void)
     df_view big = input(DF_DTYPE_F32, SHAPE(4, 1031), -9, 9);
     for (int i = 0; i < 5; i++) {
         df_node n = node(un[i], 1, &big, output(DF_DTYPE_F32, SHAPE(4, 1031)));
-        n.a.f[0] = 1.5;
-        n.a.f[1] = -0.25;
+        n.a.alpha = 1.5;
+        n.a.beta = -0.25;
         run(&(row){df_op_name(un[i]), 1e-6, 2e-6}, &n);
     }
 }
@@ -311,22 +311,22 @@ static void norm_rows(void)
     df_view w = input(DF_DTYPE_BF16, SHAPE(300), 0.5, 1.5), bias = input(DF_DTYPE_F32, SHAPE(300), -1, 1);
     df_view ln_in[3] = {y, w, bias};
     df_node ln = node(DF_OP_LAYER_NORM, 3, ln_in, output(DF_DTYPE_F32, SHAPE(7, 300)));
-    ln.a.f[0] = 1e-6;
+    ln.a.eps = 1e-6;
     run(&(row){"layer_norm bf16 weight + bias", 2e-5, 2e-5}, &ln);
     df_view ln0_in[3] = {y};
     df_node ln0 = node(DF_OP_LAYER_NORM, 3, ln0_in, output(DF_DTYPE_F32, SHAPE(7, 300)));
-    ln0.a.f[0] = 1e-6;
+    ln0.a.eps = 1e-6;
     run(&(row){"layer_norm no affine", 2e-5, 2e-5}, &ln0);
     df_view rms_in[2] = {y, w};
     df_node rms = node(DF_OP_RMS_NORM, 2, rms_in, output(DF_DTYPE_F32, SHAPE(7, 300)));
-    rms.a.f[0] = 1e-6;
+    rms.a.eps = 1e-6;
     run(&(row){"rms_norm bf16 weight", 1e-6, 3e-6}, &rms);
     df_view g = input(DF_DTYPE_F32, SHAPE(2, 8, 5, 6), -3, 5);
     df_view gw = input(DF_DTYPE_F32, SHAPE(8), 0.5, 1.5), gb = input(DF_DTYPE_F16, SHAPE(8), -1, 1);
     df_view gn_in[3] = {g, gw, gb};
     df_node gn = node(DF_OP_GROUP_NORM, 3, gn_in, output(DF_DTYPE_F32, SHAPE(2, 8, 5, 6)));
-    gn.a.i[0] = 4;
-    gn.a.f[0] = 1e-5;
+    gn.a.groups = 4;
+    gn.a.eps = 1e-5;
     run(&(row){"group_norm 4 groups", 2e-5, 2e-5}, &gn);
 }
 
@@ -345,42 +345,42 @@ static void position_rows(void)
         df_view t = input(DF_DTYPE_F32, SHAPE(ts[i].batch), ts[i].lo, ts[i].hi);
         df_node te = node(DF_OP_TIMESTEP_EMBED, 1, &t,
                           output(DF_DTYPE_F32, SHAPE(ts[i].batch, ts[i].dim)));
-        te.a.i[0] = ts[i].dim;
-        te.a.i[1] = ts[i].flip;
-        te.a.f[0] = ts[i].shift;
-        te.a.f[1] = ts[i].scale;
-        te.a.f[2] = 10000;
+        te.a.dim = ts[i].dim;
+        te.a.flip = ts[i].flip;
+        te.a.shift = ts[i].shift;
+        te.a.scale = ts[i].scale;
+        te.a.max_period = 10000;
         run(&(row){ts[i].name, 1.2e-7, 0}, &te);
     }
     df_view t16 = input(DF_DTYPE_BF16, SHAPE(5), 0, 1);
     df_node te16 = node(DF_OP_TIMESTEP_EMBED, 1, &t16, output(DF_DTYPE_F32, SHAPE(5, 16)));
-    te16.a.i[0] = 16;
-    te16.a.f[0] = 0.5;
-    te16.a.f[1] = 1;
-    te16.a.f[2] = 100;
+    te16.a.dim = 16;
+    te16.a.shift = 0.5;
+    te16.a.scale = 1;
+    te16.a.max_period = 100;
     run(&(row){"timestep_embed bf16 t [sin, cos]", 1.2e-7, 0}, &te16);
     df_view fids = input(DF_DTYPE_F32, SHAPE(300, 3), 0, 128);
     df_node frt = node(DF_OP_ROPE_TABLE, 1, &fids, output(DF_DTYPE_F32, SHAPE(300, 64, 2)));
-    frt.a.i[0] = 3;
-    frt.a.i[1] = 16;
-    frt.a.i[2] = 56;
-    frt.a.i[3] = 56;
-    frt.a.f[0] = 10000;
+    frt.a.n_axes = 3;
+    frt.a.axes_dim[0] = 16;
+    frt.a.axes_dim[1] = 56;
+    frt.a.axes_dim[2] = 56;
+    frt.a.theta = 10000;
     run(&(row){"rope_table flux ids < 128", 1.2e-7, 0}, &frt);
     df_view kids = input(DF_DTYPE_I32, SHAPE(300, 4), 0, 512);
     df_node krt = node(DF_OP_ROPE_TABLE, 1, &kids, output(DF_DTYPE_F32, SHAPE(300, 64, 2)));
-    krt.a.i[0] = 4;
-    for (int a = 1; a <= 4; a++)
-        krt.a.i[a] = 32;
-    krt.a.f[0] = 2000;
+    krt.a.n_axes = 4;
+    for (int a = 0; a < 4; a++)
+        krt.a.axes_dim[a] = 32;
+    krt.a.theta = 2000;
     run(&(row){"rope_table flux2 i32 ids < 512", 1.2e-7, 0}, &krt);
     df_view ids = input(DF_DTYPE_F32, SHAPE(9, 3), 0, 40);
     df_node rt = node(DF_OP_ROPE_TABLE, 1, &ids, output(DF_DTYPE_F32, SHAPE(9, 8, 2)));
-    rt.a.i[0] = 3;
-    rt.a.i[1] = 4;
-    rt.a.i[2] = 6;
-    rt.a.i[3] = 6;
-    rt.a.f[0] = 10000;
+    rt.a.n_axes = 3;
+    rt.a.axes_dim[0] = 4;
+    rt.a.axes_dim[1] = 6;
+    rt.a.axes_dim[2] = 6;
+    rt.a.theta = 10000;
     run(&(row){"rope_table small", 1.2e-7, 0}, &rt);
     df_view table = rt.out;
     df_view x = input(DF_DTYPE_F32, SHAPE(2, 9, 3, 16), -2, 2);
@@ -392,11 +392,11 @@ static void position_rows(void)
     df_view nr_in[3] = {x, w, table};
     df_view o = output(DF_DTYPE_F32, SHAPE(2, 3, 9, 16));
     df_node nr = node(DF_OP_RMS_NORM_ROPE, 3, nr_in, o);
-    nr.a.f[0] = 1e-6;
+    nr.a.eps = 1e-6;
     run(&(row){"rms_norm_rope", 1e-6, 3e-6}, &nr);
     df_view ob = output(DF_DTYPE_BF16, SHAPE(2, 3, 9, 16));
     df_node nrb = node(DF_OP_RMS_NORM_ROPE, 3, nr_in, ob);
-    nrb.a.f[0] = 1e-6;
+    nrb.a.eps = 1e-6;
     run(&(row){"rms_norm_rope bf16 out", 1e-6, 8e-3}, &nrb);
 }
 
@@ -416,8 +416,8 @@ static void matmul_rows(void)
     for (size_t i = 0; i < sizeof lin / sizeof *lin; i++) {
         df_view in[3] = {x, lin[i].w, bias};
         df_node n = node(DF_OP_LINEAR, 3, in, output(DF_DTYPE_F32, SHAPE(2, 13, 33)));
-        n.a.i[0] = lin[i].compute;
-        n.a.i[3] = lin[i].act;
+        n.a.compute = lin[i].compute;
+        n.a.act = lin[i].act;
         if (lin[i].rtol < 0) /* computed in bf16 */
             run(&(row){lin[i].name, bf16_atol(1e-5), 1e-5}, &n);
         else
@@ -427,11 +427,11 @@ static void matmul_rows(void)
     df_view resid = input(DF_DTYPE_F32, SHAPE(2, 13, 33), -1, 1);
     df_view gin[5] = {x, w, bias, gate, resid};
     df_node gl = node(DF_OP_LINEAR, 5, gin, output(DF_DTYPE_F32, SHAPE(2, 13, 33)));
-    gl.a.i[4] = 1;
+    gl.a.gated = 1;
     run(&(row){"linear gated residual", 1e-5, 1e-5}, &gl);
     df_view bin[3] = {x, wb, bias};
     df_node bo = node(DF_OP_LINEAR, 3, bin, output(DF_DTYPE_BF16, SHAPE(2, 13, 33)));
-    bo.a.i[0] = DF_DTYPE_BF16;
+    bo.a.compute = DF_DTYPE_BF16;
     run(&(row){"linear bf16 compute, bf16 out", bf16_atol(1e-5), 8e-3}, &bo);
 
     df_view a = input(DF_DTYPE_F32, SHAPE(2, 3, 17, 29), -1, 1);
@@ -442,12 +442,12 @@ static void matmul_rows(void)
     df_view bt = input(DF_DTYPE_F32, SHAPE(2, 3, 19, 29), -1, 1);
     df_view mt_in[2] = {a, swapped(bt, 2, 3)};
     df_node mt = node(DF_OP_MATMUL, 2, mt_in, output(DF_DTYPE_F32, SHAPE(2, 3, 17, 19)));
-    mt.a.i[1] = 1;
+    mt.a.trans_b = 1;
     run(&(row){"matmul b transposed", 1e-5, 1e-5}, &mt);
     df_view b2 = input(DF_DTYPE_BF16, SHAPE(29, 19), -1, 1);
     df_view m2_in[2] = {a, b2};
     df_node m2 = node(DF_OP_MATMUL, 2, m2_in, output(DF_DTYPE_F32, SHAPE(2, 3, 17, 19)));
-    m2.a.i[0] = DF_DTYPE_BF16;
+    m2.a.compute = DF_DTYPE_BF16;
     run(&(row){"matmul 2-d bf16 b, bf16 compute", bf16_atol(1e-5), 1e-5}, &m2);
 
     df_view cx = input(DF_DTYPE_F32, SHAPE(2, 5, 9, 11), -1, 1);
@@ -455,18 +455,18 @@ static void matmul_rows(void)
     df_view cb = input(DF_DTYPE_F32, SHAPE(7), -1, 1);
     df_view c_in[3] = {cx, cw, cb};
     df_node c1 = node(DF_OP_CONV2D, 3, c_in, output(DF_DTYPE_F32, SHAPE(2, 7, 9, 11)));
-    c1.a.i[0] = 1;
-    c1.a.i[1] = 1;
+    c1.a.stride = 1;
+    c1.a.padding = 1;
     run(&(row){"conv2d 3x3 pad 1", 1e-5, 1e-5}, &c1);
     df_node c2 = node(DF_OP_CONV2D, 3, c_in, output(DF_DTYPE_F32, SHAPE(2, 7, 4, 5)));
-    c2.a.i[0] = 2;
-    c2.a.i[1] = 0;
+    c2.a.stride = 2;
+    c2.a.padding = 0;
     run(&(row){"conv2d 3x3 stride 2", 1e-5, 1e-5}, &c2);
     df_view cwb = input(DF_DTYPE_BF16, SHAPE(7, 5, 1, 1), -1, 1);
     df_view c3_in[3] = {cx, cwb};
     df_node c3 = node(DF_OP_CONV2D, 3, c3_in, output(DF_DTYPE_F32, SHAPE(2, 7, 9, 11)));
-    c3.a.i[0] = 1;
-    c3.a.i[2] = DF_DTYPE_BF16;
+    c3.a.stride = 1;
+    c3.a.compute = DF_DTYPE_BF16;
     run(&(row){"conv2d 1x1 bf16", bf16_atol(1e-5), 1e-5}, &c3);
 }
 
@@ -477,13 +477,13 @@ static void attention_rows(void)
     df_view v = input(DF_DTYPE_F32, SHAPE(2, 3, 150, 24), -1, 1);
     df_view in[4] = {q, k, v};
     df_node a = node(DF_OP_ATTENTION, 4, in, output(DF_DTYPE_F32, SHAPE(2, 37, 3, 24)));
-    a.a.f[0] = 0.25;
+    a.a.scale = 0.25;
     run(&(row){"attention", 1e-6, 1e-5}, &a);
     df_view mask = input(DF_DTYPE_F32, SHAPE(2, 1, 1, 150), -2, 0);
     mask.shape[1] = 3, mask.stride[1] = 0, mask.shape[2] = 37, mask.stride[2] = 0;
     df_view min[4] = {q, k, v, mask};
     df_node am = node(DF_OP_ATTENTION, 4, min, output(DF_DTYPE_F32, SHAPE(2, 37, 3, 24)));
-    am.a.f[0] = 0.25;
+    am.a.scale = 0.25;
     run(&(row){"attention broadcast mask", 1e-6, 1e-5}, &am);
     df_view qs = input(DF_DTYPE_F32, SHAPE(2, 70, 3, 16), -1, 1); /* [B, S, H, D] seen permuted */
     df_view qp = swapped(qs, 1, 2);
@@ -491,12 +491,12 @@ static void attention_rows(void)
     df_view kp = swapped(ks, 1, 2);
     df_view cin[4] = {qp, kp, kp};
     df_node ac = node(DF_OP_ATTENTION, 4, cin, output(DF_DTYPE_F32, SHAPE(2, 70, 3, 16)));
-    ac.a.i[0] = 1;
-    ac.a.f[0] = 0.25;
+    ac.a.causal = 1;
+    ac.a.scale = 0.25;
     run(&(row){"attention causal strided", 1e-6, 1e-5}, &ac);
     df_node ab = node(DF_OP_ATTENTION, 4, in, output(DF_DTYPE_F32, SHAPE(2, 37, 3, 24)));
-    ab.a.i[1] = DF_DTYPE_BF16;
-    ab.a.f[0] = 0.25;
+    ab.a.compute = DF_DTYPE_BF16;
+    ab.a.scale = 0.25;
     /* bf16 probabilities are rounded per block of keys relative to the running max: the
      * CPU's blocks are 512 keys, the shader's 64, so the two round different values */
     run(&(row){"attention bf16 compute", 1e-3, 1e-2}, &ab);
@@ -511,7 +511,7 @@ static void data_rows(void)
     df_view b = input(DF_DTYPE_BF16, SHAPE(2, 4, 5), -1, 1);
     df_view in[2] = {a, b};
     df_node cat = node(DF_OP_CONCAT, 2, in, output(DF_DTYPE_F32, SHAPE(2, 7, 5)));
-    cat.a.i[0] = 1;
+    cat.a.axis = 1;
     run(&(row){"concat dim 1", 0, 0}, &cat);
     df_view table = input(DF_DTYPE_BF16, SHAPE(20, 12), -1, 1);
     df_view ids = input(DF_DTYPE_I32, SHAPE(2, 9), 0, 20);
@@ -524,11 +524,11 @@ static void data_rows(void)
     run(&(row){"gather i64 ids", 0, 0}, &g64);
     df_view tok = input(DF_DTYPE_I64, SHAPE(5, 77), 0, 6);
     df_node tr = node(DF_OP_TOKEN_ROWS, 1, &tok, output(DF_DTYPE_I64, SHAPE(5)));
-    tr.a.i[0] = 3;
+    tr.a.token = 3;
     run(&(row){"token_rows first match", 0, 0}, &tr);
     df_view tok32 = input(DF_DTYPE_I32, SHAPE(4, 77), 0, 50000);
     df_node am = node(DF_OP_TOKEN_ROWS, 1, &tok32, output(DF_DTYPE_I64, SHAPE(4)));
-    am.a.i[0] = -1;
+    am.a.token = -1;
     run(&(row){"token_rows argmax", 0, 0}, &am);
 }
 
@@ -575,16 +575,16 @@ static void fused_rows(void)
             f.head_w = input(DF_DTYPE_F32, SHAPE(200), 0.5, 1.5);
         const df_fused_insn prog[] = {
             {DF_FI_LOAD, 0, 0, 0, 0, 0},    {DF_FI_LOAD, 1, 1, 0, 0, 0},
-            {DF_FI_SCALE, 2, 1, 0, 1, 1},   {DF_FI_MUL, 3, 0, 2, 0, 0},
-            {DF_FI_SILU, 4, 3, 0, 0, 0},    {DF_FI_LOAD, 5, 2, 0, 0, 0},
-            {DF_FI_GELU_TANH, 6, 5, 0, 0, 0}, {DF_FI_ADD, 7, 4, 6, 0, 0},
-            {DF_FI_HEAD, 8, 0, 0, 0, 0},    {DF_FI_SUB, 9, 7, 8, 0, 0},
-            {DF_FI_GELU, 10, 9, 0, 0, 0},   {DF_FI_DIV, 11, 10, 2, 0, 0},
+            {DF_OP_SCALE, 2, 1, 0, 1, 1},   {DF_OP_MUL, 3, 0, 2, 0, 0},
+            {DF_OP_SILU, 4, 3, 0, 0, 0},    {DF_FI_LOAD, 5, 2, 0, 0, 0},
+            {DF_OP_GELU_TANH, 6, 5, 0, 0, 0}, {DF_OP_ADD, 7, 4, 6, 0, 0},
+            {DF_FI_HEAD, 8, 0, 0, 0, 0},    {DF_OP_SUB, 9, 7, 8, 0, 0},
+            {DF_OP_GELU, 10, 9, 0, 0, 0},   {DF_OP_DIV, 11, 10, 2, 0, 0},
         };
         int n_insn = (int)(sizeof prog / sizeof *prog);
         if (f.head_op < 0) { /* no head: replace HEAD by a QUICK_GELU of register 0 */
             memcpy(f.insn, prog, sizeof prog);
-            f.insn[8] = (df_fused_insn){DF_FI_QUICK_GELU, 8, 0, 0, 0, 0};
+            f.insn[8] = (df_fused_insn){DF_OP_QUICK_GELU, 8, 0, 0, 0, 0};
         } else {
             memcpy(f.insn, prog, sizeof prog);
         }

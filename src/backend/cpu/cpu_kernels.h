@@ -21,7 +21,14 @@ extern const df_kernel_fn df_cpu_kernels[DF_OP_COUNT];
 DF_CPU_KERNEL(copy);
 DF_CPU_KERNEL(fill);
 DF_CPU_KERNEL(binary); /* add, sub, mul, div */
-DF_CPU_KERNEL(unary);  /* scale, silu, gelu, gelu_tanh, quick_gelu */
+DF_CPU_KERNEL(unary);  /* the ops with a row function below */
+
+/* The row function of a unary pointwise op: o[i] = f(x[i]) for n elements (alpha and beta
+ * are SCALE's). Indexed by df_op, NULL for the others. The unary kernel and the fused
+ * kernel run the same functions, so a fused program gives the standalone kernels' bits. */
+typedef void (*df_cpu_unary_fn)(float *restrict o, const float *restrict x, int64_t n,
+                                float alpha, float beta);
+extern const df_cpu_unary_fn df_cpu_unary_fns[DF_OP_COUNT];
 /* k_norm.c */
 DF_CPU_KERNEL(softmax);
 DF_CPU_KERNEL(layer_norm);

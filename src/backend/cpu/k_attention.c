@@ -369,9 +369,9 @@ DF_CPU_KERNEL(attention)
               .Sk = k->shape[2],
               .D = q->shape[3],
               .Dv = v->shape[3],
-              .causal = n->a.i[0] != 0,
-              .bf16 = df_gemm_compute_dtype((int)n->a.i[1]) == DF_DTYPE_BF16,
-              .scale = (float)n->a.f[0],
+              .causal = n->a.causal != 0,
+              .bf16 = df_gemm_compute_dtype((int)n->a.compute) == DF_DTYPE_BF16,
+              .scale = (float)n->a.scale,
               .avx512 = __builtin_cpu_supports("avx512f"),
               .q = q,
               .k = k,
@@ -390,7 +390,7 @@ DF_CPU_KERNEL(attention)
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }
     df_attn_i8_k k8;
-    bool i8 = df_attn_i8_wanted((int)n->a.i[1], a.D);
+    bool i8 = df_attn_i8_wanted((int)n->a.compute, a.D);
     if (i8)
         a.bf16 = df_gemm_compute_dtype(DF_DTYPE_BF16) == DF_DTYPE_BF16; /* for P V */
     a.q_direct = in_place(q, a.bf16);

@@ -77,7 +77,7 @@ DF_CPU_KERNEL(conv2d)
 {
     const df_view *xv = &n->in[0], *wv = &n->in[1];
     const df_view *bv = n->in[2].buf ? &n->in[2] : NULL;
-    df_dtype compute = df_gemm_compute_dtype((int)n->a.i[2]);
+    df_dtype compute = df_gemm_compute_dtype((int)n->a.compute);
     int64_t B = xv->shape[0], O = wv->shape[0];
     conv_shape s = {.C = xv->shape[1],
                     .H = xv->shape[2],
@@ -86,8 +86,8 @@ DF_CPU_KERNEL(conv2d)
                     .kw = wv->shape[3],
                     .Ho = n->out.shape[2],
                     .Wo = n->out.shape[3],
-                    .stride = n->a.i[0],
-                    .pad = n->a.i[1]};
+                    .stride = n->a.stride,
+                    .pad = n->a.padding};
     int64_t K = s.C * s.kh * s.kw, P = s.Ho * s.Wo;
     if (B == 0 || O == 0 || P == 0)
         return DF_OK;

@@ -45,7 +45,7 @@ DF_CPU_KERNEL(upsample2x)
 DF_CPU_KERNEL(concat)
 {
     const df_view *a = &n->in[0], *b = &n->in[1], *out = &n->out;
-    int d = (int)n->a.i[0];
+    int d = (int)n->a.axis;
     df_view part = *out; /* the output's strides over a's shape, then over b's */
     memcpy(part.shape, a->shape, sizeof part.shape);
     df_cpu_copy_view(&part, a, df_cpu_threads(env));
@@ -85,7 +85,7 @@ DF_CPU_KERNEL(token_rows)
 {
     (void)env;
     const df_view *ids = &n->in[0];
-    int64_t B = ids->shape[0], S = ids->shape[1], token = n->a.i[0];
+    int64_t B = ids->shape[0], S = ids->shape[1], token = n->a.token;
     const void *idp = df_view_ptr(ids);
     bool wide = ids->dtype == DF_DTYPE_I64;
     int64_t *out = df_view_ptr(&n->out);

@@ -405,7 +405,7 @@ DF_CPU_KERNEL(fill)
     int64_t total = df_view_numel(out);
     size_t es = df_dtype_size(out->dtype);
     uint8_t one[8] = {0};
-    double value = n->a.f[0];
+    double value = n->a.value;
     convert_fn to_dtype = converter(DF_DTYPE_F64, out->dtype);
     to_dtype(&value, 1, one, 1, 1);
     void (*fill)(void *, const void *, int64_t) = es == 1   ? fill_1
@@ -578,10 +578,16 @@ static void act_quick_gelu(float *restrict o, const float *restrict x, int64_t n
         o[i] = df_cpu_x_sigmoid(x[i], 1.702f * x[i]);
 }
 
-typedef void (*act_fn)(float *restrict, const float *restrict, int64_t, float, float);
+const df_cpu_unary_fn df_cpu_unary_fns[DF_OP_COUNT] = {
+    [DF_OP_SCALE]      = act_scale,
+    [DF_OP_SILU]       = act_silu,
+    [DF_OP_GELU]       = act_gelu,
+    [DF_OP_GELU_TANH]  = act_gelu_tanh,
+    [DF_OP_QUICK_GELU] = act_quick_gelu,
+};
 
 typedef struct unary_arg {
-    act_fn f;
+    df_cpu_unary_fn f;
     float alpha, beta;
     df_dtype t;
     size_t es;
@@ -613,30 +619,14 @@ DF_CPU_KERNEL(unary)
 {
     const df_view *out = &n->out;
     unary_arg arg = {
-        .alpha = (float)n->a.f[0],
-        .beta = (float)n->a.f[1],
+        .alpha = (float)n->a.alpha,
+        .beta = (float)n->a.beta,
         .t = n->in[0].dtype,
         .es = df_dtype_size(n->in[0].dtype),
     };
-    switch (n->op) {
-    case DF_OP_SCALE:
-        arg.f = act_scale;
-        break;
-    case DF_OP_SILU:
-        arg.f = act_silu;
-        break;
-    case DF_OP_GELU:
-        arg.f = act_gelu;
-        break;
-    case DF_OP_GELU_TANH:
-        arg.f = act_gelu_tanh;
-        break;
-    case DF_OP_QUICK_GELU:
-        arg.f = act_quick_gelu;
-        break;
-    default:
+    arg.f = (unsigned)n->op < DF_OP_COUNT ? df_cpu_unary_fns[n->op] : NULL;
+    if (!arg.f)
         return df_errorf(DF_E_INTERNAL, "cpu: op '%s' is not a unary op", df_op_name(n->op));
-    }
     walk w;
     walk_init(&w, 2, (const df_view *const[]){out, &n->in[0]}, out->ndim, out->shape);
     walk_run(&w, df_cpu_threads(env), unary_segment, &arg);

@@ -1,11 +1,12 @@
 /*
- * The fused elementwise kernel of the defer-and-fuse mode (see df_fused in backend.h).
+ * The fused elementwise kernel of the defer-and-fuse mode (see df_fused in device.h).
  *
  * One pass over memory: each thread takes whole rows and evaluates the program with one
  * row per register. Loading a dense f32 row costs nothing (the register points at the
  * input), the instruction that makes the result writes straight into the output row, and
  * every other register lives in per-thread scratch that stays in cache for the row widths
- * of these models. Activations use the same vectorised exp as the standalone kernels, and
+ * of these models. Unary instructions run the standalone kernels' own row functions
+ * (df_cpu_unary_fns, indexed by the opcode, which is the op), and
  * a normalisation head computes its statistics with the standalone norm kernels' own helpers
  * (k_common.h), so fused and unfused results are the same bits.
  */
@@ -77,38 +78,15 @@ static void head_row(const df_fused *f, const float *restrict x, int64_t w,
 static void run_insn(const df_fused_insn *in, float *restrict d, const float *restrict a,
                      const float *restrict b, int64_t w)
 {
-    switch ((df_fused_opcode)in->op) {
-    case DF_FI_ADD: for (int64_t j = 0; j < w; j++) d[j] = a[j] + b[j]; break;
-    case DF_FI_SUB: for (int64_t j = 0; j < w; j++) d[j] = a[j] - b[j]; break;
-    case DF_FI_MUL: for (int64_t j = 0; j < w; j++) d[j] = a[j] * b[j]; break;
-    case DF_FI_DIV: for (int64_t j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
-    case DF_FI_SCALE: {
-        float al = in->f0, be = in->f1;
-        for (int64_t j = 0; j < w; j++)
-            d[j] = al * a[j] + be;
+    switch (in->op) {
+    case DF_OP_ADD: for (int64_t j = 0; j < w; j++) d[j] = a[j] + b[j]; break;
+    case DF_OP_SUB: for (int64_t j = 0; j < w; j++) d[j] = a[j] - b[j]; break;
+    case DF_OP_MUL: for (int64_t j = 0; j < w; j++) d[j] = a[j] * b[j]; break;
+    case DF_OP_DIV: for (int64_t j = 0; j < w; j++) d[j] = a[j] / b[j]; break;
+    case DF_OP_COPY: memcpy(d, a, (size_t)w * sizeof *d); break;
+    default: /* a unary op (known_opcodes checked) */
+        df_cpu_unary_fns[in->op](d, a, w, in->f0, in->f1);
         break;
-    }
-    case DF_FI_SILU:
-        for (int64_t j = 0; j < w; j++)
-            d[j] = df_cpu_x_sigmoid(a[j], a[j]);
-        break;
-    case DF_FI_QUICK_GELU:
-        for (int64_t j = 0; j < w; j++)
-            d[j] = df_cpu_x_sigmoid(a[j], 1.702f * a[j]);
-        break;
-    case DF_FI_GELU_TANH: /* 0.5 x (1 + tanh(y)) = x sigmoid(2y) */
-        for (int64_t j = 0; j < w; j++) {
-            float x = a[j];
-            d[j] = df_cpu_x_sigmoid(x, 2.0f * 0.7978845608028654f * (x + 0.044715f * x * x * x));
-        }
-        break;
-    case DF_FI_GELU:
-        for (int64_t j = 0; j < w; j++)
-            d[j] = 0.5f * a[j] * erfcf(-a[j] * 0.70710678118654752f);
-        break;
-    case DF_FI_COPY: memcpy(d, a, (size_t)w * sizeof *d); break;
-    case DF_FI_LOAD:
-    case DF_FI_HEAD: break;
     }
 }
 
@@ -124,8 +102,26 @@ static const float *param_f32(const df_view *v, int64_t w, float *tmp)
     return tmp;
 }
 
+/* Whether every instruction is one this kernel runs. */
+static df_status known_opcodes(const df_fused *f)
+{
+    for (int k = 0; k < f->n_insn; k++) {
+        int op = f->insn[k].op;
+        bool known = op == DF_FI_LOAD || op == DF_FI_HEAD || op == DF_OP_ADD ||
+                     op == DF_OP_SUB || op == DF_OP_MUL || op == DF_OP_DIV || op == DF_OP_COPY ||
+                     (op < DF_OP_COUNT && df_cpu_unary_fns[op]);
+        if (!known)
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "cpu fused kernel: instruction %d has opcode %d ('%s'), which the "
+                             "CPU does not run in a fused program", k, op,
+                             op < DF_OP_COUNT ? df_op_name((df_op)op) : "?");
+    }
+    return DF_OK;
+}
+
 df_status df_cpu_fused(const df_fused *f, df_kernel_env *env)
 {
+    DF_TRY(known_opcodes(f));
     const df_view *out = &f->out;
     int64_t w = out->ndim ? out->shape[out->ndim - 1] : 1;
     int64_t total = df_view_numel(out);

@@ -23,13 +23,13 @@ DF_CPU_KERNEL(linear)
     const df_view *o = &n->out;
     int64_t ldc = o->ndim >= 2 && !df_view_is_dense(o) ? o->stride[o->ndim - 2] : 0;
     df_status s;
-    if (n->a.i[4]) { /* out = residual + gate * product: in[3] the gate row, in[4] rows */
+    if (n->a.gated) { /* out = residual + gate * product: in[3] the gate row, in[4] rows */
         const df_view *r = &n->in[4];
-        s = df_gemm_linear_gated(env, x, m, w, bias, (df_dtype)n->a.i[0], df_view_ptr(o), ldc,
+        s = df_gemm_linear_gated(env, x, m, w, bias, (df_dtype)n->a.compute, df_view_ptr(o), ldc,
                                  df_view_ptr(&n->in[3]), df_view_ptr(r),
                                  r->ndim >= 2 ? r->stride[r->ndim - 2] : 0);
     } else {
-        s = df_gemm_linear(env, x, m, w, bias, (df_dtype)n->a.i[0], (int)n->a.i[3],
+        s = df_gemm_linear(env, x, m, w, bias, (df_dtype)n->a.compute, (int)n->a.act,
                            df_view_ptr(o), ldc, o->dtype);
     }
     if (s != DF_OK)
@@ -47,8 +47,8 @@ static size_t round64(size_t n)
 DF_CPU_KERNEL(matmul)
 {
     const df_view *a = &n->in[0], *b = &n->in[1];
-    df_dtype compute = df_gemm_compute_dtype((int)n->a.i[0]);
-    bool bt = n->a.i[1] != 0;
+    df_dtype compute = df_gemm_compute_dtype((int)n->a.compute);
+    bool bt = n->a.trans_b != 0;
     int na = a->ndim, nb = b->ndim;
     int64_t M = a->shape[na - 2], K = a->shape[na - 1], N = b->shape[nb - 1];
     int64_t batch = 1;

@@ -139,7 +139,7 @@ DF_CPU_KERNEL(layer_norm)
     norm_io io;
     DF_TRY(norm_setup(n, env, x->shape[x->ndim - 1], 0, &io));
     int64_t d = io.d;
-    double eps = n->a.f[0];
+    double eps = n->a.eps;
     const float *w = io.w, *b = io.b;
     int nt = row_threads(&io);
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
@@ -174,7 +174,7 @@ DF_CPU_KERNEL(rms_norm)
     norm_io io;
     DF_TRY(norm_setup(n, env, x->shape[x->ndim - 1], 0, &io));
     int64_t d = io.d;
-    float eps = (float)n->a.f[0];
+    float eps = (float)n->a.eps;
     const float *w = io.w;
     int nt = row_threads(&io);
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
@@ -214,7 +214,7 @@ DF_CPU_KERNEL(rms_norm_rope)
     const df_view *o = &n->out;
     char *out = df_view_ptr(o);
     size_t es = df_dtype_size(o->dtype);
-    float eps = (float)n->a.f[0];
+    float eps = (float)n->a.eps;
     const float *w = io.w;
     int nt = row_threads(&io);
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
@@ -245,7 +245,7 @@ DF_CPU_KERNEL(rms_norm_rope)
 DF_CPU_KERNEL(group_norm)
 {
     const df_view *x = &n->in[0];
-    int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.i[0];
+    int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.groups;
     int64_t hw = 1;
     for (int d = 2; d < x->ndim; d++)
         hw *= x->shape[d];
@@ -256,7 +256,7 @@ DF_CPU_KERNEL(group_norm)
     int64_t ngroups = batch * groups;
     norm_io io; /* a row is one group of one sample: cpg * hw contiguous values */
     DF_TRY(norm_setup(n, env, cpg * hw, 2 * (size_t)ngroups, &io));
-    double eps = n->a.f[0];
+    double eps = n->a.eps;
     double *stats = io.extra; /* mean, rstd per (sample, group) */
     int nt = row_threads(&io);
     #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)

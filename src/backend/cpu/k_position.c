@@ -22,19 +22,19 @@
 DF_CPU_KERNEL(timestep_embed)
 {
     const df_view *t = &n->in[0];
-    int64_t batch = t->shape[0], dim = n->a.i[0], half = dim / 2;
-    bool flip = n->a.i[1] != 0;
+    int64_t batch = t->shape[0], dim = n->a.dim, half = dim / 2;
+    bool flip = n->a.flip != 0;
     size_t need = (size_t)(half + batch) * sizeof(float);
     float *freq = df_env_scratch(env, need > 0 ? need : 1);
     if (!freq)
         return df_errorf(DF_E_OOM, "cpu timestep_embed: out of memory for %zu bytes", need);
     float *ts = freq + half;
-    float neg_log = (float)-log(n->a.f[2]);
-    float denom = (float)((double)half - n->a.f[0]);
+    float neg_log = (float)-log(n->a.max_period);
+    float denom = (float)((double)half - n->a.shift);
     for (int64_t i = 0; i < half; i++)
         freq[i] = expf(neg_log * (float)i / denom);
     df_cpu_load_f32(df_view_ptr(t), t->dtype, 1, ts, batch);
-    float scale = (float)n->a.f[1];
+    float scale = (float)n->a.scale;
     float *out = df_view_ptr(&n->out);
     for (int64_t b = 0; b < batch; b++) {
         float tb = scale * ts[b];
@@ -55,11 +55,11 @@ DF_CPU_KERNEL(rope_table)
 {
     const df_view *ids = &n->in[0];
     int64_t seq = ids->shape[0];
-    int n_axes = (int)n->a.i[0];
+    int n_axes = (int)n->a.n_axes;
     if (n_axes < 1 || n_axes > 7) /* the attributes hold at most 7 axis sizes */
         return df_errorf(DF_E_INTERNAL, "cpu rope_table: %d axes", n_axes);
     int64_t pairs = n->out.shape[1];
-    double theta = n->a.f[0];
+    double theta = n->a.theta;
     /* scratch: the frequency of every pair, then the ids as f32 */
     size_t need = (size_t)pairs * sizeof(double) + (size_t)(seq * n_axes) * sizeof(float);
     double *freq = df_env_scratch(env, need > 0 ? need : 1);
@@ -69,7 +69,7 @@ DF_CPU_KERNEL(rope_table)
     int axis_of[8]; /* first pair of each axis, and the end */
     int64_t k0 = 0;
     for (int a = 0; a < n_axes; a++) {
-        int64_t d = n->a.i[1 + a];
+        int64_t d = n->a.axes_dim[a];
         axis_of[a] = (int)k0;
         for (int64_t k = 0; k < d / 2; k++)
             freq[k0 + k] = 1.0 / pow(theta, (double)(2 * k) / (double)d);

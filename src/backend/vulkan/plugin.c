@@ -363,7 +363,7 @@ static bool supports(void *dev, const df_node *n)
     for (int i = 0; i < n->n_in; i++)
         if (n->in[i].buf && (n->in[i].dtype == DF_DTYPE_F64 || n->in[i].dtype == DF_DTYPE_I8))
             return false;
-    if (n->op == DF_OP_LINEAR && n->a.i[0] == DF_DTYPE_I8)
+    if (n->op == DF_OP_LINEAR && n->a.compute == DF_DTYPE_I8)
         return false;
     return n->out.dtype != DF_DTYPE_F64;
 }

@@ -13,7 +13,7 @@
  * limited by maxStorageBufferRange: a pool block is bound whole and only
  * maxMemoryAllocationSize / maxBufferSize bound one allocation.
  *
- * The core is written against the op table (runtime/ops.def) and the node and fused-program
+ * The core is written against the op table (backend/ops.def) and the node and fused-program
  * structs of the device ABI (backend/device.h); the only thing it needs from its caller is a
  * way to turn a view's buffer into a device address (dvk_addr_fn): plugin.c gives it the
  * pool allocation behind a df_dev_buffer, the op test its own twins of CPU buffers.

@@ -7,15 +7,9 @@
 
 #include "backend/vulkan/vk_internal.h"
 
-static const char *const op_names[] = {
-#define DF_OP(name, printed, n_in, kind) printed,
-#include "runtime/ops.def"
-#undef DF_OP
-};
-
 const char *dvk_op_name(df_op op)
 {
-    return op >= 0 && op < DF_OP_COUNT ? op_names[op] : "?";
+    return df_vocab_op_name(op);
 }
 
 const char *dvk_dtype_name(df_dtype t)

@@ -1,5 +1,5 @@
 /*
- * Recording the ops of runtime/ops.def: the elementwise ops, norms, positions and data
+ * Recording the ops of backend/ops.def: the elementwise ops, norms, positions and data
  * movement (matrix products, attention, convolution and the fused program are in
  * vk_ops_mm.c). Each op turns its node into a parameter block for its shader (addresses,
  * dtypes, shapes, strides), declares the ranges it reads and writes, and dispatches.
@@ -62,9 +62,6 @@ static df_status no_f64(const df_view *v, const char *op)
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
-enum { EW_COPY, EW_FILL, EW_ADD, EW_SUB, EW_MUL, EW_DIV, EW_SCALE, EW_SILU, EW_GELU,
-       EW_GELU_TANH, EW_QUICK_GELU };
-
 typedef struct ew_view {
     uint64_t addr;
     int64_t dtype;
@@ -118,7 +115,8 @@ static void ew_shape(ew_params *p, const dvk_env *e, const df_view *const v[], i
     p->ndim = nd;
 }
 
-static df_status ew_run(const dvk_env *e, int op, const df_view *out, const df_view *a,
+/* ew.comp, specialised for op (its df_op number: vocab.glsl's OP_*). */
+static df_status ew_run(const dvk_env *e, df_op op, const df_view *out, const df_view *a,
                         const df_view *b, float f0, float f1, double fill)
 {
     static int shader = -2;
@@ -149,27 +147,13 @@ static df_status ew_run(const dvk_env *e, int op, const df_view *out, const df_v
 
 df_status dvk_run_copy_views(const dvk_env *e, const df_view *dst, const df_view *src)
 {
-    return ew_run(e, EW_COPY, dst, src, NULL, 0, 0, 0);
+    return ew_run(e, DF_OP_COPY, dst, src, NULL, 0, 0, 0);
 }
 
 static df_status run_elementwise(const dvk_env *e, const df_node *n)
 {
-    const df_view *a = &n->in[0], *b = &n->in[1];
-    float f0 = (float)n->a.f[0], f1 = (float)n->a.f[1];
-    switch (n->op) {
-    case DF_OP_COPY: return ew_run(e, EW_COPY, &n->out, a, NULL, 0, 0, 0);
-    case DF_OP_FILL: return ew_run(e, EW_FILL, &n->out, NULL, NULL, 0, 0, n->a.f[0]);
-    case DF_OP_ADD: return ew_run(e, EW_ADD, &n->out, a, b, 0, 0, 0);
-    case DF_OP_SUB: return ew_run(e, EW_SUB, &n->out, a, b, 0, 0, 0);
-    case DF_OP_MUL: return ew_run(e, EW_MUL, &n->out, a, b, 0, 0, 0);
-    case DF_OP_DIV: return ew_run(e, EW_DIV, &n->out, a, b, 0, 0, 0);
-    case DF_OP_SCALE: return ew_run(e, EW_SCALE, &n->out, a, NULL, f0, f1, 0);
-    case DF_OP_SILU: return ew_run(e, EW_SILU, &n->out, a, NULL, 0, 0, 0);
-    case DF_OP_GELU: return ew_run(e, EW_GELU, &n->out, a, NULL, 0, 0, 0);
-    case DF_OP_GELU_TANH: return ew_run(e, EW_GELU_TANH, &n->out, a, NULL, 0, 0, 0);
-    case DF_OP_QUICK_GELU: return ew_run(e, EW_QUICK_GELU, &n->out, a, NULL, 0, 0, 0);
-    default: return df_errorf(DF_E_INTERNAL, "vulkan: '%s' is not elementwise", dvk_op_name(n->op));
-    }
+    const df_view *a = n->n_in >= 1 ? &n->in[0] : NULL, *b = n->n_in >= 2 ? &n->in[1] : NULL;
+    return ew_run(e, n->op, &n->out, a, b, (float)n->a.alpha, (float)n->a.beta, n->a.value);
 }
 
 /* ---- data movement ---------------------------------------------------------------------- */
@@ -177,7 +161,7 @@ static df_status run_elementwise(const dvk_env *e, const df_node *n)
 static df_status run_concat(const dvk_env *e, const df_node *n)
 {
     const df_view *a = &n->in[0], *b = &n->in[1], *out = &n->out;
-    int d = (int)n->a.i[0];
+    int d = (int)n->a.axis;
     df_view part = *out;
     memcpy(part.shape, a->shape, sizeof part.shape);
     DF_TRY(dvk_run_copy_views(e, &part, a));
@@ -247,7 +231,7 @@ static df_status run_token_rows(const dvk_env *e, const df_node *n)
                            .ids_dtype = ids->dtype,
                            .rows = ids->shape[0],
                            .len = ids->shape[1],
-                           .token = n->a.i[0]};
+                           .token = n->a.token};
     dvk_range r = dvk_view_range(e, ids), w = dvk_view_range(e, &n->out);
     dvk_hazard(e->d, &r, 1, &w, 1);
     uint32_t gx = (uint32_t)((p.rows + 63) / 64);
@@ -256,7 +240,6 @@ static df_status run_token_rows(const dvk_env *e, const df_node *n)
 
 /* ---- norms and softmax ------------------------------------------------------------------ */
 
-enum { NORM_SOFTMAX, NORM_LAYER, NORM_RMS, NORM_GROUP };
 
 typedef struct norm_params {
     uint64_t x, w, b, out;
@@ -285,12 +268,9 @@ static df_status run_norm(const dvk_env *e, const df_node *n)
     norm_params p = {.x = e->addr(e->user, x),
                      .out = e->addr(e->user, &n->out),
                      .x_dtype = x->dtype,
-                     .eps = (float)n->a.f[0]};
-    int op = n->op == DF_OP_SOFTMAX      ? NORM_SOFTMAX
-             : n->op == DF_OP_LAYER_NORM ? NORM_LAYER
-             : n->op == DF_OP_RMS_NORM   ? NORM_RMS
-                                         : NORM_GROUP;
-    if (op == NORM_SOFTMAX)
+                     .eps = (float)n->a.eps};
+    df_op op = n->op; /* norm.comp's specialisation: SOFTMAX, LAYER_NORM, RMS_NORM, GROUP_NORM */
+    if (op == DF_OP_SOFTMAX)
         p.eps = 0;
     dvk_range r[3];
     int nr = 0;
@@ -307,8 +287,8 @@ static df_status run_norm(const dvk_env *e, const df_node *n)
         r[nr++] = dvk_view_range(e, &n->in[i]);
     }
     DF_TRY(no_f64(x, dvk_op_name(n->op)));
-    if (op == NORM_GROUP) {
-        int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.i[0], hw = 1;
+    if (op == DF_OP_GROUP_NORM) {
+        int64_t batch = x->shape[0], channels = x->shape[1], groups = n->a.groups, hw = 1;
         for (int d = 2; d < x->ndim; d++)
             hw *= x->shape[d];
         if (groups <= 0 || channels % groups)
@@ -356,7 +336,7 @@ static df_status run_rope(const dvk_env *e, const df_node *n)
                      .x_dtype = x->dtype,
                      .out_dtype = o->dtype,
                      .norm = fused,
-                     .eps = (float)n->a.f[0]};
+                     .eps = (float)n->a.eps};
     dvk_range r[3] = {dvk_view_range(e, x), dvk_view_range(e, table)};
     int nr = 2;
     if (fused) { /* x [B, S, H, D] dense; out a [B, H, S, D] view */
@@ -389,7 +369,6 @@ static df_status run_rope(const dvk_env *e, const df_node *n)
  * as the CPU does and they travel in the parameter block after its fixed part; the angles,
  * sines and cosines are the shader's, so nothing waits for the device. */
 
-enum { POS_TIMESTEP, POS_ROPE_TABLE };
 
 typedef struct timestep_params {
     uint64_t t, out;
@@ -421,7 +400,7 @@ static df_status position_dispatch(const dvk_env *e, const df_view *in, const df
 static df_status run_timestep(const dvk_env *e, const df_node *n)
 {
     const df_view *t = &n->in[0];
-    int64_t batch = t->shape[0], dim = n->a.i[0], half = dim / 2;
+    int64_t batch = t->shape[0], dim = n->a.dim, half = dim / 2;
     timestep_params p = {.t = e->addr(e->user, t),
                          .out = e->addr(e->user, &n->out),
                          .t_dtype = t->dtype,
@@ -429,29 +408,29 @@ static df_status run_timestep(const dvk_env *e, const df_node *n)
                          .batch = batch,
                          .dim = dim,
                          .half = half,
-                         .flip = n->a.i[1] != 0,
-                         .scale = (float)n->a.f[1]};
+                         .flip = n->a.flip != 0,
+                         .scale = (float)n->a.scale};
     size_t bytes = sizeof p + (size_t)half * sizeof(float);
     char *block = malloc(bytes);
     if (!block)
         return df_errorf(DF_E_OOM, "vulkan timestep_embed: out of host memory");
     float *freq = (float *)(block + sizeof p);
-    float neg_log = (float)-log(n->a.f[2]);
-    float denom = (float)((double)half - n->a.f[0]);
+    float neg_log = (float)-log(n->a.max_period);
+    float denom = (float)((double)half - n->a.shift);
     for (int64_t i = 0; i < half; i++)
         freq[i] = expf(neg_log * (float)i / denom);
     uint32_t gx, gy;
     grid(batch * (half + dim % 2), 64, &gx, &gy);
     p.groups_x = gx;
     memcpy(block, &p, sizeof p);
-    return position_dispatch(e, t, &n->out, POS_TIMESTEP, block, bytes, gx, gy);
+    return position_dispatch(e, t, &n->out, DF_OP_TIMESTEP_EMBED, block, bytes, gx, gy);
 }
 
 static df_status run_rope_table(const dvk_env *e, const df_node *n)
 {
     const df_view *ids = &n->in[0];
     int64_t seq = ids->shape[0], pairs = n->out.shape[1];
-    int n_axes = (int)n->a.i[0];
+    int n_axes = (int)n->a.n_axes;
     if (n_axes < 1 || n_axes > 7)
         return df_errorf(DF_E_INTERNAL, "vulkan rope_table: %d axes", n_axes);
     rope_table_params p = {.ids = e->addr(e->user, ids),
@@ -469,9 +448,9 @@ static df_status run_rope_table(const dvk_env *e, const df_node *n)
     /* freq_k = 1 / theta^(2k/d) in f64, as hi + lo in f32 */
     float *freq = (float *)(block + sizeof p);
     int64_t k0 = 0;
-    double theta = n->a.f[0];
+    double theta = n->a.theta;
     for (int a = 0; a < n_axes; a++) {
-        int64_t d = n->a.i[1 + a];
+        int64_t d = n->a.axes_dim[a];
         p.axis_of[a] = k0 < pairs ? k0 : pairs;
         for (int64_t k = 0; k < d / 2 && k0 + k < pairs; k++) {
             double f = 1.0 / pow(theta, (double)(2 * k) / (double)d);
@@ -487,7 +466,7 @@ static df_status run_rope_table(const dvk_env *e, const df_node *n)
     grid(seq * pairs, 64, &gx, &gy);
     p.groups_x = gx;
     memcpy(block, &p, sizeof p);
-    return position_dispatch(e, ids, &n->out, POS_ROPE_TABLE, block, bytes, gx, gy);
+    return position_dispatch(e, ids, &n->out, DF_OP_ROPE_TABLE, block, bytes, gx, gy);
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
@@ -497,37 +476,47 @@ df_status dvk_run_matmul(const dvk_env *e, const df_node *n);
 df_status dvk_run_conv2d(const dvk_env *e, const df_node *n);
 df_status dvk_run_attention(const dvk_env *e, const df_node *n);
 
+typedef df_status (*run_fn)(const dvk_env *e, const df_node *n);
+
+/* The kernel of each op, NULL where this device has none (ALL_REDUCE runs on the host-staged
+ * path). ew.comp computes FILL and every op marked fuse in ops.def, keyed by its df_op (a
+ * unary one through common.glsl's unary_f, which vulkan/vocab checks has its branch). */
+static const run_fn run_table[DF_OP_COUNT] = {
+#define DF_OP(name, printed, n_in, kind, fuse, epi, attrs)                                      \
+    DF_IF_##fuse([DF_OP_##name] = run_elementwise, )
+#include "backend/ops.def"
+#undef DF_OP
+    [DF_OP_FILL]           = run_elementwise,
+    [DF_OP_SOFTMAX]        = run_norm,
+    [DF_OP_LAYER_NORM]     = run_norm,
+    [DF_OP_RMS_NORM]       = run_norm,
+    [DF_OP_GROUP_NORM]     = run_norm,
+    [DF_OP_TIMESTEP_EMBED] = run_timestep,
+    [DF_OP_ROPE_TABLE]     = run_rope_table,
+    [DF_OP_ROPE]           = run_rope,
+    [DF_OP_RMS_NORM_ROPE]  = run_rope,
+    [DF_OP_LINEAR]         = dvk_run_linear,
+    [DF_OP_MATMUL]         = dvk_run_matmul,
+    [DF_OP_ATTENTION]      = dvk_run_attention,
+    [DF_OP_CONV2D]         = dvk_run_conv2d,
+    [DF_OP_UPSAMPLE2X]     = run_upsample,
+    [DF_OP_CONCAT]         = run_concat,
+    [DF_OP_GATHER]         = run_gather,
+    [DF_OP_TOKEN_ROWS]     = run_token_rows,
+};
+
 bool dvk_op_supported(df_op op)
 {
-    return op != DF_OP_ALL_REDUCE && op < DF_OP_COUNT;
+    return (unsigned)op < DF_OP_COUNT && run_table[op] != NULL;
 }
 
 df_status dvk_run_node(const dvk_env *e, const df_node *n)
 {
-    if (numel(&n->out) == 0)
-        return DF_OK;
-    switch (n->op) {
-    case DF_OP_COPY: case DF_OP_FILL: case DF_OP_ADD: case DF_OP_SUB: case DF_OP_MUL:
-    case DF_OP_DIV: case DF_OP_SCALE: case DF_OP_SILU: case DF_OP_GELU: case DF_OP_GELU_TANH:
-    case DF_OP_QUICK_GELU:
-        return run_elementwise(e, n);
-    case DF_OP_SOFTMAX: case DF_OP_LAYER_NORM: case DF_OP_RMS_NORM: case DF_OP_GROUP_NORM:
-        return run_norm(e, n);
-    case DF_OP_TIMESTEP_EMBED: return run_timestep(e, n);
-    case DF_OP_ROPE_TABLE: return run_rope_table(e, n);
-    case DF_OP_ROPE: case DF_OP_RMS_NORM_ROPE: return run_rope(e, n);
-    case DF_OP_LINEAR: return dvk_run_linear(e, n);
-    case DF_OP_MATMUL: return dvk_run_matmul(e, n);
-    case DF_OP_ATTENTION: return dvk_run_attention(e, n);
-    case DF_OP_CONV2D: return dvk_run_conv2d(e, n);
-    case DF_OP_UPSAMPLE2X: return run_upsample(e, n);
-    case DF_OP_CONCAT: return run_concat(e, n);
-    case DF_OP_GATHER: return run_gather(e, n);
-    case DF_OP_TOKEN_ROWS:
-        return run_token_rows(e, n);
-    default:
+    if (!dvk_op_supported(n->op))
         return df_errorf(DF_E_UNSUPPORTED, "vulkan: op '%s' is not supported on this device "
                          "(collectives run on the host-staged path only)",
                          dvk_op_name(n->op));
-    }
+    if (numel(&n->out) == 0)
+        return DF_OK;
+    return run_table[n->op](e, n);
 }

@@ -69,7 +69,7 @@ df_status dvk_run_linear(const dvk_env *e, const df_node *n)
 {
     const df_view *x = &n->in[0], *w = &n->in[1], *o = &n->out;
     uint32_t bf16 = 0;
-    DF_TRY(compute_mode(n->a.i[0], "linear", &bf16));
+    DF_TRY(compute_mode(n->a.compute, "linear", &bf16));
     DF_TRY(float_operand(x, "linear"));
     DF_TRY(float_operand(w, "linear"));
     int64_t m = 1;
@@ -94,7 +94,7 @@ df_status dvk_run_linear(const dvk_env *e, const df_node *n)
                    .ldc = o->ndim >= 2 && o->stride[o->ndim - 2] ? o->stride[o->ndim - 2]
                                                                   : w->shape[0],
                    .o_dtype = o->dtype,
-                   .act = n->a.i[3]};
+                   .act = n->a.act};
     dvk_range r[5];
     int nr = 0;
     r[nr++] = dvk_view_range(e, x);
@@ -104,7 +104,7 @@ df_status dvk_run_linear(const dvk_env *e, const df_node *n)
         p.bias_dtype = n->in[2].dtype;
         r[nr++] = dvk_view_range(e, &n->in[2]);
     }
-    if (n->a.i[4]) {
+    if (n->a.gated) {
         const df_view *g = &n->in[3], *res = &n->in[4];
         p.gated = 1;
         p.act = 0;
@@ -145,7 +145,7 @@ df_status dvk_run_matmul(const dvk_env *e, const df_node *n)
 {
     const df_view *a = &n->in[0], *b = &n->in[1], *o = &n->out;
     uint32_t bf16 = 0;
-    DF_TRY(compute_mode(n->a.i[0], "matmul", &bf16));
+    DF_TRY(compute_mode(n->a.compute, "matmul", &bf16));
     DF_TRY(float_operand(a, "matmul"));
     DF_TRY(float_operand(b, "matmul"));
     int na = a->ndim, nb = b->ndim;
@@ -182,7 +182,7 @@ df_status dvk_run_conv2d(const dvk_env *e, const df_node *n)
 {
     const df_view *x = &n->in[0], *w = &n->in[1], *o = &n->out;
     uint32_t bf16 = 0;
-    DF_TRY(compute_mode(n->a.i[2], "conv2d", &bf16));
+    DF_TRY(compute_mode(n->a.compute, "conv2d", &bf16));
     DF_TRY(float_operand(x, "conv2d"));
     DF_TRY(float_operand(w, "conv2d"));
     int64_t B = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
@@ -204,8 +204,8 @@ df_status dvk_run_conv2d(const dvk_env *e, const df_node *n)
                    .o_dtype = o->dtype,
                    .bias_per_row = 1,
                    .C = C, .H = H, .W = W, .kh = kh, .kw = kw, .Wo = Wo,
-                   .stride = n->a.i[0],
-                   .pad = n->a.i[1]};
+                   .stride = n->a.stride,
+                   .pad = n->a.padding};
     dvk_range r[3] = {dvk_view_range(e, w), dvk_view_range(e, x)};
     int nr = 2;
     if (dvk_has(&n->in[2])) {
@@ -229,7 +229,7 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
 {
     const df_view *q = &n->in[0], *k = &n->in[1], *v = &n->in[2], *o = &n->out;
     uint32_t bf16 = 0;
-    DF_TRY(compute_mode(n->a.i[1], "attention", &bf16));
+    DF_TRY(compute_mode(n->a.compute, "attention", &bf16));
     for (int i = 0; i < 3; i++)
         DF_TRY(float_operand(&n->in[i], "attention"));
     /* k and v rows are read with 32-bit indices (float_operand allows f32, bf16, f16) */
@@ -248,8 +248,8 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
                      .D = q->shape[3],
                      .Dv = v->shape[3],
                      .os = {o->stride[0], o->stride[1], o->stride[2]},
-                     .causal = n->a.i[0] != 0,
-                     .scale = (float)n->a.f[0]};
+                     .causal = n->a.causal != 0,
+                     .scale = (float)n->a.scale};
     if (p.D > 256 || p.Dv > 256)
         return df_errorf(DF_E_UNSUPPORTED, "vulkan attention: head dims %lld / %lld > 256",
                          (long long)p.D, (long long)p.Dv);
@@ -346,10 +346,13 @@ df_status dvk_run_fused(const dvk_env *e, const df_fused *f)
     }
     for (int k = 0; k < f->n_insn; k++) {
         const df_fused_insn *in = &f->insn[k];
+        if (in->op != DF_FI_LOAD && in->op != DF_FI_HEAD && !df_vocab_op_fuses((df_op)in->op))
+            return df_errorf(DF_E_UNSUPPORTED, "vulkan fused kernel: instruction %d has opcode "
+                             "%d, not an op marked fuse in ops.def", k, in->op);
         p.insn[k] = (fused_insn){in->op, in->dst, in->a, in->b, in->f0, in->f1};
     }
-    p.head_op = f->head_op == DF_OP_LAYER_NORM ? 1 : f->head_op == DF_OP_RMS_NORM ? 2 : 0;
-    if (p.head_op) {
+    p.head_op = f->head_op; /* a df_op (vocab.glsl's OP_*), or -1 */
+    if (p.head_op >= 0) {
         p.head_x = e->addr(e->user, &f->head_x);
         p.head_x_dtype = f->head_x.dtype;
         p.head_eps = (float)f->head_eps;

@@ -1,6 +1,7 @@
 /*
  * Shared by every shader: operands addressed by device address, loads and stores of every
- * dtype diffuse uses (its df_dtype numbering), the activations, the bf16 rounding.
+ * dtype diffuse uses, the unary pointwise ops, the bf16 rounding. The numbers (DT_*, OP_*,
+ * FI_*, ACT_*) come from vocab.glsl, which the build generates from the C definitions.
  *
  * A shader gets one push constant, the address of its parameter block; the block holds
  * the addresses (element 0 of each view), dtypes and strides of the operands.
@@ -10,14 +11,7 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_8bit_storage : require
 
-#define DT_F32 0
-#define DT_BF16 1
-#define DT_F16 2
-#define DT_F64 3
-#define DT_I32 4
-#define DT_I64 5
-#define DT_U8 6
-#define DT_I8 7
+#include "vocab.glsl"
 
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer F32s { float v[]; };
 layout(buffer_reference, std430, buffer_reference_align = 4) buffer U32s { uint v[]; };
@@ -157,12 +151,6 @@ float erfc_f(float x)
     return x >= 0.0 ? r : 2.0 - r;
 }
 
-#define ACT_NONE 0
-#define ACT_GELU_TANH 1
-#define ACT_SILU 2
-#define ACT_GELU 3
-#define ACT_QUICK_GELU 4
-
 float gelu_f(float x)
 {
     float e = erfc_f(-x * 0.70710678118654752);
@@ -174,17 +162,27 @@ float gelu_tanh_f(float x)
     return x_sigmoid(x, 1.5957691216057308 * x * (1.0 + 0.044715 * x * x));
 }
 
-float activate(int act, float x)
+/* The unary pointwise ops (ops.def's fuse column), by their op number: elementwise kernels,
+ * fused programs and the products' epilogues all compute them here. alpha, beta: SCALE's. */
+float unary_f(int op, float x, float alpha, float beta)
 {
-    if (act == ACT_GELU_TANH)
-        return gelu_tanh_f(x);
-    if (act == ACT_SILU)
+    if (op == OP_SCALE)
+        return alpha * x + beta;
+    if (op == OP_SILU)
         return x_sigmoid(x, x);
-    if (act == ACT_GELU)
+    if (op == OP_GELU)
         return gelu_f(x);
-    if (act == ACT_QUICK_GELU)
+    if (op == OP_GELU_TANH)
+        return gelu_tanh_f(x);
+    if (op == OP_QUICK_GELU)
         return x_sigmoid(x, 1.702 * x);
     return x;
+}
+
+/* A product's epilogue activation (ACT_*; ACT_NONE leaves x). */
+float activate(int act, float x)
+{
+    return unary_f(act_op(act), x, 1.0, 0.0);
 }
 
 /* Element i (a 32-bit index) of a float row that starts at address `row`. */

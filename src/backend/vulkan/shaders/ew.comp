@@ -2,24 +2,13 @@
 /*
  * Elementwise ops over strided views of one shape (inputs already broadcast: stride 0
  * where a dimension stretches): copy/cast, fill, add/sub/mul/div, scale and the
- * activations. One invocation per element. The op is a specialisation constant.
+ * activations. One invocation per element. The op (its df_op number) is a specialisation
+ * constant.
  */
 #include "common.glsl"
 
 layout(local_size_x = 256) in;
-layout(constant_id = 0) const int OP = 0;
-
-#define OP_COPY 0
-#define OP_FILL 1
-#define OP_ADD 2
-#define OP_SUB 3
-#define OP_MUL 4
-#define OP_DIV 5
-#define OP_SCALE 6
-#define OP_SILU 7
-#define OP_GELU 8
-#define OP_GELU_TANH 9
-#define OP_QUICK_GELU 10
+layout(constant_id = 0) const int OP = OP_COPY; /* the df_op */
 
 struct View {
     uint64_t addr;
@@ -92,16 +81,8 @@ void main()
     if (OP >= OP_ADD && OP <= OP_DIV) {
         float y = load_f(p.b.addr, int(p.b.dtype), ob);
         r = OP == OP_ADD ? x + y : OP == OP_SUB ? x - y : OP == OP_MUL ? x * y : x / y;
-    } else if (OP == OP_SCALE) {
-        r = p.f0 * x + p.f1;
-    } else if (OP == OP_SILU) {
-        r = x_sigmoid(x, x);
-    } else if (OP == OP_GELU) {
-        r = gelu_f(x);
-    } else if (OP == OP_GELU_TANH) {
-        r = gelu_tanh_f(x);
     } else {
-        r = x_sigmoid(x, 1.702 * x);
+        r = unary_f(OP, x, p.f0, p.f1);
     }
     store_f(p.o.addr, to, oo, r);
 }

@@ -1,6 +1,6 @@
 #version 450
 /*
- * The defer-and-fuse mode's fused elementwise program (df_fused in backend.h), as an
+ * The defer-and-fuse mode's fused elementwise program (df_fused in device.h), as an
  * interpreter: one workgroup per output row; an optional normalisation head (layer or RMS
  * norm of head_x's row, statistics by workgroup reduction); then each invocation runs the
  * straight-line program for its columns with the registers in private memory. Inputs are
@@ -12,18 +12,6 @@
 layout(local_size_x = WG) in;
 #include "reduce.glsl"
 
-#define FI_LOAD 0
-#define FI_HEAD 1
-#define FI_ADD 2
-#define FI_SUB 3
-#define FI_MUL 4
-#define FI_DIV 5
-#define FI_SCALE 6
-#define FI_SILU 7
-#define FI_GELU 8
-#define FI_GELU_TANH 9
-#define FI_QUICK_GELU 10
-#define FI_COPY 11
 #define MAX_IN 16
 #define MAX_INSN 48
 #define MAX_REGS 64
@@ -72,7 +60,7 @@ void main()
     float mean = 0.0, rs = 1.0;
     int hxt = int(p.head_x_dtype);
     int64_t hbase = row * w;
-    if (p.head_op == 1) { /* layer norm */
+    if (p.head_op == OP_LAYER_NORM) {
         float k0 = load_f(p.head_x, hxt, hbase), s = 0.0, q = 0.0;
         for (int64_t j = t; j < w; j += WG) {
             float v = load_f(p.head_x, hxt, hbase + j) - k0;
@@ -84,7 +72,7 @@ void main()
         float ms = s / float(w);
         mean = k0 + ms;
         rs = 1.0 / sqrt(max(q / float(w) - ms * ms, 0.0) + p.head_eps);
-    } else if (p.head_op == 2) { /* RMS norm */
+    } else if (p.head_op == OP_RMS_NORM) {
         float q = 0.0;
         for (int64_t j = t; j < w; j += WG) {
             float v = load_f(p.head_x, hxt, hbase + j);
@@ -106,25 +94,18 @@ void main()
             }
             case FI_HEAD:
                 v = (load_f(p.head_x, hxt, hbase + j) - mean) * rs;
-                if (p.head_op == 2)
+                if (p.head_op == OP_RMS_NORM)
                     v = load_f(p.head_x, hxt, hbase + j) * rs;
                 if (p.head_w != 0ul)
                     v *= load_f(p.head_w, int(p.head_w_dtype), j);
                 if (p.head_b != 0ul)
                     v += load_f(p.head_b, int(p.head_b_dtype), j);
                 break;
-            case FI_ADD: v = x + y; break;
-            case FI_SUB: v = x - y; break;
-            case FI_MUL: v = x * y; break;
-            case FI_DIV: v = x / y; break;
-            case FI_SCALE: v = in_.f0 * x + in_.f1; break;
-            case FI_SILU: v = x_sigmoid(x, x); break;
-            case FI_QUICK_GELU: v = x_sigmoid(x, 1.702 * x); break;
-            case FI_GELU_TANH:
-                v = x_sigmoid(x, 2.0 * 0.7978845608028654 * (x + 0.044715 * x * x * x));
-                break;
-            case FI_GELU: v = 0.5 * x * erfc_f(-x * 0.70710678118654752); break;
-            default: v = x; break;
+            case OP_ADD: v = x + y; break;
+            case OP_SUB: v = x - y; break;
+            case OP_MUL: v = x * y; break;
+            case OP_DIV: v = x / y; break;
+            default: v = unary_f(in_.op, x, in_.f0, in_.f1); break; /* COPY: x */
             }
             r[in_.dst] = v;
         }

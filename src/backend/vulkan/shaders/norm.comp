@@ -14,10 +14,6 @@ layout(local_size_x = WG) in;
 layout(constant_id = 0) const int OP = 0;
 layout(constant_id = 1) const int LANES = WG;
 
-#define NORM_SOFTMAX 0
-#define NORM_LAYER 1
-#define NORM_RMS 2
-#define NORM_GROUP 3
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer Params {
     uint64_t x, w, b, o;
@@ -72,7 +68,7 @@ void main()
     int xt = int(p.x_dtype);
     /* a row past the end loops over nothing, reduces with the others and stores nothing */
     int64_t d = live ? p.d : 0, base = live ? row * d : 0;
-    if (OP == NORM_SOFTMAX) {
+    if (OP == OP_SOFTMAX) {
         float m = -1.0 / 0.0;
         for (int64_t i = t; i < d; i += LANES)
             m = max(m, load_f(p.x, xt, base + i));
@@ -86,7 +82,7 @@ void main()
         return;
     }
     float mean = 0.0, rs;
-    if (OP == NORM_RMS) {
+    if (OP == OP_RMS_NORM) {
         float q = 0.0;
         for (int64_t i = t; i < d; i += LANES) {
             float v = load_f(p.x, xt, base + i);
@@ -113,12 +109,12 @@ void main()
     for (int64_t i = t; i < d; i += LANES) {
         float v = load_f(p.x, xt, base + i);
         float y;
-        if (OP == NORM_GROUP) {
+        if (OP == OP_GROUP_NORM) {
             int64_t c = (row % (p.channels / p.cpg)) * p.cpg + i / p.hw;
             float a = rs * (p.w != 0ul ? load_f(p.w, wt, c) : 1.0);
             y = (v - mean) * a + (p.b != 0ul ? load_f(p.b, bt, c) : 0.0);
         } else {
-            y = OP == NORM_RMS ? v * rs : (v - mean) * rs;
+            y = OP == OP_RMS_NORM ? v * rs : (v - mean) * rs;
             if (p.w != 0ul)
                 y *= load_f(p.w, wt, i);
             if (p.b != 0ul)

@@ -2,7 +2,7 @@
 /*
  * The positions of ops.def, as the CPU computes them (src/backend/cpu/k_position.c), one
  * invocation per output pair; OP (a specialisation constant) picks the op:
- *  - OP_TIMESTEP: timestep_embed. For row b and frequency i < half: angle = f32(scale *
+ *  - OP_TIMESTEP_EMBED: timestep_embed. For row b and frequency i < half: angle = f32(scale *
  *    t[b]) * freq[i] in f32, freq[i] the host's expf of the op's exponents (it depends on
  *    the attributes only, so it travels in the parameter block); [sin, cos] or with flip
  *    [cos, sin], and a zero column when dim is odd (invocation i == half);
@@ -14,9 +14,7 @@
 #include "common.glsl"
 #include "trig.glsl"
 
-#define OP_TIMESTEP 0
-#define OP_ROPE_TABLE 1
-layout(constant_id = 0) const int OP = OP_TIMESTEP;
+layout(constant_id = 0) const int OP = OP_TIMESTEP_EMBED;
 layout(local_size_x = 64) in;
 
 layout(buffer_reference, std430, buffer_reference_align = 8) buffer TimestepParams {
@@ -67,7 +65,7 @@ void main()
 {
     int64_t id = int64_t(gl_WorkGroupID.y) * int64_t(gl_NumWorkGroups.x) * 64 +
                  int64_t(gl_GlobalInvocationID.x);
-    if (OP == OP_TIMESTEP) {
+    if (OP == OP_TIMESTEP_EMBED) {
         TimestepParams p = TimestepParams(pc.params);
         int64_t width = p.half_d + p.dim % 2; /* the invocations of one row */
         if (id >= p.batch * width)
