@@ -67,6 +67,44 @@ DF_API df_status df_image_load_png(const char *path, df_image **out, char **para
 
 DF_API void df_image_free(df_image *img); /* NULL is fine */
 
+/* ---- input images ---- */
+
+/* The most pixels an input image may have (8192 x 8192). */
+#define DF_IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+
+/*
+ * Decodes a PNG or JPEG held in memory (the kind is told by its first bytes) to 8-bit RGB,
+ * as PIL's Image.convert("RGB") gives it: grey replicated, palettes expanded, alpha
+ * dropped. `name` (a file name, "image" when NULL) starts every message. Fails with
+ * DF_E_FORMAT for data that is neither, or is truncated or corrupt, or a 0x0 image;
+ * DF_E_UNSUPPORTED for 16-bit PNG and CMYK / YCCK JPEG; DF_E_ARG for more than
+ * DF_IMAGE_MAX_PIXELS pixels (judged from the header); DF_E_OOM. *out is owned by the
+ * caller (df_image_free).
+ */
+DF_API df_status df_image_decode(const void *data, size_t len, const char *name,
+                                 df_image **out);
+
+/* df_image_decode on the file at `path` (DF_E_IO when it cannot be read). */
+DF_API df_status df_image_load(const char *path, df_image **out);
+
+/* PIL's resampling filters (Image.Resampling). */
+typedef enum df_resample {
+    DF_RESAMPLE_LANCZOS, /* VaeImageProcessor's default */
+    DF_RESAMPLE_BICUBIC,
+    DF_RESAMPLE_BILINEAR,
+    DF_RESAMPLE_NEAREST,
+} df_resample;
+
+/*
+ * PIL's Image.resize((width, height), filter) on an RGB image: a separable convolution,
+ * horizontal pass first, each pass rounded to 8 bits, with PIL's coefficients and its
+ * fixed-point arithmetic, so the bytes are PIL's own (docs/pipelines.md gives the bound
+ * tested). A resize to the same size copies. *out is owned by the caller. DF_E_ARG for a
+ * size below 1 or over DF_IMAGE_MAX_PIXELS, DF_E_OOM.
+ */
+DF_API df_status df_image_resize(const df_image *img, int width, int height, df_resample filter,
+                                 df_image **out);
+
 /* Frees a string returned by the functions of this header. NULL is fine. */
 DF_API void df_image_text_free(char *text);
 
