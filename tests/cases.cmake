@@ -7,3 +7,11 @@ set(DF_REPO_CASES vae-decode-flux2-decoder-widths)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_REPO_CASES})
 endforeach()
+
+# Image input (tools/refgen/vae_encode.py, img2img.py): the VAE encoder and the img2img
+# pipelines, on the golden cases' model folders (named by relative path), in every mode on
+# the CPU.
+set(DF_IMAGE_CASES vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode)
+foreach(mode eager fuse compile)
+  df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
+endforeach()

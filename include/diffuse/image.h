@@ -105,6 +105,19 @@ typedef enum df_resample {
 DF_API df_status df_image_resize(const df_image *img, int width, int height, df_resample filter,
                                  df_image **out);
 
+/*
+ * VaeImageProcessor.preprocess for one picture. The size is height x width (0: the
+ * picture's own) rounded down to a multiple of `multiple` (the processor's
+ * vae_scale_factor); _size gives it. df_image_preprocess writes [3, h, w] floats to out:
+ * the picture resized with `filter` when its size differs (diffusers' default is
+ * DF_RESAMPLE_LANCZOS), then 2 * (x / 255) - 1 in float32. DF_E_ARG for a size that rounds
+ * to 0 or bad arguments, DF_E_OOM.
+ */
+DF_API df_status df_image_preprocess_size(const df_image *img, int height, int width,
+                                          int multiple, int *out_height, int *out_width);
+DF_API df_status df_image_preprocess(const df_image *img, int height, int width, int multiple,
+                                     df_resample filter, float *out);
+
 /* Frees a string returned by the functions of this header. NULL is fine. */
 DF_API void df_image_text_free(char *text);
 

@@ -37,12 +37,12 @@ static const uint8_t png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'
 static df_status check_size(const char *name, uint32_t width, uint32_t height)
 {
     if (width == 0 || height == 0)
-        return df_errorf(DF_E_FORMAT, "%s: the image is %ux%u (expected at least 1x1)", name,
-                         width, height);
+        return df_errorf(DF_E_FORMAT, "%s: the image is %ux%u (expected at least 1x1)", name, width,
+                         height);
     if ((uint64_t)width * height > DF_IMAGE_MAX_PIXELS || width > INT_MAX || height > INT_MAX)
         return df_errorf(DF_E_ARG,
-                         "%s: the image is %ux%u, more than the input limit of %lld pixels",
-                         name, width, height, (long long)DF_IMAGE_MAX_PIXELS);
+                         "%s: the image is %ux%u, more than the input limit of %lld pixels", name,
+                         width, height, (long long)DF_IMAGE_MAX_PIXELS);
     return DF_OK;
 }
 
@@ -156,15 +156,19 @@ static df_status jpeg_find_frame(const uint8_t *b, size_t len, const char *name)
             break;
         bool sof = m >= 0xc0 && m <= 0xcf && m != 0xc4 && m != 0xc8 && m != 0xcc;
         if (sof)
-            return seg >= 8 ? DF_OK : df_errorf(DF_E_FORMAT, "%s: the JPEG frame header is "
-                                                "%zu bytes (a corrupt JPEG)", name, seg);
+            return seg >= 8 ? DF_OK
+                            : df_errorf(DF_E_FORMAT,
+                                        "%s: the JPEG frame header is "
+                                        "%zu bytes (a corrupt JPEG)",
+                                        name, seg);
         if (m == 0xd9 || m == 0xda) /* end of image, or scan data before any frame */
             break;
         i += 2 + seg;
     }
     return df_errorf(DF_E_FORMAT,
                      "%s: no complete JPEG frame header in the %zu bytes (a truncated or "
-                     "corrupt JPEG)", name, len);
+                     "corrupt JPEG)",
+                     name, len);
 }
 
 static df_status jpeg_decode(tjhandle tj, const uint8_t *data, size_t len, const char *name,
@@ -172,15 +176,15 @@ static df_status jpeg_decode(tjhandle tj, const uint8_t *data, size_t len, const
 {
     int width, height, subsamp, colorspace;
     DF_TRY(jpeg_find_frame(data, len, name));
-    if (len > ULONG_MAX ||
-        tjDecompressHeader3(tj, data, (unsigned long)len, &width, &height, &subsamp,
-                            &colorspace) != 0)
-        return df_errorf(DF_E_FORMAT, "%s: reading the JPEG header: %s (a truncated or "
-                         "corrupt JPEG)", name, tjGetErrorStr2(tj));
+    if (len > ULONG_MAX || tjDecompressHeader3(tj, data, (unsigned long)len, &width, &height,
+                                               &subsamp, &colorspace) != 0)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: reading the JPEG header: %s (a truncated or "
+                         "corrupt JPEG)",
+                         name, tjGetErrorStr2(tj));
     if (colorspace == TJCS_CMYK || colorspace == TJCS_YCCK)
         return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: CMYK JPEG is not supported (input images must be RGB or grey)",
-                         name);
+                         "%s: CMYK JPEG is not supported (input images must be RGB or grey)", name);
     if (width < 0 || height < 0)
         return df_errorf(DF_E_FORMAT, "%s: the JPEG header gives %dx%d", name, width, height);
     DF_TRY(check_size(name, (uint32_t)width, (uint32_t)height));
@@ -189,8 +193,10 @@ static df_status jpeg_decode(tjhandle tj, const uint8_t *data, size_t len, const
     int flags = TJFLAG_ACCURATEDCT | TJFLAG_STOPONWARNING;
     if (tjDecompress2(tj, data, (unsigned long)len, img->pixels, width, 0, height, TJPF_RGB,
                       flags) != 0) {
-        df_status st = df_errorf(DF_E_FORMAT, "%s: decoding the JPEG: %s (a truncated or "
-                                 "corrupt JPEG)", name, tjGetErrorStr2(tj));
+        df_status st = df_errorf(DF_E_FORMAT,
+                                 "%s: decoding the JPEG: %s (a truncated or "
+                                 "corrupt JPEG)",
+                                 name, tjGetErrorStr2(tj));
         df_image_free(img);
         return st;
     }
@@ -224,11 +230,10 @@ df_status df_image_decode(const void *data, size_t len, const char *name, df_ima
     if (len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff)
         return decode_jpeg(data, len, name, out);
     if (len == 0)
-        return df_errorf(DF_E_FORMAT, "%s: the file is empty (expected a PNG or JPEG image)",
-                         name);
+        return df_errorf(DF_E_FORMAT, "%s: the file is empty (expected a PNG or JPEG image)", name);
     return df_errorf(DF_E_FORMAT,
-                     "%s: not a PNG or JPEG image (the first bytes are %02x %02x %02x %02x)",
-                     name, b[0], len > 1 ? b[1] : 0, len > 2 ? b[2] : 0, len > 3 ? b[3] : 0);
+                     "%s: not a PNG or JPEG image (the first bytes are %02x %02x %02x %02x)", name,
+                     b[0], len > 1 ? b[1] : 0, len > 2 ? b[2] : 0, len > 3 ? b[3] : 0);
 }
 
 df_status df_image_load(const char *path, df_image **out)

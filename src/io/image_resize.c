@@ -189,8 +189,7 @@ static df_status resize_vertical_first(const df_image *img, df_image *out, const
 {
     uint8_t *tmp = df_malloc((size_t)img->width * (size_t)out->height * 3);
     if (!tmp)
-        return df_errorf(DF_E_OOM, "out of memory resizing a %dx%d image", img->width,
-                         img->height);
+        return df_errorf(DF_E_OOM, "out of memory resizing a %dx%d image", img->width, img->height);
     pass_vertical(img->pixels, img->width, tmp, out->height, 0, wy);
     pass_horizontal(tmp, img->width, out->pixels, out->width, 0, out->height, wx);
     df_free(tmp);

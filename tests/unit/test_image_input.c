@@ -64,8 +64,8 @@ static int max_diff(const df_image *a, const df_image *b)
 static void test_accepted_forms_decode_as_pil_does(void **state)
 {
     (void)state;
-    static const char *names[] = {"rgb.png",  "grey.png",   "grey-alpha.png", "rgba.png",
-                                  "palette.png", "yuv420.jpg", "yuv444.jpg",  "grey.jpg"};
+    static const char *names[] = {"rgb.png",     "grey.png",   "grey-alpha.png", "rgba.png",
+                                  "palette.png", "yuv420.jpg", "yuv444.jpg",     "grey.jpg"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char ref[256];
         snprintf(ref, sizeof ref, "dec-%s.png", names[i]);
@@ -115,7 +115,8 @@ static void test_refused_kinds_name_the_file_and_the_rule(void **state)
     const char *files[] = {"rgb.png", "yuv420.jpg"};
     for (int f = 0; f < 2; f++) {
         uint8_t *data = read_file(files[f], &len);
-        for (size_t cut = 1; cut < len - (f == 0 ? 4 : 0); cut += cut < 64 || cut > len - 64 ? 1 : 7) {
+        for (size_t cut = 1; cut < len - (f == 0 ? 4 : 0);
+             cut += cut < 64 || cut > len - 64 ? 1 : 7) {
             df_image *img = (df_image *)1;
             df_status st = df_image_decode(data, cut, files[f], &img);
             if (st != DF_E_FORMAT)
