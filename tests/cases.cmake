@@ -11,7 +11,9 @@ endforeach()
 # Image input (tools/refgen/vae_encode.py, img2img.py): the VAE encoder and the img2img
 # pipelines, on the golden cases' model folders (named by relative path), in every mode on
 # the CPU.
-set(DF_IMAGE_CASES vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode)
+set(DF_IMAGE_CASES vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode
+    img2img-flux-s03 img2img-flux-s08-b2 img2img-flux-s10
+    img2img-sd3-s03 img2img-sd3-s08-b2 img2img-sd3-s10)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
 endforeach()
