@@ -17,3 +17,9 @@ set(DF_IMAGE_CASES vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
 endforeach()
+
+# `diffuse generate --image FILE --strength X`: metadata, effect and refusals.
+add_test(NAME cli/img2img_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/img2img_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/img2img_generate PROPERTIES TIMEOUT 300)

@@ -134,6 +134,11 @@ typedef struct df_image_params {
     uint64_t seed;
     int width, height;
     const char *model;
+    /* Image to image: "Denoising strength: X" (0: left out), "Init image: NAME" and
+     * "Init image hash: HEX", the file's SHA-256 (NULL: left out). */
+    double denoising_strength;
+    const char *init_image;
+    const char *init_image_hash;
 } df_image_params;
 
 /*
@@ -150,6 +155,12 @@ DF_API df_status df_image_format_parameters(const df_image_params *p, char **out
  * Text without a parameters line is all prompt. Fails only with DF_E_OOM.
  */
 DF_API df_status df_image_parse_parameters(const char *text, df_image_params *out);
+
+/*
+ * The SHA-256 of the file at `path` as 64 lowercase hex digits (what `sha256sum` prints),
+ * for the "Init image hash" of an image-to-image run. DF_E_IO when the file cannot be read.
+ */
+DF_API df_status df_file_sha256(const char *path, char out[65]);
 
 /* Frees the strings df_image_parse_parameters() allocated and zeroes *p. */
 DF_API void df_image_params_deinit(df_image_params *p);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <diffuse/image.h>
 
@@ -231,6 +232,59 @@ static void test_resize_equals_pil(void **state)
     df_image_free(src);
 }
 
+static void test_sha256_of_files(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *hex;
+    } vectors[] = {
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", /* 56 bytes: two blocks */
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+    };
+    char path[512];
+    snprintf(path, sizeof path, "%s/sha256-%d.txt", DF_TEST_TMP, (int)getpid());
+    for (size_t i = 0; i < sizeof vectors / sizeof vectors[0]; i++) {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        fputs(vectors[i].text, f);
+        fclose(f);
+        char hex[65];
+        assert_int_equal(df_file_sha256(path, hex), DF_OK);
+        assert_string_equal(hex, vectors[i].hex);
+    }
+    remove(path);
+    char hex[65];
+    assert_int_equal(df_file_sha256("/nonexistent/in.png", hex), DF_E_IO);
+    assert_non_null(strstr(df_error_message(), "/nonexistent/in.png"));
+}
+
+static void test_img2img_parameters_round_trip(void **state)
+{
+    (void)state;
+    df_image_params p = {.prompt = "a fox",
+                         .steps = 4,
+                         .seed = 3,
+                         .width = 64,
+                         .height = 64,
+                         .denoising_strength = 0.35,
+                         .init_image = "in put.png",
+                         .init_image_hash =
+                             "749b73675cfa76f2615ecd603a4594eabb8b0c16fdcd37a1c180f6029eb17bfe"};
+    char *text;
+    assert_int_equal(df_image_format_parameters(&p, &text), DF_OK);
+    assert_non_null(strstr(text, "Denoising strength: 0.35, Init image: in put.png, "
+                                 "Init image hash: 749b7367"));
+    df_image_params q;
+    assert_int_equal(df_image_parse_parameters(text, &q), DF_OK);
+    assert_true(q.denoising_strength == 0.35);
+    assert_string_equal(q.init_image, p.init_image);
+    assert_string_equal(q.init_image_hash, p.init_image_hash);
+    df_image_params_deinit(&q);
+    df_image_text_free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -239,6 +293,8 @@ int main(void)
         cmocka_unit_test(test_sizes_outside_the_limits_are_refused_from_the_header),
         cmocka_unit_test(test_decoding_survives_every_allocation_failure),
         cmocka_unit_test(test_resize_equals_pil),
+        cmocka_unit_test(test_sha256_of_files),
+        cmocka_unit_test(test_img2img_parameters_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -56,6 +56,10 @@ static void help(FILE *f)
         "      --slg-scale X          skip-layer guidance scale (default 2.8)\n"
         "      --slg-start X          fraction of the steps where it starts (default 0.01)\n"
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
+        "      --image FILE           image to image: start from this PNG or JPEG (FLUX.1, SD3;\n"
+        "                             resized to the output size with PIL's Lanczos filter)\n"
+        "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
+        "                             (default 0.6; 1 starts from pure noise)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512, or\n"
@@ -245,7 +249,8 @@ int cmd_generate(int argc, char **argv)
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER };
+           O_CACHE, O_TRANSFORMER,
+           O_IMAGE, O_STRENGTH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -267,9 +272,11 @@ int cmd_generate(int argc, char **argv)
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
-        {"transformer", required_argument, 0, O_TRANSFORMER}, {0, 0, 0, 0}};
+        {"transformer", required_argument, 0, O_TRANSFORMER},
+        {"image", required_argument, 0, O_IMAGE},
+        {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
-    const char *stats_path = NULL;
+    const char *stats_path = NULL, *image_path = NULL;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
     df_cache_config cache;
@@ -392,6 +399,16 @@ int cmd_generate(int argc, char **argv)
             g.cache = &cache;
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
+        case O_IMAGE: image_path = optarg; break;
+        case O_STRENGTH:
+            if ((rc = parse_number("--strength", optarg, &g.strength)))
+                return rc;
+            if (!(g.strength > 0 && g.strength <= 1)) {
+                fprintf(stderr, "diffuse generate: --strength must be in (0, 1], not %s\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;
@@ -419,13 +436,30 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "diffuse generate: cannot write '%s': %s\n", output, strerror(errno));
         return 1;
     }
-    char *file_prompt = NULL;
-    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file)))
+    if (g.strength != 0 && !image_path) {
+        fprintf(stderr, "diffuse generate: --strength needs --image FILE\n");
+        return 2;
+    }
+    /* The input picture is read and checked before any model loads. */
+    df_image *init_image = NULL;
+    char init_hash[65] = "";
+    if (image_path && (df_image_load(image_path, &init_image) != DF_OK ||
+                       df_file_sha256(image_path, init_hash) != DF_OK)) {
+        fprintf(stderr, "diffuse generate: --image: %s\n", df_error_message());
+        df_image_free(init_image);
         return 1;
+    }
+    g.image = init_image;
+    char *file_prompt = NULL;
+    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file))) {
+        df_image_free(init_image);
+        return 1;
+    }
     cli_tp_unmute(muted);
     cli_tp tpc;
     if ((rc = cli_tp_start(tp, &lo.threads, &tpc))) {
         free(file_prompt);
+        df_image_free(init_image);
         return rc;
     }
     lo.tp = tp;
@@ -463,6 +497,12 @@ int cmd_generate(int argc, char **argv)
                                   .cfg_scale = out.guidance, .seed = g.seed + 0,
                                   .width = out.width, .height = out.height,
                                   .model = slash && slash[1] ? slash + 1 : model};
+            if (image_path) {
+                const char *base = strrchr(image_path, '/');
+                ip.init_image = base && base[1] ? base + 1 : image_path;
+                ip.init_image_hash = init_hash;
+                ip.denoising_strength = g.strength != 0 ? g.strength : 0.6;
+            }
             s = df_image_format_parameters(&ip, &params);
             if (s == DF_OK)
                 s = df_image_save_png(out.images[i], path, params);
@@ -511,5 +551,6 @@ int cmd_generate(int argc, char **argv)
     df_pipeline_free(p);
     cli_tp_end(&tpc);
     free(file_prompt);
+    df_image_free(init_image);
     return status;
 }
