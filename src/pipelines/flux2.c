@@ -665,6 +665,9 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
 {
     flux2_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
+    if (g->image) /* TODO(#30): the AutoencoderKLFlux2 encoder and the reference-image ids */
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s with an input image (reference-image "
+                         "editing) is not implemented yet", p->dir, p->cls->name);
     run_sizes r = resolve(p, f, g);
     df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
     if (s == DF_OK)
