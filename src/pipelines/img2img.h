@@ -15,7 +15,8 @@
 /*
  * get_timesteps: with `steps` scheduled, the loop starts at step *first = int(max(steps -
  * min(steps * strength, steps), 0)) (in double, as Python computes it) and runs the rest.
- * DF_E_ARG, naming the rule, for strength outside (0, 1] or a cut that leaves no step.
+ * DF_E_ARG, naming the rule, for strength outside (0, 1] (any strength above 0 leaves at
+ * least one step; the check for none stays as diffusers has it).
  */
 df_status df_img2img_first_step(const df_gen_params *g, int steps, int *first);
 

@@ -38,6 +38,16 @@ for arch in flux sd3; do
         echo "ok   $arch: the input picture changes the result"
 done
 
+# FLUX.2 reference images are not implemented yet: refused, never ignored.
+if "$diffuse" generate -m "$golden/t2i-flux2/pipeline" -p x -W 64 -H 64 --steps 1 --threads 2 \
+        --image "$cases/image-input/rgb.png" -o "$work/f2.png" >"$work/err" 2>&1; then
+    fail "FLUX.2 with --image was accepted"
+elif grep -q "with an input image (reference-image editing) is not implemented yet" "$work/err"; then
+    echo "ok   FLUX.2 with --image: $(cat "$work/err")"
+else
+    fail "FLUX.2 with --image: $(cat "$work/err")"
+fi
+
 refused() { # refused WHAT EXPECTED_TEXT ARGS...
     what=$1; text=$2; shift 2
     if "$diffuse" generate -m "$work/no-such-model" -p x -o "$work/x.png" "$@" \
