@@ -4,7 +4,8 @@
 # after this file) run the golden cases.
 set(DF_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
 set(DF_REPO_CASES vae-decode-flux2-decoder-widths
-    vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode)
+    vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode vae-encode-flux2
+    vae-encode-flux2-widths)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_REPO_CASES})
 endforeach()

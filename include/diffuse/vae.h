@@ -154,9 +154,10 @@ typedef struct df_vae_encoder df_vae_encoder;
 /*
  * Loads AutoencoderKL's encoder from `dir` (the same vae/ folder df_vae_load reads):
  * encoder.* and quant_conv.* (when use_quant_conv, default true) are bound, the decoder's
- * tensors skipped. Free with df_vae_encoder_free(). Fails as df_vae_load does;
- * DF_E_UNSUPPORTED for an AutoencoderKLFlux2 (its encoder is not implemented yet) or a
- * down block type other than DownEncoderBlock2D.
+ * tensors skipped; an AutoencoderKLFlux2's encoder is built from its block_out_channels and
+ * its bn.running_mean / running_var are read to the host. Free with df_vae_encoder_free().
+ * Fails as df_vae_load does; DF_E_UNSUPPORTED for a down block type other than
+ * DownEncoderBlock2D.
  */
 DF_API df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out);
 
@@ -185,6 +186,17 @@ DF_API df_status df_vae_latent_dist(const float *moments, int64_t batch, int64_t
 /* In place, as the pipelines scale the encoded latents: (x - shift_factor) *
  * scaling_factor in float32. DF_E_ARG for an AutoencoderKLFlux2. */
 DF_API df_status df_vae_scale_latents(const df_vae_info *info, float *latents, int64_t n);
+
+/*
+ * Flux2Pipeline._encode_vae_image after retrieve_latents(argmax): the latents [B, C, H, W]
+ * (host f32, H and W even) patchified 2x2 (channel c*4 + dy*2 + dx) and normalised with the
+ * VAE's batch-norm running statistics, (x - mean) / sqrt(var + eps) in float32, into out
+ * [B, 4C, H/2, W/2]. DF_E_ARG for a VAE that is not an AutoencoderKLFlux2, DF_E_SHAPE for
+ * odd sizes.
+ */
+DF_API df_status df_vae_encoder_flux2_normalize(const df_vae_encoder *e, const float *latents,
+                                                int64_t batch, int64_t height, int64_t width,
+                                                float *out);
 
 /* Frees the encoder and its weights (waits for queued work that reads them). NULL is fine. */
 DF_API void df_vae_encoder_free(df_vae_encoder *e);

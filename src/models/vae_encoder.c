@@ -20,8 +20,11 @@
  * next to the image, and the noise of sample() comes from the host generator exactly as
  * torch draws it, in the order diffusers draws it relative to the pipeline's other noise.
  *
- * AutoencoderKLFlux2 (patchify and batch-norm normalisation after the encoder) is refused
- * with DF_E_UNSUPPORTED for now.
+ * AutoencoderKLFlux2 has the same encoder, built from block_out_channels (the decoder may
+ * use decoder_block_out_channels instead), and quant_conv. Flux2Pipeline takes the
+ * posterior's mode, patchifies it 2x2 and normalises it with the VAE's batch-norm running
+ * statistics (df_vae_encoder_flux2_normalize): those are read to the host at load, as the
+ * decoder reads them.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,6 +56,9 @@ struct df_vae_encoder {
     df_vae_norm norm_out;
     df_vae_conv conv_out;   /* to 2 * latent_channels (double_z) */
     df_vae_conv quant_conv; /* w == NULL without use_quant_conv */
+    /* AutoencoderKLFlux2: bn.running_mean and sqrt(bn.running_var + eps) per patchified
+     * channel, in float32 as torch computes them; NULL otherwise. */
+    float *bn_mean, *bn_std;
 };
 
 /* --- config ------------------------------------------------------------------------------ */
@@ -61,12 +67,19 @@ static df_status read_encoder_config(const df_json *cfg, df_vae_encoder *e)
 {
     const char *src = df_json_source(cfg);
     DF_TRY(df_vae_read_config(cfg, &e->info));
-    if (e->info.flux2)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: the AutoencoderKLFlux2 encoder is not implemented yet (only "
-                         "AutoencoderKL's)",
-                         src);
-    /* the decoder reads block_out_channels backwards; the encoder forwards, same entries */
+    /* the decoder reads block_out_channels backwards, the encoder forwards; a FLUX.2
+     * config's decoder_block_out_channels (which df_vae_read_config put in their place) are
+     * not the encoder's */
+    if (e->info.flux2) {
+        int64_t n;
+        DF_TRY(df_json_get_int_array(cfg, "block_out_channels", e->info.block_out_channels,
+                                     DF_VAE_MAX_BLOCKS, &n));
+        for (int i = 0; i < e->info.n_blocks; i++)
+            if (e->info.block_out_channels[i] % e->info.norm_num_groups)
+                return df_errorf(DF_E_FORMAT,
+                                 "%s: norm_num_groups %d does not divide block_out_channels[%d]",
+                                 src, e->info.norm_num_groups, i);
+    }
     DF_TRY(df_json_get_int_or(cfg, "in_channels", 3, &e->in_channels));
     if (e->in_channels < 1 || e->in_channels > 64)
         return df_errorf(DF_E_FORMAT, "%s: in_channels is %lld", src, (long long)e->in_channels);
@@ -133,6 +146,33 @@ static df_status bind_weights(df_vae_encoder *e)
     return df_ws_check_all_used(ws);
 }
 
+/* AutoencoderKLFlux2's bn.running_mean / running_var to the host (see struct df_vae_encoder). */
+static df_status bind_batch_norm(df_ctx *ctx, df_vae_encoder *e)
+{
+    int64_t n = e->info.bn_channels;
+    df_tensor *mean, *var;
+    DF_TRY(df_ws_tensor(e->ws, &mean, 1, (int64_t[]){n}, "bn.running_mean"));
+    DF_TRY(df_ws_tensor(e->ws, &var, 1, (int64_t[]){n}, "bn.running_var"));
+    df_ws_ignore_prefix(e->ws, "bn.num_batches_tracked");
+    e->bn_mean = df_malloc((size_t)n * sizeof *e->bn_mean);
+    e->bn_std = df_malloc((size_t)n * sizeof *e->bn_std);
+    if (!e->bn_mean || !e->bn_std)
+        return df_errorf(DF_E_OOM, "vae encoder: out of memory");
+    DF_TRY(df_tensor_read(ctx, mean, DF_DTYPE_F32, e->bn_mean, (size_t)n * sizeof(float)));
+    DF_TRY(df_tensor_read(ctx, var, DF_DTYPE_F32, e->bn_std, (size_t)n * sizeof(float)));
+    float eps = (float)e->info.batch_norm_eps;
+    for (int64_t i = 0; i < n; i++) {
+        float v = e->bn_std[i] + eps;
+        if (!(v > 0.0f))
+            return df_errorf(DF_E_FORMAT,
+                             "vae: bn.running_var[%lld] + batch_norm_eps is %g (the encoder "
+                             "divides by its square root)",
+                             (long long)i, (double)v);
+        e->bn_std[i] = sqrtf(v);
+    }
+    return DF_OK;
+}
+
 df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out)
 {
     *out = NULL;
@@ -147,6 +187,8 @@ df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out
         s = df_weight_set_config(e->ws, &cfg);
     if (s == DF_OK)
         s = read_encoder_config(cfg, e);
+    if (s == DF_OK && e->info.flux2)
+        s = bind_batch_norm(ctx, e);
     if (s == DF_OK)
         s = bind_weights(e);
     if (s != DF_OK) {
@@ -174,6 +216,8 @@ void df_vae_encoder_free(df_vae_encoder *e)
     df_weight_set_free(e->ws); /* waits for queued kernels that read the weights */
     for (int i = 0; i < DF_VAE_MAX_BLOCKS; i++)
         df_free(e->down[i].resnets);
+    df_free(e->bn_mean);
+    df_free(e->bn_std);
     df_free(e);
 }
 
@@ -266,5 +310,31 @@ df_status df_vae_scale_latents(const df_vae_info *info, float *latents, int64_t 
     float shift = (float)info->shift_factor, scale = (float)info->scaling_factor;
     for (int64_t i = 0; i < n; i++)
         latents[i] = (latents[i] - shift) * scale;
+    return DF_OK;
+}
+
+df_status df_vae_encoder_flux2_normalize(const df_vae_encoder *e, const float *latents,
+                                         int64_t batch, int64_t height, int64_t width,
+                                         float *out)
+{
+    if (!e || !latents || !out || batch < 1 || height < 2 || width < 2)
+        return df_errorf(DF_E_ARG, "df_vae_encoder_flux2_normalize: NULL pointer or a size "
+                                   "below 1 (2 for height and width)");
+    if (!e->info.flux2)
+        return df_errorf(DF_E_ARG, "df_vae_encoder_flux2_normalize: the VAE is not an "
+                                   "AutoencoderKLFlux2 (it has no batch-norm statistics)");
+    if (height % 2 || width % 2)
+        return df_errorf(DF_E_SHAPE, "FLUX.2 latents %lldx%lld: patchifying needs even sizes",
+                         (long long)height, (long long)width);
+    int64_t C = e->info.latent_channels, h = height / 2, w = width / 2;
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t c = 0; c < C; c++)
+            for (int64_t y = 0; y < height; y++)
+                for (int64_t x = 0; x < width; x++) {
+                    int64_t pc = c * 4 + (y % 2) * 2 + x % 2; /* _patchify_latents */
+                    float v = latents[((b * C + c) * height + y) * width + x];
+                    out[((b * 4 * C + pc) * h + y / 2) * w + x / 2] =
+                        (v - e->bn_mean[pc]) / e->bn_std[pc];
+                }
     return DF_OK;
 }

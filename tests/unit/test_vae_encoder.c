@@ -1,7 +1,8 @@
 /*
  * Tests for the VAE encoder and its posterior (src/models/vae_encoder.c) beyond the
  * reference cases of tests/cases/vae-encode-*: inputs that do not fit are refused with a
- * message, an AutoencoderKLFlux2 folder is refused as not implemented, the posterior's mode
+ * message, an AutoencoderKLFlux2 encoder loads and patchifies + normalises (refused for an
+ * AutoencoderKL and for odd sizes), the posterior's mode
  * is the mean and sample() continues the generator as torch does (one draw for the batch),
  * and scaling applies (x - shift) * scale.
  */
@@ -49,14 +50,36 @@ static void test_images_that_do_not_fit_are_refused(void **state)
     df_ctx_free(ctx);
 }
 
-static void test_flux2_encoder_is_not_implemented_yet(void **state)
+static void test_flux2_encoder_and_its_normalisation(void **state)
 {
     (void)state;
     df_ctx *ctx = new_ctx();
-    df_vae_encoder *e = (df_vae_encoder *)1;
-    assert_int_equal(df_vae_encoder_load(ctx, FLUX2_VAE, &e), DF_E_UNSUPPORTED);
-    assert_null(e);
+    df_vae_encoder *e;
+    assert_int_equal(df_vae_encoder_load(ctx, FLUX2_VAE, &e), DF_OK);
+    const df_vae_info *info = df_vae_encoder_config(e);
+    assert_true(info->flux2);
+    assert_int_equal(info->latent_channels, 32);
+    enum { C = 32, H = 2, W = 4 };
+    static float lat[C * H * W], out[C * H * W];
+    for (int i = 0; i < C * H * W; i++)
+        lat[i] = (float)i;
+    assert_int_equal(df_vae_encoder_flux2_normalize(e, lat, 1, H, W, out), DF_OK);
+    /* (c, y, x) = (1, 1, 3) lands in channel 1*4 + 1*2 + 1 = 7 at (0, 1) of [128, 1, 2]:
+     * changing that input changes that output and no other */
+    static float lat2[C * H * W], out2[C * H * W];
+    memcpy(lat2, lat, sizeof lat);
+    lat2[(1 * H + 1) * W + 3] += 1.0f;
+    assert_int_equal(df_vae_encoder_flux2_normalize(e, lat2, 1, H, W, out2), DF_OK);
+    for (int i = 0; i < C * H * W; i++)
+        assert_true((out2[i] != out[i]) == (i == 7 * 2 + 1));
+    assert_int_equal(df_vae_encoder_flux2_normalize(e, lat, 1, 3, W, out), DF_E_SHAPE);
+    df_vae_encoder_free(e);
+
+    df_vae_encoder *kl;
+    assert_int_equal(df_vae_encoder_load(ctx, FLUX_VAE, &kl), DF_OK);
+    assert_int_equal(df_vae_encoder_flux2_normalize(kl, lat, 1, H, W, out), DF_E_ARG);
     assert_non_null(strstr(df_error_message(), "AutoencoderKLFlux2"));
+    df_vae_encoder_free(kl);
     df_ctx_free(ctx);
 }
 
@@ -109,7 +132,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images_that_do_not_fit_are_refused),
-        cmocka_unit_test(test_flux2_encoder_is_not_implemented_yet),
+        cmocka_unit_test(test_flux2_encoder_and_its_normalisation),
         cmocka_unit_test(test_posterior_mode_and_sample),
         cmocka_unit_test(test_scaling_uses_shift_then_scale),
     };

@@ -8,6 +8,8 @@
  * posterior gives the latents, with sample(generator) (args.generator, one torch generator
  * for the batch) or the mean (args.sample_mode "argmax"); last (x - shift_factor) *
  * scaling_factor. Outputs compared: preprocessed, moments, latents, latents_scaled.
+ * AutoencoderKLFlux2: latents_scaled is Flux2Pipeline._encode_vae_image's result instead,
+ * the latents patchified 2x2 and normalised by the batch-norm statistics.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,12 +126,23 @@ static int run(check_case *c, df_ctx *ctx, df_vae_encoder *enc)
     }
     if (!failed)
         failed |= check_compare_f32(c, "latents", lat, n_lat);
+    float *scaled = failed ? NULL : malloc((size_t)n_lat * sizeof *scaled);
+    if (!failed && !scaled)
+        failed = check_fail(c, "out of memory");
     if (!failed) {
-        if (df_vae_scale_latents(df_vae_encoder_config(enc), lat, n_lat) != DF_OK)
+        df_status st;
+        if (df_vae_encoder_config(enc)->flux2) {
+            st = df_vae_encoder_flux2_normalize(enc, lat, b.n, lh, lw, scaled);
+        } else {
+            memcpy(scaled, lat, (size_t)n_lat * sizeof *scaled);
+            st = df_vae_scale_latents(df_vae_encoder_config(enc), scaled, n_lat);
+        }
+        if (st != DF_OK)
             failed = check_fail(c, "scale: %s", df_error_message());
         else
-            failed |= check_compare_f32(c, "latents_scaled", lat, n_lat);
+            failed |= check_compare_f32(c, "latents_scaled", scaled, n_lat);
     }
+    free(scaled);
     check_write_stats(c, ctx);
     free(b.pixels);
     free(m);
@@ -139,7 +152,7 @@ static int run(check_case *c, df_ctx *ctx, df_vae_encoder *enc)
 
 int check_kind_vae_encode(check_case *c)
 {
-    if (strcmp(c->cls, "AutoencoderKL") != 0)
+    if (strcmp(c->cls, "AutoencoderKL") != 0 && strcmp(c->cls, "AutoencoderKLFlux2") != 0)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "a vae_encode case needs \"dir\" (the vae folder)");

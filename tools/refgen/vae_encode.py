@@ -7,16 +7,18 @@ retrieve_latents with sample(generator) or argmax (mode), then (x - shift_factor
 scaling_factor. out.* in float64 (noise drawn in float32, as a float32 pipeline draws it); torch's
 float32 run sets the tolerances but is not stored.
 
-    /work/venv/bin/python tools/refgen/vae_encode.py
+    /work/venv/bin/python tools/refgen/vae_encode.py [CASE ...]
 """
 import os
+import sys
 
 import numpy as np
 import torch
 from PIL import Image
 
 import refcase
-from diffusers import AutoencoderKL
+from diffusers import AutoencoderKL, AutoencoderKLFlux2
+from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline
 from diffusers.image_processor import VaeImageProcessor
 from diffusers.pipelines.flux.pipeline_flux_img2img import retrieve_latents
 
@@ -27,11 +29,17 @@ CASES = [
     ("vae-encode-flux", "vae-decode-flux", [(40, 48)], 16, 64, 64, 7, "sample"),
     ("vae-encode-sd3-b2", "vae-decode-sd3", [(64, 64), (64, 64)], 8, 64, 64, 3, "sample"),
     ("vae-encode-sd3-mode", "vae-decode-sd3", [(72, 70)], 8, None, None, None, "argmax"),
+    ("vae-encode-flux2", "vae-decode-flux2", [(64, 64)], 16, 64, 64, None, "argmax"),
+    # decoder_block_out_channels [4, 8, 12] beside block_out_channels [4, 4, 4]: the encoder
+    # is built from the latter (a folder of tests/cases, not tests/golden)
+    ("vae-encode-flux2-widths", "cases/vae-decode-flux2-decoder-widths", [(32, 32)], 16, 32,
+     32, None, "argmax"),
 ]
 
 
 def run(vae_dir, pictures, factor, height, width, seed, mode, dtype):
-    vae = AutoencoderKL.from_pretrained(vae_dir).to(dtype)
+    flux2 = "flux2" in vae_dir
+    vae = (AutoencoderKLFlux2 if flux2 else AutoencoderKL).from_pretrained(vae_dir).to(dtype)
     proc = VaeImageProcessor(vae_scale_factor=factor)
     pre = proc.preprocess(pictures if len(pictures) > 1 else pictures[0], height=height,
                           width=width)
@@ -39,13 +47,24 @@ def run(vae_dir, pictures, factor, height, width, seed, mode, dtype):
         moments = vae.encode(pre.to(dtype)).latent_dist.parameters
         gen = torch.Generator("cpu").manual_seed(seed) if seed is not None else None
         lat = retrieve_latents(vae.encode(pre.to(dtype)), generator=gen, sample_mode=mode)
-    scaled = (lat - vae.config.shift_factor) * vae.config.scaling_factor
+    if flux2:  # Flux2Pipeline._encode_vae_image after retrieve_latents
+        p = Flux2Pipeline._patchify_latents(lat)
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(dtype)
+        scaled = (p - mean) / std
+    else:
+        scaled = (lat - vae.config.shift_factor) * vae.config.scaling_factor
     return pre, moments, lat, scaled
 
 
 def main():
+    only = set(sys.argv[1:])  # case names to (re)make; none: all
     for name, golden, sizes, factor, height, width, seed, mode in CASES:
-        vae_dir = os.path.join(refcase.ROOT, "tests", "golden", golden, "vae")
+        if only and name not in only:
+            continue
+        in_cases = golden.startswith("cases/")
+        vae_dir = os.path.join(refcase.ROOT, "tests", golden if in_cases else "golden/" + golden,
+                               "vae")
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
         files, pictures = [], []
@@ -68,8 +87,8 @@ def main():
             "covers": f"{len(files)} picture(s) -> VaeImageProcessor(vae_scale_factor={factor})"
                       f".preprocess -> AutoencoderKL.encode -> retrieve_latents({mode}) -> "
                       "(x - shift) * scale",
-            "class": "AutoencoderKL",
-            "dir": f"../../golden/{golden}/vae",
+            "class": "AutoencoderKLFlux2" if "flux2" in golden else "AutoencoderKL",
+            "dir": f"../{golden[6:]}/vae" if in_cases else f"../../golden/{golden}/vae",
             "call": "pre = VaeImageProcessor(vae_scale_factor).preprocess(images, height, width); "
                     "moments = vae.encode(pre).latent_dist.parameters; latents = retrieve_latents("
                     "vae.encode(pre), generator, sample_mode); latents_scaled = (latents - "
@@ -85,7 +104,10 @@ def main():
                       "(randn_tensor patched to draw float32 and upcast); the tolerances are 20x the difference of "
                       "torch's float32 run (not stored, to keep the case small)",
                       "images are PNG files in the case folder, read as PIL RGB images",
-                      "preprocessed is exact up to float32 rounding (PIL's resize is integer)"],
+                      "preprocessed is exact up to float32 rounding (PIL's resize is integer)",
+                      "AutoencoderKLFlux2: latents_scaled = Flux2Pipeline._encode_vae_image: "
+                      "_patchify_latents(latents), then (x - bn.running_mean) / sqrt("
+                      "bn.running_var + batch_norm_eps)"],
             "provenance": refcase.provenance(),
         }, tensors)
         print(name, {k: v for k, v in tol.items()})
