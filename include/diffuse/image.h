@@ -81,8 +81,7 @@ DF_API void df_image_free(df_image *img); /* NULL is fine */
  * DF_IMAGE_MAX_PIXELS pixels (judged from the header); DF_E_OOM. *out is owned by the
  * caller (df_image_free).
  */
-DF_API df_status df_image_decode(const void *data, size_t len, const char *name,
-                                 df_image **out);
+DF_API df_status df_image_decode(const void *data, size_t len, const char *name, df_image **out);
 
 /* df_image_decode on the file at `path` (DF_E_IO when it cannot be read). */
 DF_API df_status df_image_load(const char *path, df_image **out);
@@ -113,8 +112,8 @@ DF_API df_status df_image_resize(const df_image *img, int width, int height, df_
  * DF_RESAMPLE_LANCZOS), then 2 * (x / 255) - 1 in float32. DF_E_ARG for a size that rounds
  * to 0 or bad arguments, DF_E_OOM.
  */
-DF_API df_status df_image_preprocess_size(const df_image *img, int height, int width,
-                                          int multiple, int *out_height, int *out_width);
+DF_API df_status df_image_preprocess_size(const df_image *img, int height, int width, int multiple,
+                                          int *out_height, int *out_width);
 DF_API df_status df_image_preprocess(const df_image *img, int height, int width, int multiple,
                                      df_resample filter, float *out);
 

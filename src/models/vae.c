@@ -253,8 +253,8 @@ static df_status bind_weights(df_ctx *ctx, df_vae *vae)
     df_weight_set *ws = vae->ws;
     int64_t top = c->block_out_channels[c->n_blocks - 1];
     if (c->use_post_quant_conv)
-        DF_TRY(df_vae_bind_conv(ws, &vae->post_quant_conv, c->latent_channels, c->latent_channels, 1,
-                         "post_quant_conv"));
+        DF_TRY(df_vae_bind_conv(ws, &vae->post_quant_conv, c->latent_channels, c->latent_channels,
+                                1, "post_quant_conv"));
     DF_TRY(df_vae_bind_conv(ws, &vae->conv_in, top, c->latent_channels, 3, "decoder.conv_in"));
     DF_TRY(df_vae_bind_resnet(ws, &vae->mid_resnets[0], top, top, "decoder.mid_block.resnets.0"));
     if (c->mid_block_add_attention)
@@ -281,7 +281,7 @@ static df_status bind_weights(df_ctx *ctx, df_vae *vae)
     }
     DF_TRY(df_vae_bind_norm(ws, &vae->norm_out, c->block_out_channels[0], "decoder.conv_norm_out"));
     DF_TRY(df_vae_bind_conv(ws, &vae->conv_out, c->out_channels, c->block_out_channels[0], 3,
-                     "decoder.conv_out"));
+                            "decoder.conv_out"));
 
     if (c->flux2)
         DF_TRY(bind_batch_norm(ctx, vae));

@@ -314,8 +314,7 @@ df_status df_vae_scale_latents(const df_vae_info *info, float *latents, int64_t 
 }
 
 df_status df_vae_encoder_flux2_normalize(const df_vae_encoder *e, const float *latents,
-                                         int64_t batch, int64_t height, int64_t width,
-                                         float *out)
+                                         int64_t batch, int64_t height, int64_t width, float *out)
 {
     if (!e || !latents || !out || batch < 1 || height < 2 || width < 2)
         return df_errorf(DF_E_ARG, "df_vae_encoder_flux2_normalize: NULL pointer or a size "

@@ -566,8 +566,8 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
     DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
     float sigma = df_scheduler_sigmas(sched)[r->first];
     df_scheduler_free(sched);
-    return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor,
-                              sigma, out);
+    return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
+                              out);
 }
 
 static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)

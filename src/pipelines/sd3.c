@@ -517,9 +517,9 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     DF_TRY(df_scheduler_create(&s->sched, out));
     int64_t seq = (h / c->patch_size) * (w / c->patch_size);
-    double mu = df_flux_calculate_shift(seq, s->sched.base_image_seq_len,
-                                        s->sched.max_image_seq_len, s->sched.base_shift,
-                                        s->sched.max_shift);
+    double mu =
+        df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
+                                s->sched.base_shift, s->sched.max_shift);
     DF_TRY(df_scheduler_set_timesteps(*out, r->steps, NULL,
                                       s->sched.use_dynamic_shifting ? &mu : NULL));
     return df_scheduler_set_begin_index(*out, r->first);
@@ -645,8 +645,8 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
     float sigma = df_scheduler_sigmas(sched)[r->first];
     df_scheduler_free(sched);
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
-    return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple,
-                              sigma, out);
+    return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
+                              out);
 }
 
 static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
