@@ -146,7 +146,10 @@ typedef struct df_gen_params {
      * resized to height x width as VaeImageProcessor does (PIL's Lanczos), encoded, and
      * noised to the step where the loop starts. strength in (0, 1] is the part of the
      * schedule that runs (the first int(steps - steps * strength) steps are skipped); 0
-     * means 0.6, diffusers' default. One generator only. NULL image: text to image. */
+     * means 0.6, diffusers' default. One generator only. NULL image: text to image.
+     * FLUX.2 (Flux2Pipeline, Flux2KleinPipeline): a reference picture to edit instead
+     * (sides multiples of 16, at most 1024x1024; height / width default to its size; no
+     * strength: the run starts from noise). */
     const df_image *image;
     double strength;
 } df_gen_params;

@@ -38,15 +38,38 @@ for arch in flux sd3; do
         echo "ok   $arch: the input picture changes the result"
 done
 
-# FLUX.2 reference images are not implemented yet: refused, never ignored.
-if "$diffuse" generate -m "$golden/t2i-flux2/pipeline" -p x -W 64 -H 64 --steps 1 --threads 2 \
-        --image "$cases/image-input/rgb.png" -o "$work/f2.png" >"$work/err" 2>&1; then
-    fail "FLUX.2 with --image was accepted"
-elif grep -q "with an input image (reference-image editing) is not implemented yet" "$work/err"; then
-    echo "ok   FLUX.2 with --image: $(cat "$work/err")"
+# FLUX.2 takes the picture as a reference to edit: the output takes its size, the PNG
+# records the input but no strength, and the picture changes the result; a strength, or a
+# picture Flux2ImageProcessor would crop, is refused.
+f2=$golden/t2i-flux2/pipeline
+ref=$cases/edit-flux2/image.png
+if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 --image "$ref" -o "$work/f2-ref.png" \
+        >"$work/log" 2>&1 &&
+   "$diffuse" generate -m "$f2" -p x -W 64 -H 64 --steps 1 --threads 2 -o "$work/f2-t2i.png" \
+        >>"$work/log" 2>&1; then
+    "$diffuse" info "$work/f2-ref.png" >"$work/info"
+    head -n 1 "$work/info" | grep -q ": 64x64 RGB" && grep -q "init image: *image.png" "$work/info" &&
+        ! grep -q "strength:" "$work/info" &&
+        echo "ok   FLUX.2 --image: the reference's size, its name, no strength" ||
+        { fail "FLUX.2 --image parameters:"; cat "$work/info"; }
+    cmp -s "$work/f2-ref.png" "$work/f2-t2i.png" && fail "FLUX.2: --image changed nothing" ||
+        echo "ok   FLUX.2: the reference changes the result"
 else
-    fail "FLUX.2 with --image: $(cat "$work/err")"
+    fail "FLUX.2 generate:"; cat "$work/log"
 fi
+for bad in "--strength 0.5|takes reference images, not a strength|$ref" \
+           "--threads 2|multiples of 16, which Flux2ImageProcessor crops|$cases/vae-encode-sd3-mode/image0.png"; do
+    opt=${bad%%|*}; rest=${bad#*|}; text=${rest%%|*}; pic=${rest#*|}
+    # shellcheck disable=SC2086
+    if "$diffuse" generate -m "$f2" -p x --steps 1 $opt --image "$pic" -o "$work/f2-bad.png" \
+            >"$work/err" 2>&1; then
+        fail "FLUX.2 with $opt and $pic was accepted"
+    elif grep -q "$text" "$work/err"; then
+        echo "ok   FLUX.2 refuses: $(cat "$work/err")"
+    else
+        fail "FLUX.2 with $opt: $(cat "$work/err")"
+    fi
+done
 
 refused() { # refused WHAT EXPECTED_TEXT ARGS...
     what=$1; text=$2; shift 2

@@ -186,7 +186,7 @@ static int get_image(check_case *c, df_gen_params *g, df_image **image)
     if (df_image_load(path, image) != DF_OK)
         return check_fail(c, "args.image: %s", df_error_message());
     g->image = *image;
-    if (df_json_get_double_or(c->args, "strength", 0.6, &g->strength) != DF_OK)
+    if (df_json_get_double_or(c->args, "strength", 0.0, &g->strength) != DF_OK) /* 0: 0.6 */
         return check_fail(c, "args.strength: %s", df_error_message());
     return 0;
 }

@@ -57,7 +57,9 @@ static void help(FILE *f)
         "      --slg-start X          fraction of the steps where it starts (default 0.01)\n"
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
         "      --image FILE           image to image: start from this PNG or JPEG (FLUX.1, SD3;\n"
-        "                             resized to the output size with PIL's Lanczos filter)\n"
+        "                             resized to the output size with PIL's Lanczos filter);\n"
+        "                             FLUX.2: a reference image to edit (sides multiples of 16,\n"
+        "                             at most 1024x1024; the output takes its size by default)\n"
         "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
         "                             (default 0.6; 1 starts from pure noise)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
@@ -501,7 +503,9 @@ int cmd_generate(int argc, char **argv)
                 const char *base = strrchr(image_path, '/');
                 ip.init_image = base && base[1] ? base + 1 : image_path;
                 ip.init_image_hash = init_hash;
-                ip.denoising_strength = g.strength != 0 ? g.strength : 0.6;
+                /* FLUX.2 takes the picture as a reference and always starts from noise */
+                bool flux2 = strncmp(df_pipeline_class(p), "Flux2", 5) == 0;
+                ip.denoising_strength = flux2 ? 0 : g.strength != 0 ? g.strength : 0.6;
             }
             s = df_image_format_parameters(&ip, &params);
             if (s == DF_OK)

@@ -1,0 +1,36 @@
+/*
+ * FLUX.2's reference images (Flux2Pipeline / Flux2KleinPipeline with image=): the encoded
+ * picture as extra tokens with their own ids, joined to the latents on the transformer's
+ * input only (flux2_reference.c).
+ */
+#ifndef DF_PIPELINES_FLUX2_REFERENCE_H
+#define DF_PIPELINES_FLUX2_REFERENCE_H
+
+#include <diffuse/pipeline.h>
+#include <diffuse/vae.h>
+
+typedef struct df_flux2_reference {
+    int64_t n_tokens; /* Sr */
+    int64_t channels; /* 4 * latent_channels (128) */
+    float *tokens;    /* [Sr, channels] */
+    float *ids;       /* [Sr, 4] as (t, h, w, l), f32 as the transformer reads ids */
+} df_flux2_reference;
+
+/*
+ * Checks the picture against the size rules this version implements (sides multiples of
+ * `multiple`, area at most 1024 x 1024: Flux2ImageProcessor's resize and crop are not
+ * written yet) before any model runs. DF_E_UNSUPPORTED naming the rule otherwise.
+ */
+df_status df_flux2_reference_check(const df_image *img, int multiple);
+
+/*
+ * prepare_image_latents for one picture: preprocessed at its own size, encoded, the
+ * posterior's mode, patchified and batch-norm normalised, packed row by row into tokens
+ * with ids (10, y, x, 0) (_prepare_image_ids: t = 10 + 10 * i for picture i). The encoder
+ * is loaded from vae_dir into *enc on first use. Free with df_flux2_reference_deinit.
+ */
+df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                                  const df_image *img, int multiple, df_flux2_reference *out);
+void df_flux2_reference_deinit(df_flux2_reference *r);
+
+#endif

@@ -1,0 +1,84 @@
+"""Reference cases for FLUX.2 reference-image editing (Flux2Pipeline(image=...)).
+
+On the tiny Flux2Pipeline folder of tests/golden/t2i-flux2, from a prompt string, with one
+64x64 reference picture drawn here (stored as image.png in the case folder; its sides are
+multiples of 16 and its area under 1024x1024, so Flux2ImageProcessor neither resizes nor
+crops it). out.* are the float64 run (noise drawn in float32); torch's float32 run sets
+the tolerances (20x its difference, floors 1e-4 / 1e-5) but is not stored.
+
+    /work/venv/bin/python tools/refgen/flux2_edit.py
+"""
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+import refcase
+
+refcase.patch_randn_float32()
+from diffusers import Flux2Pipeline  # noqa: E402
+
+CASES = [
+    # name, images per prompt, seed, picture seed
+    ("edit-flux2", 1, 0, 7),
+    ("edit-flux2-b2", 2, 5, 8),
+]
+ARGS = dict(prompt="a small wooden cabin by a frozen lake at night, aurora overhead",
+            num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512)
+
+
+def main():
+    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", "t2i-flux2", "pipeline")
+    pipes = {d: Flux2Pipeline.from_pretrained(pipe_dir, torch_dtype=d)
+             for d in (torch.float64, torch.float32)}
+    for name, per, seed, pic in CASES:
+        out_dir = os.path.join(refcase.CASES, name)
+        os.makedirs(out_dir, exist_ok=True)
+        path = os.path.join(out_dir, "image.png")
+        Image.fromarray(refcase.picture(64, 64, 300 + pic), "RGB").save(path)
+        res = {}
+        for dtype, pipe in pipes.items():
+            outs = []
+            for output_type in ("np", "latent"):
+                with torch.no_grad():
+                    o = pipe(image=Image.open(path).convert("RGB"), num_images_per_prompt=per,
+                             generator=torch.Generator("cpu").manual_seed(seed),
+                             output_type=output_type, **ARGS).images
+                outs.append(o if output_type == "np" else o.double().numpy())
+            res[dtype] = outs
+        img64, lat64 = res[torch.float64]
+        img32, lat32 = res[torch.float32]
+        tensors = {"out.image": np.asarray(img64, np.float32),
+                   "out.latents_final": np.asarray(lat64, np.float64),
+                   "out.image_uint8": (np.asarray(img64, np.float64) * 255).round().astype(np.uint8)}
+        args = dict(ARGS, image="image.png", num_images_per_prompt=per, output_type="np",
+                    generator={"device": "cpu", "seed": seed})
+        refcase.write_case(name, {
+            "kind": "pipeline",
+            "covers": f"Flux2Pipeline with one 64x64 reference image, B = {per}",
+            "class": "Flux2Pipeline",
+            "dir": "../../golden/t2i-flux2/pipeline",
+            "call": "pipe(image=Image.open('image.png').convert('RGB'), generator=torch."
+                    "Generator('cpu').manual_seed(seed), **args); latents_final: the same call "
+                    "with output_type='latent'",
+            "args": args,
+            "outputs": {"latents_final": "out.latents_final", "image": "out.image",
+                        "image_uint8": "out.image_uint8"},
+            "tolerance": {
+                "latents_final": refcase.tolerance(lat64, lat32, 1e-4, 1e-5),
+                "image": refcase.tolerance(img64, img32, 1e-4, 1e-5),
+                "image_uint8": {"max_abs": 1, "rel_l2": 1.0}},
+            "exact": [],
+            "notes": ["out.* = every model in float64, the noise drawn in float32; out.image "
+                      "stored as float32",
+                      "the reference picture: VAE mode, _patchify_latents, batch-norm "
+                      "normalisation, tokens with ids (10, h, w, 0) joined after the latents on "
+                      "the transformer input; the output cut to the latents' tokens"],
+            "provenance": refcase.provenance(),
+        }, tensors)
+        print(name, "done")
+
+
+if __name__ == "__main__":
+    main()
