@@ -152,6 +152,10 @@ typedef struct df_gen_params {
      * strength: the run starts from noise). */
     const df_image *image;
     double strength;
+    /* FLUX.2: several reference pictures (borrowed), instead of `image`; the output takes
+     * the first one's size by default. The other pipelines take one picture. */
+    const df_image *const *images;
+    int n_images;
 } df_gen_params;
 
 typedef struct df_gen_output {

@@ -250,6 +250,9 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
                          r->max_seq);
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
+    if (g->n_images != 0)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
+                         p->dir, p->cls->name, g->n_images);
     if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
     if (!df_pipeline_lead(p))

@@ -701,7 +701,15 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     flux2_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
     df_gen_params with_size;
-    if (g->image) { /* the output takes the reference's size unless one is given */
+    const df_image *const *refs = g->n_images > 0 ? g->images : &g->image;
+    int n_refs = g->n_images > 0 ? g->n_images : g->image ? 1 : 0;
+    if (g->n_images < 0 || (g->n_images > 0 && (!g->images || g->image)))
+        return df_errorf(DF_E_ARG, "give either one image or a list of n_images (%d) images",
+                         g->n_images);
+    for (int i = 0; i < n_refs; i++)
+        if (!refs[i])
+            return df_errorf(DF_E_ARG, "reference image %d of %d is NULL", i, n_refs);
+    if (n_refs > 0) { /* the output takes the first reference's size unless one is given */
         if (df_pipeline_tp(p))
             return df_errorf(DF_E_UNSUPPORTED,
                              "%s: reference images with tensor parallelism "
@@ -712,10 +720,11 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
                              "%s: %s takes reference images, not a strength (it "
                              "always starts from noise)",
                              p->dir, p->cls->name);
-        DF_TRY(df_flux2_reference_check(g->image, 16));
+        for (int i = 0; i < n_refs; i++)
+            DF_TRY_CTX(df_flux2_reference_check(refs[i], 16), "reference image %d", i);
         with_size = *g;
-        with_size.height = g->height ? g->height : g->image->height;
-        with_size.width = g->width ? g->width : g->image->width;
+        with_size.height = g->height ? g->height : refs[0]->height;
+        with_size.width = g->width ? g->width : refs[0]->width;
         g = &with_size;
     }
     run_sizes r = resolve(p, f, g);
@@ -744,8 +753,8 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
     df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
-    if (s == DF_OK && g->image)
-        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, g->image, r.factor, &ref);
+    if (s == DF_OK && n_refs > 0)
+        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);

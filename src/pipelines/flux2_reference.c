@@ -6,8 +6,9 @@
  * resizes nor crops), the AutoencoderKLFlux2 encoder, the posterior's mode ("argmax": no
  * random numbers are drawn), the 2x2 patchify and the batch-norm normalisation. The result
  * [1, 128, h, w] becomes h * w tokens in row-major order, each with the id (t, y, x, 0)
- * where t = 10 for the first picture. The denoising loop joins these tokens after the
- * latents on the transformer's input and keeps only the latents' part of its output.
+ * where t = 10 + 10 i for picture i; the pictures' tokens follow each other. The denoising loop
+ * joins these tokens after the latents on the transformer's input and keeps only the latents' part
+ * of its output.
  */
 #include "pipelines/flux2_reference.h"
 
@@ -23,14 +24,22 @@
 
 df_status df_flux2_reference_check(const df_image *img, int multiple)
 {
+    /* Flux2ImageProcessor.check_image_input's rules (diffusers' ValueError) */
+    if (img->width < 64 || img->height < 64)
+        return df_errorf(DF_E_ARG,
+                         "%dx%d is too small: both sides must be at "
+                         "least 64 pixels",
+                         img->width, img->height);
+    if ((double)img->width / img->height > 8 || (double)img->height / img->width > 8)
+        return df_errorf(DF_E_ARG, "%dx%d: the aspect ratio is over 8:1", img->width, img->height);
     if ((int64_t)img->width * img->height > REFERENCE_MAX_AREA)
         return df_errorf(DF_E_UNSUPPORTED,
-                         "reference image %dx%d: pictures over 1024x1024 pixels, which "
+                         "%dx%d: pictures over 1024x1024 pixels, which "
                          "Flux2ImageProcessor shrinks, are not supported yet",
                          img->width, img->height);
     if (img->width % multiple || img->height % multiple)
         return df_errorf(DF_E_UNSUPPORTED,
-                         "reference image %dx%d: sides that are not multiples of %d, which "
+                         "%dx%d: sides that are not multiples of %d, which "
                          "Flux2ImageProcessor crops, are not supported yet",
                          img->width, img->height, multiple);
     return DF_OK;
@@ -71,39 +80,49 @@ static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_image *img
 }
 
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                  const df_image *img, int multiple, df_flux2_reference *out)
+                                  const df_image *const *imgs, int n, int multiple,
+                                  df_flux2_reference *out)
 {
     memset(out, 0, sizeof *out);
-    DF_TRY(df_flux2_reference_check(img, multiple));
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        DF_TRY_CTX(df_flux2_reference_check(imgs[i], multiple), "reference image %d", i);
+        total += (int64_t)(imgs[i]->height / multiple) * (imgs[i]->width / multiple);
+    }
     if (!*enc)
         DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
-    const df_vae_info *info = df_vae_encoder_config(*enc);
-    int64_t h = img->height / multiple, w = img->width / multiple, C = 4 * info->latent_channels;
-    float *lat = df_malloc((size_t)(C * h * w) * sizeof *lat);
-    out->tokens = df_malloc((size_t)(C * h * w) * sizeof *out->tokens);
-    out->ids = df_malloc((size_t)(4 * h * w) * sizeof *out->ids);
-    df_status s = lat && out->tokens && out->ids ? DF_OK
-                                                 : df_errorf(DF_E_OOM, "out of memory for "
-                                                                       "the reference image");
+    int64_t C = 4 * df_vae_encoder_config(*enc)->latent_channels;
+    out->tokens = df_malloc((size_t)(C * total) * sizeof *out->tokens);
+    out->ids = df_malloc((size_t)(4 * total) * sizeof *out->ids);
+    df_status s = out->tokens && out->ids ? DF_OK
+                                          : df_errorf(DF_E_OOM, "out of memory for the "
+                                                                "reference images");
     df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
-    if (s == DF_OK)
-        s = encode(p, *enc, img, multiple, lat);
+    int64_t at = 0; /* tokens written so far */
+    for (int i = 0; s == DF_OK && i < n; i++) {
+        int64_t h = imgs[i]->height / multiple, w = imgs[i]->width / multiple;
+        float *lat = df_malloc((size_t)(C * h * w) * sizeof *lat);
+        s = lat ? encode(p, *enc, imgs[i], multiple, lat)
+                : df_errorf(DF_E_OOM, "out of memory for reference image %d", i);
+        for (int64_t y = 0; s == DF_OK && y < h; y++)
+            for (int64_t x = 0; x < w; x++) {
+                int64_t tok = y * w + x;
+                for (int64_t c = 0; c < C; c++) /* _pack_latents: [C, h*w] -> [h*w, C] */
+                    out->tokens[(at + tok) * C + c] = lat[c * h * w + tok];
+                float *id = out->ids + (at + tok) * 4;
+                id[0] = (float)(REFERENCE_T0 + REFERENCE_T0 * i); /* _prepare_image_ids */
+                id[1] = (float)y, id[2] = (float)x, id[3] = 0;
+            }
+        at += h * w;
+        df_free(lat);
+    }
     if (s == DF_OK)
         s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
-    for (int64_t y = 0; s == DF_OK && y < h; y++)
-        for (int64_t x = 0; x < w; x++) {
-            int64_t tok = y * w + x;
-            for (int64_t c = 0; c < C; c++) /* _pack_latents: [C, h*w] -> [h*w, C] */
-                out->tokens[tok * C + c] = lat[c * h * w + tok];
-            float *id = out->ids + tok * 4;
-            id[0] = REFERENCE_T0, id[1] = (float)y, id[2] = (float)x, id[3] = 0;
-        }
-    df_free(lat);
     if (s != DF_OK) {
         df_flux2_reference_deinit(out);
         return s;
     }
-    out->n_tokens = h * w;
+    out->n_tokens = total;
     out->channels = C;
     return DF_OK;
 }

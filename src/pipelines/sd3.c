@@ -371,6 +371,9 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (!isfinite(r->guidance) || !isfinite(r->slg_scale) || !isfinite(r->slg_start) ||
         !isfinite(r->slg_stop))
         return df_errorf(DF_E_ARG, "guidance and skip-layer guidance settings must be finite");
+    if (g->n_images != 0)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
+                         p->dir, p->cls->name, g->n_images);
     if (p->cls == &df_sd3_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: StableDiffusion3Img2ImgPipeline needs an input image",
                          p->dir);

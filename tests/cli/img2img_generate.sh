@@ -57,7 +57,17 @@ if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 --image "$ref" -o "$w
 else
     fail "FLUX.2 generate:"; cat "$work/log"
 fi
+two=$cases/edit-flux2-two
+if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 --image "$two/image0.png" \
+        --image "$two/image1.png" -o "$work/f2-two.png" >"$work/log" 2>&1; then
+    "$diffuse" info "$work/f2-two.png" | grep -q "init image: *image0.png, image1.png$" &&
+        echo "ok   FLUX.2 with two --image: both recorded" ||
+        { fail "FLUX.2 two references:"; "$diffuse" info "$work/f2-two.png"; }
+else
+    fail "FLUX.2 with two --image:"; cat "$work/log"
+fi
 for bad in "--strength 0.5|takes reference images, not a strength|$ref" \
+           "--threads 2|too small: both sides must be at least 64|$cases/vae-encode-flux2-widths/image0.png" \
            "--threads 2|multiples of 16, which Flux2ImageProcessor crops|$cases/vae-encode-sd3-mode/image0.png"; do
     opt=${bad%%|*}; rest=${bad#*|}; text=${rest%%|*}; pic=${rest#*|}
     # shellcheck disable=SC2086

@@ -172,20 +172,34 @@ static int get_cache(check_case *c, df_cache_config *cfg, const df_cache_config 
     return 0;
 }
 
-/* args.image (a file of the case folder) and args.strength, for the img2img classes. */
-static int get_image(check_case *c, df_gen_params *g, df_image **image)
+/* args.image (a file of the case folder, or a list of them: FLUX.2 references) and
+ * args.strength, for the img2img classes and FLUX.2. */
+static int get_image(check_case *c, df_gen_params *g, df_image **images, int cap, int *n)
 {
-    const char *name = NULL;
+    *n = 0;
     const df_json *j = df_json_get(c->args, "image");
     if (!j || df_json_is_null(j))
         return 0;
-    if (df_json_to_string(j, &name) != DF_OK)
-        return check_fail(c, "args.image: expected a file name of the case folder");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", c->dir, name);
-    if (df_image_load(path, image) != DF_OK)
-        return check_fail(c, "args.image: %s", df_error_message());
-    g->image = *image;
+    bool list = df_json_type_of(j) == DF_JSON_ARRAY;
+    int count = list ? (int)df_json_array_size(j) : 1;
+    if (count < 1 || count > cap)
+        return check_fail(c, "args.image: expected a file name or a list of 1 to %d", cap);
+    for (int i = 0; i < count; i++) {
+        const char *name = NULL;
+        if (df_json_to_string(list ? df_json_array_get(j, i) : j, &name) != DF_OK)
+            return check_fail(c, "args.image: expected file names of the case folder");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", c->dir, name);
+        if (df_image_load(path, &images[i]) != DF_OK)
+            return check_fail(c, "args.image: %s", df_error_message());
+        *n = i + 1;
+    }
+    if (list) {
+        g->images = (const df_image *const *)images;
+        g->n_images = count;
+    } else {
+        g->image = images[0];
+    }
     if (df_json_get_double_or(c->args, "strength", 0.0, &g->strength) != DF_OK) /* 0: 0.6 */
         return check_fail(c, "args.strength: %s", df_error_message());
     return 0;
@@ -271,8 +285,9 @@ int check_kind_pipeline(check_case *c)
     g.latents = latents;
     df_cache_config cache;
     rc |= get_cache(c, &cache, &g.cache);
-    df_image *image = NULL;
-    rc |= get_image(c, &g, &image);
+    df_image *images[8] = {0};
+    int n_images = 0;
+    rc |= get_image(c, &g, images, 8, &n_images);
     rc |= unsupported_args(c, sd3);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
@@ -329,6 +344,7 @@ int check_kind_pipeline(check_case *c)
     free(latents);
     free(neg);
     free(neg_pooled);
-    df_image_free(image);
+    for (int i = 0; i < n_images; i++)
+        df_image_free(images[i]);
     return rc;
 }

@@ -59,7 +59,8 @@ static void help(FILE *f)
         "      --image FILE           image to image: start from this PNG or JPEG (FLUX.1, SD3;\n"
         "                             resized to the output size with PIL's Lanczos filter);\n"
         "                             FLUX.2: a reference image to edit (sides multiples of 16,\n"
-        "                             at most 1024x1024; the output takes its size by default)\n"
+        "                             at most 1024x1024; the output takes the first one's size\n"
+        "                             by default); repeat it for several references (up to 8)\n"
         "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
         "                             (default 0.6; 1 starts from pure noise)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
@@ -246,6 +247,36 @@ static void print_cache_steps(const df_cache_config *c, const df_gen_output *out
     }
 }
 
+#define MAX_IMAGES 8
+
+static void free_images(df_image **images, int n)
+{
+    for (int i = 0; i < n; i++)
+        df_image_free(images[i]);
+}
+
+/* Reads every --image file (refusing a bad one with its message) and lists their base names
+ * and SHA-256 digests, comma-separated, for the PNG parameters. Returns 0 or 1. */
+static int load_images(const char *const *paths, int n, df_image **out, char *names,
+                       size_t names_cap, char *hashes, size_t hashes_cap)
+{
+    for (int i = 0; i < n; i++) {
+        char hash[65];
+        if (df_image_load(paths[i], &out[i]) != DF_OK ||
+            df_file_sha256(paths[i], hash) != DF_OK) {
+            fprintf(stderr, "diffuse generate: --image: %s\n", df_error_message());
+            free_images(out, i + 1);
+            return 1;
+        }
+        const char *base = strrchr(paths[i], '/');
+        base = base && base[1] ? base + 1 : paths[i];
+        size_t nl = strlen(names), hl = strlen(hashes);
+        snprintf(names + nl, names_cap - nl, "%s%s", i ? ", " : "", base);
+        snprintf(hashes + hl, hashes_cap - hl, "%s%s", i ? ", " : "", hash);
+    }
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
@@ -278,7 +309,8 @@ int cmd_generate(int argc, char **argv)
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
-    const char *stats_path = NULL, *image_path = NULL;
+    const char *stats_path = NULL, *image_paths[MAX_IMAGES];
+    int n_image_paths = 0;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
     df_cache_config cache;
@@ -401,7 +433,13 @@ int cmd_generate(int argc, char **argv)
             g.cache = &cache;
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
-        case O_IMAGE: image_path = optarg; break;
+        case O_IMAGE:
+            if (n_image_paths == MAX_IMAGES) {
+                fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);
+                return 2;
+            }
+            image_paths[n_image_paths++] = optarg;
+            break;
         case O_STRENGTH:
             if ((rc = parse_number("--strength", optarg, &g.strength)))
                 return rc;
@@ -438,30 +476,30 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "diffuse generate: cannot write '%s': %s\n", output, strerror(errno));
         return 1;
     }
-    if (g.strength != 0 && !image_path) {
+    if (g.strength != 0 && !n_image_paths) {
         fprintf(stderr, "diffuse generate: --strength needs --image FILE\n");
         return 2;
     }
-    /* The input picture is read and checked before any model loads. */
-    df_image *init_image = NULL;
-    char init_hash[65] = "";
-    if (image_path && (df_image_load(image_path, &init_image) != DF_OK ||
-                       df_file_sha256(image_path, init_hash) != DF_OK)) {
-        fprintf(stderr, "diffuse generate: --image: %s\n", df_error_message());
-        df_image_free(init_image);
+    /* The input pictures are read and checked before any model loads. */
+    df_image *init_images[MAX_IMAGES] = {0};
+    char init_names[MAX_IMAGES * 256] = "", init_hashes[MAX_IMAGES * 66] = "";
+    if (load_images(image_paths, n_image_paths, init_images, init_names, sizeof init_names,
+                    init_hashes, sizeof init_hashes))
         return 1;
-    }
-    g.image = init_image;
+    if (n_image_paths == 1)
+        g.image = init_images[0];
+    else if (n_image_paths > 1)
+        g.images = (const df_image *const *)init_images, g.n_images = n_image_paths;
     char *file_prompt = NULL;
     if (prompt_file && !(prompt = file_prompt = read_file(prompt_file))) {
-        df_image_free(init_image);
+        free_images(init_images, n_image_paths);
         return 1;
     }
     cli_tp_unmute(muted);
     cli_tp tpc;
     if ((rc = cli_tp_start(tp, &lo.threads, &tpc))) {
         free(file_prompt);
-        df_image_free(init_image);
+        free_images(init_images, n_image_paths);
         return rc;
     }
     lo.tp = tp;
@@ -499,10 +537,9 @@ int cmd_generate(int argc, char **argv)
                                   .cfg_scale = out.guidance, .seed = g.seed + 0,
                                   .width = out.width, .height = out.height,
                                   .model = slash && slash[1] ? slash + 1 : model};
-            if (image_path) {
-                const char *base = strrchr(image_path, '/');
-                ip.init_image = base && base[1] ? base + 1 : image_path;
-                ip.init_image_hash = init_hash;
+            if (n_image_paths) {
+                ip.init_image = init_names;
+                ip.init_image_hash = init_hashes;
                 /* FLUX.2 takes the picture as a reference and always starts from noise */
                 bool flux2 = strncmp(df_pipeline_class(p), "Flux2", 5) == 0;
                 ip.denoising_strength = flux2 ? 0 : g.strength != 0 ? g.strength : 0.6;
@@ -555,6 +592,6 @@ int cmd_generate(int argc, char **argv)
     df_pipeline_free(p);
     cli_tp_end(&tpc);
     free(file_prompt);
-    df_image_free(init_image);
+    free_images(init_images, n_image_paths);
     return status;
 }

@@ -3,12 +3,13 @@
 On the tiny Flux2Pipeline folder of tests/golden/t2i-flux2, from a prompt string, with one
 64x64 reference picture drawn here (stored as image.png in the case folder; its sides are
 multiples of 16 and its area under 1024x1024, so Flux2ImageProcessor neither resizes nor
-crops it). out.* are the float64 run (noise drawn in float32); torch's float32 run sets
+crops it), or two of them (image0.png, image1.png: ids t = 10 and 20). out.* are the float64 run (noise drawn in float32); torch's float32 run sets
 the tolerances (20x its difference, floors 1e-4 / 1e-5) but is not stored.
 
-    /work/venv/bin/python tools/refgen/flux2_edit.py
+    /work/venv/bin/python tools/refgen/flux2_edit.py [CASE ...]
 """
 import os
+import sys
 
 import numpy as np
 import torch
@@ -20,9 +21,10 @@ refcase.patch_randn_float32()
 from diffusers import Flux2Pipeline  # noqa: E402
 
 CASES = [
-    # name, images per prompt, seed, picture seed
-    ("edit-flux2", 1, 0, 7),
-    ("edit-flux2-b2", 2, 5, 8),
+    # name, images per prompt, seed, reference pictures (w, h, picture seed)
+    ("edit-flux2", 1, 0, [(64, 64, 7)]),
+    ("edit-flux2-b2", 2, 5, [(64, 64, 8)]),
+    ("edit-flux2-two", 1, 9, [(64, 64, 9), (80, 64, 10)]),  # ids t = 10 and 20
 ]
 ARGS = dict(prompt="a small wooden cabin by a frozen lake at night, aurora overhead",
             num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512)
@@ -32,17 +34,26 @@ def main():
     pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", "t2i-flux2", "pipeline")
     pipes = {d: Flux2Pipeline.from_pretrained(pipe_dir, torch_dtype=d)
              for d in (torch.float64, torch.float32)}
-    for name, per, seed, pic in CASES:
+    only = set(sys.argv[1:])  # case names to (re)make; none: all
+    for name, per, seed, pics in CASES:
+        if only and name not in only:
+            continue
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "image.png")
-        Image.fromarray(refcase.picture(64, 64, 300 + pic), "RGB").save(path)
+        names = ["image.png"] if len(pics) == 1 else [f"image{i}.png" for i in range(len(pics))]
+        for fname, (w, h, pic) in zip(names, pics):
+            Image.fromarray(refcase.picture(w, h, 300 + pic), "RGB").save(
+                os.path.join(out_dir, fname))
+
+        def images():
+            ims = [Image.open(os.path.join(out_dir, f)).convert("RGB") for f in names]
+            return ims[0] if len(ims) == 1 else ims
         res = {}
         for dtype, pipe in pipes.items():
             outs = []
             for output_type in ("np", "latent"):
                 with torch.no_grad():
-                    o = pipe(image=Image.open(path).convert("RGB"), num_images_per_prompt=per,
+                    o = pipe(image=images(), num_images_per_prompt=per,
                              generator=torch.Generator("cpu").manual_seed(seed),
                              output_type=output_type, **ARGS).images
                 outs.append(o if output_type == "np" else o.double().numpy())
@@ -52,11 +63,13 @@ def main():
         tensors = {"out.image": np.asarray(img64, np.float32),
                    "out.latents_final": np.asarray(lat64, np.float64),
                    "out.image_uint8": (np.asarray(img64, np.float64) * 255).round().astype(np.uint8)}
-        args = dict(ARGS, image="image.png", num_images_per_prompt=per, output_type="np",
+        args = dict(ARGS, image=names[0] if len(names) == 1 else names,
+                    num_images_per_prompt=per, output_type="np",
                     generator={"device": "cpu", "seed": seed})
         refcase.write_case(name, {
             "kind": "pipeline",
-            "covers": f"Flux2Pipeline with one 64x64 reference image, B = {per}",
+            "covers": f"Flux2Pipeline with {len(pics)} reference image(s) "
+                      f"({', '.join(f'{w}x{h}' for w, h, _ in pics)}), B = {per}",
             "class": "Flux2Pipeline",
             "dir": "../../golden/t2i-flux2/pipeline",
             "call": "pipe(image=Image.open('image.png').convert('RGB'), generator=torch."
