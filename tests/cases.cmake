@@ -16,12 +16,13 @@ endforeach()
 # in every mode on the CPU only, to keep the sim and Vulkan runs short (by hand they pass
 # there too: docs/pipelines.md).
 set(DF_IMAGE_CASES img2img-flux-s03 img2img-flux-s08-b2 img2img-flux-s10
-    img2img-sd3-s03 img2img-sd3-s08-b2 img2img-sd3-s10 edit-flux2 edit-flux2-b2 edit-flux2-two)
+    img2img-sd3-s03 img2img-sd3-s08-b2 img2img-sd3-s10 edit-flux2 edit-flux2-b2 edit-flux2-two
+    edit-flux2-klein)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
 endforeach()
 df_golden_tests(cases-blocks blocks DIR ${DF_CASES_DIR} CASES edit-flux2 edit-flux2-b2
-                edit-flux2-two)
+                edit-flux2-two edit-flux2-klein)
 
 # `diffuse generate --image FILE --strength X`: metadata, effect and refusals.
 add_test(NAME cli/img2img_generate

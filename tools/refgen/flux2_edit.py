@@ -18,26 +18,32 @@ from PIL import Image
 import refcase
 
 refcase.patch_randn_float32()
-from diffusers import Flux2Pipeline  # noqa: E402
+from diffusers import Flux2KleinPipeline, Flux2Pipeline  # noqa: E402
 
+DEV = dict(cls=Flux2Pipeline, golden="t2i-flux2",
+           args=dict(prompt="a small wooden cabin by a frozen lake at night, aurora overhead",
+                     num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512))
+KLEIN = dict(cls=Flux2KleinPipeline, golden="t2i-flux2-klein",
+             args=dict(prompt="a red bicycle leaning on a yellow wall", num_inference_steps=4,
+                       guidance_scale=1.0, max_sequence_length=512))
 CASES = [
-    # name, images per prompt, seed, reference pictures (w, h, picture seed)
-    ("edit-flux2", 1, 0, [(64, 64, 7)]),
-    ("edit-flux2-b2", 2, 5, [(64, 64, 8)]),
-    ("edit-flux2-two", 1, 9, [(64, 64, 9), (80, 64, 10)]),  # ids t = 10 and 20
+    # name, pipeline, images per prompt, seed, reference pictures (w, h, picture seed)
+    ("edit-flux2", DEV, 1, 0, [(64, 64, 7)]),
+    ("edit-flux2-b2", DEV, 2, 5, [(64, 64, 8)]),
+    ("edit-flux2-two", DEV, 1, 9, [(64, 64, 9), (80, 64, 10)]),  # ids t = 10 and 20
+    ("edit-flux2-klein", KLEIN, 1, 1, [(64, 64, 11)]),
 ]
-ARGS = dict(prompt="a small wooden cabin by a frozen lake at night, aurora overhead",
-            num_inference_steps=2, guidance_scale=4.0, max_sequence_length=512)
 
 
 def main():
-    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", "t2i-flux2", "pipeline")
-    pipes = {d: Flux2Pipeline.from_pretrained(pipe_dir, torch_dtype=d)
-             for d in (torch.float64, torch.float32)}
     only = set(sys.argv[1:])  # case names to (re)make; none: all
-    for name, per, seed, pics in CASES:
+    for name, spec, per, seed, pics in CASES:
         if only and name not in only:
             continue
+        pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
+        pipes = {d: spec["cls"].from_pretrained(pipe_dir, torch_dtype=d)
+                 for d in (torch.float64, torch.float32)}
+        ARGS = spec["args"]
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
         names = ["image.png"] if len(pics) == 1 else [f"image{i}.png" for i in range(len(pics))]
@@ -68,10 +74,10 @@ def main():
                     generator={"device": "cpu", "seed": seed})
         refcase.write_case(name, {
             "kind": "pipeline",
-            "covers": f"Flux2Pipeline with {len(pics)} reference image(s) "
+            "covers": f"{spec['cls'].__name__} with {len(pics)} reference image(s) "
                       f"({', '.join(f'{w}x{h}' for w, h, _ in pics)}), B = {per}",
-            "class": "Flux2Pipeline",
-            "dir": "../../golden/t2i-flux2/pipeline",
+            "class": spec["cls"].__name__,
+            "dir": f"../../golden/{spec['golden']}/pipeline",
             "call": "pipe(image=Image.open('image.png').convert('RGB'), generator=torch."
                     "Generator('cpu').manual_seed(seed), **args); latents_final: the same call "
                     "with output_type='latent'",
