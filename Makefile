@@ -19,6 +19,7 @@ FUZZ_CHECK_SECONDS ?= 10
 CTEST_FLAGS ?= --output-on-failure -j$(JOBS)
 
 DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libspng-dev \
+               libturbojpeg0-dev \
                libutf8proc-dev libpcre2-dev libdnnl-dev libopenmpi-dev openmpi-bin clang \
                libclang-rt-14-dev libomp-dev \
                mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers vulkan-tools \

@@ -3,7 +3,29 @@
 # here, and on the sim and Vulkan devices where tests/sim.cmake and tests/vulkan.cmake (read
 # after this file) run the golden cases.
 set(DF_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
-set(DF_REPO_CASES vae-decode-flux2-decoder-widths)
+set(DF_REPO_CASES vae-decode-flux2-decoder-widths
+    vae-encode-flux vae-encode-sd3-b2 vae-encode-sd3-mode vae-encode-flux2
+    vae-encode-flux2-widths)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_REPO_CASES})
 endforeach()
+
+# Image to image and FLUX.2 reference images (tools/refgen/img2img.py, flux2_edit.py; the VAE
+# encoder's cases, from vae_encode.py, are
+# in the list above): whole pipelines on the golden cases' folders (named by relative path),
+# in every mode on the CPU only, to keep the sim and Vulkan runs short (by hand they pass
+# there too: docs/pipelines.md).
+set(DF_IMAGE_CASES img2img-flux-s03 img2img-flux-s08-b2 img2img-flux-s10
+    img2img-sd3-s03 img2img-sd3-s08-b2 img2img-sd3-s10 edit-flux2 edit-flux2-b2 edit-flux2-two
+    edit-flux2-klein)
+foreach(mode eager fuse compile)
+  df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
+endforeach()
+df_golden_tests(cases-blocks blocks DIR ${DF_CASES_DIR} CASES edit-flux2 edit-flux2-b2
+                edit-flux2-two edit-flux2-klein)
+
+# `diffuse generate --image FILE --strength X`: metadata, effect and refusals.
+add_test(NAME cli/img2img_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/img2img_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/img2img_generate PROPERTIES TIMEOUT 300)

@@ -50,7 +50,7 @@ if(DIFFUSE_FUZZ)
                                DF_VERSION="${PROJECT_VERSION}")
     target_compile_options(diffuse_fuzz_lib PRIVATE ${DF_WARN} ${DF_FUZZ_SAN}
                            -fsanitize=fuzzer-no-link)
-    target_link_libraries(diffuse_fuzz_lib PUBLIC PkgConfig::CJSON PkgConfig::SPNG
+    target_link_libraries(diffuse_fuzz_lib PUBLIC PkgConfig::CJSON PkgConfig::SPNG PkgConfig::TURBOJPEG
                           PkgConfig::UTF8PROC PkgConfig::PCRE2 Threads::Threads m)
     foreach(src ${DF_FUZZ_TARGETS})
       get_filename_component(name ${src} NAME_WE)

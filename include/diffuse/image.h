@@ -67,6 +67,56 @@ DF_API df_status df_image_load_png(const char *path, df_image **out, char **para
 
 DF_API void df_image_free(df_image *img); /* NULL is fine */
 
+/* ---- input images ---- */
+
+/* The most pixels an input image may have (8192 x 8192). */
+#define DF_IMAGE_MAX_PIXELS ((int64_t)1 << 26)
+
+/*
+ * Decodes a PNG or JPEG held in memory (the kind is told by its first bytes) to 8-bit RGB,
+ * as PIL's Image.convert("RGB") gives it: grey replicated, palettes expanded, alpha
+ * dropped. `name` (a file name, "image" when NULL) starts every message. Fails with
+ * DF_E_FORMAT for data that is neither, or is truncated or corrupt, or a 0x0 image;
+ * DF_E_UNSUPPORTED for 16-bit PNG and CMYK / YCCK JPEG; DF_E_ARG for more than
+ * DF_IMAGE_MAX_PIXELS pixels (judged from the header); DF_E_OOM. *out is owned by the
+ * caller (df_image_free).
+ */
+DF_API df_status df_image_decode(const void *data, size_t len, const char *name, df_image **out);
+
+/* df_image_decode on the file at `path` (DF_E_IO when it cannot be read). */
+DF_API df_status df_image_load(const char *path, df_image **out);
+
+/* PIL's resampling filters (Image.Resampling). */
+typedef enum df_resample {
+    DF_RESAMPLE_LANCZOS, /* VaeImageProcessor's default */
+    DF_RESAMPLE_BICUBIC,
+    DF_RESAMPLE_BILINEAR,
+    DF_RESAMPLE_NEAREST,
+} df_resample;
+
+/*
+ * PIL's Image.resize((width, height), filter) on an RGB image: a separable convolution,
+ * horizontal pass first, each pass rounded to 8 bits, with PIL's coefficients and its
+ * fixed-point arithmetic, so the bytes are PIL's own (docs/pipelines.md gives the bound
+ * tested). A resize to the same size copies. *out is owned by the caller. DF_E_ARG for a
+ * size below 1 or over DF_IMAGE_MAX_PIXELS, DF_E_OOM.
+ */
+DF_API df_status df_image_resize(const df_image *img, int width, int height, df_resample filter,
+                                 df_image **out);
+
+/*
+ * VaeImageProcessor.preprocess for one picture. The size is height x width (0: the
+ * picture's own) rounded down to a multiple of `multiple` (the processor's
+ * vae_scale_factor); _size gives it. df_image_preprocess writes [3, h, w] floats to out:
+ * the picture resized with `filter` when its size differs (diffusers' default is
+ * DF_RESAMPLE_LANCZOS), then 2 * (x / 255) - 1 in float32. DF_E_ARG for a size that rounds
+ * to 0 or bad arguments, DF_E_OOM.
+ */
+DF_API df_status df_image_preprocess_size(const df_image *img, int height, int width, int multiple,
+                                          int *out_height, int *out_width);
+DF_API df_status df_image_preprocess(const df_image *img, int height, int width, int multiple,
+                                     df_resample filter, float *out);
+
 /* Frees a string returned by the functions of this header. NULL is fine. */
 DF_API void df_image_text_free(char *text);
 
@@ -83,6 +133,11 @@ typedef struct df_image_params {
     uint64_t seed;
     int width, height;
     const char *model;
+    /* Image to image: "Denoising strength: X" (0: left out), "Init image: NAME" and
+     * "Init image hash: HEX", the file's SHA-256 (NULL: left out). */
+    double denoising_strength;
+    const char *init_image;
+    const char *init_image_hash;
 } df_image_params;
 
 /*
@@ -99,6 +154,12 @@ DF_API df_status df_image_format_parameters(const df_image_params *p, char **out
  * Text without a parameters line is all prompt. Fails only with DF_E_OOM.
  */
 DF_API df_status df_image_parse_parameters(const char *text, df_image_params *out);
+
+/*
+ * The SHA-256 of the file at `path` as 64 lowercase hex digits (what `sha256sum` prints),
+ * for the "Init image hash" of an image-to-image run. DF_E_IO when the file cannot be read.
+ */
+DF_API df_status df_file_sha256(const char *path, char out[65]);
 
 /* Frees the strings df_image_parse_parameters() allocated and zeroes *p. */
 DF_API void df_image_params_deinit(df_image_params *p);

@@ -141,6 +141,21 @@ typedef struct df_gen_params {
     /* A step cache on the transformer (step_cache.h), as `pipe.transformer.enable_cache`;
      * NULL or DF_CACHE_NONE: every step computes. */
     const df_cache_config *cache;
+    /* Image to image (FluxPipeline and StableDiffusion3Pipeline folders, or their Img2Img
+     * classes): the picture the run starts from (borrowed; df_image_load reads PNG / JPEG),
+     * resized to height x width as VaeImageProcessor does (PIL's Lanczos), encoded, and
+     * noised to the step where the loop starts. strength in (0, 1] is the part of the
+     * schedule that runs (the first int(steps - steps * strength) steps are skipped); 0
+     * means 0.6, diffusers' default. One generator only. NULL image: text to image.
+     * FLUX.2 (Flux2Pipeline, Flux2KleinPipeline): a reference picture to edit instead
+     * (sides multiples of 16, at most 1024x1024; height / width default to its size; no
+     * strength: the run starts from noise). */
+    const df_image *image;
+    double strength;
+    /* FLUX.2: several reference pictures (borrowed), instead of `image`; the output takes
+     * the first one's size by default. The other pipelines take one picture. */
+    const df_image *const *images;
+    int n_images;
 } df_gen_params;
 
 typedef struct df_gen_output {

@@ -28,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "rng.h"
 #include "runtime.h"
 
 #ifdef __cplusplus
@@ -145,6 +146,60 @@ DF_API df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *
 
 /* Frees the decoder and its weights (waits for queued work that reads them). NULL is fine. */
 DF_API void df_vae_free(df_vae *vae);
+
+/* ---- the encoder (img2img and editing pipelines) ---- */
+
+typedef struct df_vae_encoder df_vae_encoder;
+
+/*
+ * Loads AutoencoderKL's encoder from `dir` (the same vae/ folder df_vae_load reads):
+ * encoder.* and quant_conv.* (when use_quant_conv, default true) are bound, the decoder's
+ * tensors skipped; an AutoencoderKLFlux2's encoder is built from its block_out_channels and
+ * its bn.running_mean / running_var are read to the host. Free with df_vae_encoder_free().
+ * Fails as df_vae_load does; DF_E_UNSUPPORTED for a down block type other than
+ * DownEncoderBlock2D.
+ */
+DF_API df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out);
+
+/* The settings read from vae/config.json (borrowed; valid while e lives). */
+DF_API const df_vae_info *df_vae_encoder_config(const df_vae_encoder *e);
+
+/*
+ * AutoencoderKL.encode up to the posterior's parameters: image [B, in_channels, H, W] in
+ * [-1, 1] (H and W multiples of scale_factor) -> moments [B, 2 * latent_channels, H / f,
+ * W / f], the mean then the log variance, f32. Memory and waiting as df_vae_decode.
+ * DF_E_SHAPE when the image does not fit.
+ */
+DF_API df_status df_vae_encode(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image,
+                               df_tensor **out);
+
+/*
+ * DiagonalGaussianDistribution over host moments [B, 2C, h, w] (f32) -> out [B, C, h, w]:
+ * with rng, sample(generator) = mean + exp(0.5 * clamp(logvar, -30, 20)) * noise, the noise
+ * drawn from rng as randn_tensor((B, C, h, w)) draws it (one draw for the batch; the
+ * generator moves on); with rng NULL, mode() = the mean (retrieve_latents' "argmax").
+ * DF_E_ARG for NULL pointers or sizes below 1.
+ */
+DF_API df_status df_vae_latent_dist(const float *moments, int64_t batch, int64_t channels,
+                                    int64_t height, int64_t width, df_rng *rng, float *out);
+
+/* In place, as the pipelines scale the encoded latents: (x - shift_factor) *
+ * scaling_factor in float32. DF_E_ARG for an AutoencoderKLFlux2. */
+DF_API df_status df_vae_scale_latents(const df_vae_info *info, float *latents, int64_t n);
+
+/*
+ * Flux2Pipeline._encode_vae_image after retrieve_latents(argmax): the latents [B, C, H, W]
+ * (host f32, H and W even) patchified 2x2 (channel c*4 + dy*2 + dx) and normalised with the
+ * VAE's batch-norm running statistics, (x - mean) / sqrt(var + eps) in float32, into out
+ * [B, 4C, H/2, W/2]. DF_E_ARG for a VAE that is not an AutoencoderKLFlux2, DF_E_SHAPE for
+ * odd sizes.
+ */
+DF_API df_status df_vae_encoder_flux2_normalize(const df_vae_encoder *e, const float *latents,
+                                                int64_t batch, int64_t height, int64_t width,
+                                                float *out);
+
+/* Frees the encoder and its weights (waits for queued work that reads them). NULL is fine. */
+DF_API void df_vae_encoder_free(df_vae_encoder *e);
 
 /*
  * VaeImageProcessor.postprocess on host memory. decoded is [B, C, H, W] f32 as decode

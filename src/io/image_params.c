@@ -5,6 +5,9 @@
  *     Negative prompt: <text, any number of lines>          (optional)
  *     Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 42, Size: 512x512, Model: NAME
  *
+ * An image-to-image run adds "Denoising strength: 0.6" (the web UIs' key) and the input
+ * picture as "Init image: in.png, Init image hash: <SHA-256 in hex>" (our keys).
+ *
  * The last line is a list of "Key: value" pairs separated by commas; a value holding a
  * comma, colon or newline is written as a JSON string. Reading follows the web UIs' rule:
  * the last line counts as the parameters line only when at least three pairs parse from
@@ -142,6 +145,18 @@ df_status df_image_format_parameters(const df_image_params *p, char **out)
     if (p->model) {
         sb_puts(&b, ", Model: ");
         put_value(&b, p->model);
+    }
+    if (p->denoising_strength > 0) {
+        sb_puts(&b, ", Denoising strength: ");
+        put_number(&b, p->denoising_strength);
+    }
+    if (p->init_image) {
+        sb_puts(&b, ", Init image: ");
+        put_value(&b, p->init_image);
+    }
+    if (p->init_image_hash) {
+        sb_puts(&b, ", Init image hash: ");
+        put_value(&b, p->init_image_hash);
     }
     if (b.failed) {
         df_free(b.s);
@@ -323,6 +338,14 @@ static void apply_pairs(kv *pairs, int n, df_image_params *out)
         } else if (key_is(&pairs[i], "Model") && !out->model) {
             out->model = v;
             pairs[i].value = NULL;
+        } else if (key_is(&pairs[i], "Denoising strength")) {
+            out->denoising_strength = strtod(v, NULL);
+        } else if (key_is(&pairs[i], "Init image") && !out->init_image) {
+            out->init_image = v;
+            pairs[i].value = NULL;
+        } else if (key_is(&pairs[i], "Init image hash") && !out->init_image_hash) {
+            out->init_image_hash = v;
+            pairs[i].value = NULL;
         }
     }
 }
@@ -386,5 +409,7 @@ void df_image_params_deinit(df_image_params *p)
     df_free((char *)p->negative_prompt);
     df_free((char *)p->sampler);
     df_free((char *)p->model);
+    df_free((char *)p->init_image);
+    df_free((char *)p->init_image_hash);
     memset(p, 0, sizeof *p);
 }

@@ -20,6 +20,7 @@ df_weight_set *df_t5_weight_set(const df_t5 *m);
 df_weight_set *df_flux_weight_set(const df_flux *m);
 df_weight_set *df_flux2_weight_set(const df_flux2 *m);
 df_weight_set *df_vae_weight_set(const df_vae *m);
+df_weight_set *df_vae_encoder_weight_set(const df_vae_encoder *m);
 df_weight_set *df_sd3_weight_set(const df_sd3 *m);
 df_weight_set *df_decoder_lm_weight_set(const df_decoder_lm *m);
 

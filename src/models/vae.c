@@ -25,7 +25,7 @@
  * fails with one message naming the key.
  *
  * Decoding keeps one scope open and ends it after every block, keeping only the block's
- * output, then waits for the block to run (end_block): strict eager mode allocates an
+ * output, then waits for the block to run (df_vae_end_block): strict eager mode allocates an
  * op's output when the op is queued, so this wait is what keeps the memory in use near
  * one block's working set instead of the whole decoder's.
  *
@@ -51,47 +51,26 @@
 #include "core/status.h"
 #include "models/loader.h"
 #include "models/residency.h"
+#include "models/vae_blocks.h"
 
-#define GN_EPS               1e-6f
 #define MAX_LAYERS_PER_BLOCK 64
 #define MAX_CHANNELS         (1 << 16)
 
-typedef struct conv {
-    df_tensor *w, *b; /* [O, C, k, k], [O] */
-} conv;
-
-typedef struct norm {
-    df_tensor *w, *b; /* [C], [C] */
-} norm;
-
-/* ResnetBlock2D without time embedding. */
-typedef struct resnet {
-    norm norm1, norm2;
-    conv conv1, conv2;
-    conv shortcut; /* w == NULL when the channel count stays */
-} resnet;
-
-/* The mid block's Attention: one head over all C channels. */
-typedef struct attention {
-    norm group_norm;
-    df_linear_weights to_q, to_k, to_v, to_out;
-} attention;
-
 typedef struct up_block {
-    resnet *resnets; /* layers_per_block + 1 */
-    conv upsample;   /* w == NULL in the last block */
+    df_vae_resnet *resnets; /* layers_per_block + 1 */
+    df_vae_conv upsample;   /* w == NULL in the last block */
 } up_block;
 
 struct df_vae {
     df_vae_info info;
     df_weight_set *ws;
-    conv post_quant_conv; /* w == NULL when the config has none */
-    conv conv_in;
-    resnet mid_resnets[2];
-    attention mid_attn;
+    df_vae_conv post_quant_conv; /* w == NULL when the config has none */
+    df_vae_conv conv_in;
+    df_vae_resnet mid_resnets[2];
+    df_vae_attention mid_attn;
     up_block up[DF_VAE_MAX_BLOCKS];
-    norm norm_out;
-    conv conv_out;
+    df_vae_norm norm_out;
+    df_vae_conv conv_out;
     /* AutoencoderKLFlux2: bn.running_mean and sqrt(bn.running_var + eps) per patchified
      * channel, computed once at load in float32 as torch does; NULL otherwise. */
     float *bn_mean, *bn_std;
@@ -145,7 +124,7 @@ static df_status read_batch_norm(const df_json *cfg, df_vae_info *info)
     return DF_OK;
 }
 
-static df_status read_config(const df_json *cfg, df_vae_info *info)
+df_status df_vae_read_config(const df_json *cfg, df_vae_info *info)
 {
     const char *src = df_json_source(cfg);
     const char *cls;
@@ -237,49 +216,6 @@ static df_status read_config(const df_json *cfg, df_vae_info *info)
 
 /* --- weights ----------------------------------------------------------------------------- */
 
-static df_status bind_conv(df_weight_set *ws, conv *c, int64_t out_c, int64_t in_c, int64_t k,
-                           const char *name)
-{
-    DF_TRY(df_ws_tensor(ws, &c->w, 4, (int64_t[]){out_c, in_c, k, k}, "%s.weight", name));
-    return df_ws_tensor(ws, &c->b, 1, (int64_t[]){out_c}, "%s.bias", name);
-}
-
-static df_status bind_norm(df_weight_set *ws, norm *n, int64_t ch, const char *name)
-{
-    DF_TRY(df_ws_tensor(ws, &n->w, 1, (int64_t[]){ch}, "%s.weight", name));
-    return df_ws_tensor(ws, &n->b, 1, (int64_t[]){ch}, "%s.bias", name);
-}
-
-static df_status bind_resnet(df_weight_set *ws, resnet *r, int64_t in_c, int64_t out_c,
-                             const char *prefix)
-{
-    char name[256];
-    snprintf(name, sizeof name, "%s.norm1", prefix);
-    DF_TRY(bind_norm(ws, &r->norm1, in_c, name));
-    snprintf(name, sizeof name, "%s.conv1", prefix);
-    DF_TRY(bind_conv(ws, &r->conv1, out_c, in_c, 3, name));
-    snprintf(name, sizeof name, "%s.norm2", prefix);
-    DF_TRY(bind_norm(ws, &r->norm2, out_c, name));
-    snprintf(name, sizeof name, "%s.conv2", prefix);
-    DF_TRY(bind_conv(ws, &r->conv2, out_c, out_c, 3, name));
-    if (in_c != out_c) {
-        snprintf(name, sizeof name, "%s.conv_shortcut", prefix);
-        DF_TRY(bind_conv(ws, &r->shortcut, out_c, in_c, 1, name));
-    }
-    return DF_OK;
-}
-
-static df_status bind_attention(df_weight_set *ws, attention *a, int64_t ch, const char *prefix)
-{
-    char name[256];
-    snprintf(name, sizeof name, "%s.group_norm", prefix);
-    DF_TRY(bind_norm(ws, &a->group_norm, ch, name));
-    DF_TRY(df_ws_linear(ws, &a->to_q, ch, ch, true, "%s.to_q", prefix));
-    DF_TRY(df_ws_linear(ws, &a->to_k, ch, ch, true, "%s.to_k", prefix));
-    DF_TRY(df_ws_linear(ws, &a->to_v, ch, ch, true, "%s.to_v", prefix));
-    return df_ws_linear(ws, &a->to_out, ch, ch, true, "%s.to_out.0", prefix);
-}
-
 /* bn.running_mean and bn.running_var [4 * latent_channels], read to the host once: the
  * pipeline's de-normalisation uses them on every decode, and the std needs a square root
  * (std = sqrt(var + eps) in float32, as the pipeline computes it in the VAE's dtype). The
@@ -317,13 +253,13 @@ static df_status bind_weights(df_ctx *ctx, df_vae *vae)
     df_weight_set *ws = vae->ws;
     int64_t top = c->block_out_channels[c->n_blocks - 1];
     if (c->use_post_quant_conv)
-        DF_TRY(bind_conv(ws, &vae->post_quant_conv, c->latent_channels, c->latent_channels, 1,
-                         "post_quant_conv"));
-    DF_TRY(bind_conv(ws, &vae->conv_in, top, c->latent_channels, 3, "decoder.conv_in"));
-    DF_TRY(bind_resnet(ws, &vae->mid_resnets[0], top, top, "decoder.mid_block.resnets.0"));
+        DF_TRY(df_vae_bind_conv(ws, &vae->post_quant_conv, c->latent_channels, c->latent_channels,
+                                1, "post_quant_conv"));
+    DF_TRY(df_vae_bind_conv(ws, &vae->conv_in, top, c->latent_channels, 3, "decoder.conv_in"));
+    DF_TRY(df_vae_bind_resnet(ws, &vae->mid_resnets[0], top, top, "decoder.mid_block.resnets.0"));
     if (c->mid_block_add_attention)
-        DF_TRY(bind_attention(ws, &vae->mid_attn, top, "decoder.mid_block.attentions.0"));
-    DF_TRY(bind_resnet(ws, &vae->mid_resnets[1], top, top, "decoder.mid_block.resnets.1"));
+        DF_TRY(df_vae_bind_attention(ws, &vae->mid_attn, top, "decoder.mid_block.attentions.0"));
+    DF_TRY(df_vae_bind_resnet(ws, &vae->mid_resnets[1], top, top, "decoder.mid_block.resnets.1"));
 
     int64_t prev = top;
     for (int i = 0; i < c->n_blocks; i++) {
@@ -335,17 +271,17 @@ static df_status bind_weights(df_ctx *ctx, df_vae *vae)
         char name[256];
         for (int j = 0; j <= c->layers_per_block; j++) {
             snprintf(name, sizeof name, "decoder.up_blocks.%d.resnets.%d", i, j);
-            DF_TRY(bind_resnet(ws, &u->resnets[j], j == 0 ? prev : out_c, out_c, name));
+            DF_TRY(df_vae_bind_resnet(ws, &u->resnets[j], j == 0 ? prev : out_c, out_c, name));
         }
         if (i < c->n_blocks - 1) {
             snprintf(name, sizeof name, "decoder.up_blocks.%d.upsamplers.0.conv", i);
-            DF_TRY(bind_conv(ws, &u->upsample, out_c, out_c, 3, name));
+            DF_TRY(df_vae_bind_conv(ws, &u->upsample, out_c, out_c, 3, name));
         }
         prev = out_c;
     }
-    DF_TRY(bind_norm(ws, &vae->norm_out, c->block_out_channels[0], "decoder.conv_norm_out"));
-    DF_TRY(bind_conv(ws, &vae->conv_out, c->out_channels, c->block_out_channels[0], 3,
-                     "decoder.conv_out"));
+    DF_TRY(df_vae_bind_norm(ws, &vae->norm_out, c->block_out_channels[0], "decoder.conv_norm_out"));
+    DF_TRY(df_vae_bind_conv(ws, &vae->conv_out, c->out_channels, c->block_out_channels[0], 3,
+                            "decoder.conv_out"));
 
     if (c->flux2)
         DF_TRY(bind_batch_norm(ctx, vae));
@@ -369,7 +305,7 @@ df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out)
     if (s == DF_OK)
         s = df_weight_set_config(vae->ws, &cfg);
     if (s == DF_OK)
-        s = read_config(cfg, &vae->info);
+        s = df_vae_read_config(cfg, &vae->info);
     if (s == DF_OK)
         s = bind_weights(ctx, vae);
     if (s != DF_OK) {
@@ -404,72 +340,6 @@ void df_vae_free(df_vae *vae)
 
 /* --- forward ----------------------------------------------------------------------------- */
 
-static df_tensor *conv_fwd(df_ctx *ctx, const conv *c, df_tensor *x)
-{
-    int64_t k = df_tensor_dim(c->w, 2);
-    return df_conv2d(ctx, x, c->w, c->b, 1, (int)(k / 2)); /* "same" padding: 1 for 3x3 */
-}
-
-static df_tensor *norm_fwd(df_ctx *ctx, const norm *n, int groups, df_tensor *x)
-{
-    return df_group_norm(ctx, x, groups, n->w, n->b, GN_EPS);
-}
-
-/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W] */
-static df_tensor *resnet_fwd(df_ctx *ctx, const resnet *r, int groups, df_tensor *x)
-{
-    df_tensor *h = df_silu(ctx, norm_fwd(ctx, &r->norm1, groups, x));
-    h = conv_fwd(ctx, &r->conv1, h); /* [B, Cout, H, W] */
-    h = df_silu(ctx, norm_fwd(ctx, &r->norm2, groups, h));
-    h = conv_fwd(ctx, &r->conv2, h);
-    if (r->shortcut.w)
-        x = conv_fwd(ctx, &r->shortcut, x); /* 1x1: Cin -> Cout */
-    return df_add(ctx, x, h);
-}
-
-/* Attention with one head of width C over the H*W positions, plus the residual.
- * x: [B, C, H, W] */
-static df_tensor *attention_fwd(df_ctx *ctx, const attention *a, int groups, df_tensor *x)
-{
-    int64_t B = df_tensor_dim(x, 0), C = df_tensor_dim(x, 1);
-    int64_t H = df_tensor_dim(x, 2), W = df_tensor_dim(x, 3);
-    df_tensor *h = norm_fwd(ctx, &a->group_norm, groups, x);
-    h = df_reshape(ctx, h, DF_SHAPE(B, C, H * W));
-    h = df_transpose(ctx, h, 1, 2);                                   /* [B, HW, C] */
-    df_tensor *q = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_q), 1); /* [B, 1, HW, C] */
-    df_tensor *k = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_k), 1);
-    df_tensor *v = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_v), 1);
-    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* scale 1/sqrt(C) */
-    o = df_reshape(ctx, o, DF_SHAPE(B, H * W, C));
-    o = df_linear(ctx, o, &a->to_out);
-    o = df_transpose(ctx, o, 1, 2); /* [B, C, HW] */
-    o = df_reshape(ctx, o, DF_SHAPE(B, C, H, W));
-    return df_add(ctx, o, x);
-}
-
-/* Ends a block: releases everything made since `mark` but h, and waits for the block to
- * run. The decode reuses one mark for all its blocks, so each end also releases the
- * previous block's output. The wait matters in strict eager mode, which allocates each
- * op's output when the op is queued: without it the host would queue the whole decoder
- * at once and all its activations would be allocated together; with it, the memory in
- * use stays near one block's working set. */
-static df_tensor *end_block(df_ctx *ctx, df_scope mark, df_tensor *h)
-{
-    h = df_scope_end(ctx, mark, h);
-    df_sync(ctx); /* a failure stays on the context; finish() reports it */
-    return h;
-}
-
-/* The status of the work queued so far, once the decode has given up or finished. */
-static df_status finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
-{
-    df_status s = df_ctx_status(ctx);
-    if (s == DF_OK && !result)
-        s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
-    *out = s == DF_OK ? result : NULL;
-    return s;
-}
-
 df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
 {
     *out = NULL;
@@ -483,31 +353,31 @@ df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_t
                          df_tensor_describe(latents, d, sizeof d), (long long)c->latent_channels);
     int g = c->norm_num_groups;
 
-    /* One scope for the whole decode, ended after every block (see end_block). */
+    /* One scope for the whole decode, ended after every block (see df_vae_end_block). */
     df_scope mark = df_scope_begin(ctx);
     df_tensor *h = latents;
     if (vae->post_quant_conv.w)
-        h = conv_fwd(ctx, &vae->post_quant_conv, h);
-    h = end_block(ctx, mark, conv_fwd(ctx, &vae->conv_in, h)); /* [B, C_top, h, w] */
+        h = df_vae_conv_fwd(ctx, &vae->post_quant_conv, h);
+    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &vae->conv_in, h)); /* [B, C_top, h, w] */
 
-    h = end_block(ctx, mark, resnet_fwd(ctx, &vae->mid_resnets[0], g, h));
+    h = df_vae_end_block(ctx, mark, df_vae_resnet_fwd(ctx, &vae->mid_resnets[0], g, h));
     if (c->mid_block_add_attention)
-        h = end_block(ctx, mark, attention_fwd(ctx, &vae->mid_attn, g, h));
-    h = end_block(ctx, mark, resnet_fwd(ctx, &vae->mid_resnets[1], g, h));
+        h = df_vae_end_block(ctx, mark, df_vae_attention_fwd(ctx, &vae->mid_attn, g, h));
+    h = df_vae_end_block(ctx, mark, df_vae_resnet_fwd(ctx, &vae->mid_resnets[1], g, h));
 
     for (int i = 0; i < c->n_blocks; i++) {
         const up_block *u = &vae->up[i];
         for (int j = 0; j <= c->layers_per_block; j++)
-            h = end_block(ctx, mark, resnet_fwd(ctx, &u->resnets[j], g, h));
+            h = df_vae_end_block(ctx, mark, df_vae_resnet_fwd(ctx, &u->resnets[j], g, h));
         if (u->upsample.w) {
             df_tensor *up = df_upsample_nearest2x(ctx, h); /* [B, C, 2H, 2W] */
-            h = end_block(ctx, mark, conv_fwd(ctx, &u->upsample, up));
+            h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &u->upsample, up));
         }
     }
 
-    h = df_silu(ctx, norm_fwd(ctx, &vae->norm_out, g, h));
-    h = end_block(ctx, mark, conv_fwd(ctx, &vae->conv_out, h)); /* [B, 3, H, W] */
-    return finish(ctx, h, out);
+    h = df_silu(ctx, df_vae_norm_fwd(ctx, &vae->norm_out, g, h));
+    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &vae->conv_out, h)); /* [B, 3, H, W] */
+    return df_vae_finish(ctx, h, out);
 }
 
 /* --- tiled decoding ---------------------------------------------------------------------- */
@@ -607,7 +477,7 @@ df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *latents
     image = df_scope_end(ctx, outer, s == DF_OK ? image : NULL);
     if (s != DF_OK)
         return s;
-    return finish(ctx, image, out);
+    return df_vae_finish(ctx, image, out);
 }
 
 /* --- latent layout and scaling ----------------------------------------------------------- */
@@ -632,7 +502,7 @@ df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h, int64
     df_tensor *x = df_reshape(ctx, packed, DF_SHAPE(B, h / 2, w / 2, C4 / 4, 2, 2));
     x = df_permute(ctx, x, DF_SHAPE(0, 3, 1, 4, 2, 5)); /* [B, C, h/2, 2, w/2, 2] */
     x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, C4 / 4, h, w)));
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
@@ -654,7 +524,7 @@ df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
     df_tensor *x = df_reshape(ctx, latents, DF_SHAPE(B, C, h / 2, 2, w / 2, 2));
     x = df_permute(ctx, x, DF_SHAPE(0, 2, 4, 1, 3, 5)); /* [B, h/2, w/2, C, 2, 2] */
     x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, (h / 2) * (w / 2), C * 4)));
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
@@ -668,7 +538,7 @@ df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_
         return df_errorf(DF_E_ARG, "vae unscale: an AutoencoderKLFlux2 has no scaling_factor; "
                                    "its latents are de-normalised by df_vae_bn_denormalize");
     df_tensor *x = df_scale(ctx, latents, (float)(1.0 / c->scaling_factor), (float)c->shift_factor);
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
@@ -681,7 +551,7 @@ df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *laten
     const df_vae_info *c = &vae->info;
     if (!c->flux2)
         return df_errorf(DF_E_ARG, "vae bn de-normalisation: only an AutoencoderKLFlux2 has "
-                                   "batch-norm statistics");
+                                   "batch-df_vae_norm statistics");
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) != c->bn_channels)
         return df_errorf(DF_E_SHAPE,
@@ -693,7 +563,7 @@ df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *laten
     df_tensor *mean = df_tensor_from_host(ctx, DF_DTYPE_F32, shape, 4, vae->bn_mean);
     df_tensor *x = df_add(ctx, df_mul(ctx, latents, std), mean); /* x * std + mean */
     x = df_scope_end(ctx, mark, x);
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 /* --- post-processing on the host --------------------------------------------------------- */

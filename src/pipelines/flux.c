@@ -45,6 +45,7 @@
 #include "core/status.h"
 #include "models/residency.h"
 #include "models/step_cache.h"
+#include "pipelines/img2img.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -55,6 +56,8 @@ typedef struct flux_pipe {
     df_t5 *t5;
     df_flux *transformer;
     df_vae *vae;
+    df_vae_encoder *vae_enc; /* image to image: loaded on first use */
+    char vae_dir[4096];
     df_scheduler_config sched;
     df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux_pipe;
@@ -80,6 +83,7 @@ static void flux_free(void *impl)
     df_t5_free(f->t5);
     df_flux_free(f->transformer);
     df_vae_free(f->vae);
+    df_vae_encoder_free(f->vae_enc);
     df_compiled_free(f->compiled);
     df_free(f);
 }
@@ -149,6 +153,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     else
         DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
+    snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     if (df_pipeline_lead(p))
         DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
@@ -206,6 +211,7 @@ typedef struct run_sizes {
     int64_t L;           /* text tokens */
     float guidance;
     int32_t has_embeds;  /* prompt embeddings given instead of prompts */
+    int32_t first;       /* the loop's first step (image to image: cut by strength) */
 } run_sizes;
 
 /* The sizes from the parameters and the model's defaults. */
@@ -244,6 +250,11 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
                          r->max_seq);
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
+    if (g->n_images != 0)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
+                         p->dir, p->cls->name, g->n_images);
+    if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
+        return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
     if (!df_pipeline_lead(p))
         return DF_OK; /* the prompts are rank 0's */
     if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
@@ -425,8 +436,10 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
     return s;
 }
 
-/* Creates the scheduler with FluxPipeline's sigmas and mu for S image tokens. */
-static df_status make_scheduler(const flux_pipe *f, int steps, int64_t S, df_scheduler **out)
+/* Creates the scheduler with FluxPipeline's sigmas and mu for S image tokens, its loop
+ * starting at step `first`. */
+static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
+                                df_scheduler **out)
 {
     DF_TRY(df_scheduler_create(&f->sched, out));
     double *sig = df_malloc((size_t)steps * sizeof *sig);
@@ -437,7 +450,7 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int64_t S, df_sch
                                         f->sched.base_shift, f->sched.max_shift);
     df_status s = df_scheduler_set_timesteps(*out, steps, sig, &mu);
     df_free(sig);
-    return s == DF_OK ? df_scheduler_set_begin_index(*out, 0) : s;
+    return s == DF_OK ? df_scheduler_set_begin_index(*out, first) : s;
 }
 
 /* The denoising loop over the packed latents lat [B, S, Ci] (in place). */
@@ -462,7 +475,7 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             row[0] = 0, row[1] = (float)y, row[2] = (float)x;
         }
     if (s == DF_OK)
-        s = make_scheduler(f, r->steps, S, &sched);
+        s = make_scheduler(f, r->steps, r->first, S, &sched);
     df_step_cache *cache = NULL; /* `transformer.enable_cache(g->cache)` for this run */
     if (s == DF_OK)
         s = df_pipeline_check_cache(p, g);
@@ -486,7 +499,7 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat)
                        : NULL;
     double t0 = df_now();
-    for (int i = 0; i < r->steps && s == DF_OK; i++) {
+    for (int i = r->first; i < r->steps && s == DF_OK; i++) {
         float t = df_scheduler_timesteps(sched)[i];
         for (int64_t b = 0; b < B; b++) {
             ts[b] = (float)((double)t / 1000.0);
@@ -527,7 +540,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
         x = df_scope_end(ctx, mark, x); /* the step's tensors go; the new latents stay */
         if (s == DF_OK)
-            s = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
+            s = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
+                                       df_now() - t0);
     }
     if (s == DF_OK && on_device)
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n_lat * sizeof *lat);
@@ -545,6 +559,20 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
     return s;
 }
 
+/* FluxImg2ImgPipeline.prepare_latents: the input picture's latents noised to the sigma of
+ * the loop's first step, [B, C, h, w]. */
+static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
+                               const run_sizes *r, float *out)
+{
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
+    float sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
+                              out);
+}
+
 static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
 {
     flux_pipe *f = p->impl;
@@ -555,6 +583,8 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
     if (s == DF_OK)
         s = check_sizes(p, f, g, &r);
+    if (s == DF_OK && g->image)
+        s = df_img2img_first_step(g, r.steps, &r.first);
     s = df_pipeline_tp_agree(p, s);
     if (s != DF_OK)
         return s;
@@ -586,6 +616,10 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_OK && df_pipeline_lead(p)) { /* rank 0 draws the noise */
         if (g->latents) {
             memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
+        } else if (g->image) {
+            s = image_latents(p, f, g, &r, noise); /* (B, C, h, w) */
+            if (s == DF_OK)
+                pack_latents(noise, lat, r.B, C, h, w);
         } else {
             s = df_pipeline_draw_noise(g, r.B, C * h * w, noise); /* (B, C, h, w) */
             if (s == DF_OK)
@@ -619,6 +653,14 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
 
 const df_pipeline_kind df_flux_pipeline_class = {
     .name = "FluxPipeline",
+    .load = flux_load,
+    .run = flux_run,
+    .free = flux_free,
+};
+
+/* The same components; a run needs an input image. */
+const df_pipeline_kind df_flux_img2img_pipeline_class = {
+    .name = "FluxImg2ImgPipeline",
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,

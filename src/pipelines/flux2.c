@@ -2,6 +2,10 @@
  * Flux2Pipeline (FLUX.2-dev) and Flux2KleinPipeline (FLUX.2 [klein]), as diffusers'
  * pipeline_flux2.py and pipeline_flux2_klein.py run them.
  *
+ * A reference picture (df_gen_params.image) is encoded into extra tokens with their own ids
+ * (flux2_reference.c) that join the latents on the transformer's input only; the output is
+ * cut back to the latents' tokens (predict).
+ *
  * Prompts: Flux2Pipeline renders each prompt with the system message through Mistral's chat
  * template, Flux2KleinPipeline through Qwen3's (tokenizer.h: df_tokenizer_encode_prompt),
  * both padded and truncated to max_sequence_length (512) on the tokenizer's padding side.
@@ -59,6 +63,7 @@
 #include "core/status.h"
 #include "models/residency.h"
 #include "models/step_cache.h"
+#include "pipelines/flux2_reference.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -71,6 +76,8 @@ typedef struct flux2_pipe {
     df_decoder_lm *te; /* NULL when the folder has no text encoder */
     df_flux2 *transformer;
     df_vae *vae; /* rank 0 */
+    df_vae_encoder *vae_enc; /* reference images: loaded on first use */
+    char vae_dir[4096];
     df_scheduler_config sched;
     df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux2_pipe;
@@ -94,6 +101,7 @@ static void flux2_free(void *impl)
     df_decoder_lm_free(f->te);
     df_flux2_free(f->transformer);
     df_vae_free(f->vae);
+    df_vae_encoder_free(f->vae_enc);
     df_compiled_free(f->compiled);
     df_free(f);
 }
@@ -147,6 +155,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux2_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
+    snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     const df_flux2_cfg *c = df_flux2_config(f->transformer);
     if (df_pipeline_lead(p)) {
         DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
@@ -384,10 +393,31 @@ static df_status make_ids(df_ctx *ctx, const run_sizes *r, df_tensor **img, df_t
     return s;
 }
 
+/* The reference tokens repeated over the batch, [B, Sr, C], and the ids of the latents
+ * followed by theirs, [S + Sr, 4] (in place of *ids). */
+static df_status reference_inputs(df_ctx *ctx, const run_sizes *r, const df_flux2_reference *refs,
+                                  df_tensor **ref, df_tensor **ids)
+{
+    int64_t Sr = refs->n_tokens, C = refs->channels;
+    if (C != r->C)
+        return df_errorf(DF_E_FORMAT,
+                         "the reference image's tokens have %lld channels, the "
+                         "transformer takes %lld",
+                         (long long)C, (long long)r->C);
+    df_tensor *one = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, Sr, C), refs->tokens);
+    df_tensor *rid = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(Sr, 4), refs->ids);
+    if (!one || !rid)
+        return df_ctx_status(ctx);
+    *ref = df_contiguous(ctx, df_expand(ctx, one, DF_SHAPE(r->B, Sr, C)));
+    *ids = df_concat(ctx, *ids, rid, 0);
+    return df_ctx_status(ctx);
+}
+
 /* One transformer forward (a marked step): the velocity [B, S, C] for the packed latents x,
  * a tensor of the current scope in *out. */
 static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_tensor *x, float t,
-                         df_tensor *embeds, df_tensor *img_ids, df_tensor *txt_ids, df_tensor **out)
+                         df_tensor *embeds, df_tensor *img_ids, df_tensor *txt_ids, df_tensor *ref,
+                         df_tensor **out)
 {
     df_ctx *ctx = p->ctx;
     bool guided = df_flux2_config(f->transformer)->guidance_embeds;
@@ -402,7 +432,7 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
         gs[b] = r->guidance;
     }
     df_flux2_inputs in = {
-        .hidden_states = x,
+        .hidden_states = ref ? df_concat(ctx, x, ref, 1) : x, /* [B, S + Sr, C] */
         .encoder_hidden_states = embeds,
         .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B), ts),
         .img_ids = img_ids,
@@ -420,6 +450,8 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
     } else {
         *out = df_flux2_forward(ctx, f->transformer, &in);
     }
+    if (s == DF_OK && ref && *out) /* noise_pred[:, :S]: the latents' tokens only */
+        *out = df_contiguous(ctx, df_slice(ctx, *out, 1, 0, r->S));
     return s == DF_OK ? df_mark_step(ctx) : s;
 }
 
@@ -456,8 +488,8 @@ static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params 
 }
 
 static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
-                         const run_sizes *r, df_tensor *embeds, df_tensor *neg, float *lat,
-                         df_gen_output *out)
+                         const run_sizes *r, df_tensor *embeds, df_tensor *neg,
+                         const df_flux2_reference *refs, float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     int64_t n = r->B * r->S * r->C;
@@ -473,6 +505,9 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
     df_step_cache *cache[2] = {NULL, NULL}; /* "cond", "uncond" */
     if (s == DF_OK)
         s = make_caches(p, f, g, r, cache);
+    df_tensor *ref = NULL; /* reference tokens [B, Sr, C], their ids after the latents' */
+    if (s == DF_OK && refs && refs->n_tokens > 0)
+        s = reference_inputs(ctx, r, refs, &ref, &img_ids);
     if (p->opts.offload == DF_OFFLOAD_MODEL)
         df_pipeline_onload(p, df_flux2_weight_set(f->transformer));
     df_scope mark = df_scope_begin(ctx);
@@ -486,10 +521,10 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
             on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat);
         df_tensor *vt = NULL, *vnt = NULL;
         df_flux2_set_step_cache(f->transformer, cache[0]);
-        s = predict(p, f, r, in, t, embeds, img_ids, txt_ids, &vt);
+        s = predict(p, f, r, in, t, embeds, img_ids, txt_ids, ref, &vt);
         df_flux2_set_step_cache(f->transformer, cache[1]);
         if (s == DF_OK && r->cfg)
-            s = predict(p, f, r, in, t, neg, img_ids, txt_ids, &vnt);
+            s = predict(p, f, r, in, t, neg, img_ids, txt_ids, ref, &vnt);
         df_flux2_set_step_cache(f->transformer, NULL);
         if (s == DF_OK && r->cfg) /* neg + scale * (cond - neg), each op in float32 */
             vt = df_add(ctx, vnt, df_scale(ctx, df_sub(ctx, vt, vnt), r->guidance, -0.0f));
@@ -665,6 +700,33 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
 {
     flux2_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
+    df_gen_params with_size;
+    const df_image *const *refs = g->n_images > 0 ? g->images : &g->image;
+    int n_refs = g->n_images > 0 ? g->n_images : g->image ? 1 : 0;
+    if (g->n_images < 0 || (g->n_images > 0 && (!g->images || g->image)))
+        return df_errorf(DF_E_ARG, "give either one image or a list of n_images (%d) images",
+                         g->n_images);
+    for (int i = 0; i < n_refs; i++)
+        if (!refs[i])
+            return df_errorf(DF_E_ARG, "reference image %d of %d is NULL", i, n_refs);
+    if (n_refs > 0) { /* the output takes the first reference's size unless one is given */
+        if (df_pipeline_tp(p))
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "%s: reference images with tensor parallelism "
+                             "are not implemented yet",
+                             p->dir);
+        if (g->strength != 0)
+            return df_errorf(DF_E_ARG,
+                             "%s: %s takes reference images, not a strength (it "
+                             "always starts from noise)",
+                             p->dir, p->cls->name);
+        for (int i = 0; i < n_refs; i++)
+            DF_TRY_CTX(df_flux2_reference_check(refs[i], 16), "reference image %d", i);
+        with_size = *g;
+        with_size.height = g->height ? g->height : refs[0]->height;
+        with_size.width = g->width ? g->width : refs[0]->width;
+        g = &with_size;
+    }
     run_sizes r = resolve(p, f, g);
     df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
     if (s == DF_OK)
@@ -690,11 +752,15 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     }
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
+    df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
+    if (s == DF_OK && n_refs > 0)
+        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, neg, lat, out);
+        s = denoise(p, f, g, &r, embeds, neg, &ref, lat, out);
+    df_flux2_reference_deinit(&ref);
     df_pipeline_note_phase(p, out, "denoise");
     bool unpack = f->klein && df_pipeline_lead(p);
     if (s == DF_OK && df_pipeline_lead(p))

@@ -41,7 +41,25 @@ static const df_pipeline_table tables[] = {
       {"tokenizer", CLIP_TOKENIZER},
       {"tokenizer_2", T5_TOKENIZER},
       SCHEDULER}},
+    {&df_flux_img2img_pipeline_class, /* the same components as FluxPipeline */
+     {{"transformer", {"FluxTransformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModel"}},
+      {"text_encoder_2", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", T5_TOKENIZER},
+      SCHEDULER}},
     {&df_sd3_pipeline_class,
+     {{"transformer", {"SD3Transformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_3", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", CLIP_TOKENIZER},
+      {"tokenizer_3", T5_TOKENIZER},
+      SCHEDULER}},
+    {&df_sd3_img2img_pipeline_class, /* the same components as StableDiffusion3Pipeline */
      {{"transformer", {"SD3Transformer2DModel"}},
       {"vae", {"AutoencoderKL"}},
       {"text_encoder", {"CLIPTextModelWithProjection"}},
@@ -281,7 +299,8 @@ static df_status load_parts(df_pipeline *p)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
                       "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
                       p->cls->name);
-    if (s == DF_OK && df_comm_size(p->comm) > 1 && p->cls == &df_sd3_pipeline_class)
+    if (s == DF_OK && df_comm_size(p->comm) > 1 &&
+        (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class))
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
                       "implemented for FluxPipeline, Flux2Pipeline and Flux2KleinPipeline, "
                       "not %s", p->dir, p->cls->name);

@@ -46,6 +46,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/residency.h"
+#include "pipelines/img2img.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -58,6 +59,8 @@ typedef struct sd3_pipe {
     df_t5 *t5; /* NULL: the T5 part of the prompt is zeros */
     df_sd3 *transformer;
     df_vae *vae;
+    df_vae_encoder *vae_enc; /* image to image: loaded on first use */
+    char vae_dir[4096];
     df_scheduler_config sched;
     int64_t clip_len;      /* the CLIP tokenizer's model_max_length (77) */
     df_compiled *compiled; /* the transformer's forward, when compiled */
@@ -90,6 +93,7 @@ static void sd3_free(void *impl)
     df_t5_free(s->t5);
     df_sd3_free(s->transformer);
     df_vae_free(s->vae);
+    df_vae_encoder_free(s->vae_enc);
     df_compiled_free(s->compiled);
     df_free(s);
 }
@@ -192,6 +196,7 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY_CTX(df_sd3_load(p->ctx, dir, &s->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     DF_TRY_CTX(df_vae_load(p->ctx, dir, &s->vae), "%s", dir);
+    snprintf(s->vae_dir, sizeof s->vae_dir, "%s", dir);
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     const df_vae_info *vi = df_vae_config(s->vae);
     if (vi->latent_channels != c->in_channels || vi->latent_channels != c->out_channels)
@@ -333,6 +338,7 @@ static df_status upload_embeds(df_ctx *ctx, const float *e, const float *pooled,
 
 typedef struct run_cfg {
     int H, W, steps, max_seq, per, rows, B;
+    int first; /* the loop's first step (image to image: cut by strength) */
     float guidance;
     bool cfg; /* classifier-free guidance (guidance > 1) */
     float slg_scale;
@@ -365,6 +371,17 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (!isfinite(r->guidance) || !isfinite(r->slg_scale) || !isfinite(r->slg_start) ||
         !isfinite(r->slg_stop))
         return df_errorf(DF_E_ARG, "guidance and skip-layer guidance settings must be finite");
+    if (g->n_images != 0)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
+                         p->dir, p->cls->name, g->n_images);
+    if (p->cls == &df_sd3_img2img_pipeline_class && !g->image)
+        return df_errorf(DF_E_ARG, "%s: StableDiffusion3Img2ImgPipeline needs an input image",
+                         p->dir);
+    if (g->image && g->latents)
+        return df_errorf(DF_E_ARG, "image to image with SD3 takes no latents (diffusers' "
+                                   "StableDiffusion3Img2ImgPipeline makes them from the image)");
+    if (g->image)
+        DF_TRY(df_img2img_first_step(g, r->steps, &r->first));
     if (g->clip_skip < 0)
         return df_errorf(DF_E_ARG, "clip_skip must be >= 0, not %d", g->clip_skip);
     if (g->n_slg_layers < 0 || (g->n_slg_layers > 0 && !g->slg_layers))
@@ -496,12 +513,26 @@ static df_status host_step(df_ctx *ctx, df_scheduler *sched, const run_cfg *r, d
     return df_scheduler_step(sched, noise, lat, n);
 }
 
+/* The scheduler of a run on latents [., ., h, w], its loop starting at step r->first. */
+static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, int64_t w,
+                                df_scheduler **out)
+{
+    const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    DF_TRY(df_scheduler_create(&s->sched, out));
+    int64_t seq = (h / c->patch_size) * (w / c->patch_size);
+    double mu =
+        df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
+                                s->sched.base_shift, s->sched.max_shift);
+    DF_TRY(df_scheduler_set_timesteps(*out, r->steps, NULL,
+                                      s->sched.use_dynamic_shifting ? &mu : NULL));
+    return df_scheduler_set_begin_index(*out, r->first);
+}
+
 static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
                          float *lat, int64_t C, int64_t h, int64_t w)
 {
     df_ctx *ctx = p->ctx;
-    const df_sd3_cfg *c = df_sd3_config(s->transformer);
     int64_t n = (int64_t)r->B * C * h * w, rows = r->cfg ? 2 * r->B : r->B;
     float *pred = df_malloc((size_t)(rows * C * h * w) * sizeof *pred);
     float *skip = g->n_slg_layers > 0 && r->cfg ? df_malloc((size_t)n * sizeof *skip) : NULL;
@@ -511,17 +542,7 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
         return df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
     }
     df_scheduler *sched = NULL;
-    df_status st = df_scheduler_create(&s->sched, &sched);
-    if (st == DF_OK) {
-        int64_t seq = (h / c->patch_size) * (w / c->patch_size);
-        double mu =
-            df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
-                                    s->sched.base_shift, s->sched.max_shift);
-        st = df_scheduler_set_timesteps(sched, r->steps, NULL,
-                                        s->sched.use_dynamic_shifting ? &mu : NULL);
-    }
-    if (st == DF_OK)
-        st = df_scheduler_set_begin_index(sched, 0);
+    df_status st = make_scheduler(s, r, h, w, &sched);
     /* The latents stay on the device (x), guided and stepped there, unless the host steps
      * (DIFFUSE_HOST_STEP=1: the reference path, guidance and step on host floats). */
     bool on_device = !df_pipeline_host_step(g);
@@ -530,7 +551,7 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat)
                        : NULL;
     double t0 = df_now();
-    for (int i = 0; i < r->steps && st == DF_OK; i++) {
+    for (int i = r->first; i < r->steps && st == DF_OK; i++) {
         float t = df_scheduler_timesteps(sched)[i];
         if (!on_device)
             x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
@@ -565,7 +586,8 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
             st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
         x = df_scope_end(ctx, mark, on_device ? x : NULL);
         if (st == DF_OK)
-            st = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
+            st = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
+                                       df_now() - t0);
     }
     if (st == DF_OK && on_device)
         st = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
@@ -616,6 +638,20 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
     return st;
 }
 
+/* StableDiffusion3Img2ImgPipeline.prepare_latents: the input picture's latents noised to
+ * the sigma of the loop's first step, [B, C, h, w]. */
+static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
+                               const run_cfg *r, int64_t h, int64_t w, float *out)
+{
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(s, r, h, w, &sched));
+    float sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
+    return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
+                              out);
+}
+
 static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
 {
     sd3_pipe *s = p->impl;
@@ -654,6 +690,8 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
         st = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
     if (st == DF_OK && g->latents) {
         memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
+    } else if (st == DF_OK && g->image) {
+        st = image_latents(p, s, g, &r, h, w, lat);
     } else if (st == DF_OK) {
         st = df_pipeline_draw_noise(g, r.B, C * h * w, lat);
     }
@@ -683,6 +721,14 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
 
 const df_pipeline_kind df_sd3_pipeline_class = {
     .name = "StableDiffusion3Pipeline",
+    .load = sd3_load,
+    .run = sd3_run,
+    .free = sd3_free,
+};
+
+/* The same components; a run needs an input image. */
+const df_pipeline_kind df_sd3_img2img_pipeline_class = {
+    .name = "StableDiffusion3Img2ImgPipeline",
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,

@@ -101,6 +101,7 @@ void check_tp_end(check_tp *t);
 int check_kind_model_forward(check_case *c);
 int check_kind_scheduler(check_case *c);
 int check_kind_vae_decode(check_case *c);
+int check_kind_vae_encode(check_case *c);
 int check_kind_pipeline(check_case *c);
 int check_kind_tokenizer(check_case *c);
 int check_kind_text_encoder(check_case *c);

@@ -5,6 +5,11 @@
  * {"device": "cpu", "seed": s} or a list of them (one per image). Outputs: the final
  * latents, the float image in [0, 1] (NHWC) and the uint8 image. With --tp (tp.c) the
  * pipeline is split over the ranks and rank 0 compares.
+ *
+ * FluxImg2ImgPipeline / StableDiffusion3Img2ImgPipeline: args.image is a PNG or JPEG file
+ * in the case folder (decoded as PIL's convert("RGB") gives it) and args.strength the part
+ * of the schedule that runs (default 0.6); the folder is the text-to-image pipeline's,
+ * which runs image to image when given a picture.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,12 +172,47 @@ static int get_cache(check_case *c, df_cache_config *cfg, const df_cache_config 
     return 0;
 }
 
+/* args.image (a file of the case folder, or a list of them: FLUX.2 references) and
+ * args.strength, for the img2img classes and FLUX.2. */
+static int get_image(check_case *c, df_gen_params *g, df_image **images, int cap, int *n)
+{
+    *n = 0;
+    const df_json *j = df_json_get(c->args, "image");
+    if (!j || df_json_is_null(j))
+        return 0;
+    bool list = df_json_type_of(j) == DF_JSON_ARRAY;
+    int count = list ? (int)df_json_array_size(j) : 1;
+    if (count < 1 || count > cap)
+        return check_fail(c, "args.image: expected a file name or a list of 1 to %d", cap);
+    for (int i = 0; i < count; i++) {
+        const char *name = NULL;
+        if (df_json_to_string(list ? df_json_array_get(j, i) : j, &name) != DF_OK)
+            return check_fail(c, "args.image: expected file names of the case folder");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", c->dir, name);
+        if (df_image_load(path, &images[i]) != DF_OK)
+            return check_fail(c, "args.image: %s", df_error_message());
+        *n = i + 1;
+    }
+    if (list) {
+        g->images = (const df_image *const *)images;
+        g->n_images = count;
+    } else {
+        g->image = images[0];
+    }
+    if (df_json_get_double_or(c->args, "strength", 0.0, &g->strength) != DF_OK) /* 0: 0.6 */
+        return check_fail(c, "args.strength: %s", df_error_message());
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
-    bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0;
+    bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
+               strcmp(c->cls, "StableDiffusion3Img2ImgPipeline") == 0;
     bool flux2 =
         strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
-    if (strcmp(c->cls, "FluxPipeline") != 0 && !sd3 && !flux2)
+    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0;
+    if (!flux && !sd3 && !flux2)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "the case names no pipeline folder");
@@ -245,6 +285,9 @@ int check_kind_pipeline(check_case *c)
     g.latents = latents;
     df_cache_config cache;
     rc |= get_cache(c, &cache, &g.cache);
+    df_image *images[8] = {0};
+    int n_images = 0;
+    rc |= get_image(c, &g, images, 8, &n_images);
     rc |= unsupported_args(c, sd3);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
@@ -301,5 +344,7 @@ int check_kind_pipeline(check_case *c)
     free(latents);
     free(neg);
     free(neg_pooled);
+    for (int i = 0; i < n_images; i++)
+        df_image_free(images[i]);
     return rc;
 }

@@ -30,6 +30,7 @@ static const kind_entry kinds[] = {
     {"model_forward", check_kind_model_forward},
     {"scheduler", check_kind_scheduler},
     {"vae_decode", check_kind_vae_decode},
+    {"vae_encode", check_kind_vae_encode},
     {"pipeline", check_kind_pipeline},
     {"tokenizer", check_kind_tokenizer},
     {"text_encoder", check_kind_text_encoder},

@@ -56,6 +56,13 @@ static void help(FILE *f)
         "      --slg-scale X          skip-layer guidance scale (default 2.8)\n"
         "      --slg-start X          fraction of the steps where it starts (default 0.01)\n"
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
+        "      --image FILE           image to image: start from this PNG or JPEG (FLUX.1, SD3;\n"
+        "                             resized to the output size with PIL's Lanczos filter);\n"
+        "                             FLUX.2: a reference image to edit (sides multiples of 16,\n"
+        "                             at most 1024x1024; the output takes the first one's size\n"
+        "                             by default); repeat it for several references (up to 8)\n"
+        "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
+        "                             (default 0.6; 1 starts from pure noise)\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512, or\n"
@@ -240,12 +247,43 @@ static void print_cache_steps(const df_cache_config *c, const df_gen_output *out
     }
 }
 
+#define MAX_IMAGES 8
+
+static void free_images(df_image **images, int n)
+{
+    for (int i = 0; i < n; i++)
+        df_image_free(images[i]);
+}
+
+/* Reads every --image file (refusing a bad one with its message) and lists their base names
+ * and SHA-256 digests, comma-separated, for the PNG parameters. Returns 0 or 1. */
+static int load_images(const char *const *paths, int n, df_image **out, char *names,
+                       size_t names_cap, char *hashes, size_t hashes_cap)
+{
+    for (int i = 0; i < n; i++) {
+        char hash[65];
+        if (df_image_load(paths[i], &out[i]) != DF_OK ||
+            df_file_sha256(paths[i], hash) != DF_OK) {
+            fprintf(stderr, "diffuse generate: --image: %s\n", df_error_message());
+            free_images(out, i + 1);
+            return 1;
+        }
+        const char *base = strrchr(paths[i], '/');
+        base = base && base[1] ? base + 1 : paths[i];
+        size_t nl = strlen(names), hl = strlen(hashes);
+        snprintf(names + nl, names_cap - nl, "%s%s", i ? ", " : "", base);
+        snprintf(hashes + hl, hashes_cap - hl, "%s%s", i ? ", " : "", hash);
+    }
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER };
+           O_CACHE, O_TRANSFORMER,
+           O_IMAGE, O_STRENGTH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -267,9 +305,12 @@ int cmd_generate(int argc, char **argv)
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
-        {"transformer", required_argument, 0, O_TRANSFORMER}, {0, 0, 0, 0}};
+        {"transformer", required_argument, 0, O_TRANSFORMER},
+        {"image", required_argument, 0, O_IMAGE},
+        {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
-    const char *stats_path = NULL;
+    const char *stats_path = NULL, *image_paths[MAX_IMAGES];
+    int n_image_paths = 0;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
     df_cache_config cache;
@@ -392,6 +433,22 @@ int cmd_generate(int argc, char **argv)
             g.cache = &cache;
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
+        case O_IMAGE:
+            if (n_image_paths == MAX_IMAGES) {
+                fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);
+                return 2;
+            }
+            image_paths[n_image_paths++] = optarg;
+            break;
+        case O_STRENGTH:
+            if ((rc = parse_number("--strength", optarg, &g.strength)))
+                return rc;
+            if (!(g.strength > 0 && g.strength <= 1)) {
+                fprintf(stderr, "diffuse generate: --strength must be in (0, 1], not %s\n",
+                        optarg);
+                return 2;
+            }
+            break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;
@@ -419,13 +476,30 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "diffuse generate: cannot write '%s': %s\n", output, strerror(errno));
         return 1;
     }
-    char *file_prompt = NULL;
-    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file)))
+    if (g.strength != 0 && !n_image_paths) {
+        fprintf(stderr, "diffuse generate: --strength needs --image FILE\n");
+        return 2;
+    }
+    /* The input pictures are read and checked before any model loads. */
+    df_image *init_images[MAX_IMAGES] = {0};
+    char init_names[MAX_IMAGES * 256] = "", init_hashes[MAX_IMAGES * 66] = "";
+    if (load_images(image_paths, n_image_paths, init_images, init_names, sizeof init_names,
+                    init_hashes, sizeof init_hashes))
         return 1;
+    if (n_image_paths == 1)
+        g.image = init_images[0];
+    else if (n_image_paths > 1)
+        g.images = (const df_image *const *)init_images, g.n_images = n_image_paths;
+    char *file_prompt = NULL;
+    if (prompt_file && !(prompt = file_prompt = read_file(prompt_file))) {
+        free_images(init_images, n_image_paths);
+        return 1;
+    }
     cli_tp_unmute(muted);
     cli_tp tpc;
     if ((rc = cli_tp_start(tp, &lo.threads, &tpc))) {
         free(file_prompt);
+        free_images(init_images, n_image_paths);
         return rc;
     }
     lo.tp = tp;
@@ -463,6 +537,13 @@ int cmd_generate(int argc, char **argv)
                                   .cfg_scale = out.guidance, .seed = g.seed + 0,
                                   .width = out.width, .height = out.height,
                                   .model = slash && slash[1] ? slash + 1 : model};
+            if (n_image_paths) {
+                ip.init_image = init_names;
+                ip.init_image_hash = init_hashes;
+                /* FLUX.2 takes the picture as a reference and always starts from noise */
+                bool flux2 = strncmp(df_pipeline_class(p), "Flux2", 5) == 0;
+                ip.denoising_strength = flux2 ? 0 : g.strength != 0 ? g.strength : 0.6;
+            }
             s = df_image_format_parameters(&ip, &params);
             if (s == DF_OK)
                 s = df_image_save_png(out.images[i], path, params);
@@ -511,5 +592,6 @@ int cmd_generate(int argc, char **argv)
     df_pipeline_free(p);
     cli_tp_end(&tpc);
     free(file_prompt);
+    free_images(init_images, n_image_paths);
     return status;
 }

@@ -67,6 +67,10 @@ static void show_parameters(const char *text)
     if (p.width > 0 && p.height > 0)
         printf("  %-16s %dx%d\n", "size:", p.width, p.height);
     field("model:", p.model);
+    if (p.denoising_strength > 0)
+        printf("  %-16s %g\n", "strength:", p.denoising_strength);
+    field("init image:", p.init_image);
+    field("init image hash:", p.init_image_hash);
     df_image_params_deinit(&p);
 }
 

@@ -1,0 +1,124 @@
+/*
+ * The blocks AutoencoderKL's encoder and decoder share: binding their weights and their
+ * forwards (vae_blocks.h). Every GroupNorm uses eps 1e-6; a ResNet has a 1x1 conv_shortcut
+ * where it changes the channel count; the attention is one head of width C over the H*W
+ * positions with a residual.
+ */
+#include <stdio.h>
+
+#include "core/status.h"
+#include "models/vae_blocks.h"
+
+/* --- weights ----------------------------------------------------------------------------- */
+
+df_status df_vae_bind_conv(df_weight_set *ws, df_vae_conv *c, int64_t out_c, int64_t in_c,
+                           int64_t k, const char *name)
+{
+    DF_TRY(df_ws_tensor(ws, &c->w, 4, (int64_t[]){out_c, in_c, k, k}, "%s.weight", name));
+    return df_ws_tensor(ws, &c->b, 1, (int64_t[]){out_c}, "%s.bias", name);
+}
+
+df_status df_vae_bind_norm(df_weight_set *ws, df_vae_norm *n, int64_t ch, const char *name)
+{
+    DF_TRY(df_ws_tensor(ws, &n->w, 1, (int64_t[]){ch}, "%s.weight", name));
+    return df_ws_tensor(ws, &n->b, 1, (int64_t[]){ch}, "%s.bias", name);
+}
+
+df_status df_vae_bind_resnet(df_weight_set *ws, df_vae_resnet *r, int64_t in_c, int64_t out_c,
+                             const char *prefix)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.norm1", prefix);
+    DF_TRY(df_vae_bind_norm(ws, &r->norm1, in_c, name));
+    snprintf(name, sizeof name, "%s.conv1", prefix);
+    DF_TRY(df_vae_bind_conv(ws, &r->conv1, out_c, in_c, 3, name));
+    snprintf(name, sizeof name, "%s.norm2", prefix);
+    DF_TRY(df_vae_bind_norm(ws, &r->norm2, out_c, name));
+    snprintf(name, sizeof name, "%s.conv2", prefix);
+    DF_TRY(df_vae_bind_conv(ws, &r->conv2, out_c, out_c, 3, name));
+    if (in_c != out_c) {
+        snprintf(name, sizeof name, "%s.conv_shortcut", prefix);
+        DF_TRY(df_vae_bind_conv(ws, &r->shortcut, out_c, in_c, 1, name));
+    }
+    return DF_OK;
+}
+
+df_status df_vae_bind_attention(df_weight_set *ws, df_vae_attention *a, int64_t ch,
+                                const char *prefix)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s.group_norm", prefix);
+    DF_TRY(df_vae_bind_norm(ws, &a->group_norm, ch, name));
+    DF_TRY(df_ws_linear(ws, &a->to_q, ch, ch, true, "%s.to_q", prefix));
+    DF_TRY(df_ws_linear(ws, &a->to_k, ch, ch, true, "%s.to_k", prefix));
+    DF_TRY(df_ws_linear(ws, &a->to_v, ch, ch, true, "%s.to_v", prefix));
+    return df_ws_linear(ws, &a->to_out, ch, ch, true, "%s.to_out.0", prefix);
+}
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+df_tensor *df_vae_conv_fwd(df_ctx *ctx, const df_vae_conv *c, df_tensor *x)
+{
+    int64_t k = df_tensor_dim(c->w, 2);
+    return df_conv2d(ctx, x, c->w, c->b, 1, (int)(k / 2)); /* "same" padding: 1 for 3x3 */
+}
+
+df_tensor *df_vae_norm_fwd(df_ctx *ctx, const df_vae_norm *n, int groups, df_tensor *x)
+{
+    return df_group_norm(ctx, x, groups, n->w, n->b, DF_VAE_GN_EPS);
+}
+
+/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W] */
+df_tensor *df_vae_resnet_fwd(df_ctx *ctx, const df_vae_resnet *r, int groups, df_tensor *x)
+{
+    df_tensor *h = df_silu(ctx, df_vae_norm_fwd(ctx, &r->norm1, groups, x));
+    h = df_vae_conv_fwd(ctx, &r->conv1, h); /* [B, Cout, H, W] */
+    h = df_silu(ctx, df_vae_norm_fwd(ctx, &r->norm2, groups, h));
+    h = df_vae_conv_fwd(ctx, &r->conv2, h);
+    if (r->shortcut.w)
+        x = df_vae_conv_fwd(ctx, &r->shortcut, x); /* 1x1: Cin -> Cout */
+    return df_add(ctx, x, h);
+}
+
+/* Attention with one head of width C over the H*W positions, plus the residual.
+ * x: [B, C, H, W] */
+df_tensor *df_vae_attention_fwd(df_ctx *ctx, const df_vae_attention *a, int groups, df_tensor *x)
+{
+    int64_t B = df_tensor_dim(x, 0), C = df_tensor_dim(x, 1);
+    int64_t H = df_tensor_dim(x, 2), W = df_tensor_dim(x, 3);
+    df_tensor *h = df_vae_norm_fwd(ctx, &a->group_norm, groups, x);
+    h = df_reshape(ctx, h, DF_SHAPE(B, C, H * W));
+    h = df_transpose(ctx, h, 1, 2);                                   /* [B, HW, C] */
+    df_tensor *q = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_q), 1); /* [B, 1, HW, C] */
+    df_tensor *k = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_k), 1);
+    df_tensor *v = df_unsqueeze(ctx, df_linear(ctx, h, &a->to_v), 1);
+    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* scale 1/sqrt(C) */
+    o = df_reshape(ctx, o, DF_SHAPE(B, H * W, C));
+    o = df_linear(ctx, o, &a->to_out);
+    o = df_transpose(ctx, o, 1, 2); /* [B, C, HW] */
+    o = df_reshape(ctx, o, DF_SHAPE(B, C, H, W));
+    return df_add(ctx, o, x);
+}
+
+/* Ends a block: releases everything made since `mark` but h, and waits for the block to
+ * run. The decode reuses one mark for all its blocks, so each end also releases the
+ * previous block's output. The wait matters in strict eager mode, which allocates each
+ * op's output when the op is queued: without it the host would queue the whole decoder
+ * at once and all its activations would be allocated together; with it, the memory in
+ * use stays near one block's working set. */
+df_tensor *df_vae_end_block(df_ctx *ctx, df_scope mark, df_tensor *h)
+{
+    h = df_scope_end(ctx, mark, h);
+    df_sync(ctx); /* a failure stays on the context; df_vae_finish() reports it */
+    return h;
+}
+
+/* The status of the work queued so far, once the decode has given up or finished. */
+df_status df_vae_finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
+{
+    df_status s = df_ctx_status(ctx);
+    if (s == DF_OK && !result)
+        s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
+    *out = s == DF_OK ? result : NULL;
+    return s;
+}

@@ -1,0 +1,39 @@
+/*
+ * FLUX.2's reference images (Flux2Pipeline / Flux2KleinPipeline with image=): the encoded
+ * picture as extra tokens with their own ids, joined to the latents on the transformer's
+ * input only (flux2_reference.c).
+ */
+#ifndef DF_PIPELINES_FLUX2_REFERENCE_H
+#define DF_PIPELINES_FLUX2_REFERENCE_H
+
+#include <diffuse/pipeline.h>
+#include <diffuse/vae.h>
+
+typedef struct df_flux2_reference {
+    int64_t n_tokens; /* Sr */
+    int64_t channels; /* 4 * latent_channels (128) */
+    float *tokens;    /* [Sr, channels] */
+    float *ids;       /* [Sr, 4] as (t, h, w, l), f32 as the transformer reads ids */
+} df_flux2_reference;
+
+/*
+ * Checks the picture before any model runs: Flux2ImageProcessor's own rules (sides of at
+ * least 64 pixels, aspect ratio at most 8:1: DF_E_ARG), then the ones this version
+ * implements (sides multiples of `multiple`, area at most 1024 x 1024: Flux2ImageProcessor's
+ * resize and crop are not written yet: DF_E_UNSUPPORTED), each naming the rule.
+ */
+df_status df_flux2_reference_check(const df_image *img, int multiple);
+
+/*
+ * prepare_image_latents for n pictures: each preprocessed at its own size, encoded, the
+ * posterior's mode, patchified and batch-norm normalised, packed row by row into tokens
+ * with ids (10 + 10 i, y, x, 0) for picture i (_prepare_image_ids), the pictures' tokens one
+ * after the other. The encoder is loaded from vae_dir into *enc on first use. Free with
+ * df_flux2_reference_deinit.
+ */
+df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                                  const df_image *const *imgs, int n, int multiple,
+                                  df_flux2_reference *out);
+void df_flux2_reference_deinit(df_flux2_reference *r);
+
+#endif
