@@ -324,22 +324,32 @@ static df_tensor *rope_table(df_ctx *ctx, const df_decoder_lm *m, int64_t s)
     return table;
 }
 
+/* The causal table [S, S] of 1 (key j visible to query i: j <= i) and 0, indexed [i, j], or
+ * [j, i] with by_key (the form that counts a row's keys as a product). */
+static df_tensor *causal_table(df_ctx *ctx, const df_decoder_lm *m, int64_t s, bool by_key)
+{
+    float *t = df_malloc((size_t)(s * s) * sizeof *t);
+    if (!t) {
+        df_errorf(DF_E_OOM, "%s: out of memory for the %" PRId64 "x%" PRId64 " causal mask",
+                  m->component, s, s);
+        return NULL;
+    }
+    for (int64_t r = 0; r < s; r++)
+        for (int64_t c = 0; c < s; c++)
+            t[r * s + c] = (by_key ? r <= c : c <= r) ? 1.0f : 0.0f;
+    df_tensor *table = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s, s), t);
+    df_free(t);
+    return table;
+}
+
 /* Per query row, 1 when it has at least one real key j <= i and 0 when it has none: [B, 1, S, 1]
  * (count / (count + 1e-30) is exactly 1 for any count >= 1 in float32). */
 static df_tensor *attended_rows(df_ctx *ctx, const df_decoder_lm *m, df_tensor *mask)
 {
     int64_t b = df_tensor_dim(mask, 0), s = df_tensor_dim(mask, 1);
-    float *upper = df_malloc((size_t)(s * s) * sizeof *upper);
-    if (!upper) {
-        df_errorf(DF_E_OOM, "%s: out of memory for the %" PRId64 "x%" PRId64 " row mask",
-                  m->component, s, s);
+    df_tensor *keys_before = causal_table(ctx, m, s, true); /* [key j, query i] */
+    if (!keys_before)
         return NULL;
-    }
-    for (int64_t j = 0; j < s; j++) /* [key j, query i]: key j counts for every query i >= j */
-        for (int64_t i = 0; i < s; i++)
-            upper[j * s + i] = j <= i ? 1.0f : 0.0f;
-    df_tensor *keys_before = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(s, s), upper);
-    df_free(upper);
     df_tensor *key = df_reshape(ctx, df_cast(ctx, mask, DF_DTYPE_F32), DF_SHAPE(b, 1, 1, s));
     df_tensor *count = df_matmul(ctx, key, keys_before); /* [B, 1, 1, S] real keys per row */
     count = df_reshape(ctx, count, DF_SHAPE(b, 1, s, 1));
@@ -351,17 +361,10 @@ static df_tensor *attended_rows(df_ctx *ctx, const df_decoder_lm *m, df_tensor *
 static df_tensor *attention_mask_add(df_ctx *ctx, const df_decoder_lm *m, df_tensor *mask)
 {
     int64_t b = df_tensor_dim(mask, 0), s = df_tensor_dim(mask, 1);
-    float *causal = df_malloc((size_t)(s * s) * sizeof *causal);
-    if (!causal) {
-        df_errorf(DF_E_OOM, "%s: out of memory for the %" PRId64 "x%" PRId64 " causal mask",
-                  m->component, s, s);
+    df_tensor *keep = causal_table(ctx, m, s, false);
+    if (!keep)
         return NULL;
-    }
-    for (int64_t i = 0; i < s; i++)
-        for (int64_t j = 0; j < s; j++)
-            causal[i * s + j] = j <= i ? 1.0f : 0.0f;
-    df_tensor *keep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 1, s, s), causal);
-    df_free(causal);
+    keep = df_reshape(ctx, keep, DF_SHAPE(1, 1, s, s));
     df_tensor *key = df_reshape(ctx, df_cast(ctx, mask, DF_DTYPE_F32), DF_SHAPE(b, 1, 1, s));
     keep = df_mul(ctx, keep, key);                 /* [B, 1, S, S] of 1 (attend) and 0 */
     return df_scale(ctx, keep, FLT_MAX, -FLT_MAX); /* 1 -> 0, 0 -> -FLT_MAX */
