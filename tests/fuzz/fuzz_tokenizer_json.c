@@ -88,6 +88,7 @@ static void check_encode(const df_tok_json *tj, const df_tokenizer *tok, df_prom
                          const char *text, size_t len)
 {
     int64_t vocab, pad;
+    bool left = false;
     if (tj) {
         df_tok_json_info info;
         df_tok_json_get_info(tj, &info);
@@ -98,6 +99,7 @@ static void check_encode(const df_tok_json *tj, const df_tokenizer *tok, df_prom
         df_tokenizer_get_info(tok, &info);
         vocab = info.vocab_size;
         pad = info.pad_id;
+        left = info.padding_left; /* the golden tokenizer's own side */
     }
     df_tokens a, b;
     df_status s;
@@ -113,7 +115,6 @@ static void check_encode(const df_tok_json *tj, const df_tokenizer *tok, df_prom
         if (p.count != 512)
             abort();
         check_row(&p, vocab, &begin, &n);
-        bool left = format == DF_PROMPT_FLUX2_MISTRAL; /* each golden's padding side */
         if (n == 0 || (left ? begin + n != 512 : begin != 0))
             abort();
         df_tokens_deinit(&p);
