@@ -21,6 +21,13 @@ set(DF_IMAGE_CASES img2img-flux-s03 img2img-flux-s08-b2 img2img-flux-s10
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
 endforeach()
+# Inpainting (tools/refgen/inpaint.py): FluxInpaintPipeline and StableDiffusion3InpaintPipeline
+# on the same folders, with a picture and a mask in each case folder.
+set(DF_INPAINT_CASES inpaint-flux-s03 inpaint-flux-s08-b2 inpaint-flux-s10 inpaint-flux-latents
+    inpaint-sd3-s03 inpaint-sd3-s08-b2 inpaint-sd3-s10 inpaint-sd3-latents)
+foreach(mode eager fuse compile)
+  df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_INPAINT_CASES})
+endforeach()
 df_golden_tests(cases-blocks blocks DIR ${DF_CASES_DIR} CASES edit-flux2 edit-flux2-b2
                 edit-flux2-two edit-flux2-klein)
 

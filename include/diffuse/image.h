@@ -117,6 +117,17 @@ DF_API df_status df_image_preprocess_size(const df_image *img, int height, int w
 DF_API df_status df_image_preprocess(const df_image *img, int height, int width, int multiple,
                                      df_resample filter, float *out);
 
+/*
+ * The inpainting pipelines' mask processor (VaeImageProcessor with do_normalize=False,
+ * do_binarize=True, do_convert_grayscale=True) for one mask picture: the size as
+ * df_image_preprocess_size gives it, the picture resized with `filter` when its size
+ * differs, grey as PIL's convert("L"), x / 255, then 0 below 0.5 and 1 from 0.5 on: [h, w]
+ * floats into out (1 where the model paints, 0 where the picture stays). DF_E_ARG for a
+ * size that rounds to 0 or bad arguments, DF_E_OOM.
+ */
+DF_API df_status df_image_mask_preprocess(const df_image *mask, int height, int width,
+                                          int multiple, df_resample filter, float *out);
+
 /* Frees a string returned by the functions of this header. NULL is fine. */
 DF_API void df_image_text_free(char *text);
 

@@ -156,6 +156,17 @@ typedef struct df_gen_params {
      * the first one's size by default. The other pipelines take one picture. */
     const df_image *const *images;
     int n_images;
+    /* Inpainting (FluxPipeline / FluxInpaintPipeline and StableDiffusion3Pipeline /
+     * StableDiffusion3InpaintPipeline folders): with `image`, the mask (borrowed, the same
+     * size as the image) says where the model paints: white (grey >= 128 after the resize)
+     * repaints, black keeps the picture. strength as for image to image (0: 0.6). With
+     * `latents` given, they are both the start and the noise the kept part is mixed with,
+     * as diffusers does. padding_mask_crop > 0 (diffusers' padding_mask_crop): only the
+     * mask's bounding box grown by that many pixels (to the output's aspect ratio) is
+     * painted, at height x width, and pasted back over the picture. NULL mask: no
+     * inpainting. */
+    const df_image *mask;
+    int padding_mask_crop;
 } df_gen_params;
 
 typedef struct df_gen_output {

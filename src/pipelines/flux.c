@@ -46,6 +46,7 @@
 #include "models/residency.h"
 #include "models/step_cache.h"
 #include "pipelines/img2img.h"
+#include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -455,7 +456,8 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_
 
 /* The denoising loop over the packed latents lat [B, S, Ci] (in place). */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *embeds, df_tensor *pooled, float *lat, df_gen_output *out)
+                         df_tensor *embeds, df_tensor *pooled, const df_inpaint *ip, float *lat,
+                         df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
@@ -493,7 +495,7 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         onload(p, df_flux_weight_set(f->transformer));
     /* The latents stay on the device (x) unless the host steps: the reference path, and
      * tensor parallelism, which shares rank 0's latents after every step. */
-    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p);
+    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p) && !ip; /* inpaint.c */
     df_scope mark = df_scope_begin(ctx);
     df_tensor *x = s == DF_OK && on_device
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat)
@@ -535,6 +537,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         s = df_pipeline_tp_check(p, s); /* the sharded forward */
         if (s == DF_OK && !on_device)
             s = df_scheduler_step(sched, v_host, lat, n_lat);
+        if (s == DF_OK && ip)
+            df_inpaint_blend(ip, df_scheduler_sigmas(sched), i, r->steps, lat);
         if (s == DF_OK && !on_device)
             /* ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
@@ -571,6 +575,20 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
     df_scheduler_free(sched);
     return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
                               out);
+}
+
+/* FluxInpaintPipeline's prepare_latents and prepare_mask_latents: the starting latents
+ * (packed) into lat, what the blend reads into ip. */
+static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
+                                 const run_sizes *r, float *lat, df_inpaint *ip)
+{
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
+    float sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
+                              pack_latents, lat, ip);
 }
 
 static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
@@ -613,8 +631,11 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     float *noise = df_malloc((size_t)n_lat * sizeof *noise);
     if (s == DF_OK && !(lat && noise))
         s = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
+    df_inpaint ip = {0};
     if (s == DF_OK && df_pipeline_lead(p)) { /* rank 0 draws the noise */
-        if (g->latents) {
+        if (g->mask) {
+            s = inpaint_latents(p, f, g, &r, lat, &ip);
+        } else if (g->latents) {
             memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
         } else if (g->image) {
             s = image_latents(p, f, g, &r, noise); /* (B, C, h, w) */
@@ -630,7 +651,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, pooled, lat, out);
+        s = denoise(p, f, g, &r, embeds, pooled, g->mask ? &ip : NULL, lat, out);
     df_pipeline_note_phase(p, out, "denoise");
 
     if (s == DF_OK && df_pipeline_lead(p))
@@ -647,6 +668,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     }
     df_free(lat);
     df_free(noise);
+    df_inpaint_deinit(&ip);
     df_scope_end(ctx, outer, NULL);
     return s;
 }
@@ -661,6 +683,14 @@ const df_pipeline_kind df_flux_pipeline_class = {
 /* The same components; a run needs an input image. */
 const df_pipeline_kind df_flux_img2img_pipeline_class = {
     .name = "FluxImg2ImgPipeline",
+    .load = flux_load,
+    .run = flux_run,
+    .free = flux_free,
+};
+
+/* The same components; a run needs an input image and a mask. */
+const df_pipeline_kind df_flux_inpaint_pipeline_class = {
+    .name = "FluxInpaintPipeline",
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,

@@ -76,9 +76,9 @@ static df_status encode_picture(df_pipeline *p, df_vae_encoder *enc, const df_ge
     return s;
 }
 
-df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                             const df_gen_params *g, int B, int H, int W, int multiple, float sigma,
-                             float *out)
+/* The checks every run with a picture makes, and the encoder loaded on first use. */
+static df_status ready_encoder(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                               const df_gen_params *g)
 {
     if (!g->image)
         return df_errorf(DF_E_ARG, "image to image needs an input image");
@@ -89,17 +89,40 @@ df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder
                          g->n_seeds);
     if (!*enc)
         DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
-    const df_vae_info *info = df_vae_encoder_config(*enc);
-    int64_t f = info->scale_factor, per = info->latent_channels * (H / f) * (W / f);
+    return DF_OK;
+}
+
+int64_t df_img2img_latent_size(const df_vae_encoder *enc, int H, int W)
+{
+    const df_vae_info *info = df_vae_encoder_config(enc);
+    int64_t f = info->scale_factor;
+    return info->latent_channels * (H / f) * (W / f);
+}
+
+df_status df_img2img_encode(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                            const df_gen_params *g, int H, int W, int multiple, df_rng *rng,
+                            float *lat)
+{
+    DF_TRY(ready_encoder(p, vae_dir, enc, g));
+    df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
+    df_status s = encode_picture(p, *enc, g, H, W, multiple, rng, lat);
+    if (s == DF_OK)
+        s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
+    return s;
+}
+
+df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                             const df_gen_params *g, int B, int H, int W, int multiple, float sigma,
+                             float *out)
+{
+    DF_TRY(ready_encoder(p, vae_dir, enc, g));
+    int64_t per = df_img2img_latent_size(*enc, H, W);
     float *lat = df_malloc((size_t)per * sizeof *lat);
     if (!lat)
         return df_errorf(DF_E_OOM, "out of memory for the input image's latents");
     df_rng rng;
     df_rng_init(&rng, g->n_seeds == 1 ? g->seeds[0] : g->seed);
-    df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
-    df_status s = encode_picture(p, *enc, g, H, W, multiple, &rng, lat);
-    if (s == DF_OK)
-        s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
+    df_status s = df_img2img_encode(p, vae_dir, enc, g, H, W, multiple, &rng, lat);
     if (s == DF_OK) /* the noise, after the posterior's, from the same generator */
         s = df_rng_randn_f32(&rng, out, (int64_t)B * per);
     for (int64_t i = 0; s == DF_OK && i < (int64_t)B * per; i++)

@@ -9,6 +9,8 @@
 #include <diffuse/pipeline.h>
 #include <diffuse/vae.h>
 
+#include <diffuse/rng.h>
+
 /* diffusers' default strength. */
 #define DF_IMG2IMG_DEFAULT_STRENGTH 0.6
 
@@ -32,5 +34,16 @@ df_status df_img2img_first_step(const df_gen_params *g, int steps, int *first);
 df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                              const df_gen_params *g, int B, int H, int W, int multiple, float sigma,
                              float *out);
+
+/*
+ * The first half of df_img2img_latents, for the pipelines that keep the picture's latents
+ * (inpainting): g->image preprocessed to H x W, encoded (the encoder loaded into *enc on
+ * first use) and drawn from with `rng` (the posterior's sample()), (x - shift) * scale:
+ * [1, C, h, w] into lat, df_img2img_latent_size floats.
+ */
+df_status df_img2img_encode(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
+                            const df_gen_params *g, int H, int W, int multiple, df_rng *rng,
+                            float *lat);
+int64_t df_img2img_latent_size(const df_vae_encoder *enc, int H, int W);
 
 #endif

@@ -23,6 +23,7 @@
 #include "sched/flow_match_euler.h"
 #include "models/loader.h"
 #include "models/step_cache.h"
+#include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
 
 #define CLIP_TOKENIZER {"CLIPTokenizer", "CLIPTokenizerFast"}
@@ -49,6 +50,14 @@ static const df_pipeline_table tables[] = {
       {"tokenizer", CLIP_TOKENIZER},
       {"tokenizer_2", T5_TOKENIZER},
       SCHEDULER}},
+    {&df_flux_inpaint_pipeline_class, /* the same components as FluxPipeline */
+     {{"transformer", {"FluxTransformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModel"}},
+      {"text_encoder_2", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", T5_TOKENIZER},
+      SCHEDULER}},
     {&df_sd3_pipeline_class,
      {{"transformer", {"SD3Transformer2DModel"}},
       {"vae", {"AutoencoderKL"}},
@@ -60,6 +69,16 @@ static const df_pipeline_table tables[] = {
       {"tokenizer_3", T5_TOKENIZER},
       SCHEDULER}},
     {&df_sd3_img2img_pipeline_class, /* the same components as StableDiffusion3Pipeline */
+     {{"transformer", {"SD3Transformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
+      {"text_encoder_3", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", CLIP_TOKENIZER},
+      {"tokenizer_3", T5_TOKENIZER},
+      SCHEDULER}},
+    {&df_sd3_inpaint_pipeline_class, /* the same components as StableDiffusion3Pipeline */
      {{"transformer", {"SD3Transformer2DModel"}},
       {"vae", {"AutoencoderKL"}},
       {"text_encoder", {"CLIPTextModelWithProjection"}},
@@ -287,7 +306,7 @@ static df_status load_parts(df_pipeline *p)
             table = &tables[i];
     }
     p->cls = table ? table->kind : NULL;
-    char list[256];
+    char list[512];
     if (s == DF_OK && !p->cls)
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: pipeline class '%.96s' is not "
                       "supported (supported: %s)", p->dir, cls ? cls : "(none)",
@@ -300,7 +319,8 @@ static df_status load_parts(df_pipeline *p)
                       "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
                       p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 &&
-        (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class))
+        (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class ||
+         p->cls == &df_sd3_inpaint_pipeline_class))
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "
                       "implemented for FluxPipeline, Flux2Pipeline and Flux2KleinPipeline, "
                       "not %s", p->dir, p->cls->name);
@@ -378,6 +398,8 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     df_status s = DF_OK;
     if (g->on_step && !g->on_step(0, 0, 0.0, g->progress_user))
         s = df_errorf(DF_E_CANCELLED, "generate: cancelled before the first step");
+    if (s == DF_OK)
+        s = df_inpaint_check(p, g); /* a mask, on any class */
     if (s == DF_OK)
         s = p->cls->run(p, g, out);
     restore_run_peak(p);

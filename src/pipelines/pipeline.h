@@ -32,6 +32,7 @@ struct df_pipeline {
 
 extern const df_pipeline_kind df_flux_pipeline_class;
 extern const df_pipeline_kind df_flux_img2img_pipeline_class; /* FluxImg2ImgPipeline */
+extern const df_pipeline_kind df_flux_inpaint_pipeline_class; /* FluxInpaintPipeline */
 
 /* Offloading (p->opts.offload): make a component's weights resident before it runs, and
  * release them after its queued work (both no-ops without offload; ws may be NULL). */
@@ -55,6 +56,7 @@ df_status df_pipeline_draw_noise(const df_gen_params *g, int B, int64_t n, float
 void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phase);
 extern const df_pipeline_kind df_sd3_pipeline_class;
 extern const df_pipeline_kind df_sd3_img2img_pipeline_class; /* StableDiffusion3Img2ImgPipeline */
+extern const df_pipeline_kind df_sd3_inpaint_pipeline_class; /* StableDiffusion3InpaintPipeline */
 extern const df_pipeline_kind df_flux2_pipeline_class;       /* Flux2Pipeline */
 extern const df_pipeline_kind df_flux2_klein_pipeline_class; /* Flux2KleinPipeline */
 

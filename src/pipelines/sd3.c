@@ -47,6 +47,7 @@
 #include "core/status.h"
 #include "models/residency.h"
 #include "pipelines/img2img.h"
+#include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -377,7 +378,7 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (p->cls == &df_sd3_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: StableDiffusion3Img2ImgPipeline needs an input image",
                          p->dir);
-    if (g->image && g->latents)
+    if (g->image && g->latents && !g->mask) /* inpainting takes them (inpaint.c) */
         return df_errorf(DF_E_ARG, "image to image with SD3 takes no latents (diffusers' "
                                    "StableDiffusion3Img2ImgPipeline makes them from the image)");
     if (g->image)
@@ -530,7 +531,7 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
 
 static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
-                         float *lat, int64_t C, int64_t h, int64_t w)
+                         const df_inpaint *ip, float *lat, int64_t C, int64_t h, int64_t w)
 {
     df_ctx *ctx = p->ctx;
     int64_t n = (int64_t)r->B * C * h * w, rows = r->cfg ? 2 * r->B : r->B;
@@ -545,7 +546,7 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
     df_status st = make_scheduler(s, r, h, w, &sched);
     /* The latents stay on the device (x), guided and stepped there, unless the host steps
      * (DIFFUSE_HOST_STEP=1: the reference path, guidance and step on host floats). */
-    bool on_device = !df_pipeline_host_step(g);
+    bool on_device = !df_pipeline_host_step(g) && !ip; /* the blend is on the host */
     df_scope mark = df_scope_begin(ctx);
     df_tensor *x = st == DF_OK && on_device
                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat)
@@ -584,6 +585,8 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
             st = df_mark_step(ctx);
         if (st == DF_OK && !on_device)
             st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
+        if (st == DF_OK && ip)
+            df_inpaint_blend(ip, df_scheduler_sigmas(sched), i, r->steps, lat);
         x = df_scope_end(ctx, mark, on_device ? x : NULL);
         if (st == DF_OK)
             st = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
@@ -610,7 +613,11 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
         return df_errorf(DF_E_OOM, "out of memory for the image");
     df_tensor *z = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
     df_tensor *img = NULL;
-    df_status st = z ? df_vae_unscale(ctx, s->vae, z, &z) : df_ctx_status(ctx);
+    df_status st = df_ctx_status(ctx);
+    if (st == DF_OK && g->mask) /* StableDiffusion3InpaintPipeline decodes latents / scale */
+        z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->vae)->scaling_factor), 0.0f);
+    else if (st == DF_OK)
+        st = df_vae_unscale(ctx, s->vae, z, &z);
     if (st == DF_OK)
         st = g->vae_tiling ? df_vae_decode_tiled(ctx, s->vae, z, 64, 8, &img)
                            : df_vae_decode(ctx, s->vae, z, &img);
@@ -652,6 +659,20 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
                               out);
 }
 
+/* StableDiffusion3InpaintPipeline's prepare_latents and prepare_mask_latents: the starting
+ * latents into lat, what the blend reads into ip. */
+static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
+                                 const run_cfg *r, int64_t h, int64_t w, float *lat, df_inpaint *ip)
+{
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(s, r, h, w, &sched));
+    float sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
+    return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
+                              NULL, lat, ip);
+}
+
 static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
 {
     sd3_pipe *s = p->impl;
@@ -688,7 +709,10 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     float *lat = df_malloc((size_t)n_lat * sizeof *lat);
     if (st == DF_OK && !lat)
         st = df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n_lat);
-    if (st == DF_OK && g->latents) {
+    df_inpaint ip = {0};
+    if (st == DF_OK && g->mask) {
+        st = inpaint_latents(p, s, g, &r, h, w, lat, &ip);
+    } else if (st == DF_OK && g->latents) {
         memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
     } else if (st == DF_OK && g->image) {
         st = image_latents(p, s, g, &r, h, w, lat);
@@ -697,7 +721,7 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     }
     df_pipeline_onload(p, df_sd3_weight_set(s->transformer));
     if (st == DF_OK)
-        st = denoise(p, s, g, &r, embeds, pooled, pe, pp, lat, C, h, w);
+        st = denoise(p, s, g, &r, embeds, pooled, pe, pp, g->mask ? &ip : NULL, lat, C, h, w);
     if (st == DF_OK)
         st = df_pipeline_offload(p, df_sd3_weight_set(s->transformer));
     df_pipeline_note_phase(p, out, "denoise");
@@ -715,6 +739,7 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
         out->latents_shape[2] = h, out->latents_shape[3] = w;
     }
     df_free(lat);
+    df_inpaint_deinit(&ip);
     df_scope_end(ctx, outer, NULL);
     return st;
 }
@@ -729,6 +754,14 @@ const df_pipeline_kind df_sd3_pipeline_class = {
 /* The same components; a run needs an input image. */
 const df_pipeline_kind df_sd3_img2img_pipeline_class = {
     .name = "StableDiffusion3Img2ImgPipeline",
+    .load = sd3_load,
+    .run = sd3_run,
+    .free = sd3_free,
+};
+
+/* The same components; a run needs an input image and a mask. */
+const df_pipeline_kind df_sd3_inpaint_pipeline_class = {
+    .name = "StableDiffusion3InpaintPipeline",
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,

@@ -10,6 +10,9 @@
  * in the case folder (decoded as PIL's convert("RGB") gives it) and args.strength the part
  * of the schedule that runs (default 0.6); the folder is the text-to-image pipeline's,
  * which runs image to image when given a picture.
+ *
+ * FluxInpaintPipeline / StableDiffusion3InpaintPipeline: args.mask_image too (a file of the
+ * case folder, the same size as the picture) and args.padding_mask_crop.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,13 +208,33 @@ static int get_image(check_case *c, df_gen_params *g, df_image **images, int cap
     return 0;
 }
 
+/* args.mask_image (a file of the case folder) and args.padding_mask_crop, for inpainting. */
+static int get_mask(check_case *c, df_gen_params *g, df_image **mask)
+{
+    *mask = NULL;
+    const df_json *j = df_json_get(c->args, "mask_image");
+    if (!j || df_json_is_null(j))
+        return 0;
+    const char *name = NULL;
+    if (df_json_to_string(j, &name) != DF_OK)
+        return check_fail(c, "args.mask_image: expected a file name of the case folder");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", c->dir, name);
+    if (df_image_load(path, mask) != DF_OK)
+        return check_fail(c, "args.mask_image: %s", df_error_message());
+    g->mask = *mask;
+    return get_int(c, "padding_mask_crop", 0, &g->padding_mask_crop);
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
-               strcmp(c->cls, "StableDiffusion3Img2ImgPipeline") == 0;
+               strcmp(c->cls, "StableDiffusion3Img2ImgPipeline") == 0 ||
+               strcmp(c->cls, "StableDiffusion3InpaintPipeline") == 0;
     bool flux2 =
         strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
-    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0;
+    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0 ||
+                strcmp(c->cls, "FluxInpaintPipeline") == 0;
     if (!flux && !sd3 && !flux2)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
@@ -288,6 +311,8 @@ int check_kind_pipeline(check_case *c)
     df_image *images[8] = {0};
     int n_images = 0;
     rc |= get_image(c, &g, images, 8, &n_images);
+    df_image *mask = NULL;
+    rc |= get_mask(c, &g, &mask);
     rc |= unsupported_args(c, sd3);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
@@ -346,5 +371,6 @@ int check_kind_pipeline(check_case *c)
     free(neg_pooled);
     for (int i = 0; i < n_images; i++)
         df_image_free(images[i]);
+    df_image_free(mask);
     return rc;
 }
