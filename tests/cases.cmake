@@ -22,9 +22,11 @@ foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_IMAGE_CASES})
 endforeach()
 # Inpainting (tools/refgen/inpaint.py): FluxInpaintPipeline and StableDiffusion3InpaintPipeline
-# on the same folders, with a picture and a mask in each case folder.
+# on the same folders, with a picture and a mask in each case folder (the -crop cases with
+# padding_mask_crop).
 set(DF_INPAINT_CASES inpaint-flux-s03 inpaint-flux-s08-b2 inpaint-flux-s10 inpaint-flux-latents
-    inpaint-sd3-s03 inpaint-sd3-s08-b2 inpaint-sd3-s10 inpaint-sd3-latents)
+    inpaint-sd3-s03 inpaint-sd3-s08-b2 inpaint-sd3-s10 inpaint-sd3-latents inpaint-flux-crop
+    inpaint-sd3-crop)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_INPAINT_CASES})
 endforeach()

@@ -104,6 +104,12 @@ typedef enum df_resample {
 DF_API df_status df_image_resize(const df_image *img, int width, int height, df_resample filter,
                                  df_image **out);
 
+/* The same with Image.resize's box (x0, y0, x1, y1): the part of img that is resized, in
+ * pixels, inside the image; an empty span along an axis repeats the edge as PIL filters it.
+ * DF_E_UNSUPPORTED for a box with DF_RESAMPLE_NEAREST. */
+DF_API df_status df_image_resize_box(const df_image *img, int width, int height, df_resample filter,
+                                     const double box[4], df_image **out);
+
 /*
  * VaeImageProcessor.preprocess for one picture. The size is height x width (0: the
  * picture's own) rounded down to a multiple of `multiple` (the processor's
@@ -127,6 +133,25 @@ DF_API df_status df_image_preprocess(const df_image *img, int height, int width,
  */
 DF_API df_status df_image_mask_preprocess(const df_image *mask, int height, int width,
                                           int multiple, df_resample filter, float *out);
+
+/*
+ * padding_mask_crop, as VaeImageProcessor does it. df_image_mask_crop_region is
+ * get_crop_region(mask, width, height, pad): the box (x0, y0, x1, y1) around the mask's
+ * non-black pixels, grown by pad and then to the aspect ratio of width x height, inside the
+ * mask (DF_E_ARG for an all-black mask). df_image_crop_fill is preprocess's crop then
+ * resize_mode "fill": img's box fitted into width x height (Lanczos), centred, the bands
+ * left over filled with its edges stretched. df_image_apply_overlay is apply_overlay:
+ * `image` (the result; with a box, fitted to cover the box and pasted there over black)
+ * under `init` wherever the mask is not white, weighted by the mask's grey as PIL's
+ * alpha_composite does; mask and init are the same size, and so is the output. *out is
+ * owned by the caller.
+ */
+DF_API df_status df_image_mask_crop_region(const df_image *mask, int width, int height, int pad,
+                                           int box[4]);
+DF_API df_status df_image_crop_fill(const df_image *img, const int box[4], int width, int height,
+                                    df_image **out);
+DF_API df_status df_image_apply_overlay(const df_image *mask, const df_image *init,
+                                        const df_image *image, const int *box, df_image **out);
 
 /* Frees a string returned by the functions of this header. NULL is fine. */
 DF_API void df_image_text_free(char *text);

@@ -85,11 +85,13 @@ static void window_free(window *w)
     df_free(w->k);
 }
 
-/* Pillow's precompute_coeffs + normalize_coeffs_8bpc, for the whole input span. */
-static df_status window_make(int in_size, int out_size, const filter *f, window *w)
+/* Pillow's precompute_coeffs + normalize_coeffs_8bpc, for the input span [in0, in1) (the
+ * whole axis, or Image.resize's box; an empty span repeats the edge's filtered value). */
+static df_status window_make(int in_size, double in0, double in1, int out_size, const filter *f,
+                             window *w)
 {
     memset(w, 0, sizeof *w);
-    double scale = (double)in_size / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
+    double scale = (in1 - in0) / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
     double support = f->support * filterscale;
     w->ksize = (int)ceil(support) * 2 + 1;
     double *kk = df_malloc((size_t)out_size * (size_t)w->ksize * sizeof *kk);
@@ -102,7 +104,7 @@ static df_status window_make(int in_size, int out_size, const filter *f, window 
         return df_errorf(DF_E_OOM, "out of memory resizing an image");
     }
     for (int xx = 0; xx < out_size; xx++) {
-        double center = (xx + 0.5) * scale, ww = 0.0, ss = 1.0 / filterscale;
+        double center = in0 + (xx + 0.5) * scale, ww = 0.0, ss = 1.0 / filterscale;
         int xmin = (int)(center - support + 0.5);
         if (xmin < 0)
             xmin = 0;
@@ -196,16 +198,19 @@ static df_status resize_vertical_first(const df_image *img, df_image *out, const
     return DF_OK;
 }
 
-static df_status resize_convolve(const df_image *img, df_image *out, const filter *f)
+static df_status resize_convolve(const df_image *img, df_image *out, const filter *f,
+                                 const double box[4])
 {
     window wx, wy;
-    DF_TRY(window_make(img->width, out->width, f, &wx));
-    df_status st = window_make(img->height, out->height, f, &wy);
+    DF_TRY(window_make(img->width, box[0], box[2], out->width, f, &wx));
+    df_status st = window_make(img->height, box[1], box[3], out->height, f, &wy);
     if (st != DF_OK) {
         window_free(&wx);
         return st;
     }
-    bool horizontal = out->width != img->width, vertical = out->height != img->height;
+    /* Pillow's need_horizontal / need_vertical */
+    bool horizontal = out->width != img->width || box[0] != 0 || box[2] != img->width;
+    bool vertical = out->height != img->height || box[1] != 0 || box[3] != img->height;
     uint8_t *tmp = NULL;
     if (horizontal && vertical && out->height < img->height &&
         taps(&wx, out->width) * img->height + taps(&wy, out->height) * out->width >
@@ -260,16 +265,35 @@ static void resize_nearest(const df_image *img, df_image *out)
 df_status df_image_resize(const df_image *img, int width, int height, df_resample filter_kind,
                           df_image **out)
 {
+    if (!img)
+        return df_errorf(DF_E_ARG, "image resize: expected an RGB image with pixels");
+    return df_image_resize_box(img, width, height, filter_kind,
+                               (double[4]){0, 0, img->width, img->height}, out);
+}
+
+df_status df_image_resize_box(const df_image *img, int width, int height, df_resample filter_kind,
+                              const double box[4], df_image **out)
+{
     *out = NULL;
     if (!img || !img->pixels || img->channels != 3)
         return df_errorf(DF_E_ARG, "image resize: expected an RGB image with pixels");
+    bool whole = box[0] == 0 && box[1] == 0 && box[2] == img->width && box[3] == img->height;
+    if (!(box[0] >= 0 && box[1] >= 0 && box[2] <= img->width && box[3] <= img->height &&
+          box[2] >= box[0] && box[3] >= box[1]))
+        return df_errorf(DF_E_ARG,
+                         "image resize: box (%g, %g, %g, %g) is not inside the "
+                         "%dx%d image",
+                         box[0], box[1], box[2], box[3], img->width, img->height);
+    if (!whole && filter_kind == DF_RESAMPLE_NEAREST)
+        return df_errorf(DF_E_UNSUPPORTED, "image resize: a box with NEAREST is not "
+                                           "implemented");
     if (width < 1 || height < 1 || (int64_t)width * height > DF_IMAGE_MAX_PIXELS)
         return df_errorf(DF_E_ARG, "image resize: %dx%d is not a size from 1x1 to %lld pixels",
                          width, height, (long long)DF_IMAGE_MAX_PIXELS);
     df_image *r;
     DF_TRY(df_image_create(width, height, &r));
     df_status st = DF_OK;
-    if (width == img->width && height == img->height) {
+    if (whole && width == img->width && height == img->height) {
         memcpy(r->pixels, img->pixels, (size_t)width * height * 3);
     } else if (filter_kind == DF_RESAMPLE_NEAREST) {
         resize_nearest(img, r);
@@ -283,7 +307,7 @@ df_status df_image_resize(const df_image *img, int width, int height, df_resampl
             st = df_errorf(DF_E_ARG, "image resize: filter %d is not one of df_resample",
                            (int)filter_kind);
         else
-            st = resize_convolve(img, r, &filters[filter_kind]);
+            st = resize_convolve(img, r, &filters[filter_kind], box);
     }
     if (st != DF_OK) {
         df_image_free(r);

@@ -61,8 +61,6 @@ df_status df_inpaint_check(const df_pipeline *p, const df_gen_params *g)
                          g->mask->width, g->mask->height, g->image->width, g->image->height);
     if (g->padding_mask_crop < 0)
         return df_errorf(DF_E_ARG, "padding_mask_crop must be >= 0, not %d", g->padding_mask_crop);
-    if (g->padding_mask_crop > 0)
-        return df_errorf(DF_E_UNSUPPORTED, "padding_mask_crop is not implemented yet");
     if (df_pipeline_tp(p))
         return df_errorf(DF_E_UNSUPPORTED, "inpainting with tensor parallelism is not "
                                            "implemented");
@@ -185,4 +183,54 @@ void df_inpaint_deinit(df_inpaint *ip)
     df_free(ip->noise);
     df_free(ip->mask);
     memset(ip, 0, sizeof *ip);
+}
+
+/* The outputs' images overlaid on the picture (apply_overlay), at the picture's size. */
+static df_status overlay_outputs(const df_gen_params *g, const int box[4], df_gen_output *out)
+{
+    int W = g->image->width, H = g->image->height;
+    size_t per = (size_t)W * H * 3;
+    float *f32 = df_malloc((size_t)out->count * per * sizeof *f32);
+    if (!f32)
+        return df_errorf(DF_E_OOM, "out of memory for the overlaid images");
+    for (int b = 0; b < out->count; b++) {
+        df_image *o;
+        df_status s = df_image_apply_overlay(g->mask, g->image, out->images[b], box, &o);
+        if (s != DF_OK) {
+            df_free(f32);
+            return df_error_context(s, "padding_mask_crop");
+        }
+        df_image_free(out->images[b]);
+        out->images[b] = o;
+        for (size_t i = 0; i < per; i++)
+            f32[(size_t)b * per + i] = (float)o->pixels[i] / 255.0f;
+    }
+    df_free(out->image_f32);
+    out->image_f32 = f32;
+    out->width = W, out->height = H;
+    return DF_OK;
+}
+
+df_status df_inpaint_run_cropped(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
+{
+    int H = g->height ? g->height : p->default_size, W = g->width ? g->width : p->default_size;
+    int box[4];
+    DF_TRY(df_image_mask_crop_region(g->mask, W, H, g->padding_mask_crop, box));
+    df_image *image = NULL, *mask = NULL;
+    df_status s = df_image_crop_fill(g->image, box, W, H, &image);
+    if (s == DF_OK)
+        s = df_image_crop_fill(g->mask, box, W, H, &mask);
+    if (s != DF_OK)
+        s = df_error_context(s, "padding_mask_crop %d", g->padding_mask_crop);
+    df_gen_params cropped = *g;
+    cropped.image = image;
+    cropped.mask = mask;
+    cropped.padding_mask_crop = 0;
+    if (s == DF_OK)
+        s = p->cls->run(p, &cropped, out);
+    if (s == DF_OK)
+        s = overlay_outputs(g, box, out);
+    df_image_free(image);
+    df_image_free(mask);
+    return s;
 }

@@ -54,4 +54,13 @@ void df_inpaint_blend(const df_inpaint *ip, const float *sigmas, int i, int step
 
 void df_inpaint_deinit(df_inpaint *ip);
 
+/*
+ * A run with padding_mask_crop > 0 (df_pipeline_run calls it instead of the class's run):
+ * the crop box around the mask (df_image_mask_crop_region for the output's size), the
+ * picture and the mask cropped to it and fitted to the output's size, the class's run on
+ * them, then every image put back over the picture (df_image_apply_overlay), so the
+ * output has the picture's size; image_f32 holds those images' bytes / 255.
+ */
+df_status df_inpaint_run_cropped(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
+
 #endif

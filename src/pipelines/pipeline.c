@@ -400,7 +400,9 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
         s = df_errorf(DF_E_CANCELLED, "generate: cancelled before the first step");
     if (s == DF_OK)
         s = df_inpaint_check(p, g); /* a mask, on any class */
-    if (s == DF_OK)
+    if (s == DF_OK && g->mask && g->padding_mask_crop > 0)
+        s = df_inpaint_run_cropped(p, g, out); /* the class's run on the crop */
+    else if (s == DF_OK)
         s = p->cls->run(p, g, out);
     restore_run_peak(p);
     if (s != DF_OK) {

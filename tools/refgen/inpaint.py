@@ -9,9 +9,14 @@ one case per pipeline with given latents (FLUX: stored packed, as diffuse takes 
 diffusers gets them unpacked [B, 16, h, w]). out.* are float64 runs with the noise drawn in
 float32; torch's float32 run sets the tolerances (20x its difference, floors 1e-4 / 1e-5).
 
-    /work/venv/bin/python tools/refgen/inpaint.py
+padding_mask_crop cases (CROP_CASES): diffusers returns PIL images only, at the picture's
+size (apply_overlay); out.image_uint8 is those, out.image the same bytes / 255, and
+out.latents_final the latents after the last step, caught by callback_on_step_end.
+
+    /work/venv/bin/python tools/refgen/inpaint.py [CASE...]
 """
 import os
+import sys
 
 import numpy as np
 import torch
@@ -44,14 +49,27 @@ CASES = [
 ]
 
 
-def mask_picture(w, h, seed, mode):
-    """A soft-edged ellipse (grey ramps across 128) and a small square, white = repaint."""
+# name, pipeline, strength, steps, images per prompt, seed, picture seed, picture size,
+# output (width, height), padding_mask_crop
+CROP_CASES = [
+    ("inpaint-flux-crop", FLUX, 0.8, 4, 1, 35, 9, (96, 80), (64, 48), 6),
+    ("inpaint-sd3-crop", SD3, 0.6, 4, 2, 45, 10, (72, 88), (64, 64), 3),
+]
+
+
+def mask_picture(w, h, seed, mode, small=False):
+    """A soft-edged ellipse (grey ramps across 128) and a small square, white = repaint;
+    small: one smaller ellipse off centre (for padding_mask_crop)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
     cx, cy = w * rng.uniform(0.4, 0.6), h * rng.uniform(0.4, 0.6)
-    d = np.sqrt(((x - cx) / (0.3 * w)) ** 2 + ((y - cy) / (0.25 * h)) ** 2)
+    size = (0.3, 0.25) if not small else (0.12, 0.18)
+    if small:
+        cx, cy = w * 0.62, h * 0.35
+    d = np.sqrt(((x - cx) / (size[0] * w)) ** 2 + ((y - cy) / (size[1] * h)) ** 2)
     grey = np.clip((1.3 - d) * 400, 0, 255)
-    grey[2:8, 2:8] = 255
+    if not small:
+        grey[2:8, 2:8] = 255
     grey = np.round(grey).astype(np.uint8)
     if mode == "L":
         return Image.fromarray(grey, "L")
@@ -71,9 +89,82 @@ def call(pipe, args, output_type):
     return out.images if output_type == "np" else out.images.float().numpy()
 
 
+def load(pipes, spec, dtype):
+    key = (spec["golden"], dtype)
+    if key not in pipes:
+        pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
+        pipes[key] = spec["cls"].from_pretrained(pipe_dir, torch_dtype=dtype)
+    return pipes[key]
+
+
+def crop_case(pipes, name, spec, strength, steps, per, seed, pic, size, out_size, pad):
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    w, h = size
+    Image.fromarray(refcase.picture(w, h, 300 + pic), "RGB").save(
+        os.path.join(out_dir, "image.png"))
+    mask_picture(w, h, 400 + pic, "L", small=True).save(os.path.join(out_dir, "mask.png"))
+    args = dict(spec["args"], width=out_size[0], height=out_size[1], strength=strength,
+                num_inference_steps=steps, num_images_per_prompt=per, padding_mask_crop=pad)
+    res = {}
+    for dtype in (torch.float64, torch.float32):
+        p = load(pipes, spec, dtype)
+        caught = {}
+
+        def last(pipe, i, t, kw):
+            caught["latents"] = kw["latents"]
+            return {}
+        with torch.no_grad():
+            out = p(image=Image.open(os.path.join(out_dir, "image.png")).convert("RGB"),
+                    mask_image=Image.open(os.path.join(out_dir, "mask.png")),
+                    generator=torch.Generator("cpu").manual_seed(seed), output_type="pil",
+                    callback_on_step_end=last, callback_on_step_end_tensor_inputs=["latents"],
+                    **args)
+        u8 = np.stack([np.asarray(im, np.uint8) for im in out.images])
+        res[dtype] = (u8, caught["latents"].double().numpy())
+    u8, lat64 = res[torch.float64]
+    u8_32, lat32 = res[torch.float32]
+    print(name, "float32 run's bytes differ by at most",
+          int(np.abs(u8.astype(int) - u8_32.astype(int)).max()))
+    case_args = dict(args, image="image.png", mask_image="mask.png", output_type="np",
+                     generator={"device": "cpu", "seed": seed})
+    refcase.write_case(name, {
+        "kind": "pipeline",
+        "covers": f"{spec['cls'].__name__} with padding_mask_crop {pad}: a {w}x{h} picture and "
+                  f"mask, output {out_size[0]}x{out_size[1]} pasted back at {w}x{h}, strength "
+                  f"{strength}, {steps} steps, B = {per}, one generator",
+        "class": spec["cls"].__name__,
+        "dir": f"../../golden/{spec['golden']}/pipeline",
+        "call": "pipe(image=..., mask_image=Image.open('mask.png'), padding_mask_crop=pad, "
+                "output_type='pil', generator=..., **args); latents_final: the latents "
+                "callback_on_step_end saw at the last step",
+        "args": case_args,
+        "outputs": {"latents_final": "out.latents_final", "image": "out.image",
+                    "image_uint8": "out.image_uint8"},
+        "tolerance": {
+            "latents_final": refcase.tolerance(lat64, lat32, 1e-4, 1e-5),
+            "image": {"max_abs": 0.0040, "rel_l2": 0.01},
+            "image_uint8": {"max_abs": 1, "rel_l2": 1.0}},
+        "exact": [],
+        "notes": ["diffusers returns PIL images with padding_mask_crop (args.output_type says "
+                  "np only for the latents' sake): out.image_uint8 are they, out.image = "
+                  "out.image_uint8 / 255 as diffuse reports them, so its bound is one byte",
+                  "out.* = every model in float64, the noise drawn in float32"],
+        "provenance": refcase.provenance(),
+    }, {"out.image": (u8 / 255.0).astype(np.float32), "out.latents_final": lat64,
+        "out.image_uint8": u8})
+    print(name, "done")
+
+
 def main():
     pipes = {}
+    only = set(sys.argv[1:])
+    for case in CROP_CASES:
+        if not only or case[0] in only:
+            crop_case(pipes, *case)
     for name, spec, strength, steps, per, seed, pic, size, mode, given in CASES:
+        if only and name not in only:
+            continue
         pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
