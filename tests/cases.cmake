@@ -38,3 +38,10 @@ add_test(NAME cli/img2img_generate
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/img2img_generate.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(cli/img2img_generate PROPERTIES TIMEOUT 300)
+
+# `diffuse generate --image FILE --mask FILE [--padding-mask-crop N]`: metadata, effect and
+# refusals.
+add_test(NAME cli/inpaint_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/inpaint_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/inpaint_generate PROPERTIES TIMEOUT 300)

@@ -174,6 +174,11 @@ typedef struct df_image_params {
     double denoising_strength;
     const char *init_image;
     const char *init_image_hash;
+    /* Inpainting: "Mask image: NAME", "Mask image hash: HEX" (NULL: left out) and
+     * "Masked area padding: N", the padding_mask_crop (0: left out). */
+    const char *mask_image;
+    const char *mask_image_hash;
+    int mask_padding;
 } df_image_params;
 
 /*

@@ -6,7 +6,9 @@
  *     Steps: 4, Sampler: Euler, CFG scale: 0, Seed: 42, Size: 512x512, Model: NAME
  *
  * An image-to-image run adds "Denoising strength: 0.6" (the web UIs' key) and the input
- * picture as "Init image: in.png, Init image hash: <SHA-256 in hex>" (our keys).
+ * picture as "Init image: in.png, Init image hash: <SHA-256 in hex>" (our keys); inpainting
+ * adds "Mask image: mask.png, Mask image hash: <hex>" and, with a crop around the mask,
+ * "Masked area padding: N" (the web UIs' key for their own crop padding).
  *
  * The last line is a list of "Key: value" pairs separated by commas; a value holding a
  * comma, colon or newline is written as a JSON string. Reading follows the web UIs' rule:
@@ -158,6 +160,16 @@ df_status df_image_format_parameters(const df_image_params *p, char **out)
         sb_puts(&b, ", Init image hash: ");
         put_value(&b, p->init_image_hash);
     }
+    if (p->mask_image) {
+        sb_puts(&b, ", Mask image: ");
+        put_value(&b, p->mask_image);
+    }
+    if (p->mask_image_hash) {
+        sb_puts(&b, ", Mask image hash: ");
+        put_value(&b, p->mask_image_hash);
+    }
+    if (p->mask_padding > 0)
+        sb_printf(&b, ", Masked area padding: %d", p->mask_padding);
     if (b.failed) {
         df_free(b.s);
         return df_errorf(DF_E_OOM, "out of memory formatting the image parameters");
@@ -346,6 +358,14 @@ static void apply_pairs(kv *pairs, int n, df_image_params *out)
         } else if (key_is(&pairs[i], "Init image hash") && !out->init_image_hash) {
             out->init_image_hash = v;
             pairs[i].value = NULL;
+        } else if (key_is(&pairs[i], "Mask image") && !out->mask_image) {
+            out->mask_image = v;
+            pairs[i].value = NULL;
+        } else if (key_is(&pairs[i], "Mask image hash") && !out->mask_image_hash) {
+            out->mask_image_hash = v;
+            pairs[i].value = NULL;
+        } else if (key_is(&pairs[i], "Masked area padding")) {
+            out->mask_padding = atoi(v);
         }
     }
 }
@@ -411,5 +431,7 @@ void df_image_params_deinit(df_image_params *p)
     df_free((char *)p->model);
     df_free((char *)p->init_image);
     df_free((char *)p->init_image_hash);
+    df_free((char *)p->mask_image);
+    df_free((char *)p->mask_image_hash);
     memset(p, 0, sizeof *p);
 }

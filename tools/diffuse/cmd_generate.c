@@ -63,6 +63,10 @@ static void help(FILE *f)
         "                             by default); repeat it for several references (up to 8)\n"
         "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
         "                             (default 0.6; 1 starts from pure noise)\n"
+        "      --mask FILE            inpaint (FLUX.1, SD3): repaint where this PNG or JPEG, the\n"
+        "                             --image's size, is white (grey >= 128), keep where black\n"
+        "      --padding-mask-crop N  inpaint only the mask's box grown by N pixels, at the\n"
+        "                             output size, and paste it back over the --image\n"
         "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512, or\n"
@@ -277,13 +281,38 @@ static int load_images(const char *const *paths, int n, df_image **out, char *na
     return 0;
 }
 
+/* Reads the --mask file, which must have the --image's size, with its base name and
+ * SHA-256 for the PNG parameters. Returns 0 or 1. */
+static int load_mask(const char *path, const df_image *image, df_image **mask, char *name,
+                     size_t name_cap, char hash[66])
+{
+    if (df_image_load(path, mask) != DF_OK || df_file_sha256(path, hash) != DF_OK) {
+        fprintf(stderr, "diffuse generate: --mask: %s\n", df_error_message());
+        df_image_free(*mask);
+        *mask = NULL;
+        return 1;
+    }
+    if ((*mask)->width != image->width || (*mask)->height != image->height) {
+        fprintf(stderr,
+                "diffuse generate: --mask: %s is %dx%d but the --image is %dx%d: they "
+                "must be the same size\n",
+                path, (*mask)->width, (*mask)->height, image->width, image->height);
+        df_image_free(*mask);
+        *mask = NULL;
+        return 1;
+    }
+    const char *base = strrchr(path, '/');
+    snprintf(name, name_cap, "%s", base && base[1] ? base + 1 : path);
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
            O_CACHE, O_TRANSFORMER,
-           O_IMAGE, O_STRENGTH };
+           O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -307,9 +336,11 @@ int cmd_generate(int argc, char **argv)
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
         {"image", required_argument, 0, O_IMAGE},
-        {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
+        {"strength", required_argument, 0, O_STRENGTH},
+        {"mask", required_argument, 0, O_MASK},
+        {"padding-mask-crop", required_argument, 0, O_PADDING_MASK_CROP}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
-    const char *stats_path = NULL, *image_paths[MAX_IMAGES];
+    const char *stats_path = NULL, *image_paths[MAX_IMAGES], *mask_path = NULL;
     int n_image_paths = 0;
     df_load_opts lo = {.auto_dtype = true};
     df_gen_params g = {0};
@@ -449,6 +480,12 @@ int cmd_generate(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_MASK: mask_path = optarg; break;
+        case O_PADDING_MASK_CROP:
+            if ((rc = parse_int("--padding-mask-crop", optarg, 1, 1 << 16,
+                                &g.padding_mask_crop)))
+                return rc;
+            break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
         case 'h': help(stdout); return 0;
@@ -480,12 +517,28 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "diffuse generate: --strength needs --image FILE\n");
         return 2;
     }
+    if (mask_path && n_image_paths != 1) {
+        fprintf(stderr, "diffuse generate: --mask needs one --image FILE to paint into, not "
+                        "%d\n", n_image_paths);
+        return 2;
+    }
+    if (g.padding_mask_crop && !mask_path) {
+        fprintf(stderr, "diffuse generate: --padding-mask-crop needs --mask FILE\n");
+        return 2;
+    }
     /* The input pictures are read and checked before any model loads. */
-    df_image *init_images[MAX_IMAGES] = {0};
+    df_image *init_images[MAX_IMAGES] = {0}, *mask = NULL;
     char init_names[MAX_IMAGES * 256] = "", init_hashes[MAX_IMAGES * 66] = "";
+    char mask_name[256] = "", mask_hash[66] = "";
     if (load_images(image_paths, n_image_paths, init_images, init_names, sizeof init_names,
                     init_hashes, sizeof init_hashes))
         return 1;
+    if (mask_path && load_mask(mask_path, init_images[0], &mask, mask_name, sizeof mask_name,
+                               mask_hash)) {
+        free_images(init_images, n_image_paths);
+        return 1;
+    }
+    g.mask = mask;
     if (n_image_paths == 1)
         g.image = init_images[0];
     else if (n_image_paths > 1)
@@ -537,6 +590,11 @@ int cmd_generate(int argc, char **argv)
                                   .cfg_scale = out.guidance, .seed = g.seed + 0,
                                   .width = out.width, .height = out.height,
                                   .model = slash && slash[1] ? slash + 1 : model};
+            if (mask) {
+                ip.mask_image = mask_name;
+                ip.mask_image_hash = mask_hash;
+                ip.mask_padding = g.padding_mask_crop;
+            }
             if (n_image_paths) {
                 ip.init_image = init_names;
                 ip.init_image_hash = init_hashes;
@@ -593,5 +651,6 @@ int cmd_generate(int argc, char **argv)
     cli_tp_end(&tpc);
     free(file_prompt);
     free_images(init_images, n_image_paths);
+    df_image_free(mask);
     return status;
 }

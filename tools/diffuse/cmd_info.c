@@ -71,6 +71,10 @@ static void show_parameters(const char *text)
         printf("  %-16s %g\n", "strength:", p.denoising_strength);
     field("init image:", p.init_image);
     field("init image hash:", p.init_image_hash);
+    field("mask image:", p.mask_image);
+    field("mask image hash:", p.mask_image_hash);
+    if (p.mask_padding > 0)
+        printf("  %-16s %d\n", "mask padding:", p.mask_padding);
     df_image_params_deinit(&p);
 }
 
