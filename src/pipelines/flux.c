@@ -587,8 +587,9 @@ static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_para
     DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
     float sigma = df_scheduler_sigmas(sched)[r->first];
     df_scheduler_free(sched);
-    return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
-                              pack_latents, lat, ip);
+    int64_t C = df_flux_config(f->transformer)->in_channels / 4;
+    return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, C,
+                              sigma, pack_latents, lat, ip);
 }
 
 static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)

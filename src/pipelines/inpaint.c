@@ -113,8 +113,9 @@ static void to_layout(df_latent_layout_fn layout, float *buf, float *tmp, int B,
 }
 
 df_status df_inpaint_prepare(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                             const df_gen_params *g, int B, int H, int W, int multiple, float sigma,
-                             df_latent_layout_fn layout, float *start, df_inpaint *ip)
+                             const df_gen_params *g, int B, int H, int W, int multiple,
+                             int64_t channels, float sigma, df_latent_layout_fn layout,
+                             float *start, df_inpaint *ip)
 {
     memset(ip, 0, sizeof *ip);
     df_rng rng;
@@ -128,6 +129,12 @@ df_status df_inpaint_prepare(df_pipeline *p, const char *vae_dir, df_vae_encoder
         return df_error_context(s, "%s", vae_dir);
     const df_vae_info *info = df_vae_encoder_config(*enc);
     int64_t C = info->latent_channels, f = info->scale_factor, h = H / f, w = W / f;
+    if (C != channels)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "inpainting: the transformer reads %lld latent "
+                         "channels, the VAE makes %lld; transformers that take the mask and "
+                         "the masked picture on their input are not implemented",
+                         (long long)channels, (long long)C);
     int64_t per = C * h * w, n = B * per;
     one = df_malloc((size_t)per * sizeof *one);
     ip->n = n;

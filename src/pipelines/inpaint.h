@@ -38,12 +38,14 @@ df_status df_inpaint_check(const df_pipeline *p, const df_gen_params *g);
  * the pipeline's layout) they are the start and the noise. The mask from
  * df_image_mask_preprocess at H x W, nearest-resized to the latents' h x w as
  * torch.nn.functional.interpolate does, over every channel. `multiple` is the processors'
- * vae_scale_factor. start has B * C * h * w floats; ip is filled (free with
- * df_inpaint_deinit, also on failure).
+ * vae_scale_factor; `channels` the latent channels the transformer reads (C), which must be
+ * the VAE's (DF_E_UNSUPPORTED otherwise). start has B * C * h * w floats; ip is filled
+ * (free with df_inpaint_deinit, also on failure).
  */
 df_status df_inpaint_prepare(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                             const df_gen_params *g, int B, int H, int W, int multiple, float sigma,
-                             df_latent_layout_fn layout, float *start, df_inpaint *ip);
+                             const df_gen_params *g, int B, int H, int W, int multiple,
+                             int64_t channels, float sigma, df_latent_layout_fn layout,
+                             float *start, df_inpaint *ip);
 
 /*
  * After the scheduler's step i of `steps` (sigmas the scheduler's): the kept part of lat

@@ -669,8 +669,9 @@ static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_param
     float sigma = df_scheduler_sigmas(sched)[r->first];
     df_scheduler_free(sched);
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
-    return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
-                              NULL, lat, ip);
+    int64_t C = df_sd3_config(s->transformer)->in_channels;
+    return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, C,
+                              sigma, NULL, lat, ip);
 }
 
 static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)
