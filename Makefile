@@ -6,6 +6,8 @@
 #                then every fuzz target for a few seconds (FUZZ_CHECK_SECONDS)
 #   make demo    build, draw demo/demo.png from the shipped, trained tiny FLUX.1 pipeline
 #                models/demo (DEMO_PROMPT="..." for another caption; tools/train-demo)
+#   make demo-img2img  then redraw demo/demo.png with its shape recoloured by the caption
+#                (image to image, DEMO_IMG2IMG_PROMPT)
 #   make demo-sd3  the same with a tiny SD3.5-architecture pipeline (CFG, skip-layer guidance)
 #   make demo-flux2  the same with tiny FLUX.2 pipelines (Flux2Pipeline with a Mistral 3
 #                    encoder, and a distilled Flux2KleinPipeline with Qwen3)
@@ -25,7 +27,7 @@ DEB_PACKAGES = build-essential cmake pkg-config libcmocka-dev libcjson-dev libsp
                mesa-vulkan-drivers libvulkan-dev glslc vulkan-validationlayers vulkan-tools \
                libmicrohttpd-dev chromium chromium-driver python3-venv
 
-.PHONY: all deps build check check-release check-asan demo demo-sd3 demo-flux2 fuzz install clean
+.PHONY: all deps build check check-release check-asan demo demo-img2img demo-sd3 demo-flux2 fuzz install clean
 
 all: build
 
@@ -54,11 +56,19 @@ check-asan:
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest $(CTEST_FLAGS)
 
 DEMO_PROMPT ?= a large yellow circle in the top left corner on a blue background
+# demo-img2img redraws demo/demo.png from itself with this caption (tests/unit/test_demo.c
+# runs the same commands with these prompts and scores the result)
+DEMO_IMG2IMG_PROMPT ?= a large red circle in the top left corner on a blue background
 demo: deps build
 	mkdir -p demo
 	./build/bin/diffuse generate -m models/demo -p "$(DEMO_PROMPT)" --seed 42 \
 	    -o demo/demo.png --stats-json demo/stats.json
 	./build/bin/diffuse info demo/demo.png
+
+demo-img2img: demo
+	./build/bin/diffuse generate -m models/demo -p "$(DEMO_IMG2IMG_PROMPT)" --image demo/demo.png \
+	    --strength 0.6 --seed 42 -o demo/demo-img2img.png
+	./build/bin/diffuse info demo/demo-img2img.png
 
 demo-sd3: deps build
 	./build/bin/diffuse make-tiny --arch sd3 demo/tiny-sd3

@@ -9,6 +9,9 @@ if(TARGET test_demo AND TARGET diffuse)
   if(EXISTS ${DF_DEMO_MODEL}/model_index.json)
     add_test(NAME demo/held-out COMMAND test_demo)
     set_tests_properties(demo/held-out PROPERTIES TIMEOUT 600)
+    # `make demo-img2img`: the demo's picture recoloured by the caption, scored as above.
+    add_test(NAME demo/img2img COMMAND test_demo img2img)
+    set_tests_properties(demo/img2img PROPERTIES TIMEOUT 300)
     # `diffuse generate -m models/demo -p ...` with the folder's own size and token defaults.
     add_test(NAME cli/demo_defaults
              COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/demo_defaults.sh $<TARGET_FILE:diffuse>

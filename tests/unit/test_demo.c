@@ -17,6 +17,11 @@
  * against the original scenes (the image follows the caption, not a memory); a
  * random-weight pipeline of the same architecture (`diffuse make-tiny --arch flux`) fails.
  *
+ * Image to image (`make demo-img2img`, `test_demo img2img`): the demo's picture (the
+ * Makefile's DEMO_PROMPT, seed 42) redrawn from itself with the shape's colour changed in
+ * the caption, by the same `diffuse generate` commands the Makefile runs; the scorer must
+ * find the old colour in the picture and the new one, in the same place, in the result.
+ *
  * Run with an argument N (test_demo 100) it instead prints each measure's accuracy over N
  * held-out captions and exits; a second argument names another pipeline folder to measure.
  *
@@ -324,6 +329,47 @@ static void test_random_weights_fail(void **state)
     df_pipeline_free(p);
 }
 
+/* The Makefile's demo and demo-img2img (keep the prompts, seed and strength the same). */
+#define DEMO_PROMPT "a large yellow circle in the top left corner on a blue background"
+#define DEMO_IMG2IMG_PROMPT "a large red circle in the top left corner on a blue background"
+#define DEMO_IMG2IMG_STRENGTH "0.6"
+
+static df_image *run_cli(const char *args, const char *png)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' generate -m '%s' --seed 42 --threads 2 %s -o '%s' > /dev/null",
+             DF_DIFFUSE_BIN, DF_DEMO_MODEL, args, png);
+    assert_int_equal(system(cmd), 0);
+    df_image *img = NULL;
+    if (df_image_load(png, &img) != DF_OK)
+        fail_msg("%s: %s", png, df_error_message());
+    return img;
+}
+
+static void test_img2img_recolours_the_shape(void **state)
+{
+    (void)state;
+    char src[1024], dst[1024], args[2048];
+    mkdir(DF_TEST_TMP, 0755);
+    snprintf(src, sizeof src, "%s/demo-i2i-source.png", DF_TEST_TMP);
+    snprintf(dst, sizeof dst, "%s/demo-i2i.png", DF_TEST_TMP);
+    df_image *before = run_cli("-p '" DEMO_PROMPT "'", src);
+    snprintf(args, sizeof args, "-p '" DEMO_IMG2IMG_PROMPT "' --image '%s' --strength "
+             DEMO_IMG2IMG_STRENGTH, src);
+    df_image *after = run_cli(args, dst);
+    /* large, circle, top left, on blue: yellow before, red after */
+    scene yellow = {.count = 1, .size = 2, .fg = 3, .shape = 0, .corner = 1, .bg = 2};
+    scene red = yellow;
+    red.fg = 0;
+    assert_true(passes(measure(before, &yellow)));
+    assert_false(measure(before, &red).fg);
+    measures m = measure(after, &red);
+    assert_true(m.fg && m.bg && m.pos);
+    assert_false(measure(after, &yellow).fg);
+    df_image_free(before);
+    df_image_free(after);
+}
+
 /* test_demo N [DIR]: each measure's accuracy over N held-out captions (DIR: another
  * pipeline folder than the shipped one). */
 static int report(int n, const char *dir)
@@ -359,6 +405,10 @@ static int report(int n, const char *dir)
 
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "img2img") == 0) {
+        const struct CMUnitTest img2img[] = {cmocka_unit_test(test_img2img_recolours_the_shape)};
+        return cmocka_run_group_tests(img2img, NULL, NULL);
+    }
     if (argc > 1)
         return report(atoi(argv[1]) > 0 ? atoi(argv[1]) : 100,
                       argc > 2 ? argv[2] : DF_DEMO_MODEL);
