@@ -48,6 +48,28 @@ for arch in flux sd3; do
         echo "ok   $arch: the mask changes the result"
 done
 
+# A folder whose model_index.json says FluxInpaintPipeline (a copy of the golden one)
+# inpaints with --mask, and refuses a run without one.
+inp=$work/flux-inpaint
+cp -r "$golden/t2i-flux-schnell/pipeline" "$inp"
+sed 's/"FluxPipeline"/"FluxInpaintPipeline"/' "$golden/t2i-flux-schnell/pipeline/model_index.json" \
+    >"$inp/index" && mv "$inp/index" "$inp/model_index.json"
+if "$diffuse" generate -m "$inp" -p "a fox" -W 64 -H 64 --steps 4 --seed 3 --threads 2 \
+        --image "$cases/inpaint-flux-s03/image.png" --mask "$cases/inpaint-flux-s03/mask.png" \
+        -o "$work/class.png" >"$work/log" 2>&1 &&
+   "$diffuse" info "$work/class.png" | grep -q "mask image: *mask.png"; then
+    if "$diffuse" generate -m "$inp" -p "a fox" -W 64 -H 64 --steps 4 --threads 2 \
+            -o "$work/none.png" >"$work/err" 2>&1; then
+        fail "a FluxInpaintPipeline folder ran without a mask"
+    elif grep -q "FluxInpaintPipeline needs an input image and a mask" "$work/err"; then
+        echo "ok   a FluxInpaintPipeline folder inpaints, and refuses a run without a mask"
+    else
+        fail "FluxInpaintPipeline folder without a mask: $(cat "$work/err")"
+    fi
+else
+    fail "FluxInpaintPipeline folder:"; cat "$work/log"
+fi
+
 refused() { # refused WHAT EXPECTED_TEXT ARGS...
     what=$1; text=$2; shift 2
     if "$diffuse" generate -m "$work/no-such-model" -p x -o "$work/x.png" "$@" \

@@ -13,8 +13,8 @@
  *   the mask's centroid;
  * - size: their count is within [SIZE_LO, SIZE_HI] times the mask's area.
  * The tests, over N_TEST held-out captions: each measure, and all four together, hold for
- * at least their MIN_* share of them; the same captions with their two colours swapped fail the colour measures
- * against the original scenes (the image follows the caption, not a memory); a
+ * at least their MIN_* share of them; the same captions with their two colours swapped fail the
+ * colour measures against the original scenes (the image follows the caption, not a memory); a
  * random-weight pipeline of the same architecture (`diffuse make-tiny --arch flux`) fails.
  *
  * Image to image (`make demo-img2img`, `test_demo img2img`): the demo's picture (the
@@ -330,8 +330,8 @@ static void test_random_weights_fail(void **state)
 }
 
 /* The Makefile's demo and demo-img2img (keep the prompts, seed and strength the same). */
-#define DEMO_PROMPT "a large yellow circle in the top left corner on a blue background"
-#define DEMO_IMG2IMG_PROMPT "a large red circle in the top left corner on a blue background"
+#define DEMO_PROMPT           "a large yellow circle in the top left corner on a blue background"
+#define DEMO_IMG2IMG_PROMPT   "a large red circle in the top left corner on a blue background"
 #define DEMO_IMG2IMG_STRENGTH "0.6"
 
 static df_image *run_cli(const char *args, const char *png)
@@ -354,8 +354,8 @@ static void test_img2img_recolours_the_shape(void **state)
     snprintf(src, sizeof src, "%s/demo-i2i-source.png", DF_TEST_TMP);
     snprintf(dst, sizeof dst, "%s/demo-i2i.png", DF_TEST_TMP);
     df_image *before = run_cli("-p '" DEMO_PROMPT "'", src);
-    snprintf(args, sizeof args, "-p '" DEMO_IMG2IMG_PROMPT "' --image '%s' --strength "
-             DEMO_IMG2IMG_STRENGTH, src);
+    snprintf(args, sizeof args,
+             "-p '" DEMO_IMG2IMG_PROMPT "' --image '%s' --strength " DEMO_IMG2IMG_STRENGTH, src);
     df_image *after = run_cli(args, dst);
     /* large, circle, top left, on blue: yellow before, red after */
     scene yellow = {.count = 1, .size = 2, .fg = 3, .shape = 0, .corner = 1, .bg = 2};

@@ -1,9 +1,9 @@
 /*
  * Tests for inpainting's pieces that are not the models (src/io/image_mask.c,
  * src/pipelines/inpaint.c): the mask processor's grey and threshold, get_crop_region's box
- * worked by hand, the overlay at its three kinds of mask pixel, and the refusals of
- * df_inpaint_check with their messages. The runs themselves are checked against diffusers
- * by the inpaint-* cases.
+ * worked by hand, the overlay at its three kinds of mask pixel, the refusals of
+ * df_inpaint_check with their messages, and the mask's PNG parameters round trip. The runs
+ * themselves are checked against diffusers by the inpaint-* cases.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -128,6 +128,33 @@ static void test_bad_masks_are_refused(void **state)
     df_image_free(img), df_image_free(mask), df_image_free(other);
 }
 
+static void test_mask_parameters_round_trip(void **state)
+{
+    (void)state;
+    df_image_params p = {.prompt = "a tulip",
+                         .steps = 4,
+                         .seed = 3,
+                         .width = 64,
+                         .height = 64,
+                         .denoising_strength = 0.8,
+                         .init_image = "in.png",
+                         .init_image_hash = "ab",
+                         .mask_image = "the mask, v2.png",
+                         .mask_image_hash = "cd",
+                         .mask_padding = 32};
+    char *text;
+    assert_int_equal(df_image_format_parameters(&p, &text), DF_OK);
+    assert_non_null(strstr(text, "Init image hash: ab, Mask image: \"the mask, v2.png\", "
+                                 "Mask image hash: cd, Masked area padding: 32"));
+    df_image_params q;
+    assert_int_equal(df_image_parse_parameters(text, &q), DF_OK);
+    assert_string_equal(q.mask_image, p.mask_image);
+    assert_string_equal(q.mask_image_hash, p.mask_image_hash);
+    assert_int_equal(q.mask_padding, 32);
+    df_image_params_deinit(&q);
+    df_image_text_free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -135,6 +162,7 @@ int main(void)
         cmocka_unit_test(test_crop_region_as_get_crop_region),
         cmocka_unit_test(test_overlay_keeps_the_picture_where_the_mask_is_black),
         cmocka_unit_test(test_bad_masks_are_refused),
+        cmocka_unit_test(test_mask_parameters_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
