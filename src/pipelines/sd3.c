@@ -615,7 +615,7 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
     df_tensor *img = NULL;
     df_status st = df_ctx_status(ctx);
     if (st == DF_OK && g->mask) /* StableDiffusion3InpaintPipeline decodes latents / scale */
-        z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->vae)->scaling_factor), 0.0f);
+        z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->vae)->scaling_factor), -0.0f);
     else if (st == DF_OK)
         st = df_vae_unscale(ctx, s->vae, z, &z);
     if (st == DF_OK)
