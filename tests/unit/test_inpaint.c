@@ -92,6 +92,50 @@ static void test_overlay_keeps_the_picture_where_the_mask_is_black(void **state)
     df_image_free(init), df_image_free(result), df_image_free(mask);
 }
 
+/* Image.resize with a box, bytes from Pillow 13.0 on the 7x5 picture (x * 37 + y * 59 +
+ * c * 91) % 256: the empty boxes diffusers' resize_mode "fill" uses for its bands, and a
+ * fractional box along one axis. (Along both, the pass order is Pillow 13's, which we
+ * approximate: docs/pipelines.md.) */
+static void test_resize_box_as_pil(void **state)
+{
+    (void)state;
+    df_image *img;
+    assert_int_equal(df_image_create(7, 5, &img), DF_OK);
+    for (int y = 0; y < 5; y++)
+        for (int x = 0; x < 7; x++)
+            for (int c = 0; c < 3; c++)
+                img->pixels[(y * 7 + x) * 3 + c] = (uint8_t)((x * 37 + y * 59 + c * 91) % 256);
+    static const uint8_t left[] = {0,  86,  177, 54, 145, 255, 113, 204,
+                                   39, 172, 7,   98, 255, 66,  157};
+    static const uint8_t bottom[] = {243, 78,  169, 0,   115, 206, 29,  152, 243, 98,  189,
+                                     0,   135, 226, 29,  172, 0,   98,  209, 12,  135, 243,
+                                     78,  169, 0,   115, 206, 29,  152, 243, 98,  189, 0,
+                                     135, 226, 29,  172, 0,   98,  209, 12,  135};
+    static const uint8_t part[] = {64,  150, 75,  119, 235, 25,  180, 93,  110, 122, 204, 31,
+                                   185, 23,  108, 213, 71,  165, 200, 102, 107, 156, 52,  170,
+                                   23,  137, 198, 231, 76,  162, 50,  131, 247, 98,  192, 105,
+                                   26,  130, 216, 103, 215, 35,  160, 73,  83};
+    df_image *out;
+    assert_int_equal(
+        df_image_resize_box(img, 1, 5, DF_RESAMPLE_BICUBIC, (double[4]){0, 0, 0, 5}, &out), DF_OK);
+    assert_memory_equal(out->pixels, left, sizeof left);
+    df_image_free(out);
+    assert_int_equal(
+        df_image_resize_box(img, 7, 2, DF_RESAMPLE_BICUBIC, (double[4]){0, 5, 7, 5}, &out), DF_OK);
+    assert_memory_equal(out->pixels, bottom, sizeof bottom);
+    df_image_free(out);
+    assert_int_equal(
+        df_image_resize_box(img, 3, 5, DF_RESAMPLE_LANCZOS, (double[4]){1.5, 0, 6, 5}, &out),
+        DF_OK);
+    assert_memory_equal(out->pixels, part, sizeof part);
+    df_image_free(out);
+    assert_int_equal(
+        df_image_resize_box(img, 3, 2, DF_RESAMPLE_LANCZOS, (double[4]){0, 0, 8, 5}, &out),
+        DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "not inside the 7x5 image"));
+    df_image_free(img);
+}
+
 static df_status check(const df_pipeline_kind *cls, const df_gen_params *g)
 {
     df_pipeline p = {.cls = cls};
@@ -163,6 +207,7 @@ int main(void)
         cmocka_unit_test(test_overlay_keeps_the_picture_where_the_mask_is_black),
         cmocka_unit_test(test_bad_masks_are_refused),
         cmocka_unit_test(test_mask_parameters_round_trip),
+        cmocka_unit_test(test_resize_box_as_pil),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
