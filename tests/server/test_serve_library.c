@@ -3,7 +3,10 @@
  * DF_E_CANCELLED, leaves nothing behind (the sanitized build checks for leaks) and the next
  * run on the same pipeline is bit-identical to one never interrupted; PNG in memory is the
  * file df_image_save_png writes, byte for byte; host_step as a run parameter picks the path
- * (the same bits, different work); the log hook receives the library's lines.
+ * (the same bits, different work); the log hook receives the library's lines; live
+ * previews (df_gen_params.preview) come at the asked steps, approach the final image, are
+ * the same on the host and device paths, and leave the run's image unchanged; the run's
+ * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -145,6 +148,135 @@ static void test_host_step_parameter_picks_the_path(void **state)
     df_image_free(device);
 }
 
+typedef struct previews {
+    int n, steps[8];
+    df_image *img[8];
+} previews;
+
+static void keep_preview(int step, int steps, const df_image *img, void *user)
+{
+    previews *pv = user;
+    assert_int_equal(steps, 4);
+    assert_int_equal(img->width, 64);
+    assert_int_equal(img->height, 64);
+    assert_true(pv->n < 8);
+    pv->steps[pv->n] = step;
+    assert_int_equal(df_image_create(img->width, img->height, &pv->img[pv->n]), DF_OK);
+    memcpy(pv->img[pv->n]->pixels, img->pixels, (size_t)img->width * img->height * 3);
+    pv->n++;
+}
+
+static double mean_abs_diff(const df_image *a, const df_image *b)
+{
+    double d = 0;
+    size_t n = (size_t)a->width * a->height * 3;
+    for (size_t i = 0; i < n; i++)
+        d += abs((int)a->pixels[i] - (int)b->pixels[i]);
+    return d / (double)n;
+}
+
+static void previews_free(previews *pv)
+{
+    for (int i = 0; i < pv->n; i++)
+        df_image_free(pv->img[i]);
+}
+
+static void test_previews_come_at_the_asked_steps_and_approach_the_image(void **state)
+{
+    (void)state;
+    df_image *plain = run((df_gen_params){0});
+    previews every = {0}, host = {0}, second = {0};
+    df_image *img = run((df_gen_params){.preview = keep_preview, .progress_user = &every});
+    assert_memory_equal(img->pixels, plain->pixels, 64 * 64 * 3); /* previews change nothing */
+    assert_int_equal(every.n, 3); /* after steps 1, 2, 3: not the last, the run's own image */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(every.steps[i], i + 1);
+    double first = mean_abs_diff(every.img[0], img), last = mean_abs_diff(every.img[2], img);
+    assert_true(last < first);
+
+    df_image *h =
+        run((df_gen_params){.preview = keep_preview, .progress_user = &host, .host_step = 1});
+    assert_int_equal(host.n, 3);
+    for (int i = 0; i < 3; i++) /* the device path's estimate is the host path's */
+        assert_true(mean_abs_diff(host.img[i], every.img[i]) < 0.5);
+
+    df_image *e2 =
+        run((df_gen_params){.preview = keep_preview, .progress_user = &second, .preview_every = 2});
+    assert_int_equal(second.n, 1);
+    assert_int_equal(second.steps[0], 2);
+    assert_memory_equal(second.img[0]->pixels, every.img[1]->pixels, 64 * 64 * 3);
+
+    df_gen_output out;
+    assert_int_equal(df_pipeline_run(pipe_,
+                                     &(df_gen_params){.prompt = PROMPT,
+                                                      .width = 64,
+                                                      .height = 64,
+                                                      .steps = 4,
+                                                      .preview = keep_preview,
+                                                      .progress_user = &second,
+                                                      .preview_every = -1},
+                                     &out),
+                     DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "preview_every"));
+    previews_free(&every);
+    previews_free(&host);
+    previews_free(&second);
+    df_image_free(plain);
+    df_image_free(img);
+    df_image_free(h);
+    df_image_free(e2);
+}
+
+/* The final latents of a 4-step 64x64 run of pipeline p; caller frees. */
+static float *run_latents(df_pipeline *p, int int8_attention, size_t *n)
+{
+    df_gen_output out;
+    df_gen_params g = {.prompt = PROMPT,
+                       .width = 64,
+                       .height = 64,
+                       .steps = 4,
+                       .seed = 42,
+                       .int8_attention = int8_attention};
+    if (df_pipeline_run(p, &g, &out) != DF_OK)
+        fail_msg("%s", df_error_message());
+    *n = 1;
+    for (int d = 0; d < out.latents_ndim; d++)
+        *n *= (size_t)out.latents_shape[d];
+    float *lat = malloc(*n * sizeof *lat);
+    memcpy(lat, out.latents, *n * sizeof *lat);
+    df_gen_output_free(&out);
+    return lat;
+}
+
+static void test_int8_attention_is_a_run_parameter(void **state)
+{
+    (void)state;
+    df_pipeline *i8;
+    assert_int_equal(
+        df_pipeline_load(DF_DEMO_MODEL, &(df_load_opts){.threads = 2, .dtype = DF_DTYPE_I8}, &i8),
+        DF_OK);
+    size_t n;
+    unsetenv("DIFFUSE_INT8_ATTENTION");
+    float *on = run_latents(i8, 1, &n), *off = run_latents(i8, -1, &n);
+    float *dflt = run_latents(i8, 0, &n);
+    assert_memory_not_equal(on, off, n * sizeof *on); /* the field changes the scores */
+    assert_memory_equal(dflt, on, n * sizeof *on);    /* default: int8 attention */
+    setenv("DIFFUSE_INT8_ATTENTION", "0", 1);
+    float *env_off = run_latents(i8, 0, &n), *forced_on = run_latents(i8, 1, &n);
+    unsetenv("DIFFUSE_INT8_ATTENTION");
+    assert_memory_equal(env_off, off, n * sizeof *on);  /* the variable is the default */
+    assert_memory_equal(forced_on, on, n * sizeof *on); /* the field wins over it */
+    float *after = run_latents(i8, 0, &n);              /* a run's setting does not outlive it */
+    assert_memory_equal(after, on, n * sizeof *on);
+    free(on), free(off), free(dflt), free(env_off), free(forced_on), free(after);
+    df_pipeline_free(i8);
+
+    /* f32 compute: no int8 attention either way */
+    float *f_on = run_latents(pipe_, 1, &n), *f_off = run_latents(pipe_, -1, &n);
+    assert_memory_equal(f_on, f_off, n * sizeof *f_on);
+    free(f_on), free(f_off);
+}
+
 typedef struct log_seen {
     int level, lines;
     char last[256];
@@ -179,6 +311,8 @@ int main(void)
         cmocka_unit_test(test_png_in_memory_is_the_saved_file),
         cmocka_unit_test(test_host_step_parameter_picks_the_path),
         cmocka_unit_test(test_log_hook_receives_lines),
+        cmocka_unit_test(test_previews_come_at_the_asked_steps_and_approach_the_image),
+        cmocka_unit_test(test_int8_attention_is_a_run_parameter),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
