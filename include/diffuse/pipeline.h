@@ -67,6 +67,10 @@ typedef struct df_load_opts {
      * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
      * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
     const char *transformer_file;
+    /* int8 compute (dtype DF_DTYPE_I8): 1 keeps the diffusion transformer's embedders and
+     * output layers in higher precision (the default policy; docs/int8.md), -1 quantizes
+     * them too; 0 as DIFFUSE_INT8_KEEP says (none: quantize them). */
+    int int8_keep;
 } df_load_opts;
 
 /* Called after every denoising step. */

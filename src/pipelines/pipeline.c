@@ -317,6 +317,7 @@ static df_status load_parts(df_pipeline *p)
         s = choose_auto_dtype(p, s);
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
+        p->ctx->int8_keep = p->opts.int8_keep; /* read as the weights are bound */
         s = p->cls->load(p, idx);
     }
     if (s == DF_E_OOM)

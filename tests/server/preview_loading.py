@@ -1,11 +1,13 @@
 """diffuse serve on the demo model: live previews (the events stream's `preview` events and
-/sdapi/v1/progress's `current_image`), and 503 with Retry-After while a model loads (at
-start and on a model switch), made deterministic by DIFFUSE_SERVE_TEST_LOAD_DELAY.
+/sdapi/v1/progress's `current_image`), the int8 settings as server options, and 503 with
+Retry-After while a model loads (at start and on a model switch), made deterministic by
+DIFFUSE_SERVE_TEST_LOAD_DELAY.
 
     python3 preview_loading.py DIFFUSE_BIN MODEL_DIR TMP_DIR
 """
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -70,6 +72,22 @@ events = read_events(s, job["id"])
 check(events[-1][0] == "done" and not [e for e in events if e[0] == "preview"],
       "--preview-every 0: no preview events")
 s.stop()
+
+# ---- int8 settings per server (df_gen_params.int8_attention, df_load_opts.int8_keep)
+images = {}
+for opts in ((), ("--int8-attention", "off"), ("--int8-keep", "none")):
+    s = Server(diffuse, "-m", model, "--threads", "1", "--preview-every", "0", "--dtype", "int8",
+               *opts)
+    s.wait_ready()
+    st, r, _ = s.request("POST", "/v1/images/generations", {"prompt": PROMPT, "size": "64x64",
+                                                            "seed": 1, "steps": 4})
+    check(st == 200, f"int8 with {opts or 'defaults'}")
+    images[opts] = r["data"][0]["b64_json"]
+    s.stop()
+check(len(set(images.values())) == 3, "--int8-attention off and --int8-keep none change the image")
+for bad_opt in (("--int8-attention", "maybe"), ("--int8-keep", "all")):
+    p = subprocess.run([diffuse, "serve", "-m", model, *bad_opt], capture_output=True, text=True)
+    check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt[0]} {bad_opt[1]}: refused")
 
 # ---- 503 while a model loads
 env = dict(os.environ, DIFFUSE_SERVE_TEST_LOAD_DELAY="3")

@@ -6,7 +6,8 @@
  * (the same bits, different work); the log hook receives the library's lines; live
  * previews (df_gen_params.preview) come at the asked steps, approach the final image, are
  * the same on the host and device paths, and leave the run's image unchanged; the run's
- * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run.
+ * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run, and the load's
+ * int8_keep what DIFFUSE_INT8_KEEP does, pipeline by pipeline.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -277,6 +278,36 @@ static void test_int8_attention_is_a_run_parameter(void **state)
     free(f_on), free(f_off);
 }
 
+/* The final latents of demo loaded in int8 with `keep` (df_load_opts.int8_keep). */
+static float *keep_latents(int keep, size_t *n)
+{
+    df_pipeline *p;
+    assert_int_equal(
+        df_pipeline_load(DF_DEMO_MODEL,
+                         &(df_load_opts){.threads = 2, .dtype = DF_DTYPE_I8, .int8_keep = keep},
+                         &p),
+        DF_OK);
+    float *lat = run_latents(p, 0, n);
+    df_pipeline_free(p);
+    return lat;
+}
+
+static void test_int8_keep_is_a_load_option(void **state)
+{
+    (void)state;
+    size_t n;
+    unsetenv("DIFFUSE_INT8_KEEP");
+    float *kept = keep_latents(1, &n), *none = keep_latents(-1, &n), *dflt = keep_latents(0, &n);
+    assert_memory_not_equal(kept, none, n * sizeof *kept); /* the embedders quantized or not */
+    assert_memory_equal(dflt, kept, n * sizeof *kept);
+    setenv("DIFFUSE_INT8_KEEP", "none", 1);
+    float *env_none = keep_latents(0, &n), *forced = keep_latents(1, &n);
+    unsetenv("DIFFUSE_INT8_KEEP");
+    assert_memory_equal(env_none, none, n * sizeof *kept); /* the variable is the default */
+    assert_memory_equal(forced, kept, n * sizeof *kept);   /* the option wins over it */
+    free(kept), free(none), free(dflt), free(env_none), free(forced);
+}
+
 typedef struct log_seen {
     int level, lines;
     char last[256];
@@ -313,6 +344,7 @@ int main(void)
         cmocka_unit_test(test_log_hook_receives_lines),
         cmocka_unit_test(test_previews_come_at_the_asked_steps_and_approach_the_image),
         cmocka_unit_test(test_int8_attention_is_a_run_parameter),
+        cmocka_unit_test(test_int8_keep_is_a_load_option),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

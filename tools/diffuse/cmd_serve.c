@@ -45,6 +45,9 @@ static void help(FILE *f)
         "                         0: none)\n"
         "      --int8-attention on|off  with --dtype int8: int8 or f32 attention scores for\n"
         "                         every run (default: DIFFUSE_INT8_ATTENTION, else on)\n"
+        "      --int8-keep embedders|none  with --dtype int8: keep the transformer's embedders\n"
+        "                         and outputs in precision, or quantize them too (default:\n"
+        "                         DIFFUSE_INT8_KEEP, else embedders)\n"
         "      --dtype f32|bf16|int8|auto, --mode eager|fuse|compile, --offload none|model|\n"
         "      sequential, --device NAME, --threads N   as for diffuse generate\n"
         "  -h, --help             this text\n"
@@ -91,6 +94,7 @@ int cmd_serve(int argc, char **argv)
         O_MAXPIX,
         O_PREVIEW,
         O_INT8_ATTN,
+        O_INT8_KEEP,
         O_DTYPE,
         O_MODE,
         O_OFFLOAD,
@@ -107,6 +111,7 @@ int cmd_serve(int argc, char **argv)
                                              {"max-pixels", required_argument, 0, O_MAXPIX},
                                              {"preview-every", required_argument, 0, O_PREVIEW},
                                              {"int8-attention", required_argument, 0, O_INT8_ATTN},
+                                             {"int8-keep", required_argument, 0, O_INT8_KEEP},
                                              {"dtype", required_argument, 0, O_DTYPE},
                                              {"mode", required_argument, 0, O_MODE},
                                              {"offload", required_argument, 0, O_OFFLOAD},
@@ -162,6 +167,14 @@ int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.int8_attention = strcmp(optarg, "on") ? -1 : 1;
+            break;
+        case O_INT8_KEEP:
+            if (strcmp(optarg, "embedders") && strcmp(optarg, "none")) {
+                fprintf(stderr, "diffuse serve: --int8-keep expects embedders or none, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o.load.int8_keep = strcmp(optarg, "none") ? 1 : -1;
             break;
         case O_PREVIEW:
             if ((rc = parse_long("--preview-every", optarg, 0, 10000, &v)))
