@@ -17,6 +17,10 @@
  * A job's images are generated one by one with seeds seed, seed + 1, ... (A1111's
  * all_seeds), so progress and skip work per image. Cancellation goes through the
  * pipeline's on_step callback: the run stops after the current step and frees everything.
+ * Live previews come through the preview callback (every --preview-every steps): the newest
+ * is kept on the job as a PNG for the events stream and /sdapi/v1/progress. Pictures sent
+ * in (img2img, edits) were decoded by the request layer and go to the run as the CLI's
+ * --image does (df_gen_params.image / images, strength).
  */
 #include <errno.h>
 #include <fcntl.h>

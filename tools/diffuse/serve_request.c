@@ -10,6 +10,11 @@
  * unknown ones; fields that would change the image in a way diffuse cannot (hires fix) are
  * a 400 rather than silently dropped.
  *
+ * Pictures in (img2img's base64 init_images and mask, the edits form's files) are decoded
+ * here with the library's reader (df_image_decode: PNG or JPEG), so that a bad one is a 400
+ * naming its field before anything is queued. The edits form's text fields are turned into
+ * one JSON object and read by the generations parser, so both routes check them alike.
+ *
  * No I/O here: tests/fuzz/fuzz_serve_request.c runs arbitrary bytes through both parsers.
  */
 #include <stdarg.h>
