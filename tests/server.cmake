@@ -25,6 +25,7 @@ if(CMOCKA_FOUND)
     target_include_directories(test_serve_library PRIVATE ${CMAKE_SOURCE_DIR}/src)
     target_compile_definitions(test_serve_library PRIVATE _GNU_SOURCE
                                DF_DEMO_MODEL="${CMAKE_SOURCE_DIR}/models/demo"
+                               DF_GOLDEN_DIR="${CMAKE_SOURCE_DIR}/tests/golden"
                                DF_TEST_TMP="${CMAKE_BINARY_DIR}/test-tmp")
     target_compile_options(test_serve_library PRIVATE ${DF_WARN} ${DF_SAN})
     target_link_libraries(test_serve_library PRIVATE diffuse_static PkgConfig::CMOCKA)

@@ -5,7 +5,8 @@
  * file df_image_save_png writes, byte for byte; host_step as a run parameter picks the path
  * (the same bits, different work); the log hook receives the library's lines; live
  * previews (df_gen_params.preview) come at the asked steps, approach the final image, are
- * the same on the host and device paths, and leave the run's image unchanged; the run's
+ * the same on the host and device paths, and leave the run's image unchanged (the demo, and
+ * the golden SD3 with guidance, FLUX.2 and FLUX.2 klein pipelines); the run's
  * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run, and the load's
  * int8_keep what DIFFUSE_INT8_KEEP does, pipeline by pipeline.
  */
@@ -228,6 +229,59 @@ static void test_previews_come_at_the_asked_steps_and_approach_the_image(void **
     df_image_free(e2);
 }
 
+/* Previews on the other pipeline classes (the golden cases' tiny pipelines): one per step
+ * but the last; the device path's estimate is the host path's (SD3: the guided prediction on
+ * both); previews leave the image as it was. */
+static void previews_of(const char *dir, const char *prompt, float guidance)
+{
+    df_pipeline *p;
+    if (df_pipeline_load(dir, &(df_load_opts){.threads = 2}, &p) != DF_OK)
+        fail_msg("%s", df_error_message());
+    df_image *img[3] = {NULL};
+    previews pv[3] = {{0}};
+    for (int k = 0; k < 3; k++) {
+        df_gen_output out;
+        df_gen_params g = {.prompt = prompt,
+                           .width = 64,
+                           .height = 64,
+                           .steps = 4,
+                           .seed = 3,
+                           .guidance = guidance,
+                           .guidance_set = true,
+                           .preview = k < 2 ? keep_preview : NULL,
+                           .progress_user = &pv[k],
+                           .host_step = k == 1 ? 1 : -1};
+        if (df_pipeline_run(p, &g, &out) != DF_OK)
+            fail_msg("%s: %s", dir, df_error_message());
+        img[k] = out.images[0];
+        out.images[0] = NULL;
+        df_gen_output_free(&out);
+    }
+    assert_int_equal(pv[0].n, 3);
+    assert_int_equal(pv[1].n, 3);
+    for (int i = 0; i < 3; i++)
+        if (!(mean_abs_diff(pv[0].img[i], pv[1].img[i]) < 0.5))
+            fail_msg("%s: preview %d differs between the device and host paths by %.2f", dir, i,
+                     mean_abs_diff(pv[0].img[i], pv[1].img[i]));
+    assert_memory_equal(img[0]->pixels, img[2]->pixels, 64 * 64 * 3);
+    double first = mean_abs_diff(pv[0].img[0], img[0]), last = mean_abs_diff(pv[0].img[2], img[0]);
+    if (!(last < first))
+        fail_msg("%s: the last preview is %.2f from the image, the first %.2f", dir, last, first);
+    for (int k = 0; k < 3; k++) {
+        previews_free(&pv[k]);
+        df_image_free(img[k]);
+    }
+    df_pipeline_free(p);
+}
+
+static void test_previews_on_every_pipeline_class(void **state)
+{
+    (void)state;
+    previews_of(DF_GOLDEN_DIR "/t2i-sd3/pipeline", "an oil painting of a lighthouse", 5.0f);
+    previews_of(DF_GOLDEN_DIR "/t2i-flux2/pipeline", "a small wooden cabin by a frozen lake", 4.0f);
+    previews_of(DF_GOLDEN_DIR "/t2i-flux2-klein/pipeline", "a red bicycle", 1.0f);
+}
+
 /* The final latents of a 4-step 64x64 run of pipeline p; caller frees. */
 static float *run_latents(df_pipeline *p, int int8_attention, size_t *n)
 {
@@ -343,6 +397,7 @@ int main(void)
         cmocka_unit_test(test_host_step_parameter_picks_the_path),
         cmocka_unit_test(test_log_hook_receives_lines),
         cmocka_unit_test(test_previews_come_at_the_asked_steps_and_approach_the_image),
+        cmocka_unit_test(test_previews_on_every_pipeline_class),
         cmocka_unit_test(test_int8_attention_is_a_run_parameter),
         cmocka_unit_test(test_int8_keep_is_a_load_option),
     };
