@@ -6,7 +6,7 @@
  * (the same bits, different work); the log hook receives the library's lines; live
  * previews (df_gen_params.preview) come at the asked steps, approach the final image, are
  * the same on the host and device paths, and leave the run's image unchanged (the demo, and
- * the golden SD3 with guidance, FLUX.2 and FLUX.2 klein pipelines); the run's
+ * the golden SD3 with guidance and FLUX.2 pipelines; klein shares FLUX.2's loop); the run's
  * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run, and the load's
  * int8_keep what DIFFUSE_INT8_KEEP does, pipeline by pipeline.
  */
@@ -279,7 +279,6 @@ static void test_previews_on_every_pipeline_class(void **state)
     (void)state;
     previews_of(DF_GOLDEN_DIR "/t2i-sd3/pipeline", "an oil painting of a lighthouse", 5.0f);
     previews_of(DF_GOLDEN_DIR "/t2i-flux2/pipeline", "a small wooden cabin by a frozen lake", 4.0f);
-    previews_of(DF_GOLDEN_DIR "/t2i-flux2-klein/pipeline", "a red bicycle", 1.0f);
 }
 
 /* The final latents of a 4-step 64x64 run of pipeline p; caller frees. */
