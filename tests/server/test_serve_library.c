@@ -10,6 +10,7 @@
  * int8_attention field does what DIFFUSE_INT8_ATTENTION does, run by run, and the load's
  * int8_keep what DIFFUSE_INT8_KEEP does, pipeline by pipeline.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -281,6 +282,16 @@ static void test_previews_on_every_pipeline_class(void **state)
     previews_of(DF_GOLDEN_DIR "/t2i-flux2/pipeline", "a small wooden cabin by a frozen lake", 4.0f);
 }
 
+static double rel_l2(const float *a, const float *b, size_t n)
+{
+    double d = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return sqrt(d / (r > 0 ? r : 1));
+}
+
 /* The final latents of a 4-step 64x64 run of pipeline p; caller frees. */
 static float *run_latents(df_pipeline *p, int int8_attention, size_t *n)
 {
@@ -322,8 +333,30 @@ static void test_int8_attention_is_a_run_parameter(void **state)
     assert_memory_equal(forced_on, on, n * sizeof *on); /* the field wins over it */
     float *after = run_latents(i8, 0, &n);              /* a run's setting does not outlive it */
     assert_memory_equal(after, on, n * sizeof *on);
-    free(on), free(off), free(dflt), free(env_off), free(forced_on), free(after);
     df_pipeline_free(i8);
+
+    /* A compiled transformer traces its attention once: the setting is part of the trace.
+     * A run that turns int8 attention off after one that had it on must give what a
+     * pipeline compiled with it off from the start gives (comparing on with off alone would
+     * not tell: the text encoder, eager here, takes the setting too). */
+    df_pipeline *c1, *c2;
+    df_load_opts co = {.threads = 2, .dtype = DF_DTYPE_I8, .compile = true};
+    assert_int_equal(df_pipeline_load(DF_DEMO_MODEL, &co, &c1), DF_OK);
+    assert_int_equal(df_pipeline_load(DF_DEMO_MODEL, &co, &c2), DF_OK);
+    float *c_on = run_latents(c1, 1, &n), *c_off = run_latents(c1, -1, &n);
+    float *c_on2 = run_latents(c1, 1, &n);
+    setenv("DIFFUSE_INT8_ATTENTION", "0", 1);
+    float *fresh_off = run_latents(c2, 0, &n);
+    unsetenv("DIFFUSE_INT8_ATTENTION");
+    if (!(rel_l2(c_off, fresh_off, n) < 1e-6))
+        fail_msg("compiled, switched off per run vs compiled off from the start: %.3g",
+                 rel_l2(c_off, fresh_off, n));
+    assert_memory_equal(c_on, c_on2, n * sizeof *on);
+    assert_true(rel_l2(c_on, on, n) < 1e-3); /* compiled and eager agree with it on */
+    free(c_on), free(c_off), free(c_on2), free(fresh_off);
+    df_pipeline_free(c1);
+    df_pipeline_free(c2);
+    free(on), free(off), free(dflt), free(env_off), free(forced_on), free(after);
 
     /* f32 compute: no int8 attention either way */
     float *f_on = run_latents(pipe_, 1, &n), *f_off = run_latents(pipe_, -1, &n);
