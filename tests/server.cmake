@@ -5,8 +5,11 @@
 #   server/api       every endpoint and error status against models/demo (stdlib Python)
 #   server/load      8 clients for 20 s with cancels and hang-ups; RSS flat (not under the
 #                    sanitizers, whose quarantine keeps freed memory); the queue drains
-#   server/clients   openai, webuiapi and the page in headless Chromium (selenium), in a venv
-#                    made in the build folder; skipped without Chromium or PyPI unless CI=true
+#   server/clients   openai (generate, edit), webuiapi (txt2img, img2img) and the page in
+#                    headless Chromium (selenium, live previews), in a venv made in the build
+#                    folder; skipped without Chromium or PyPI unless CI=true
+#   server/preview_loading  live previews; 503 while a model loads (a test-only load delay)
+#   server/images_in        img2img and edits with the standard library; every bad input
 # The request parser's fuzz target is tests/fuzz/fuzz_serve_request.c.
 if(CMOCKA_FOUND)
   add_executable(test_serve_request ${CMAKE_SOURCE_DIR}/tests/server/test_serve_request.c
@@ -22,6 +25,7 @@ if(CMOCKA_FOUND)
     target_include_directories(test_serve_library PRIVATE ${CMAKE_SOURCE_DIR}/src)
     target_compile_definitions(test_serve_library PRIVATE _GNU_SOURCE
                                DF_DEMO_MODEL="${CMAKE_SOURCE_DIR}/models/demo"
+                               DF_GOLDEN_DIR="${CMAKE_SOURCE_DIR}/tests/golden"
                                DF_TEST_TMP="${CMAKE_BINARY_DIR}/test-tmp")
     target_compile_options(test_serve_library PRIVATE ${DF_WARN} ${DF_SAN})
     target_link_libraries(test_serve_library PRIVATE diffuse_static PkgConfig::CMOCKA)
@@ -52,4 +56,16 @@ if(Python3_Interpreter_FOUND AND EXISTS ${DF_SERVE_MODEL}/model_index.json)
   set_tests_properties(server/api server/load server/clients PROPERTIES TIMEOUT 300
                        RUN_SERIAL TRUE)
   set_tests_properties(server/clients PROPERTIES SKIP_RETURN_CODE 77)
+endif()
+if(Python3_Interpreter_FOUND AND EXISTS ${DF_SERVE_MODEL}/model_index.json)
+  # live previews (events, progress's current_image) and 503 while a model loads
+  add_test(NAME server/preview_loading
+           COMMAND ${Python3_EXECUTABLE} ${DF_SERVE_DIR}/preview_loading.py $<TARGET_FILE:diffuse>
+                   ${DF_SERVE_MODEL} ${CMAKE_BINARY_DIR}/test-tmp)
+  # pictures in: /sdapi/v1/img2img and /v1/images/edits, their bad input
+  add_test(NAME server/images_in
+           COMMAND ${Python3_EXECUTABLE} ${DF_SERVE_DIR}/images_in.py $<TARGET_FILE:diffuse>
+                   ${DF_SERVE_MODEL})
+  set_tests_properties(server/preview_loading server/images_in PROPERTIES TIMEOUT 300
+                       RUN_SERIAL TRUE)
 endif()

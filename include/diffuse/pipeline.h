@@ -67,6 +67,10 @@ typedef struct df_load_opts {
      * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
      * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
     const char *transformer_file;
+    /* int8 compute (dtype DF_DTYPE_I8): 1 keeps the diffusion transformer's embedders and
+     * output layers in higher precision (the default policy; docs/int8.md), -1 quantizes
+     * them too; 0 as DIFFUSE_INT8_KEEP says (none: quantize them). */
+    int int8_keep;
 } df_load_opts;
 
 /* Called after every denoising step. */
@@ -77,6 +81,14 @@ typedef void (*df_progress_fn)(int step, int steps, double seconds_elapsed, void
  * freed everything it made. May be called from the thread that called df_pipeline_run only;
  * it may read a flag another thread sets. */
 typedef bool (*df_step_fn)(int step, int steps, double seconds_elapsed, void *user);
+
+/* Called with a preview of the run's first image after every `preview_every`-th denoising
+ * step but the last (whose image the run returns): the VAE's decoding, at full size, of the
+ * denoised estimate x0 = x - sigma * v at that step (the latents after the step, sigma the
+ * scheduler's next sigma, v the guided prediction), as AUTOMATIC1111's "Full" live preview
+ * shows. `preview` is borrowed for the call. Costs a VAE decode per preview; called from
+ * the thread that called df_pipeline_run, before that step's `progress` and `on_step`. */
+typedef void (*df_preview_fn)(int step, int steps, const df_image *preview, void *user);
 
 /* Prints "step i/N  s/step  ETA" to stderr: a bar on a terminal, plain lines otherwise. */
 DF_API void df_progress_bar(int step, int steps, double seconds_elapsed, void *user);
@@ -104,11 +116,18 @@ typedef struct df_gen_params {
     df_progress_fn progress;
     df_step_fn on_step;          /* NULL: the run cannot be stopped (not with tensor
                                   * parallelism: DF_E_UNSUPPORTED) */
-    void *progress_user;         /* passed to progress and on_step */
+    void *progress_user;         /* passed to progress, on_step and preview */
+    df_preview_fn preview;       /* NULL: no previews (not with tensor parallelism:
+                                  * DF_E_UNSUPPORTED) */
+    int preview_every;           /* steps between previews; 0: every step */
     /* Where the denoising loop steps the scheduler: 0 as DIFFUSE_HOST_STEP says (device
      * unless it is 1), 1 on the host (the reference path: latents read back every step),
      * -1 on the device. Tensor parallelism always steps on the host. */
     int host_step;
+    /* int8 compute (df_load_opts.dtype DF_DTYPE_I8; docs/int8.md): the attention scores in
+     * int8 (1) or f32 (-1) for this run; 0 as DIFFUSE_INT8_ATTENTION says (int8 unless it is
+     * 0 or off). No effect in other compute dtypes. */
+    int int8_attention;
     /* Classifier-free guidance (SD3: on when guidance > 1; default 7.0, 28 steps). */
     const char *negative_prompt;       /* NULL: "" (diffusers' default) */
     const float *negative_prompt_embeds;        /* [B, L, joint_attention_dim], with the

@@ -16,15 +16,18 @@ static bool starts(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-bool df_quant_keeps_precision(const char *component, const char *name)
+bool df_quant_keeps_precision(const char *component, const char *name, int keep)
 {
     if (strcmp(component, "vae") == 0 || starts(name, "text_model.") ||
         starts(name, "text_projection"))
         return true;
     if (strcmp(component, "transformer") != 0)
         return false;
-    const char *keep = getenv("DIFFUSE_INT8_KEEP");
-    if (keep && strcmp(keep, "none") == 0)
+    if (keep == 0) {
+        const char *env = getenv("DIFFUSE_INT8_KEEP");
+        keep = env && strcmp(env, "none") == 0 ? -1 : 1;
+    }
+    if (keep < 0)
         return false;
     static const char *const kept[] = {"x_embedder.",      "context_embedder.",
                                        "time_text_embed.", "time_guidance_embed." /* FLUX.2 */,
@@ -35,7 +38,7 @@ bool df_quant_keeps_precision(const char *component, const char *name)
     return false;
 }
 
-bool df_int8_quantizes(const char *component, const char *name, int ndim)
+static bool quantizes(const char *component, const char *name, int ndim, int keep)
 {
     size_t len = strlen(name);
     if (ndim != 2 || len <= 7 || strcmp(name + len - 7, ".weight") != 0)
@@ -44,16 +47,21 @@ bool df_int8_quantizes(const char *component, const char *name, int ndim)
     if (strcmp(name, "shared.weight") == 0 || strstr(name, "embed_tokens.") ||
         strstr(name, "relative_attention_bias."))
         return false;
-    return !df_quant_keeps_precision(component, name);
+    return !df_quant_keeps_precision(component, name, keep);
+}
+
+bool df_int8_quantizes(const char *component, const char *name, int ndim)
+{
+    return quantizes(component, name, ndim, 0);
 }
 
 size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
                      size_t bytes)
 {
-    bool keeps = df_quant_keeps_precision(component, name);
+    bool keeps = df_quant_keeps_precision(component, name, ctx->int8_keep);
     t->v.st->keep_precision = keeps;
     if (df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || t->v.dtype == DF_DTYPE_I8 ||
-        !df_int8_quantizes(component, name, t->v.ndim))
+        !quantizes(component, name, t->v.ndim, ctx->int8_keep))
         return bytes;
     /* int8 values, and per group an f32 scale and an int32 sum */
     int64_t n = t->v.shape[0], k = t->v.shape[1];

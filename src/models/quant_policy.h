@@ -7,7 +7,7 @@
  * diffusion transformers the embedders and the output layers (x_embedder,
  * context_embedder, time_text_embed, norm_out, proj_out: a few percent of the weights and
  * the largest share of the error; docs/int8.md has the measurements).
- * DIFFUSE_INT8_KEEP=none quantizes those too (for measuring).
+ * DIFFUSE_INT8_KEEP=none (or df_load_opts.int8_keep = -1) quantizes those too.
  */
 #ifndef DF_MODELS_QUANT_POLICY_H
 #define DF_MODELS_QUANT_POLICY_H
@@ -17,8 +17,10 @@
 
 #include <diffuse/runtime.h>
 
-/* Whether int8 compute keeps tensor `name` of `component` in higher precision. */
-bool df_quant_keeps_precision(const char *component, const char *name);
+/* Whether int8 compute keeps tensor `name` of `component` in higher precision; `keep` as
+ * df_load_opts.int8_keep (1 the policy, -1 the transformer keeps nothing, 0
+ * DIFFUSE_INT8_KEEP decides). */
+bool df_quant_keeps_precision(const char *component, const char *name, int keep);
 
 /* Marks t (the bound tensor `name`, `bytes` in the file) for the policy and returns the
  * bytes it will hold resident under ctx's compute dtype: the 8-bit form and its scales for

@@ -437,6 +437,27 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
     return s;
 }
 
+/* g->preview after a step: the first image's denoised estimate, decoded. */
+static df_status preview(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
+                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
+                         float sigma, int step, int steps)
+{
+    const df_flux_cfg *cfg = df_flux_config(f->transformer);
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
+    int64_t n = (h / 2) * (w / 2) * cfg->in_channels;
+    float *x0;
+    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
+    run_sizes one = *r;
+    one.B = 1;
+    df_gen_output tmp = {0};
+    df_status s = decode(p, f, g, &one, x0, &tmp);
+    if (s == DF_OK)
+        g->preview(step, steps, tmp.images[0], g->progress_user);
+    df_gen_output_free(&tmp);
+    df_free(x0);
+    return s;
+}
+
 /* Creates the scheduler with FluxPipeline's sigmas and mu for S image tokens, its loop
  * starting at step `first`. */
 static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
@@ -542,6 +563,9 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         if (s == DF_OK && !on_device)
             /* ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
+        if (s == DF_OK && df_pipeline_preview_due(g, i + 1 - r->first, r->steps - r->first))
+            s = preview(p, f, g, r, on_device ? x : NULL, on_device ? v : NULL, lat, v_host,
+                        df_scheduler_sigmas(sched)[i + 1], i + 1 - r->first, r->steps - r->first);
         x = df_scope_end(ctx, mark, x); /* the step's tensors go; the new latents stay */
         if (s == DF_OK)
             s = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,

@@ -487,6 +487,10 @@ static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params 
     return DF_OK;
 }
 
+static df_status preview(df_pipeline *p, flux2_pipe *f, const df_gen_params *g, const run_sizes *r,
+                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
+                         float sigma, int step, int steps);
+
 static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                          const run_sizes *r, df_tensor *embeds, df_tensor *neg,
                          const df_flux2_reference *refs, float *lat, df_gen_output *out)
@@ -537,6 +541,9 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
             s = df_scheduler_step(sched, v, lat, n);
         if (s == DF_OK && !on_device) /* the ranks stay identical */
             s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
+        if (s == DF_OK && df_pipeline_preview_due(g, i + 1, r->steps))
+            s = preview(p, f, g, r, on_device ? x : NULL, on_device ? vt : NULL, lat, v,
+                        df_scheduler_sigmas(sched)[i + 1], i + 1, r->steps);
         x = df_scope_end(ctx, mark, x);
         if (s == DF_OK)
             s = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
@@ -618,6 +625,25 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
         }
     }
     df_free(decoded);
+    return s;
+}
+
+/* g->preview after a step: the first image's denoised estimate, decoded. */
+static df_status preview(df_pipeline *p, flux2_pipe *f, const df_gen_params *g, const run_sizes *r,
+                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
+                         float sigma, int step, int steps)
+{
+    int64_t n = r->S * r->C;
+    float *x0;
+    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
+    run_sizes one = *r;
+    one.B = 1;
+    df_gen_output tmp = {0};
+    df_status s = decode(p, f, g, &one, x0, NULL, &tmp);
+    if (s == DF_OK)
+        g->preview(step, steps, tmp.images[0], g->progress_user);
+    df_gen_output_free(&tmp);
+    df_free(x0);
     return s;
 }
 

@@ -25,6 +25,7 @@
 #include "models/step_cache.h"
 #include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
+#include "runtime/runtime.h"
 
 #define CLIP_TOKENIZER {"CLIPTokenizer", "CLIPTokenizerFast"}
 #define T5_TOKENIZER {"T5Tokenizer", "T5TokenizerFast"}
@@ -336,6 +337,7 @@ static df_status load_parts(df_pipeline *p)
         s = choose_auto_dtype(p, s);
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
+        p->ctx->int8_keep = p->opts.int8_keep; /* read as the weights are bound */
         s = p->cls->load(p, idx);
     }
     if (s == DF_E_OOM)
@@ -394,16 +396,25 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (g->on_step && p->comm)
         return df_errorf(DF_E_UNSUPPORTED, "generate: on_step (cancellation) with tensor "
                                            "parallelism: every rank would have to agree");
+    if (g->preview && p->comm)
+        return df_errorf(DF_E_UNSUPPORTED, "generate: previews with tensor parallelism are "
+                                           "not implemented");
+    if (g->preview_every < 0)
+        return df_errorf(DF_E_ARG, "generate: preview_every must be >= 0, not %d",
+                         g->preview_every);
     p->run_peak = 0;
     df_status s = DF_OK;
     if (g->on_step && !g->on_step(0, 0, 0.0, g->progress_user))
         s = df_errorf(DF_E_CANCELLED, "generate: cancelled before the first step");
+    int int8_attention = p->ctx->int8_attention; /* the run's setting, for this run only */
+    p->ctx->int8_attention = g->int8_attention;
     if (s == DF_OK)
         s = df_inpaint_check(p, g); /* a mask, on any class */
     if (s == DF_OK && g->mask && g->padding_mask_crop > 0)
         s = df_inpaint_run_cropped(p, g, out); /* the class's run on the crop */
     else if (s == DF_OK)
         s = p->cls->run(p, g, out);
+    p->ctx->int8_attention = int8_attention;
     restore_run_peak(p);
     if (s != DF_OK) {
         /* Resetting the context waits for its stream, which may report the stream's own
@@ -528,6 +539,37 @@ df_status df_pipeline_step_done(const df_gen_params *g, int step, int steps, dou
     if (g->on_step && !g->on_step(step, steps, elapsed, g->progress_user))
         return df_errorf(DF_E_CANCELLED, "generate: cancelled after step %d of %d", step, steps);
     return DF_OK;
+}
+
+bool df_pipeline_preview_due(const df_gen_params *g, int step, int steps)
+{
+    int every = g->preview_every > 0 ? g->preview_every : 1;
+    return g->preview && step < steps && step % every == 0;
+}
+
+df_status df_pipeline_preview_latents(df_ctx *ctx, df_tensor *x, df_tensor *v, const float *x_host,
+                                      const float *v_host, int64_t total, int64_t n, float sigma,
+                                      float **out)
+{
+    *out = NULL;
+    float *xs = df_malloc((size_t)total * sizeof *xs), *vs = df_malloc((size_t)total * sizeof *vs);
+    df_status s = xs && vs ? DF_OK : df_errorf(DF_E_OOM, "out of memory for a preview");
+    if (s == DF_OK && x)
+        s = df_tensor_read(ctx, x, DF_DTYPE_F32, xs, (size_t)total * sizeof *xs);
+    else if (s == DF_OK)
+        memcpy(xs, x_host, (size_t)total * sizeof *xs);
+    if (s == DF_OK && v)
+        s = df_tensor_read(ctx, v, DF_DTYPE_F32, vs, (size_t)total * sizeof *vs);
+    else if (s == DF_OK)
+        memcpy(vs, v_host, (size_t)total * sizeof *vs);
+    for (int64_t k = 0; s == DF_OK && k < n; k++)
+        xs[k] -= sigma * vs[k];
+    df_free(vs);
+    if (s != DF_OK)
+        df_free(xs);
+    else
+        *out = xs;
+    return s;
 }
 
 bool df_pipeline_host_step(const df_gen_params *g)

@@ -100,6 +100,15 @@ bool df_pipeline_tp(const df_pipeline *p);
  * when on_step asks to stop. */
 df_status df_pipeline_step_done(const df_gen_params *g, int step, int steps, double elapsed);
 
+/* Previews (g->preview): whether step `step` of `steps` gets one, and the denoised estimate
+ * x0 = x - sigma * v of the batch's first n latents (the latents after the step, sigma the
+ * next sigma, v the guided prediction), read from the device tensors x / v when they are
+ * given, else from the host arrays; *out (n floats) is the caller's to df_free. */
+bool df_pipeline_preview_due(const df_gen_params *g, int step, int steps);
+df_status df_pipeline_preview_latents(df_ctx *ctx, df_tensor *x, df_tensor *v, const float *x_host,
+                                      const float *v_host, int64_t total, int64_t n, float sigma,
+                                      float **out);
+
 /* Whether the denoising loop steps on the host: g->host_step, else DIFFUSE_HOST_STEP. */
 bool df_pipeline_host_step(const df_gen_params *g);
 df_status df_pipeline_tp_check(df_pipeline *p, df_status s);

@@ -529,6 +529,10 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
     return df_scheduler_set_begin_index(*out, r->first);
 }
 
+static df_status preview(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
+                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
+                         int64_t C, int64_t h, int64_t w, float sigma, int step, int steps);
+
 static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
                          const df_inpaint *ip, float *lat, int64_t C, int64_t h, int64_t w)
@@ -577,8 +581,9 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
                                                               .skip_layers = g->slg_layers,
                                                               .n_skip_layers = g->n_slg_layers})
                             : NULL;
+        df_tensor *guided = NULL;
         if (st == DF_OK && on_device) {
-            df_tensor *guided = r->cfg ? guide(ctx, r, v, vs) : v;
+            guided = r->cfg ? guide(ctx, r, v, vs) : v;
             st = df_scheduler_step_tensor(sched, ctx, guided, &x);
         }
         if (st == DF_OK)
@@ -587,6 +592,9 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
             st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
         if (st == DF_OK && ip)
             df_inpaint_blend(ip, df_scheduler_sigmas(sched), i, r->steps, lat);
+        if (st == DF_OK && df_pipeline_preview_due(g, i + 1 - r->first, r->steps - r->first))
+            st = preview(p, s, g, r, on_device ? x : NULL, guided, lat, noise, C, h, w,
+                         df_scheduler_sigmas(sched)[i + 1], i + 1 - r->first, r->steps - r->first);
         x = df_scope_end(ctx, mark, on_device ? x : NULL);
         if (st == DF_OK)
             st = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
@@ -642,6 +650,25 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
                                          out->images[b]->pixels);
     }
     df_free(decoded);
+    return st;
+}
+
+/* g->preview after a step: the first image's denoised estimate, decoded. */
+static df_status preview(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
+                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
+                         int64_t C, int64_t h, int64_t w, float sigma, int step, int steps)
+{
+    int64_t n = C * h * w;
+    float *x0;
+    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
+    run_cfg one = *r;
+    one.B = 1;
+    df_gen_output tmp = {0};
+    df_status st = decode(p, s, g, &one, x0, C, h, w, &tmp);
+    if (st == DF_OK)
+        g->preview(step, steps, tmp.images[0], g->progress_user);
+    df_gen_output_free(&tmp);
+    df_free(x0);
     return st;
 }
 

@@ -101,9 +101,11 @@ static bool same_layout(const df_gview *a, const df_gview *b)
     return true;
 }
 
-static void make_signature(signature *s, int n_in, df_tensor *const *in, int n_w, df_tensor **w)
+static void make_signature(const df_ctx *ctx, signature *s, int n_in, df_tensor *const *in, int n_w,
+                           df_tensor **w)
 {
     s->n = n_in + n_w;
+    s->attention = df_ctx_attention_compute(ctx);
     for (int i = 0; i < n_in; i++)
         layout_of(&s->v[i], in[i]);
     for (int k = 0; k < n_w; k++)
@@ -112,7 +114,7 @@ static void make_signature(signature *s, int n_in, df_tensor *const *in, int n_w
 
 static bool same_signature(const signature *a, const signature *b)
 {
-    if (a->n != b->n)
+    if (a->n != b->n || a->attention != b->attention)
         return false;
     for (int i = 0; i < a->n; i++)
         if (!same_layout(&a->v[i], &b->v[i]))
@@ -389,7 +391,7 @@ static df_status call(df_ctx *ctx, df_compiled *c, void *self, df_tensor *const 
     DF_TRY(ctx->exec->flush(ctx)); /* inputs must be produced before they are bound */
     binding b = {.n_in = c->m.n_in, .n_w = n_w, .in = in, .w = w};
     signature sig;
-    make_signature(&sig, c->m.n_in, in, n_w, w);
+    make_signature(ctx, &sig, c->m.n_in, in, n_w, w);
     program *p = c->progs;
     while (p && !same_signature(&p->sig, &sig))
         p = p->next;

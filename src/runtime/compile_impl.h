@@ -23,6 +23,8 @@ typedef struct tnode {
 
 typedef struct signature {
     int n;
+    df_dtype attention; /* the attention ops' compute (df_ctx_attention_compute): a run may
+                           turn int8 attention off, which a trace records */
     df_gview v[DF_MODULE_MAX_IO + DF_MODULE_MAX_WEIGHTS]; /* st == NULL: absent input */
 } signature;
 

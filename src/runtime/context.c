@@ -149,6 +149,18 @@ df_dtype df_ctx_compute_dtype(const df_ctx *ctx)
     return ctx->compute;
 }
 
+df_dtype df_ctx_attention_compute(const df_ctx *ctx)
+{
+    if (ctx->compute != DF_DTYPE_I8)
+        return ctx->compute;
+    bool on = ctx->int8_attention > 0;
+    if (ctx->int8_attention == 0) {
+        const char *env = getenv("DIFFUSE_INT8_ATTENTION");
+        on = !(env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0));
+    }
+    return on ? DF_DTYPE_I8 : DF_DTYPE_F32;
+}
+
 df_status df_set_eager_mode(df_ctx *ctx, df_eager_mode mode)
 {
     if (mode != DF_DEFER_NEVER && mode != DF_DEFER_AND_FUSE)

@@ -573,7 +573,7 @@ df_tensor *df_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, d
     if (mask)
         n->in[3] = mv;
     n->a.causal = causal;
-    n->a.compute = ctx->compute;
+    n->a.compute = df_ctx_attention_compute(ctx); /* f32 when int8 attention is off */
     n->a.scale = scale > 0 ? scale : 1.0 / sqrt((double)q->v.shape[3]);
     /* The node writes [B, Sq, H, Dv] densely, so that the usual transpose back to
      * [B, Sq, H*Dv] is free; the caller sees the [B, H, Sq, Dv] view of it. */

@@ -36,6 +36,10 @@ struct df_ctx {
     uint64_t evicted_at;    /* the compute position after the last weight eviction */
     int threads;            /* compute threads (df_ctx_threads) */
     df_dtype compute;
+    int int8_keep;      /* int8 compute: 1 keep the transformer's embedders and outputs in
+                           precision, -1 quantize them too, 0 DIFFUSE_INT8_KEEP decides */
+    int int8_attention; /* under int8 compute: 1 int8 attention scores, -1 f32
+                           attention, 0 as DIFFUSE_INT8_ATTENTION says (on unless 0 / off) */
     df_eager_mode mode;
     const df_executor *exec;
     void *exec_state;
@@ -115,5 +119,9 @@ df_status df_launch_timed(df_ctx *ctx, int slot, df_status (*launch)(df_ctx *, c
 
 /* Adds one kernel's time to the context's profile (called on the stream thread). */
 void df_profile_add(df_ctx *ctx, int slot, double seconds);
+
+/* The compute dtype an attention op records: the context's, except f32 under int8 compute
+ * when int8 attention is off (ctx->int8_attention, else DIFFUSE_INT8_ATTENTION). */
+df_dtype df_ctx_attention_compute(const df_ctx *ctx);
 
 #endif

@@ -14,7 +14,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serverlib import Server, check, decode_b64_png  # noqa: E402
+from serverlib import Server, check, decode_b64_png, read_events  # noqa: E402
 
 diffuse, model, tmp = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
 tmp = os.path.join(tmp, "serve-api")
@@ -36,31 +36,6 @@ def wait_state(s, job, states, timeout=120):
             return body
         time.sleep(0.1)
     raise SystemExit(f"job {job} never reached {states}")
-
-
-def read_events(s, job, limit=600):
-    """The events of a job's stream, as (name, data) pairs, until the stream ends."""
-    c = socket.create_connection((s.host, s.port), timeout=limit)
-    c.sendall(f"GET /v1/jobs/{job}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    data = b""
-    while True:
-        part = c.recv(65536)
-        if not part:
-            break
-        data += part
-        if b"event: done" in data or b"event: error" in data:
-            if data.endswith(b"\n\n") or data.endswith(b"\r\n0\r\n\r\n"):
-                break
-    c.close()
-    head, _, body = data.partition(b"\r\n\r\n")
-    check(b"text/event-stream" in head, "the events stream is text/event-stream")
-    events, name = [], None
-    for line in body.decode(errors="replace").splitlines():
-        if line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            events.append((name, json.loads(line[6:])))
-    return events
 
 
 s = Server(diffuse, "-m", model, "-m", os.path.join(tmp, "demo2"), "-m", os.path.join(tmp, "broken"),

@@ -69,6 +69,34 @@ r = client.images.generate(model="demo", prompt=scenes.caption(cases[0]), size="
 st, png, _ = s.request("GET", r.data[0].url[len(s.url):])
 img = Image.open(io.BytesIO(png))
 check(st == 200 and img.size == (64, 64) and draws(img, cases[0]), "openai url: the PNG behind it")
+
+
+def png_bytes(img):
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# Pictures in: each run starts from the scene with foreground and background swapped, at a
+# strength that keeps a little of it; the image must still draw its own caption.
+STRENGTH = 0.9
+got = []
+for i, sc in enumerate(cases):
+    start = Image.fromarray(scenes.render(dict(sc, fg=sc["bg"], bg=sc["fg"])).astype(np.uint8))
+    r = client.images.edit(model="demo", image=("start.png", png_bytes(start), "image/png"),
+                           prompt=scenes.caption(sc), size="64x64", response_format="b64_json",
+                           extra_body={"seed": i, "steps": 4, "strength": STRENGTH})
+    img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json)))
+    check(img.size == (64, 64) and img.format == "PNG", f"openai images.edit: {scenes.caption(sc)}")
+    got.append((img, sc))
+check_drawn(got, "openai images.edit")
+try:
+    client.images.edit(model="demo", image=("x.png", b"not a picture", "image/png"), prompt="x")
+    check(False, "openai images.edit with a file that is not a picture fails")
+except Exception as e:  # openai.BadRequestError
+    check(getattr(e, "status_code", None) == 400 and "'image'" in str(e),
+          "openai images.edit, not a picture: 400 naming 'image'")
+
 try:
     OpenAI(base_url=s.url + "/v1", api_key="wrong").images.generate(prompt="x", size="64x64")
     check(False, "openai with a wrong key fails")
@@ -94,6 +122,15 @@ for i, sc in enumerate(cases):
 check_drawn(got, "webuiapi txt2img")
 r = api.txt2img(prompt=scenes.caption(cases[1]), width=64, height=64, seed=5, batch_size=2)
 check(len(r.images) == 2 and r.info["all_seeds"] == [5, 6], "webuiapi: batch_size 2")
+got = []
+for i, sc in enumerate(cases):
+    start = Image.fromarray(scenes.render(dict(sc, fg=sc["bg"], bg=sc["fg"])).astype(np.uint8))
+    r = api.img2img(images=[start], prompt=scenes.caption(sc), width=64, height=64, seed=i,
+                    cfg_scale=0, denoising_strength=STRENGTH)
+    check(r.image.size == (64, 64) and r.info["seed"] == i
+          and r.info["denoising_strength"] == STRENGTH, f"webuiapi img2img: {scenes.caption(sc)}")
+    got.append((r.image, sc))
+check_drawn(got, "webuiapi img2img")
 
 # ---- the page in Chromium
 chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)), None)
@@ -147,6 +184,12 @@ try:
     el(By.ID, "steps").send_keys("400")
     el(By.ID, "generate").click()
     WebDriverWait(browser, 60).until(lambda b: el(By.ID, "status").text.startswith("step "))
+    WebDriverWait(browser, 60).until(lambda b: int(el(By.ID, "result").get_attribute(
+        "data-previews") or 0) >= 2)
+    src = el(By.ID, "result").get_attribute("src")
+    img = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+    check(img.size == (64, 64) and "preview after step" in el(By.ID, "params").text,
+          "page: the live previews show while it runs")
     el(By.ID, "cancel").click()
     WebDriverWait(browser, 60).until(lambda b: "cancelled" in el(By.ID, "status").text)
     check(el(By.ID, "generate").is_enabled(), "page: Cancel stops a long run, the job is cancelled")

@@ -1,5 +1,6 @@
 """Load on diffuse serve: 8 clients on loopback for a bounded time, sending A1111 txt2img and
-OpenAI requests to the demo model, with jobs cancelled and clients that hang up mixed in.
+img2img and OpenAI requests to the demo model, with jobs cancelled and clients that hang up
+mixed in (live previews on, every step).
 
     python3 load.py DIFFUSE_BIN MODEL_DIR [SECONDS] [--no-rss]
 
@@ -8,7 +9,8 @@ under it; a cancel may find its job already ended and no longer listed: 404), ev
 decodes as a PNG of the asked size, the queue drains afterwards, and
 the server's RSS at the end is within 10% of its RSS after the first request (--no-rss
 under the sanitizers, whose quarantine holds freed memory). The first request is made once
-per image size the clients ask for. Prints requests per minute.
+per image size and kind the clients ask for (img2img loads the VAE encoder on first use).
+Prints requests per minute.
 """
 import json
 import os
@@ -30,18 +32,23 @@ PROMPTS = ["a large yellow circle in the top left corner on a blue background",
            "two small red squares on a white background",
            "a green triangle in the bottom right corner on a black background"]
 
-s = Server(diffuse, "-m", model, "--queue", "64", "--threads", "1")
+s = Server(diffuse, "-m", model, "--queue", "64", "--threads", "1", "--preview-every", "1")
 s.wait_ready()
 # The first request of each image size the clients use: a new size builds per-size state
 # once (about 1.4 MiB for the demo's 32x32 after 64x64), which is not growth under load.
+pictures = {}
 for size in (64, 32):
     st, r, _ = s.request("POST", "/sdapi/v1/txt2img", {"prompt": PROMPTS[0], "steps": 2,
                                                        "width": size, "height": size})
     check(st == 200, f"the first {size}x{size} request")
+    pictures[size] = r["images"][0]
+    st, r, _ = s.request("POST", "/sdapi/v1/img2img", {"prompt": PROMPTS[1], "steps": 2,
+                                                       "init_images": [pictures[size]]})
+    check(st == 200, f"the first {size}x{size} img2img request")
 rss_first = s.rss_kib()
 
 lock = threading.Lock()
-counts = {"txt2img": 0, "openai": 0, "cancelled": 0, "ended_first": 0, "hung_up": 0,
+counts = {"txt2img": 0, "img2img": 0, "openai": 0, "cancelled": 0, "ended_first": 0, "hung_up": 0,
           "images": 0}
 failures = []
 stop_at = time.time() + seconds
@@ -61,7 +68,8 @@ def fail(what):
 def client(seed):
     rnd = random.Random(seed)
     while time.time() < stop_at:
-        kind = rnd.choices(["txt2img", "openai", "cancel", "hangup"], [4, 4, 1, 1])[0]
+        kind = rnd.choices(["txt2img", "img2img", "openai", "cancel", "hangup"],
+                           [3, 2, 3, 1, 1])[0]
         prompt = rnd.choice(PROMPTS)
         size = rnd.choice([32, 64])
         try:
@@ -77,6 +85,14 @@ def client(seed):
                     if decode_b64_png(im)[:2] != (size, size):
                         fail("txt2img: wrong image size")
                 note("txt2img", n)
+            elif kind == "img2img":
+                st, r, _ = s.request("POST", "/sdapi/v1/img2img", {
+                    "prompt": prompt, "steps": 4, "denoising_strength": 0.5,
+                    "init_images": [pictures[size]], "seed": rnd.randrange(1 << 31)})
+                if st != 200 or decode_b64_png(r["images"][0])[:2] != (size, size):
+                    fail(f"img2img: {st} {str(r)[:200]}")
+                    continue
+                note("img2img", 1)
             elif kind == "openai":
                 st, r, _ = s.request("POST", "/v1/images/generations", {
                     "prompt": prompt, "size": f"{size}x{size}", "steps": 2})
@@ -135,7 +151,7 @@ st, r, _ = s.request("POST", "/sdapi/v1/txt2img", {"prompt": PROMPTS[0], "steps"
                                                    "width": 64, "height": 64})
 check(st == 200, "the server still answers")
 rss_end = s.rss_kib()
-answered = counts["txt2img"] + counts["openai"]
+answered = counts["txt2img"] + counts["img2img"] + counts["openai"]
 print(f"{CLIENTS} clients, {elapsed:.0f} s: {counts}; "
       f"{answered / elapsed * 60:.1f} image requests/min, {counts['images'] / elapsed * 60:.1f} "
       f"images/min; RSS after the first request {rss_first / 1024:.1f} MiB, at the end "

@@ -1,10 +1,11 @@
 """The numbers in docs/server.md (run by hand, not by ctest):
 
-    python3 measure.py DIFFUSE_BIN MODEL_DIR [N]
+    python3 measure.py DIFFUSE_BIN MODEL_DIR [N] [SERVER OPTION ...]   (e.g. --preview-every 0)
 
 - time to first step: a resident model (POST /v1/jobs until the first "step" event) against
   the CLI, which loads the model every time (process start until it prints step 1);
-- requests per minute, one client after another and 8 at once (default 4-step 64x64 images).
+- requests per minute, one client after another and 8 at once (default 4-step 64x64 images),
+  and image to image (/sdapi/v1/img2img from a 64x64 picture, strength 0.75: 3 of 4 steps).
 """
 import os
 import socket
@@ -19,6 +20,7 @@ from serverlib import Server  # noqa: E402
 
 diffuse, model = sys.argv[1], sys.argv[2]
 n = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+server_opts = sys.argv[4:]
 PROMPT = "a large yellow circle in the top left corner on a blue background"
 
 
@@ -53,7 +55,7 @@ def first_step_cli():
     return first
 
 
-s = Server(diffuse, "-m", model, "--threads", "1", "--queue", "64")
+s = Server(diffuse, "-m", model, "--threads", "1", "--queue", "64", *server_opts)
 s.wait_ready()
 first_step_server(s)  # the first run of a size builds per-size state
 srv = [first_step_server(s) for _ in range(n)]
@@ -61,14 +63,22 @@ cli = [first_step_cli() for _ in range(n)]
 print(f"time to first step, median of {n}: resident {statistics.median(srv) * 1000:.0f} ms, "
       f"CLI (loads the model) {statistics.median(cli) * 1000:.0f} ms")
 
-for clients in (1, 8):
+st, r, _ = s.request("POST", "/sdapi/v1/txt2img", {"prompt": PROMPT, "width": 64, "height": 64})
+picture = r["images"][0]
+runs = (("generations", 1), ("generations", 8), ("img2img", 1))
+for route, clients in runs:
     done = [0]
     lock = threading.Lock()
     stop_at = time.time() + 30
 
     def client():
         while time.time() < stop_at:
-            st, r, _ = s.request("POST", "/v1/images/generations", {"prompt": PROMPT, "size": "64x64"})
+            if route == "img2img":
+                st, r, _ = s.request("POST", "/sdapi/v1/img2img",
+                                     {"prompt": PROMPT, "init_images": [picture]})
+            else:
+                st, r, _ = s.request("POST", "/v1/images/generations",
+                                     {"prompt": PROMPT, "size": "64x64"})
             if st == 200:
                 with lock:
                     done[0] += 1
@@ -79,6 +89,6 @@ for clients in (1, 8):
         t.start()
     for t in ts:
         t.join()
-    print(f"{clients} client(s), 30 s: {done[0] / (time.time() - t0) * 60:.0f} requests/min "
-          f"(4-step 64x64, default model settings)")
+    print(f"{route}, {clients} client(s), 30 s: {done[0] / (time.time() - t0) * 60:.0f} "
+          f"requests/min (64x64, default model settings)")
 s.stop()

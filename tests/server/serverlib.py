@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -123,3 +124,40 @@ def check(cond, what):
         print("FAIL:", what, file=sys.stderr)
         raise SystemExit(1)
     print("ok:", what)
+
+
+def read_events(s, job, limit=600):
+    """The events of a job's stream, as (name, data) pairs, until the stream ends."""
+    c = socket.create_connection((s.host, s.port), timeout=limit)
+    c.sendall(f"GET /v1/jobs/{job}/events HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    data = b""
+    while True:
+        part = c.recv(65536)
+        if not part:
+            break
+        data += part
+        if b"event: done" in data or b"event: error" in data:
+            if data.endswith(b"\n\n") or data.endswith(b"\r\n0\r\n\r\n"):
+                break
+    c.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    check(b"text/event-stream" in head, "the events stream is text/event-stream")
+    if b"chunked" in head.lower():  # an event may span chunks: join them first
+        joined, i = b"", 0
+        while i < len(body):
+            eol = body.find(b"\r\n", i)
+            if eol < 0:
+                break
+            size = int(body[i:eol].split(b";")[0], 16)
+            if size == 0:
+                break
+            joined += body[eol + 2:eol + 2 + size]
+            i = eol + 2 + size + 2
+        body = joined
+    events, name = [], None
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+    return events

@@ -40,6 +40,14 @@ static void help(FILE *f)
         "                         from (/outputs/NAME.png); without it, url is refused\n"
         "      --cors ORIGIN      send Access-Control-Allow-Origin: ORIGIN (default: none)\n"
         "      --max-pixels N     largest width x height accepted (default 4194304 = 2048x2048)\n"
+        "      --preview-every N  a live preview (a VAE decode of the denoised estimate) every\n"
+        "                         N steps, for /sdapi/v1/progress and the events (default 2;\n"
+        "                         0: none)\n"
+        "      --int8-attention on|off  with --dtype int8: int8 or f32 attention scores for\n"
+        "                         every run (default: DIFFUSE_INT8_ATTENTION, else on)\n"
+        "      --int8-keep embedders|none  with --dtype int8: keep the transformer's embedders\n"
+        "                         and outputs in precision, or quantize them too (default:\n"
+        "                         DIFFUSE_INT8_KEEP, else embedders)\n"
         "      --dtype f32|bf16|int8|auto, --mode eager|fuse|compile, --offload none|model|\n"
         "      sequential, --device NAME, --threads N   as for diffuse generate\n"
         "  -h, --help             this text\n"
@@ -84,6 +92,9 @@ int cmd_serve(int argc, char **argv)
         O_OUTPUTS,
         O_CORS,
         O_MAXPIX,
+        O_PREVIEW,
+        O_INT8_ATTN,
+        O_INT8_KEEP,
         O_DTYPE,
         O_MODE,
         O_OFFLOAD,
@@ -98,6 +109,9 @@ int cmd_serve(int argc, char **argv)
                                              {"outputs", required_argument, 0, O_OUTPUTS},
                                              {"cors", required_argument, 0, O_CORS},
                                              {"max-pixels", required_argument, 0, O_MAXPIX},
+                                             {"preview-every", required_argument, 0, O_PREVIEW},
+                                             {"int8-attention", required_argument, 0, O_INT8_ATTN},
+                                             {"int8-keep", required_argument, 0, O_INT8_KEEP},
                                              {"dtype", required_argument, 0, O_DTYPE},
                                              {"mode", required_argument, 0, O_MODE},
                                              {"offload", required_argument, 0, O_OFFLOAD},
@@ -105,7 +119,8 @@ int cmd_serve(int argc, char **argv)
                                              {"threads", required_argument, 0, O_THREADS},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
-    serve_options o = {.load = {.auto_dtype = true}, .queue = 16, .max_pixels = 2048 * 2048};
+    serve_options o = {
+        .load = {.auto_dtype = true}, .queue = 16, .max_pixels = 2048 * 2048, .preview_every = 2};
     const char *host = "127.0.0.1", *key = NULL, *cors = NULL;
     long port = 7860, v;
     int rc;
@@ -144,6 +159,27 @@ int cmd_serve(int argc, char **argv)
             if ((rc = parse_long("--max-pixels", optarg, 256, 1L << 28, &v)))
                 return rc;
             o.max_pixels = v;
+            break;
+        case O_INT8_ATTN:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "diffuse serve: --int8-attention expects on or off, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o.int8_attention = strcmp(optarg, "on") ? -1 : 1;
+            break;
+        case O_INT8_KEEP:
+            if (strcmp(optarg, "embedders") && strcmp(optarg, "none")) {
+                fprintf(stderr, "diffuse serve: --int8-keep expects embedders or none, not '%s'\n",
+                        optarg);
+                return 2;
+            }
+            o.load.int8_keep = strcmp(optarg, "none") ? 1 : -1;
+            break;
+        case O_PREVIEW:
+            if ((rc = parse_long("--preview-every", optarg, 0, 10000, &v)))
+                return rc;
+            o.preview_every = (int)v;
             break;
         case O_THREADS:
             if ((rc = parse_long("--threads", optarg, 1, 1024, &v)))

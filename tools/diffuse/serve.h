@@ -21,7 +21,8 @@
 
 /* ---- requests ---------------------------------------------------------------------- */
 
-#define SERVE_MAX_IMAGES 16 /* per request: batch_size x n_iter, or n */
+#define SERVE_MAX_IMAGES       16 /* per request: batch_size x n_iter, or n */
+#define SERVE_MAX_INPUT_IMAGES 8  /* pictures in: img2img's init_images, edits' image[] */
 
 /* One generation request, whichever protocol asked for it. Zero fields: the model's
  * defaults. */
@@ -37,6 +38,13 @@ typedef struct serve_request {
     uint64_t seed;
     int images;    /* >= 1 */
     bool want_url; /* OpenAI response_format "url" */
+    /* Pictures in (A1111 img2img, OpenAI edits), decoded; owned. One: image to image
+     * (FLUX.1, SD3) or a reference to edit (FLUX.2); several: FLUX.2's references. */
+    df_image *inputs[SERVE_MAX_INPUT_IMAGES];
+    int n_inputs;
+    df_image *mask;        /* owned; NULL: none. Inpainting: the size of inputs[0] */
+    int padding_mask_crop; /* A1111's inpaint_full_res_padding when inpaint_full_res */
+    double strength;       /* image to image: denoising strength in (0, 1]; 0: the default */
 } serve_request;
 
 /* Limits the parsers enforce. */
@@ -59,6 +67,12 @@ int serve_parse_a1111(const char *body, size_t len, const serve_limits *lim, ser
 /* POST /v1/images/generations and POST /v1/jobs. */
 int serve_parse_openai(const char *body, size_t len, const serve_limits *lim, serve_request *out,
                        serve_error *err);
+
+/* POST /sdapi/v1/img2img: the txt2img fields plus init_images (base64 PNG / JPEG, a
+ * "data:image/...;base64," prefix allowed), denoising_strength, mask, inpaint_full_res and
+ * inpaint_full_res_padding. */
+int serve_parse_a1111_img2img(const char *body, size_t len, const serve_limits *lim,
+                              serve_request *out, serve_error *err);
 
 void serve_request_deinit(serve_request *r);
 
@@ -86,6 +100,27 @@ void serve_buf_free(serve_buf *b);
  * for a character outside the alphabet or a length that cannot be base64. out must hold
  * n / 4 * 3 + 3 bytes. */
 int64_t serve_base64_decode(const char *s, size_t n, uint8_t *out);
+
+/* A multipart/form-data body, split into its parts (serve_http.c fills it with
+ * libmicrohttpd's post processor). */
+#define SERVE_MAX_FORM_PARTS 32
+typedef struct serve_form_part {
+    char name[64];
+    bool is_file; /* it came with a filename */
+    serve_buf data;
+} serve_form_part;
+typedef struct serve_form {
+    serve_form_part parts[SERVE_MAX_FORM_PARTS];
+    int n;
+    bool too_many; /* parts beyond SERVE_MAX_FORM_PARTS were dropped */
+} serve_form;
+void serve_form_free(serve_form *f);
+
+/* POST /v1/images/edits: image (or image[], several for FLUX.2), mask, and the text fields
+ * of /v1/images/generations (prompt, n, size, response_format, model, seed, steps,
+ * guidance, negative_prompt) plus strength. */
+int serve_parse_openai_edit(const serve_form *form, const serve_limits *lim, serve_request *out,
+                            serve_error *err);
 
 /* ---- models and jobs --------------------------------------------------------------- */
 
@@ -121,6 +156,12 @@ typedef struct serve_job {
     int n_images;
     int width, height, steps_used; /* the resolved parameters of the run */
     float guidance_used;
+    /* The latest live preview of the current image (a PNG of the run's denoised estimate,
+     * df_gen_params.preview), NULL before the first; preview_version counts them. */
+    void *preview_png;
+    size_t preview_len;
+    int preview_step;
+    unsigned preview_version;
     char error[768];
     int error_status; /* HTTP status for the error */
     int refs;
@@ -134,6 +175,8 @@ typedef struct serve_options {
     int queue;           /* waiting places */
     const char *outputs; /* NULL: no url responses */
     int64_t max_pixels;
+    int preview_every;  /* steps between live previews; 0: none */
+    int int8_attention; /* df_gen_params.int8_attention of every run (--int8-attention) */
 } serve_options;
 
 /* Starts the worker (which loads the default model first). 0 or -1 with a message on

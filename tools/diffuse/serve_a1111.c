@@ -1,11 +1,10 @@
 /*
  * diffuse serve: AUTOMATIC1111's API (/sdapi/v1/...).
  *
- * txt2img submits one job and waits for it (a client that hangs up cancels it); the answer
- * is A1111's {images, parameters, info} with info as a JSON string. The listings answer
- * what a client needs to pick a model and a sampler; options carry sd_model_checkpoint only.
- * interrupt and skip act on the running job. Routing, authentication and the error shape
- * are serve_http.c's.
+ * txt2img and img2img submit one job and wait for it (a client that hangs up cancels it); the
+ * answer is A1111's {images, parameters, info} with info as a JSON string. The listings answer what
+ * a client needs to pick a model and a sampler; options carry sd_model_checkpoint only. interrupt
+ * and skip act on the running job. Routing, authentication and the error shape are serve_http.c's.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -14,13 +13,14 @@
 
 #include "serve_http.h"
 
-enum MHD_Result serve_a1111_txt2img(struct MHD_Connection *c, const serve_buf *body)
+/* Submits the parsed request (taken) and answers A1111's {images, parameters, info}. */
+static enum MHD_Result submit(struct MHD_Connection *c, serve_request *req_in)
 {
-    serve_request req;
+    serve_request req = *req_in;
+    memset(req_in, 0, sizeof *req_in);
     serve_error err;
-    if (serve_parse_a1111(body->data, body->len, serve_http_limits(), &req, &err))
-        return serve_send_serve_error(c, &err);
     int batch = req.images;
+    double strength = req.n_inputs ? req.strength : 0;
     serve_job *j;
     if (serve_job_submit(&req, &j, &err)) {
         serve_request_deinit(&req);
@@ -67,6 +67,8 @@ enum MHD_Result serve_a1111_txt2img(struct MHD_Connection *c, const serve_buf *b
                          "\"batch_size\": %d, \"sd_model_name\": ",
                          j->width, j->height, j->guidance_used, j->steps_used, batch);
         serve_buf_json_str(&info, j->model);
+        if (strength > 0)
+            serve_buf_printf(&info, ", \"denoising_strength\": %g", strength);
         serve_buf_printf(&info, ", \"interrupted\": %s}", j->interrupted ? "true" : "false");
         serve_buf_json_str(&b, info.data);
         serve_buf_puts(&b, "}");
@@ -82,6 +84,24 @@ enum MHD_Result serve_a1111_txt2img(struct MHD_Connection *c, const serve_buf *b
     }
     serve_job_release(j);
     return ok;
+}
+
+enum MHD_Result serve_a1111_txt2img(struct MHD_Connection *c, const serve_buf *body)
+{
+    serve_request req;
+    serve_error err;
+    if (serve_parse_a1111(body->data, body->len, serve_http_limits(), &req, &err))
+        return serve_send_serve_error(c, &err);
+    return submit(c, &req);
+}
+
+enum MHD_Result serve_a1111_img2img(struct MHD_Connection *c, const serve_buf *body)
+{
+    serve_request req;
+    serve_error err;
+    if (serve_parse_a1111_img2img(body->data, body->len, serve_http_limits(), &req, &err))
+        return serve_send_serve_error(c, &err);
+    return submit(c, &req);
 }
 
 enum MHD_Result serve_a1111_models(struct MHD_Connection *c)
@@ -172,6 +192,10 @@ enum MHD_Result serve_a1111_progress(struct MHD_Connection *c)
     serve_buf b = {0};
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
+    /* A1111: skip_current_image defaults to false, so the preview comes unless refused */
+    const char *skip = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "skip_current_image");
+    bool want_image = !skip || !(strcmp(skip, "true") == 0 || strcmp(skip, "True") == 0 ||
+                                 strcmp(skip, "1") == 0);
     serve_job *j = serve_job_current();
     serve_lock();
     int queued = serve_queue_length();
@@ -200,9 +224,17 @@ enum MHD_Result serve_a1111_progress(struct MHD_Connection *c)
                      "{\"skipped\": %s, \"interrupted\": %s, \"job\": \"%s\", "
                      "\"job_count\": %d, \"job_timestamp\": \"%s\", \"job_no\": %d, "
                      "\"sampling_step\": %d, \"sampling_steps\": %d}, "
-                     "\"current_image\": null, \"textinfo\": ",
+                     "\"current_image\": ",
                      progress, eta, skipped ? "true" : "false", interrupted ? "true" : "false",
                      j ? j->id : "", count, stamp, job_no, step, steps);
+    if (j && j->preview_png && want_image) {
+        serve_buf_puts(&b, "\"");
+        serve_buf_base64(&b, j->preview_png, j->preview_len);
+        serve_buf_puts(&b, "\"");
+    } else {
+        serve_buf_puts(&b, "null");
+    }
+    serve_buf_puts(&b, ", \"textinfo\": ");
     serve_buf_json_str(&b, serve_model_loading() ? "loading a model" : j ? "running" : "idle");
     serve_buf_puts(&b, "}");
     serve_unlock();

@@ -4,7 +4,9 @@
  * One thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler that waits for its
  * image simply blocks on the jobs' condition variable, and while it waits it watches its
  * own socket, so a client that goes away cancels its job. Bodies are collected up to
- * MAX_BODY (a larger one is read to its end and answered 413).
+ * MAX_BODY, MAX_UPLOAD on the routes that take pictures (a larger one is read to its end
+ * and answered 413). OpenAI's edits come as multipart/form-data, split into parts by
+ * libmicrohttpd's post processor.
  *
  * Routes, each a row of `routes` below: the AUTOMATIC1111 API under /sdapi/v1/
  * (serve_a1111.c), OpenAI's images API and the jobs API under /v1/ (serve_openai.c),
@@ -35,6 +37,7 @@
 #include "serve_http.h"
 
 #define MAX_BODY (1u << 20)
+#define MAX_UPLOAD (64u << 20) /* the routes that take pictures: img2img, edits */
 
 typedef struct http_config {
     const char *api_key;
@@ -49,7 +52,14 @@ static struct MHD_Daemon *daemon_;
 typedef struct request_ctx {
     serve_buf body;
     bool too_large;
+    unsigned limit; /* MAX_BODY or MAX_UPLOAD, by route */
 } request_ctx;
+
+static unsigned body_limit(const char *url)
+{
+    return !strcmp(url, "/sdapi/v1/img2img") || !strcmp(url, "/v1/images/edits") ? MAX_UPLOAD
+                                                                                 : MAX_BODY;
+}
 
 /* ---- answers ----------------------------------------------------------------------- */
 
@@ -322,6 +332,7 @@ static enum MHD_Result send_output(struct MHD_Connection *c, const char *name)
 typedef enum route_id {
     R_PAGE,
     R_TXT2IMG,
+    R_IMG2IMG,
     R_SD_MODELS,
     R_OPTIONS,
     R_SAMPLERS,
@@ -331,6 +342,7 @@ typedef enum route_id {
     R_SKIP,
     R_SCRIPTS,
     R_GENERATIONS,
+    R_EDITS,
     R_MODELS,
     R_JOBS,
 } route_id;
@@ -342,6 +354,7 @@ static const struct {
 } routes[] = {
     {"/", "GET", R_PAGE},
     {"/sdapi/v1/txt2img", "POST", R_TXT2IMG},
+    {"/sdapi/v1/img2img", "POST", R_IMG2IMG},
     {"/sdapi/v1/sd-models", "GET", R_SD_MODELS},
     {"/sdapi/v1/options", "GET, POST", R_OPTIONS},
     {"/sdapi/v1/samplers", "GET", R_SAMPLERS},
@@ -351,9 +364,64 @@ static const struct {
     {"/sdapi/v1/skip", "POST", R_SKIP},
     {"/sdapi/v1/scripts", "GET", R_SCRIPTS},
     {"/v1/images/generations", "POST", R_GENERATIONS},
+    {"/v1/images/edits", "POST", R_EDITS},
     {"/v1/models", "GET", R_MODELS},
     {"/v1/jobs", "POST", R_JOBS},
 };
+
+/* multipart/form-data parts, as libmicrohttpd's post processor hands them over: a part
+ * starts at offset 0 and goes on in pieces. */
+static enum MHD_Result form_part(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 const char *filename, const char *content_type,
+                                 const char *transfer_encoding, const char *data, uint64_t off,
+                                 size_t size)
+{
+    (void)kind;
+    (void)content_type;
+    (void)transfer_encoding;
+    serve_form *f = cls;
+    if (off == 0) {
+        if (f->n == SERVE_MAX_FORM_PARTS) {
+            f->too_many = true;
+            return MHD_NO;
+        }
+        serve_form_part *p = &f->parts[f->n++];
+        snprintf(p->name, sizeof p->name, "%s", key ? key : "");
+        p->is_file = filename != NULL;
+    }
+    if (f->n > 0 && size)
+        serve_buf_put(&f->parts[f->n - 1].data, data, size);
+    return f->n > 0 && f->parts[f->n - 1].data.failed ? MHD_NO : MHD_YES;
+}
+
+/* POST /v1/images/edits: the body split into its parts, then parsed as a request. */
+static enum MHD_Result edits(struct MHD_Connection *c, const serve_buf *body)
+{
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!type || strncasecmp(type, "multipart/form-data", 19) != 0)
+        return serve_send_error(c, 400, NULL,
+                                "/v1/images/edits takes multipart/form-data (image, mask, "
+                                "prompt, ...)");
+    serve_form form = {0};
+    struct MHD_PostProcessor *pp = MHD_create_post_processor(c, 64 * 1024, form_part, &form);
+    if (!pp)
+        return serve_send_error(c, 400, NULL,
+                                "the multipart/form-data body has no boundary in its "
+                                "Content-Type");
+    bool ok = body->len == 0 || MHD_post_process(pp, body->data, body->len) == MHD_YES;
+    MHD_destroy_post_processor(pp);
+    if (!ok && !form.too_many) {
+        serve_form_free(&form);
+        return serve_send_error(c, 400, NULL, "the multipart/form-data body is malformed");
+    }
+    serve_request req;
+    serve_error err;
+    int rc = serve_parse_openai_edit(&form, serve_http_limits(), &req, &err);
+    serve_form_free(&form);
+    if (rc)
+        return serve_send_serve_error(c, &err);
+    return serve_openai_submit(c, &req);
+}
 
 static bool method_listed(const char *methods, const char *method)
 {
@@ -380,7 +448,7 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
                                 "'Authorization: Bearer KEY'");
     if (rq->too_large) {
         char msg[128];
-        snprintf(msg, sizeof msg, "the body is larger than %u bytes", MAX_BODY);
+        snprintf(msg, sizeof msg, "the body is larger than %u bytes", rq->limit);
         return serve_send_error(c, 413, NULL, msg);
     }
     if (!strncmp(url, "/v1/jobs/", 9))
@@ -406,6 +474,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
             return send_page(c);
         case R_TXT2IMG:
             return serve_a1111_txt2img(c, &rq->body);
+        case R_IMG2IMG:
+            return serve_a1111_img2img(c, &rq->body);
         case R_SD_MODELS:
             return serve_a1111_models(c);
         case R_OPTIONS:
@@ -427,6 +497,8 @@ static enum MHD_Result dispatch(struct MHD_Connection *c, const char *url, const
         }
         case R_GENERATIONS:
             return serve_openai_generate(c, &rq->body);
+        case R_EDITS:
+            return edits(c, &rq->body);
         case R_MODELS:
             return serve_openai_models(c);
         case R_JOBS:
@@ -449,11 +521,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq = calloc(1, sizeof *rq);
         if (!rq)
             return MHD_NO;
+        rq->limit = body_limit(url);
         *con_cls = rq;
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!rq->too_large && rq->body.len + *upload_data_size <= MAX_BODY)
+        if (!rq->too_large && rq->body.len + *upload_data_size <= rq->limit)
             serve_buf_put(&rq->body, upload_data, *upload_data_size);
         else
             rq->too_large = true;

@@ -35,6 +35,7 @@ int serve_queue_position(const serve_job *j);
 /* ---- AUTOMATIC1111 (serve_a1111.c) ---- */
 
 enum MHD_Result serve_a1111_txt2img(struct MHD_Connection *c, const serve_buf *body);
+enum MHD_Result serve_a1111_img2img(struct MHD_Connection *c, const serve_buf *body);
 enum MHD_Result serve_a1111_models(struct MHD_Connection *c);
 enum MHD_Result serve_a1111_options_get(struct MHD_Connection *c);
 enum MHD_Result serve_a1111_options_post(struct MHD_Connection *c, const serve_buf *body);
@@ -46,6 +47,8 @@ enum MHD_Result serve_a1111_stop(struct MHD_Connection *c, bool skip); /* interr
 /* ---- OpenAI and jobs (serve_openai.c) ---- */
 
 enum MHD_Result serve_openai_generate(struct MHD_Connection *c, const serve_buf *body);
+/* Submits a parsed generations or edits request (taken) and answers with its images. */
+enum MHD_Result serve_openai_submit(struct MHD_Connection *c, serve_request *req);
 enum MHD_Result serve_openai_models(struct MHD_Connection *c);
 enum MHD_Result serve_jobs_post(struct MHD_Connection *c, const serve_buf *body);
 /* /v1/jobs/{id} (GET, DELETE) and /v1/jobs/{id}/events (GET); `rest` follows "/v1/jobs/". */

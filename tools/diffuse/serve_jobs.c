@@ -17,6 +17,10 @@
  * A job's images are generated one by one with seeds seed, seed + 1, ... (A1111's
  * all_seeds), so progress and skip work per image. Cancellation goes through the
  * pipeline's on_step callback: the run stops after the current step and frees everything.
+ * Live previews come through the preview callback (every --preview-every steps): the newest
+ * is kept on the job as a PNG for the events stream and /sdapi/v1/progress. Pictures sent
+ * in (img2img, edits) were decoded by the request layer and go to the run as the CLI's
+ * --image does (df_gen_params.image / images, strength).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -52,6 +56,8 @@ static struct {
     df_load_opts load;
     int queue_cap;
     const char *outputs;
+    int preview_every;
+    int int8_attention;
     serve_job *jobs;    /* every listed job, newest first */
     serve_job *current; /* running */
 } S = {.mu = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
@@ -188,6 +194,7 @@ static void job_free(serve_job *j)
     serve_request_deinit(&j->req);
     for (int i = 0; i < j->n_images; i++)
         df_image_png_free(j->images[i].png);
+    df_image_png_free(j->preview_png);
     free(j);
 }
 
@@ -335,6 +342,43 @@ static bool on_step(int step, int steps, double elapsed, void *user)
     return go_on;
 }
 
+/* preview: the run's live preview becomes the job's (a PNG without parameters). A preview
+ * that cannot be encoded is left out: the run goes on. */
+static void on_preview(int step, int steps, const df_image *img, void *user)
+{
+    (void)steps;
+    serve_job *j = user;
+    void *png = NULL;
+    size_t len = 0;
+    if (df_image_encode_png(img, NULL, &png, &len) != DF_OK)
+        return;
+    serve_lock();
+    void *old = j->preview_png;
+    j->preview_png = png;
+    j->preview_len = len;
+    j->preview_step = step;
+    j->preview_version++;
+    j->version++;
+    changed();
+    serve_unlock();
+    df_image_png_free(old);
+}
+
+/* DIFFUSE_SERVE_TEST_LOAD_DELAY=SECONDS: every model load first waits that long, so that a
+ * test can hit the server while a model loads (tests/server/preview_loading.py). For tests
+ * only; bounded to 60 s. */
+static void test_load_delay(void)
+{
+    const char *e = getenv("DIFFUSE_SERVE_TEST_LOAD_DELAY");
+    double d = e ? strtod(e, NULL) : 0;
+    if (!(d > 0))
+        return;
+    if (d > 60)
+        d = 60;
+    struct timespec ts = {.tv_sec = (time_t)d, .tv_nsec = (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 /* Loads model m unless resident. Called without the lock. */
 static df_status ensure_loaded(int m)
 {
@@ -348,6 +392,7 @@ static df_status ensure_loaded(int m)
     changed();
     serve_unlock();
     fprintf(stderr, "diffuse serve: loading %s from %s\n", md->name, md->dir);
+    test_load_delay();
     double t0 = now();
     df_pipeline *p = NULL;
     df_status s = df_pipeline_load(md->dir, &S.load, &p);
@@ -380,6 +425,25 @@ static void write_url_file(serve_image *im)
     }
 }
 
+/* Inpainting: the request's mask (white repaints, black keeps, as diffusers and A1111 read
+ * it) and A1111's crop padding, into the run's parameters. */
+static void set_mask(df_gen_params *g, const serve_request *r)
+{
+    g->mask = r->mask;
+    g->padding_mask_crop = r->padding_mask_crop;
+}
+
+/* The run's input pictures: one is `image` (img2img, or FLUX.2's reference), several are
+ * FLUX.2's `images`, as diffuse generate's --image gives them. */
+static void set_pictures(df_gen_params *g, const serve_request *r)
+{
+    if (r->n_inputs == 1)
+        g->image = r->inputs[0];
+    else if (r->n_inputs > 1)
+        g->images = (const df_image *const *)r->inputs, g->n_images = r->n_inputs;
+    g->strength = r->strength;
+}
+
 /* One image of job j with pipeline p: df_pipeline_run, then the PNG in memory. */
 static df_status run_one(serve_job *j, df_pipeline *p, uint64_t seed, serve_image *im)
 {
@@ -395,11 +459,17 @@ static df_status run_one(serve_job *j, df_pipeline *p, uint64_t seed, serve_imag
         .seed = seed,
         .on_step = on_step,
         .progress_user = j,
+        .preview = S.preview_every > 0 ? on_preview : NULL,
+        .preview_every = S.preview_every,
+        .int8_attention = S.int8_attention,
     };
+    set_pictures(&g, r);
+    set_mask(&g, r);
     df_gen_output out = {0};
     df_status s = df_pipeline_run(p, &g, &out);
     if (s != DF_OK)
         return s;
+    bool flux2 = strncmp(df_pipeline_class(p), "Flux2", 5) == 0; /* references: no strength */
     char *params = NULL;
     df_image_params ip = {.prompt = r->prompt,
                           .negative_prompt = r->negative_prompt,
@@ -409,7 +479,9 @@ static df_status run_one(serve_job *j, df_pipeline *p, uint64_t seed, serve_imag
                           .seed = seed,
                           .width = out.width,
                           .height = out.height,
-                          .model = j->model};
+                          .model = j->model,
+                          .denoising_strength =
+                              r->n_inputs && !flux2 ? (r->strength > 0 ? r->strength : 0.6) : 0};
     s = df_image_format_parameters(&ip, &params);
     if (s == DF_OK)
         s = df_image_encode_png(out.images[0], params, &im->png, &im->png_len);
@@ -429,6 +501,7 @@ static void run_job(serve_job *j)
 {
     int m = serve_model_find(j->model); /* model names never change */
     df_status s = ensure_loaded(m);
+    bool load_failed = s != DF_OK; /* the server's fault, never the request's */
     serve_lock();
     df_pipeline *p = S.models[m].p;
     if (!j->req.seed_random) {
@@ -468,7 +541,8 @@ static void run_job(serve_job *j)
     } else {
         j->state = JOB_FAILED;
         snprintf(j->error, sizeof j->error, "%s", df_error_message());
-        j->error_status = s == DF_E_ARG ? 400 : 500;
+        /* the request's arguments, or something it asked that the model cannot do */
+        j->error_status = !load_failed && (s == DF_E_ARG || s == DF_E_UNSUPPORTED) ? 400 : 500;
     }
     j->finished = now();
     j->version++;
@@ -533,6 +607,8 @@ int serve_jobs_start(const serve_options *o)
     S.load = o->load;
     S.queue_cap = o->queue;
     S.outputs = o->outputs;
+    S.preview_every = o->preview_every;
+    S.int8_attention = o->int8_attention;
     S.loading = true; /* until the worker has loaded the default model */
     if (pthread_create(&S.worker, NULL, worker, NULL) != 0) {
         fprintf(stderr, "diffuse serve: cannot start the worker thread\n");

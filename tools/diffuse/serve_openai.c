@@ -1,6 +1,7 @@
 /*
  * diffuse serve: OpenAI's images API (/v1/images/generations, /v1/models) and the jobs API
- * (/v1/jobs), with its Server-Sent Events stream.
+ * (/v1/jobs), with its Server-Sent Events stream; /v1/images/edits comes here once
+ * serve_http.c has split its multipart body and serve_request.c has read it.
  *
  * generations submits one job and waits for it, as txt2img does; a job from POST /v1/jobs
  * runs on its own and is followed with GET /v1/jobs/{id}, its event stream, or cancelled
@@ -20,6 +21,14 @@ enum MHD_Result serve_openai_generate(struct MHD_Connection *c, const serve_buf 
     serve_error err;
     if (serve_parse_openai(body->data, body->len, serve_http_limits(), &req, &err))
         return serve_send_serve_error(c, &err);
+    return serve_openai_submit(c, &req);
+}
+
+enum MHD_Result serve_openai_submit(struct MHD_Connection *c, serve_request *req_in)
+{
+    serve_request req = *req_in;
+    memset(req_in, 0, sizeof *req_in);
+    serve_error err;
     serve_lock();
     bool no_outputs = req.want_url && !serve_outputs_dir();
     serve_unlock();
@@ -121,7 +130,7 @@ static enum MHD_Result job_delete(struct MHD_Connection *c, serve_job *j)
  * proxies from closing an idle stream. */
 typedef struct event_stream {
     serve_job *job;
-    unsigned seen;
+    unsigned seen, preview_seen;
     bool started, finished;
     serve_buf pending;
     size_t sent;
@@ -165,6 +174,15 @@ static void next_event(event_stream *es)
                          "event: step\ndata: {\"id\": \"%s\", \"step\": %d, \"steps\": %d, "
                          "\"image\": %d, \"images\": %d}\n\n",
                          j->id, j->step, j->steps, j->image_index, j->req.images);
+        if (j->preview_png && j->preview_version != es->preview_seen) {
+            serve_buf_printf(b,
+                             "event: preview\ndata: {\"id\": \"%s\", \"step\": %d, "
+                             "\"steps\": %d, \"image\": %d, \"b64_json\": \"",
+                             j->id, j->preview_step, j->steps, j->image_index);
+            serve_buf_base64(b, j->preview_png, j->preview_len);
+            serve_buf_puts(b, "\"}\n\n");
+            es->preview_seen = j->preview_version;
+        }
     }
     es->seen = j->version;
     es->started = true;

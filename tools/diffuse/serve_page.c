@@ -3,7 +3,8 @@
  *
  * Plain HTML, CSS and JavaScript in one string: nothing to build, nothing fetched from
  * elsewhere. It uses the jobs API: POST /v1/jobs, then the job's event stream drives the
- * progress bar and brings the image; Cancel is DELETE /v1/jobs/{id}. An API key, when the
+ * progress bar, shows the live previews (data-previews on #result counts them) and brings the
+ * image; Cancel is DELETE /v1/jobs/{id}. An API key, when the
  * server wants one, is typed once and kept in the browser's localStorage. The element ids
  * (prompt, generate, cancel, progress, result, ...) are what tests/server/clients.py drives.
  */
@@ -110,6 +111,10 @@ const char serve_page_html[] =
     "    $('progress').value = d.steps ? (d.image + d.step / d.steps) / d.images : 0;\n"
     "    status('step ' + d.step + '/' + d.steps + (d.images > 1 ? ', image ' + (d.image + 1) + "
     "'/' + d.images : '')); });\n"
+    "  source.addEventListener('preview', e => { const d = JSON.parse(e.data);\n"
+    "    $('result').src = 'data:image/png;base64,' + d.b64_json;\n"
+    "    $('result').dataset.previews = Number($('result').dataset.previews || 0) + 1;\n"
+    "    $('params').textContent = 'preview after step ' + d.step + '/' + d.steps; });\n"
     "  source.addEventListener('done', e => { const d = JSON.parse(e.data);\n"
     "    $('progress').value = 1; status('done');\n"
     "    for (const im of d.data) {\n"

@@ -10,6 +10,11 @@
  * unknown ones; fields that would change the image in a way diffuse cannot (hires fix) are
  * a 400 rather than silently dropped.
  *
+ * Pictures in (img2img's base64 init_images and mask, the edits form's files) are decoded
+ * here with the library's reader (df_image_decode: PNG or JPEG), so that a bad one is a 400
+ * naming its field before anything is queued. The edits form's text fields are turned into
+ * one JSON object and read by the generations parser, so both routes check them alike.
+ *
  * No I/O here: tests/fuzz/fuzz_serve_request.c runs arbitrary bytes through both parsers.
  */
 #include <stdarg.h>
@@ -50,6 +55,9 @@ void serve_request_deinit(serve_request *r)
     free(r->prompt);
     free(r->negative_prompt);
     free(r->model);
+    for (int i = 0; i < r->n_inputs; i++)
+        df_image_free(r->inputs[i]);
+    df_image_free(r->mask);
     memset(r, 0, sizeof *r);
 }
 
@@ -149,6 +157,86 @@ static int parse_guidance(const df_json *root, const char *key, serve_request *r
         return fail(err, 400, key, "'%s' must be in [0, 100], not %g", key, g);
     r->guidance = (float)g;
     r->guidance_set = true;
+    return 0;
+}
+
+/* ---- pictures in ------------------------------------------------------------------ */
+
+/* The picture in `field` from its file bytes: PNG or JPEG, no more pixels than the server
+ * makes. */
+static int decode_picture(const char *field, const void *data, size_t n, const serve_limits *lim,
+                          df_image **out, serve_error *err)
+{
+    if (n == 0)
+        return fail(err, 400, field, "'%s' is empty: expected a PNG or JPEG picture", field);
+    if (df_image_decode(data, n, field, out) != DF_OK)
+        return fail(err, 400, field, "'%s' is not a picture diffuse reads: %s", field,
+                    df_error_message());
+    int64_t px = (int64_t)(*out)->width * (*out)->height;
+    if (px > lim->max_pixels) {
+        int w = (*out)->width, h = (*out)->height;
+        df_image_free(*out);
+        *out = NULL;
+        return fail(err, 400, field,
+                    "'%s' is %dx%d, %lld pixels; this server takes at most %lld (--max-pixels)",
+                    field, w, h, (long long)px, (long long)lim->max_pixels);
+    }
+    return 0;
+}
+
+/* The picture in a base64 string (A1111 sends "data:image/png;base64,..." or bare base64). */
+static int decode_picture_b64(const char *field, const char *s, const serve_limits *lim,
+                              df_image **out, serve_error *err)
+{
+    const char *comma = strncmp(s, "data:", 5) == 0 ? strchr(s, ',') : NULL;
+    if (comma)
+        s = comma + 1;
+    size_t n = strlen(s);
+    uint8_t *bytes = malloc(n / 4 * 3 + 3);
+    if (!bytes)
+        return fail(err, 500, NULL, "out of memory");
+    int64_t len = serve_base64_decode(s, n, bytes);
+    int rc = len < 0 ? fail(err, 400, field, "'%s' is not base64", field)
+                     : decode_picture(field, bytes, (size_t)len, lim, out, err);
+    free(bytes);
+    return rc;
+}
+
+/* After the pictures are read: the output size defaults to the first picture's (whose
+ * sides must then be multiples of 16), and a mask has the first picture's size. */
+static int check_pictures(serve_request *r, const serve_limits *lim, const char *image_field,
+                          const char *size_field, serve_error *err)
+{
+    const df_image *first = r->inputs[0];
+    if (!r->width && !r->height && (first->width % 16 || first->height % 16))
+        return fail(err, 400, image_field,
+                    "'%s' is %dx%d; without a size its sides must be multiples of 16 (give %s)",
+                    image_field, first->width, first->height,
+                    size_field ? "'size'" : "'width' and 'height'");
+    if (!r->width && !r->height) {
+        r->width = first->width;
+        r->height = first->height;
+        int rc = check_size(r, lim, size_field, err);
+        if (rc)
+            return rc;
+    }
+    if (r->mask && (r->mask->width != first->width || r->mask->height != first->height))
+        return fail(err, 400, "mask", "'mask' is %dx%d but the picture is %dx%d: they must match",
+                    r->mask->width, r->mask->height, first->width, first->height);
+    return 0;
+}
+
+static int parse_strength(const df_json *root, const char *key, serve_request *r, serve_error *err)
+{
+    const df_json *j = df_json_get(root, key);
+    if (df_json_is_null(j))
+        return 0;
+    double v;
+    if (df_json_to_double(j, &v) != DF_OK)
+        return fail_json(err, key);
+    if (!(v > 0 && v <= 1))
+        return fail(err, 400, key, "'%s' must be in (0, 1], not %g", key, v);
+    r->strength = v;
     return 0;
 }
 
@@ -255,6 +343,60 @@ int serve_parse_a1111(const char *body, size_t len, const serve_limits *lim, ser
     return rc;
 }
 
+static int parse_img2img_fields(const df_json *root, const serve_limits *lim, serve_request *r,
+                                serve_error *err)
+{
+    int rc = parse_a1111_fields(root, lim, r, err);
+    if (rc)
+        return rc;
+    const df_json *init = df_json_get(root, "init_images");
+    if (df_json_type_of(init) != DF_JSON_ARRAY || df_json_array_size(init) < 1)
+        return fail(err, 400, "init_images",
+                    "'init_images' is required: a list of base64 PNG or JPEG pictures");
+    if (df_json_array_size(init) > SERVE_MAX_INPUT_IMAGES)
+        return fail(err, 400, "init_images", "'init_images' holds %d pictures; at most %d",
+                    (int)df_json_array_size(init), SERVE_MAX_INPUT_IMAGES);
+    for (int i = 0; i < (int)df_json_array_size(init); i++) {
+        const char *s;
+        if (df_json_to_string(df_json_array_get(init, i), &s) != DF_OK)
+            return fail(err, 400, "init_images", "'init_images'[%d] must be a base64 string", i);
+        if ((rc = decode_picture_b64("init_images", s, lim, &r->inputs[i], err)))
+            return rc;
+        r->n_inputs = i + 1;
+    }
+    r->strength = 0.75; /* A1111's default denoising_strength */
+    if ((rc = parse_strength(root, "denoising_strength", r, err)))
+        return rc;
+    const char *mask = NULL;
+    if ((rc = get_str(root, "mask", &mask, err)))
+        return rc;
+    if (mask && mask[0] && (rc = decode_picture_b64("mask", mask, lim, &r->mask, err)))
+        return rc;
+    const df_json *full = df_json_get(root, "inpaint_full_res");
+    bool only_masked = (df_json_type_of(full) == DF_JSON_BOOL && df_json_bool(full)) ||
+                       (df_json_type_of(full) == DF_JSON_NUMBER && df_json_number(full) != 0);
+    int64_t padding = 32; /* A1111's default */
+    if ((rc = get_int(root, "inpaint_full_res_padding", 0, 4096, &padding, err)))
+        return rc;
+    r->padding_mask_crop = r->mask && only_masked ? (int)padding : 0;
+    return check_pictures(r, lim, "init_images", NULL, err);
+}
+
+int serve_parse_a1111_img2img(const char *body, size_t len, const serve_limits *lim,
+                              serve_request *out, serve_error *err)
+{
+    memset(out, 0, sizeof *out);
+    df_json *root;
+    int rc = parse_root(body, len, &root, err);
+    if (rc)
+        return rc;
+    rc = parse_img2img_fields(root, lim, out, err);
+    df_json_free(root);
+    if (rc)
+        serve_request_deinit(out);
+    return rc;
+}
+
 static int parse_openai_fields(const df_json *root, const serve_limits *lim, serve_request *r,
                                serve_error *err)
 {
@@ -311,6 +453,108 @@ int serve_parse_openai(const char *body, size_t len, const serve_limits *lim, se
     if (rc)
         serve_request_deinit(out);
     return rc;
+}
+
+/* The form's text fields as one JSON object, so that they go through the generations
+ * parser: a numeric field whose value reads whole as a number is a number, anything else a
+ * string (whose type error then names the field). */
+static const char *const edit_numbers[] = {
+    "n", "seed", "steps", "guidance", "guidance_scale", "strength", NULL};
+
+static bool is_number_text(const char *s, size_t n)
+{
+    if (n == 0 || n > 64)
+        return false;
+    char tmp[65], *end;
+    memcpy(tmp, s, n);
+    tmp[n] = '\0';
+    strtod(tmp, &end);
+    return *end == '\0' && strspn(tmp, "0123456789+-.eE") == n;
+}
+
+static const char *const edit_files[] = {"image", "image[]", "mask", NULL};
+
+static int form_to_json(const serve_form *f, serve_buf *json, serve_error *err)
+{
+    serve_buf_puts(json, "{");
+    int fields = 0;
+    for (int i = 0; i < f->n; i++) {
+        const serve_form_part *p = &f->parts[i];
+        if (in_list(p->name, edit_files))
+            continue;
+        if (p->is_file)
+            return fail(err, 400, p->name, "'%s' must be a text field, not a file", p->name);
+        for (int k = 0; k < i; k++)
+            if (!strcmp(f->parts[k].name, p->name))
+                return fail(err, 400, p->name, "'%s' is given twice", p->name);
+        const char *v = p->data.data ? p->data.data : "";
+        if (memchr(v, '\0', p->data.len))
+            return fail(err, 400, p->name, "'%s' holds a NUL byte", p->name);
+        serve_buf_puts(json, fields++ ? ", " : "");
+        serve_buf_json_str(json, p->name);
+        serve_buf_puts(json, ": ");
+        if (in_list(p->name, edit_numbers) && is_number_text(v, p->data.len))
+            serve_buf_put(json, v, p->data.len);
+        else
+            serve_buf_json_str(json, v);
+    }
+    serve_buf_puts(json, "}");
+    return json->failed ? fail(err, 500, NULL, "out of memory") : 0;
+}
+
+static int parse_edit_fields(const serve_form *f, const df_json *root, const serve_limits *lim,
+                             serve_request *r, serve_error *err)
+{
+    int rc = parse_openai_fields(root, lim, r, err);
+    if (!rc)
+        rc = parse_strength(root, "strength", r, err);
+    for (int i = 0; !rc && i < f->n; i++) {
+        const serve_form_part *p = &f->parts[i];
+        bool mask = !strcmp(p->name, "mask");
+        if (!in_list(p->name, edit_files))
+            continue;
+        if (mask && r->mask)
+            return fail(err, 400, "mask", "'mask' is given twice");
+        if (!mask && r->n_inputs == SERVE_MAX_INPUT_IMAGES)
+            return fail(err, 400, "image", "more than %d pictures in 'image'",
+                        SERVE_MAX_INPUT_IMAGES);
+        df_image **slot = mask ? &r->mask : &r->inputs[r->n_inputs];
+        rc = decode_picture(mask ? "mask" : "image", p->data.data, p->data.len, lim, slot, err);
+        if (!rc && !mask)
+            r->n_inputs++;
+    }
+    if (!rc && r->n_inputs == 0)
+        rc = fail(err, 400, "image", "'image' is required: a PNG or JPEG file");
+    if (!rc)
+        rc = check_pictures(r, lim, "image", "size", err);
+    return rc;
+}
+
+int serve_parse_openai_edit(const serve_form *form, const serve_limits *lim, serve_request *out,
+                            serve_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (form->too_many)
+        return fail(err, 400, NULL, "the form has more than %d parts", SERVE_MAX_FORM_PARTS);
+    serve_buf json = {0};
+    int rc = form_to_json(form, &json, err);
+    df_json *root = NULL;
+    if (!rc)
+        rc = parse_root(json.data, json.len, &root, err);
+    serve_buf_free(&json);
+    if (!rc)
+        rc = parse_edit_fields(form, root, lim, out, err);
+    df_json_free(root);
+    if (rc)
+        serve_request_deinit(out);
+    return rc;
+}
+
+void serve_form_free(serve_form *f)
+{
+    for (int i = 0; i < f->n; i++)
+        serve_buf_free(&f->parts[i].data);
+    memset(f, 0, sizeof *f);
 }
 
 /* ---- text buffers ---------------------------------------------------------------- */

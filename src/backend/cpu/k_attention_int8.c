@@ -38,10 +38,9 @@ static size_t round64(size_t n)
 
 bool df_attn_i8_wanted(int requested, int64_t D)
 {
-    if (requested != DF_DTYPE_I8 || D < 1 || D > DF_ATTN_I8_MAX_D)
-        return false;
-    const char *env = getenv("DIFFUSE_INT8_ATTENTION");
-    return !(env && (strcmp(env, "0") == 0 || strcmp(env, "off") == 0));
+    /* DIFFUSE_INT8_ATTENTION=0 (or df_gen_params.int8_attention) made the op's compute f32
+     * when it was recorded (df_ctx_attention_compute) */
+    return requested == DF_DTYPE_I8 && D >= 1 && D <= DF_ATTN_I8_MAX_D;
 }
 
 static int64_t padded_d(int64_t D)

@@ -36,7 +36,8 @@ typedef struct df_attn_i8_k {
 #define DF_ATTN_I8_MAX_D 1024 /* head dimensions past this keep the f32 scores */
 
 /* Whether attention under `requested` compute with head dimension D takes its scores in
- * int8: int8 compute and 1 <= D <= DF_ATTN_I8_MAX_D, unless DIFFUSE_INT8_ATTENTION=0. */
+ * int8: int8 compute and 1 <= D <= DF_ATTN_I8_MAX_D, (an op recorded with int8 attention off
+ * carries f32). */
 bool df_attn_i8_wanted(int requested, int64_t D);
 
 /* Bytes of scratch for K's int8 form (a multiple of 64). */
