@@ -24,6 +24,9 @@ enum {
     DF_GGML_I32 = 26,  DF_GGML_I64 = 27,  DF_GGML_F64 = 28,  DF_GGML_BF16 = 30,
 };
 
+/* Not ggml types: fp8 weights kept as stored (df_view.block_type), one byte per value. */
+enum { DF_QBLOCK_F8_E4M3 = 0x100, DF_QBLOCK_F8_E5M2 = 0x101 };
+
 typedef struct df_qblock_info {
     const char *name; /* "Q4_K", "F16", ... */
     int block;        /* values per block */

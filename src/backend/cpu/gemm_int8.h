@@ -105,6 +105,43 @@ typedef struct df_i8_epilogue {
 df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
                      df_i8_path path);
 
+/*
+ * Weights kept in their file's compact form (gemm_int8_blocks.c): GGUF blocks (ggml types
+ * with a dequantiser in core/quant_blocks.c) or fp8 times a per-tensor scale. Nothing is
+ * kept besides the file's bytes: each product packs the weight into the int8 layout one
+ * block of DF_I8_NR channels at a time, in each thread's scratch, with group 32 (the whole
+ * k when 32 does not divide it):
+ * - Q8_0, Q4_0 and Q5_0 are symmetric int8 with one f16 scale per 32 values: their
+ *   integers and scales (widened to f32, exactly) are placed as they are, so the product
+ *   is the one of ggml's dequantised weights with no rounding of the weight;
+ * - every other type, and fp8, is dequantised a row at a time to f32 (ggml's values,
+ *   fp8's exact upcast times its scale) and quantized per group of 32 by the usual rule.
+ */
+typedef struct df_i8_blocks {
+    int64_t n, k;
+    uint32_t type;      /* ggml type id, or DF_QBLOCK_F8_E4M3 / _E5M2 */
+    float scale;        /* fp8: the tensor's scale (1 when it has none) */
+    const uint8_t *data; /* n rows of row_bytes */
+    size_t row_bytes;
+} df_i8_blocks;
+
+/* The weight of a view with block_type set: DF_E_UNSUPPORTED naming the type when there
+ * is no packer for it, DF_E_FORMAT when k is not whole blocks of it. */
+df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t n, int64_t k,
+                          df_i8_blocks *out);
+/* The packed weight's dimensions (kp, group, n_groups, n_blocks; no data), which the
+ * activations are quantized for. */
+df_i8_weight df_i8_blocks_shape(const df_i8_blocks *w);
+/* Bytes of one thread's scratch for packing a block. */
+size_t df_i8_blocks_scratch(const df_i8_weight *shape);
+/* Packs block b (channels b * DF_I8_NR ...) into *out, a one-block weight of `shape` whose
+ * arrays are placed in scratch (64-byte aligned, df_i8_blocks_scratch bytes). */
+void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape,
+                       void *scratch, df_i8_weight *out);
+/* out = epilogue(a w^T), packing w block by block on the calling thread's OpenMP team. */
+df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *w, const df_i8_epilogue *e,
+                            df_i8_path path);
+
 /* Whether this CPU can run `path`; the dispatched path; its name. */
 bool df_i8_path_available(df_i8_path path);
 df_i8_path df_i8_path_best(void);
