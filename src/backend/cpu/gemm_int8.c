@@ -382,8 +382,8 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
 
 /* --- dispatch and the driver ------------------------------------------------------------ */
 
-static const char *const path_names[DF_I8_PATH_COUNT] = {"auto", "portable", "avx-vnni",
-                                                         "avx512-vnni", "onednn"};
+static const char *const path_names[DF_I8_PATH_COUNT] = {"auto",     "portable",    "avx2",
+                                                         "avx-vnni", "avx512-vnni", "onednn"};
 
 const char *df_i8_path_name(df_i8_path path)
 {
@@ -396,6 +396,8 @@ bool df_i8_path_available(df_i8_path path)
     case DF_I8_PATH_AUTO:
     case DF_I8_PATH_PORTABLE:
         return true;
+    case DF_I8_PATH_AVX2:
+        return df_i8_tile_avx2_fn() != NULL;
     case DF_I8_PATH_AVX_VNNI:
         return df_i8_tile_avxvnni_fn() != NULL;
     case DF_I8_PATH_AVX512_VNNI:
@@ -447,6 +449,8 @@ static df_i8_path best_kernel(void)
         return DF_I8_PATH_AVX512_VNNI;
     if (df_i8_path_available(DF_I8_PATH_AVX_VNNI))
         return DF_I8_PATH_AVX_VNNI;
+    if (df_i8_path_available(DF_I8_PATH_AVX2))
+        return DF_I8_PATH_AVX2;
     return DF_I8_PATH_PORTABLE;
 }
 
@@ -496,6 +500,7 @@ static df_i8_tile_fn tile_for(df_i8_path path)
         path = best_kernel();
     return path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
            : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
+           : path == DF_I8_PATH_AVX2      ? df_i8_tile_avx2_fn()
                                           : df_i8_tile_portable;
 }
 
@@ -568,9 +573,7 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         path = best_kernel();
     if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group)
         return gemm_onednn(a, (df_i8_weight *)w, e); /* adds its form to w: see the header */
-    df_i8_tile_fn fn = path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
-                       : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
-                                                      : df_i8_tile_portable;
+    df_i8_tile_fn fn = tile_for(path);
     if (!fn)
         return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
                          df_i8_path_name(path));

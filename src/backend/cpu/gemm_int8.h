@@ -16,13 +16,15 @@
  *   activations are stored shifted by +128 and each group's accumulator starts at
  *   -128 * (the group's weight column sum), which cancels the shift exactly);
  * - avx-vnni: the same on 256-bit registers (VEX AVX-VNNI, or EVEX AVX512-VNNI + VL);
+ * - avx2: CPUs without VNNI (vpmaddubsw on the activations taken back to signed, which
+ *   reaches the same integers; see gemm_int8_x86.c);
  * - portable: plain C, for any CPU.
  * - onednn: oneDNN's u8 x s8 matmul (AMX-INT8 where the CPU has it), for whole-k groups
  *   only (oneDNN 2.6 scales per output channel, not per group); it agrees with the others
  *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
  * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
- * groups on AMX CPUs, else the VNNI kernels, else portable); DIFFUSE_INT8_PATH=
- * portable|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
+ * groups on AMX CPUs, else the VNNI kernels, else AVX2, else portable); DIFFUSE_INT8_PATH=
+ * portable|avx2|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
  */
 #ifndef DF_BACKEND_CPU_GEMM_INT8_H
 #define DF_BACKEND_CPU_GEMM_INT8_H
@@ -38,6 +40,7 @@
 typedef enum df_i8_path {
     DF_I8_PATH_AUTO,
     DF_I8_PATH_PORTABLE,
+    DF_I8_PATH_AVX2,
     DF_I8_PATH_AVX_VNNI,
     DF_I8_PATH_AVX512_VNNI,
     DF_I8_PATH_ONEDNN,
