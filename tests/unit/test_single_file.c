@@ -19,6 +19,7 @@
 
 #include "core/alloc.h"
 #include "models/names.h"
+#include "models/residency.h"
 #include "models/single_file.h"
 #include "unit/io_files.h"
 
@@ -329,6 +330,72 @@ static void test_compact_residency(void **state)
     }
 }
 
+/* A forward of the tiny FLUX.1 on fixed inputs, into out (n floats). */
+static void forward(df_ctx *ctx, df_flux *m, float *out, size_t n)
+{
+    const df_flux_cfg *c = df_flux_config(m);
+    int64_t s_img = 16, s_txt = 8;
+    float *buf = malloc((size_t)(s_img * c->joint_attention_dim * 2) * sizeof *buf);
+    for (int64_t i = 0; i < s_img * c->joint_attention_dim * 2; i++)
+        buf[i] = (float)((i * 7919) % 201 - 100) / 100.0f;
+    float ids[16 * 3] = {0}, tids[8 * 3] = {0};
+    for (int i = 0; i < 16; i++)
+        ids[i * 3 + 1] = (float)(i / 4), ids[i * 3 + 2] = (float)(i % 4);
+    df_scope mark = df_scope_begin(ctx);
+    df_flux_inputs in = {
+        .hidden_states = df_tensor_from_host(ctx, DF_DTYPE_F32,
+                                             (int64_t[]){1, s_img, c->in_channels}, 3, buf),
+        .encoder_hidden_states = df_tensor_from_host(
+            ctx, DF_DTYPE_F32, (int64_t[]){1, s_txt, c->joint_attention_dim}, 3, buf),
+        .pooled_projections = df_tensor_from_host(
+            ctx, DF_DTYPE_F32, (int64_t[]){1, c->pooled_projection_dim}, 2, buf),
+        .timestep = df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 0.5),
+        .img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_img, 3}, 2, ids),
+        .txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_txt, 3}, 2, tids),
+        .guidance = c->guidance_embeds ? df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 3.5)
+                                       : NULL,
+    };
+    df_tensor *o = df_flux_forward(ctx, m, &in);
+    assert_non_null(o);
+    assert_int_equal(df_tensor_numel(o), (int64_t)n);
+    assert_int_equal(df_tensor_read(ctx, o, DF_DTYPE_F32, out, n * sizeof *out), DF_OK);
+    df_scope_end(ctx, mark, NULL);
+    free(buf);
+}
+
+/* Offloading a compact model (its pages given back, then read again) gives the same
+ * output bit for bit, and the resident weight bytes fall to zero and come back. */
+static void test_compact_offload(void **state)
+{
+    (void)state;
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = DF_DTYPE_I8}, &ctx),
+                     DF_OK);
+    df_flux *m = NULL;
+    assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf",
+                                       &m),
+                     DF_OK);
+    size_t n = 16 * (size_t)df_flux_config(m)->out_channels;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    forward(ctx, m, a, n);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    int64_t resident = st.resident_weight_bytes;
+    df_weight_set *ws = df_flux_weight_set(m);
+    assert_int_equal(df_ws_release(ws, NULL), DF_OK);
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.resident_weight_bytes, 0);
+    df_ws_acquire(ws, NULL);
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.resident_weight_bytes, resident);
+    forward(ctx, m, b, n);
+    assert_memory_equal(a, b, n * sizeof *a);
+    free(a);
+    free(b);
+    df_flux_free(m);
+    df_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -337,6 +404,7 @@ int main(void)
         cmocka_unit_test(test_rows_that_do_not_split),
         cmocka_unit_test(test_load_out_of_memory_sweep),
         cmocka_unit_test(test_compact_residency),
+        cmocka_unit_test(test_compact_offload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
