@@ -3,10 +3,11 @@
  * GGUF blocks of every type diffuse dequantises, and fp8 with a scale, packed block by
  * block as the product runs.
  *
- * - Q8_0, Q4_0, Q5_0 are exact: the product equals, to f32 rounding, the float64 product of
- *   the quantized activations with ggml's dequantised weights (no rounding of the weight),
- *   and Q8_0 gives bit for bit the product of a weight packed from its integers and scales
- *   (df_i8_weight_from_plain, the saved-int8 path).
+ * - Q8_0, Q4_0, Q5_0 (groups of 32) and Q3_K, Q6_K (groups of 16) are exact: the product
+ *   equals, to f32 rounding, the float64 product of the quantized activations with ggml's
+ *   dequantised weights (no rounding of the weight), and Q8_0 gives bit for bit the product
+ *   of a weight packed from its integers and scales (df_i8_weight_from_plain, the
+ *   saved-int8 path).
  * - The other types and fp8 are requantized per group of 32: within the int8 bound of the
  *   float64 product of the unquantized operands.
  * Random blocks (scales set to finite values), ragged n (a partial block of channels), every
@@ -144,7 +145,8 @@ static const uint32_t types[] = {DF_GGML_Q8_0, DF_GGML_Q4_0, DF_GGML_Q5_0, DF_GG
 
 static bool exact_type(uint32_t t)
 {
-    return t == DF_GGML_Q8_0 || t == DF_GGML_Q4_0 || t == DF_GGML_Q5_0;
+    return t == DF_GGML_Q8_0 || t == DF_GGML_Q4_0 || t == DF_GGML_Q5_0 || t == DF_GGML_Q3_K ||
+           t == DF_GGML_Q6_K;
 }
 
 static void test_gguf_types(void **state)
@@ -163,7 +165,8 @@ static void test_gguf_types(void **state)
         df_i8_blocks w;
         assert_int_equal(df_i8_blocks_of(data, types[t], 1.0f, n, k, &w), DF_OK);
         assert_int_equal((int64_t)w.row_bytes, (int64_t)row_bytes);
-        assert_int_equal(df_i8_blocks_shape(&w).group, 32);
+        bool runs16 = types[t] == DF_GGML_Q3_K || types[t] == DF_GGML_Q6_K;
+        assert_int_equal(df_i8_blocks_shape(&w).group, runs16 ? 16 : 32);
         run first = {0};
         for (int p = DF_I8_PATH_PORTABLE; p < DF_I8_PATH_COUNT; p++) {
             if (!df_i8_path_available((df_i8_path)p))
@@ -200,6 +203,41 @@ static void test_gguf_types(void **state)
         free(data);
     }
     free(x);
+}
+
+/* df_qblock_ints: the integers times their run's scale, multiplied in f32, are ggml's
+ * dequantised values bit for bit (Q6_K too: ggml's d * sc * q rounds the same product). */
+static void test_block_integers(void **state)
+{
+    (void)state;
+    const uint32_t runs[] = {DF_GGML_Q8_0, DF_GGML_Q4_0, DF_GGML_Q5_0, DF_GGML_Q3_K,
+                             DF_GGML_Q6_K};
+    for (int t = 0; t < 5; t++) {
+        const df_qblock_info *info = df_qblock_info_of(runs[t]);
+        int64_t nb = 8, n = nb * info->block, run = df_qblock_run(runs[t]);
+        size_t row_bytes;
+        uint8_t *data = random_blocks(runs[t], 1, n, &row_bytes);
+        float *y = malloc((size_t)n * sizeof *y), work[256], *sc = malloc((size_t)(n / run) * 4);
+        int8_t *q = malloc((size_t)n);
+        assert_int_equal(df_qblock_dequant(runs[t], data, nb, y), DF_OK);
+        assert_int_equal(df_qblock_ints(runs[t], data, nb, work, q, sc), DF_OK);
+        for (int64_t i = 0; i < n; i++) {
+            float v = sc[i / run] * (float)q[i];
+            if (v != y[i])
+                fail_msg("%s value %lld: %d x %g = %g, ggml's %g", info->name, (long long)i, q[i],
+                         sc[i / run], v, y[i]);
+        }
+        free(q);
+        free(sc);
+        free(y);
+        free(data);
+    }
+    float work[256];
+    int8_t q[256];
+    float sc[16];
+    uint8_t block[144] = {0};
+    assert_int_equal(df_qblock_ints(DF_GGML_Q4_K, block, 1, work, q, sc), DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "Q4_K"));
 }
 
 /* Q8_0 packed block by block is the saved-int8 weight of the same integers and scales. */
@@ -293,6 +331,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gguf_types),
+        cmocka_unit_test(test_block_integers),
         cmocka_unit_test(test_q8_0_is_the_int8_layout),
         cmocka_unit_test(test_fp8),
         cmocka_unit_test(test_unsupported_types_are_named),

@@ -112,13 +112,14 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
  * Weights kept in their file's compact form (gemm_int8_blocks.c): GGUF blocks (ggml types
  * with a dequantiser in core/quant_blocks.c) or fp8 times a per-tensor scale. Nothing is
  * kept besides the file's bytes: each product packs the weight into the int8 layout one
- * block of DF_I8_NR channels at a time, in each thread's scratch, with group 32 (the whole
- * k when 32 does not divide it):
- * - Q8_0, Q4_0 and Q5_0 are symmetric int8 with one f16 scale per 32 values: their
- *   integers and scales (widened to f32, exactly) are placed as they are, so the product
- *   is the one of ggml's dequantised weights with no rounding of the weight;
+ * block of DF_I8_NR channels at a time, in each thread's scratch:
+ * - Q8_0, Q4_0, Q5_0 (integers times one scale per 32 values) and Q3_K, Q6_K (per 16)
+ *   take that run as the group: their integers and scales (widened to f32, exactly) are
+ *   placed as they are, so the product is the one of ggml's dequantised weights with no
+ *   rounding of the weight;
  * - every other type, and fp8, is dequantised a row at a time to f32 (ggml's values,
- *   fp8's exact upcast times its scale) and quantized per group of 32 by the usual rule.
+ *   fp8's exact upcast times its scale) and quantized per group of 32 (the whole k when
+ *   32 does not divide it) by the usual rule.
  */
 typedef struct df_i8_blocks {
     int64_t n, k;

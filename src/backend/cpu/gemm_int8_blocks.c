@@ -3,18 +3,17 @@
  * DF_I8_NR channels at a time as the product reads them (gemm_int8.h, df_i8_blocks).
  *
  * Choices:
- * - The group is 32, the block of Q8_0, Q4_0 and Q5_0: those three are symmetric integers
- *   times one f16 scale per 32 values, so their integers go into the layout as they are
- *   and their scales are widened to f32 (exact). Q8_0 is read straight from its blocks;
- *   Q4_0 and Q5_0 through core/quant_blocks.c's dequantiser, whose every value is the
- *   integer times the scale, exactly, so dividing by the scale gives the integer back.
- * - Every other type (Q4_1, Q5_1, the K-quants) and fp8 are dequantised a row at a time to
- *   f32, ggml's exact values (fp8: the exact upcast times the tensor's scale, rounded once
- *   to f32), and quantized per group by df_i8_quantize_channel, as a float weight would
- *   be on load. Their offsets (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) and 16-value sub-block
- *   scales (Q3_K, Q6_K) do not fit one symmetric scale per 32 values.
- * - A row's dequantised values are written into the thread's scratch, never a whole
- *   tensor.
+ * - Types that are small integers times one scale per run of values (core/quant_blocks.h,
+ *   df_qblock_run: Q8_0, Q4_0, Q5_0 per 32, Q3_K and Q6_K per 16) take their run as the
+ *   group: their integers go into the layout as they are, their scales widened to f32
+ *   (exact), so the product is the one of ggml's weights with no rounding of the weight
+ *   (Q6_K: of the exact d * sc * q, which ggml rounds to f32 once more). Q8_0's integers
+ *   are read straight from its blocks.
+ * - Every other type (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K: an offset per run, which a symmetric
+ *   scale cannot hold) and fp8 are dequantised a row at a time to f32, ggml's values (fp8:
+ *   the exact upcast times the tensor's scale, rounded once to f32), and quantized per group
+ *   of 32 by df_i8_quantize_channel, as a float weight is on load.
+ * - A row's values are written into the thread's scratch, never a whole tensor.
  */
 #include <math.h>
 #include <string.h>
@@ -37,11 +36,6 @@ static bool is_fp8(uint32_t type)
     return type == DF_QBLOCK_F8_E4M3 || type == DF_QBLOCK_F8_E5M2;
 }
 
-/* Types whose blocks are int8-exact with one f16 scale per 32 values at their start. */
-static bool is_exact(uint32_t type)
-{
-    return type == DF_GGML_Q8_0 || type == DF_GGML_Q4_0 || type == DF_GGML_Q5_0;
-}
 
 df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t n, int64_t k,
                           df_i8_blocks *out)
@@ -73,10 +67,17 @@ df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t 
     return DF_OK;
 }
 
+/* The group of a type: its run where it has one, else 32. */
+static int64_t group_of(uint32_t type)
+{
+    int run = is_fp8(type) ? 0 : df_qblock_run(type);
+    return run ? run : GROUP;
+}
+
 df_i8_weight df_i8_blocks_shape(const df_i8_blocks *w)
 {
     df_i8_weight s = {.n = w->n, .k = w->k};
-    s.group = df_i8_group_for(w->k, GROUP);
+    s.group = df_i8_group_for(w->k, group_of(w->type));
     s.kp = (w->k + s.group - 1) / s.group * s.group;
     s.n_groups = s.kp / s.group;
     s.n_blocks = (w->n + DF_I8_NR - 1) / DF_I8_NR;
@@ -107,36 +108,12 @@ size_t df_i8_blocks_scratch(const df_i8_weight *shape)
     return layout_of(shape).bytes;
 }
 
-static float f16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return df_f16_to_f32(h);
-}
-
-/* One channel of an exact type: its integers and the f32 widening of its scales. */
-static void exact_channel(const df_i8_blocks *w, const uint8_t *src, float *row, int8_t *q,
+/* One channel of a type with runs: its integers and the f32 widening of its scales. */
+static void exact_channel(const df_i8_blocks *w, const uint8_t *src, float *work, int8_t *q,
                           float *scale)
 {
     const df_qblock_info *info = df_qblock_info_of(w->type);
-    int64_t blocks = w->k / GROUP;
-    if (w->type == DF_GGML_Q8_0) {
-        for (int64_t g = 0; g < blocks; g++) {
-            const uint8_t *b = src + g * info->bytes;
-            scale[g] = f16_at(b);
-            memcpy(q + g * GROUP, b + 2, GROUP);
-        }
-        return;
-    }
-    df_qblock_dequant(w->type, src, blocks, row); /* cannot fail: checked by _of */
-    for (int64_t g = 0; g < blocks; g++) {
-        float d = f16_at(src + g * info->bytes);
-        scale[g] = d;
-        for (int i = 0; i < GROUP; i++) {
-            float v = d != 0.0f ? row[g * GROUP + i] / d : 0.0f;
-            q[g * GROUP + i] = (int8_t)(v >= -128.0f && v <= 127.0f ? v : 0.0f);
-        }
-    }
+    df_qblock_ints(w->type, src, w->k / info->block, work, q, scale); /* checked by _of */
 }
 
 /* One channel of any other type: dequantised to f32, then quantized per group. */
@@ -172,7 +149,7 @@ void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *sha
     float *row = (float *)(mem + l.row);
     int8_t *q = (int8_t *)(mem + l.qrow);
     float *scale = (float *)(mem + l.rscale);
-    bool exact = is_exact(w->type) && shape->group == GROUP;
+    bool exact = !is_fp8(w->type) && shape->group == df_qblock_run(w->type);
     for (int c = 0; c < DF_I8_NR && b * DF_I8_NR + c < w->n; c++) {
         const uint8_t *src = w->data + (size_t)(b * DF_I8_NR + c) * w->row_bytes;
         if (exact)
