@@ -359,8 +359,10 @@ df_status df_qblock_ints(uint32_t type, const void *src, int64_t nblocks, float 
     int run = df_qblock_run(type);
     const df_qblock_info *info = df_qblock_info_of(type);
     if (!run)
-        return df_errorf(DF_E_UNSUPPORTED, "ggml type %s (%u) is not integers times one scale "
-                         "per run of values", info ? info->name : "unknown", type);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "ggml type %s (%u) is not integers times one scale "
+                         "per run of values",
+                         info ? info->name : "unknown", type);
     const uint8_t *b = src;
     int runs = info->block / run;
     for (int64_t i = 0; i < nblocks; i++, b += info->bytes) {

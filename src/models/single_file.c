@@ -393,7 +393,8 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
     float scale;
     if (stays_compact(sf, ctx, name, ndim, &src, &info, &scale)) {
         size_t row_bytes = info.shape[0] ? info.nbytes / (size_t)info.shape[0] : 0;
-        const uint8_t *p = (const uint8_t *)info.data + (size_t)(src.part[0][0] * block) * row_bytes;
+        const uint8_t *p =
+            (const uint8_t *)info.data + (size_t)(src.part[0][0] * block) * row_bytes;
         *bytes = (size_t)rows * row_bytes;
         *out = df_tensor_wrap_blocks(ctx, rows, info.shape[1], p, *bytes, info.block_type, scale);
         *data = p;

@@ -198,8 +198,8 @@ static void test_paths_agree(void **state)
             assert_int_equal(df_i8_force_path(DF_I8_PATH_AUTO), DF_OK);
             for (int64_t j = 0; j < a.n_out; j++)
                 if (plain[j] != fast[j]) {
-                    print_error("case %zu: element %lld: portable %.9g, %s %.9g\n", i,
-                                (long long)j, plain[j], df_i8_path_name(paths[p]), fast[j]);
+                    print_error("case %zu: element %lld: portable %.9g, %s %.9g\n", i, (long long)j,
+                                plain[j], df_i8_path_name(paths[p]), fast[j]);
                     fail();
                 }
             free(plain), free(fast);

@@ -46,16 +46,16 @@ static float uniform(void) /* [-1, 1) */
 static void put_f16(uint8_t *p, float v)
 {
     /* a small normal f16: sign, exponent 8..14 (2^-7 .. 2^-1), 10 random mantissa bits */
-    uint16_t h = (uint16_t)((v < 0 ? 0x8000u : 0) | ((8u + next_u32() % 7) << 10) |
-                            (next_u32() & 0x3ffu));
+    uint16_t h =
+        (uint16_t)((v < 0 ? 0x8000u : 0) | ((8u + next_u32() % 7) << 10) | (next_u32() & 0x3ffu));
     memcpy(p, &h, 2);
 }
 
 /* Where each type keeps its f16 scales (byte offsets in a block; -1 ends the list). */
 static const int *scale_fields(uint32_t type)
 {
-    static const int at0[] = {0, -1}, at01[] = {0, 2, -1}, q2k[] = {80, 82, -1},
-                     q3k[] = {108, -1}, q6k[] = {208, -1};
+    static const int at0[] = {0, -1}, at01[] = {0, 2, -1}, q2k[] = {80, 82, -1}, q3k[] = {108, -1},
+                     q6k[] = {208, -1};
     switch (type) {
     case DF_GGML_Q4_1:
     case DF_GGML_Q5_1:
@@ -210,8 +210,7 @@ static void test_gguf_types(void **state)
 static void test_block_integers(void **state)
 {
     (void)state;
-    const uint32_t runs[] = {DF_GGML_Q8_0, DF_GGML_Q4_0, DF_GGML_Q5_0, DF_GGML_Q3_K,
-                             DF_GGML_Q6_K};
+    const uint32_t runs[] = {DF_GGML_Q8_0, DF_GGML_Q4_0, DF_GGML_Q5_0, DF_GGML_Q3_K, DF_GGML_Q6_K};
     for (int t = 0; t < 5; t++) {
         const df_qblock_info *info = df_qblock_info_of(runs[t]);
         int64_t nb = 8, n = nb * info->block, run = df_qblock_run(runs[t]);

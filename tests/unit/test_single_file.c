@@ -198,8 +198,7 @@ static void test_rows_that_do_not_split(void **state)
 static void sweep(const char *file, df_dtype compute)
 {
     df_ctx *ctx;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = compute}, &ctx),
-                     DF_OK);
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = compute}, &ctx), DF_OK);
     df_flux *m = NULL;
     assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, file, &m), DF_OK); /* warm caches */
     df_flux_free(m);
@@ -241,7 +240,7 @@ static void test_load_out_of_memory_sweep(void **state)
  * precision: the embedders and the final layer (models/quant_policy.c). */
 static bool kept_layer(const char *name)
 {
-    static const char *const kept[] = {"img_in.",     "txt_in.",      "time_in.",
+    static const char *const kept[] = {"img_in.",    "txt_in.",      "time_in.",
                                        "vector_in.", "guidance_in.", "final_layer."};
     const char *p = strncmp(name, "model.diffusion_model.", 22) == 0 ? name + 22 : name;
     for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
@@ -287,7 +286,8 @@ static void test_compact_residency(void **state)
                 df_gguf_tensor t;
                 assert_int_equal(df_gguf_at(g, i, &t), DF_OK);
                 bool q = t.type != 0 && t.type != 1 && t.type != 30; /* F32, F16, BF16 */
-                int64_t r = expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
+                int64_t r =
+                    expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
                 expect += r;
                 compact += q && r == (int64_t)t.nbytes ? r : 0;
             }
@@ -299,7 +299,8 @@ static void test_compact_residency(void **state)
                 df_tensor_info t;
                 assert_int_equal(df_weights_at(w, i, &t), DF_OK);
                 bool q = strncmp(t.dtype_name, "F8_", 3) == 0;
-                int64_t r = expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
+                int64_t r =
+                    expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
                 expect += r;
                 compact += q && r == (int64_t)t.nbytes ? r : 0;
             }
@@ -343,17 +344,16 @@ static void forward(df_ctx *ctx, df_flux *m, float *out, size_t n)
         ids[i * 3 + 1] = (float)(i / 4), ids[i * 3 + 2] = (float)(i % 4);
     df_scope mark = df_scope_begin(ctx);
     df_flux_inputs in = {
-        .hidden_states = df_tensor_from_host(ctx, DF_DTYPE_F32,
-                                             (int64_t[]){1, s_img, c->in_channels}, 3, buf),
+        .hidden_states =
+            df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){1, s_img, c->in_channels}, 3, buf),
         .encoder_hidden_states = df_tensor_from_host(
             ctx, DF_DTYPE_F32, (int64_t[]){1, s_txt, c->joint_attention_dim}, 3, buf),
-        .pooled_projections = df_tensor_from_host(
-            ctx, DF_DTYPE_F32, (int64_t[]){1, c->pooled_projection_dim}, 2, buf),
+        .pooled_projections = df_tensor_from_host(ctx, DF_DTYPE_F32,
+                                                  (int64_t[]){1, c->pooled_projection_dim}, 2, buf),
         .timestep = df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 0.5),
         .img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_img, 3}, 2, ids),
         .txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_txt, 3}, 2, tids),
-        .guidance = c->guidance_embeds ? df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 3.5)
-                                       : NULL,
+        .guidance = c->guidance_embeds ? df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 3.5) : NULL,
     };
     df_tensor *o = df_flux_forward(ctx, m, &in);
     assert_non_null(o);
@@ -372,9 +372,9 @@ static void test_compact_offload(void **state)
     assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = DF_DTYPE_I8}, &ctx),
                      DF_OK);
     df_flux *m = NULL;
-    assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf",
-                                       &m),
-                     DF_OK);
+    assert_int_equal(
+        df_flux_load_file(ctx, FLUX_CONFIG, CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf", &m),
+        DF_OK);
     size_t n = 16 * (size_t)df_flux_config(m)->out_channels;
     float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
     forward(ctx, m, a, n);

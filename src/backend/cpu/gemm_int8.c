@@ -94,7 +94,7 @@ static int quantize_one(float x, float inv)
 
 /* One channel: row (f32, kp values, zero past k) into q (kp values) and its group scales. */
 void df_i8_quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
-                             float *scale)
+                            float *scale)
 {
     for (int64_t g = 0; g < n_groups; g++) {
         const float *x = row + g * group;
@@ -557,8 +557,7 @@ df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *src, const d
         df_aligned_free(mem);
     }
     if (failed)
-        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of packing scratch",
-                         scratch);
+        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of packing scratch", scratch);
     return DF_OK;
 }
 

@@ -123,8 +123,8 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
  */
 typedef struct df_i8_blocks {
     int64_t n, k;
-    uint32_t type;      /* ggml type id, or DF_QBLOCK_F8_E4M3 / _E5M2 */
-    float scale;        /* fp8: the tensor's scale (1 when it has none) */
+    uint32_t type;       /* ggml type id, or DF_QBLOCK_F8_E4M3 / _E5M2 */
+    float scale;         /* fp8: the tensor's scale (1 when it has none) */
     const uint8_t *data; /* n rows of row_bytes */
     size_t row_bytes;
 } df_i8_blocks;
@@ -140,8 +140,8 @@ df_i8_weight df_i8_blocks_shape(const df_i8_blocks *w);
 size_t df_i8_blocks_scratch(const df_i8_weight *shape);
 /* Packs block b (channels b * DF_I8_NR ...) into *out, a one-block weight of `shape` whose
  * arrays are placed in scratch (64-byte aligned, df_i8_blocks_scratch bytes). */
-void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape,
-                       void *scratch, df_i8_weight *out);
+void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape, void *scratch,
+                       df_i8_weight *out);
 /* out = epilogue(a w^T), packing w block by block on the calling thread's OpenMP team. */
 df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *w, const df_i8_epilogue *e,
                             df_i8_path path);

@@ -36,7 +36,6 @@ static bool is_fp8(uint32_t type)
     return type == DF_QBLOCK_F8_E4M3 || type == DF_QBLOCK_F8_E5M2;
 }
 
-
 df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t n, int64_t k,
                           df_i8_blocks *out)
 {
@@ -58,12 +57,8 @@ df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t 
                              q->name, (long long)k, q->block);
         row_bytes = (size_t)(k / q->block) * (size_t)q->bytes;
     }
-    *out = (df_i8_blocks){.n = n,
-                          .k = k,
-                          .type = type,
-                          .scale = scale,
-                          .data = data,
-                          .row_bytes = row_bytes};
+    *out = (df_i8_blocks){
+        .n = n, .k = k, .type = type, .scale = scale, .data = data, .row_bytes = row_bytes};
     return DF_OK;
 }
 
@@ -134,8 +129,8 @@ static void requantized_channel(const df_i8_blocks *w, const df_i8_weight *s, co
     df_i8_quantize_channel(row, s->group, s->n_groups, q, scale);
 }
 
-void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape,
-                       void *scratch, df_i8_weight *out)
+void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape, void *scratch,
+                       df_i8_weight *out)
 {
     scratch_layout l = layout_of(shape);
     char *mem = scratch;

@@ -235,9 +235,10 @@ scores_avx512vnni(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int
  * time: |k| (u8) times (u - 128) with k's sign, pairs into s16 (at most 2 x 128 x 127),
  * then into each key's int32 lane. That is the VNNI kernels' corr + sum of u k, so the
  * same integer and then the same f32 operations: the same scores bit for bit. */
-__attribute__((target("avx2,fma"))) static void
-scores_avx2(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t bh, int64_t mq,
-            int64_t j0, int64_t nk, float *s, int64_t lds)
+__attribute__((target("avx2,fma"))) static void scores_avx2(const df_attn_i8_k *k8,
+                                                            const uint8_t *u, const float *qs,
+                                                            int64_t bh, int64_t mq, int64_t j0,
+                                                            int64_t nk, float *s, int64_t lds)
 {
     int64_t Dp = k8->Dp, quads = Dp / 4, keys = k8->n_blk * NR;
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
@@ -271,7 +272,8 @@ scores_avx2(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t b
                 float row[NR];
                 __m256 sq = _mm256_set1_ps(qs[r0 + r]);
                 for (int c = 0; c < 4; c++) {
-                    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][c]), _mm256_loadu_ps(ks + 8 * c));
+                    __m256 f =
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][c]), _mm256_loadu_ps(ks + 8 * c));
                     _mm256_storeu_ps(row + 8 * c, _mm256_mul_ps(f, sq));
                 }
                 memcpy(s + (r0 + r) * lds + jb, row, (size_t)cols * sizeof(float));
