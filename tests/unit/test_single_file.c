@@ -286,8 +286,8 @@ static void test_compact_residency(void **state)
                 df_gguf_tensor t;
                 assert_int_equal(df_gguf_at(g, i, &t), DF_OK);
                 bool q = t.type != 0 && t.type != 1 && t.type != 30; /* F32, F16, BF16 */
-                int64_t r =
-                    expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
+                int64_t k = t.ndim ? t.shape[t.ndim - 1] : 1;
+                int64_t r = expected_resident(t.name, q, t.ndim, k, t.numel, t.nbytes);
                 expect += r;
                 compact += q && r == (int64_t)t.nbytes ? r : 0;
             }
@@ -299,8 +299,8 @@ static void test_compact_residency(void **state)
                 df_tensor_info t;
                 assert_int_equal(df_weights_at(w, i, &t), DF_OK);
                 bool q = strncmp(t.dtype_name, "F8_", 3) == 0;
-                int64_t r =
-                    expected_resident(t.name, q, t.ndim, t.shape[t.ndim - 1], t.numel, t.nbytes);
+                int64_t k = t.ndim ? t.shape[t.ndim - 1] : 1;
+                int64_t r = expected_resident(t.name, q, t.ndim, k, t.numel, t.nbytes);
                 expect += r;
                 compact += q && r == (int64_t)t.nbytes ? r : 0;
             }

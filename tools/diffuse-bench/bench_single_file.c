@@ -136,21 +136,23 @@ int bench_single_file(const bench_opts *o)
     }
     if (bad)
         fprintf(stderr, "single-file: forward: %s\n", df_error_message());
-    char shape[128], extra[256];
+    df_stats after;
+    df_ctx_stats(ctx, &after);
+    char shape[128], extra[320];
     snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " %s", s_img, s_txt,
              file ? file : "folder");
     snprintf(extra, sizeof extra,
              ",\"load_s\":%.3f,\"rss_after_load\":%" PRId64 ",\"load_rss_rise\":%" PRId64
              ",\"model_bytes\":%" PRId64 ",\"resident_weight_bytes\":%" PRId64
-             ",\"peak_rss\":%" PRId64,
+             ",\"peak_bytes\":%" PRId64 ",\"peak_rss\":%" PRId64,
              load_s, rss1, rss1 - rss0, df_flux_weight_bytes(m), stats.resident_weight_bytes,
-             proc_status_bytes("VmHWM:"));
+             after.peak_bytes, proc_status_bytes("VmHWM:"));
     if (!o->json)
         printf("load %.3f s, RSS after load %.1f MiB (+%.1f MiB), model %.1f MiB, resident "
-               "weights %.1f MiB, step %.3f s, peak RSS %.1f MiB\n",
+               "weights %.1f MiB, step %.3f s, peak tensors %.1f MiB, peak RSS %.1f MiB\n",
                load_s, rss1 / 1048576.0, (rss1 - rss0) / 1048576.0,
                df_flux_weight_bytes(m) / 1048576.0, stats.resident_weight_bytes / 1048576.0, best,
-               proc_status_bytes("VmHWM:") / 1048576.0);
+               after.peak_bytes / 1048576.0, proc_status_bytes("VmHWM:") / 1048576.0);
     bench_report(o, "single-file", shape, threads, df_dtype_name(dtype), "eager", best * 1e3, 0,
                  0, 0, extra);
     df_flux_free(m);
