@@ -14,6 +14,11 @@
  * one tensor at a time.) The
  * pages of a tensor read this way are given back after the read, so the resident set holds
  * the weights once, not the file's bytes beside them.
+ *
+ * Under int8 compute, a layer that int8 quantizes and whose weight is fp8 or a GGUF block
+ * type is not read at all: one block of its rows is wrapped as an I8 tensor over the
+ * file's bytes (df_tensor_wrap_blocks), which the int8 products pack as they run, so its
+ * resident bytes are the file's (docs/int8.md).
  */
 #include "models/single_file.h"
 
@@ -21,9 +26,8 @@
 #include <string.h>
 
 #include <diffuse/gguf.h>
-#include <diffuse/weights.h>
-
 #include <diffuse/quantize.h>
+#include <diffuse/weights.h>
 
 #include "core/alloc.h"
 #include "core/quant_blocks.h"
