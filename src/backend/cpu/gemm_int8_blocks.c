@@ -140,7 +140,8 @@ void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *sha
     out->scale = (float *)(mem + l.scale);
     out->corr = (int32_t *)(mem + l.corr);
     out->dnnl = NULL;
-    memset(mem, 0, l.row); /* channels past n: zero values, scales and sums */
+    if ((b + 1) * DF_I8_NR > w->n) /* channels past n: zero values, scales and sums */
+        memset(mem, 0, l.row);
     float *row = (float *)(mem + l.row);
     int8_t *q = (int8_t *)(mem + l.qrow);
     float *scale = (float *)(mem + l.rscale);
