@@ -1,6 +1,7 @@
 # File formats (docs/io.md): the reference cases of tests/cases made by tools/refgen/ —
 # FLUX.1 transformers from single files (ComfyUI fp8, city96 GGUF Q8_0 / Q4_K) through the
-# name maps, run by diffuse-check in every mode and with bf16 and int8 compute. The
+# name maps, run by diffuse-check in every mode and with bf16 and int8 compute (int8 in
+# every mode too: its GGUF and fp8 weights stay in the file's bytes). The
 # dequantisation and fp8 cases (gguf-dequant, fp8-safetensors) are read by
 # tests/unit/test_gguf.c and test_fp8.c.
 set(DF_CASES_DIR ${CMAKE_SOURCE_DIR}/tests/cases)
@@ -15,6 +16,12 @@ foreach(case ${DF_FORMAT_CASES})
     add_test(NAME formats/${dtype}/${case}
              COMMAND diffuse-check --dtype ${dtype} --threads 2 ${DF_CASES_DIR}/${case})
     set_tests_properties(formats/${dtype}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+  # int8 keeps the GGUF / fp8 weights in the file's bytes, packed in each product: every mode
+  foreach(mode fuse compile blocks)
+    add_test(NAME formats/int8-${mode}/${case}
+             COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2 ${DF_CASES_DIR}/${case})
+    set_tests_properties(formats/int8-${mode}/${case} PROPERTIES TIMEOUT 600)
   endforeach()
 endforeach()
 

@@ -264,6 +264,8 @@ void df_gview_lower(const df_gview *v, df_view *out)
         out->scale_offset = 0;
         out->scale_groups = 0;
     }
+    out->block_type = st->block_type;
+    out->block_scale = st->block_scale;
 }
 
 void df_gnode_lower(const df_gnode *n, df_node *out)

@@ -40,7 +40,7 @@
 #include <diffuse/dtype.h>
 #include <diffuse/status.h>
 
-#define DF_DEVICE_ABI_VERSION 4
+#define DF_DEVICE_ABI_VERSION 5
 #define DF_DEVICE_MAX_DIMS 6 /* = DF_MAX_DIMS of the public API */
 #define DF_NODE_MAX_IN 5
 
@@ -217,6 +217,12 @@ typedef struct df_view {
     df_dev_buffer *scale_buf;
     uint64_t scale_offset;
     int64_t scale_groups;
+    /* An I8 [rows, k] weight kept in a compact file format: the buffer holds the file's
+     * bytes (GGUF blocks of ggml type block_type along k, or fp8 times block_scale when
+     * block_type is 0x100 (e4m3) or 0x101 (e5m2)), not int8 values. 0 otherwise. A
+     * backend without a kernel for it fails the launch with DF_E_UNSUPPORTED. */
+    uint32_t block_type;
+    float block_scale;
 } df_view;
 
 /* One op: its inputs, its output and its attributes (ops.def says what each op's slots

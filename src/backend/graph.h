@@ -55,6 +55,8 @@ typedef struct df_storage {
     struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
     uint64_t i8_scale_offset;
     int64_t i8_groups;
+    uint32_t block_type; /* an I8 weight in a compact file format (df_view.block_type) */
+    float block_scale;
     struct df_storage *base; /* the storage whose buffer this one is a part of (a concat's
                                part that the planner has its producer write in place):
                                held until this one is freed */

@@ -20,6 +20,7 @@
  */
 #include "core/quant_blocks.h"
 
+#include <math.h>
 #include <string.h>
 
 #include <diffuse/dtype.h>
@@ -144,16 +145,22 @@ static void q2_k(const uint8_t *b, float *y)
 
 /* Q3_K: 2 low bits in qs, the third (inverted: a set bit means no -4) in hmask; 16 signed
  * 6-bit scales packed as four low nibbles... see the table in the gguf package. */
-static void q3_k(const uint8_t *b, float *y)
+static void q3_k_scales(const uint8_t *b, int8_t scales[16])
 {
-    const uint8_t *hm = b, *q = b + 32, *sc = b + 96;
-    float d_all = half(b + 108);
-    int8_t scales[16];
+    const uint8_t *sc = b + 96;
     for (int i = 0; i < 16; i++) {
         int low = i < 8 ? sc[i] & 0x0f : sc[i - 8] >> 4;
         int high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
         scales[i] = (int8_t)((low | high << 4) - 32);
     }
+}
+
+static void q3_k(const uint8_t *b, float *y)
+{
+    const uint8_t *hm = b, *q = b + 32;
+    float d_all = half(b + 108);
+    int8_t scales[16];
+    q3_k_scales(b, scales);
     int is = 0;
     uint8_t m = 1;
     for (int n = 0; n < QK_K; n += 128) {
@@ -308,5 +315,69 @@ df_status df_qblock_dequant(uint32_t type, const void *src, int64_t nblocks, flo
     }
     for (int64_t i = 0; i < nblocks; i++)
         one(b + (size_t)i * (size_t)info->bytes, dst + i * info->block);
+    return DF_OK;
+}
+
+int df_qblock_run(uint32_t type)
+{
+    switch (type) {
+    case DF_GGML_Q8_0:
+    case DF_GGML_Q4_0:
+    case DF_GGML_Q5_0:
+        return 32;
+    case DF_GGML_Q3_K:
+    case DF_GGML_Q6_K:
+        return 16;
+    default:
+        return 0;
+    }
+}
+
+/* The scale of each run of one block (Q3_K, Q6_K: value i is in run i / 16, the order in
+ * which q3_k and q6_k walk their scales). */
+static void run_scales(uint32_t type, const uint8_t *b, float *scale)
+{
+    if (type == DF_GGML_Q3_K) {
+        int8_t sc[16];
+        q3_k_scales(b, sc);
+        float d = half(b + 108);
+        for (int i = 0; i < 16; i++)
+            scale[i] = d * (float)sc[i];
+    } else if (type == DF_GGML_Q6_K) {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        float d = half(b + 208);
+        for (int i = 0; i < 16; i++)
+            scale[i] = d * (float)sc[i];
+    } else { /* Q8_0, Q4_0, Q5_0: the block's f16 scale comes first */
+        scale[0] = half(b);
+    }
+}
+
+df_status df_qblock_ints(uint32_t type, const void *src, int64_t nblocks, float *work, int8_t *q,
+                         float *scale)
+{
+    int run = df_qblock_run(type);
+    const df_qblock_info *info = df_qblock_info_of(type);
+    if (!run)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "ggml type %s (%u) is not integers times one scale "
+                         "per run of values",
+                         info ? info->name : "unknown", type);
+    const uint8_t *b = src;
+    int runs = info->block / run;
+    for (int64_t i = 0; i < nblocks; i++, b += info->bytes) {
+        float *sc = scale + i * runs;
+        int8_t *qi = q + i * info->block;
+        run_scales(type, b, sc);
+        if (type == DF_GGML_Q8_0) {
+            memcpy(qi, b + 2, 32);
+            continue;
+        }
+        DF_TRY(df_qblock_dequant(type, b, 1, work));
+        for (int j = 0; j < info->block; j++) { /* y / s is the integer (Q6_K: within 2^-24) */
+            float s = sc[j / run], v = s != 0.0f ? work[j] / s : 0.0f;
+            qi[j] = (int8_t)(v >= -128.0f && v <= 127.0f ? nearbyintf(v) : 0.0f);
+        }
+    }
     return DF_OK;
 }

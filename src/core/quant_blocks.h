@@ -24,6 +24,9 @@ enum {
     DF_GGML_I32 = 26,  DF_GGML_I64 = 27,  DF_GGML_F64 = 28,  DF_GGML_BF16 = 30,
 };
 
+/* Not ggml types: fp8 weights kept as stored (df_view.block_type), one byte per value. */
+enum { DF_QBLOCK_F8_E4M3 = 0x100, DF_QBLOCK_F8_E5M2 = 0x101 };
+
 typedef struct df_qblock_info {
     const char *name; /* "Q4_K", "F16", ... */
     int block;        /* values per block */
@@ -40,5 +43,20 @@ const df_qblock_info *df_qblock_info_of(uint32_t type);
  * dequantiser here; nothing is written then.
  */
 df_status df_qblock_dequant(uint32_t type, const void *src, int64_t nblocks, float *dst);
+
+/*
+ * Types whose values are small integers times one scale per run of `run` consecutive values
+ * (Q8_0, Q4_0, Q5_0: runs of 32, the block; Q3_K, Q6_K: runs of 16): the run, else 0.
+ */
+int df_qblock_run(uint32_t type);
+
+/*
+ * The integers (nblocks * block of them, in [-128, 127]) and run scales (nblocks * block /
+ * run, f32) of whole blocks of such a type; `work` holds one block of floats. scale * q is
+ * ggml's value exactly, except Q6_K's, which ggml rounds to f32 once more (d * sc * q).
+ * DF_E_UNSUPPORTED for any other type.
+ */
+df_status df_qblock_ints(uint32_t type, const void *src, int64_t nblocks, float *work, int8_t *q,
+                         float *scale);
 
 #endif

@@ -14,6 +14,11 @@
  * one tensor at a time.) The
  * pages of a tensor read this way are given back after the read, so the resident set holds
  * the weights once, not the file's bytes beside them.
+ *
+ * Under int8 compute, a layer that int8 quantizes and whose weight is fp8 or a GGUF block
+ * type is not read at all: one block of its rows is wrapped as an I8 tensor over the
+ * file's bytes (df_tensor_wrap_blocks), which the int8 products pack as they run, so its
+ * resident bytes are the file's (docs/int8.md).
  */
 #include "models/single_file.h"
 
@@ -21,11 +26,14 @@
 #include <string.h>
 
 #include <diffuse/gguf.h>
+#include <diffuse/quantize.h>
 #include <diffuse/weights.h>
 
 #include "core/alloc.h"
+#include "core/quant_blocks.h"
 #include "core/status.h"
 #include "io/path.h"
+#include "runtime/runtime.h"
 
 struct df_single_file {
     char component[64];
@@ -43,9 +51,11 @@ typedef struct src_info {
     int ndim;
     int64_t shape[DF_SAFETENSORS_MAX_DIMS];
     int64_t numel;
+    size_t nbytes;          /* stored bytes */
     df_dtype dtype;         /* stored float dtype when usable as is, else DF_DTYPE_COUNT */
     const char *dtype_name; /* the file's spelling */
     bool upcast;            /* fp8 or a GGUF block type: read as the compute dtype */
+    uint32_t block_type;    /* its df_view.block_type when kept compact (ggml id, fp8) */
     size_t elem_size;       /* stored bytes per element when dtype is set */
     const void *data;
 } src_info;
@@ -65,6 +75,7 @@ static df_status reader_at(const df_single_file *sf, int64_t i, src_info *out)
         out->ndim = t.ndim;
         memcpy(out->shape, t.shape, sizeof t.shape);
         out->numel = t.numel;
+        out->nbytes = t.nbytes;
         out->dtype_name = t.type_name;
         out->data = t.data;
         out->dtype = strcmp(t.type_name, "F32") == 0    ? DF_DTYPE_F32
@@ -73,6 +84,7 @@ static df_status reader_at(const df_single_file *sf, int64_t i, src_info *out)
                                                         : DF_DTYPE_COUNT;
         out->elem_size = out->dtype == DF_DTYPE_COUNT ? 0 : df_dtype_size(out->dtype);
         out->upcast = out->dtype == DF_DTYPE_COUNT && t.readable;
+        out->block_type = out->upcast ? t.type : 0;
         return DF_OK;
     }
     df_tensor_info t;
@@ -81,12 +93,16 @@ static df_status reader_at(const df_single_file *sf, int64_t i, src_info *out)
     out->ndim = t.ndim;
     memcpy(out->shape, t.shape, sizeof t.shape);
     out->numel = t.numel;
+    out->nbytes = t.nbytes;
     out->dtype_name = t.dtype_name;
     out->data = t.data;
     bool fl = t.dtype == DF_DTYPE_F32 || t.dtype == DF_DTYPE_BF16 || t.dtype == DF_DTYPE_F16;
     out->dtype = fl ? t.dtype : DF_DTYPE_COUNT;
     out->elem_size = t.elem_size;
     out->upcast = strcmp(t.dtype_name, "F8_E4M3") == 0 || strcmp(t.dtype_name, "F8_E5M2") == 0;
+    out->block_type = !out->upcast                           ? 0
+                      : strcmp(t.dtype_name, "F8_E4M3") == 0 ? DF_QBLOCK_F8_E4M3
+                                                             : DF_QBLOCK_F8_E5M2;
     return DF_OK;
 }
 
@@ -250,23 +266,55 @@ static df_status read_rows(const df_single_file *sf, const src_info *info, int64
     return df_weights_read_rows(sf->st, info->name, r0, r1, as, dst, bytes);
 }
 
-/* An fp8 weight's scale is read with it (safetensors_read.c): mark it bound too. */
-static void mark_scale_used(df_single_file *sf, const char *name)
+/* The index of an fp8 weight's scale tensor (safetensors_read.c's names), or -1. */
+static int64_t scale_index(const df_single_file *sf, const char *name, src_info *info)
 {
     char buf[300];
     size_t n = strlen(name);
-    src_info info;
     int64_t i = -1;
     if (n > 7 && n < 250 && strcmp(name + n - 7, ".weight") == 0) {
         snprintf(buf, sizeof buf, "%.*s.scale_weight", (int)(n - 7), name);
-        i = index_of(sf, buf, &info);
+        i = index_of(sf, buf, info);
     }
     if (i < 0 && n < 250) {
         snprintf(buf, sizeof buf, "%s_scale", name);
-        i = index_of(sf, buf, &info);
+        i = index_of(sf, buf, info);
     }
+    return i;
+}
+
+/* An fp8 weight's scale is read with it (safetensors_read.c): mark it bound too. */
+static void mark_scale_used(df_single_file *sf, const char *name)
+{
+    src_info info;
+    int64_t i = scale_index(sf, name, &info);
     if (i >= 0)
         sf->used[i] = 1;
+}
+
+/*
+ * Whether diffusers tensor `name` stays in the file's bytes (int8 compute only): a weight
+ * the int8 policy quantizes, one block of rows of a GGUF block type the int8 products can
+ * pack, or of fp8 with no scale or one for the whole tensor (*scale receives it). Anything
+ * else is upcast on load.
+ */
+static bool stays_compact(df_single_file *sf, df_ctx *ctx, const char *name, int ndim,
+                          const df_name_src *src, const src_info *info, float *scale)
+{
+    *scale = 1.0f;
+    if (!info->block_type || src->n != 1 || ndim != 2 || info->ndim != 2 ||
+        df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || !df_dev_has(ctx->dev, DF_CAP_INT8) ||
+        !df_int8_quantizes(sf->component, name, ndim))
+        return false;
+    if (sf->gguf) {
+        const df_qblock_info *q = df_qblock_info_of(info->block_type);
+        return q && q->dequant && q->block > 1 && info->shape[1] % q->block == 0;
+    }
+    src_info sc;
+    if (scale_index(sf, info->name, &sc) < 0)
+        return true;
+    return sc.numel == 1 &&
+           df_weights_read(sf->st, sc.name, DF_DTYPE_F32, scale, sizeof *scale) == DF_OK;
 }
 
 /*
@@ -346,6 +394,16 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
     if (info.upcast && !sf->gguf)
         mark_scale_used(sf, src.name);
 
+    float scale;
+    if (stays_compact(sf, ctx, name, ndim, &src, &info, &scale)) {
+        size_t row_bytes = info.shape[0] ? info.nbytes / (size_t)info.shape[0] : 0;
+        const uint8_t *p =
+            (const uint8_t *)info.data + (size_t)(src.part[0][0] * block) * row_bytes;
+        *bytes = (size_t)rows * row_bytes;
+        *out = df_tensor_wrap_blocks(ctx, rows, info.shape[1], p, *bytes, info.block_type, scale);
+        *data = p;
+        return *out ? DF_OK : df_ctx_status(ctx);
+    }
     if (src.n == 1 && info.dtype != DF_DTYPE_COUNT) {
         const uint8_t *p =
             (const uint8_t *)info.data + (size_t)(src.part[0][0] * block * row) * info.elem_size;

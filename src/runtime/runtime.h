@@ -81,6 +81,12 @@ df_status df_ctx_raise(df_ctx *ctx);
  * current scope. NULL (and the context failed) when out of memory. */
 df_tensor *df_handle_new(df_ctx *ctx, const df_gview *v);
 
+/* A weight [rows, k] over host bytes in a compact file format (GGUF blocks of ggml type
+ * block_type, or fp8 times block_scale; see df_view.block_type): an I8 tensor whose
+ * storage is the `bytes` at `data`, not int8 values. Only int8 products read it. */
+df_tensor *df_tensor_wrap_blocks(df_ctx *ctx, int64_t rows, int64_t k, const void *data,
+                                 size_t bytes, uint32_t block_type, float block_scale);
+
 /* Builds a node's output (dense, n->out.dtype/ndim/shape already set), retains its inputs
  * and gives the node to the executor. Returns the output handle. */
 df_tensor *df_emit(df_ctx *ctx, df_gnode *n);

@@ -178,6 +178,24 @@ df_tensor *df_tensor_wrap(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int
     return new_dense(ctx, "tensor_wrap", dtype, shape, ndim, data);
 }
 
+df_tensor *df_tensor_wrap_blocks(df_ctx *ctx, int64_t rows, int64_t k, const void *data,
+                                 size_t bytes, uint32_t block_type, float block_scale)
+{
+    if (ctx->status != DF_OK)
+        return NULL;
+    if (!data || rows < 0 || k < 1 || block_type == 0)
+        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "tensor_wrap_blocks: invalid arguments"));
+    df_gview v = {.dtype = DF_DTYPE_I8, .ndim = 2, .shape = {rows, k}};
+    dense_strides(&v);
+    df_status s = df_storage_host(ctx->dev, (void *)data, bytes, &v.st);
+    if (s != DF_OK)
+        return df_ctx_fail(ctx, df_error_context(s, "tensor_wrap_blocks"));
+    v.st->is_weight = true;
+    v.st->block_type = block_type;
+    v.st->block_scale = block_scale;
+    return df_handle_new(ctx, &v);
+}
+
 df_tensor *df_full(df_ctx *ctx, df_dtype dtype, const int64_t *shape, int ndim, double value)
 {
     if (ctx->status != DF_OK)

@@ -292,8 +292,9 @@ static void test_forcing_a_path(void **state)
     }
     assert_int_equal(df_i8_force_path(DF_I8_PATH_AUTO), DF_OK);
     assert_int_not_equal(df_i8_path_best(), DF_I8_PATH_AUTO);
-    print_message("int8 paths on this CPU:%s%s%s%s; dispatched: %s\n",
+    print_message("int8 paths on this CPU:%s%s%s%s%s; dispatched: %s\n",
                   df_i8_path_available(DF_I8_PATH_PORTABLE) ? " portable" : "",
+                  df_i8_path_available(DF_I8_PATH_AVX2) ? " avx2" : "",
                   df_i8_path_available(DF_I8_PATH_AVX_VNNI) ? " avx-vnni" : "",
                   df_i8_path_available(DF_I8_PATH_AVX512_VNNI) ? " avx512-vnni" : "",
                   df_i8_path_available(DF_I8_PATH_ONEDNN) ? " onednn" : "",

@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 
 #include "core/alloc.h"
 #include "models/names.h"
+#include "models/residency.h"
 #include "models/single_file.h"
 #include "unit/io_files.h"
 
@@ -191,11 +193,12 @@ static void test_rows_that_do_not_split(void **state)
 #define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
 
 /* Every allocation of a single-file load fails in turn (a GGUF with Q8_0 blocks, and an
- * fp8 ComfyUI file with its halves swapped): DF_E_OOM each time, and nothing leaks. */
-static void sweep(const char *file)
+ * fp8 ComfyUI file with its halves swapped; in f32, and in int8 where they stay compact):
+ * DF_E_OOM each time, and nothing leaks. */
+static void sweep(const char *file, df_dtype compute)
 {
     df_ctx *ctx;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = compute}, &ctx), DF_OK);
     df_flux *m = NULL;
     assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, file, &m), DF_OK); /* warm caches */
     df_flux_free(m);
@@ -226,8 +229,171 @@ static void sweep(const char *file)
 static void test_load_out_of_memory_sweep(void **state)
 {
     (void)state;
-    sweep(CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf");
-    sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors");
+    sweep(CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf", DF_DTYPE_F32);
+    sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors", DF_DTYPE_F32);
+    /* int8: the quantized weights stay in the file's bytes */
+    sweep(CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf", DF_DTYPE_I8);
+    sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors", DF_DTYPE_I8);
+}
+
+/* True for a FLUX.1 layer (original names) that the int8 policy keeps in higher
+ * precision: the embedders and the final layer (models/quant_policy.c). */
+static bool kept_layer(const char *name)
+{
+    static const char *const kept[] = {"img_in.",    "txt_in.",      "time_in.",
+                                       "vector_in.", "guidance_in.", "final_layer."};
+    const char *p = strncmp(name, "model.diffusion_model.", 22) == 0 ? name + 22 : name;
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        if (strncmp(p, kept[i], strlen(kept[i])) == 0)
+            return true;
+    return false;
+}
+
+/* What a tensor of the file should hold resident under int8 compute: its own bytes when it
+ * stays in the file's form (a quantized or fp8 2-D weight of a quantized layer) or is a
+ * float tensor the int8 policy keeps (wrapped, or read as it is), 2 bytes a value when a
+ * kept layer's quantized weight is upcast to bf16, the 8-bit form of a float weight
+ * quantized on load, nothing for an fp8 scale (read into its weight). */
+static int64_t expected_resident(const char *name, bool quantized, int ndim, int64_t k,
+                                 int64_t numel, size_t nbytes)
+{
+    size_t n = strlen(name);
+    if (n > 13 && strcmp(name + n - 13, ".scale_weight") == 0)
+        return 0;
+    bool int8 = ndim == 2 && !kept_layer(name) && strcmp(name + n - 7, ".weight") == 0;
+    if (!quantized && int8) /* a float weight quantized on load: df_quant_bind's size */
+        return numel + numel / k * df_int8_weight_groups(k, df_int8_default_group()) * 8;
+    if (!quantized)
+        return (int64_t)nbytes;
+    return int8 ? (int64_t)nbytes : 2 * numel;
+}
+
+/* Under int8 compute, GGUF block types and fp8 weights stay in the file's bytes: the
+ * resident weight bytes after loading are those of the file's tensors (plus the kept
+ * layers' bf16 upcast), not of a bf16 copy. */
+static void test_compact_residency(void **state)
+{
+    (void)state;
+    const char *files[] = {CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf",
+                           CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf",
+                           CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors"};
+    for (int f = 0; f < 3; f++) {
+        int64_t expect = 0, compact = 0;
+        if (strstr(files[f], ".gguf")) {
+            df_gguf *g;
+            assert_int_equal(df_gguf_open(files[f], &g), DF_OK);
+            for (int64_t i = 0; i < df_gguf_count(g); i++) {
+                df_gguf_tensor t;
+                assert_int_equal(df_gguf_at(g, i, &t), DF_OK);
+                bool q = t.type != 0 && t.type != 1 && t.type != 30; /* F32, F16, BF16 */
+                int64_t k = t.ndim ? t.shape[t.ndim - 1] : 1;
+                int64_t r = expected_resident(t.name, q, t.ndim, k, t.numel, t.nbytes);
+                expect += r;
+                compact += q && r == (int64_t)t.nbytes ? r : 0;
+            }
+            df_gguf_free(g);
+        } else {
+            df_weights *w;
+            assert_int_equal(df_weights_open(files[f], &w), DF_OK);
+            for (int64_t i = 0; i < df_weights_count(w); i++) {
+                df_tensor_info t;
+                assert_int_equal(df_weights_at(w, i, &t), DF_OK);
+                bool q = strncmp(t.dtype_name, "F8_", 3) == 0;
+                int64_t k = t.ndim ? t.shape[t.ndim - 1] : 1;
+                int64_t r = expected_resident(t.name, q, t.ndim, k, t.numel, t.nbytes);
+                expect += r;
+                compact += q && r == (int64_t)t.nbytes ? r : 0;
+            }
+            df_weights_free(w);
+        }
+        print_message("%s: %lld of %lld bytes compact\n", files[f], (long long)compact,
+                      (long long)expect);
+        assert_true(compact > expect / 4);
+        df_ctx *ctx;
+        assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = DF_DTYPE_I8}, &ctx),
+                         DF_OK);
+        df_flux *m = NULL;
+        assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, files[f], &m), DF_OK);
+        df_stats st;
+        df_ctx_stats(ctx, &st);
+        if (st.resident_weight_bytes != expect)
+            fail_msg("%s: %lld resident weight bytes under int8, expected %lld", files[f],
+                     (long long)st.resident_weight_bytes, (long long)expect);
+        df_flux_free(m);
+        /* in f32 the same file is upcast: 4 bytes a value */
+        df_ctx_free(ctx);
+        assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+        assert_int_equal(df_flux_load_file(ctx, FLUX_CONFIG, files[f], &m), DF_OK);
+        df_ctx_stats(ctx, &st);
+        assert_true(st.resident_weight_bytes > expect);
+        df_flux_free(m);
+        df_ctx_free(ctx);
+    }
+}
+
+/* A forward of the tiny FLUX.1 on fixed inputs, into out (n floats). */
+static void forward(df_ctx *ctx, df_flux *m, float *out, size_t n)
+{
+    const df_flux_cfg *c = df_flux_config(m);
+    int64_t s_img = 16, s_txt = 8;
+    float *buf = malloc((size_t)(s_img * c->joint_attention_dim * 2) * sizeof *buf);
+    for (int64_t i = 0; i < s_img * c->joint_attention_dim * 2; i++)
+        buf[i] = (float)((i * 7919) % 201 - 100) / 100.0f;
+    float ids[16 * 3] = {0}, tids[8 * 3] = {0};
+    for (int i = 0; i < 16; i++)
+        ids[i * 3 + 1] = (float)(i / 4), ids[i * 3 + 2] = (float)(i % 4);
+    df_scope mark = df_scope_begin(ctx);
+    df_flux_inputs in = {
+        .hidden_states =
+            df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){1, s_img, c->in_channels}, 3, buf),
+        .encoder_hidden_states = df_tensor_from_host(
+            ctx, DF_DTYPE_F32, (int64_t[]){1, s_txt, c->joint_attention_dim}, 3, buf),
+        .pooled_projections = df_tensor_from_host(ctx, DF_DTYPE_F32,
+                                                  (int64_t[]){1, c->pooled_projection_dim}, 2, buf),
+        .timestep = df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 0.5),
+        .img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_img, 3}, 2, ids),
+        .txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, (int64_t[]){s_txt, 3}, 2, tids),
+        .guidance = c->guidance_embeds ? df_full(ctx, DF_DTYPE_F32, (int64_t[]){1}, 1, 3.5) : NULL,
+    };
+    df_tensor *o = df_flux_forward(ctx, m, &in);
+    assert_non_null(o);
+    assert_int_equal(df_tensor_numel(o), (int64_t)n);
+    assert_int_equal(df_tensor_read(ctx, o, DF_DTYPE_F32, out, n * sizeof *out), DF_OK);
+    df_scope_end(ctx, mark, NULL);
+    free(buf);
+}
+
+/* Offloading a compact model (its pages given back, then read again) gives the same
+ * output bit for bit, and the resident weight bytes fall to zero and come back. */
+static void test_compact_offload(void **state)
+{
+    (void)state;
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = DF_DTYPE_I8}, &ctx),
+                     DF_OK);
+    df_flux *m = NULL;
+    assert_int_equal(
+        df_flux_load_file(ctx, FLUX_CONFIG, CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf", &m),
+        DF_OK);
+    size_t n = 16 * (size_t)df_flux_config(m)->out_channels;
+    float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    forward(ctx, m, a, n);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    int64_t resident = st.resident_weight_bytes;
+    df_weight_set *ws = df_flux_weight_set(m);
+    assert_int_equal(df_ws_release(ws, NULL), DF_OK);
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.resident_weight_bytes, 0);
+    df_ws_acquire(ws, NULL);
+    df_ctx_stats(ctx, &st);
+    assert_int_equal(st.resident_weight_bytes, resident);
+    forward(ctx, m, b, n);
+    assert_memory_equal(a, b, n * sizeof *a);
+    free(a);
+    free(b);
+    df_flux_free(m);
+    df_ctx_free(ctx);
 }
 
 int main(void)
@@ -237,6 +403,8 @@ int main(void)
         cmocka_unit_test(test_bind_views_and_swaps),
         cmocka_unit_test(test_rows_that_do_not_split),
         cmocka_unit_test(test_load_out_of_memory_sweep),
+        cmocka_unit_test(test_compact_residency),
+        cmocka_unit_test(test_compact_offload),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,13 +2,15 @@
  * Workload "single-file": loading a FLUX.1 transformer from one file (df_flux_load_file)
  * or a diffusers folder, and its step time.
  *
- *     diffuse-bench single-file CONFIG_DIR [FILE] [--tokens IMG TXT]
+ *     diffuse-bench single-file CONFIG_DIR [FILE] [--tokens IMG TXT] [--runs N]
  *
  * CONFIG_DIR is the transformer folder (config.json, and the weights when FILE is absent).
  * Prints the load time, the process's resident memory after loading (VmRSS, and its rise
- * over the load), the bytes the model holds, then one warm-up forward and the best of two
- * timed forwards at IMG image + TXT text tokens (default 256 + 512, a 256x256 image), and
- * the peak resident memory of the process (VmHWM). One file per process, so that peaks do
+ * over the load), the bytes the model holds and its resident weight bytes (df_stats), then
+ * one warm-up forward and the best of N - 1 timed forwards (N = --runs, default 3; with
+ * --runs 1 the one forward is timed, warm-up included) at IMG image + TXT text tokens
+ * (default 256 + 512, a 256x256 image), and the peak resident memory of the process
+ * (VmHWM). One file per process, so that peaks do
  * not mix: tools/refgen/flux_bench_files.py writes the files for docs/io.md's table.
  */
 #include <inttypes.h>
@@ -65,8 +67,12 @@ int bench_single_file(const bench_opts *o)
 {
     const char *dir = NULL, *file = NULL;
     int64_t s_img = 256, s_txt = 512;
+    int runs = 3;
     for (int i = 0; i < o->argc; i++) {
-        if (strcmp(o->argv[i], "--tokens") == 0 && i + 2 < o->argc) {
+        if (strcmp(o->argv[i], "--runs") == 0 && i + 1 < o->argc) {
+            runs = atoi(o->argv[++i]);
+            runs = runs < 1 ? 1 : runs;
+        } else if (strcmp(o->argv[i], "--tokens") == 0 && i + 2 < o->argc) {
             s_img = atoll(o->argv[++i]);
             s_txt = atoll(o->argv[++i]);
         } else if (!dir) {
@@ -76,7 +82,7 @@ int bench_single_file(const bench_opts *o)
         }
     }
     if (!dir) {
-        fprintf(stderr, "single-file: usage: CONFIG_DIR [FILE] [--tokens IMG TXT]\n");
+        fprintf(stderr, "single-file: usage: CONFIG_DIR [FILE] [--tokens IMG TXT] [--runs N]\n");
         return 2;
     }
     df_dtype dtype = DF_DTYPE_BF16;
@@ -103,6 +109,8 @@ int bench_single_file(const bench_opts *o)
         return 1;
     }
     int64_t rss1 = proc_status_bytes("VmRSS:");
+    df_stats stats;
+    df_ctx_stats(ctx, &stats);
     const df_flux_cfg *c = df_flux_config(m);
     df_flux_inputs in = {
         .hidden_states = filled(ctx, 1, s_img, c->in_channels, 3, 1),
@@ -116,30 +124,35 @@ int bench_single_file(const bench_opts *o)
     };
     double best = 0;
     int bad = 0;
-    for (int r = 0; r < 3 && !bad; r++) { /* run 0 warms up (packs weights, faults pages) */
+    for (int r = 0; r < runs && !bad; r++) { /* run 0 warms up (packs weights, faults pages) */
         df_scope mark = df_scope_begin(ctx);
         double t = bench_now();
         df_tensor *out = df_flux_forward(ctx, m, &in);
         bad = !out || df_sync(ctx) != DF_OK;
         t = bench_now() - t;
         df_scope_end(ctx, mark, NULL);
-        if (r == 1 || (r > 1 && t < best))
+        if (runs == 1 || r == 1 || (r > 1 && t < best))
             best = t;
     }
     if (bad)
         fprintf(stderr, "single-file: forward: %s\n", df_error_message());
-    char shape[128], extra[256];
+    df_stats after;
+    df_ctx_stats(ctx, &after);
+    char shape[128], extra[320];
     snprintf(shape, sizeof shape, "%" PRId64 "+%" PRId64 " %s", s_img, s_txt,
              file ? file : "folder");
     snprintf(extra, sizeof extra,
              ",\"load_s\":%.3f,\"rss_after_load\":%" PRId64 ",\"load_rss_rise\":%" PRId64
-             ",\"model_bytes\":%" PRId64 ",\"peak_rss\":%" PRId64,
-             load_s, rss1, rss1 - rss0, df_flux_weight_bytes(m), proc_status_bytes("VmHWM:"));
+             ",\"model_bytes\":%" PRId64 ",\"resident_weight_bytes\":%" PRId64
+             ",\"peak_bytes\":%" PRId64 ",\"peak_rss\":%" PRId64,
+             load_s, rss1, rss1 - rss0, df_flux_weight_bytes(m), stats.resident_weight_bytes,
+             after.peak_bytes, proc_status_bytes("VmHWM:"));
     if (!o->json)
-        printf("load %.3f s, RSS after load %.1f MiB (+%.1f MiB), model %.1f MiB, step %.3f s, "
-               "peak RSS %.1f MiB\n",
+        printf("load %.3f s, RSS after load %.1f MiB (+%.1f MiB), model %.1f MiB, resident "
+               "weights %.1f MiB, step %.3f s, peak tensors %.1f MiB, peak RSS %.1f MiB\n",
                load_s, rss1 / 1048576.0, (rss1 - rss0) / 1048576.0,
-               df_flux_weight_bytes(m) / 1048576.0, best, proc_status_bytes("VmHWM:") / 1048576.0);
+               df_flux_weight_bytes(m) / 1048576.0, stats.resident_weight_bytes / 1048576.0, best,
+               after.peak_bytes / 1048576.0, proc_status_bytes("VmHWM:") / 1048576.0);
     bench_report(o, "single-file", shape, threads, df_dtype_name(dtype), "eager", best * 1e3, 0,
                  0, 0, extra);
     df_flux_free(m);

@@ -66,7 +66,7 @@ static const bench_workload workloads[] = {
     {"sd3", "SD3.5-medium-width transformer step with CFG at 512x512", bench_sd3},
     {"single-file",
      "load time, resident memory and step time of a FLUX.1 transformer from a single file "
-     "(safetensors/GGUF) or a folder: CONFIG_DIR [FILE] [--tokens IMG TXT]",
+     "(safetensors/GGUF) or a folder: CONFIG_DIR [FILE] [--tokens IMG TXT] [--runs N]",
      bench_single_file},
     {"tp",
      "tensor parallelism: FLUX.1-width transformer at 512x512, 1 process x 2 threads against "

@@ -93,8 +93,8 @@ static int quantize_one(float x, float inv)
 }
 
 /* One channel: row (f32, kp values, zero past k) into q (kp values) and its group scales. */
-static void quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
-                             float *scale)
+void df_i8_quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
+                            float *scale)
 {
     for (int64_t g = 0; g < n_groups; g++) {
         const float *x = row + g * group;
@@ -105,7 +105,7 @@ static void quantize_channel(const float *row, int64_t group, int64_t n_groups, 
 }
 
 /* Channel c of block b from its quantized values (kp of them) and group scales. */
-static void place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale)
+void df_i8_place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale)
 {
     for (int64_t g = 0; g < w->n_groups; g++) {
         int32_t sum = 0;
@@ -122,8 +122,8 @@ static void place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, co
 static void pack_channel(df_i8_weight *w, int64_t b, int c, const float *row, int8_t *q,
                          float *scale)
 {
-    quantize_channel(row, w->group, w->n_groups, q, scale);
-    place_channel(w, b, c, q, scale);
+    df_i8_quantize_channel(row, w->group, w->n_groups, q, scale);
+    df_i8_place_channel(w, b, c, q, scale);
 }
 
 df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k, int64_t ldw,
@@ -209,7 +209,7 @@ df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n
                         .corr = (int32_t *)(mem + l.corr_at)};
     for (int64_t j = 0; j < n; j++) {
         memcpy(row, q + j * k, (size_t)k);
-        place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
+        df_i8_place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
     }
     df_free(row);
     *out = w;
@@ -246,7 +246,7 @@ df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, i
     for (int64_t j = 0; j < n; j++) {
         df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row, DF_DTYPE_F32,
                    k);
-        quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
+        df_i8_quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
         memcpy(q + j * k, qr, (size_t)k);
     }
     df_free(row);
@@ -382,8 +382,8 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
 
 /* --- dispatch and the driver ------------------------------------------------------------ */
 
-static const char *const path_names[DF_I8_PATH_COUNT] = {"auto", "portable", "avx-vnni",
-                                                         "avx512-vnni", "onednn"};
+static const char *const path_names[DF_I8_PATH_COUNT] = {"auto",     "portable",    "avx2",
+                                                         "avx-vnni", "avx512-vnni", "onednn"};
 
 const char *df_i8_path_name(df_i8_path path)
 {
@@ -396,6 +396,8 @@ bool df_i8_path_available(df_i8_path path)
     case DF_I8_PATH_AUTO:
     case DF_I8_PATH_PORTABLE:
         return true;
+    case DF_I8_PATH_AVX2:
+        return df_i8_tile_avx2_fn() != NULL;
     case DF_I8_PATH_AVX_VNNI:
         return df_i8_tile_avxvnni_fn() != NULL;
     case DF_I8_PATH_AVX512_VNNI:
@@ -447,6 +449,8 @@ static df_i8_path best_kernel(void)
         return DF_I8_PATH_AVX512_VNNI;
     if (df_i8_path_available(DF_I8_PATH_AVX_VNNI))
         return DF_I8_PATH_AVX_VNNI;
+    if (df_i8_path_available(DF_I8_PATH_AVX2))
+        return DF_I8_PATH_AVX2;
     return DF_I8_PATH_PORTABLE;
 }
 
@@ -487,6 +491,76 @@ static df_status gemm_onednn(const df_i8_act *a, df_i8_weight *w, const df_i8_ep
     return s;
 }
 
+/* The micro-kernel of `path` (AUTO: the dispatched one; oneDNN: the best of our own). */
+static df_i8_tile_fn tile_for(df_i8_path path)
+{
+    if (path == DF_I8_PATH_AUTO)
+        path = forced_path();
+    if (path == DF_I8_PATH_AUTO || path == DF_I8_PATH_ONEDNN)
+        path = best_kernel();
+    return path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
+           : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
+           : path == DF_I8_PATH_AVX2      ? df_i8_tile_avx2_fn()
+                                          : df_i8_tile_portable;
+}
+
+/*
+ * The product with a weight kept in its file's form: each thread packs one block of
+ * DF_I8_NR channels into its own scratch (df_i8_blocks_pack) and runs every row against
+ * it, so a block is packed once per call and the packed weight never exists whole.
+ */
+df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *src, const df_i8_epilogue *e,
+                            df_i8_path path)
+{
+    df_i8_weight shape = df_i8_blocks_shape(src);
+    df_i8_tile_fn fn = tile_for(path);
+    if (!fn)
+        return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
+                         df_i8_path_name(path));
+    if (a->kp != shape.kp || a->group != shape.group)
+        return df_errorf(DF_E_ARG,
+                         "int8: activations quantized for k %lld group %lld, weight "
+                         "has k %lld group %lld",
+                         (long long)a->kp, (long long)a->group, (long long)shape.kp,
+                         (long long)shape.group);
+    size_t scratch = df_i8_blocks_scratch(&shape);
+    bool failed = false;
+#pragma omp parallel if (shape.n_blocks > 1 && !omp_in_parallel())
+    {
+        char *mem = df_aligned_alloc(scratch);
+        if (!mem) {
+#pragma omp atomic write
+            failed = true;
+        }
+#pragma omp for schedule(dynamic)
+        for (int64_t b = 0; b < shape.n_blocks; b++) {
+            if (!mem)
+                continue;
+            df_i8_weight blk;
+            df_i8_blocks_pack(src, b, &shape, mem, &blk);
+            int64_t n0 = b * DF_I8_NR;
+            int cols = (int)(shape.n - n0 < DF_I8_NR ? shape.n - n0 : DF_I8_NR);
+            for (int64_t m0 = 0; m0 < a->m; m0 += DF_I8_MR) {
+                df_i8_tile_args t = {.w = &blk, .block = 0};
+                int rows = (int)(a->m - m0 < DF_I8_MR ? a->m - m0 : DF_I8_MR);
+                for (int r = 0; r < DF_I8_MR; r++) {
+                    int64_t at = m0 + (r < rows ? r : 0); /* missing rows repeat the first */
+                    t.rows[r] = a->q + at * a->kp;
+                    t.scales[r] = a->scale + at * a->n_groups;
+                }
+                float tile[DF_I8_MR][DF_I8_NR] __attribute__((aligned(64)));
+                fn(&t, tile);
+                for (int r = 0; r < rows; r++)
+                    epilogue(e, shape.n, m0 + r, n0, cols, tile[r]);
+            }
+        }
+        df_aligned_free(mem);
+    }
+    if (failed)
+        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of packing scratch", scratch);
+    return DF_OK;
+}
+
 df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
                      df_i8_path path)
 {
@@ -498,9 +572,7 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         path = best_kernel();
     if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group)
         return gemm_onednn(a, (df_i8_weight *)w, e); /* adds its form to w: see the header */
-    df_i8_tile_fn fn = path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
-                       : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
-                                                      : df_i8_tile_portable;
+    df_i8_tile_fn fn = tile_for(path);
     if (!fn)
         return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",
                          df_i8_path_name(path));

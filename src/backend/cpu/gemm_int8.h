@@ -16,13 +16,15 @@
  *   activations are stored shifted by +128 and each group's accumulator starts at
  *   -128 * (the group's weight column sum), which cancels the shift exactly);
  * - avx-vnni: the same on 256-bit registers (VEX AVX-VNNI, or EVEX AVX512-VNNI + VL);
+ * - avx2: CPUs without VNNI (vpmaddubsw on the activations taken back to signed, which
+ *   reaches the same integers; see gemm_int8_x86.c);
  * - portable: plain C, for any CPU.
  * - onednn: oneDNN's u8 x s8 matmul (AMX-INT8 where the CPU has it), for whole-k groups
  *   only (oneDNN 2.6 scales per output channel, not per group); it agrees with the others
  *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
  * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
- * groups on AMX CPUs, else the VNNI kernels, else portable); DIFFUSE_INT8_PATH=
- * portable|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
+ * groups on AMX CPUs, else the VNNI kernels, else AVX2, else portable); DIFFUSE_INT8_PATH=
+ * portable|avx2|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
  */
 #ifndef DF_BACKEND_CPU_GEMM_INT8_H
 #define DF_BACKEND_CPU_GEMM_INT8_H
@@ -38,6 +40,7 @@
 typedef enum df_i8_path {
     DF_I8_PATH_AUTO,
     DF_I8_PATH_PORTABLE,
+    DF_I8_PATH_AVX2,
     DF_I8_PATH_AVX_VNNI,
     DF_I8_PATH_AVX512_VNNI,
     DF_I8_PATH_ONEDNN,
@@ -104,6 +107,44 @@ typedef struct df_i8_epilogue {
  * OpenMP team unless called inside a parallel region. */
 df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
                      df_i8_path path);
+
+/*
+ * Weights kept in their file's compact form (gemm_int8_blocks.c): GGUF blocks (ggml types
+ * with a dequantiser in core/quant_blocks.c) or fp8 times a per-tensor scale. Nothing is
+ * kept besides the file's bytes: each product packs the weight into the int8 layout one
+ * block of DF_I8_NR channels at a time, in each thread's scratch:
+ * - Q8_0, Q4_0, Q5_0 (integers times one scale per 32 values) and Q3_K, Q6_K (per 16)
+ *   take that run as the group: their integers and scales (widened to f32, exactly) are
+ *   placed as they are, so the product is the one of ggml's dequantised weights with no
+ *   rounding of the weight;
+ * - every other type, and fp8, is dequantised a row at a time to f32 (ggml's values,
+ *   fp8's exact upcast times its scale) and quantized per group of 32 (the whole k when
+ *   32 does not divide it) by the usual rule.
+ */
+typedef struct df_i8_blocks {
+    int64_t n, k;
+    uint32_t type;       /* ggml type id, or DF_QBLOCK_F8_E4M3 / _E5M2 */
+    float scale;         /* fp8: the tensor's scale (1 when it has none) */
+    const uint8_t *data; /* n rows of row_bytes */
+    size_t row_bytes;
+} df_i8_blocks;
+
+/* The weight of a view with block_type set: DF_E_UNSUPPORTED naming the type when there
+ * is no packer for it, DF_E_FORMAT when k is not whole blocks of it. */
+df_status df_i8_blocks_of(const void *data, uint32_t type, float scale, int64_t n, int64_t k,
+                          df_i8_blocks *out);
+/* The packed weight's dimensions (kp, group, n_groups, n_blocks; no data), which the
+ * activations are quantized for. */
+df_i8_weight df_i8_blocks_shape(const df_i8_blocks *w);
+/* Bytes of one thread's scratch for packing a block. */
+size_t df_i8_blocks_scratch(const df_i8_weight *shape);
+/* Packs block b (channels b * DF_I8_NR ...) into *out, a one-block weight of `shape` whose
+ * arrays are placed in scratch (64-byte aligned, df_i8_blocks_scratch bytes). */
+void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *shape, void *scratch,
+                       df_i8_weight *out);
+/* out = epilogue(a w^T), packing w block by block on the calling thread's OpenMP team. */
+df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *w, const df_i8_epilogue *e,
+                            df_i8_path path);
 
 /* Whether this CPU can run `path`; the dispatched path; its name. */
 bool df_i8_path_available(df_i8_path path);

@@ -4,7 +4,8 @@
  * A micro-kernel computes one tile: DF_I8_MR rows of quantized activations against one
  * block of DF_I8_NR packed channels over the whole (padded) k, into f32 accumulators, group
  * by group: acc = corr + sum of u8 * s8 (int32, exact), then f = fma((float)acc,
- * scale_w * scale_a, f). Every kernel does exactly these operations in this order.
+ * scale_w * scale_a, f). Every kernel does exactly these operations in this order (the AVX2
+ * one reaches the same integer as the sum of (u8 - 128) * s8).
  */
 #ifndef DF_BACKEND_CPU_GEMM_INT8_IMPL_H
 #define DF_BACKEND_CPU_GEMM_INT8_IMPL_H
@@ -23,7 +24,14 @@ typedef void (*df_i8_tile_fn)(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_
 void df_i8_tile_portable(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR]);
 /* The x86 kernels, or NULL when this CPU (cpuid, at run time) or compiler lacks them. */
 df_i8_tile_fn df_i8_tile_avx512vnni_fn(void);
+df_i8_tile_fn df_i8_tile_avx2_fn(void);
 df_i8_tile_fn df_i8_tile_avxvnni_fn(void);
+
+/* gemm_int8.c's quantization rule for one channel (kp f32 values, zero past k): q and
+ * the group scales; and the placing of such a channel as channel c of block b. */
+void df_i8_quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
+                            float *scale);
+void df_i8_place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale);
 
 /* The oneDNN path (gemm_int8_dnnl.c): whole-k groups only (per-channel weight scales, as
  * oneDNN's output scales; the per-token scales, bias and the rest of the epilogue are

@@ -1,5 +1,6 @@
 /*
- * Linear layers in int8 compute: the weight quantized once and kept on its storage, the
+ * Linear layers in int8 compute: the weight quantized once and kept on its storage (or,
+ * for a weight in a compact file format, packed block by block in every product), the
  * activations quantized per call (gemm_int8.h).
  */
 #include <stdatomic.h>
@@ -106,7 +107,16 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
 {
     int64_t k = w->shape[1];
     const df_i8_weight *q = NULL;
-    DF_TRY(quantized_weight_of(w, df_i8_default_group(), &q));
+    df_i8_blocks blocks;
+    df_i8_weight shape;
+    if (w->block_type) { /* kept in its file's form: packed block by block in the product */
+        DF_TRY(df_i8_blocks_of(df_view_ptr(w), w->block_type, w->block_scale, w->shape[0], k,
+                               &blocks));
+        shape = df_i8_blocks_shape(&blocks);
+        q = &shape;
+    } else {
+        DF_TRY(quantized_weight_of(w, df_i8_default_group(), &q));
+    }
     /* activations: f32 or bf16 as they are; anything else through f32 */
     df_dtype xt = x->dtype == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     size_t sx = (df_gemm_operand_scratch(x, xt) + 63) & ~(size_t)63;
@@ -123,5 +133,7 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
     df_i8_act_quantize(q, xa, xt, m, k, scratch + sx + sb, &a);
     df_i8_epilogue ep = *e;
     ep.bias = bb;
+    if (w->block_type)
+        return df_i8_gemm_blocks(&a, &blocks, &ep, DF_I8_PATH_AUTO);
     return df_i8_gemm(&a, q, &ep, DF_I8_PATH_AUTO);
 }

@@ -13,10 +13,11 @@
  *   starts at -128 x its quantized sum, which cancels the shift exactly. K is packed per
  *   block of 32 keys as quads of 4 d (the layout of gemm_int8's weights), so one 64-byte
  *   load feeds 16 keys; the AVX512-VNNI micro-kernel takes 8 queries x 32 keys at a time.
- *   The portable kernel computes the same integers and the same f32 operations in the same
- *   order, so the two agree bit for bit. The path follows gemm_int8's dispatch
- *   (DIFFUSE_INT8_PATH=portable forces the portable one here too); CPUs with AVX-VNNI only
- *   take the portable kernel.
+ *   The AVX2 kernel (CPUs without AVX512-VNNI, AVX-VNNI ones included) takes 2 queries x
+ *   32 keys with gemm_int8's AVX2 trick; the portable kernel computes the same integers and
+ *   the same f32 operations in the same order, so the three agree bit for bit. The path
+ *   follows gemm_int8's dispatch (DIFFUSE_INT8_PATH=portable forces the portable one here
+ *   too, =avx2 the AVX2 one).
  * Softmax and P V stay in k_attention.c (f32 softmax; P V in bf16 where the CPU has it).
  */
 #include <immintrin.h>
@@ -94,7 +95,8 @@ void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem)
     k8->mean = (float *)p;
     df_i8_path path = df_i8_path_best();
     k8->vnni = path != DF_I8_PATH_PORTABLE && path != DF_I8_PATH_AVX_VNNI &&
-               df_i8_path_available(DF_I8_PATH_AVX512_VNNI);
+               path != DF_I8_PATH_AVX2 && df_i8_path_available(DF_I8_PATH_AVX512_VNNI);
+    k8->avx2 = !k8->vnni && path != DF_I8_PATH_PORTABLE && df_i8_path_available(DF_I8_PATH_AVX2);
 
 #pragma omp parallel for schedule(dynamic)
     for (int64_t bh = 0; bh < B * H; bh++) {
@@ -227,6 +229,57 @@ scores_avx512vnni(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int
         }
     }
 }
+
+/* AVX2 without VNNI: gemm_int8_x86.c's tile_avx2 on a block of 32 keys, two queries at a
+ * time: |k| (u8) times (u - 128) with k's sign, pairs into s16 (at most 2 x 128 x 127),
+ * then into each key's int32 lane. That is the VNNI kernels' corr + sum of u k, so the
+ * same integer and then the same f32 operations: the same scores bit for bit. */
+__attribute__((target("avx2,fma"))) static void scores_avx2(const df_attn_i8_k *k8,
+                                                            const uint8_t *u, const float *qs,
+                                                            int64_t bh, int64_t mq, int64_t j0,
+                                                            int64_t nk, float *s, int64_t lds)
+{
+    int64_t Dp = k8->Dp, quads = Dp / 4, keys = k8->n_blk * NR;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t jb = 0; jb < nk; jb += NR) {
+        int64_t j = j0 + jb, cols = nk - jb < NR ? nk - jb : NR;
+        const int8_t *kb = k8->q + (bh * k8->n_blk + j / NR) * Dp * NR;
+        const float *ks = k8->scale + bh * keys + j;
+        for (int64_t r0 = 0; r0 < mq; r0 += 2) {
+            const uint8_t *a0 = u + r0 * Dp, *a1 = u + (r0 + 1 < mq ? r0 + 1 : r0) * Dp;
+            __m256i acc[2][4];
+            for (int c = 0; c < 4; c++)
+                acc[0][c] = acc[1][c] = _mm256_setzero_si256();
+            for (int64_t q = 0; q < quads; q++) {
+                __m256i bv[4], ba[4];
+                for (int c = 0; c < 4; c++) {
+                    bv[c] = _mm256_loadu_si256((const __m256i *)(kb + q * NR * 4 + 32 * c));
+                    ba[c] = _mm256_abs_epi8(bv[c]);
+                }
+                int32_t x[2];
+                memcpy(&x[0], a0 + q * 4, 4);
+                memcpy(&x[1], a1 + q * 4, 4);
+                for (int r = 0; r < 2; r++) {
+                    __m256i v = _mm256_xor_si256(_mm256_set1_epi32(x[r]), flip);
+                    for (int c = 0; c < 4; c++) {
+                        __m256i p = _mm256_maddubs_epi16(ba[c], _mm256_sign_epi8(v, bv[c]));
+                        acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+            for (int r = 0; r < 2 && r0 + r < mq; r++) {
+                float row[NR];
+                __m256 sq = _mm256_set1_ps(qs[r0 + r]);
+                for (int c = 0; c < 4; c++) {
+                    __m256 f =
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][c]), _mm256_loadu_ps(ks + 8 * c));
+                    _mm256_storeu_ps(row + 8 * c, _mm256_mul_ps(f, sq));
+                }
+                memcpy(s + (r0 + r) * lds + jb, row, (size_t)cols * sizeof(float));
+            }
+        }
+    }
+}
 #endif
 
 void df_attn_i8_scores(const df_attn_i8_k *k8, const void *qbuf, int64_t b, int64_t h,
@@ -237,6 +290,10 @@ void df_attn_i8_scores(const df_attn_i8_k *k8, const void *qbuf, int64_t b, int6
 #if defined(__x86_64__) || defined(__i386__)
     if (k8->vnni) {
         scores_avx512vnni(k8, qbuf, qs, bh, mq, j0, nk, s, lds);
+        return;
+    }
+    if (k8->avx2) {
+        scores_avx2(k8, qbuf, qs, bh, mq, j0, nk, s, lds);
         return;
     }
 #endif

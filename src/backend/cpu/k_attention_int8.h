@@ -31,6 +31,7 @@ typedef struct df_attn_i8_k {
     int32_t *corr;   /* [B*H][n_blk*NR] -128 x the key's quantized sum (the u8 shift of Q) */
     float *mean;     /* [B*H][D] the mean key that was subtracted */
     bool vnni;       /* the AVX512-VNNI micro-kernel, else the portable one (same results) */
+    bool avx2;       /* else the AVX2 one (same results) */
 } df_attn_i8_k;
 
 #define DF_ATTN_I8_MAX_D 1024 /* head dimensions past this keep the f32 scores */
