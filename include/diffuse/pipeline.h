@@ -34,6 +34,13 @@ typedef enum df_offload {
                               block read ahead while the current one runs */
 } df_offload;
 
+/* A LoRA adapter file and its weight (diffusers' set_adapters weight: 1 is the adapter as
+ * trained, 0 turns it off). Layouts, the scale rule and what is refused: docs/io.md. */
+typedef struct df_lora_spec {
+    const char *path; /* a .safetensors file in the diffusers/peft, kohya or XLabs layout */
+    float scale;
+} df_lora_spec;
+
 typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */
@@ -67,6 +74,12 @@ typedef struct df_load_opts {
      * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
      * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
     const char *transformer_file;
+    /* LoRA adapters merged into the weights they update as the components load (a copy of
+     * each updated weight; the checkpoint's mapping stays untouched), summed when several
+     * update one weight. Borrowed for the call only. A key that updates no weight of the
+     * pipeline, or A / B shapes that do not fit it, fail the load with DF_E_FORMAT. */
+    const df_lora_spec *loras;
+    int n_loras;
 } df_load_opts;
 
 /* Called after every denoising step. */

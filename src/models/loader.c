@@ -28,6 +28,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/lora.h"
 #include "models/quant_policy.h"
 #include "models/single_file.h"
 #include "runtime/runtime.h"
@@ -240,6 +241,44 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
     return DF_OK;
 }
 
+/* LoRA (lora.h): a weight an adapter updates is replaced by a merged copy in its dtype;
+ * the file's mapping is left as it is. */
+static df_status merge_lora(df_weight_set *ws, const char *name, df_tensor **t)
+{
+    df_tensor *w = *t;
+    df_dtype dt = w->v.dtype;
+    if (w->v.ndim != 2 || (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16))
+        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is held as %d-D %s: LoRA adapters "
+                         "are merged into 2-D F32, BF16 or F16 weights only", ws->component,
+                         name, w->v.ndim, df_dtype_name(dt));
+    int64_t n = w->v.shape[0] * w->v.shape[1];
+    float *f = df_malloc((size_t)n * sizeof *f + 1);
+    void *narrow = df_malloc((size_t)n * df_dtype_size(dt) + 1);
+    df_status s = f && narrow ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory merging LoRA "
+                                                  "into '%s'", ws->component, name);
+    if (s == DF_OK)
+        s = df_tensor_read(ws->ctx, w, DF_DTYPE_F32, f, (size_t)n * sizeof *f);
+    if (s == DF_OK)
+        s = df_lora_merge(ws->ctx->lora, ws->component, name, f, w->v.shape[0], w->v.shape[1]);
+    if (s == DF_OK)
+        s = df_convert(f, DF_DTYPE_F32, narrow, dt, n);
+    df_tensor *merged = NULL;
+    if (s == DF_OK && !(merged = df_tensor_from_host(ws->ctx, dt, w->v.shape, 2, narrow)))
+        s = df_ctx_status(ws->ctx);
+    df_free(f);
+    df_free(narrow);
+    if (s != DF_OK)
+        return s;
+    df_tensor_free(w);
+    *t = merged;
+    return DF_OK;
+}
+
+static bool lora_updates(const df_weight_set *ws, const char *name)
+{
+    return ws->ctx->lora && df_lora_touches(ws->ctx->lora, ws->component, name);
+}
+
 static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
                       df_tensor **out)
 {
@@ -249,7 +288,17 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         size_t bytes;
         df_tensor *t;
         DF_TRY(df_single_file_bind(ws->sf, ws->ctx, name, ndim, shape, &t, &data, &bytes));
-        DF_TRY(keep(ws, name, t, data, bytes, bytes));
+        size_t read = bytes;
+        if (t && lora_updates(ws, name)) {
+            df_status s = merge_lora(ws, name, &t);
+            if (s != DF_OK) {
+                df_tensor_free(t);
+                return s;
+            }
+            data = NULL;
+            bytes = (size_t)(t->v.shape[0] * t->v.shape[1]) * df_dtype_size(t->v.dtype);
+        }
+        DF_TRY(keep(ws, name, t, data, bytes, read));
         *out = t;
         return DF_OK;
     }
@@ -265,7 +314,16 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
-    DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
+    const void *data = info.data;
+    if (t && lora_updates(ws, name)) {
+        df_status s = merge_lora(ws, name, &t);
+        if (s != DF_OK) {
+            df_tensor_free(t);
+            return s;
+        }
+        data = NULL;
+    }
+    DF_TRY(keep(ws, name, t, data, info.nbytes, info.nbytes));
     if (info.dtype == DF_DTYPE_I8) { /* its scales, saved beside it */
         char scale_name[600];
         df_tensor *scale;
@@ -617,6 +675,8 @@ const char *df_ws_last_warning(void)
 
 df_status df_ws_check_all_used(df_weight_set *ws)
 {
+    if (ws->ctx->lora) /* a module no weight of this component took */
+        DF_TRY(df_lora_check_used(ws->ctx->lora, ws->component));
     enum { NAMED = 4 };
     int64_t unused = 0;
     size_t n = 0;

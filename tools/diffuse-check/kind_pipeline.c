@@ -10,6 +10,9 @@
  * in the case folder (decoded as PIL's convert("RGB") gives it) and args.strength the part
  * of the schedule that runs (default 0.6); the folder is the text-to-image pipeline's,
  * which runs image to image when given a picture.
+ *
+ * args.loras lists LoRA adapter files of the case folder with their set_adapters weights
+ * (df_load_opts.loras).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,6 +208,32 @@ static int get_image(check_case *c, df_gen_params *g, df_image **images, int cap
     return 0;
 }
 
+#define MAX_LORAS 8
+
+/* args.loras: [{"file": F, "adapter_name": N, "weight": w}, ...], the adapters diffusers
+ * loaded (load_lora_weights(F, adapter_name=N)) and weighted (set_adapters), F in the case
+ * folder. */
+static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int *n)
+{
+    *n = 0;
+    const df_json *list = df_json_get(c->args, "loras");
+    if (!list || df_json_is_null(list))
+        return 0;
+    if (df_json_type_of(list) != DF_JSON_ARRAY || df_json_array_size(list) > MAX_LORAS)
+        return check_fail(c, "args.loras: expected a list of at most %d adapters", MAX_LORAS);
+    for (int i = 0; i < (int)df_json_array_size(list); i++) {
+        const df_json *l = df_json_array_get(list, i);
+        const char *file = df_json_string(df_json_get(l, "file"));
+        double weight;
+        if (!file || df_json_get_double_or(l, "weight", 1.0, &weight) != DF_OK)
+            return check_fail(c, "args.loras[%d]: expected {\"file\": NAME, \"weight\": W}", i);
+        snprintf(paths[i], sizeof paths[i], "%s/%s", c->dir, file);
+        specs[i] = (df_lora_spec){.path = paths[i], .scale = (float)weight};
+        *n = i + 1;
+    }
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
@@ -289,6 +318,10 @@ int check_kind_pipeline(check_case *c)
     int n_images = 0;
     rc |= get_image(c, &g, images, 8, &n_images);
     rc |= unsupported_args(c, sd3);
+    df_lora_spec loras[MAX_LORAS];
+    static char lora_paths[MAX_LORAS][1200];
+    int n_loras = 0;
+    rc |= get_loras(c, loras, lora_paths, &n_loras);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
     df_pipeline *p = NULL;
@@ -302,7 +335,8 @@ int check_kind_pipeline(check_case *c)
                                                        .dtype = c->compute, .mode = mode,
                                                        .compile = compile,
                                                        .compile_blocks = blocks,
-                                                       .comm = c->comm},
+                                                       .comm = c->comm, .loras = loras,
+                                                       .n_loras = n_loras},
                                        &p);
         if (s == DF_OK)
             s = df_pipeline_run(p, &g, &out);

@@ -1,0 +1,191 @@
+"""Reference cases for LoRA adapters on the tiny FLUX.1 [schnell] pipeline of tests/golden.
+
+Random adapters (lora_B is drawn too, so the adapters change the image) are written into
+the case folder as the files people pass around, and the reference is what diffusers makes
+of them: FluxPipeline.load_lora_weights(file, adapter_name=...) for each, set_adapters(names,
+weights), then the pipeline call from prompt strings with given latents. out.* are float64
+runs (the adapters cast to float64 after loading); torch's float32 run sets the tolerances.
+
+Layouts:
+  lora-flux-peft     two adapters saved by diffusers (save_lora_weights): "a" with its peft
+                     config in the safetensors metadata (rank and alpha patterns, a CLIP-L
+                     part), "b" without metadata, its alphas as ".alpha" tensors
+  lora-flux-kohya    sd-scripts names (lora_unet_double_blocks_0_img_attn_qkv.lora_down
+                     .weight, .alpha; lora_te1_* for CLIP-L) on Black Forest Labs' fused modules
+  lora-flux-xlabs    XLabs names (double_blocks.0.processor.qkv_lora1.down.weight ...)
+
+    /work/venv/bin/python tools/refgen/lora.py [case ...]
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import refcase
+
+refcase.patch_randn_float32()
+from diffusers import FluxPipeline  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+from peft.utils import get_peft_model_state_dict  # noqa: E402
+
+GOLDEN = "t2i-flux-schnell"
+PIPE_DIR = os.path.join(refcase.ROOT, "tests", "golden", GOLDEN, "pipeline")
+ARGS = dict(prompt="A photo of a red fox in the snow, 35mm, golden hour", height=64, width=64,
+            num_inference_steps=4, guidance_scale=0.0, max_sequence_length=256)
+
+
+def randomize(module_params, seed, std_a=0.3, std_b=0.2):
+    g = torch.Generator().manual_seed(seed)
+    for name, p in module_params:
+        if "lora_A" in name:
+            p.data = torch.randn(p.shape, generator=g) * std_a / p.shape[1] ** 0.5
+        elif "lora_B" in name:
+            p.data = torch.randn(p.shape, generator=g) * std_b / p.shape[1] ** 0.5
+
+
+def peft_adapter_a(out_dir):
+    """Saved by diffusers with its config in the metadata: rank and alpha patterns, and
+    a part for CLIP-L (the text encoder)."""
+    pipe = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=torch.float32)
+    cfg = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                     target_modules=["to_q", "to_k", "to_v", "to_out.0", "add_q_proj",
+                                     "add_k_proj", "add_v_proj", "to_add_out", "ff.net.0.proj",
+                                     "ff.net.2", "proj_mlp", "proj_out", "norm1.linear",
+                                     "x_embedder"],
+                     rank_pattern={"single_transformer_blocks.1.proj_mlp": 2},
+                     alpha_pattern={"transformer_blocks.1.attn.to_k": 2})
+    pipe.transformer.add_adapter(cfg, adapter_name="a")
+    randomize([(n, p) for n, p in pipe.transformer.named_parameters() if "lora" in n], 101)
+    te_cfg = LoraConfig(r=2, lora_alpha=3, target_modules=["q_proj", "v_proj", "fc1"])
+    te_layers = {}
+    g = torch.Generator().manual_seed(102)
+    for n, m in pipe.text_encoder.named_modules():
+        if n.split(".")[-1] in ("q_proj", "v_proj", "fc1"):
+            k = m.weight.shape[1]
+            te_layers[f"{n}.lora_A.weight"] = torch.randn(2, k, generator=g) * 0.3 / k ** 0.5
+            te_layers[f"{n}.lora_B.weight"] = torch.randn(m.weight.shape[0], 2, generator=g) * 0.3
+    FluxPipeline.save_lora_weights(
+        out_dir, weight_name="a.safetensors",
+        transformer_lora_layers=get_peft_model_state_dict(pipe.transformer, adapter_name="a"),
+        text_encoder_lora_layers=te_layers,
+        transformer_lora_adapter_metadata=cfg.to_dict(),
+        text_encoder_lora_adapter_metadata=te_cfg.to_dict())
+    return "a.safetensors"
+
+
+def peft_adapter_b(out_dir):
+    """diffusers' names, no metadata, alphas as tensors; one module of another rank."""
+    tr = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=torch.float32).transformer
+    g = torch.Generator().manual_seed(201)
+    sd = {}
+    mods = dict(tr.named_modules())
+    targets = ["transformer_blocks.0.attn.to_q", "transformer_blocks.1.attn.to_v",
+               "transformer_blocks.0.ff_context.net.0.proj", "single_transformer_blocks.0.norm.linear",
+               "single_transformer_blocks.1.attn.to_k", "context_embedder"]
+    for i, t in enumerate(targets):
+        w = mods[t].weight
+        r = 3 if i != 2 else 5
+        sd[f"transformer.{t}.lora_A.weight"] = torch.randn(r, w.shape[1], generator=g) * 0.3 / w.shape[1] ** 0.5
+        sd[f"transformer.{t}.lora_B.weight"] = torch.randn(w.shape[0], r, generator=g) * 0.4 / r ** 0.5
+        sd[f"transformer.{t}.alpha"] = torch.tensor(1.5)
+    save_file(sd, os.path.join(out_dir, "b.safetensors"))
+    return "b.safetensors"
+
+
+def run(files, names, weights):
+    res = {}
+    for dtype in (torch.float64, torch.float32):
+        pipe = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=dtype)
+        for f, n in zip(files, names):
+            pipe.load_lora_weights(f, adapter_name=n)
+        pipe.set_adapters(names, adapter_weights=weights)
+        pipe.transformer.to(dtype)
+        pipe.text_encoder.to(dtype)
+        outs = []
+        for ot in ("np", "latent"):
+            g = torch.Generator("cpu").manual_seed(7)
+            with torch.no_grad():
+                o = pipe(output_type=ot, generator=g, **ARGS).images
+            outs.append(o if ot == "np" else o.float().numpy() if dtype == torch.float32 else o.numpy())
+        res[dtype] = outs
+    return res
+
+
+def base_image():
+    pipe = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=torch.float64)
+    g = torch.Generator("cpu").manual_seed(7)
+    with torch.no_grad():
+        return pipe(output_type="np", generator=g, **ARGS).images
+
+
+def write(name, covers, files, names, weights, notes):
+    out_dir = os.path.join(refcase.CASES, name)
+    paths = [os.path.join(out_dir, f) for f in files]
+    res = run(paths, names, weights)
+    img64, lat64 = res[torch.float64]
+    img32, lat32 = res[torch.float32]
+    base = base_image()
+    effect = float(np.abs(np.asarray(img64) - base).mean())
+    u8 = (np.asarray(img64, np.float64) * 255).round().astype(np.uint8)
+    args = dict(ARGS, output_type="np", generator={"device": "cpu", "seed": 7},
+                loras=[{"file": f, "adapter_name": n, "weight": w}
+                       for f, n, w in zip(files, names, weights)])
+    refcase.write_case(name, {
+        "kind": "pipeline",
+        "covers": covers,
+        "class": "FluxPipeline",
+        "dir": f"../../golden/{GOLDEN}/pipeline",
+        "call": "pipe.load_lora_weights(file, adapter_name=n) for each of args.loras; "
+                "pipe.set_adapters(names, adapter_weights=weights); pipe(generator=torch."
+                "Generator('cpu').manual_seed(7), **args); latents_final: output_type='latent'",
+        "args": args,
+        "outputs": {"latents_final": "out.latents_final", "image": "out.image",
+                    "image_uint8": "out.image_uint8"},
+        "tolerance": {
+            "latents_final": refcase.tolerance(lat64, lat32, 1e-4, 1e-5),
+            "image": refcase.tolerance(img64, img32, 1e-4, 1e-5),
+            "image_uint8": {"max_abs": 1, "rel_l2": 1.0}},
+        "exact": [],
+        "notes": notes + [
+            "args.loras: the adapter files (in this folder), their adapter names and "
+            "set_adapters weights; diffuse takes them as df_load_opts.loras",
+            "out.* = every model in float64 (adapters cast to float64 after loading); the "
+            "noise drawn in float32",
+            f"mean |image - image without the adapters| = {effect:.4f}",
+            "tolerances: 20x the float32 run's difference (not stored), floors 1e-4 / 1e-5"],
+        "provenance": refcase.provenance(),
+    }, {"out.image": np.asarray(img64, np.float32),
+        "out.latents_final": np.asarray(lat64, np.float64), "out.image_uint8": u8})
+    print(name, "done; effect", effect)
+
+
+def case_peft():
+    name = "lora-flux-peft"
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    fa = peft_adapter_a(out_dir)
+    fb = peft_adapter_b(out_dir)
+    write(name, "FluxPipeline with two peft-layout LoRA adapters (metadata config with rank "
+          "and alpha patterns and a CLIP-L part; alphas as tensors), set_adapters weights "
+          "0.8 and -0.6", [fa, fb], ["a", "b"], [0.8, -0.6],
+          ["a.safetensors: save_lora_weights with transformer_lora_adapter_metadata and "
+           "text_encoder_lora_adapter_metadata (LoraConfig r 4, alpha 8, a rank and an alpha "
+           "pattern; CLIP-L r 2 alpha 3)",
+           "b.safetensors: transformer.<module>.lora_A/lora_B.weight and .alpha tensors (1.5), "
+           "ranks 3 and 5, no metadata"])
+
+
+CASES = {"lora-flux-peft": case_peft}
+
+
+def main():
+    names = sys.argv[1:] or list(CASES)
+    for n in names:
+        CASES[n]()
+
+
+if __name__ == "__main__":
+    main()
