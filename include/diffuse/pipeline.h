@@ -41,6 +41,13 @@ typedef struct df_lora_spec {
     float scale;
 } df_lora_spec;
 
+/* What the .safetensors file at `path` is as a LoRA adapter: one line into out (cap bytes)
+ * such as "LoRA adapter, kohya layout: 18 transformer modules, 1 text-encoder modules,
+ * rank 4", with *found true. *found is false (out empty) when no key looks like a LoRA
+ * tensor. Fails as df_load_opts.loras would (DF_E_IO, DF_E_FORMAT, DF_E_UNSUPPORTED with
+ * the file and key), except that a module is not matched against a model. */
+DF_API df_status df_lora_describe_file(const char *path, char *out, size_t cap, bool *found);
+
 typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */

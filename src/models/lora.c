@@ -615,8 +615,29 @@ df_status df_lora_check_used(const df_lora_set *set, const char *component)
     return DF_OK;
 }
 
-df_status df_lora_describe(const char *path, char *buf, size_t cap)
+static bool looks_like_lora(const char *path, bool *found)
 {
+    df_safetensors *st;
+    if (df_safetensors_open(path, &st) != DF_OK)
+        return false;
+    int64_t n = df_safetensors_count(st);
+    for (int64_t i = 0; !*found && i < n; i++) {
+        df_tensor_info info;
+        *found = df_safetensors_at(st, i, &info) == DF_OK &&
+                 (strstr(info.name, ".lora_A.") || strstr(info.name, ".lora_down.") ||
+                  (strstr(info.name, ".processor.") && strstr(info.name, "_lora")));
+    }
+    df_safetensors_free(st);
+    return true;
+}
+
+df_status df_lora_describe_file(const char *path, char *buf, size_t cap, bool *found)
+{
+    *found = false;
+    if (cap)
+        buf[0] = '\0';
+    if (looks_like_lora(path, found) && !*found)
+        return DF_OK;
     df_lora_set *set;
     DF_TRY(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set));
     int n_tr = 0, n_te = 0;

@@ -49,8 +49,4 @@ df_status df_lora_merge(df_lora_set *set, const char *component, const char *nam
  * not have); `component` NULL: of any component, else of that one only. */
 df_status df_lora_check_used(const df_lora_set *set, const char *component);
 
-/* One line about the file at `path`: its layout, target count, components and ranks
- * ("LoRA adapter, kohya layout: 38 modules of transformer, rank 16, alpha 16"). */
-df_status df_lora_describe(const char *path, char *buf, size_t cap);
-
 #endif

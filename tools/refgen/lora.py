@@ -178,7 +178,85 @@ def case_peft():
            "ranks 3 and 5, no metadata"])
 
 
-CASES = {"lora-flux-peft": case_peft}
+# the tiny FLUX.1's widths: inner 32, MLP 128, CLIP-L hidden 32 (its fc1 64)
+D, MLP = 32, 128
+
+
+def kohya_adapter(out_dir):
+    """sd-scripts names on BFL's modules, alphas as tensors (one module without). Not
+    linear1: diffusers' converter splits it with FLUX.1-dev's widths (3072, ...) only."""
+    shapes = {}
+    for i in range(2):
+        b = f"lora_unet_double_blocks_{i}_"
+        for s_ in ("img", "txt"):
+            shapes[b + s_ + "_attn_qkv"] = (3 * D, D)
+            shapes[b + s_ + "_attn_proj"] = (D, D)
+            shapes[b + s_ + "_mlp_0"] = (MLP, D)
+            shapes[b + s_ + "_mlp_2"] = (D, MLP)
+            shapes[b + s_ + "_mod_lin"] = (6 * D, D)
+        b = f"lora_unet_single_blocks_{i}_"
+        shapes[b + "linear2"] = (D, D + MLP)
+        shapes[b + "modulation_lin"] = (3 * D, D)
+    shapes["lora_te1_text_model_encoder_layers_1_mlp_fc1"] = (64, 32)
+    g = torch.Generator().manual_seed(301)
+    sd = {}
+    for j, (m, (o, k)) in enumerate(shapes.items()):
+        r = 4
+        sd[m + ".lora_down.weight"] = torch.randn(r, k, generator=g) * 0.3 / k ** 0.5
+        sd[m + ".lora_up.weight"] = torch.randn(o, r, generator=g) * 0.3 / r ** 0.5
+        if j != 3:
+            sd[m + ".alpha"] = torch.tensor(2.0 + (j % 3))
+    save_file(sd, os.path.join(out_dir, "kohya.safetensors"))
+    return "kohya.safetensors"
+
+
+def xlabs_adapter(out_dir):
+    """XLabs' processor names (no alphas)."""
+    shapes = {}
+    for i in range(2):
+        b = f"double_blocks.{i}.processor."
+        shapes[b + "qkv_lora1"] = (3 * D, D)
+        shapes[b + "qkv_lora2"] = (3 * D, D)
+        shapes[b + "proj_lora1"] = (D, D)
+        shapes[b + "proj_lora2"] = (D, D)
+        b = f"single_blocks.{i}.processor."
+        shapes[b + "qkv_lora"] = (3 * D, D)
+        shapes[b + "proj_lora"] = (D, D + MLP)
+    g = torch.Generator().manual_seed(401)
+    sd = {}
+    for m, (o, k) in shapes.items():
+        r = 3
+        sd[m + ".down.weight"] = torch.randn(r, k, generator=g) * 0.3 / k ** 0.5
+        sd[m + ".up.weight"] = torch.randn(o, r, generator=g) * 0.3 / r ** 0.5
+    save_file(sd, os.path.join(out_dir, "xlabs.safetensors"))
+    return "xlabs.safetensors"
+
+
+def case_kohya():
+    name = "lora-flux-kohya"
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    f = kohya_adapter(out_dir)
+    write(name, "FluxPipeline with a kohya / sd-scripts LoRA (lora_unet_* on BFL's fused qkv "
+          "and modulation, .alpha tensors, lora_te1_* for CLIP-L), weight 0.9", [f], ["k"],
+          [0.9], ["kohya.safetensors: rank 4, alphas 2, 3, 4 (one module without: alpha = "
+                  "rank); no linear1 (diffusers splits it with FLUX.1-dev's widths only)",
+                  "CLIP-L: an MLP module only; diffusers 0.42 with transformers 5 drops the "
+                  "kohya text encoder's attention modules (to_q_lora keys left unexpected)"])
+
+
+def case_xlabs():
+    name = "lora-flux-xlabs"
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    f = xlabs_adapter(out_dir)
+    write(name, "FluxPipeline with an XLabs LoRA (double_blocks.N.processor.qkv_lora1/2, "
+          "proj_lora1/2; single_blocks.N.processor.qkv_lora, proj_lora), weight 1.2", [f],
+          ["x"], [1.2], ["xlabs.safetensors: rank 3, no alphas (scale = weight)"])
+
+
+CASES = {"lora-flux-peft": case_peft, "lora-flux-kohya": case_kohya,
+         "lora-flux-xlabs": case_xlabs}
 
 
 def main():
