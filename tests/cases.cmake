@@ -36,3 +36,12 @@ set(DF_LORA_CASES lora-flux-peft lora-flux-kohya lora-flux-xlabs)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_LORA_CASES})
 endforeach()
+# int8 compute: the adapters stay beside the quantized weights (unmerged, in f32) and the
+# result must stay within the int8 bound of a pipeline case against the merged reference.
+foreach(mode eager compile)
+  foreach(case ${DF_LORA_CASES})
+    add_test(NAME golden/cases-int8-${mode}/${case}
+             COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2 ${DF_CASES_DIR}/${case})
+    set_tests_properties(golden/cases-int8-${mode}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+endforeach()

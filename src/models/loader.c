@@ -279,6 +279,44 @@ static bool lora_updates(const df_weight_set *ws, const char *name)
     return ws->ctx->lora && df_lora_touches(ws->ctx->lora, ws->component, name);
 }
 
+/* Whether the adapters of weight t stay beside it (df_linear_weights.lora_down / lora_up)
+ * instead of merged into it: under int8 compute, where the weight is quantized from the
+ * file and a merged copy would stay resident in f32, and for weights held 8-bit (saved
+ * int8, GGUF), which cannot be merged into. */
+static bool lora_unmerged(const df_weight_set *ws, const df_tensor *t)
+{
+    df_dtype dt = t->v.dtype;
+    return df_ctx_compute_dtype(ws->ctx) == DF_DTYPE_I8 ||
+           (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16);
+}
+
+/* Binds the unmerged adapters of linear `base` (its weight [rows, cols] bound in *lw) as
+ * "<base>.lora_down" / ".lora_up" in f32, kept at full precision under int8 compute. */
+static df_status attach_lora(df_weight_set *ws, const char *base, df_linear_weights *lw)
+{
+    char name[600];
+    snprintf(name, sizeof name, "%s.weight", base);
+    int64_t rows = lw->weight->v.shape[0], cols = lw->weight->v.shape[1], r;
+    float *down, *up;
+    DF_TRY(df_lora_factors(ws->ctx->lora, ws->component, name, rows, cols, &down, &up, &r));
+    df_tensor *td = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, (int64_t[]){r, cols}, 2, down);
+    df_tensor *tu = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, (int64_t[]){rows, r}, 2, up);
+    df_free(down);
+    df_free(up);
+    snprintf(name, sizeof name, "%s.lora_down", base);
+    df_status s = keep(ws, name, td, NULL, (size_t)(r * cols) * 4, 0);
+    snprintf(name, sizeof name, "%s.lora_up", base);
+    if (s == DF_OK)
+        s = keep(ws, name, tu, NULL, (size_t)(rows * r) * 4, 0);
+    else
+        df_tensor_free(tu);
+    DF_TRY(s);
+    td->v.st->keep_precision = tu->v.st->keep_precision = true;
+    lw->lora_down = td;
+    lw->lora_up = tu;
+    return DF_OK;
+}
+
 static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
                       df_tensor **out)
 {
@@ -289,7 +327,7 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         df_tensor *t;
         DF_TRY(df_single_file_bind(ws->sf, ws->ctx, name, ndim, shape, &t, &data, &bytes));
         size_t read = bytes;
-        if (t && lora_updates(ws, name)) {
+        if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
             df_status s = merge_lora(ws, name, &t);
             if (s != DF_OK) {
                 df_tensor_free(t);
@@ -315,7 +353,7 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     const void *data = info.data;
-    if (t && lora_updates(ws, name)) {
+    if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
         df_status s = merge_lora(ws, name, &t);
         if (s != DF_OK) {
             df_tensor_free(t);
@@ -532,6 +570,8 @@ static df_status linear_sharded(df_weight_set *ws, df_linear_weights *out, int64
     DF_TRY(check_shard(ws, name, sh));
     if (!splits(sh)) {
         DF_TRY(bind(ws, name, 2, (int64_t[]){out_f, in_f}, &out->weight));
+        if (lora_updates(ws, name) && lora_unmerged(ws, out->weight))
+            DF_TRY(attach_lora(ws, base, out));
     } else {
         int dim = sh->style == DF_SHARD_COLWISE ? 0 : 1;
         DF_TRY(bind_split(ws, name, 2, (int64_t[]){out_f, in_f}, dim, sh, &out->weight));

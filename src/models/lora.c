@@ -537,12 +537,12 @@ bool df_lora_touches(const df_lora_set *set, const char *component, const char *
     return false;
 }
 
-/* Adds s B[rows] A to w [rows, cols]. */
-static df_status add_delta(const df_lora_set *set, const target *t, const name_in *how, float *w,
-                           int64_t rows, int64_t cols, const char *component, const char *name)
+/* DF_E_FORMAT unless t's A and B (B cut as `how` says) fit a weight [rows, cols]. */
+static df_status check_fits(const df_lora_set *set, const target *t, const name_in *how,
+                            int64_t rows, int64_t cols, const char *component, const char *name)
 {
     const adapter *ad = &set->files[t->file];
-    int64_t r = t->a.shape[0], b_rows = t->b.shape[0], unit = b_rows / how->units, got = 0;
+    int64_t b_rows = t->b.shape[0], unit = b_rows / how->units, got = 0;
     for (int p = 0; p < how->n; p++)
         got += (int64_t)(how->part[p][1] - how->part[p][0]) * unit;
     if (t->a.shape[1] != cols || b_rows % how->units || got != rows)
@@ -553,6 +553,14 @@ static df_status add_delta(const df_lora_set *set, const target *t, const name_i
                          (long long)t->b.shape[0], (long long)t->b.shape[1], component, name,
                          (long long)rows, (long long)cols,
                          how->units > 1 ? " (B's rows are split as the fused weight's)" : "");
+    return DF_OK;
+}
+
+/* t's A [r, cols] and B [b_rows, r] in f32, or an error naming the file. */
+static df_status read_ab(const df_lora_set *set, const target *t, float **a_out, float **b_out)
+{
+    const adapter *ad = &set->files[t->file];
+    int64_t r = t->a.shape[0], cols = t->a.shape[1], b_rows = t->b.shape[0];
     float *a = df_malloc((size_t)(r * cols) * sizeof *a);
     float *b = df_malloc((size_t)(b_rows * r) * sizeof *b);
     df_status s = a && b ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory", ad->path);
@@ -560,21 +568,101 @@ static df_status add_delta(const df_lora_set *set, const target *t, const name_i
         s = df_convert(t->a.data, t->a.dtype, a, DF_DTYPE_F32, r * cols);
     if (s == DF_OK)
         s = df_convert(t->b.data, t->b.dtype, b, DF_DTYPE_F32, b_rows * r);
-    int64_t row = 0;
-    for (int p = 0; s == DF_OK && p < how->n; p++) {
-        for (int64_t br = how->part[p][0] * unit; br < how->part[p][1] * unit; br++, row++) {
-            float *wr = w + row * cols;
-            for (int64_t k = 0; k < r; k++) {
-                float c = t->scale * b[br * r + k];
-                const float *ak = a + k * cols;
-                for (int64_t j = 0; j < cols; j++)
-                    wr[j] += c * ak[j];
-            }
+    if (s != DF_OK) {
+        df_free(a);
+        df_free(b);
+        return s;
+    }
+    *a_out = a;
+    *b_out = b;
+    return DF_OK;
+}
+
+/* The row of B that gives row `row` of the weight (B's rows cut as `how` says). */
+static int64_t b_row(const target *t, const name_in *how, int64_t row)
+{
+    int64_t unit = t->b.shape[0] / how->units;
+    for (int p = 0; p < how->n; p++) {
+        int64_t len = (int64_t)(how->part[p][1] - how->part[p][0]) * unit;
+        if (row < len)
+            return how->part[p][0] * unit + row;
+        row -= len;
+    }
+    return -1; /* not reached: check_fits counted the rows */
+}
+
+/* Adds s B[rows] A to w [rows, cols]. */
+static df_status add_delta(const df_lora_set *set, const target *t, const name_in *how, float *w,
+                           int64_t rows, int64_t cols, const char *component, const char *name)
+{
+    DF_TRY(check_fits(set, t, how, rows, cols, component, name));
+    float *a, *b;
+    DF_TRY(read_ab(set, t, &a, &b));
+    int64_t r = t->a.shape[0];
+    for (int64_t row = 0; row < rows; row++) {
+        float *wr = w + row * cols;
+        const float *br = b + b_row(t, how, row) * r;
+        for (int64_t k = 0; k < r; k++) {
+            float c = t->scale * br[k];
+            const float *ak = a + k * cols;
+            for (int64_t j = 0; j < cols; j++)
+                wr[j] += c * ak[j];
         }
     }
     df_free(a);
     df_free(b);
-    return s;
+    return DF_OK;
+}
+
+df_status df_lora_factors(df_lora_set *set, const char *component, const char *name, int64_t rows,
+                          int64_t cols, float **down, float **up, int64_t *r)
+{
+    *down = *up = NULL;
+    *r = 0;
+    int64_t total = 0;
+    name_in how;
+    for (int i = 0; i < set->n; i++) {
+        if (!matches(set, &set->t[i], component, name, &how))
+            continue;
+        DF_TRY(check_fits(set, &set->t[i], &how, rows, cols, component, name));
+        total += set->t[i].a.shape[0];
+    }
+    if (total == 0)
+        return DF_OK;
+    float *d = df_calloc((size_t)(total * cols), sizeof *d);
+    float *u = df_calloc((size_t)(rows * total), sizeof *u);
+    if (!d || !u) {
+        df_free(d);
+        df_free(u);
+        return df_errorf(DF_E_OOM, "%s: out of memory for the LoRA of '%s'", component, name);
+    }
+    int64_t off = 0;
+    for (int i = 0; i < set->n; i++) {
+        target *t = &set->t[i];
+        if (!matches(set, t, component, name, &how))
+            continue;
+        float *a, *b;
+        df_status s = read_ab(set, t, &a, &b);
+        if (s != DF_OK) {
+            df_free(d);
+            df_free(u);
+            return s;
+        }
+        int64_t rk = t->a.shape[0];
+        for (int64_t k = 0; k < rk * cols; k++)
+            d[off * cols + k] = t->scale * a[k];
+        for (int64_t row = 0; row < rows; row++)
+            for (int64_t k = 0; k < rk; k++)
+                u[row * total + off + k] = b[b_row(t, &how, row) * rk + k];
+        df_free(a);
+        df_free(b);
+        t->used = true;
+        off += rk;
+    }
+    *down = d;
+    *up = u;
+    *r = total;
+    return DF_OK;
 }
 
 df_status df_lora_merge(df_lora_set *set, const char *component, const char *name, float *w,

@@ -45,6 +45,14 @@ bool df_lora_touches(const df_lora_set *set, const char *component, const char *
 df_status df_lora_merge(df_lora_set *set, const char *component, const char *name, float *w,
                         int64_t rows, int64_t cols);
 
+/* The adapters' updates of weight `name` [rows, cols] of `component` in factored form, for
+ * applying them beside the weight instead of into it: *down [R, cols] (each adapter's A
+ * times its scale) and *up [rows, R] (its B, cut to the weight's rows), R the summed ranks.
+ * Both are the caller's (df_free); *r is 0 and both NULL when no adapter updates the
+ * weight. DF_E_FORMAT as df_lora_merge. */
+df_status df_lora_factors(df_lora_set *set, const char *component, const char *name, int64_t rows,
+                          int64_t cols, float **down, float **up, int64_t *r);
+
 /* DF_E_FORMAT naming the first adapter key that updated no weight (a target the model does
  * not have); `component` NULL: of any component, else of that one only. */
 df_status df_lora_check_used(const df_lora_set *set, const char *component);
