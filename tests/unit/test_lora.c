@@ -2,8 +2,10 @@
  * LoRA adapters (models/lora.c): the merge arithmetic and the row split of a fused
  * weight's B, the scale rule, and hostile adapter files refused with a message naming the
  * file and the key (ranks that disagree, a half-missing pair, a target the model lacks,
- * shapes that do not fit, keys of no layout, DoRA, a FLUX.1 layout on SD3).
+ * shapes that do not fit, keys of no layout, DoRA, a FLUX.1 layout on SD3), and a GGUF
+ * Q8_0 transformer with its adapter unmerged against the merged f32 one.
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,9 +20,12 @@
 #include <diffuse/safetensors_writer.h>
 
 #include "models/lora.h"
+#include "runtime/runtime.h"
 
-#define FLUX_DIR DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"
-#define SD3_DIR  DF_GOLDEN_DIR "/t2i-sd3/pipeline"
+#define FLUX_DIR  DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"
+#define SD3_DIR   DF_GOLDEN_DIR "/t2i-sd3/pipeline"
+#define MODEL_DIR DF_GOLDEN_DIR "/flux-transformer/model"
+#define Q8_CASE   DF_GOLDEN_DIR "/../cases/flux-gguf-q8_0"
 
 typedef struct tensor_spec {
     const char *name;
@@ -204,6 +209,102 @@ static void test_flux_layout_on_sd3_is_refused(void **state)
     expect_load_error("kohya_sd3.safetensors", t, 2, DF_E_UNSUPPORTED, SD3_DIR, "not FLUX.1");
 }
 
+/* The transformer of `file` (NULL: MODEL_DIR's weights) with the adapter at `lora` (NULL:
+ * none) on the inputs of the flux-gguf-q8_0 case: sample [1, 16, 64] into out. */
+static void forward(const char *file, const char *lora, float *out)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    if (lora)
+        assert_int_equal(
+            df_lora_set_load(&(df_lora_spec){.path = lora, .scale = 0.7f}, 1, true, &ctx->lora),
+            DF_OK);
+    df_flux *m;
+    df_status s =
+        file ? df_flux_load_file(ctx, MODEL_DIR, file, &m) : df_flux_load(ctx, MODEL_DIR, &m);
+    if (s != DF_OK)
+        fail_msg("%s", df_error_message());
+    assert_int_equal(df_lora_check_used(ctx->lora, NULL), DF_OK);
+    df_safetensors *st;
+    assert_int_equal(df_safetensors_open(Q8_CASE "/case.safetensors", &st), DF_OK);
+    static const char *const names[] = {
+        "hidden_states", "encoder_hidden_states", "pooled_projections", "timestep", "img_ids",
+        "txt_ids"};
+    df_tensor *t[6];
+    for (int i = 0; i < 6; i++) {
+        char key[64];
+        snprintf(key, sizeof key, "in.%s", names[i]);
+        df_tensor_info info;
+        assert_int_equal(df_safetensors_find(st, key, &info), DF_OK);
+        float *v = malloc((size_t)info.numel * sizeof *v);
+        assert_int_equal(df_safetensors_read(st, key, DF_DTYPE_F32, v, (size_t)info.numel * 4),
+                         DF_OK);
+        t[i] = df_tensor_from_host(ctx, DF_DTYPE_F32, info.shape, info.ndim, v);
+        free(v);
+    }
+    df_flux_inputs in = {.hidden_states = t[0],
+                         .encoder_hidden_states = t[1],
+                         .pooled_projections = t[2],
+                         .timestep = t[3],
+                         .img_ids = t[4],
+                         .txt_ids = t[5]};
+    df_tensor *y = df_flux_forward(ctx, m, &in);
+    assert_non_null(y);
+    assert_int_equal(df_tensor_read(ctx, y, DF_DTYPE_F32, out, 16 * 64 * sizeof *out), DF_OK);
+    df_safetensors_free(st);
+    df_flux_free(m);
+    df_lora_set_free(ctx->lora);
+    ctx->lora = NULL;
+    df_ctx_free(ctx);
+}
+
+static double rel_l2(const float *a, const float *b, int n)
+{
+    double d = 0, r = 0;
+    for (int i = 0; i < n; i++)
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), r += (double)b[i] * b[i];
+    return sqrt(d / r);
+}
+
+/* A GGUF Q8_0 transformer cannot be merged into: its adapters run beside the 8-bit weights
+ * and must give the merged f32 model's result within the int8 bound (docs/int8.md: rel_l2
+ * 0.035 for a model forward), while moving it by much more than that. */
+static void test_gguf_q8_0_unmerged_matches_merged(void **state)
+{
+    (void)state;
+    const int64_t D = 32;
+    const tensor_spec t[] = {
+        {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 4, D},
+        {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", D, 4},
+        {"transformer.transformer_blocks.1.ff.net.0.proj.lora_A.weight", 4, D},
+        {"transformer.transformer_blocks.1.ff.net.0.proj.lora_B.weight", 4 * D, 4},
+        {"transformer.single_transformer_blocks.0.proj_out.lora_A.weight", 2, 5 * D},
+        {"transformer.single_transformer_blocks.0.proj_out.lora_B.weight", D, 2},
+        {"transformer.single_transformer_blocks.1.attn.to_v.lora_A.weight", 3, D},
+        {"transformer.single_transformer_blocks.1.attn.to_v.lora_B.weight", D, 3},
+        {"transformer.transformer_blocks.0.attn.to_q.alpha", 400, 0}, /* s = 0.7 x 400 / 4 */
+        {"transformer.transformer_blocks.1.ff.net.0.proj.alpha", 400, 0},
+        {"transformer.single_transformer_blocks.0.proj_out.alpha", 200, 0},
+        {"transformer.single_transformer_blocks.1.attn.to_v.alpha", 300, 0}};
+    char lora[600];
+    snprintf(lora, sizeof lora, "%s", write_adapter("lora_q8.safetensors", t, 12));
+    enum { N = 16 * 64 };
+    float *merged = malloc(N * 4), *base = malloc(N * 4), *q8 = malloc(N * 4);
+    forward(NULL, lora, merged);
+    forward(NULL, NULL, base);
+    forward(Q8_CASE "/flux1-tiny-q8_0.gguf", lora, q8);
+    double err = rel_l2(q8, merged, N), effect = rel_l2(base, merged, N);
+    print_message("Q8_0 + LoRA: rel_l2 %.3g against merged f32; the adapter's effect %.3g\n", err,
+                  effect);
+    if (!(err <= 0.035) || !(effect > 4 * err))
+        fail_msg("Q8_0 + LoRA against merged f32: rel_l2 %.3g (bound 0.035); the adapter "
+                 "moves the output by %.3g",
+                 err, effect);
+    free(merged);
+    free(base);
+    free(q8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -216,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_kohya_shape_mismatch_is_refused),
         cmocka_unit_test(test_foreign_keys_are_refused),
         cmocka_unit_test(test_flux_layout_on_sd3_is_refused),
+        cmocka_unit_test(test_gguf_q8_0_unmerged_matches_merged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
