@@ -45,3 +45,9 @@ foreach(mode eager compile)
     set_tests_properties(golden/cases-int8-${mode}/${case} PROPERTIES TIMEOUT 600)
   endforeach()
 endforeach()
+
+# `diffuse generate --lora FILE[:SCALE]` and `diffuse inspect` of an adapter.
+add_test(NAME cli/lora_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/lora_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/lora_generate PROPERTIES TIMEOUT 300)
