@@ -19,7 +19,9 @@
 #include <diffuse/diffuse.h>
 #include <diffuse/safetensors_writer.h>
 
+#include "models/loader.h"
 #include "models/lora.h"
+#include "models/residency.h"
 #include "runtime/runtime.h"
 
 #define FLUX_DIR  DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"
@@ -211,10 +213,10 @@ static void test_flux_layout_on_sd3_is_refused(void **state)
 
 /* The transformer of `file` (NULL: MODEL_DIR's weights) with the adapter at `lora` (NULL:
  * none) on the inputs of the flux-gguf-q8_0 case: sample [1, 16, 64] into out. */
-static void forward(const char *file, const char *lora, float *out)
+static void forward(const char *file, const char *lora, df_dtype compute, float *out)
 {
     df_ctx *ctx;
-    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = compute}, &ctx), DF_OK);
     if (lora)
         assert_int_equal(
             df_lora_set_load(&(df_lora_spec){.path = lora, .scale = 0.7f}, 1, true, &ctx->lora),
@@ -225,6 +227,10 @@ static void forward(const char *file, const char *lora, float *out)
     if (s != DF_OK)
         fail_msg("%s", df_error_message());
     assert_int_equal(df_lora_check_used(ctx->lora, NULL), DF_OK);
+    /* unmerged (int8 compute): the factors are bound beside the weight */
+    int sides =
+        df_ws_collect(df_flux_weight_set(m), "transformer_blocks.0.attn.to_q.lora_", NULL, 0);
+    assert_int_equal(sides, lora && compute == DF_DTYPE_I8 ? 2 : 0);
     df_safetensors *st;
     assert_int_equal(df_safetensors_open(Q8_CASE "/case.safetensors", &st), DF_OK);
     static const char *const names[] = {
@@ -266,10 +272,10 @@ static double rel_l2(const float *a, const float *b, int n)
     return sqrt(d / r);
 }
 
-/* A GGUF Q8_0 transformer cannot be merged into: its adapters run beside the 8-bit weights
- * and must give the merged f32 model's result within the int8 bound (docs/int8.md: rel_l2
- * 0.035 for a model forward), while moving it by much more than that. */
-static void test_gguf_q8_0_unmerged_matches_merged(void **state)
+/* A GGUF Q8_0 transformer under int8 compute: its adapters run beside the 8-bit weights
+ * (unmerged, in f32) and must give the merged f32 model's result within the int8 bound
+ * (docs/int8.md: rel_l2 0.035 for a model forward), while moving it by much more. */
+static void test_gguf_q8_0_int8_unmerged_matches_merged(void **state)
 {
     (void)state;
     const int64_t D = 32;
@@ -290,12 +296,13 @@ static void test_gguf_q8_0_unmerged_matches_merged(void **state)
     snprintf(lora, sizeof lora, "%s", write_adapter("lora_q8.safetensors", t, 12));
     enum { N = 16 * 64 };
     float *merged = malloc(N * 4), *base = malloc(N * 4), *q8 = malloc(N * 4);
-    forward(NULL, lora, merged);
-    forward(NULL, NULL, base);
-    forward(Q8_CASE "/flux1-tiny-q8_0.gguf", lora, q8);
+    forward(NULL, lora, DF_DTYPE_F32, merged);
+    forward(NULL, NULL, DF_DTYPE_F32, base);
+    forward(Q8_CASE "/flux1-tiny-q8_0.gguf", lora, DF_DTYPE_I8, q8);
     double err = rel_l2(q8, merged, N), effect = rel_l2(base, merged, N);
-    print_message("Q8_0 + LoRA: rel_l2 %.3g against merged f32; the adapter's effect %.3g\n", err,
-                  effect);
+    print_message(
+        "Q8_0, int8 compute + LoRA: rel_l2 %.3g against merged f32; the adapter's effect %.3g\n",
+        err, effect);
     if (!(err <= 0.035) || !(effect > 4 * err))
         fail_msg("Q8_0 + LoRA against merged f32: rel_l2 %.3g (bound 0.035); the adapter "
                  "moves the output by %.3g",
@@ -317,7 +324,7 @@ int main(void)
         cmocka_unit_test(test_kohya_shape_mismatch_is_refused),
         cmocka_unit_test(test_foreign_keys_are_refused),
         cmocka_unit_test(test_flux_layout_on_sd3_is_refused),
-        cmocka_unit_test(test_gguf_q8_0_unmerged_matches_merged),
+        cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
