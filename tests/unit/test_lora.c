@@ -45,8 +45,8 @@ static const char *write_adapter(const char *file, const tensor_spec *specs, int
     for (int i = 0; i < n; i++) {
         if (specs[i].cols == 0) {
             float a = (float)specs[i].rows;
-            assert_int_equal(df_st_writer_add_f32(w, specs[i].name, DF_DTYPE_F32, NULL, 0, &a),
-                             DF_OK);
+            assert_int_equal(
+                df_st_writer_add_f32(w, specs[i].name, DF_DTYPE_F32, (int64_t[]){1}, 0, &a), DF_OK);
             continue;
         }
         int64_t numel = specs[i].rows * specs[i].cols;

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 import refcase
 
 refcase.patch_randn_float32()
-from diffusers import FluxPipeline  # noqa: E402
+from diffusers import Flux2KleinPipeline, FluxPipeline, StableDiffusion3Pipeline  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from peft.utils import get_peft_model_state_dict  # noqa: E402
 
@@ -95,10 +95,14 @@ def peft_adapter_b(out_dir):
     return "b.safetensors"
 
 
-def run(files, names, weights):
+FLUX1 = dict(cls=FluxPipeline, golden=GOLDEN, args=ARGS, seed=7)
+
+
+def run(files, names, weights, spec):
     res = {}
+    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
     for dtype in (torch.float64, torch.float32):
-        pipe = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=dtype)
+        pipe = spec["cls"].from_pretrained(pipe_dir, torch_dtype=dtype)
         for f, n in zip(files, names):
             pipe.load_lora_weights(f, adapter_name=n)
         pipe.set_adapters(names, adapter_weights=weights)
@@ -106,41 +110,43 @@ def run(files, names, weights):
         pipe.text_encoder.to(dtype)
         outs = []
         for ot in ("np", "latent"):
-            g = torch.Generator("cpu").manual_seed(7)
+            g = torch.Generator("cpu").manual_seed(spec["seed"])
             with torch.no_grad():
-                o = pipe(output_type=ot, generator=g, **ARGS).images
+                o = pipe(output_type=ot, generator=g, **spec["args"]).images
             outs.append(o if ot == "np" else o.float().numpy() if dtype == torch.float32 else o.numpy())
         res[dtype] = outs
     return res
 
 
-def base_image():
-    pipe = FluxPipeline.from_pretrained(PIPE_DIR, torch_dtype=torch.float64)
-    g = torch.Generator("cpu").manual_seed(7)
+def base_image(spec):
+    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
+    pipe = spec["cls"].from_pretrained(pipe_dir, torch_dtype=torch.float64)
+    g = torch.Generator("cpu").manual_seed(spec["seed"])
     with torch.no_grad():
-        return pipe(output_type="np", generator=g, **ARGS).images
+        return pipe(output_type="np", generator=g, **spec["args"]).images
 
 
-def write(name, covers, files, names, weights, notes):
+def write(name, covers, files, names, weights, notes, spec=FLUX1):
     out_dir = os.path.join(refcase.CASES, name)
     paths = [os.path.join(out_dir, f) for f in files]
-    res = run(paths, names, weights)
+    res = run(paths, names, weights, spec)
     img64, lat64 = res[torch.float64]
     img32, lat32 = res[torch.float32]
-    base = base_image()
+    base = base_image(spec)
     effect = float(np.abs(np.asarray(img64) - base).mean())
     u8 = (np.asarray(img64, np.float64) * 255).round().astype(np.uint8)
-    args = dict(ARGS, output_type="np", generator={"device": "cpu", "seed": 7},
+    args = dict(spec["args"], output_type="np",
+                generator={"device": "cpu", "seed": spec["seed"]},
                 loras=[{"file": f, "adapter_name": n, "weight": w}
                        for f, n, w in zip(files, names, weights)])
     refcase.write_case(name, {
         "kind": "pipeline",
         "covers": covers,
-        "class": "FluxPipeline",
-        "dir": f"../../golden/{GOLDEN}/pipeline",
+        "class": spec["cls"].__name__,
+        "dir": f"../../golden/{spec['golden']}/pipeline",
         "call": "pipe.load_lora_weights(file, adapter_name=n) for each of args.loras; "
                 "pipe.set_adapters(names, adapter_weights=weights); pipe(generator=torch."
-                "Generator('cpu').manual_seed(7), **args); latents_final: output_type='latent'",
+                "Generator('cpu').manual_seed(seed), **args); latents_final: output_type='latent'",
         "args": args,
         "outputs": {"latents_final": "out.latents_final", "image": "out.image",
                     "image_uint8": "out.image_uint8"},
@@ -255,12 +261,52 @@ def case_xlabs():
           ["x"], [1.2], ["xlabs.safetensors: rank 3, no alphas (scale = weight)"])
 
 
-CASES = {"lora-flux-peft": case_peft, "lora-flux-kohya": case_kohya,
+SD3 = dict(cls=StableDiffusion3Pipeline, golden="t2i-sd3", seed=5,
+           args=dict(prompt="an oil painting of a lighthouse at night, stars",
+                     negative_prompt="blurry, low quality", height=64, width=64,
+                     num_inference_steps=4, guidance_scale=5.0))
+KLEIN = dict(cls=Flux2KleinPipeline, golden="t2i-flux2-klein", seed=1,
+             args=dict(prompt="a red bicycle leaning on a yellow wall", height=64, width=64,
+                       num_inference_steps=4, guidance_scale=1.0, max_sequence_length=512))
+
+
+def peft_on(spec, out_dir, seed):
+    """A peft adapter on every other linear layer of the transformer's first two blocks of
+    each kind, saved by the pipeline's save_lora_weights with its metadata."""
+    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
+    pipe = spec["cls"].from_pretrained(pipe_dir, torch_dtype=torch.float32)
+    tr = pipe.transformer
+    linears = [n for n, m in tr.named_modules() if isinstance(m, torch.nn.Linear) and
+               ("blocks.0." in n or "blocks.1." in n)]
+    targets = linears[::2]
+    cfg = LoraConfig(r=4, lora_alpha=6, init_lora_weights=False, target_modules=targets)
+    tr.add_adapter(cfg, adapter_name="p")
+    randomize([(n, p) for n, p in tr.named_parameters() if "lora" in n], seed)
+    spec["cls"].save_lora_weights(
+        out_dir, weight_name="peft.safetensors",
+        transformer_lora_layers=get_peft_model_state_dict(tr, adapter_name="p"),
+        transformer_lora_adapter_metadata=cfg.to_dict())
+    return "peft.safetensors", len(targets)
+
+
+def case_on(name, spec, seed):
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    f, n = peft_on(spec, out_dir, seed)
+    write(name, f"{spec['cls'].__name__} with a peft-layout LoRA on {n} linear layers of the "
+          "transformer's first blocks (metadata r 4, alpha 6), weight 0.9", [f], ["p"], [0.9],
+          ["peft.safetensors: save_lora_weights with transformer_lora_adapter_metadata"],
+          spec)
+
+
+CASES = {"lora-flux-peft": case_peft,
+         "lora-sd3-peft": lambda: case_on("lora-sd3-peft", SD3, 501),
+         "lora-flux2-klein-peft": lambda: case_on("lora-flux2-klein-peft", KLEIN, 601), "lora-flux-kohya": case_kohya,
          "lora-flux-xlabs": case_xlabs}
 
 
 def main():
-    names = sys.argv[1:] or list(CASES)
+    names = sys.argv[1:] or list(CASES)  # each case regenerates its adapter files too
     for n in names:
         CASES[n]()
 
