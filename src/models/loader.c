@@ -259,7 +259,8 @@ static df_status merge_lora(df_weight_set *ws, const char *name, df_tensor **t)
     if (s == DF_OK)
         s = df_tensor_read(ws->ctx, w, DF_DTYPE_F32, f, (size_t)n * sizeof *f);
     if (s == DF_OK)
-        s = df_lora_merge(ws->ctx->lora, ws->component, name, f, w->v.shape[0], w->v.shape[1]);
+        s = df_lora_merge(ws->ctx->lora, ws->component, name, f, w->v.shape[0], w->v.shape[1],
+                          df_ctx_threads(ws->ctx));
     if (s == DF_OK)
         s = df_convert(f, DF_DTYPE_F32, narrow, dt, n);
     df_tensor *merged = NULL;

@@ -593,18 +593,23 @@ static int64_t b_row(const target *t, const name_in *how, int64_t row)
 
 /* Adds s B[rows] A to w [rows, cols]. */
 static df_status add_delta(const df_lora_set *set, const target *t, const name_in *how, float *w,
-                           int64_t rows, int64_t cols, const char *component, const char *name)
+                           int64_t rows, int64_t cols, int threads, const char *component,
+                           const char *name)
 {
     DF_TRY(check_fits(set, t, how, rows, cols, component, name));
     float *a, *b;
     DF_TRY(read_ab(set, t, &a, &b));
     int64_t r = t->a.shape[0];
+    float scale = t->scale;
+    /* rows are independent: split over the threads; each row is r axpy's of length cols */
+#pragma omp parallel for num_threads(threads > 1 ? threads : 1) schedule(static)
     for (int64_t row = 0; row < rows; row++) {
-        float *wr = w + row * cols;
+        float *restrict wr = w + row * cols;
         const float *br = b + b_row(t, how, row) * r;
         for (int64_t k = 0; k < r; k++) {
-            float c = t->scale * br[k];
-            const float *ak = a + k * cols;
+            float c = scale * br[k];
+            const float *restrict ak = a + k * cols;
+#pragma omp simd
             for (int64_t j = 0; j < cols; j++)
                 wr[j] += c * ak[j];
         }
@@ -666,14 +671,14 @@ df_status df_lora_factors(df_lora_set *set, const char *component, const char *n
 }
 
 df_status df_lora_merge(df_lora_set *set, const char *component, const char *name, float *w,
-                        int64_t rows, int64_t cols)
+                        int64_t rows, int64_t cols, int threads)
 {
     df_status s = DF_OK;
     for (int i = 0; s == DF_OK && i < set->n; i++) {
         name_in how;
         if (!matches(set, &set->t[i], component, name, &how))
             continue;
-        s = add_delta(set, &set->t[i], &how, w, rows, cols, component, name);
+        s = add_delta(set, &set->t[i], &how, w, rows, cols, threads, component, name);
         set->t[i].used = true;
     }
     return s;

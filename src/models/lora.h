@@ -40,10 +40,11 @@ void df_lora_set_free(df_lora_set *set);
 /* Whether an adapter updates weight `name` of `component` ("transformer", "text_encoder"). */
 bool df_lora_touches(const df_lora_set *set, const char *component, const char *name);
 
-/* Adds sum s B A to the 2-D weight `name` of `component`, w [rows, cols] in f32. DF_E_FORMAT
+/* Adds sum s B A to the 2-D weight `name` of `component`, w [rows, cols] in f32, on
+ * `threads` threads. DF_E_FORMAT
  * when an adapter's A or B does not fit the weight (naming the file, key and shapes). */
 df_status df_lora_merge(df_lora_set *set, const char *component, const char *name, float *w,
-                        int64_t rows, int64_t cols);
+                        int64_t rows, int64_t cols, int threads);
 
 /* The adapters' updates of weight `name` [rows, cols] of `component` in factored form, for
  * applying them beside the weight instead of into it: *down [R, cols] (each adapter's A

@@ -83,7 +83,7 @@ static void test_merge_peft_scale(void **state)
     assert_false(df_lora_touches(set, "transformer", "x_embedder.bias"));
     assert_false(df_lora_touches(set, "text_encoder", "x_embedder.weight"));
     float w[15] = {0};
-    assert_int_equal(df_lora_merge(set, "transformer", "x_embedder.weight", w, 3, 5), DF_OK);
+    assert_int_equal(df_lora_merge(set, "transformer", "x_embedder.weight", w, 3, 5, 2), DF_OK);
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 5; j++) {
             float want = 0;
@@ -111,7 +111,8 @@ static void test_kohya_qkv_split(void **state)
         df_lora_touches(set, "transformer", "transformer_blocks.0.attn.add_k_proj.weight"));
     float w[6] = {0};
     assert_int_equal(
-        df_lora_merge(set, "transformer", "transformer_blocks.0.attn.to_k.weight", w, 2, 3), DF_OK);
+        df_lora_merge(set, "transformer", "transformer_blocks.0.attn.to_k.weight", w, 2, 3, 1),
+        DF_OK);
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++) {
             float want = 0;
