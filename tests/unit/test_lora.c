@@ -20,6 +20,7 @@
 #include <diffuse/safetensors_writer.h>
 
 #include "models/loader.h"
+#include "core/alloc.h"
 #include "models/lora.h"
 #include "models/residency.h"
 #include "runtime/runtime.h"
@@ -313,6 +314,67 @@ static void test_gguf_q8_0_int8_unmerged_matches_merged(void **state)
     free(q8);
 }
 
+/* Out of memory at every allocation of reading two adapters (one with metadata) and of
+ * loading a transformer with an adapter merged (f32) and unmerged (int8 compute):
+ * DF_E_OOM each time, and nothing leaks. */
+static void test_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", 4, 32},
+        {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", 32, 4},
+        {"transformer.single_transformer_blocks.1.proj_out.lora_A.weight", 2, 160},
+        {"transformer.single_transformer_blocks.1.proj_out.lora_B.weight", 32, 2}};
+    char lora[600];
+    snprintf(lora, sizeof lora, "%s", write_adapter("lora_oom.safetensors", t, 4));
+    const df_lora_spec specs[] = {{DF_GOLDEN_DIR "/../cases/lora-flux-peft/a.safetensors", 0.8f},
+                                  {DF_GOLDEN_DIR "/../cases/lora-flux-peft/b.safetensors", 1}};
+    for (int pass = 0; pass < 3; pass++) {
+        df_ctx *ctx;
+        assert_int_equal(
+            df_ctx_create(
+                &(df_ctx_opts){.threads = 1, .compute = pass == 2 ? DF_DTYPE_I8 : DF_DTYPE_F32},
+                &ctx),
+            DF_OK);
+        int64_t live = 0;
+        int failures = 0;
+        for (int64_t nth = -1; nth < 100000; nth++) { /* -1: warms caches, then counts */
+            if (nth == 0) {
+                live = df_alloc_live();
+                continue;
+            }
+            df_lora_set *set = NULL;
+            df_flux *m = NULL;
+            df_alloc_fail_at(nth < 0 ? 0 : nth);
+            df_status s = pass == 0 ? df_lora_set_load(specs, 2, true, &set)
+                                    : df_lora_set_load(&(df_lora_spec){lora, 1}, 1, true, &set);
+            if (s == DF_OK && pass > 0) {
+                ctx->lora = set;
+                s = df_flux_load(ctx, MODEL_DIR, &m);
+                ctx->lora = NULL;
+            }
+            df_alloc_fail_at(0);
+            df_flux_free(m);
+            df_lora_set_free(set);
+            if (s == DF_OK && nth < 0)
+                continue;
+            if (s == DF_OK && (pass == 0 || m))
+                break;
+            failures++;
+            if (s != DF_E_OOM)
+                fail_msg("pass %d, allocation %lld: %s instead of DF_E_OOM: %s", pass,
+                         (long long)nth, df_status_name(s), df_error_message());
+            df_ctx_reset_error(ctx);
+            if (df_alloc_live() != live)
+                fail_msg("pass %d, allocation %lld: %lld allocations live, %lld before", pass,
+                         (long long)nth, (long long)df_alloc_live(), (long long)live);
+        }
+        assert_true(failures > 3);
+        assert_int_equal(df_alloc_live(), live);
+        df_ctx_free(ctx);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -326,6 +388,7 @@ int main(void)
         cmocka_unit_test(test_foreign_keys_are_refused),
         cmocka_unit_test(test_flux_layout_on_sd3_is_refused),
         cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
+        cmocka_unit_test(test_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
