@@ -327,10 +327,12 @@ static df_status finish(df_lora_set *set, int file, int first)
                           ad->path, layout_names[ad->lay]);
             break;
         } else if (ad->lay == LAYOUT_KOHYA && !starts(t->key, "lora_unet_") &&
-                   !starts(t->key, "lora_te1_") && !starts(t->key, "lora_te_")) {
+                   !starts(t->key, "lora_transformer_") && !starts(t->key, "lora_te1_") &&
+                   !starts(t->key, "lora_te_")) {
             s = df_errorf(DF_E_UNSUPPORTED,
-                          "%s: module '%s': kohya LoRA is read for "
-                          "lora_unet_* (the transformer) and lora_te1_* (CLIP-L)",
+                          "%s: module '%s': kohya LoRA is read for lora_unet_* (BFL's "
+                          "names) and lora_transformer_* (diffusers' names) of the "
+                          "transformer, and lora_te1_* (CLIP-L)",
                           ad->path, t->key);
             break;
         }
@@ -485,7 +487,16 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
         snprintf(out->key, sizeof out->key, "%s.%s", component, m);
         return true;
     }
-    if (!set->flux1 || alt)
+    if (!set->flux1)
+        return false;
+    if (lay == LAYOUT_KOHYA && alt) { /* diffusers' module names: "lora_transformer_<module>" */
+        if (strcmp(component, "transformer") != 0)
+            return false;
+        snprintf(out->key, sizeof out->key, "lora_transformer_%s", module);
+        underscores(out->key + 17);
+        return true;
+    }
+    if (alt)
         return false;
     if (lay == LAYOUT_KOHYA && text) {
         if (strcmp(component, "text_encoder") != 0)

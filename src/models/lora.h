@@ -9,7 +9,8 @@
  *                      rank_pattern, alpha_pattern, use_rslora per component) or as
  *                      "<component>.<module>.alpha" tensors
  *   kohya / sd-scripts "lora_unet_<BFL module, '.' -> '_'>.lora_down.weight", ".lora_up
- *                      .weight", ".alpha"; "lora_te1_<CLIP-L module>" for the text encoder
+ *                      .weight", ".alpha"; "lora_transformer_<diffusers module, '_'>" the
+ *                      same with diffusers' names; "lora_te1_<CLIP-L module>" for CLIP-L
  *   XLabs              "double_blocks.N.processor.{qkv,proj}_lora{1,2}.{down,up}.weight",
  *                      "single_blocks.N.processor.{qkv,proj}_lora.{down,up}.weight"
  * The kohya and XLabs names are Black Forest Labs' FLUX.1 modules: a fused weight's B (qkv,

@@ -126,6 +126,31 @@ static void test_kohya_qkv_split(void **state)
     df_lora_set_free(set);
 }
 
+/* kohya keys over diffusers' names ("lora_transformer_*") update that module whole. */
+static void test_kohya_diffusers_names(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_down.weight", 2, 3},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_up.weight", 4, 2},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.alpha", 1, 0}};
+    const char *path = write_adapter("lora_kohya_diffusers.safetensors", t, 3);
+    df_lora_set *set;
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set),
+                     DF_OK);
+    assert_true(
+        df_lora_touches(set, "transformer", "single_transformer_blocks.1.attn.to_q.weight"));
+    assert_false(
+        df_lora_touches(set, "transformer", "single_transformer_blocks.1.attn.to_k.weight"));
+    float w[12] = {0};
+    assert_int_equal(df_lora_merge(set, "transformer",
+                                   "single_transformer_blocks.1.attn.to_q.weight", w, 4, 3, 1),
+                     DF_OK);
+    float want = 0.5f * (value(3 * 2 + 0) * value(0 * 3 + 2) + value(3 * 2 + 1) * value(1 * 3 + 2));
+    assert_float_equal(w[3 * 3 + 2], want, 1e-7);
+    df_lora_set_free(set);
+}
+
 static void expect_load_error(const char *file, const tensor_spec *t, int n, df_status want,
                               const char *dir, const char *needle)
 {
@@ -380,6 +405,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merge_peft_scale),
         cmocka_unit_test(test_kohya_qkv_split),
+        cmocka_unit_test(test_kohya_diffusers_names),
         cmocka_unit_test(test_rank_mismatch_is_refused),
         cmocka_unit_test(test_missing_half_is_refused),
         cmocka_unit_test(test_unknown_target_is_refused),
