@@ -258,6 +258,8 @@ static df_status metadata_scale(const adapter *ad, const df_json *meta, target *
  * diffusers' get_peft_kwargs makes lora_alpha), else its rank (scale 1). */
 static float default_alpha(const df_lora_set *set, const target *t)
 {
+    if (t->has_alpha)
+        return t->alpha;
     size_t clen = strcspn(t->key, ".");
     float best = 0;
     int best_n = 0;

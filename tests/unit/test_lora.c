@@ -96,6 +96,32 @@ static void test_merge_peft_scale(void **state)
     df_lora_set_free(set);
 }
 
+/* peft without metadata: a module's own alpha; one without takes the most common. */
+static void test_peft_alpha_tensors(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"transformer.a.lora_A.weight", 2, 1}, {"transformer.a.lora_B.weight", 1, 2},
+        {"transformer.a.alpha", 8, 0},         {"transformer.b.lora_A.weight", 2, 1},
+        {"transformer.b.lora_B.weight", 1, 2}, {"transformer.b.alpha", 4, 0},
+        {"transformer.c.lora_A.weight", 2, 1}, {"transformer.c.lora_B.weight", 1, 2},
+        {"transformer.c.alpha", 4, 0},         {"transformer.d.lora_A.weight", 2, 1},
+        {"transformer.d.lora_B.weight", 1, 2}};
+    const char *path = write_adapter("lora_alphas.safetensors", t, 11);
+    df_lora_set *set;
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set),
+                     DF_OK);
+    /* B A = v0 v0 + v1 v1 = 0.0009 + 0.0004 for every module; scales 4, 2, 2 and 2 */
+    static const char *const names[] = {"a.weight", "b.weight", "c.weight", "d.weight"};
+    static const float scales[] = {4, 2, 2, 2};
+    for (int i = 0; i < 4; i++) {
+        float w = 0;
+        assert_int_equal(df_lora_merge(set, "transformer", names[i], &w, 1, 1, 1), DF_OK);
+        assert_float_equal(w, scales[i] * (value(0) * value(0) + value(1) * value(1)), 1e-8);
+    }
+    df_lora_set_free(set);
+}
+
 /* kohya's fused qkv: to_k takes B's middle third, with A shared and s = alpha / rank. */
 static void test_kohya_qkv_split(void **state)
 {
@@ -404,6 +430,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_merge_peft_scale),
+        cmocka_unit_test(test_peft_alpha_tensors),
         cmocka_unit_test(test_kohya_qkv_split),
         cmocka_unit_test(test_kohya_diffusers_names),
         cmocka_unit_test(test_rank_mismatch_is_refused),
