@@ -523,29 +523,50 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
     return true;
 }
 
-/* Whether target t updates the weight, and how (its name in t's layout). */
-static bool matches(const df_lora_set *set, const target *t, const char *component,
-                    const char *name, name_in *how)
+/* A weight as each layout present in the set names it: [layout][alt], key "" for none. */
+typedef struct weight_names {
+    name_in in[3][2];
+} weight_names;
+
+static void names_of(const df_lora_set *set, const char *component, const char *name,
+                     weight_names *w)
+{
+    for (int lay = 0; lay < 3; lay++) {
+        bool present = false;
+        for (int f = 0; f < set->n_files; f++)
+            present |= set->files[f].lay == (layout)lay;
+        for (int alt = 0; alt < 2; alt++)
+            if (!present || !name_for(set, (layout)lay, component, name, alt, &w->in[lay][alt]))
+                w->in[lay][alt].key[0] = '\0';
+    }
+}
+
+/* How target t updates the weight named `w`; NULL when it does not. */
+static const name_in *match(const df_lora_set *set, const target *t, const weight_names *w)
 {
     layout lay = set->files[t->file].lay;
     for (int alt = 0; alt < 2; alt++) {
-        if (!name_for(set, lay, component, name, alt, how))
+        const name_in *how = &w->in[lay][alt];
+        if (!how->key[0])
             continue;
         if (strcmp(how->key, t->key) == 0)
-            return true;
+            return how;
         /* kohya's CLIP names may start "lora_te_" instead of "lora_te1_" */
         if (lay == LAYOUT_KOHYA && starts(t->key, "lora_te_") && starts(how->key, "lora_te1_") &&
             strcmp(how->key + 9, t->key + 8) == 0)
-            return true;
+            return how;
     }
-    return false;
+    return NULL;
 }
 
 bool df_lora_touches(const df_lora_set *set, const char *component, const char *name)
 {
-    name_in how;
-    for (int i = 0; set && i < set->n; i++)
-        if (matches(set, &set->t[i], component, name, &how))
+    if (!set || set->n == 0)
+        return false;
+    weight_names w;
+    names_of(set, component, name, &w);
+    for (int i = 0; i < set->n; i++)
+        if (match(set, &set->t[i], &w))
             return true;
     return false;
 }
@@ -638,11 +659,13 @@ df_status df_lora_factors(df_lora_set *set, const char *component, const char *n
     *down = *up = NULL;
     *r = 0;
     int64_t total = 0;
-    name_in how;
+    weight_names wn;
+    names_of(set, component, name, &wn);
     for (int i = 0; i < set->n; i++) {
-        if (!matches(set, &set->t[i], component, name, &how))
+        const name_in *how = match(set, &set->t[i], &wn);
+        if (!how)
             continue;
-        DF_TRY(check_fits(set, &set->t[i], &how, rows, cols, component, name));
+        DF_TRY(check_fits(set, &set->t[i], how, rows, cols, component, name));
         total += set->t[i].a.shape[0];
     }
     if (total == 0)
@@ -657,7 +680,8 @@ df_status df_lora_factors(df_lora_set *set, const char *component, const char *n
     int64_t off = 0;
     for (int i = 0; i < set->n; i++) {
         target *t = &set->t[i];
-        if (!matches(set, t, component, name, &how))
+        const name_in *how = match(set, t, &wn);
+        if (!how)
             continue;
         float *a, *b;
         df_status s = read_ab(set, t, &a, &b);
@@ -671,7 +695,7 @@ df_status df_lora_factors(df_lora_set *set, const char *component, const char *n
             d[off * cols + k] = t->scale * a[k];
         for (int64_t row = 0; row < rows; row++)
             for (int64_t k = 0; k < rk; k++)
-                u[row * total + off + k] = b[b_row(t, &how, row) * rk + k];
+                u[row * total + off + k] = b[b_row(t, how, row) * rk + k];
         df_free(a);
         df_free(b);
         t->used = true;
@@ -687,11 +711,13 @@ df_status df_lora_merge(df_lora_set *set, const char *component, const char *nam
                         int64_t rows, int64_t cols, int threads)
 {
     df_status s = DF_OK;
+    weight_names wn;
+    names_of(set, component, name, &wn);
     for (int i = 0; s == DF_OK && i < set->n; i++) {
-        name_in how;
-        if (!matches(set, &set->t[i], component, name, &how))
+        const name_in *how = match(set, &set->t[i], &wn);
+        if (!how)
             continue;
-        s = add_delta(set, &set->t[i], &how, w, rows, cols, threads, component, name);
+        s = add_delta(set, &set->t[i], how, w, rows, cols, threads, component, name);
         set->t[i].used = true;
     }
     return s;
