@@ -1,6 +1,7 @@
 #!/bin/sh
 # `diffuse generate --lora FILE[:SCALE]` on the tiny FLUX.1 folder: an adapter changes the
-# image, a scale of 0 gives the image without it bit for bit, two --lora options load, and
+# image, a scale of 0 gives the image without it bit for bit, two --lora options load,
+# offloading (merged copies; int8's unmerged factors) leaves the image as it is, and
 # bad adapters and arguments are refused with one message naming the file or the option.
 # `diffuse inspect` says what an adapter file is.
 # Usage: lora_generate.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
@@ -17,7 +18,7 @@ peft=$cases/lora-flux-peft
 gen() { # output, then extra options
     out=$1; shift
     "$diffuse" generate -m "$model" -p "a fox" -W 64 -H 64 --steps 2 --seed 3 --threads 2 \
-        --dtype f32 -o "$work/$out" "$@" >"$work/log" 2>&1
+        -o "$work/$out" --dtype f32 "$@" >"$work/log" 2>&1
 }
 
 gen base.png || { fail "generate:"; cat "$work/log"; }
@@ -25,12 +26,22 @@ gen a.png --lora "$peft/a.safetensors" || { fail "--lora:"; cat "$work/log"; }
 gen a0.png --lora "$peft/a.safetensors:0" || { fail "--lora FILE:0:"; cat "$work/log"; }
 gen ab.png --lora "$peft/a.safetensors:0.8" --lora "$peft/b.safetensors:-0.6" ||
     { fail "two --lora:"; cat "$work/log"; }
+gen ab-off.png --lora "$peft/a.safetensors:0.8" --lora "$peft/b.safetensors:-0.6" \
+    --offload sequential || { fail "--offload sequential with --lora:"; cat "$work/log"; }
+gen a8.png --dtype int8 --lora "$peft/a.safetensors" || { fail "int8 --lora:"; cat "$work/log"; }
+gen a8-off.png --dtype int8 --lora "$peft/a.safetensors" --offload model ||
+    { fail "int8 --lora --offload model:"; cat "$work/log"; }
 cmp -s "$work/base.png" "$work/a.png" && fail "the adapter did not change the image" ||
     echo "ok   an adapter changes the image"
 cmp -s "$work/base.png" "$work/a0.png" && echo "ok   scale 0 is the image without it" ||
     fail "--lora FILE:0 differs from no adapter"
 cmp -s "$work/a.png" "$work/ab.png" && fail "a second adapter changed nothing" ||
     echo "ok   two adapters load and change the image again"
+cmp -s "$work/ab.png" "$work/ab-off.png" && echo "ok   merged copies survive sequential offload" ||
+    fail "--offload sequential changed the image with adapters"
+cmp -s "$work/a8.png" "$work/a8-off.png" &&
+    echo "ok   unmerged (int8) adapters survive model offload" ||
+    fail "--offload model changed the int8 image with an adapter"
 
 # refusals: one line naming the file or the option
 if gen bad.png --lora "$work/missing.safetensors"; then
@@ -57,5 +68,6 @@ fi
 grep -q "recognised: LoRA adapter, kohya layout" "$work/inspect" &&
     echo "ok   inspect names the kohya layout" || { fail "inspect:"; cat "$work/inspect"; }
 
+cmp -s "$work/a.png" "$work/a8.png" && fail "--dtype int8 gave the f32 image" || echo "ok   the int8 run is its own"
 rm -rf "$work"
 [ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
