@@ -212,7 +212,8 @@ static int get_image(check_case *c, df_gen_params *g, df_image **images, int cap
 
 /* args.loras: [{"file": F, "adapter_name": N, "weight": w}, ...], the adapters diffusers
  * loaded (load_lora_weights(F, adapter_name=N)) and weighted (set_adapters), F in the case
- * folder. */
+ * folder. "path" may stand for "file" and "scale" for "weight" (default 1); an entry may
+ * also be the file name alone. */
 static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int *n)
 {
     *n = 0;
@@ -223,11 +224,23 @@ static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int
         return check_fail(c, "args.loras: expected a list of at most %d adapters", MAX_LORAS);
     for (int i = 0; i < (int)df_json_array_size(list); i++) {
         const df_json *l = df_json_array_get(list, i);
-        const char *file = df_json_string(df_json_get(l, "file"));
-        double weight;
-        if (!file || df_json_get_double_or(l, "weight", 1.0, &weight) != DF_OK)
-            return check_fail(c, "args.loras[%d]: expected {\"file\": NAME, \"weight\": W}", i);
-        snprintf(paths[i], sizeof paths[i], "%s/%s", c->dir, file);
+        const char *file = df_json_string(l);
+        double weight = 1.0;
+        if (!file) {
+            file = df_json_string(df_json_get(l, "file"));
+            if (!file)
+                file = df_json_string(df_json_get(l, "path"));
+            const char *key = df_json_get(l, "weight") ? "weight" : "scale";
+            if (df_json_get_double_or(l, key, 1.0, &weight) != DF_OK)
+                file = NULL;
+        }
+        if (!file)
+            return check_fail(c, "args.loras[%d]: expected a file name or {\"file\": NAME, "
+                              "\"weight\": W}", i);
+        if (file[0] == '/')
+            snprintf(paths[i], sizeof paths[i], "%s", file);
+        else
+            snprintf(paths[i], sizeof paths[i], "%s/%s", c->dir, file);
         specs[i] = (df_lora_spec){.path = paths[i], .scale = (float)weight};
         *n = i + 1;
     }
