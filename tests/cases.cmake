@@ -33,7 +33,8 @@ set_tests_properties(cli/img2img_generate PROPERTIES TIMEOUT 300)
 # LoRA adapters (tools/refgen/lora.py): the adapter files of each case folder, loaded as
 # diffusers' load_lora_weights + set_adapters did, on the golden FLUX.1, SD3 and FLUX.2 [klein]
 # folders, in every mode.
-set(DF_LORA_CASES lora-flux-peft lora-flux-kohya lora-flux-xlabs lora-sd3-peft
+set(DF_LORA_CASES lora-flux-peft lora-flux-kohya lora-flux-kohya-outside lora-flux-xlabs
+    lora-sd3-peft
     lora-flux2-klein-peft)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_LORA_CASES})

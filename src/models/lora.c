@@ -38,6 +38,7 @@ typedef struct target {
     float alpha;
     float scale;
     bool used;
+    bool skipped; /* read but not applied (diffusers drops it; see dropped_by_diffusers) */
 } target;
 
 typedef struct adapter {
@@ -277,6 +278,20 @@ static float default_alpha(const df_lora_set *set, const target *t)
     return best_n ? best : (float)t->a.shape[0];
 }
 
+/* diffusers 0.42's kohya converter names the modules outside the blocks (img_in, txt_in,
+ * time_in, vector_in, guidance_in, final_layer) without the "transformer." prefix, so
+ * load_lora_weights never applies them; neither does diffuse, to give the same image. */
+static bool dropped_by_diffusers(const char *key)
+{
+    static const char *const outside[] = {"lora_unet_img_in",       "lora_unet_txt_in",
+                                          "lora_unet_time_in_",     "lora_unet_vector_in_",
+                                          "lora_unet_guidance_in_", "lora_unet_final_layer_"};
+    for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
+        if (starts(key, outside[i]))
+            return true;
+    return false;
+}
+
 static df_status finish(df_lora_set *set, int file, int first)
 {
     const adapter *ad = &set->files[file];
@@ -286,6 +301,7 @@ static df_status finish(df_lora_set *set, int file, int first)
         DF_TRY_CTX(df_json_parse_string(raw, strlen(raw), "lora_adapter_metadata", &meta), "%s",
                    ad->path);
     df_status s = DF_OK;
+    int skipped = 0;
     for (int i = first; s == DF_OK && i < set->n; i++) {
         target *t = &set->t[i];
         const char *a_name = ad->lay == LAYOUT_KOHYA   ? "lora_down"
@@ -350,10 +366,16 @@ static df_status finish(df_lora_set *set, int file, int first)
                        : ad->lay == LAYOUT_KOHYA && t->has_alpha ? t->alpha
                        : ad->lay == LAYOUT_KOHYA                 ? rank
                                                                  : default_alpha(set, t);
-        /* diffusers' kohya converter applies no alpha to the final layer */
-        if (ad->lay == LAYOUT_KOHYA && starts(t->key, "lora_unet_final_layer_"))
-            alpha = rank;
         t->scale = (float)(alpha / rank * ad->weight);
+        if (ad->lay == LAYOUT_KOHYA && dropped_by_diffusers(t->key)) {
+            if (skipped++ == 0)
+                fprintf(stderr,
+                        "warning: %s: kohya module '%s' (and any other outside the "
+                        "blocks) is not applied, as diffusers' load_lora_weights does not "
+                        "apply it\n",
+                        ad->path, t->key);
+            t->skipped = t->used = true;
+        }
     }
     df_json_free(meta);
     return s;
@@ -545,7 +567,7 @@ static void names_of(const df_lora_set *set, const char *component, const char *
 static const name_in *match(const df_lora_set *set, const target *t, const weight_names *w)
 {
     layout lay = set->files[t->file].lay;
-    for (int alt = 0; alt < 2; alt++) {
+    for (int alt = 0; alt < 2 && !t->skipped; alt++) {
         const name_in *how = &w->in[lay][alt];
         if (!how->key[0])
             continue;

@@ -238,6 +238,38 @@ def xlabs_adapter(out_dir):
     return "xlabs.safetensors"
 
 
+def kohya_outside_adapter(out_dir):
+    """kohya modules outside the blocks (img_in, txt_in, time_in, vector_in, final_layer),
+    which diffusers 0.42 reads but does not apply, beside two block modules it applies."""
+    shapes = {"lora_unet_img_in": (D, 64), "lora_unet_txt_in": (D, 48),
+              "lora_unet_time_in_in_layer": (D, 256), "lora_unet_vector_in_in_layer": (D, 32),
+              "lora_unet_final_layer_linear": (64, D),
+              "lora_unet_final_layer_adaLN_modulation_1": (2 * D, D),
+              "lora_unet_double_blocks_1_txt_attn_proj": (D, D),
+              "lora_unet_single_blocks_0_linear2": (D, D + MLP)}
+    g = torch.Generator().manual_seed(351)
+    sd = {}
+    for m, (o, k) in shapes.items():
+        sd[m + ".lora_down.weight"] = torch.randn(4, k, generator=g) * 0.5 / k ** 0.5
+        sd[m + ".lora_up.weight"] = torch.randn(o, 4, generator=g) * 0.5
+        sd[m + ".alpha"] = torch.tensor(4.0)
+    save_file(sd, os.path.join(out_dir, "kohya_outside.safetensors"))
+    return "kohya_outside.safetensors"
+
+
+def case_kohya_outside():
+    name = "lora-flux-kohya-outside"
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    f = kohya_outside_adapter(out_dir)
+    write(name, "FluxPipeline with a kohya LoRA whose modules outside the blocks (img_in, "
+          "txt_in, time_in, vector_in, final_layer) diffusers reads but does not apply",
+          [f], ["o"], [1.0],
+          ["diffusers 0.42's kohya converter names those modules without the "
+           "'transformer.' prefix, so load_lora_weights drops them: only the two block "
+           "modules change the image"])
+
+
 def case_kohya():
     name = "lora-flux-kohya"
     out_dir = os.path.join(refcase.CASES, name)
@@ -299,7 +331,7 @@ def case_on(name, spec, seed):
           spec)
 
 
-CASES = {"lora-flux-peft": case_peft,
+CASES = {"lora-flux-peft": case_peft, "lora-flux-kohya-outside": case_kohya_outside,
          "lora-sd3-peft": lambda: case_on("lora-sd3-peft", SD3, 501),
          "lora-flux2-klein-peft": lambda: case_on("lora-flux2-klein-peft", KLEIN, 601), "lora-flux-kohya": case_kohya,
          "lora-flux-xlabs": case_xlabs}
