@@ -54,6 +54,8 @@ struct df_lora_set {
     target *t;
     int n, cap;
     bool flux1;
+    int text_encoders; /* how many of text_encoder, text_encoder_2 take adapters */
+    const char *pipeline;
 };
 
 static bool starts(const char *s, const char *prefix)
@@ -330,6 +332,19 @@ static df_status finish(df_lora_set *set, int file, int first)
         }
         if (ad->lay == LAYOUT_PEFT) {
             const char *c = t->key;
+            if ((starts(c, "text_encoder.") && set->text_encoders < 1) ||
+                (starts(c, "text_encoder_2.") && set->text_encoders < 2)) {
+                if (skipped++ == 0)
+                    fprintf(stderr,
+                            "warning: %s: module '%s' (and any other of that text "
+                            "encoder) is not applied: diffusers' %s loads adapters into %s "
+                            "only\n",
+                            ad->path, t->key, set->pipeline,
+                            set->text_encoders ? "the transformer and text_encoder"
+                                               : "the transformer");
+                t->skipped = t->used = true;
+                continue;
+            }
             if (!starts(c, "transformer.") && !starts(c, "text_encoder.") &&
                 !starts(c, "text_encoder_2.")) {
                 s = df_errorf(DF_E_UNSUPPORTED,
@@ -381,7 +396,8 @@ static df_status finish(df_lora_set *set, int file, int first)
     return s;
 }
 
-df_status df_lora_set_load(const df_lora_spec *specs, int n, bool flux1, df_lora_set **out)
+df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipeline,
+                           df_lora_set **out)
 {
     *out = NULL;
     if (n < 0 || (n > 0 && !specs))
@@ -391,7 +407,11 @@ df_status df_lora_set_load(const df_lora_spec *specs, int n, bool flux1, df_lora
         df_free(set);
         return df_errorf(DF_E_OOM, "LoRA: out of memory");
     }
-    set->flux1 = flux1;
+    /* which components take adapters: diffusers' _lora_loadable_modules of the class */
+    bool flux2 = pipeline && starts(pipeline, "Flux2");
+    set->flux1 = !pipeline || (starts(pipeline, "Flux") && !flux2);
+    set->text_encoders = !pipeline || starts(pipeline, "StableDiffusion3") ? 2 : flux2 ? 0 : 1;
+    set->pipeline = pipeline ? pipeline : "pipeline";
     df_status s = DF_OK;
     for (int i = 0; s == DF_OK && i < n; i++) {
         adapter *ad = &set->files[i];
@@ -793,7 +813,7 @@ df_status df_lora_describe_file(const char *path, char *buf, size_t cap, bool *f
     if (looks_like_lora(path, found) && !*found)
         return DF_OK;
     df_lora_set *set;
-    DF_TRY(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set));
+    DF_TRY(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, NULL, &set));
     int n_tr = 0, n_te = 0;
     int64_t rmin = INT64_MAX, rmax = 0;
     for (int i = 0; i < set->n; i++) {

@@ -30,12 +30,17 @@
 
 typedef struct df_lora_set df_lora_set;
 
-/* Opens and checks the adapter files of `specs`. `flux1`: the pipeline is FLUX.1 (the
- * kohya and XLabs layouts name FLUX.1's modules; other pipelines refuse them). On success
- * *out is owned by the caller (df_lora_set_free). DF_E_IO, DF_E_FORMAT (the message names
- * the file and the key: a lora_A without its lora_B, ranks that disagree, a key that is not
- * a LoRA tensor), DF_E_UNSUPPORTED (DoRA, LoRA biases, other layouts, tensor dtypes). */
-df_status df_lora_set_load(const df_lora_spec *specs, int n, bool flux1, df_lora_set **out);
+/* Opens and checks the adapter files of `specs` for a pipeline of class `pipeline`
+ * ("FluxPipeline", ...; NULL: any), which decides what takes adapters as diffusers'
+ * _lora_loadable_modules does: FLUX.1 the transformer and text_encoder, SD3 also
+ * text_encoder_2, FLUX.2 the transformer only (modules of the others are read, not applied,
+ * with a warning line); the kohya and XLabs layouts name FLUX.1's modules and are refused
+ * elsewhere. On success *out is owned by the caller (df_lora_set_free). DF_E_IO,
+ * DF_E_FORMAT (the message names the file and the key: a lora_A without its lora_B, ranks
+ * that disagree, a key that is not a LoRA tensor), DF_E_UNSUPPORTED (DoRA, LoRA biases,
+ * other layouts, tensor dtypes). */
+df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipeline,
+                           df_lora_set **out);
 void df_lora_set_free(df_lora_set *set);
 
 /* Whether an adapter updates weight `name` of `component` ("transformer", "text_encoder"). */

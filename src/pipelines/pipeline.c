@@ -283,8 +283,7 @@ static df_status open_loras(df_pipeline *p)
     if (df_comm_size(p->comm) > 1)
         return df_errorf(DF_E_UNSUPPORTED, "%s: LoRA adapters (%s) with tensor parallelism "
                          "are not supported", p->dir, p->opts.loras[0].path);
-    bool flux1 = p->cls == &df_flux_pipeline_class || p->cls == &df_flux_img2img_pipeline_class;
-    return df_lora_set_load(p->opts.loras, p->opts.n_loras, flux1, &p->ctx->lora);
+    return df_lora_set_load(p->opts.loras, p->opts.n_loras, p->cls->name, &p->ctx->lora);
 }
 
 static df_status close_loras(df_pipeline *p, df_status s)

@@ -78,7 +78,7 @@ static void test_merge_peft_scale(void **state)
                              {"transformer.x_embedder.alpha", 1, 0}};
     const char *path = write_adapter("lora_peft.safetensors", t, 3);
     df_lora_set *set;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 0.5f}, 1, true, &set),
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 0.5f}, 1, NULL, &set),
                      DF_OK);
     assert_true(df_lora_touches(set, "transformer", "x_embedder.weight"));
     assert_false(df_lora_touches(set, "transformer", "x_embedder.bias"));
@@ -109,7 +109,7 @@ static void test_peft_alpha_tensors(void **state)
         {"transformer.d.lora_B.weight", 1, 2}};
     const char *path = write_adapter("lora_alphas.safetensors", t, 11);
     df_lora_set *set;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set),
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, NULL, &set),
                      DF_OK);
     /* B A = v0 v0 + v1 v1 = 0.0009 + 0.0004 for every module; scales 4, 2, 2 and 2 */
     static const char *const names[] = {"a.weight", "b.weight", "c.weight", "d.weight"};
@@ -131,7 +131,7 @@ static void test_kohya_qkv_split(void **state)
                              {"lora_unet_double_blocks_0_img_attn_qkv.alpha", 8, 0}};
     const char *path = write_adapter("lora_kohya.safetensors", t, 3);
     df_lora_set *set;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set),
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, NULL, &set),
                      DF_OK);
     assert_true(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_k.weight"));
     assert_false(
@@ -162,7 +162,7 @@ static void test_kohya_diffusers_names(void **state)
         {"lora_transformer_single_transformer_blocks_1_attn_to_q.alpha", 1, 0}};
     const char *path = write_adapter("lora_kohya_diffusers.safetensors", t, 3);
     df_lora_set *set;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, true, &set),
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, NULL, &set),
                      DF_OK);
     assert_true(
         df_lora_touches(set, "transformer", "single_transformer_blocks.1.attn.to_q.weight"));
@@ -256,6 +256,30 @@ static void test_foreign_keys_are_refused(void **state)
     expect_load_error("unet.safetensors", u, 2, DF_E_UNSUPPORTED, FLUX_DIR, "unet.down");
 }
 
+/* FluxPipeline loads adapters into the transformer and CLIP only (diffusers'
+ * _lora_loadable_modules): a T5 module is read, checked and left out, not an error. */
+static void test_text_encoder_2_is_left_out_on_flux(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight", 2, 32},
+        {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight", 32, 2}};
+    const char *path = write_adapter("t5.safetensors", t, 2);
+    df_pipeline *p = NULL;
+    assert_int_equal(df_pipeline_load(FLUX_DIR,
+                                      &(df_load_opts){.threads = 1,
+                                                      .dtype = DF_DTYPE_F32,
+                                                      .loras = &(df_lora_spec){path, 1},
+                                                      .n_loras = 1},
+                                      &p),
+                     DF_OK);
+    df_pipeline_free(p);
+    const tensor_spec bad[] = {{"text_encoder_2.x.lora_A.weight", 2, 32},
+                               {"text_encoder_2.x.lora_B.weight", 32, 3}};
+    expect_load_error("t5_bad.safetensors", bad, 2, DF_E_FORMAT, FLUX_DIR,
+                      "rank"); /* still checked */
+}
+
 static void test_flux_layout_on_sd3_is_refused(void **state)
 {
     (void)state;
@@ -272,7 +296,7 @@ static void forward(const char *file, const char *lora, df_dtype compute, float 
     assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1, .compute = compute}, &ctx), DF_OK);
     if (lora)
         assert_int_equal(
-            df_lora_set_load(&(df_lora_spec){.path = lora, .scale = 0.7f}, 1, true, &ctx->lora),
+            df_lora_set_load(&(df_lora_spec){.path = lora, .scale = 0.7f}, 1, NULL, &ctx->lora),
             DF_OK);
     df_flux *m;
     df_status s =
@@ -397,8 +421,8 @@ static void test_out_of_memory_sweep(void **state)
             df_lora_set *set = NULL;
             df_flux *m = NULL;
             df_alloc_fail_at(nth < 0 ? 0 : nth);
-            df_status s = pass == 0 ? df_lora_set_load(specs, 2, true, &set)
-                                    : df_lora_set_load(&(df_lora_spec){lora, 1}, 1, true, &set);
+            df_status s = pass == 0 ? df_lora_set_load(specs, 2, NULL, &set)
+                                    : df_lora_set_load(&(df_lora_spec){lora, 1}, 1, NULL, &set);
             if (s == DF_OK && pass > 0) {
                 ctx->lora = set;
                 s = df_flux_load(ctx, MODEL_DIR, &m);
@@ -439,6 +463,7 @@ int main(void)
         cmocka_unit_test(test_shape_mismatch_is_refused),
         cmocka_unit_test(test_kohya_shape_mismatch_is_refused),
         cmocka_unit_test(test_foreign_keys_are_refused),
+        cmocka_unit_test(test_text_encoder_2_is_left_out_on_flux),
         cmocka_unit_test(test_flux_layout_on_sd3_is_refused),
         cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
         cmocka_unit_test(test_out_of_memory_sweep),
