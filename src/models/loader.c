@@ -248,14 +248,18 @@ static df_status merge_lora(df_weight_set *ws, const char *name, df_tensor **t)
     df_tensor *w = *t;
     df_dtype dt = w->v.dtype;
     if (w->v.ndim != 2 || (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16))
-        return df_errorf(DF_E_UNSUPPORTED, "%s: tensor '%s' is held as %d-D %s: LoRA adapters "
-                         "are merged into 2-D F32, BF16 or F16 weights only", ws->component,
-                         name, w->v.ndim, df_dtype_name(dt));
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: tensor '%s' is held as %d-D %s: LoRA adapters "
+                         "are merged into 2-D F32, BF16 or F16 weights only",
+                         ws->component, name, w->v.ndim, df_dtype_name(dt));
     int64_t n = w->v.shape[0] * w->v.shape[1];
     float *f = df_malloc((size_t)n * sizeof *f + 1);
     void *narrow = df_malloc((size_t)n * df_dtype_size(dt) + 1);
-    df_status s = f && narrow ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory merging LoRA "
-                                                  "into '%s'", ws->component, name);
+    df_status s = f && narrow ? DF_OK
+                              : df_errorf(DF_E_OOM,
+                                          "%s: out of memory merging LoRA "
+                                          "into '%s'",
+                                          ws->component, name);
     if (s == DF_OK)
         s = df_tensor_read(ws->ctx, w, DF_DTYPE_F32, f, (size_t)n * sizeof *f);
     if (s == DF_OK)

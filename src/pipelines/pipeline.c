@@ -281,8 +281,10 @@ static df_status choose_auto_dtype(df_pipeline *p, df_status s)
 static df_status open_loras(df_pipeline *p)
 {
     if (df_comm_size(p->comm) > 1)
-        return df_errorf(DF_E_UNSUPPORTED, "%s: LoRA adapters (%s) with tensor parallelism "
-                         "are not supported", p->dir, p->opts.loras[0].path);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: LoRA adapters (%s) with tensor parallelism "
+                         "are not supported",
+                         p->dir, p->opts.loras[0].path);
     return df_lora_set_load(p->opts.loras, p->opts.n_loras, p->cls->name, &p->ctx->lora);
 }
 
