@@ -24,8 +24,7 @@
 
 static void help(FILE *f)
 {
-    fprintf(
-        f,
+    fprintf(f,
         "usage: diffuse generate -m MODEL_DIR (-p PROMPT | --prompt-file FILE) [options]\n"
         "\n"
         "  -m, --model DIR            diffusers pipeline folder (with model_index.json): FLUX.1,\n"
@@ -49,8 +48,7 @@ static void help(FILE *f)
         "  -H, --height N             image height, a multiple of 16 (default: as the width)\n"
         "      --steps N              denoising steps (default: schnell 4, dev 28; FLUX.2-dev 50,\n"
         "                             klein 4 distilled / 50 base)\n"
-        "      --guidance X           guidance scale (FLUX.1-dev 3.5, schnell ignores it; SD3: "
-        "CFG\n"
+        "      --guidance X           guidance scale (FLUX.1-dev 3.5, schnell ignores it; SD3: CFG\n"
         "                             scale, default 7.0, classifier-free guidance when > 1;\n"
         "                             FLUX.2-dev: embedded, 4.0; klein base: CFG when > 1, 4.0;\n"
         "                             distilled klein ignores it)\n"
@@ -68,8 +66,7 @@ static void help(FILE *f)
         "                             by default); repeat it for several references (up to 8)\n"
         "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
         "                             (default 0.6; 1 starts from pure noise)\n"
-        "      --seed N               random seed; the same seed gives diffusers' own noise "
-        "(default 0)\n"
+        "      --seed N               random seed; the same seed gives diffusers' own noise (default 0)\n"
         "  -n, --num-images N         images per prompt (default 1)\n"
         "      --max-sequence-length N  T5 tokens (default: schnell 256, dev 512, or\n"
         "                             tokenizer_2's model_max_length where it is less, 64 for\n"
@@ -81,8 +78,7 @@ static void help(FILE *f)
         "                             rates are measured once and cached in DIFFUSE_CACHE_DIR;\n"
         "                             -v says the rates, which and why)\n"
         "      --mode eager|fuse|compile  execution mode (default eager)\n"
-        "      --compile-blocks       compile the repeated transformer blocks (with --mode "
-        "compile\n"
+        "      --compile-blocks       compile the repeated transformer blocks (with --mode compile\n"
         "                             they are traced into the compiled transformer)\n"
         "      --offload none|model|sequential  weight residency (default none); with\n"
         "                             --offload sequential, --mode compile compiles the\n"
@@ -100,8 +96,7 @@ static void help(FILE *f)
         "                             taylor_factors_dtype=bfloat16] or\n"
         "                             magcache:mag_ratios=flux|R/R/...[,threshold=0.06,\n"
         "                             max_skip_steps=3,retention_ratio=0.2,\n"
-        "                             num_inference_steps=28] (FLUX.1, FLUX.2; "
-        "docs/step-cache.md;\n"
+        "                             num_inference_steps=28] (FLUX.1, FLUX.2; docs/step-cache.md;\n"
         "                             -v and --stats-json say which steps computed, skipped,\n"
         "                             predicted)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
@@ -307,54 +302,24 @@ static int load_images(const char *const *paths, int n, df_image **out, char *na
 
 int cmd_generate(int argc, char **argv)
 {
-    enum {
-        O_PROMPT_FILE = 256,
-        O_STEPS,
-        O_GUIDANCE,
-        O_SEED,
-        O_MAXSEQ,
-        O_DTYPE,
-        O_MODE,
-        O_COMPILE_BLOCKS,
-        O_OFFLOAD,
-        O_DEVICE,
-        O_THREADS,
-        O_TILING,
-        O_STATS,
-        O_NEGATIVE,
-        O_CLIP_SKIP,
-        O_SLG_LAYERS,
-        O_SLG_SCALE,
-        O_SLG_START,
-        O_SLG_STOP,
-        O_TP,
-        O_CACHE,
-        O_TRANSFORMER,
-        O_LORA,
-        O_IMAGE,
-        O_STRENGTH
-    };
+    enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
+           O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
+           O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
+           O_CACHE, O_TRANSFORMER, O_LORA,
+           O_IMAGE, O_STRENGTH };
     static const struct option longopts[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
+        {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
-        {"output", required_argument, 0, 'o'},
-        {"width", required_argument, 0, 'W'},
-        {"height", required_argument, 0, 'H'},
-        {"steps", required_argument, 0, O_STEPS},
-        {"guidance", required_argument, 0, O_GUIDANCE},
-        {"seed", required_argument, 0, O_SEED},
+        {"output", required_argument, 0, 'o'},    {"width", required_argument, 0, 'W'},
+        {"height", required_argument, 0, 'H'},    {"steps", required_argument, 0, O_STEPS},
+        {"guidance", required_argument, 0, O_GUIDANCE}, {"seed", required_argument, 0, O_SEED},
         {"num-images", required_argument, 0, 'n'},
         {"max-sequence-length", required_argument, 0, O_MAXSEQ},
-        {"dtype", required_argument, 0, O_DTYPE},
-        {"mode", required_argument, 0, O_MODE},
+        {"dtype", required_argument, 0, O_DTYPE}, {"mode", required_argument, 0, O_MODE},
         {"compile-blocks", no_argument, 0, O_COMPILE_BLOCKS},
-        {"offload", required_argument, 0, O_OFFLOAD},
-        {"device", required_argument, 0, O_DEVICE},
-        {"threads", required_argument, 0, O_THREADS},
-        {"vae-tiling", no_argument, 0, O_TILING},
-        {"stats-json", required_argument, 0, O_STATS},
-        {"verbose", no_argument, 0, 'v'},
+        {"offload", required_argument, 0, O_OFFLOAD}, {"device", required_argument, 0, O_DEVICE},
+        {"threads", required_argument, 0, O_THREADS}, {"vae-tiling", no_argument, 0, O_TILING},
+        {"stats-json", required_argument, 0, O_STATS}, {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},
         {"negative-prompt", required_argument, 0, O_NEGATIVE},
         {"clip-skip", required_argument, 0, O_CLIP_SKIP},
@@ -362,13 +327,11 @@ int cmd_generate(int argc, char **argv)
         {"slg-scale", required_argument, 0, O_SLG_SCALE},
         {"slg-start", required_argument, 0, O_SLG_START},
         {"slg-stop", required_argument, 0, O_SLG_STOP},
-        {"tp", required_argument, 0, O_TP},
-        {"cache", required_argument, 0, O_CACHE},
+        {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
         {"lora", required_argument, 0, O_LORA},
         {"image", required_argument, 0, O_IMAGE},
-        {"strength", required_argument, 0, O_STRENGTH},
-        {0, 0, 0, 0}};
+        {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL, *image_paths[MAX_IMAGES];
     int n_image_paths = 0;
