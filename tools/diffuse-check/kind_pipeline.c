@@ -235,10 +235,8 @@ static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int
                 file = NULL;
         }
         if (!file)
-            return check_fail(c,
-                              "args.loras[%d]: expected a file name or {\"file\": NAME, "
-                              "\"weight\": W}",
-                              i);
+            return check_fail(c, "args.loras[%d]: expected a file name or {\"file\": NAME, "
+                              "\"weight\": W}", i);
         if (file[0] == '/')
             snprintf(paths[i], sizeof paths[i], "%s", file);
         else
@@ -346,14 +344,11 @@ int check_kind_pipeline(check_case *c)
         bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
         df_eager_mode mode = strcmp(c->mode, "eager") == 0 ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
         df_status s = df_pipeline_load(c->model_dir,
-                                       &(df_load_opts){.device = c->device,
-                                                       .threads = c->threads,
-                                                       .dtype = c->compute,
-                                                       .mode = mode,
+                                       &(df_load_opts){.device = c->device, .threads = c->threads,
+                                                       .dtype = c->compute, .mode = mode,
                                                        .compile = compile,
                                                        .compile_blocks = blocks,
-                                                       .comm = c->comm,
-                                                       .loras = loras,
+                                                       .comm = c->comm, .loras = loras,
                                                        .n_loras = n_loras},
                                        &p);
         if (s == DF_OK)
