@@ -45,3 +45,27 @@ add_test(NAME cli/inpaint_generate
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/inpaint_generate.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(cli/inpaint_generate PROPERTIES TIMEOUT 300)
+# LoRA adapters (tools/refgen/lora.py): the adapter files of each case folder, loaded as
+# diffusers' load_lora_weights + set_adapters did, on the golden FLUX.1, SD3 and FLUX.2 [klein]
+# folders, in every mode.
+set(DF_LORA_CASES lora-flux-peft lora-flux-kohya lora-flux-kohya-outside lora-flux-xlabs
+    lora-sd3-peft
+    lora-flux2-klein-peft)
+foreach(mode eager fuse compile)
+  df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_LORA_CASES})
+endforeach()
+# int8 compute: the adapters stay beside the quantized weights (unmerged, in f32) and the
+# result must stay within the int8 bound of a pipeline case against the merged reference.
+foreach(mode eager compile)
+  foreach(case ${DF_LORA_CASES})
+    add_test(NAME golden/cases-int8-${mode}/${case}
+             COMMAND diffuse-check --dtype int8 --mode ${mode} --threads 2 ${DF_CASES_DIR}/${case})
+    set_tests_properties(golden/cases-int8-${mode}/${case} PROPERTIES TIMEOUT 600)
+  endforeach()
+endforeach()
+
+# `diffuse generate --lora FILE[:SCALE]` and `diffuse inspect` of an adapter.
+add_test(NAME cli/lora_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/lora_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${DF_CASES_DIR} ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/lora_generate PROPERTIES TIMEOUT 300)

@@ -21,6 +21,11 @@ extern "C" {
 typedef struct df_linear_weights {
     df_tensor *weight;
     df_tensor *bias;
+    /* Optional low-rank side product (an unmerged LoRA, models/lora.h): df_linear adds
+     * (x lora_down^T) lora_up^T, lora_down [R, K] with the adapters' scales folded in,
+     * lora_up [N, R]. NULL: none. */
+    df_tensor *lora_down;
+    df_tensor *lora_up;
 } df_linear_weights;
 
 /* --- views: no data moves; the result shares the input's storage --------------------- */
@@ -97,7 +102,7 @@ DF_API df_tensor *df_rope(df_ctx *ctx, df_tensor *x, df_tensor *table);
 
 /* --- matrix products -------------------------------------------------------------------- */
 
-/* x [..., K] @ weight^T + bias -> [..., N]. */
+/* x [..., K] @ weight^T + bias -> [..., N], plus w's low-rank side product if it has one. */
 DF_API df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *w);
 /* a [..., M, K] @ b [..., K, N] -> [..., M, N]; b's batch dimensions broadcast. */
 DF_API df_tensor *df_matmul(df_ctx *ctx, df_tensor *a, df_tensor *b);

@@ -34,6 +34,20 @@ typedef enum df_offload {
                               block read ahead while the current one runs */
 } df_offload;
 
+/* A LoRA adapter file and its weight (diffusers' set_adapters weight: 1 is the adapter as
+ * trained, 0 turns it off). Layouts, the scale rule and what is refused: docs/io.md. */
+typedef struct df_lora_spec {
+    const char *path; /* a .safetensors file in the diffusers/peft, kohya or XLabs layout */
+    float scale;
+} df_lora_spec;
+
+/* What the .safetensors file at `path` is as a LoRA adapter: one line into out (cap bytes)
+ * such as "LoRA adapter, kohya layout: 18 transformer modules, 1 text-encoder modules,
+ * rank 4", with *found true. *found is false (out empty) when no key looks like a LoRA
+ * tensor. Fails as df_load_opts.loras would (DF_E_IO, DF_E_FORMAT, DF_E_UNSUPPORTED with
+ * the file and key), except that a module is not matched against a model. */
+DF_API df_status df_lora_describe_file(const char *path, char *out, size_t cap, bool *found);
+
 typedef struct df_load_opts {
     const char *device;  /* NULL: df_device_default() */
     int threads;         /* 0: all cores */
@@ -71,6 +85,12 @@ typedef struct df_load_opts {
      * output layers in higher precision (the default policy; docs/int8.md), -1 quantizes
      * them too; 0 as DIFFUSE_INT8_KEEP says (none: quantize them). */
     int int8_keep;
+    /* LoRA adapters merged into the weights they update as the components load (a copy of
+     * each updated weight; the checkpoint's mapping stays untouched), summed when several
+     * update one weight. Borrowed for the call only. A key that updates no weight of the
+     * pipeline, or A / B shapes that do not fit it, fail the load with DF_E_FORMAT. */
+    const df_lora_spec *loras;
+    int n_loras;
 } df_load_opts;
 
 /* Called after every denoising step. */

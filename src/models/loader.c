@@ -28,6 +28,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/lora.h"
 #include "models/quant_policy.h"
 #include "models/single_file.h"
 #include "runtime/runtime.h"
@@ -240,6 +241,87 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
     return DF_OK;
 }
 
+/* LoRA (lora.h): a weight an adapter updates is replaced by a merged copy in its dtype;
+ * the file's mapping is left as it is. */
+static df_status merge_lora(df_weight_set *ws, const char *name, df_tensor **t)
+{
+    df_tensor *w = *t;
+    df_dtype dt = w->v.dtype;
+    if (w->v.ndim != 2 || (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16))
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: tensor '%s' is held as %d-D %s: LoRA adapters "
+                         "are merged into 2-D F32, BF16 or F16 weights only",
+                         ws->component, name, w->v.ndim, df_dtype_name(dt));
+    int64_t n = w->v.shape[0] * w->v.shape[1];
+    float *f = df_malloc((size_t)n * sizeof *f + 1);
+    void *narrow = df_malloc((size_t)n * df_dtype_size(dt) + 1);
+    df_status s = f && narrow ? DF_OK
+                              : df_errorf(DF_E_OOM,
+                                          "%s: out of memory merging LoRA "
+                                          "into '%s'",
+                                          ws->component, name);
+    if (s == DF_OK)
+        s = df_tensor_read(ws->ctx, w, DF_DTYPE_F32, f, (size_t)n * sizeof *f);
+    if (s == DF_OK)
+        s = df_lora_merge(ws->ctx->lora, ws->component, name, f, w->v.shape[0], w->v.shape[1],
+                          df_ctx_threads(ws->ctx));
+    if (s == DF_OK)
+        s = df_convert(f, DF_DTYPE_F32, narrow, dt, n);
+    df_tensor *merged = NULL;
+    if (s == DF_OK && !(merged = df_tensor_from_host(ws->ctx, dt, w->v.shape, 2, narrow)))
+        s = df_ctx_status(ws->ctx);
+    df_free(f);
+    df_free(narrow);
+    if (s != DF_OK)
+        return s;
+    df_tensor_free(w);
+    *t = merged;
+    return DF_OK;
+}
+
+static bool lora_updates(const df_weight_set *ws, const char *name)
+{
+    return ws->ctx->lora && df_lora_touches(ws->ctx->lora, ws->component, name);
+}
+
+/* Whether the adapters of weight t stay beside it (df_linear_weights.lora_down / lora_up)
+ * instead of merged into it: under int8 compute, where the weight is quantized from the
+ * file and a merged copy would stay resident in f32, and for weights held 8-bit (saved
+ * int8, GGUF), which cannot be merged into. */
+static bool lora_unmerged(const df_weight_set *ws, const df_tensor *t)
+{
+    df_dtype dt = t->v.dtype;
+    return df_ctx_compute_dtype(ws->ctx) == DF_DTYPE_I8 ||
+           (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16);
+}
+
+/* Binds the unmerged adapters of linear `base` (its weight [rows, cols] bound in *lw) as
+ * "<base>.lora_down" / ".lora_up" in f32, kept at full precision under int8 compute. */
+static df_status attach_lora(df_weight_set *ws, const char *base, df_linear_weights *lw)
+{
+    char name[600];
+    snprintf(name, sizeof name, "%s.weight", base);
+    int64_t rows = lw->weight->v.shape[0], cols = lw->weight->v.shape[1], r;
+    float *down, *up;
+    DF_TRY(df_lora_factors(ws->ctx->lora, ws->component, name, rows, cols, &down, &up, &r));
+    df_tensor *td = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, (int64_t[]){r, cols}, 2, down);
+    df_tensor *tu = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, (int64_t[]){rows, r}, 2, up);
+    df_free(down);
+    df_free(up);
+    snprintf(name, sizeof name, "%s.lora_down", base);
+    df_status s = keep(ws, name, td, NULL, (size_t)(r * cols) * 4, 0);
+    snprintf(name, sizeof name, "%s.lora_up", base);
+    if (s == DF_OK)
+        s = keep(ws, name, tu, NULL, (size_t)(rows * r) * 4, 0);
+    else
+        df_tensor_free(tu);
+    DF_TRY(s);
+    td->v.st->keep_precision = tu->v.st->keep_precision = true;
+    lw->lora_down = td;
+    lw->lora_up = tu;
+    return DF_OK;
+}
+
 static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
                       df_tensor **out)
 {
@@ -249,7 +331,17 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         size_t bytes;
         df_tensor *t;
         DF_TRY(df_single_file_bind(ws->sf, ws->ctx, name, ndim, shape, &t, &data, &bytes));
-        DF_TRY(keep(ws, name, t, data, bytes, bytes));
+        size_t read = bytes;
+        if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
+            df_status s = merge_lora(ws, name, &t);
+            if (s != DF_OK) {
+                df_tensor_free(t);
+                return s;
+            }
+            data = NULL;
+            bytes = (size_t)(t->v.shape[0] * t->v.shape[1]) * df_dtype_size(t->v.dtype);
+        }
+        DF_TRY(keep(ws, name, t, data, bytes, read));
         *out = t;
         return DF_OK;
     }
@@ -265,7 +357,16 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
-    DF_TRY(keep(ws, name, t, info.data, info.nbytes, info.nbytes));
+    const void *data = info.data;
+    if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
+        df_status s = merge_lora(ws, name, &t);
+        if (s != DF_OK) {
+            df_tensor_free(t);
+            return s;
+        }
+        data = NULL;
+    }
+    DF_TRY(keep(ws, name, t, data, info.nbytes, info.nbytes));
     if (info.dtype == DF_DTYPE_I8) { /* its scales, saved beside it */
         char scale_name[600];
         df_tensor *scale;
@@ -474,6 +575,8 @@ static df_status linear_sharded(df_weight_set *ws, df_linear_weights *out, int64
     DF_TRY(check_shard(ws, name, sh));
     if (!splits(sh)) {
         DF_TRY(bind(ws, name, 2, (int64_t[]){out_f, in_f}, &out->weight));
+        if (lora_updates(ws, name) && lora_unmerged(ws, out->weight))
+            DF_TRY(attach_lora(ws, base, out));
     } else {
         int dim = sh->style == DF_SHARD_COLWISE ? 0 : 1;
         DF_TRY(bind_split(ws, name, 2, (int64_t[]){out_f, in_f}, dim, sh, &out->weight));
@@ -617,6 +720,8 @@ const char *df_ws_last_warning(void)
 
 df_status df_ws_check_all_used(df_weight_set *ws)
 {
+    if (ws->ctx->lora) /* a module no weight of this component took */
+        DF_TRY(df_lora_check_used(ws->ctx->lora, ws->component));
     enum { NAMED = 4 };
     int64_t unused = 0;
     size_t n = 0;

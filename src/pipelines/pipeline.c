@@ -24,6 +24,7 @@
 #include "models/loader.h"
 #include "models/step_cache.h"
 #include "pipelines/inpaint.h"
+#include "models/lora.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 
@@ -294,6 +295,31 @@ static df_status choose_auto_dtype(df_pipeline *p, df_status s)
     return df_ctx_set_compute_dtype(p->ctx, p->compute);
 }
 
+/* LoRA adapters (opts.loras): read before the components load, merged while they bind
+ * (ctx->lora, read by models/loader.c), checked and dropped after. */
+static df_status open_loras(df_pipeline *p)
+{
+    if (df_comm_size(p->comm) > 1)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: LoRA adapters (%s) with tensor parallelism "
+                         "are not supported",
+                         p->dir, p->opts.loras[0].path);
+    return df_lora_set_load(p->opts.loras, p->opts.n_loras, p->cls->name, &p->ctx->lora);
+}
+
+static df_status close_loras(df_pipeline *p, df_status s)
+{
+    if (!p->ctx)
+        return s;
+    if (s == DF_OK)
+        s = df_lora_check_used(p->ctx->lora, NULL);
+    df_lora_set_free(p->ctx->lora);
+    p->ctx->lora = NULL;
+    p->opts.loras = NULL; /* borrowed for the load only */
+    p->opts.n_loras = 0;
+    return s;
+}
+
 static df_status load_parts(df_pipeline *p)
 {
     df_model_index *idx = NULL;
@@ -335,11 +361,14 @@ static df_status load_parts(df_pipeline *p)
                           &p->ctx);
     if (p->opts.auto_dtype)
         s = choose_auto_dtype(p, s);
+    if (s == DF_OK && p->opts.n_loras > 0)
+        s = open_loras(p);
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
         p->ctx->int8_keep = p->opts.int8_keep; /* read as the weights are bound */
         s = p->cls->load(p, idx);
     }
+    s = close_loras(p, s);
     if (s == DF_E_OOM)
         suggest_less_memory(p->opts.offload);
     df_model_index_free(idx);

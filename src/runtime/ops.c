@@ -486,7 +486,11 @@ df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
     n->a.compute = ctx->compute;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     n->out.shape[x->v.ndim - 1] = w->v.shape[0];
-    return df_emit(ctx, n);
+    df_tensor *y = df_emit(ctx, n);
+    if (!lw->lora_down && !lw->lora_up)
+        return y;
+    df_tensor *h = df_linear(ctx, x, &(df_linear_weights){.weight = lw->lora_down}); /* [.., R] */
+    return df_add(ctx, y, df_linear(ctx, h, &(df_linear_weights){.weight = lw->lora_up}));
 }
 
 /* A [.., K, N] operand is either dense or the transpose of a dense [.., N, K]. */

@@ -60,6 +60,7 @@ struct df_ctx {
     df_dev_comm *dev_comm;    /* the device's communicator over `comm` (made when first used) */
     struct df_comm *dev_comm_of;
     const df_tensor *reading; /* the tensor df_tensor_read is waiting for (for messages) */
+    struct df_lora_set *lora; /* adapters merged into weights as they bind (models/lora.h) */
 
     bool profiling;
     _Atomic int64_t prof_ns[DF_OP_COUNT + 1]; /* per op kind; the last slot: fused kernels */

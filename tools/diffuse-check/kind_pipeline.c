@@ -13,6 +13,8 @@
  *
  * FluxInpaintPipeline / StableDiffusion3InpaintPipeline: args.mask_image too (a file of the
  * case folder, the same size as the picture) and args.padding_mask_crop.
+ * args.loras lists LoRA adapter files of the case folder with their set_adapters weights
+ * (df_load_opts.loras).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -226,6 +228,45 @@ static int get_mask(check_case *c, df_gen_params *g, df_image **mask)
     return get_int(c, "padding_mask_crop", 0, &g->padding_mask_crop);
 }
 
+#define MAX_LORAS 8
+
+/* args.loras: [{"file": F, "adapter_name": N, "weight": w}, ...], the adapters diffusers
+ * loaded (load_lora_weights(F, adapter_name=N)) and weighted (set_adapters), F in the case
+ * folder. "path" may stand for "file" and "scale" for "weight" (default 1); an entry may
+ * also be the file name alone. */
+static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int *n)
+{
+    *n = 0;
+    const df_json *list = df_json_get(c->args, "loras");
+    if (!list || df_json_is_null(list))
+        return 0;
+    if (df_json_type_of(list) != DF_JSON_ARRAY || df_json_array_size(list) > MAX_LORAS)
+        return check_fail(c, "args.loras: expected a list of at most %d adapters", MAX_LORAS);
+    for (int i = 0; i < (int)df_json_array_size(list); i++) {
+        const df_json *l = df_json_array_get(list, i);
+        const char *file = df_json_string(l);
+        double weight = 1.0;
+        if (!file) {
+            file = df_json_string(df_json_get(l, "file"));
+            if (!file)
+                file = df_json_string(df_json_get(l, "path"));
+            const char *key = df_json_get(l, "weight") ? "weight" : "scale";
+            if (df_json_get_double_or(l, key, 1.0, &weight) != DF_OK)
+                file = NULL;
+        }
+        if (!file)
+            return check_fail(c, "args.loras[%d]: expected a file name or {\"file\": NAME, "
+                              "\"weight\": W}", i);
+        if (file[0] == '/')
+            snprintf(paths[i], sizeof paths[i], "%s", file);
+        else
+            snprintf(paths[i], sizeof paths[i], "%s/%s", c->dir, file);
+        specs[i] = (df_lora_spec){.path = paths[i], .scale = (float)weight};
+        *n = i + 1;
+    }
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
@@ -314,6 +355,10 @@ int check_kind_pipeline(check_case *c)
     df_image *mask = NULL;
     rc |= get_mask(c, &g, &mask);
     rc |= unsupported_args(c, sd3);
+    df_lora_spec loras[MAX_LORAS];
+    static char lora_paths[MAX_LORAS][1200];
+    int n_loras = 0;
+    rc |= get_loras(c, loras, lora_paths, &n_loras);
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
     df_pipeline *p = NULL;
@@ -327,7 +372,8 @@ int check_kind_pipeline(check_case *c)
                                                        .dtype = c->compute, .mode = mode,
                                                        .compile = compile,
                                                        .compile_blocks = blocks,
-                                                       .comm = c->comm},
+                                                       .comm = c->comm, .loras = loras,
+                                                       .n_loras = n_loras},
                                        &p);
         if (s == DF_OK)
             s = df_pipeline_run(p, &g, &out);

@@ -34,6 +34,9 @@ static void help(FILE *f)
         "                             .safetensors (diffusers, BFL or ComfyUI names; f32, bf16,\n"
         "                             f16, fp8) or .gguf (F16, BF16, Q8_0, Q4_0/1, Q5_0/1,\n"
         "                             Q2_K..Q6_K)\n"
+        "      --lora FILE[:SCALE]    a LoRA adapter (.safetensors: diffusers/peft, kohya or\n"
+        "                             XLabs layout) merged into the weights at load, SCALE its\n"
+        "                             weight (default 1); repeat for several (at most 8)\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
@@ -259,6 +262,26 @@ static void free_images(df_image **images, int n)
         df_image_free(images[i]);
 }
 
+#define MAX_LORAS 8
+
+/* --lora FILE[:SCALE]: a suffix after the last ':' that reads as a number is the scale
+ * (so a path with ':' in it still works without one). */
+static int parse_lora(const char *arg, char *path, df_lora_spec *out)
+{
+    snprintf(path, 4096, "%s", arg);
+    *out = (df_lora_spec){.path = path, .scale = 1.0f};
+    char *colon = strrchr(path, ':');
+    if (colon && colon[1]) {
+        char *end;
+        float scale = strtof(colon + 1, &end);
+        if (*end == '\0') {
+            *colon = '\0';
+            out->scale = scale;
+        }
+    }
+    return path[0] ? 0 : 1;
+}
+
 /* Reads every --image file (refusing a bad one with its message) and lists their base names
  * and SHA-256 digests, comma-separated, for the PNG parameters. Returns 0 or 1. */
 static int load_images(const char *const *paths, int n, df_image **out, char *names,
@@ -311,7 +334,7 @@ int cmd_generate(int argc, char **argv)
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER,
+           O_CACHE, O_TRANSFORMER, O_LORA,
            O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
@@ -335,6 +358,7 @@ int cmd_generate(int argc, char **argv)
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
+        {"lora", required_argument, 0, O_LORA},
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH},
         {"mask", required_argument, 0, O_MASK},
@@ -343,6 +367,8 @@ int cmd_generate(int argc, char **argv)
     const char *stats_path = NULL, *image_paths[MAX_IMAGES], *mask_path = NULL;
     int n_image_paths = 0;
     df_load_opts lo = {.auto_dtype = true};
+    df_lora_spec loras[MAX_LORAS];
+    static char lora_paths[MAX_LORAS][4096];
     df_gen_params g = {0};
     df_cache_config cache;
     int verbose = 0, rc;
@@ -464,6 +490,19 @@ int cmd_generate(int argc, char **argv)
             g.cache = &cache;
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
+        case O_LORA:
+            if (lo.n_loras == MAX_LORAS) {
+                fprintf(stderr, "diffuse generate: at most %d --lora options\n", MAX_LORAS);
+                return 2;
+            }
+            if (parse_lora(optarg, lora_paths[lo.n_loras], &loras[lo.n_loras]) != 0) {
+                fprintf(stderr, "diffuse generate: --lora '%s': expected FILE or FILE:SCALE\n",
+                        optarg);
+                return 2;
+            }
+            lo.loras = loras;
+            lo.n_loras++;
+            break;
         case O_IMAGE:
             if (n_image_paths == MAX_IMAGES) {
                 fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);

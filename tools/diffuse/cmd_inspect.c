@@ -8,7 +8,8 @@
  * weight file and index entry, and, for a class whose model code registered a check, every
  * weight against the config. Tensors are listed with dtype, shape and bytes, then totals.
  * A single file in a layout the name maps know (a FLUX.1 transformer with Black Forest
- * Labs' names, a ComfyUI prefix, city96's GGUF) gets a "recognised:" line.
+ * Labs' names, a ComfyUI prefix, city96's GGUF) gets a "recognised:" line, and so does a
+ * LoRA adapter (its layout, target counts and ranks).
  *
  * Broken input prints one line on stderr ("error: " and the library's message, which names
  * the file and what is wrong) and exits 1; a usage error exits 2. A pipeline folder this
@@ -152,6 +153,16 @@ static int describe_single_file(const char *path, bool always)
 {
     char line[512];
     bool found;
+    if (ends_with(path, ".safetensors")) { /* a LoRA adapter says so, or why it is broken */
+        if (df_lora_describe_file(path, line, sizeof line, &found) != DF_OK)
+            return fail();
+        if (found) {
+            printf("  recognised: ");
+            put_clean(stdout, line);
+            printf("\n");
+            return 0;
+        }
+    }
     if (df_flux_describe_file(path, line, sizeof line, &found) != DF_OK)
         return fail();
     if (found || always) {
