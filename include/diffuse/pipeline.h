@@ -156,6 +156,13 @@ typedef struct df_gen_params {
      * the first one's size by default. The other pipelines take one picture. */
     const df_image *const *images;
     int n_images;
+    /* FluxKontextPipeline (FLUX.1 Kontext): `image` is the picture to edit. The output's
+     * height and width keep their aspect ratio and are fitted to max_area pixels (0: the
+     * folder's default size squared, 1024 x 1024), as diffusers does; the picture is
+     * encoded at the preferred Kontext resolution nearest its aspect ratio, or, with
+     * keep_image_size (diffusers' _auto_resize=False), at its own size rounded down to 16. */
+    int64_t max_area;
+    bool keep_image_size;
 } df_gen_params;
 
 typedef struct df_gen_output {

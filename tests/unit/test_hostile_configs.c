@@ -286,7 +286,7 @@ static void test_model_index_classes(void **state)
         {"\"StableDiffusion3Pipeline\"", "\"StableDiffusion4Pipeline\"", DF_E_UNSUPPORTED,
          "pipeline class 'StableDiffusion4Pipeline' is not supported",
          "(supported: FluxPipeline, FluxImg2ImgPipeline, StableDiffusion3Pipeline, "
-         "StableDiffusion3Img2ImgPipeline, Flux2Pipeline or Flux2KleinPipeline)"},
+         "StableDiffusion3Img2ImgPipeline, Flux2Pipeline, Flux2KleinPipeline or FluxKontextPipeline)"},
         {"\"StableDiffusion3Pipeline\"", "[\"StableDiffusion3Pipeline\"]", DF_E_FORMAT,
          "'_class_name'", "expected a string"},
         {"\"AutoencoderKL\"", "\"../../etc/passwd\"", DF_E_FORMAT,

@@ -10,6 +10,10 @@
  * in the case folder (decoded as PIL's convert("RGB") gives it) and args.strength the part
  * of the schedule that runs (default 0.6); the folder is the text-to-image pipeline's,
  * which runs image to image when given a picture.
+ *
+ * FluxKontextPipeline: args.image is the picture to edit, args.max_area the output's area
+ * (default 1024 * 1024) and args._auto_resize (default true) whether the picture takes the
+ * preferred Kontext resolution nearest its aspect ratio.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,7 +215,9 @@ int check_kind_pipeline(check_case *c)
                strcmp(c->cls, "StableDiffusion3Img2ImgPipeline") == 0;
     bool flux2 =
         strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
-    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0;
+    bool kontext = strcmp(c->cls, "FluxKontextPipeline") == 0;
+    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0 ||
+                kontext;
     if (!flux && !sd3 && !flux2)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
@@ -289,6 +295,15 @@ int check_kind_pipeline(check_case *c)
     int n_images = 0;
     rc |= get_image(c, &g, images, 8, &n_images);
     rc |= unsupported_args(c, sd3);
+    if (kontext) { /* diffusers' defaults: max_area 1024 ** 2, _auto_resize True */
+        int64_t area;
+        bool auto_resize;
+        if (df_json_get_int_or(c->args, "max_area", 1024 * 1024, &area) != DF_OK ||
+            df_json_get_bool_or(c->args, "_auto_resize", true, &auto_resize) != DF_OK)
+            rc |= check_fail(c, "args: %s", df_error_message());
+        g.max_area = area;
+        g.keep_image_size = !auto_resize;
+    }
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
     df_pipeline *p = NULL;
