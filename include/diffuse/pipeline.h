@@ -148,8 +148,9 @@ typedef struct df_gen_params {
      * schedule that runs (the first int(steps - steps * strength) steps are skipped); 0
      * means 0.6, diffusers' default. One generator only. NULL image: text to image.
      * FLUX.2 (Flux2Pipeline, Flux2KleinPipeline): a reference picture to edit instead
-     * (sides multiples of 16, at most 1024x1024; height / width default to its size; no
-     * strength: the run starts from noise). */
+     * (as Flux2ImageProcessor takes it: shrunk to 1024x1024 pixels when larger, keeping its
+     * aspect ratio, then cropped at the centre to multiples of 16; height / width default to
+     * that size; no strength: the run starts from noise). */
     const df_image *image;
     double strength;
     /* FLUX.2: several reference pictures (borrowed), instead of `image`; the output takes

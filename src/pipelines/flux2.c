@@ -45,8 +45,6 @@
  * (ids and masks, latents, and the latents again after each step), so every rank holds the
  * same numbers and the image does not depend on the number of ranks; every rank gets the
  * encoder's full hidden states. Failures follow FluxPipeline's rules (flux.c).
- *
- * Not implemented: reference images (image-to-image editing).
  */
 #include <math.h>
 #include <string.h>
@@ -721,10 +719,12 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
                              "always starts from noise)",
                              p->dir, p->cls->name);
         for (int i = 0; i < n_refs; i++)
-            DF_TRY_CTX(df_flux2_reference_check(refs[i], 16), "reference image %d", i);
+            DF_TRY_CTX(df_flux2_reference_check(refs[i]), "reference image %d", i);
+        int rh, rw; /* the first picture's size once shrunk and cropped */
+        df_flux2_reference_size(refs[0], 16, &rh, &rw);
         with_size = *g;
-        with_size.height = g->height ? g->height : refs[0]->height;
-        with_size.width = g->width ? g->width : refs[0]->width;
+        with_size.height = g->height ? g->height : rh;
+        with_size.width = g->width ? g->width : rw;
         g = &with_size;
     }
     run_sizes r = resolve(p, f, g);
@@ -754,7 +754,8 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
         s = initial_latents(g, &r, lat);
     df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
     if (s == DF_OK && n_refs > 0)
-        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor, &ref);
+        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
+                                    g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);

@@ -115,7 +115,9 @@ static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_gen_params
     df_tensor *m = NULL;
     if (s == DF_OK) {
         df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 3, h, w), pixels);
-        s = t ? df_vae_encode(ctx, enc, t, &m) : df_ctx_status(ctx);
+        s = !t              ? df_ctx_status(ctx)
+            : g->vae_tiling ? df_vae_encode_tiled(ctx, enc, t, 0, &m) /* enable_tiling() */
+                            : df_vae_encode(ctx, enc, t, &m);
     }
     if (s == DF_OK)
         s = df_tensor_read(ctx, m, DF_DTYPE_F32, moments, (size_t)(2 * per) * sizeof *moments);
