@@ -342,14 +342,16 @@ df_status df_vae_encode_tiled(df_ctx *ctx, const df_vae_encoder *e, df_tensor *i
     if (!ctx || !e || !image)
         return df_errorf(DF_E_ARG, "df_vae_encode_tiled: NULL argument");
     int64_t f = e->info.scale_factor, T = tile_sample ? tile_sample : e->info.sample_size;
-    if (df_tensor_ndim(image) != 4 || (df_tensor_dim(image, 2) <= T && df_tensor_dim(image, 3) <= T))
-        return df_vae_encode(ctx, e, image, out); /* one tile (or a shape it refuses) */
-    int64_t stride = (int64_t)((double)T * (1 - 0.25));            /* overlap_size */
+    if (df_tensor_ndim(image) != 4 ||
+        (df_tensor_dim(image, 2) <= T && df_tensor_dim(image, 3) <= T))
+        return df_vae_encode(ctx, e, image, out);       /* one tile (or a shape it refuses) */
+    int64_t stride = (int64_t)((double)T * (1 - 0.25)); /* overlap_size */
     int64_t TL = T / f, extent = (int64_t)((double)TL * 0.25), keep = TL - extent;
     if (T <= 0 || T % f || stride % f || stride < 1)
-        return df_errorf(DF_E_UNSUPPORTED, "vae encode: tiles of %lld pixels (a stride of %lld) "
-                         "are not whole latents of %lld pixels", (long long)T, (long long)stride,
-                         (long long)f);
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "vae encode: tiles of %lld pixels (a stride of %lld) "
+                         "are not whole latents of %lld pixels",
+                         (long long)T, (long long)stride, (long long)f);
     int64_t B = df_tensor_dim(image, 0), H = df_tensor_dim(image, 2), W = df_tensor_dim(image, 3);
     int64_t C2 = 2 * e->info.latent_channels, BC = B * C2;
     int64_t rows = (H + stride - 1) / stride, cols = (W + stride - 1) / stride;
