@@ -663,9 +663,11 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
         }
     }
     df_kontext_image ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
-    if (s == DF_OK && kontext && g->image)
+    if (s == DF_OK && kontext && g->image && df_pipeline_lead(p))
         s = df_kontext_image_make(p, f->vae_dir, &f->vae_enc, g, r.factor, &ki);
     s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK && kontext && g->image && df_pipeline_tp(p))
+        s = df_kontext_image_share(p, &ki);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)

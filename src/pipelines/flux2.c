@@ -708,11 +708,6 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
         if (!refs[i])
             return df_errorf(DF_E_ARG, "reference image %d of %d is NULL", i, n_refs);
     if (n_refs > 0) { /* the output takes the first reference's size unless one is given */
-        if (df_pipeline_tp(p))
-            return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: reference images with tensor parallelism "
-                             "are not implemented yet",
-                             p->dir);
         if (g->strength != 0)
             return df_errorf(DF_E_ARG,
                              "%s: %s takes reference images, not a strength (it "
@@ -753,10 +748,12 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
     df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
-    if (s == DF_OK && n_refs > 0)
+    if (s == DF_OK && n_refs > 0 && df_pipeline_lead(p)) /* rank 0 encodes and shares */
         s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
                                     g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK && n_refs > 0 && df_pipeline_tp(p))
+        s = df_flux2_reference_share(p, &ref);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)

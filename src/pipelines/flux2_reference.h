@@ -41,6 +41,8 @@ void df_flux2_reference_size(const df_image *img, int multiple, int *height, int
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                                   const df_image *const *imgs, int n, int multiple, bool tiled,
                                   df_flux2_reference *out);
+/* Tensor parallelism: rank 0's tokens and ids on every rank (rank 0 encodes). */
+df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r);
 void df_flux2_reference_deinit(df_flux2_reference *r);
 
 #endif

@@ -44,11 +44,6 @@ df_status df_kontext_params(const df_pipeline *p, const df_gen_params *g, int de
                          "%s: FluxKontextPipeline takes no strength (it always starts "
                          "from noise; the picture joins as extra tokens)",
                          p->dir);
-    if (g->image && df_pipeline_tp(p))
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: FluxKontextPipeline with a picture and tensor "
-                         "parallelism is not implemented",
-                         p->dir);
     if (g->max_area < 0 || g->max_area > DF_IMAGE_MAX_PIXELS)
         return df_errorf(DF_E_ARG, "max_area %lld must be in [1, %lld] pixels (0: the default)",
                          (long long)g->max_area, (long long)DF_IMAGE_MAX_PIXELS);
@@ -173,6 +168,26 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
     out->n_tokens = n;
     out->channels = 4 * C;
     return DF_OK;
+}
+
+df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k)
+{
+    int64_t size[2] = {k->n_tokens, k->channels};
+    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
+    df_status s = DF_OK;
+    if (!df_pipeline_lead(p)) {
+        k->n_tokens = size[0], k->channels = size[1];
+        k->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *k->tokens);
+        k->ids = df_malloc((size_t)(size[0] * 3) * sizeof *k->ids);
+        s = k->tokens && k->ids ? DF_OK
+                                : df_errorf(DF_E_OOM, "out of memory for the picture's tokens");
+    }
+    s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, k->tokens, (size_t)(size[0] * size[1]) * sizeof *k->tokens);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, k->ids, (size_t)(size[0] * 3) * sizeof *k->ids);
+    return s;
 }
 
 void df_kontext_image_deinit(df_kontext_image *k)

@@ -24,7 +24,7 @@ typedef struct df_kontext_image {
  * Kontext's folders), width = round(sqrt(max_area * w / h)), rounded down to `multiple`
  * (vae_scale_factor * 2), as diffusers does. Refused before any model runs, naming the
  * rule: a list of pictures (the pipeline takes one: DF_E_ARG), a strength (it has none),
- * a picture with tensor parallelism (DF_E_UNSUPPORTED), a max_area that leaves a side of 0.
+ * a max_area that leaves a side under `multiple`, a picture under `multiple` pixels.
  */
 df_status df_kontext_params(const df_pipeline *p, const df_gen_params *g, int default_size,
                             int multiple, df_gen_params *sized);
@@ -46,6 +46,8 @@ df_status df_kontext_image_size(const df_image *img, int multiple, bool auto_res
  */
 df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                                 const df_gen_params *g, int multiple, df_kontext_image *out);
+/* Tensor parallelism: rank 0's tokens and ids on every rank (rank 0 alone has the VAE). */
+df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k);
 void df_kontext_image_deinit(df_kontext_image *k);
 
 #endif
