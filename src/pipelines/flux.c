@@ -258,6 +258,11 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
     if (g->n_images != 0)
         return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
                          p->dir, p->cls->name, g->n_images);
+    if (p->cls != &df_flux_kontext_pipeline_class && (g->max_area || g->keep_image_size))
+        return df_errorf(DF_E_ARG,
+                         "%s: max_area and keep_image_size are FluxKontextPipeline's, "
+                         "not %s's",
+                         p->dir, p->cls->name);
     if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
     if (!df_pipeline_lead(p))
