@@ -1,7 +1,8 @@
 # Editing with pictures in (issue #30): FLUX.1 Kontext (FluxKontextPipeline: the cases of
 # tools/refgen/kontext.py on the tiny Kontext folder tests/cases/kontext-pipeline), FLUX.2
 # references that Flux2ImageProcessor crops or shrinks (tools/refgen/flux2_edit.py), and the
-# tiled VAE encoder (tools/refgen/vae_encode.py), in every execution mode on the CPU;
+# tiled VAE encoder (tools/refgen/vae_encode.py), in every execution mode on the CPU (and
+# with compiled repeated blocks);
 # edit-flux2-resize, whose 1032x1024 reference makes 4032 tokens, in eager mode only.
 set(DF_EDIT_CASES kontext-gen kontext-latents kontext-b2 kontext-noimage edit-flux2-crop
     vae-encode-flux-tiled)
@@ -10,6 +11,8 @@ foreach(mode eager fuse compile)
                   CASES ${DF_EDIT_CASES})
 endforeach()
 df_golden_tests(cases-eager eager DIR ${CMAKE_SOURCE_DIR}/tests/cases CASES edit-flux2-resize)
+df_golden_tests(cases-blocks blocks DIR ${CMAKE_SOURCE_DIR}/tests/cases
+                CASES kontext-latents kontext-b2 edit-flux2-crop)
 
 # The CLI on a Kontext folder assembled from tests/cases/kontext-pipeline and the golden
 # text encoders.
