@@ -187,8 +187,9 @@ typedef struct df_gen_params {
      * schedule that runs (the first int(steps - steps * strength) steps are skipped); 0
      * means 0.6, diffusers' default. One generator only. NULL image: text to image.
      * FLUX.2 (Flux2Pipeline, Flux2KleinPipeline): a reference picture to edit instead
-     * (sides multiples of 16, at most 1024x1024; height / width default to its size; no
-     * strength: the run starts from noise). */
+     * (as Flux2ImageProcessor takes it: shrunk to 1024x1024 pixels when larger, keeping its
+     * aspect ratio, then cropped at the centre to multiples of 16; height / width default to
+     * that size; no strength: the run starts from noise). */
     const df_image *image;
     double strength;
     /* FLUX.2: several reference pictures (borrowed), instead of `image`; the output takes
@@ -206,6 +207,13 @@ typedef struct df_gen_params {
      * inpainting. */
     const df_image *mask;
     int padding_mask_crop;
+    /* FluxKontextPipeline (FLUX.1 Kontext): `image` is the picture to edit. The output's
+     * height and width keep their aspect ratio and are fitted to max_area pixels (0: the
+     * folder's default size squared, 1024 x 1024), as diffusers does; the picture is
+     * encoded at the preferred Kontext resolution nearest its aspect ratio, or, with
+     * keep_image_size (diffusers' _auto_resize=False), at its own size rounded down to 16. */
+    int64_t max_area;
+    bool keep_image_size;
 } df_gen_params;
 
 typedef struct df_gen_output {

@@ -53,6 +53,8 @@ typedef struct df_vae_info {
     double scaling_factor;        /* default 0.18215; AutoencoderKLFlux2: 1 (none) */
     double shift_factor;          /* null or absent: 0 */
     int64_t scale_factor;         /* 2^(n_blocks - 1): pixels per latent */
+    int64_t sample_size;          /* config sample_size (its first entry), default 32: the
+                                   * tile side of df_vae_encode_tiled */
     /* AutoencoderKLFlux2: the decoder is built from decoder_block_out_channels when the
      * config has them (block_out_channels above then holds those), and the pipeline's
      * latents are normalised by a BatchNorm2d over the 2x2-patchified latents. */
@@ -172,6 +174,21 @@ DF_API const df_vae_info *df_vae_encoder_config(const df_vae_encoder *e);
  */
 DF_API df_status df_vae_encode(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image,
                                df_tensor **out);
+
+/*
+ * The same moments, tile by tile, as AutoencoderKL._tiled_encode does with enable_tiling():
+ * when H or W is over tile_sample (0: the config's sample_size, diffusers'
+ * tile_sample_min_size), the image is cut into tiles of that side starting every
+ * int(0.75 * tile) pixels (the last ones smaller), each encoded alone; in row-major order
+ * each tile's moments are blended in place with the already blended tile above, then the
+ * one to the left, linearly over int(tile_latent / 4) latent rows / columns (tile_latent =
+ * tile / scale_factor), and the first tile_latent - blend rows and columns of each are
+ * kept. Images that fit in one tile are encoded whole. The blending happens on the host;
+ * the memory in use is one tile's working set plus the moments. DF_E_UNSUPPORTED for a
+ * tile whose stride or side is not a multiple of scale_factor, DF_E_SHAPE as df_vae_encode.
+ */
+DF_API df_status df_vae_encode_tiled(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image,
+                                     int64_t tile_sample, df_tensor **out);
 
 /*
  * DiagonalGaussianDistribution over host moments [B, 2C, h, w] (f32) -> out [B, C, h, w]:

@@ -205,6 +205,14 @@ df_status df_vae_read_config(const df_json *cfg, df_vae_info *info)
     DF_TRY(
         df_json_get_bool_or(cfg, "mid_block_add_attention", true, &info->mid_block_add_attention));
     DF_TRY(df_json_get_bool_or(cfg, "use_post_quant_conv", true, &info->use_post_quant_conv));
+    /* the tiled encoder's tile side (diffusers' tile_sample_min_size): a number, or a list
+     * whose first entry counts; diffusers' default 32 */
+    const df_json *ss = df_json_get(cfg, "sample_size");
+    if (df_json_type_of(ss) == DF_JSON_ARRAY && df_json_array_size(ss) > 0)
+        ss = df_json_array_get(ss, 0);
+    info->sample_size = 32;
+    if (ss && !df_json_is_null(ss))
+        DF_TRY_CTX(df_json_to_int(ss, &info->sample_size), "%s: sample_size", src);
     if (info->flux2)
         return read_batch_norm(cfg, info);
     DF_TRY(df_json_get_double_or(cfg, "scaling_factor", 0.18215, &info->scaling_factor));

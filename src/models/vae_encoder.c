@@ -20,6 +20,9 @@
  * next to the image, and the noise of sample() comes from the host generator exactly as
  * torch draws it, in the order diffusers draws it relative to the pipeline's other noise.
  *
+ * df_vae_encode_tiled is AutoencoderKL._tiled_encode (enable_tiling): overlapping tiles
+ * encoded one at a time, their moments blended on the host in diffusers' order, in place.
+ *
  * AutoencoderKLFlux2 has the same encoder, built from block_out_channels (the decoder may
  * use decoder_block_out_channels instead), and quant_conv. Flux2Pipeline takes the
  * posterior's mode, patchifies it 2x2 and normalises it with the VAE's batch-norm running
@@ -272,6 +275,131 @@ df_status df_vae_encode(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image, 
         h = df_vae_conv_fwd(ctx, &e->quant_conv, h);
     h = df_vae_end_block(ctx, mark, h);
     return df_vae_finish(ctx, h, out);
+}
+
+/* --- tiled encoding (AutoencoderKL._tiled_encode) ------------------------------------------ */
+
+/* One tile's moments on the host, [B, C, h, w]. */
+typedef struct tile {
+    int64_t h, w;
+    float *m;
+} tile;
+
+/* blend_v: b's first rows go over from a's last ones to b's own (same width), in float32 as
+ * torch multiplies a float32 tensor by a Python float. */
+static void blend_v(const tile *a, tile *b, int64_t BC, int64_t extent)
+{
+    extent = extent < a->h ? extent : a->h;
+    extent = extent < b->h ? extent : b->h;
+    for (int64_t y = 0; y < extent; y++) {
+        float wa = (float)(1.0 - (double)y / extent), wb = (float)((double)y / extent);
+        for (int64_t c = 0; c < BC; c++)
+            for (int64_t x = 0; x < b->w; x++) {
+                float *to = b->m + (c * b->h + y) * b->w + x;
+                *to = a->m[(c * a->h + a->h - extent + y) * a->w + x] * wa + *to * wb;
+            }
+    }
+}
+
+/* blend_h: b's first columns from a's last ones (same height). */
+static void blend_h(const tile *a, tile *b, int64_t BC, int64_t extent)
+{
+    extent = extent < a->w ? extent : a->w;
+    extent = extent < b->w ? extent : b->w;
+    for (int64_t x = 0; x < extent; x++) {
+        float wa = (float)(1.0 - (double)x / extent), wb = (float)((double)x / extent);
+        for (int64_t c = 0; c < BC; c++)
+            for (int64_t y = 0; y < b->h; y++) {
+                float *to = b->m + (c * b->h + y) * b->w + x;
+                *to = a->m[(c * a->h + y) * a->w + a->w - extent + x] * wa + *to * wb;
+            }
+    }
+}
+
+/* Encodes image[:, :, y0:y0+th, x0:x0+tw] into t (host). */
+static df_status encode_tile(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image, int64_t y0,
+                             int64_t th, int64_t x0, int64_t tw, tile *t)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *part = df_slice(ctx, df_slice(ctx, image, 2, y0, y0 + th), 3, x0, x0 + tw);
+    df_tensor *m = NULL;
+    df_status s = part ? df_vae_encode(ctx, e, df_contiguous(ctx, part), &m) : df_ctx_status(ctx);
+    if (s == DF_OK) {
+        int64_t n = df_tensor_numel(m);
+        t->h = df_tensor_dim(m, 2), t->w = df_tensor_dim(m, 3);
+        t->m = df_malloc((size_t)n * sizeof *t->m);
+        s = t->m ? df_tensor_read(ctx, m, DF_DTYPE_F32, t->m, (size_t)n * sizeof *t->m)
+                 : df_errorf(DF_E_OOM, "out of memory for a tile's moments");
+    }
+    df_scope_end(ctx, mark, NULL);
+    return s;
+}
+
+df_status df_vae_encode_tiled(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image,
+                              int64_t tile_sample, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !e || !image)
+        return df_errorf(DF_E_ARG, "df_vae_encode_tiled: NULL argument");
+    int64_t f = e->info.scale_factor, T = tile_sample ? tile_sample : e->info.sample_size;
+    if (df_tensor_ndim(image) != 4 ||
+        (df_tensor_dim(image, 2) <= T && df_tensor_dim(image, 3) <= T))
+        return df_vae_encode(ctx, e, image, out);       /* one tile (or a shape it refuses) */
+    int64_t stride = (int64_t)((double)T * (1 - 0.25)); /* overlap_size */
+    int64_t TL = T / f, extent = (int64_t)((double)TL * 0.25), keep = TL - extent;
+    if (T <= 0 || T % f || stride % f || stride < 1)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "vae encode: tiles of %lld pixels (a stride of %lld) "
+                         "are not whole latents of %lld pixels",
+                         (long long)T, (long long)stride, (long long)f);
+    int64_t B = df_tensor_dim(image, 0), H = df_tensor_dim(image, 2), W = df_tensor_dim(image, 3);
+    int64_t C2 = 2 * e->info.latent_channels, BC = B * C2;
+    int64_t rows = (H + stride - 1) / stride, cols = (W + stride - 1) / stride;
+    tile *tiles = df_calloc((size_t)(rows * cols), sizeof *tiles);
+    if (!tiles)
+        return df_errorf(DF_E_OOM, "out of memory for %lld tiles", (long long)(rows * cols));
+    df_status s = DF_OK;
+    for (int64_t i = 0; s == DF_OK && i < rows; i++)
+        for (int64_t j = 0; s == DF_OK && j < cols; j++) {
+            int64_t y0 = i * stride, x0 = j * stride;
+            s = encode_tile(ctx, e, image, y0, (H - y0 < T ? H - y0 : T), x0,
+                            (W - x0 < T ? W - x0 : T), &tiles[i * cols + j]);
+        }
+    int64_t Ho = 0, Wo = 0; /* the kept rows of the first column, columns of the first row */
+    for (int64_t i = 0; s == DF_OK && i < rows; i++)
+        Ho += tiles[i * cols].h < keep ? tiles[i * cols].h : keep;
+    for (int64_t j = 0; s == DF_OK && j < cols; j++)
+        Wo += tiles[j].w < keep ? tiles[j].w : keep;
+    float *m = s == DF_OK ? df_malloc((size_t)(BC * Ho * Wo) * sizeof *m) : NULL;
+    if (s == DF_OK && !m)
+        s = df_errorf(DF_E_OOM, "out of memory for the moments");
+    for (int64_t i = 0, oy = 0; s == DF_OK && i < rows; i++) {
+        int64_t kh = 0;
+        for (int64_t j = 0, ox = 0; j < cols; j++) {
+            tile *t = &tiles[i * cols + j];
+            if (i > 0) /* in place: the tiles above and to the left are already blended */
+                blend_v(&tiles[(i - 1) * cols + j], t, BC, extent);
+            if (j > 0)
+                blend_h(&tiles[i * cols + j - 1], t, BC, extent);
+            kh = t->h < keep ? t->h : keep;
+            int64_t kw = t->w < keep ? t->w : keep;
+            for (int64_t c = 0; c < BC; c++)
+                for (int64_t y = 0; y < kh; y++)
+                    memcpy(m + (c * Ho + oy + y) * Wo + ox, t->m + (c * t->h + y) * t->w,
+                           (size_t)kw * sizeof *m);
+            ox += kw;
+        }
+        oy += kh;
+    }
+    if (s == DF_OK) {
+        *out = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, C2, Ho, Wo), m);
+        s = *out ? DF_OK : df_ctx_status(ctx);
+    }
+    for (int64_t i = 0; i < rows * cols; i++)
+        df_free(tiles[i].m);
+    df_free(tiles);
+    df_free(m);
+    return s;
 }
 
 /* --- the posterior ----------------------------------------------------------------------- */

@@ -28,6 +28,10 @@
  * 3.5, 512 tokens); a folder made for smaller images narrows the image side and the T5
  * tokens (folder_defaults). Components listed as null in model_index.json are allowed
  * when the caller passes prompt embeddings instead of prompts.
+ *
+ * FluxKontextPipeline is this pipeline with its sizes and picture from kontext.c: the
+ * picture's tokens follow the latents on the transformer's input, and only the latents'
+ * part of the output is kept.
  */
 #include <math.h>
 #include <string.h>
@@ -47,6 +51,7 @@
 #include "models/step_cache.h"
 #include "pipelines/img2img.h"
 #include "pipelines/inpaint.h"
+#include "pipelines/kontext.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
@@ -254,6 +259,11 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
     if (g->n_images != 0)
         return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
                          p->dir, p->cls->name, g->n_images);
+    if (p->cls != &df_flux_kontext_pipeline_class && (g->max_area || g->keep_image_size))
+        return df_errorf(DF_E_ARG,
+                         "%s: max_area and keep_image_size are FluxKontextPipeline's, "
+                         "not %s's",
+                         p->dir, p->cls->name);
     if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
     if (!df_pipeline_lead(p))
@@ -358,9 +368,12 @@ static df_status given_embeddings(df_pipeline *p, const df_gen_params *g, const 
     int64_t ne = r->B * r->L * cfg->joint_attention_dim, np = r->B * cfg->pooled_projection_dim;
     float *e = df_malloc((size_t)ne * sizeof *e), *q = df_malloc((size_t)np * sizeof *q);
     df_status s = e && q ? DF_OK : df_errorf(DF_E_OOM, "out of memory for prompt embeddings");
-    if (s == DF_OK && df_pipeline_lead(p)) {
-        memcpy(e, g->prompt_embeds, (size_t)ne * sizeof *e);
-        memcpy(q, g->pooled_prompt_embeds, (size_t)np * sizeof *q);
+    /* each given row once per image, as encode_prompt repeats num_images_per_prompt */
+    int64_t row_e = r->L * cfg->joint_attention_dim, row_q = cfg->pooled_projection_dim;
+    for (int64_t b = 0; s == DF_OK && df_pipeline_lead(p) && b < r->B; b++) {
+        memcpy(e + b * row_e, g->prompt_embeds + b / r->per * row_e, (size_t)row_e * sizeof *e);
+        memcpy(q + b * row_q, g->pooled_prompt_embeds + b / r->per * row_q,
+               (size_t)row_q * sizeof *q);
     }
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
@@ -475,18 +488,19 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_
     return s == DF_OK ? df_scheduler_set_begin_index(*out, first) : s;
 }
 
-/* The denoising loop over the packed latents lat [B, S, Ci] (in place). */
+/* The denoising loop over the packed latents lat [B, S, Ci] (in place); ki: Kontext's
+ * picture tokens, or NULL. */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *embeds, df_tensor *pooled, const df_inpaint *ip, float *lat,
-                         df_gen_output *out)
+                         df_tensor *embeds, df_tensor *pooled, const df_inpaint *ip,
+                         const df_kontext_image *ki, float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
     int64_t B = r->B, L = r->L, Ci = cfg->in_channels;
     int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor), S = (h / 2) * (w / 2);
-    int64_t n_lat = B * S * Ci;
+    int64_t n_lat = B * S * Ci, Si = ki ? ki->n_tokens : 0;
     float *v_host = df_malloc((size_t)n_lat * sizeof *v_host);
-    float *ids = df_malloc((size_t)S * 3 * sizeof *ids);
+    float *ids = df_malloc((size_t)(S + Si) * 3 * sizeof *ids);
     float *txt = df_calloc((size_t)L * 3, sizeof *txt);
     float *ts = df_malloc((size_t)B * sizeof *ts), *gs = df_malloc((size_t)B * sizeof *gs);
     df_scheduler *sched = NULL;
@@ -497,6 +511,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             float *row = ids + (y * (w / 2) + x) * 3;
             row[0] = 0, row[1] = (float)y, row[2] = (float)x;
         }
+    if (s == DF_OK && ki) /* latent_ids then image_ids, one sequence */
+        memcpy(ids + S * 3, ki->ids, (size_t)Si * 3 * sizeof *ids);
     if (s == DF_OK)
         s = make_scheduler(f, r->steps, r->first, S, &sched);
     df_step_cache *cache = NULL; /* `transformer.enable_cache(g->cache)` for this run */
@@ -506,8 +522,18 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         s = df_step_cache_create(g->cache, "FluxTransformer2DModel",
                                  df_flux_attention_modules(f->transformer), &cache);
     df_flux_set_step_cache(f->transformer, cache);
-    df_tensor *img_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S, 3), ids)
-                                    : NULL;
+    df_tensor *img_ids =
+        s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S + Si, 3), ids) : NULL;
+    df_tensor *image_tokens = NULL; /* Kontext: [B, Si, Ci] */
+    if (s == DF_OK && ki && ki->channels != Ci)
+        s = df_errorf(DF_E_FORMAT,
+                      "the picture's tokens have %lld channels, the transformer "
+                      "takes %lld",
+                      (long long)ki->channels, (long long)Ci);
+    if (s == DF_OK && ki) {
+        df_tensor *one = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, Si, Ci), ki->tokens);
+        image_tokens = df_contiguous(ctx, df_expand(ctx, one, DF_SHAPE(B, Si, Ci)));
+    }
     df_tensor *txt_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt)
                                     : NULL;
     if (s == DF_OK)
@@ -528,9 +554,10 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
             ts[b] = (float)((double)t / 1000.0);
             gs[b] = r->guidance;
         }
+        df_tensor *hs =
+            on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
         df_flux_inputs in = {
-            .hidden_states =
-                on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat),
+            .hidden_states = ki ? df_concat(ctx, hs, image_tokens, 1) : hs, /* [B, S + Si, Ci] */
             .encoder_hidden_states = embeds,
             .pooled_projections = pooled,
             .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), ts),
@@ -549,6 +576,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         } else {
             v = df_flux_forward(ctx, f->transformer, &in);
         }
+        if (s == DF_OK && ki && v) /* noise_pred[:, :S]: the latents' tokens only */
+            v = df_contiguous(ctx, df_slice(ctx, v, 1, 0, S));
         if (s == DF_OK && on_device)
             s = df_scheduler_step_tensor(sched, ctx, v, &x);
         if (s == DF_OK)
@@ -621,12 +650,23 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     flux_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
+    bool kontext = p->cls == &df_flux_kontext_pipeline_class;
 
+    df_gen_params sized; /* Kontext: the size fitted to max_area */
+    df_status s = DF_OK;
+    if (kontext) { /* rank 0 has the VAE, and decides */
+        int factor = f->vae ? (int)df_vae_config(f->vae)->scale_factor * 2 : 0;
+        s = df_kontext_params(p, g, p->default_size, factor, &sized);
+        g = &sized;
+    }
+    s = df_pipeline_tp_agree(p, s);
+    if (s != DF_OK)
+        return s;
     run_sizes r = resolve(p, f, g);
-    df_status s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
+    s = df_pipeline_tp_share(p, &r, sizeof r); /* rank 0's sizes everywhere */
     if (s == DF_OK)
         s = check_sizes(p, f, g, &r);
-    if (s == DF_OK && g->image)
+    if (s == DF_OK && g->image && !kontext)
         s = df_img2img_first_step(g, r.steps, &r.first);
     s = df_pipeline_tp_agree(p, s);
     if (s != DF_OK)
@@ -662,7 +702,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
             s = inpaint_latents(p, f, g, &r, lat, &ip);
         } else if (g->latents) {
             memcpy(lat, g->latents, (size_t)n_lat * sizeof *lat);
-        } else if (g->image) {
+        } else if (g->image && !kontext) {
             s = image_latents(p, f, g, &r, noise); /* (B, C, h, w) */
             if (s == DF_OK)
                 pack_latents(noise, lat, r.B, C, h, w);
@@ -672,11 +712,18 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                 pack_latents(noise, lat, r.B, C, h, w);
         }
     }
+    df_kontext_image ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
+    if (s == DF_OK && kontext && g->image && df_pipeline_lead(p))
+        s = df_kontext_image_make(p, f->vae_dir, &f->vae_enc, g, r.factor, &ki);
     s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK && kontext && g->image && df_pipeline_tp(p))
+        s = df_kontext_image_share(p, &ki);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, pooled, g->mask ? &ip : NULL, lat, out);
+        s = denoise(p, f, g, &r, embeds, pooled, g->mask ? &ip : NULL,
+                    kontext && g->image ? &ki : NULL, lat, out);
+    df_kontext_image_deinit(&ki);
     df_pipeline_note_phase(p, out, "denoise");
 
     if (s == DF_OK && df_pipeline_lead(p))
@@ -716,6 +763,14 @@ const df_pipeline_kind df_flux_img2img_pipeline_class = {
 /* The same components; a run needs an input image and a mask. */
 const df_pipeline_kind df_flux_inpaint_pipeline_class = {
     .name = "FluxInpaintPipeline",
+    .load = flux_load,
+    .run = flux_run,
+    .free = flux_free,
+};
+
+/* The same components; FluxKontextPipeline's sizes and picture (kontext.c). */
+const df_pipeline_kind df_flux_kontext_pipeline_class = {
+    .name = "FluxKontextPipeline",
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,

@@ -45,8 +45,6 @@
  * (ids and masks, latents, and the latents again after each step), so every rank holds the
  * same numbers and the image does not depend on the number of ranks; every rank gets the
  * encoder's full hidden states. Failures follow FluxPipeline's rules (flux.c).
- *
- * Not implemented: reference images (image-to-image editing).
  */
 #include <math.h>
 #include <string.h>
@@ -736,21 +734,18 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
         if (!refs[i])
             return df_errorf(DF_E_ARG, "reference image %d of %d is NULL", i, n_refs);
     if (n_refs > 0) { /* the output takes the first reference's size unless one is given */
-        if (df_pipeline_tp(p))
-            return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: reference images with tensor parallelism "
-                             "are not implemented yet",
-                             p->dir);
         if (g->strength != 0)
             return df_errorf(DF_E_ARG,
                              "%s: %s takes reference images, not a strength (it "
                              "always starts from noise)",
                              p->dir, p->cls->name);
         for (int i = 0; i < n_refs; i++)
-            DF_TRY_CTX(df_flux2_reference_check(refs[i], 16), "reference image %d", i);
+            DF_TRY_CTX(df_flux2_reference_check(refs[i]), "reference image %d", i);
+        int rh, rw; /* the first picture's size once shrunk and cropped */
+        df_flux2_reference_size(refs[0], 16, &rh, &rw);
         with_size = *g;
-        with_size.height = g->height ? g->height : refs[0]->height;
-        with_size.width = g->width ? g->width : refs[0]->width;
+        with_size.height = g->height ? g->height : rh;
+        with_size.width = g->width ? g->width : rw;
         g = &with_size;
     }
     run_sizes r = resolve(p, f, g);
@@ -779,9 +774,12 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
     df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
-    if (s == DF_OK && n_refs > 0)
-        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor, &ref);
+    if (s == DF_OK && n_refs > 0 && df_pipeline_lead(p)) /* rank 0 encodes and shares */
+        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
+                                    g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK && n_refs > 0 && df_pipeline_tp(p))
+        s = df_flux2_reference_share(p, &ref);
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)

@@ -1,9 +1,12 @@
 /*
  * FLUX.2 reference images, as Flux2Pipeline.prepare_image_latents makes them.
  *
- * The picture goes through the image processor at its own size (the only case written:
- * sides already multiples of 16 and at most 1024 x 1024 pixels, where diffusers neither
- * resizes nor crops), the AutoencoderKLFlux2 encoder, the posterior's mode ("argmax": no
+ * The picture goes through Flux2ImageProcessor's rules: one over 1024 x 1024 pixels is
+ * shrunk to that area keeping its aspect ratio (_resize_to_target_area: scale = sqrt(2^20 /
+ * (w * h)), sides int(side * scale), PIL's Lanczos), its sides are rounded down to 16 and the
+ * excess is cropped at the centre (Flux2ImageProcessor._resize_and_crop, which only crops:
+ * left = (w - w16) / 2, top = (h - h16) / 2, integer division). Then the AutoencoderKLFlux2
+ * encoder, the posterior's mode ("argmax": no
  * random numbers are drawn), the 2x2 patchify and the batch-norm normalisation. The result
  * [1, 128, h, w] becomes h * w tokens in row-major order, each with the id (t, y, x, 0)
  * where t = 10 + 10 i for picture i; the pictures' tokens follow each other. The denoising loop
@@ -12,6 +15,7 @@
  */
 #include "pipelines/flux2_reference.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -22,7 +26,7 @@
 #define REFERENCE_MAX_AREA (1024 * 1024)
 #define REFERENCE_T0       10 /* _prepare_image_ids' scale */
 
-df_status df_flux2_reference_check(const df_image *img, int multiple)
+df_status df_flux2_reference_check(const df_image *img)
 {
     /* Flux2ImageProcessor.check_image_input's rules (diffusers' ValueError) */
     if (img->width < 64 || img->height < 64)
@@ -32,22 +36,50 @@ df_status df_flux2_reference_check(const df_image *img, int multiple)
                          img->width, img->height);
     if ((double)img->width / img->height > 8 || (double)img->height / img->width > 8)
         return df_errorf(DF_E_ARG, "%dx%d: the aspect ratio is over 8:1", img->width, img->height);
-    if ((int64_t)img->width * img->height > REFERENCE_MAX_AREA)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%dx%d: pictures over 1024x1024 pixels, which "
-                         "Flux2ImageProcessor shrinks, are not supported yet",
-                         img->width, img->height);
-    if (img->width % multiple || img->height % multiple)
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%dx%d: sides that are not multiples of %d, which "
-                         "Flux2ImageProcessor crops, are not supported yet",
-                         img->width, img->height, multiple);
     return DF_OK;
 }
 
-/* The picture's normalised, patchified latents [1, 4C, h, w] into lat. */
+/* The size _resize_to_target_area gives (the picture's own at most 1024 x 1024 pixels). */
+static void shrunk_size(const df_image *img, int *width, int *height)
+{
+    *width = img->width, *height = img->height;
+    if ((int64_t)img->width * img->height <= REFERENCE_MAX_AREA)
+        return;
+    /* Python: math.sqrt(target_area / (w * h)), then int(w * scale) */
+    double scale = sqrt((double)REFERENCE_MAX_AREA / ((double)img->width * img->height));
+    *width = (int)(img->width * scale);
+    *height = (int)(img->height * scale);
+}
+
+void df_flux2_reference_size(const df_image *img, int multiple, int *height, int *width)
+{
+    shrunk_size(img, width, height);
+    *width = *width / multiple * multiple;
+    *height = *height / multiple * multiple;
+}
+
+/* The picture as the encoder takes it: shrunk, then cropped at the centre to multiples. */
+static df_status prepare(const df_image *img, int multiple, df_image **out)
+{
+    int sw, sh, w, h;
+    shrunk_size(img, &sw, &sh);
+    df_flux2_reference_size(img, multiple, &h, &w);
+    df_image *shrunk = NULL;
+    if (sw != img->width || sh != img->height)
+        DF_TRY(df_image_resize(img, sw, sh, DF_RESAMPLE_LANCZOS, &shrunk));
+    const df_image *src = shrunk ? shrunk : img;
+    df_status s = df_image_create(w, h, out);
+    int left = (sw - w) / 2, top = (sh - h) / 2;
+    for (int y = 0; s == DF_OK && y < h; y++)
+        memcpy((*out)->pixels + (size_t)y * w * 3,
+               src->pixels + ((size_t)(top + y) * sw + left) * 3, (size_t)w * 3);
+    df_image_free(shrunk);
+    return s;
+}
+
+/* The prepared picture's normalised, patchified latents [1, 4C, h, w] into lat. */
 static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_image *img, int multiple,
-                        float *lat)
+                        bool tiled, float *lat)
 {
     df_ctx *ctx = p->ctx;
     const df_vae_info *info = df_vae_encoder_config(enc);
@@ -64,7 +96,9 @@ static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_image *img
     df_tensor *m = NULL;
     if (s == DF_OK) {
         df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 3, H, W), pixels);
-        s = t ? df_vae_encode(ctx, enc, t, &m) : df_ctx_status(ctx);
+        s = !t      ? df_ctx_status(ctx)
+            : tiled ? df_vae_encode_tiled(ctx, enc, t, 0, &m) /* enable_tiling() */
+                    : df_vae_encode(ctx, enc, t, &m);
     }
     if (s == DF_OK)
         s = df_tensor_read(ctx, m, DF_DTYPE_F32, moments, (size_t)(C2 * hl * wl) * sizeof *moments);
@@ -80,14 +114,16 @@ static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_image *img
 }
 
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                  const df_image *const *imgs, int n, int multiple,
+                                  const df_image *const *imgs, int n, int multiple, bool tiled,
                                   df_flux2_reference *out)
 {
     memset(out, 0, sizeof *out);
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        DF_TRY_CTX(df_flux2_reference_check(imgs[i], multiple), "reference image %d", i);
-        total += (int64_t)(imgs[i]->height / multiple) * (imgs[i]->width / multiple);
+        DF_TRY_CTX(df_flux2_reference_check(imgs[i]), "reference image %d", i);
+        int h, w;
+        df_flux2_reference_size(imgs[i], multiple, &h, &w);
+        total += (int64_t)(h / multiple) * (w / multiple);
     }
     if (!*enc)
         DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
@@ -100,10 +136,14 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
     df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
     int64_t at = 0; /* tokens written so far */
     for (int i = 0; s == DF_OK && i < n; i++) {
-        int64_t h = imgs[i]->height / multiple, w = imgs[i]->width / multiple;
+        df_image *ready = NULL;
+        s = prepare(imgs[i], multiple, &ready);
+        int64_t h = ready ? ready->height / multiple : 0, w = ready ? ready->width / multiple : 0;
         float *lat = df_malloc((size_t)(C * h * w) * sizeof *lat);
-        s = lat ? encode(p, *enc, imgs[i], multiple, lat)
-                : df_errorf(DF_E_OOM, "out of memory for reference image %d", i);
+        if (s == DF_OK)
+            s = lat ? encode(p, *enc, ready, multiple, tiled, lat)
+                    : df_errorf(DF_E_OOM, "out of memory for reference image %d", i);
+        df_image_free(ready);
         for (int64_t y = 0; s == DF_OK && y < h; y++)
             for (int64_t x = 0; x < w; x++) {
                 int64_t tok = y * w + x;
@@ -125,6 +165,26 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
     out->n_tokens = total;
     out->channels = C;
     return DF_OK;
+}
+
+df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r)
+{
+    int64_t size[2] = {r->n_tokens, r->channels};
+    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
+    df_status s = DF_OK;
+    if (!df_pipeline_lead(p)) {
+        r->n_tokens = size[0], r->channels = size[1];
+        r->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *r->tokens);
+        r->ids = df_malloc((size_t)(size[0] * 4) * sizeof *r->ids);
+        s = r->tokens && r->ids ? DF_OK
+                                : df_errorf(DF_E_OOM, "out of memory for the reference images");
+    }
+    s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, r->tokens, (size_t)(size[0] * size[1]) * sizeof *r->tokens);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, r->ids, (size_t)(size[0] * 4) * sizeof *r->ids);
+    return s;
 }
 
 void df_flux2_reference_deinit(df_flux2_reference *r)

@@ -17,23 +17,32 @@ typedef struct df_flux2_reference {
 } df_flux2_reference;
 
 /*
- * Checks the picture before any model runs: Flux2ImageProcessor's own rules (sides of at
- * least 64 pixels, aspect ratio at most 8:1: DF_E_ARG), then the ones this version
- * implements (sides multiples of `multiple`, area at most 1024 x 1024: Flux2ImageProcessor's
- * resize and crop are not written yet: DF_E_UNSUPPORTED), each naming the rule.
+ * Checks the picture before any model runs: Flux2ImageProcessor.check_image_input's rules
+ * (sides of at least 64 pixels, aspect ratio at most 8:1: DF_E_ARG), naming the rule.
  */
-df_status df_flux2_reference_check(const df_image *img, int multiple);
+df_status df_flux2_reference_check(const df_image *img);
 
 /*
- * prepare_image_latents for n pictures: each preprocessed at its own size, encoded, the
+ * The size the picture is encoded at: over 1024 x 1024 pixels it is shrunk to that area
+ * keeping its aspect ratio (sides int(side * sqrt(2^20 / (w * h)))), then its sides are
+ * rounded down to `multiple` (the excess is cropped at the centre).
+ */
+void df_flux2_reference_size(const df_image *img, int multiple, int *height, int *width);
+
+/*
+ * prepare_image_latents for n pictures: each shrunk and cropped as df_flux2_reference_size
+ * says (PIL's Lanczos), encoded, the
  * posterior's mode, patchified and batch-norm normalised, packed row by row into tokens
  * with ids (10 + 10 i, y, x, 0) for picture i (_prepare_image_ids), the pictures' tokens one
- * after the other. The encoder is loaded from vae_dir into *enc on first use. Free with
+ * after the other. The encoder is loaded from vae_dir into *enc on first use; `tiled`
+ * encodes with df_vae_encode_tiled (the pipeline's vae_tiling, as enable_tiling()). Free with
  * df_flux2_reference_deinit.
  */
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                  const df_image *const *imgs, int n, int multiple,
+                                  const df_image *const *imgs, int n, int multiple, bool tiled,
                                   df_flux2_reference *out);
+/* Tensor parallelism: rank 0's tokens and ids on every rank (rank 0 encodes). */
+df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r);
 void df_flux2_reference_deinit(df_flux2_reference *r);
 
 #endif

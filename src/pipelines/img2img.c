@@ -62,7 +62,9 @@ static df_status encode_picture(df_pipeline *p, df_vae_encoder *enc, const df_ge
     df_tensor *m = NULL;
     if (s == DF_OK) {
         df_tensor *img = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 3, H, W), pixels);
-        s = img ? df_vae_encode(ctx, enc, img, &m) : df_ctx_status(ctx);
+        s = !img            ? df_ctx_status(ctx)
+            : g->vae_tiling ? df_vae_encode_tiled(ctx, enc, img, 0, &m) /* enable_tiling() */
+                            : df_vae_encode(ctx, enc, img, &m);
     }
     if (s == DF_OK)
         s = df_tensor_read(ctx, m, DF_DTYPE_F32, moments, (size_t)2 * per * sizeof *moments);

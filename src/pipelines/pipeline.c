@@ -104,6 +104,14 @@ static const df_pipeline_table tables[] = {
       {"tokenizer", {"Qwen2Tokenizer", "Qwen2TokenizerFast", "PreTrainedTokenizerFast",
                      "TokenizersBackend"}},
       SCHEDULER}},
+    {&df_flux_kontext_pipeline_class, /* FluxPipeline's components (kontext.c) */
+     {{"transformer", {"FluxTransformer2DModel"}},
+      {"vae", {"AutoencoderKL"}},
+      {"text_encoder", {"CLIPTextModel"}},
+      {"text_encoder_2", {"T5EncoderModel"}},
+      {"tokenizer", CLIP_TOKENIZER},
+      {"tokenizer_2", T5_TOKENIZER},
+      SCHEDULER}},
 };
 
 const df_pipeline_table *df_pipeline_tables(int *n)
@@ -341,9 +349,10 @@ static df_status load_parts(df_pipeline *p)
                                  sizeof list));
     else if (s == DF_OK)
         s = check_components(p, table, idx);
-    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class)
+    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class &&
+        p->cls != &df_flux_kontext_pipeline_class)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
-                      "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
+                      "FluxPipeline and FluxKontextPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
                       p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 &&
         (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class ||

@@ -33,6 +33,7 @@ struct df_pipeline {
 extern const df_pipeline_kind df_flux_pipeline_class;
 extern const df_pipeline_kind df_flux_img2img_pipeline_class; /* FluxImg2ImgPipeline */
 extern const df_pipeline_kind df_flux_inpaint_pipeline_class; /* FluxInpaintPipeline */
+extern const df_pipeline_kind df_flux_kontext_pipeline_class; /* FluxKontextPipeline */
 
 /* Offloading (p->opts.offload): make a component's weights resident before it runs, and
  * release them after its queued work (both no-ops without offload; ws may be NULL). */

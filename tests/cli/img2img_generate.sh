@@ -38,9 +38,10 @@ for arch in flux sd3; do
         echo "ok   $arch: the input picture changes the result"
 done
 
-# FLUX.2 takes the picture as a reference to edit: the output takes its size, the PNG
-# records the input but no strength, and the picture changes the result; a strength, or a
-# picture Flux2ImageProcessor would crop, is refused.
+# FLUX.2 takes the picture as a reference to edit: the output takes its size (once
+# Flux2ImageProcessor has cropped it to multiples of 16), the PNG records the input but no
+# strength, and the picture changes the result; a strength, or a picture under 64 pixels, is
+# refused.
 f2=$golden/t2i-flux2/pipeline
 ref=$cases/edit-flux2/image.png
 if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 --image "$ref" -o "$work/f2-ref.png" \
@@ -66,9 +67,16 @@ if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 --image "$two/image0.
 else
     fail "FLUX.2 with two --image:"; cat "$work/log"
 fi
+if "$diffuse" generate -m "$f2" -p x --steps 1 --threads 2 \
+        --image "$cases/edit-flux2-crop/image.png" -o "$work/f2-crop.png" >"$work/log" 2>&1; then
+    "$diffuse" info "$work/f2-crop.png" | head -n 1 | grep -q ": 80x64 RGB" &&
+        echo "ok   FLUX.2 with a 90x75 reference: cropped, the output 80x64" ||
+        { fail "FLUX.2 cropped reference:"; "$diffuse" info "$work/f2-crop.png"; }
+else
+    fail "FLUX.2 with a 90x75 reference:"; cat "$work/log"
+fi
 for bad in "--strength 0.5|takes reference images, not a strength|$ref" \
-           "--threads 2|too small: both sides must be at least 64|$cases/vae-encode-flux2-widths/image0.png" \
-           "--threads 2|multiples of 16, which Flux2ImageProcessor crops|$cases/vae-encode-sd3-mode/image0.png"; do
+           "--threads 2|too small: both sides must be at least 64|$cases/vae-encode-flux2-widths/image0.png"; do
     opt=${bad%%|*}; rest=${bad#*|}; text=${rest%%|*}; pic=${rest#*|}
     # shellcheck disable=SC2086
     if "$diffuse" generate -m "$f2" -p x --steps 1 $opt --image "$pic" -o "$work/f2-bad.png" \

@@ -65,7 +65,7 @@ printf '{"_class_name": "X"}' >"$work/pipe/transformer/config.json"
 expect 1 "transformer: no weights" "$work/pipe"
 cp "$work/good.safetensors" "$work/pipe/transformer/model.safetensors"
 # Every file is valid, but no pipeline class: listed, then not loadable (exit 1).
-expect 1 "pipeline not loadable by this build: .*pipeline class '(none)' is not supported (supported: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, Flux2Pipeline or Flux2KleinPipeline)" "$work/pipe"
+expect 1 "pipeline not loadable by this build: .*pipeline class '(none)' is not supported (supported: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, Flux2Pipeline, Flux2KleinPipeline or FluxKontextPipeline)" "$work/pipe"
 listed "component transformer: X" "component vae: Y"
 printf '{"a": 1,}' >"$work/pipe/transformer/extra.json"
 expect 1 "extra.json:1:" "$work/pipe"
@@ -128,7 +128,7 @@ if "$bin" make-tiny --arch sd3 "$work/sd3" >/dev/null 2>&1; then
     listed "component vae: AutoencoderTiny" "  weights match the SD3Transformer2DModel config"
     sed 's/"StableDiffusion3Pipeline"/"StableDiffusion4Pipeline"/' "$work/index.orig" \
         >"$work/sd3/model_index.json"
-    expect 1 "not loadable by this build: .*pipeline class 'StableDiffusion4Pipeline' is not supported (supported: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, Flux2Pipeline or Flux2KleinPipeline)" --summary "$work/sd3"
+    expect 1 "not loadable by this build: .*pipeline class 'StableDiffusion4Pipeline' is not supported (supported: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline, StableDiffusion3InpaintPipeline, Flux2Pipeline, Flux2KleinPipeline or FluxKontextPipeline)" --summary "$work/sd3"
     listed "component transformer: SD3Transformer2DModel"
     sed 's/"T5Tokenizer"/"BertTokenizer"/' "$work/index.orig" >"$work/sd3/model_index.json"
     expect 1 "not loadable by this build: .*component 'tokenizer_3' is a BertTokenizer; StableDiffusion3Pipeline supports T5Tokenizer or T5TokenizerFast" --summary "$work/sd3"

@@ -287,7 +287,8 @@ static void test_model_index_classes(void **state)
          "pipeline class 'StableDiffusion4Pipeline' is not supported",
          "(supported: FluxPipeline, FluxImg2ImgPipeline, FluxInpaintPipeline, "
          "StableDiffusion3Pipeline, StableDiffusion3Img2ImgPipeline, "
-         "StableDiffusion3InpaintPipeline, Flux2Pipeline or Flux2KleinPipeline)"},
+         "StableDiffusion3InpaintPipeline, Flux2Pipeline, Flux2KleinPipeline or "
+         "FluxKontextPipeline)"},
         {"\"StableDiffusion3Pipeline\"", "[\"StableDiffusion3Pipeline\"]", DF_E_FORMAT,
          "'_class_name'", "expected a string"},
         {"\"AutoencoderKL\"", "\"../../etc/passwd\"", DF_E_FORMAT,

@@ -4,7 +4,9 @@
  * message, an AutoencoderKLFlux2 encoder loads and patchifies + normalises (refused for an
  * AutoencoderKL and for odd sizes), the posterior's mode
  * is the mean and sample() continues the generator as torch does (one draw for the batch),
- * and scaling applies (x - shift) * scale.
+ * and scaling applies (x - shift) * scale. The tiled encoder refuses tiles that are not
+ * whole latents, encodes an image that fits in one tile exactly as the plain encoder does,
+ * and gives the plain encoder's shape otherwise (its values: vae-encode-flux-tiled).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -46,6 +48,39 @@ static void test_images_that_do_not_fit_are_refused(void **state)
     assert_int_equal(df_tensor_dim(out, 0), 2);
     assert_int_equal(df_tensor_dim(out, 1), 32);
     assert_int_equal(df_tensor_dim(out, 2), 8);
+    df_vae_encoder_free(e);
+    df_ctx_free(ctx);
+}
+
+static void test_tiled_encoding(void **state)
+{
+    (void)state;
+    df_ctx *ctx = new_ctx();
+    df_vae_encoder *e;
+    assert_int_equal(df_vae_encoder_load(ctx, FLUX_VAE, &e), DF_OK);
+    assert_int_equal(df_vae_encoder_config(e)->sample_size, 64); /* the config's */
+    float px[3 * 80 * 96];
+    for (size_t i = 0; i < sizeof px / sizeof px[0]; i++)
+        px[i] = (float)((i * 7919) % 255) / 127.5f - 1;
+    df_tensor *img = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 3, 80, 96), px);
+    df_tensor *out = (df_tensor *)1;
+    assert_int_equal(df_vae_encode_tiled(ctx, e, img, 20, &out), DF_E_UNSUPPORTED);
+    assert_null(out);
+    assert_non_null(strstr(df_error_message(), "tiles of 20 pixels"));
+    /* one tile: the plain encoder, bit for bit */
+    df_tensor *whole = NULL, *one = NULL, *tiled = NULL;
+    assert_int_equal(df_vae_encode(ctx, e, img, &whole), DF_OK);
+    assert_int_equal(df_vae_encode_tiled(ctx, e, img, 96, &one), DF_OK);
+    static float a[32 * 10 * 12], b[32 * 10 * 12];
+    assert_int_equal(df_tensor_read(ctx, whole, DF_DTYPE_F32, a, sizeof a), DF_OK);
+    assert_int_equal(df_tensor_read(ctx, one, DF_DTYPE_F32, b, sizeof b), DF_OK);
+    assert_memory_equal(a, b, sizeof a);
+    /* 32-pixel tiles every 24: the same shape, other values near the tiles' seams */
+    assert_int_equal(df_vae_encode_tiled(ctx, e, img, 32, &tiled), DF_OK);
+    assert_int_equal(df_tensor_dim(tiled, 2), 10);
+    assert_int_equal(df_tensor_dim(tiled, 3), 12);
+    assert_int_equal(df_tensor_read(ctx, tiled, DF_DTYPE_F32, b, sizeof b), DF_OK);
+    assert_true(memcmp(a, b, sizeof a) != 0);
     df_vae_encoder_free(e);
     df_ctx_free(ctx);
 }
@@ -132,6 +167,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images_that_do_not_fit_are_refused),
+        cmocka_unit_test(test_tiled_encoding),
         cmocka_unit_test(test_flux2_encoder_and_its_normalisation),
         cmocka_unit_test(test_posterior_mode_and_sample),
         cmocka_unit_test(test_scaling_uses_shift_then_scale),

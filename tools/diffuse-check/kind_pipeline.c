@@ -15,6 +15,9 @@
  * case folder, the same size as the picture) and args.padding_mask_crop.
  * args.loras lists LoRA adapter files of the case folder with their set_adapters weights
  * (df_load_opts.loras).
+ * FluxKontextPipeline: args.image is the picture to edit, args.max_area the output's area
+ * (default 1024 * 1024) and args._auto_resize (default true) whether the picture takes the
+ * preferred Kontext resolution nearest its aspect ratio.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -274,8 +277,9 @@ int check_kind_pipeline(check_case *c)
                strcmp(c->cls, "StableDiffusion3InpaintPipeline") == 0;
     bool flux2 =
         strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
+    bool kontext = strcmp(c->cls, "FluxKontextPipeline") == 0;
     bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0 ||
-                strcmp(c->cls, "FluxInpaintPipeline") == 0;
+                strcmp(c->cls, "FluxInpaintPipeline") == 0 || kontext;
     if (!flux && !sd3 && !flux2)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
@@ -359,6 +363,15 @@ int check_kind_pipeline(check_case *c)
     static char lora_paths[MAX_LORAS][1200];
     int n_loras = 0;
     rc |= get_loras(c, loras, lora_paths, &n_loras);
+    if (kontext) { /* diffusers' defaults: max_area 1024 ** 2, _auto_resize True */
+        int64_t area;
+        bool auto_resize;
+        if (df_json_get_int_or(c->args, "max_area", 1024 * 1024, &area) != DF_OK ||
+            df_json_get_bool_or(c->args, "_auto_resize", true, &auto_resize) != DF_OK)
+            rc |= check_fail(c, "args: %s", df_error_message());
+        g.max_area = area;
+        g.keep_image_size = !auto_resize;
+    }
     rc = check_tp_agree(c, rc); /* with --tp, every rank loads the pipeline or none does */
 
     df_pipeline *p = NULL;

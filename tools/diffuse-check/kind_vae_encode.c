@@ -10,6 +10,8 @@
  * scaling_factor. Outputs compared: preprocessed, moments, latents, latents_scaled.
  * AutoencoderKLFlux2: latents_scaled is Flux2Pipeline._encode_vae_image's result instead,
  * the latents patchified 2x2 and normalised by the batch-norm statistics.
+ * args.tile_sample_min_size (optional): the moments come from df_vae_encode_tiled with that
+ * tile side, as enable_tiling() with it set.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,10 +88,13 @@ static int run(check_case *c, df_ctx *ctx, df_vae_encoder *enc)
     if (!failed)
         failed |= check_compare_f32(c, "preprocessed", b.pixels, b.n * per);
     df_tensor *moments = NULL;
+    int tile = 0;
+    failed = failed || int_or_zero(c, "tile_sample_min_size", &tile);
     if (!failed) {
         df_tensor *img =
             df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(b.n, 3, b.height, b.width), b.pixels);
-        if (!img || df_vae_encode(ctx, enc, img, &moments) != DF_OK)
+        if (!img || (tile ? df_vae_encode_tiled(ctx, enc, img, tile, &moments)
+                          : df_vae_encode(ctx, enc, img, &moments)) != DF_OK)
             failed = check_fail(c, "encode: %s", df_error_message());
     }
     float *m = NULL, *lat = NULL;

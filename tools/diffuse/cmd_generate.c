@@ -61,9 +61,14 @@ static void help(FILE *f)
         "      --slg-stop X           fraction of the steps where it stops (default 0.2)\n"
         "      --image FILE           image to image: start from this PNG or JPEG (FLUX.1, SD3;\n"
         "                             resized to the output size with PIL's Lanczos filter);\n"
-        "                             FLUX.2: a reference image to edit (sides multiples of 16,\n"
-        "                             at most 1024x1024; the output takes the first one's size\n"
-        "                             by default); repeat it for several references (up to 8)\n"
+        "                             FLUX.2: a reference image to edit (shrunk to 1024x1024\n"
+        "                             pixels when larger, cropped to multiples of 16; the output\n"
+        "                             takes the first one's size then, by default); repeat\n"
+        "                             it for several references (up to 8);\n"
+        "                             FLUX.1 Kontext (a FluxKontextPipeline folder): the one\n"
+        "                             picture to edit, at the preferred Kontext resolution of\n"
+        "                             its aspect ratio; with -W / -H it keeps its own size\n"
+        "                             (rounded down to 16) and the output is exactly W x H\n"
         "      --strength X           image to image: the part of the steps that runs, in (0, 1]\n"
         "                             (default 0.6; 1 starts from pure noise)\n"
         "      --mask FILE            inpaint (FLUX.1, SD3): repaint where this PNG or JPEG, the\n"
@@ -611,6 +616,18 @@ int cmd_generate(int argc, char **argv)
         df_dtype dt = df_pipeline_compute_dtype(p, &why);
         fprintf(stderr, "compute dtype %s: %s\n", df_dtype_name(dt), why);
     }
+    /* FLUX.1 Kontext: an explicit -W / -H is the output size (the area diffusers fits the
+     * size to is W x H) and the picture keeps its own size (_auto_resize=False); without
+     * them, diffusers' defaults. */
+    if (s == DF_OK && strcmp(df_pipeline_class(p), "FluxKontextPipeline") == 0 &&
+        (g.width || g.height)) {
+        int size;
+        df_pipeline_defaults(p, NULL, NULL, NULL, &size);
+        g.width = g.width ? g.width : size;
+        g.height = g.height ? g.height : size;
+        g.max_area = (int64_t)g.width * g.height;
+        g.keep_image_size = true;
+    }
     if (s == DF_OK) {
         g.prompt = prompt;
         g.progress = tpc.rank == 0 ? df_progress_bar : NULL;
@@ -637,9 +654,11 @@ int cmd_generate(int argc, char **argv)
             if (n_image_paths) {
                 ip.init_image = init_names;
                 ip.init_image_hash = init_hashes;
-                /* FLUX.2 takes the picture as a reference and always starts from noise */
-                bool flux2 = strncmp(df_pipeline_class(p), "Flux2", 5) == 0;
-                ip.denoising_strength = flux2 ? 0 : g.strength != 0 ? g.strength : 0.6;
+                /* FLUX.2 and Kontext take the picture as a reference and always start from
+                 * noise */
+                bool reference = strncmp(df_pipeline_class(p), "Flux2", 5) == 0 ||
+                                 strcmp(df_pipeline_class(p), "FluxKontextPipeline") == 0;
+                ip.denoising_strength = reference ? 0 : g.strength != 0 ? g.strength : 0.6;
             }
             s = df_image_format_parameters(&ip, &params);
             if (s == DF_OK)

@@ -3,7 +3,10 @@
 On the tiny Flux2Pipeline folder of tests/golden/t2i-flux2, from a prompt string, with one
 64x64 reference picture drawn here (stored as image.png in the case folder; its sides are
 multiples of 16 and its area under 1024x1024, so Flux2ImageProcessor neither resizes nor
-crops it), or two of them (image0.png, image1.png: ids t = 10 and 20). out.* are the float64 run (noise drawn in float32); torch's float32 run sets
+crops it), or two of them (image0.png, image1.png: ids t = 10 and 20); edit-flux2-crop's
+90x75 picture is cropped at the centre to 80x64 (the output's default size), and
+edit-flux2-resize's 1032x1024 one is shrunk to 1027x1020 (over 1024 * 1024 pixels) and
+cropped to 1024x1008, beside a 70x100 one cropped to 64x96, with an explicit 64x48 output. out.* are the float64 run (noise drawn in float32); torch's float32 run sets
 the tolerances (20x its difference, floors 1e-4 / 1e-5) but is not stored.
 
     /work/venv/bin/python tools/refgen/flux2_edit.py [CASE ...]
@@ -32,23 +35,27 @@ CASES = [
     ("edit-flux2-b2", DEV, 2, 5, [(64, 64, 8)]),
     ("edit-flux2-two", DEV, 1, 9, [(64, 64, 9), (80, 64, 10)]),  # ids t = 10 and 20
     ("edit-flux2-klein", KLEIN, 1, 1, [(64, 64, 11)]),
+    ("edit-flux2-crop", DEV, 1, 3, [(90, 75, 12)]),
+    ("edit-flux2-resize", DEV, 1, 4, [(1032, 1024, 13), (70, 100, 14)],
+     dict(height=48, width=64, num_inference_steps=1)),
 ]
 
 
 def main():
     only = set(sys.argv[1:])  # case names to (re)make; none: all
-    for name, spec, per, seed, pics in CASES:
+    for name, spec, per, seed, pics, *extra in CASES:
         if only and name not in only:
             continue
         pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", spec["golden"], "pipeline")
         pipes = {d: spec["cls"].from_pretrained(pipe_dir, torch_dtype=d)
                  for d in (torch.float64, torch.float32)}
-        ARGS = spec["args"]
+        ARGS = dict(spec["args"], **(extra[0] if extra else {}))
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
         names = ["image.png"] if len(pics) == 1 else [f"image{i}.png" for i in range(len(pics))]
         for fname, (w, h, pic) in zip(names, pics):
-            Image.fromarray(refcase.picture(w, h, 300 + pic), "RGB").save(
+            noise = 6.0 if w * h <= 256 * 256 else 0.0  # a large one stays small as PNG
+            Image.fromarray(refcase.picture(w, h, 300 + pic, noise), "RGB").save(
                 os.path.join(out_dir, fname))
 
         def images():

@@ -67,8 +67,9 @@ def provenance():
             "pillow": PIL.__version__}
 
 
-def picture(w, h, seed):
-    """A small scene: a gradient background, a disc and a box, with a little noise."""
+def picture(w, h, seed, noise=6.0):
+    """A small scene: a gradient background, a disc and a box, with a little noise (none
+    for noise=0: large pictures then compress to a few kilobytes)."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w].astype(np.float64)
     img = np.zeros((h, w, 3))
@@ -78,5 +79,5 @@ def picture(w, h, seed):
     r = min(w, h) / 4
     img[(x - w / 3) ** 2 + (y - h / 2) ** 2 < r * r] = [240, 220, 30]
     img[h // 6: h // 3, w // 2: w - 3] = [20, 20, 200]
-    img += rng.normal(0, 6, img.shape)
+    img += rng.normal(0, noise, img.shape) if noise else 0
     return np.clip(np.round(img), 0, 255).astype(np.uint8)

@@ -4,7 +4,8 @@ What img2img pipelines do to an input picture before denoising, on the tiny VAEs
 tests/golden: VaeImageProcessor.preprocess (PIL resize when the size differs, [0,1], then
 [-1,1]), AutoencoderKL.encode (moments = the posterior's mean and log variance),
 retrieve_latents with sample(generator) or argmax (mode), then (x - shift_factor) *
-scaling_factor. out.* in float64 (noise drawn in float32, as a float32 pipeline draws it); torch's
+scaling_factor; vae-encode-flux-tiled with enable_tiling() and 32-pixel tiles
+(AutoencoderKL._tiled_encode: 4 x 4 overlapping tiles, blended). out.* in float64 (noise drawn in float32, as a float32 pipeline draws it); torch's
 float32 run sets the tolerances but is not stored.
 
     /work/venv/bin/python tools/refgen/vae_encode.py [CASE ...]
@@ -34,12 +35,19 @@ CASES = [
     # is built from the latter (a folder of tests/cases, not tests/golden)
     ("vae-encode-flux2-widths", "cases/vae-decode-flux2-decoder-widths", [(32, 32)], 16, 32,
      32, None, "argmax"),
+    # enable_tiling() with tile_sample_min_size 32 (tile_latent_min_size 4): tiles every 24
+    # pixels, the last ones 8 rows / 24 columns, blended over 1 latent row / column
+    ("vae-encode-flux-tiled", "vae-decode-flux", [(96, 80)], 16, None, None, 5, "sample", 32),
 ]
 
 
-def run(vae_dir, pictures, factor, height, width, seed, mode, dtype):
+def run(vae_dir, pictures, factor, height, width, seed, mode, dtype, tile=None):
     flux2 = "flux2" in vae_dir
     vae = (AutoencoderKLFlux2 if flux2 else AutoencoderKL).from_pretrained(vae_dir).to(dtype)
+    if tile:
+        vae.enable_tiling()
+        vae.tile_sample_min_size = tile
+        vae.tile_latent_min_size = tile // (2 ** (len(vae.config.block_out_channels) - 1))
     proc = VaeImageProcessor(vae_scale_factor=factor)
     pre = proc.preprocess(pictures if len(pictures) > 1 else pictures[0], height=height,
                           width=width)
@@ -59,7 +67,8 @@ def run(vae_dir, pictures, factor, height, width, seed, mode, dtype):
 
 def main():
     only = set(sys.argv[1:])  # case names to (re)make; none: all
-    for name, golden, sizes, factor, height, width, seed, mode in CASES:
+    for name, golden, sizes, factor, height, width, seed, mode, *tile in CASES:
+        tile = tile[0] if tile else None
         if only and name not in only:
             continue
         in_cases = golden.startswith("cases/")
@@ -73,8 +82,8 @@ def main():
             Image.fromarray(refcase.picture(w, h, 100 + i), "RGB").save(os.path.join(out_dir, fname))
             files.append(fname)
             pictures.append(Image.open(os.path.join(out_dir, fname)))
-        r64 = run(vae_dir, pictures, factor, height, width, seed, mode, torch.float64)
-        r32 = run(vae_dir, pictures, factor, height, width, seed, mode, torch.float32)
+        r64 = run(vae_dir, pictures, factor, height, width, seed, mode, torch.float64, tile)
+        r32 = run(vae_dir, pictures, factor, height, width, seed, mode, torch.float32, tile)
         names = ["preprocessed", "moments", "latents", "latents_scaled"]
         tensors, tol = {}, {}
         for n, a, b in zip(names, r64, r32):
@@ -96,7 +105,7 @@ def main():
             "args": {"images": files, "vae_scale_factor": factor, "height": height,
                      "width": width,
                      "generator": {"device": "cpu", "seed": seed} if seed is not None else None,
-                     "sample_mode": mode},
+                     "sample_mode": mode, **({"tile_sample_min_size": tile} if tile else {})},
             "outputs": {n: "out." + n for n in names},
             "tolerance": tol,
             "exact": [],

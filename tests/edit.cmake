@@ -1,0 +1,39 @@
+# Editing with pictures in (issue #30): FLUX.1 Kontext (FluxKontextPipeline: the cases of
+# tools/refgen/kontext.py on the tiny Kontext folder tests/cases/kontext-pipeline), FLUX.2
+# references that Flux2ImageProcessor crops or shrinks (tools/refgen/flux2_edit.py), and the
+# tiled VAE encoder (tools/refgen/vae_encode.py), in every execution mode on the CPU (and
+# with compiled repeated blocks);
+# edit-flux2-resize, whose 1032x1024 reference makes 4032 tokens, in eager mode only.
+set(DF_EDIT_CASES kontext-gen kontext-latents kontext-b2 kontext-noimage edit-flux2-crop
+    vae-encode-flux-tiled)
+foreach(mode eager fuse compile)
+  df_golden_tests(cases-${mode} ${mode} DIR ${CMAKE_SOURCE_DIR}/tests/cases
+                  CASES ${DF_EDIT_CASES})
+endforeach()
+df_golden_tests(cases-eager eager DIR ${CMAKE_SOURCE_DIR}/tests/cases CASES edit-flux2-resize)
+df_golden_tests(cases-blocks blocks DIR ${CMAKE_SOURCE_DIR}/tests/cases
+                CASES kontext-latents kontext-b2 edit-flux2-crop)
+
+# The CLI on a Kontext folder assembled from tests/cases/kontext-pipeline and the golden
+# text encoders.
+add_test(NAME cli/kontext_generate
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/kontext_generate.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/kontext_generate PROPERTIES TIMEOUT 300)
+
+# Tensor parallelism with pictures in (docs/tensor-parallel.md): rank 0 encodes the picture
+# and shares its tokens (Kontext, FLUX.2 references) or its starting latents (img2img);
+# `mpirun -np 2 diffuse-check --tp 2`, as tests/tp_golden.cmake runs the golden cases.
+if(DF_MPIRUN_FOR_TESTS)
+  set(DF_EDIT_TP_MPIRUN ${CMAKE_COMMAND} -E env OMPI_MCA_rmaps_base_oversubscribe=1
+      ASAN_OPTIONS=detect_leaks=0 ${DF_MPIRUN_FOR_TESTS} --oversubscribe --allow-run-as-root
+      -x ASAN_OPTIONS)
+  foreach(mode eager compile)
+    foreach(case kontext-latents kontext-b2 edit-flux2-crop edit-flux2-two img2img-flux-s03)
+      add_test(NAME golden/tp2-${mode}/${case}
+               COMMAND ${DF_EDIT_TP_MPIRUN} -np 2 $<TARGET_FILE:diffuse-check> --tp 2
+                       --mode ${mode} --threads 1 ${CMAKE_SOURCE_DIR}/tests/cases/${case})
+      set_tests_properties(golden/tp2-${mode}/${case} PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE)
+    endforeach()
+  endforeach()
+endif()
