@@ -67,6 +67,18 @@ typedef struct df_load_opts {
      * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
      * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
     const char *transformer_file;
+    /* FluxPipeline and StableDiffusion3Pipeline (and their Img2Img classes): a component's
+     * weights from one single file instead of the folder's, whose config.json is still the
+     * config (docs/io.md). vae_file: AutoencoderKL in diffusers' or the original LDM names
+     * (ae.safetensors), also under "vae." / "first_stage_model."; text_encoder_file: CLIP-L
+     * (clip_l.safetensors); text_encoder_2_file: FLUX.1's T5 (t5xxl_fp16.safetensors) or
+     * SD3's CLIP-G; text_encoder_3_file: SD3's T5. Text encoders in transformers' names,
+     * also under ComfyUI's "text_encoders.<name>.transformer.". NULL: the folder's. Other
+     * pipelines: DF_E_UNSUPPORTED. */
+    const char *vae_file;
+    const char *text_encoder_file;
+    const char *text_encoder_2_file;
+    const char *text_encoder_3_file;
 } df_load_opts;
 
 /* Called after every denoising step. */

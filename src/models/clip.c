@@ -135,10 +135,26 @@ static df_status bind_weights(df_clip *m)
             df_ws_linear(ws, &m->text_projection, c->projection_dim, d, false, "text_projection"));
     /* A buffer of 0..P-1 in older checkpoints; the forward makes its own positions. */
     df_ws_ignore_prefix(ws, "text_model.embeddings.position_ids");
+    df_ws_ignore_prefix(ws, "embeddings.position_ids"); /* a file without "text_model." */
     return df_ws_check_all_used(ws);
 }
 
 df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out)
+{
+    return df_clip_load_file(ctx, dir, NULL, out);
+}
+
+/* A single file: transformers' names under some prefix, or without "text_model.". */
+static df_status open_file(df_ctx *ctx, const char *dir, const char *file, const char *name,
+                           df_weight_set **out)
+{
+    DF_TRY(df_weight_set_open_single(ctx, dir, file, name, df_names_same, 0,
+                                     df_names_clip_probe(), out));
+    df_ws_try_map(*out, df_names_clip_bare, 0, df_names_clip_bare_probe());
+    return DF_OK;
+}
+
+df_status df_clip_load_file(df_ctx *ctx, const char *dir, const char *file, df_clip **out)
 {
     *out = NULL;
     df_clip *m = df_calloc(1, sizeof *m);
@@ -147,7 +163,8 @@ df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out)
     const df_json *cfg = NULL;
     char name[128];
     df_text_component_name(dir, "text_encoder", name, sizeof name);
-    df_status s = df_weight_set_open(ctx, dir, name, &m->ws);
+    df_status s = file ? open_file(ctx, dir, file, name, &m->ws)
+                       : df_weight_set_open(ctx, dir, name, &m->ws);
     if (s == DF_OK)
         s = df_weight_set_config(m->ws, &cfg);
     if (s == DF_OK)

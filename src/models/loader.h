@@ -30,11 +30,14 @@ typedef struct df_weight_set df_weight_set;
 df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component,
                              df_weight_set **out);
 /* The weights in the single file `file` (safetensors or GGUF) read through the name map
- * `map` (names.h; used when a tensor name ends in `probe`), with config_dir/config.json as
- * the config. See single_file.h. */
+ * `map` (names.h; given `arg`; used when a tensor name ends in `probe`), with
+ * config_dir/config.json as the config. See single_file.h. */
 df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const char *file,
-                                    const char *component, df_name_map map, const char *probe,
-                                    df_weight_set **out);
+                                    const char *component, df_name_map map, int arg,
+                                    const char *probe, df_weight_set **out);
+/* A single-file set that took no map yet takes `map` when a name ends in `probe` (a model
+ * whose files come in two layouts tries the second); true when it did. */
+bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe);
 void df_weight_set_free(df_weight_set *ws);
 
 /* Also reads `dir`/config.json; the result is owned by the set. */

@@ -18,11 +18,28 @@ typedef struct df_name_src {
     int part[2][2];
 } df_name_src;
 
-/* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. */
-typedef bool (*df_name_map)(const char *diffusers, df_name_src *out);
+/* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. `arg` is
+ * what the model's loader knows from its config and the map needs (the VAE's number of up
+ * blocks, which LDM's names count the other way); maps that need nothing ignore it. */
+typedef bool (*df_name_map)(const char *diffusers, int arg, df_name_src *out);
 
 /* FLUX.1 (FluxTransformer2DModel) in BFL's layout, and a name every such file holds. */
-bool df_names_flux_bfl(const char *diffusers, df_name_src *out);
+bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux_probe(void);
+
+/* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
+ * blocks (len(block_out_channels)). names_vae.c. */
+bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_vae_probe(void);
+
+/* Text encoders (names_text.c). transformers' own names under a prefix (ComfyUI's
+ * "text_encoders.clip_l.transformer.", or none): the identity. */
+bool df_names_same(const char *diffusers, int arg, df_name_src *out);
+/* A CLIP text model saved without its "text_model." level (text_projection stays). */
+bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
+/* Names every CLIP text model / T5 encoder file holds, with and without "text_model.". */
+const char *df_names_clip_probe(void);
+const char *df_names_clip_bare_probe(void);
+const char *df_names_t5_probe(void);
 
 #endif

@@ -133,8 +133,9 @@ static bool expand(const char *pattern, const char *index, const char *rest, cha
     return (size_t)snprintf(out + n, cap - n, "%s", rest) < cap - n && !*pattern;
 }
 
-bool df_names_flux_bfl(const char *diffusers, df_name_src *out)
+bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out)
 {
+    (void)arg;
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
         const rule *r = &rules[i];
@@ -175,7 +176,7 @@ df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *f
     if (cap)
         out[0] = '\0';
     df_single_file *sf;
-    DF_TRY(df_single_file_open(path, "inspect", df_names_flux_bfl, df_names_flux_probe(), &sf));
+    DF_TRY(df_single_file_open(path, "inspect", df_names_flux_bfl, 0, df_names_flux_probe(), &sf));
     if (!df_single_file_mapped(sf)) {
         snprintf(out, cap,
                  "not a FLUX.1 transformer in Black Forest Labs' layout (no tensor "

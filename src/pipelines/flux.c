@@ -155,7 +155,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     if (df_pipeline_lead(p))
-        DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
+        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
     bool text = df_pipeline_has_component(idx, "text_encoder") ||
                 df_pipeline_has_component(idx, "text_encoder_2");
@@ -170,10 +170,11 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
             DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
             DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_t5), "%s", dir);
             DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
-            DF_TRY_CTX(df_clip_load(p->ctx, dir, &f->clip), "%s", dir);
+            DF_TRY_CTX(df_clip_load_file(p->ctx, dir, p->opts.text_encoder_file, &f->clip), "%s",
+                       dir);
         }
         DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_2", dir, sizeof dir));
-        DF_TRY_CTX(df_t5_load(p->ctx, dir, &f->t5), "%s", dir);
+        DF_TRY_CTX(df_t5_load_file(p->ctx, dir, p->opts.text_encoder_2_file, &f->t5), "%s", dir);
         const df_flux_cfg *c = df_flux_config(f->transformer);
         if (df_t5_get_config(f->t5)->d_model != c->joint_attention_dim ||
             (f->clip && df_clip_get_config(f->clip)->hidden_size != c->pooled_projection_dim))

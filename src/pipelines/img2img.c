@@ -88,7 +88,7 @@ df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder
                          "not implemented (give one seed)",
                          g->n_seeds);
     if (!*enc)
-        DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
+        DF_TRY_CTX(df_vae_encoder_load_file(p->ctx, vae_dir, p->opts.vae_file, enc), "%s", vae_dir);
     const df_vae_info *info = df_vae_encoder_config(*enc);
     int64_t f = info->scale_factor, per = info->latent_channels * (H / f) * (W / f);
     float *lat = df_malloc((size_t)per * sizeof *lat);

@@ -299,6 +299,19 @@ static df_status load_parts(df_pipeline *p)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
                       "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
                       p->cls->name);
+    const char *component_file = p->opts.vae_file            ? p->opts.vae_file
+                                 : p->opts.text_encoder_file ? p->opts.text_encoder_file
+                                 : p->opts.text_encoder_2_file
+                                     ? p->opts.text_encoder_2_file
+                                     : p->opts.text_encoder_3_file;
+    bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class;
+    if (s == DF_OK && component_file && !sd3 && strstr(p->cls->name, "Flux2"))
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: single-file VAE and text encoders (%s) are read "
+                      "for FLUX.1 and SD3 pipelines, not %s", p->dir, component_file,
+                      p->cls->name);
+    if (s == DF_OK && p->opts.text_encoder_3_file && !sd3)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: --text-encoder-3 (%s) is SD3's T5; %s has no "
+                      "text_encoder_3", p->dir, p->opts.text_encoder_3_file, p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 &&
         (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class))
         s = df_errorf(DF_E_UNSUPPORTED, "%s/model_index.json: tensor parallelism is "

@@ -25,30 +25,30 @@ static void test_name_map(void **state)
 {
     (void)state;
     df_name_src s;
-    assert_true(df_names_flux_bfl("transformer_blocks.13.attn.add_k_proj.bias", &s));
+    assert_true(df_names_flux_bfl("transformer_blocks.13.attn.add_k_proj.bias", 0, &s));
     assert_string_equal(s.name, "double_blocks.13.txt_attn.qkv.bias");
     assert_int_equal(s.units, 3);
     assert_int_equal(s.n, 1);
     assert_int_equal(s.part[0][0], 1);
     assert_int_equal(s.part[0][1], 2);
-    assert_true(df_names_flux_bfl("single_transformer_blocks.0.proj_mlp.weight", &s));
+    assert_true(df_names_flux_bfl("single_transformer_blocks.0.proj_mlp.weight", 0, &s));
     assert_string_equal(s.name, "single_blocks.0.linear1.weight");
     assert_int_equal(s.units, 7);
     assert_int_equal(s.part[0][0], 3);
     assert_int_equal(s.part[0][1], 7);
-    assert_true(df_names_flux_bfl("norm_out.linear.weight", &s));
+    assert_true(df_names_flux_bfl("norm_out.linear.weight", 0, &s));
     assert_string_equal(s.name, "final_layer.adaLN_modulation.1.weight");
     assert_int_equal(s.n, 2);
     assert_int_equal(s.part[0][0], 1); /* [scale; shift] = second half, then first */
     assert_int_equal(s.part[1][0], 0);
-    assert_true(df_names_flux_bfl("single_transformer_blocks.1.attn.norm_k.weight", &s));
+    assert_true(df_names_flux_bfl("single_transformer_blocks.1.attn.norm_k.weight", 0, &s));
     assert_string_equal(s.name, "single_blocks.1.norm.key_norm.scale");
-    assert_true(df_names_flux_bfl("x_embedder.bias", &s));
+    assert_true(df_names_flux_bfl("x_embedder.bias", 0, &s));
     assert_string_equal(s.name, "img_in.bias");
-    assert_false(df_names_flux_bfl("transformer_blocks.x.norm1.linear.weight", &s));
-    assert_false(df_names_flux_bfl("transformer_blocks.0.norm1.linear.scale", &s));
-    assert_false(df_names_flux_bfl("x_embedder.weightx", &s));
-    assert_false(df_names_flux_bfl("no_such.weight", &s));
+    assert_false(df_names_flux_bfl("transformer_blocks.x.norm1.linear.weight", 0, &s));
+    assert_false(df_names_flux_bfl("transformer_blocks.0.norm1.linear.scale", 0, &s));
+    assert_false(df_names_flux_bfl("x_embedder.weightx", 0, &s));
+    assert_false(df_names_flux_bfl("no_such.weight", 0, &s));
 }
 
 /* A file with the probe (double_blocks.0.img_attn.qkv.weight [6, 2] = 0..11), the final
@@ -96,7 +96,7 @@ static void test_bind_views_and_swaps(void **state)
     assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
     df_single_file *sf;
     assert_int_equal(
-        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        df_single_file_open(path, "transformer", df_names_flux_bfl, 0, df_names_flux_probe(), &sf),
         DF_OK);
     assert_true(df_single_file_mapped(sf));
     assert_string_equal(df_single_file_prefix(sf), "model.diffusion_model.");
@@ -171,7 +171,7 @@ static void test_rows_that_do_not_split(void **state)
     assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
     df_single_file *sf;
     assert_int_equal(
-        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        df_single_file_open(path, "transformer", df_names_flux_bfl, 0, df_names_flux_probe(), &sf),
         DF_OK);
     assert_string_equal(df_single_file_prefix(sf), "");
     df_tensor *t = (df_tensor *)1;

@@ -34,6 +34,13 @@ static void help(FILE *f)
         "                             .safetensors (diffusers, BFL or ComfyUI names; f32, bf16,\n"
         "                             f16, fp8) or .gguf (F16, BF16, Q8_0, Q4_0/1, Q5_0/1,\n"
         "                             Q2_K..Q6_K)\n"
+        "      --vae FILE             FLUX.1 / SD3: the VAE's weights from one file (diffusers\n"
+        "                             or original LDM names: ae.safetensors; also under\n"
+        "                             'vae.' / 'first_stage_model.'), MODEL_DIR/vae's config\n"
+        "      --text-encoder FILE    FLUX.1 / SD3: CLIP-L from one file (clip_l.safetensors)\n"
+        "      --text-encoder-2 FILE  FLUX.1: T5 (t5xxl_fp16.safetensors); SD3: CLIP-G\n"
+        "      --text-encoder-3 FILE  SD3: T5; text encoders in transformers' names, also\n"
+        "                             under 'text_encoders.NAME.transformer.'\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
@@ -282,7 +289,7 @@ int cmd_generate(int argc, char **argv)
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER,
+           O_CACHE, O_TRANSFORMER, O_VAE, O_TE1, O_TE2, O_TE3,
            O_IMAGE, O_STRENGTH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
@@ -306,6 +313,10 @@ int cmd_generate(int argc, char **argv)
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
+        {"vae", required_argument, 0, O_VAE},
+        {"text-encoder", required_argument, 0, O_TE1},
+        {"text-encoder-2", required_argument, 0, O_TE2},
+        {"text-encoder-3", required_argument, 0, O_TE3},
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
@@ -433,6 +444,10 @@ int cmd_generate(int argc, char **argv)
             g.cache = &cache;
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
+        case O_VAE: lo.vae_file = optarg; break;
+        case O_TE1: lo.text_encoder_file = optarg; break;
+        case O_TE2: lo.text_encoder_2_file = optarg; break;
+        case O_TE3: lo.text_encoder_3_file = optarg; break;
         case O_IMAGE:
             if (n_image_paths == MAX_IMAGES) {
                 fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);
