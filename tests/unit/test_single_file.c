@@ -187,6 +187,99 @@ static void test_rows_that_do_not_split(void **state)
     df_ctx_free(ctx);
 }
 
+/* The LDM VAE map, as convert_ldm_vae_checkpoint renames (4 up blocks: LDM counts them from
+ * the bottom), and the text encoders' maps. */
+static void test_vae_and_text_name_maps(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"decoder.up_blocks.0.resnets.2.conv1.weight", "decoder.up.3.block.2.conv1.weight"},
+        {"decoder.up_blocks.3.resnets.0.conv_shortcut.bias", "decoder.up.0.block.0.nin_shortcut.bias"},
+        {"decoder.up_blocks.1.upsamplers.0.conv.weight", "decoder.up.2.upsample.conv.weight"},
+        {"encoder.down_blocks.1.resnets.1.norm2.bias", "encoder.down.1.block.1.norm2.bias"},
+        {"encoder.down_blocks.2.downsamplers.0.conv.bias", "encoder.down.2.downsample.conv.bias"},
+        {"decoder.mid_block.resnets.1.conv2.weight", "decoder.mid.block_2.conv2.weight"},
+        {"encoder.mid_block.attentions.0.to_out.0.weight", "encoder.mid.attn_1.proj_out.weight"},
+        {"decoder.mid_block.attentions.0.group_norm.bias", "decoder.mid.attn_1.norm.bias"},
+        {"decoder.conv_norm_out.weight", "decoder.norm_out.weight"},
+        {"decoder.conv_in.bias", "decoder.conv_in.bias"},
+        {"post_quant_conv.weight", "post_quant_conv.weight"},
+    };
+    df_name_src s;
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        assert_true(df_names_vae_ldm(pairs[i][0], 4, &s));
+        assert_string_equal(s.name, pairs[i][1]);
+        assert_int_equal(s.units, 1);
+    }
+    assert_false(df_names_vae_ldm("decoder.up_blocks.4.resnets.0.conv1.weight", 4, &s));
+    assert_false(df_names_vae_ldm("decoder.up_blocks.-1.resnets.0.conv1.weight", 4, &s));
+    assert_false(df_names_vae_ldm("decoder.mid_block.attentions.1.to_q.weight", 4, &s));
+    assert_false(df_names_vae_ldm("encoder.down_blocks.0.resnets.0.conv9.weight", 4, &s));
+
+    assert_true(df_names_clip_bare("text_model.encoder.layers.0.mlp.fc1.weight", 0, &s));
+    assert_string_equal(s.name, "encoder.layers.0.mlp.fc1.weight");
+    assert_true(df_names_clip_bare("text_projection.weight", 0, &s));
+    assert_string_equal(s.name, "text_projection.weight");
+    assert_true(df_names_same("shared.weight", 0, &s));
+    assert_string_equal(s.name, "shared.weight");
+}
+
+/* A VAE attention projection saved as a 1x1 convolution [2, 2, 1, 1] binds as the [2, 2]
+ * linear diffusers makes of it, under ComfyUI's "vae." prefix; the all-in-one file's
+ * other tensors are not reported unused, the VAE's own are until bound or ignored. */
+static void test_vae_file_squeezes_and_prefix(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-vae", dir, sizeof dir);
+    path_in(dir, "comfy.safetensors", path, sizeof path);
+    float data[4 + 1 + 1 + 1] = {1, 2, 3, 4, 5, 6, 7};
+    char header[1024];
+    snprintf(header, sizeof header,
+             "{\"model.diffusion_model.x\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[16,20]},"
+             "\"vae.decoder.mid.attn_1.q.weight\":{\"dtype\":\"F32\",\"shape\":[2,2,1,1],"
+             "\"data_offsets\":[0,16]},"
+             "\"vae.decoder.mid.block_1.conv1.weight\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[20,24]},"
+             "\"vae.encoder.conv_in.weight\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[24,28]}}");
+    while (strlen(header) % 8)
+        strcat(header, " ");
+    size_t len;
+    uint8_t *file = st_bytes(header, data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(
+        df_single_file_open(path, "vae", df_names_vae_ldm, 4, df_names_vae_probe(), &sf), DF_OK);
+    assert_string_equal(df_single_file_prefix(sf), "vae.");
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "decoder.mid_block.attentions.0.to_q.weight", 2,
+                                         (int64_t[]){2, 2}, &t, &d, &bytes),
+                     DF_OK);
+    assert_int_equal(df_tensor_ndim(t), 2);
+    float got[4];
+    read_all(ctx, t, got, 4);
+    assert_memory_equal(got, data, sizeof got);
+    df_tensor_free(t);
+    int unused = 0;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        unused += df_single_file_unused(sf, i) != NULL;
+    assert_int_equal(unused, 2); /* block_1.conv1 and encoder.conv_in, not the transformer's */
+    df_single_file_ignore_prefix(sf, "encoder.");
+    unused = 0;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        unused += df_single_file_unused(sf, i) != NULL;
+    assert_int_equal(unused, 1);
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
 #define CASES       DF_GOLDEN_DIR "/../cases"
 #define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
 
@@ -236,6 +329,8 @@ int main(void)
         cmocka_unit_test(test_name_map),
         cmocka_unit_test(test_bind_views_and_swaps),
         cmocka_unit_test(test_rows_that_do_not_split),
+        cmocka_unit_test(test_vae_and_text_name_maps),
+        cmocka_unit_test(test_vae_file_squeezes_and_prefix),
         cmocka_unit_test(test_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,20 @@
+# Single-file components beyond the FLUX.1 transformer (docs/io.md): VAEs in the original
+# LDM names (BFL's ae.safetensors; SD3's under first_stage_model.) and a ComfyUI-prefixed
+# fp8 CLIP-L, made by tools/refgen/component_files.py with diffusers' single-file loading as
+# the reference, run by diffuse-check in every mode.
+set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy)
+foreach(case ${DF_SINGLE_FILE_CASES})
+  foreach(mode eager fuse compile)
+    add_test(NAME single-files/${mode}/${case}
+             COMMAND diffuse-check --mode ${mode} --threads 2
+                     ${CMAKE_SOURCE_DIR}/tests/cases/${case})
+    set_tests_properties(single-files/${mode}/${case} PROPERTIES TIMEOUT 300)
+  endforeach()
+endforeach()
+
+# `diffuse generate --vae / --text-encoder / --text-encoder-2 / --text-encoder-3 FILE`
+# (tests/cli/component_files.sh).
+add_test(NAME single-files/cli-component-files
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/component_files.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
