@@ -79,6 +79,11 @@ typedef struct df_load_opts {
     const char *text_encoder_file;
     const char *text_encoder_2_file;
     const char *text_encoder_3_file;
+    /* When df_pipeline_load's `dir` is one checkpoint file (ComfyUI's all-in-one files: a
+     * transformer, VAE and text encoders recognised by their names), the diffusers folder
+     * that gives model_index.json, the configs and the tokenizers; every component the file
+     * holds (and that no *_file above names) is read from it, the rest from this folder. */
+    const char *config_dir;
 } df_load_opts;
 
 /* Called after every denoising step. */

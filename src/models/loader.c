@@ -670,9 +670,10 @@ int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, 
     return n;
 }
 
-bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe)
+bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe,
+                   const char *hint)
 {
-    return ws->sf && df_single_file_try_map(ws->sf, map, arg, probe);
+    return ws->sf && df_single_file_try_map(ws->sf, map, arg, probe, hint);
 }
 
 void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix)

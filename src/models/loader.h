@@ -36,8 +36,10 @@ df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const c
                                     const char *component, df_name_map map, int arg,
                                     const char *probe, df_weight_set **out);
 /* A single-file set that took no map yet takes `map` when a name ends in `probe` (a model
- * whose files come in two layouts tries the second); true when it did. */
-bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe);
+ * whose files come in two layouts tries each; `hint`: see df_single_file_try_map); true
+ * when it did. */
+bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe,
+                   const char *hint);
 void df_weight_set_free(df_weight_set *ws);
 
 /* Also reads `dir`/config.json; the result is owned by the set. */

@@ -110,10 +110,13 @@ static int64_t index_of(const df_single_file *sf, const char *name, src_info *in
     return -1;
 }
 
-/* The prefix of the first name that ends in `probe`; false when none does. */
-static bool find_prefix(df_single_file *sf, const char *probe)
+/* The prefix of the first name that ends in `probe`, preferring one that holds `hint`
+ * (NULL: none; "clip_g" picks CLIP-G among an all-in-one file's two CLIPs); false when no
+ * name ends in probe. */
+static bool find_prefix(df_single_file *sf, const char *probe, const char *hint)
 {
     size_t pn = strlen(probe);
+    bool found = false;
     for (int64_t i = 0; i < sf->count; i++) {
         src_info t;
         if (reader_at(sf, i, &t) != DF_OK)
@@ -121,12 +124,17 @@ static bool find_prefix(df_single_file *sf, const char *probe)
         size_t n = strlen(t.name);
         if (n >= pn && strcmp(t.name + n - pn, probe) == 0 && n - pn < sizeof sf->prefix &&
             (n == pn || t.name[n - pn - 1] == '.')) {
-            memcpy(sf->prefix, t.name, n - pn);
-            sf->prefix[n - pn] = '\0';
-            return true;
+            bool hinted = hint && memmem(t.name, n - pn, hint, strlen(hint));
+            if (!found || hinted) {
+                memcpy(sf->prefix, t.name, n - pn);
+                sf->prefix[n - pn] = '\0';
+            }
+            found = true;
+            if (!hint || hinted)
+                return true;
         }
     }
-    return false;
+    return found;
 }
 
 df_status df_single_file_open(const char *path, const char *component, df_name_map map,
@@ -146,7 +154,7 @@ df_status df_single_file_open(const char *path, const char *component, df_name_m
             s = df_errorf(DF_E_OOM, "%s: out of memory", component);
     }
     if (s == DF_OK)
-        df_single_file_try_map(sf, map, arg, probe);
+        df_single_file_try_map(sf, map, arg, probe, NULL);
     if (s != DF_OK) {
         df_single_file_free(sf);
         return s;
@@ -155,9 +163,10 @@ df_status df_single_file_open(const char *path, const char *component, df_name_m
     return DF_OK;
 }
 
-bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe)
+bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe,
+                            const char *hint)
 {
-    if (sf->map || !map || !probe || !find_prefix(sf, probe))
+    if (sf->map || !map || !probe || !find_prefix(sf, probe, hint))
         return false;
     sf->map = map;
     sf->map_arg = arg;

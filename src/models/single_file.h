@@ -28,9 +28,11 @@ typedef struct df_single_file df_single_file;
  * (given `arg`) and its `probe` name. DF_E_IO, DF_E_FORMAT (from the readers), DF_E_OOM. */
 df_status df_single_file_open(const char *path, const char *component, df_name_map map,
                               int arg, const char *probe, df_single_file **out);
-/* When no map was taken yet and a name ends in `probe`, takes `map` (and that prefix):
+/* When no map was taken yet and a name ends in `probe`, takes `map` (and that prefix, one
+ * holding `hint` when there is such: "clip_g" in an all-in-one file with two CLIPs):
  * true. For a model whose files come in more than one layout. */
-bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe);
+bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe,
+                            const char *hint);
 void df_single_file_free(df_single_file *sf);
 
 const char *df_single_file_path(const df_single_file *sf);

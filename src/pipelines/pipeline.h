@@ -19,6 +19,7 @@ struct df_pipeline {
     void *impl;
     df_ctx *ctx;
     char dir[2048];
+    char checkpoint[2048]; /* -m FILE: the all-in-one file the components' *_file name */
     df_load_opts opts;
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;

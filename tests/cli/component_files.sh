@@ -3,7 +3,8 @@
 # FILE]`: components' weights from single files, the folder's configs. Files in diffusers' /
 # transformers' names give the same image, bit for bit, as the folder (FLUX.1 and SD3); the
 # original LDM VAE and a ComfyUI-prefixed fp8 CLIP-L load and run; a file that is not the
-# component, a FLUX.2 folder and --text-encoder-3 on FLUX.1 are refused with one line.
+# component, a FLUX.2 folder and --text-encoder-3 on FLUX.1 are refused with one line; an
+# all-in-one file runs with --config DIR and is refused without, saying how to give it.
 # Usage: component_files.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -61,6 +62,14 @@ expect "token_embedding" -m "$flux" --text-encoder "$cases/vae-single-flux/ae.sa
 expect "Flux2" -m "$golden/t2i-flux2/pipeline" --vae "$cases/vae-single-flux/ae.safetensors"
 expect "text_encoder_3" -m "$flux" --text-encoder-3 "$sd3/text_encoder_3/model.safetensors"
 expect "no-such.safetensors" -m "$flux" --vae "$work/no-such.safetensors"
+
+# -m FILE: an all-in-one checkpoint needs --config DIR for its configs and tokenizers.
+aio=$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors
+expect "--config DIR" -m "$aio"
+expect "no component" -m "$cases/pipe-flux-all-in-one/case.safetensors" --config "$flux"
+"$bin" generate -m "$aio" --config "$flux" $args -o "$work/aio.png" 2>"$work/err" ||
+    fail "-m FILE --config DIR: $(cat "$work/err")"
+[ -s "$work/aio.png" ] || fail "-m FILE --config DIR: no image"
 
 rm -rf "$work"
 [ "$failures" -eq 0 ] && echo "all passed"

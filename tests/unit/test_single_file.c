@@ -17,6 +17,7 @@
 #include <diffuse/diffuse.h>
 
 #include "core/alloc.h"
+#include "models/checkpoint.h"
 #include "models/names.h"
 #include "models/single_file.h"
 #include "unit/io_files.h"
@@ -280,6 +281,69 @@ static void test_vae_file_squeezes_and_prefix(void **state)
     df_ctx_free(ctx);
 }
 
+/* The model and components of a checkpoint, from key names and shapes alone (diffusers'
+ * infer_diffusers_model_type rules). */
+static const char *model_of(const df_checkpoint_key *keys, int n, df_checkpoint_parts *parts)
+{
+    df_checkpoint_recognise_keys(keys, n, parts);
+    return parts->model;
+}
+
+static void test_recognise_known_models(void **state)
+{
+    (void)state;
+    df_checkpoint_parts c;
+    df_checkpoint_key dev[] = {
+        {"model.diffusion_model.double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}},
+        {"model.diffusion_model.guidance_in.in_layer.bias", 1, {3072}},
+        {"model.diffusion_model.img_in.weight", 2, {3072, 64}},
+        {"vae.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+        {"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 768}},
+        {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight", 2,
+         {4096, 4096}},
+    };
+    assert_string_equal(model_of(dev, 6, &c), "FLUX.1-dev");
+    assert_string_equal(c.transformer_prefix, "model.diffusion_model.");
+    assert_true(c.transformer && c.vae && c.clip_l && c.t5);
+    assert_false(c.clip_g);
+    dev[2].shape[1] = 384;
+    assert_string_equal(model_of(dev, 6, &c), "FLUX.1-fill");
+    df_checkpoint_key schnell[] = {{"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}},
+                                   {"img_in.weight", 2, {3072, 64}}};
+    assert_string_equal(model_of(schnell, 2, &c), "FLUX.1-schnell");
+    assert_string_equal(c.transformer_prefix, "");
+    assert_false(c.vae || c.clip_l || c.t5);
+
+    df_checkpoint_key sd3[] = {
+        {"model.diffusion_model.joint_blocks.0.context_block.adaLN_modulation.1.bias", 1, {9216}},
+        {"model.diffusion_model.pos_embed", 3, {1, 36864, 1536}},
+        {"text_encoders.clip_g.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 1280}},
+        {"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 768}},
+        {"first_stage_model.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+    };
+    assert_string_equal(model_of(sd3, 5, &c), "SD3-medium");
+    assert_true(c.clip_g && c.clip_l && c.vae);
+    assert_false(c.t5);
+    sd3[1].shape[1] = 147456;
+    assert_string_equal(model_of(sd3, 5, &c), "SD3.5-medium");
+    sd3[0].shape[0] = 2432 * 6; /* not 9216: the SD3 rule does not hold */
+    assert_string_equal(model_of(sd3, 5, &c), "");
+    df_checkpoint_key large[] = {{"joint_blocks.37.x_block.mlp.fc1.weight", 2, {9728, 2432}},
+                                 {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1,
+                                  {14592}}};
+    assert_string_equal(model_of(large, 2, &c), "SD3.5-large");
+    df_checkpoint_key flux2[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
+                                 {"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}}};
+    assert_string_equal(model_of(flux2, 2, &c), "FLUX.2");
+    /* a lone CLIP: CLIP-G by its width */
+    df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
+    model_of(clip, 1, &c);
+    assert_true(c.clip_g && !c.clip_l && !c.transformer);
+}
+
 #define CASES       DF_GOLDEN_DIR "/../cases"
 #define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
 
@@ -331,6 +395,7 @@ int main(void)
         cmocka_unit_test(test_rows_that_do_not_split),
         cmocka_unit_test(test_vae_and_text_name_maps),
         cmocka_unit_test(test_vae_file_squeezes_and_prefix),
+        cmocka_unit_test(test_recognise_known_models),
         cmocka_unit_test(test_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,7 +28,10 @@ static void help(FILE *f)
         "usage: diffuse generate -m MODEL_DIR (-p PROMPT | --prompt-file FILE) [options]\n"
         "\n"
         "  -m, --model DIR            diffusers pipeline folder (with model_index.json): FLUX.1,\n"
-        "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]\n"
+        "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]; or one checkpoint\n"
+        "                             file (ComfyUI's all-in-one FLUX.1 files) with --config\n"
+        "      --config DIR           with -m FILE: the diffusers folder giving the configs and\n"
+        "                             tokenizers (the components the file lacks come from it)\n"
         "      --transformer FILE     FLUX.1: the transformer's weights from one file instead\n"
         "                             of MODEL_DIR/transformer (whose config.json is used):\n"
         "                             .safetensors (diffusers, BFL or ComfyUI names; f32, bf16,\n"
@@ -289,7 +292,7 @@ int cmd_generate(int argc, char **argv)
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER, O_VAE, O_TE1, O_TE2, O_TE3,
+           O_CACHE, O_TRANSFORMER, O_VAE, O_TE1, O_TE2, O_TE3, O_CONFIG,
            O_IMAGE, O_STRENGTH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
@@ -313,7 +316,7 @@ int cmd_generate(int argc, char **argv)
         {"slg-stop", required_argument, 0, O_SLG_STOP},
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
-        {"vae", required_argument, 0, O_VAE},
+        {"vae", required_argument, 0, O_VAE}, {"config", required_argument, 0, O_CONFIG},
         {"text-encoder", required_argument, 0, O_TE1},
         {"text-encoder-2", required_argument, 0, O_TE2},
         {"text-encoder-3", required_argument, 0, O_TE3},
@@ -445,6 +448,7 @@ int cmd_generate(int argc, char **argv)
             break;
         case O_TRANSFORMER: lo.transformer_file = optarg; break;
         case O_VAE: lo.vae_file = optarg; break;
+        case O_CONFIG: lo.config_dir = optarg; break;
         case O_TE1: lo.text_encoder_file = optarg; break;
         case O_TE2: lo.text_encoder_2_file = optarg; break;
         case O_TE3: lo.text_encoder_3_file = optarg; break;
