@@ -8,6 +8,7 @@
 #define DF_MODELS_NAMES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* A diffusers tensor as rows of an original one: the original's first dimension cut in
  * `units` equal parts, and parts [part[i][0], part[i][1]) for i < n concatenated. */
@@ -23,9 +24,31 @@ typedef struct df_name_src {
  * blocks, which LDM's names count the other way); maps that need nothing ignore it. */
 typedef bool (*df_name_map)(const char *diffusers, int arg, df_name_src *out);
 
+/* A map as a table: diffusers name -> original name, '*' standing for a block index and a
+ * pattern ending in '.' for the last word ("weight" / "bias"), with the parts of the
+ * original's rows that make the diffusers tensor (in `units` equal parts). */
+typedef struct df_name_rule {
+    const char *diffusers, *original;
+    int units, n;
+    int part[2][2];
+} df_name_rule;
+
+/* The whole original tensor; its second half then its first (scale and shift swapped). */
+#define DF_NAME_WHOLE   1, 1, {{0, 1}}
+#define DF_NAME_SWAPPED 2, 2, {{1, 2}, {0, 1}}
+
+/* Fills *out from the first rule matching `diffusers`; false when none does. */
+bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers,
+                     df_name_src *out);
+
 /* FLUX.1 (FluxTransformer2DModel) in BFL's layout, and a name every such file holds. */
 bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux_probe(void);
+
+/* SD3 / SD3.5 (SD3Transformer2DModel) in the original MMDiT layout (joint_blocks.N.x_block /
+ * context_block); arg = num_layers (the last block's context modulation is swapped). */
+bool df_names_sd3_mmdit(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_sd3_probe(void);
 
 /* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
  * blocks (len(block_out_channels)). names_vae.c. */

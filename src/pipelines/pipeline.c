@@ -297,16 +297,16 @@ static df_status load_parts(df_pipeline *p)
                                  sizeof list));
     else if (s == DF_OK)
         s = check_components(p, table, idx);
-    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class)
+    bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class;
+    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class && !sd3)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
-                      "FluxPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
-                      p->cls->name);
+                      "FluxPipeline (FLUX.1) and StableDiffusion3Pipeline only, not %s", p->dir,
+                      p->opts.transformer_file, p->cls->name);
     const char *component_file = p->opts.vae_file            ? p->opts.vae_file
                                  : p->opts.text_encoder_file ? p->opts.text_encoder_file
                                  : p->opts.text_encoder_2_file
                                      ? p->opts.text_encoder_2_file
                                      : p->opts.text_encoder_3_file;
-    bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class;
     if (s == DF_OK && component_file && !sd3 && strstr(p->cls->name, "Flux2"))
         s = df_errorf(DF_E_UNSUPPORTED, "%s: single-file VAE and text encoders (%s) are read "
                       "for FLUX.1 and SD3 pipelines, not %s", p->dir, component_file,

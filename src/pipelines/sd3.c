@@ -193,7 +193,8 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     df_scheduler_free(sch);
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
-    DF_TRY_CTX(df_sd3_load(p->ctx, dir, &s->transformer), "%s", dir);
+    DF_TRY_CTX(df_sd3_load_file(p->ctx, dir, p->opts.transformer_file, &s->transformer), "%s",
+               dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &s->vae), "%s", dir);
     snprintf(s->vae_dir, sizeof s->vae_dir, "%s", dir);

@@ -217,6 +217,22 @@ static void test_vae_and_text_name_maps(void **state)
     assert_false(df_names_vae_ldm("decoder.mid_block.attentions.1.to_q.weight", 4, &s));
     assert_false(df_names_vae_ldm("encoder.down_blocks.0.resnets.0.conv9.weight", 4, &s));
 
+    /* SD3's MMDiT names: thirds of qkv; the last block's context modulation swapped */
+    assert_true(df_names_sd3_mmdit("transformer_blocks.1.attn.add_v_proj.bias", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.1.context_block.attn.qkv.bias");
+    assert_int_equal(s.units, 3);
+    assert_int_equal(s.part[0][0], 2);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.1.norm1_context.linear.weight", 3, &s));
+    assert_int_equal(s.n, 1);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.2.norm1_context.linear.weight", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.2.context_block.adaLN_modulation.1.weight");
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.part[0][0], 1);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.0.attn2.norm_k.weight", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.0.x_block.attn2.ln_k.weight");
+    assert_true(df_names_sd3_mmdit("pos_embed.pos_embed", 3, &s));
+    assert_string_equal(s.name, "pos_embed");
+
     assert_true(df_names_clip_bare("text_model.encoder.layers.0.mlp.fc1.weight", 0, &s));
     assert_string_equal(s.name, "encoder.layers.0.mlp.fc1.weight");
     assert_true(df_names_clip_bare("text_projection.weight", 0, &s));
