@@ -21,3 +21,14 @@ add_test(NAME single-files/cli-component-files
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/component_files.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
+
+# `diffuse inspect FILE`: the model, the components and what is missing, for an all-in-one
+# FLUX.1 file and a lone CLIP-L.
+add_test(NAME single-files/inspect-all-in-one
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors)
+set_tests_properties(single-files/inspect-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n  missing: CLIP-L [^\n]*T5 [^\n]*--config DIR")
+add_test(NAME single-files/inspect-clip
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors)
+set_tests_properties(single-files/inspect-clip PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: no transformer\n  holds: CLIP-L\n  missing: transformer")

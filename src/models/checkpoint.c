@@ -72,6 +72,10 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
                      : in == 128                                      ? "FLUX.1-depth"
                                                                       : "FLUX.1-dev";
     }
+    /* The layout without a released size (a tiny test model, a fine-tune of another width):
+     * what diffusers could not name, diffuse still reads with a config. */
+    if (!*out->model && find(keys, n, "joint_blocks.0.x_block.attn.qkv.weight", &prefix))
+        out->model = "SD3-like (MMDiT names, no released size)";
     out->transformer = *out->model != '\0';
     snprintf(out->transformer_prefix, sizeof out->transformer_prefix, "%s", prefix);
 }
@@ -128,4 +132,59 @@ df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
     df_gguf_free(g);
     df_weights_free(w);
     return s;
+}
+
+/* Appends `text` to out (cap bytes in all) after what is there. */
+static void add(char *out, size_t cap, const char *text)
+{
+    size_t n = strlen(out);
+    if (n < cap)
+        snprintf(out + n, cap - n, "%s", text);
+}
+
+df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
+{
+    if (!out || cap == 0)
+        return df_errorf(DF_E_ARG, "df_checkpoint_describe: no room for the description");
+    out[0] = '\0';
+    df_checkpoint_parts c;
+    DF_TRY(df_checkpoint_recognise(path, &c));
+    bool sd3 = strncmp(c.model, "SD3", 3) == 0 || c.clip_g;
+    char line[256];
+    snprintf(line, sizeof line, "model: %s%s%s%s\n", *c.model ? c.model : "no transformer",
+             c.transformer ? " (transformer under " : "",
+             c.transformer ? (*c.transformer_prefix ? c.transformer_prefix : "no prefix") : "",
+             c.transformer ? ")" : "");
+    add(out, cap, line);
+    add(out, cap, "holds:");
+    const struct {
+        bool has;
+        const char *name;
+    } parts[] = {{c.transformer, " transformer"}, {c.vae, " VAE (LDM names)"},
+                 {c.clip_l, " CLIP-L"},          {c.clip_g, " CLIP-G"},
+                 {c.t5, " T5"}};
+    bool any = false;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (parts[i].has) {
+            add(out, cap, any ? "," : "");
+            add(out, cap, parts[i].name);
+            any = true;
+        }
+    add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    add(out, cap, "missing:");
+    if (!c.transformer)
+        add(out, cap, " transformer (--transformer FILE or -m DIR),");
+    if (!c.vae)
+        add(out, cap, " VAE (--vae FILE or the folder's vae/),");
+    if (!c.clip_l)
+        add(out, cap, " CLIP-L (--text-encoder FILE or the folder's text_encoder/),");
+    if (sd3 && !c.clip_g)
+        add(out, cap, " CLIP-G (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+    if (!c.t5)
+        add(out, cap, sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
+                            "text_encoder_3/),"
+                          : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+    add(out, cap, " configs and tokenizers (diffuse ships none yet: -m FILE --config DIR, a "
+                  "diffusers folder of the model, or -m DIR with the component options)");
+    return DF_OK;
 }

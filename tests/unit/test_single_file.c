@@ -347,6 +347,10 @@ static void test_recognise_known_models(void **state)
     assert_string_equal(model_of(sd3, 5, &c), "SD3.5-medium");
     sd3[0].shape[0] = 2432 * 6; /* not 9216: the SD3 rule does not hold */
     assert_string_equal(model_of(sd3, 5, &c), "");
+    assert_false(c.transformer);
+    df_checkpoint_key tiny[] = {{"joint_blocks.0.x_block.attn.qkv.weight", 2, {96, 32}}};
+    assert_non_null(strstr(model_of(tiny, 1, &c), "SD3-like"));
+    assert_true(c.transformer);
     df_checkpoint_key large[] = {{"joint_blocks.37.x_block.mlp.fc1.weight", 2, {9728, 2432}},
                                  {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1,
                                   {14592}}};
