@@ -32,3 +32,10 @@ add_test(NAME single-files/inspect-clip
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors)
 set_tests_properties(single-files/inspect-clip PROPERTIES PASS_REGULAR_EXPRESSION
   "model: no transformer\n  holds: CLIP-L\n  missing: transformer")
+
+# `diffuse convert FILE --config DIR -o OUT` (tests/cli/convert.sh).
+add_test(NAME single-files/cli-convert
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/convert.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-convert PROPERTIES TIMEOUT 300)

@@ -217,6 +217,15 @@ DF_API df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
  * pipeline or component class diffuse does not implement. Free with df_pipeline_free. */
 DF_API df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out);
 
+/* Writes the loaded pipeline as a diffusers folder `out_dir` (created; files in it are
+ * replaced): the weights the models bound, under diffusers' names, in the dtype they have in
+ * memory (so a folder written from a single file loads to the same weights), each
+ * component's file built in memory; the VAE's encoder half with its decoder; everything
+ * else of the config folder (model_index.json, configs, scheduler, tokenizers) copied.
+ * DF_E_IO naming a file that cannot be read or written, DF_E_UNSUPPORTED for a pipeline
+ * class that cannot be written yet (FLUX.2). */
+DF_API df_status df_pipeline_save(df_pipeline *p, const char *out_dir);
+
 /* Runs text to image. On success *out holds the images (free with df_gen_output_free).
  * DF_E_ARG for invalid parameters (sizes not multiples of 16, steps < 1, invalid UTF-8 in a
  * prompt), naming the parameter. */

@@ -657,6 +657,17 @@ int64_t df_ws_bytes(const df_weight_set *ws)
     return ws->bytes;
 }
 
+int df_ws_bound_count(const df_weight_set *ws)
+{
+    return ws->n;
+}
+
+df_tensor *df_ws_bound(const df_weight_set *ws, int i, const char **name)
+{
+    *name = ws->tensors[i].name;
+    return ws->tensors[i].t;
+}
+
 int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap)
 {
     int n = 0;

@@ -65,6 +65,10 @@ df_status df_ws_check_all_used(df_weight_set *ws);
 const char *df_ws_last_warning(void);
 /* Bytes of the tensors bound so far. */
 int64_t df_ws_bytes(const df_weight_set *ws);
+/* The tensors bound so far, by diffusers' names (for writing them out): how many, and the
+ * i-th with its name (valid while the set lives). */
+int df_ws_bound_count(const df_weight_set *ws);
+df_tensor *df_ws_bound(const df_weight_set *ws, int i, const char **name);
 /* The tensors bound so far whose names start with `prefix`, in binding order: the first
  * `cap` into out; returns how many there are. */
 int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap);

@@ -652,11 +652,26 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     return s;
 }
 
+static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    flux_pipe *f = p->impl;
+    df_weight_set *all[] = {df_flux_weight_set(f->transformer), df_vae_weight_set(f->vae),
+                            f->clip ? df_clip_weight_set(f->clip) : NULL,
+                            f->t5 ? df_t5_weight_set(f->t5) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_flux_pipeline_class = {
     .name = "FluxPipeline",
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,
+    .weight_sets = flux_weight_sets,
 };
 
 /* The same components; a run needs an input image. */
@@ -665,4 +680,5 @@ const df_pipeline_kind df_flux_img2img_pipeline_class = {
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,
+    .weight_sets = flux_weight_sets,
 };

@@ -720,11 +720,28 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     return st;
 }
 
+static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    sd3_pipe *s = p->impl;
+    df_weight_set *all[] = {df_sd3_weight_set(s->transformer), df_vae_weight_set(s->vae),
+                            s->clip_l ? df_clip_weight_set(s->clip_l) : NULL,
+                            s->clip_g ? df_clip_weight_set(s->clip_g) : NULL,
+                            s->t5 ? df_t5_weight_set(s->t5) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2",
+                                       "text_encoder_3"};
+    int n = 0;
+    for (int i = 0; i < 5; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_sd3_pipeline_class = {
     .name = "StableDiffusion3Pipeline",
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,
+    .weight_sets = sd3_weight_sets,
 };
 
 /* The same components; a run needs an input image. */
@@ -733,4 +750,5 @@ const df_pipeline_kind df_sd3_img2img_pipeline_class = {
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,
+    .weight_sets = sd3_weight_sets,
 };
