@@ -407,6 +407,77 @@ static void test_load_out_of_memory_sweep(void **state)
     sweep(CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors");
 }
 
+/* The same sweep over the component loaders: an LDM VAE (its 1x1 convolutions and up-block
+ * order) and a ComfyUI fp8 CLIP-L, and the SD3 MMDiT file with its swapped halves. */
+typedef df_status (*load_fn)(df_ctx *ctx, const char *dir, const char *file, void **out);
+static df_status load_vae(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_vae_load_file(c, d, f, (df_vae **)o);
+}
+static df_status load_clip(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_clip_load_file(c, d, f, (df_clip **)o);
+}
+static df_status load_sd3(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_sd3_load_file(c, d, f, (df_sd3 **)o);
+}
+
+static void sweep_component(load_fn load, void (*free_fn)(void *), const char *dir,
+                            const char *file)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    void *m = NULL;
+    assert_int_equal(load(ctx, dir, file, &m), DF_OK);
+    free_fn(m);
+    int64_t live = df_alloc_live();
+    int failures = 0;
+    for (int64_t nth = 1; nth < 100000; nth++) {
+        m = NULL;
+        df_alloc_fail_at(nth);
+        df_status s = load(ctx, dir, file, &m);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            free_fn(m);
+            break;
+        }
+        failures++;
+        if (s != DF_E_OOM)
+            fail_msg("%s: allocation %lld: %s instead of DF_E_OOM: %s", file, (long long)nth,
+                     df_status_name(s), df_error_message());
+        assert_null(m);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+    }
+    assert_true(failures > 3);
+    df_ctx_free(ctx);
+}
+
+static void free_vae(void *m)
+{
+    df_vae_free(m);
+}
+static void free_clip(void *m)
+{
+    df_clip_free(m);
+}
+static void free_sd3(void *m)
+{
+    df_sd3_free(m);
+}
+
+static void test_component_load_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    sweep_component(load_vae, free_vae, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/vae",
+                    CASES "/vae-single-flux/ae.safetensors");
+    sweep_component(load_clip, free_clip, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/text_encoder",
+                    CASES "/te-single-clip-comfy/clip_l-comfy-fp8.safetensors");
+    sweep_component(load_sd3, free_sd3, DF_GOLDEN_DIR "/sd3-transformer/model",
+                    CASES "/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -417,6 +488,7 @@ int main(void)
         cmocka_unit_test(test_vae_file_squeezes_and_prefix),
         cmocka_unit_test(test_recognise_known_models),
         cmocka_unit_test(test_load_out_of_memory_sweep),
+        cmocka_unit_test(test_component_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
