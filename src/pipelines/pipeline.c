@@ -400,6 +400,14 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         s = use_checkpoint(p, dir);
     if (s == DF_OK)
         s = load_parts(p);
+    if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
+                                           strstr(df_error_message(), "config"))) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", df_error_message());
+        s = df_errorf(s, "%s (%s holds weights only: the configs and tokenizers come from the "
+                      "folder given as config_dir / --config, a diffusers folder of the "
+                      "model)", why, p->checkpoint);
+    }
     if (p->comm)
         s = df_comm_agree(p->comm, s); /* all ranks loaded, or all stop */
     if (s != DF_OK) {

@@ -67,6 +67,10 @@ expect "no-such.safetensors" -m "$flux" --vae "$work/no-such.safetensors"
 aio=$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors
 expect "--config DIR" -m "$aio"
 expect "no component" -m "$cases/pipe-flux-all-in-one/case.safetensors" --config "$flux"
+# A config folder without the T5 tokenizer: the error names it and says where it comes from.
+mkdir "$work/cfg" && cp -r "$flux/." "$work/cfg/" && rm -r "$work/cfg/tokenizer_2" ||
+    fail "copying the config folder"
+expect "tokenizer_2.*--config" -m "$aio" --config "$work/cfg"
 "$bin" generate -m "$aio" --config "$flux" $args -o "$work/aio.png" 2>"$work/err" ||
     fail "-m FILE --config DIR: $(cat "$work/err")"
 [ -s "$work/aio.png" ] || fail "-m FILE --config DIR: no image"
