@@ -2,10 +2,11 @@
 # LDM names (BFL's ae.safetensors; SD3's under first_stage_model.) and a ComfyUI-prefixed
 # fp8 CLIP-L, made by tools/refgen/component_files.py, and a ComfyUI all-in-one FLUX.1 file
 # (transformer + VAE, the folder's text encoders: -m FILE --config DIR) by all_in_one.py,
-# and an SD3.5-medium-shaped transformer in the original MMDiT names (sd3_single_file.py),
+# an SD3.5-medium-shaped transformer in the original MMDiT names (sd3_single_file.py) and a
+# FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
 # with diffusers' single-file loading as the reference, run by diffuse-check in every mode.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
-    pipe-flux-all-in-one sd3-single-comfy)
+    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}

@@ -50,6 +50,10 @@ const char *df_names_flux_probe(void);
 bool df_names_sd3_mmdit(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_sd3_probe(void);
 
+/* FLUX.2 (Flux2Transformer2DModel) in BFL's FLUX.2 layout. names_flux2.c. */
+bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_flux2_probe(void);
+
 /* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
  * blocks (len(block_out_channels)). names_vae.c. */
 bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out);

@@ -298,10 +298,12 @@ static df_status load_parts(df_pipeline *p)
     else if (s == DF_OK)
         s = check_components(p, table, idx);
     bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class;
-    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class && !sd3)
+    bool flux2 = strstr(p->cls->name, "Flux2") != NULL;
+    if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class && !sd3 &&
+        !flux2)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
-                      "FluxPipeline (FLUX.1) and StableDiffusion3Pipeline only, not %s", p->dir,
-                      p->opts.transformer_file, p->cls->name);
+                      "FluxPipeline (FLUX.1), StableDiffusion3Pipeline and FLUX.2 only, not %s",
+                      p->dir, p->opts.transformer_file, p->cls->name);
     const char *component_file = p->opts.vae_file            ? p->opts.vae_file
                                  : p->opts.text_encoder_file ? p->opts.text_encoder_file
                                  : p->opts.text_encoder_2_file

@@ -230,6 +230,14 @@ static void test_vae_and_text_name_maps(void **state)
     assert_int_equal(s.part[0][0], 1);
     assert_true(df_names_sd3_mmdit("transformer_blocks.0.attn2.norm_k.weight", 3, &s));
     assert_string_equal(s.name, "joint_blocks.0.x_block.attn2.ln_k.weight");
+    assert_true(df_names_flux2_bfl("single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 0,
+                                   &s));
+    assert_string_equal(s.name, "single_blocks.1.linear1.weight");
+    assert_int_equal(s.units, 1);
+    assert_true(df_names_flux2_bfl("double_stream_modulation_txt.linear.weight", 0, &s));
+    assert_string_equal(s.name, "double_stream_modulation_txt.lin.weight");
+    assert_true(df_names_flux2_bfl("norm_out.linear.weight", 0, &s));
+    assert_int_equal(s.n, 2);
     assert_true(df_names_sd3_mmdit("pos_embed.pos_embed", 3, &s));
     assert_string_equal(s.name, "pos_embed");
 
