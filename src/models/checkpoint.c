@@ -68,9 +68,9 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
     } else if (find(keys, n, "double_blocks.0.img_attn.norm.key_norm.scale", &prefix)) {
         int64_t in = dim(find(keys, n, "img_in.weight", NULL), 1);
         out->model = !find(keys, n, "guidance_in.in_layer.bias", NULL) ? "FLUX.1-schnell"
-                     : in == 384                                      ? "FLUX.1-fill"
-                     : in == 128                                      ? "FLUX.1-depth"
-                                                                      : "FLUX.1-dev";
+                     : in == 384                                       ? "FLUX.1-fill"
+                     : in == 128                                       ? "FLUX.1-depth"
+                                                                       : "FLUX.1-dev";
     }
     /* The layout without a released size (a tiny test model, a fine-tune of another width):
      * what diffusers could not name, diffuse still reads with a config. */
@@ -91,7 +91,8 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
         if (ends_with(name, df_names_t5_probe()))
             out->t5 = true;
         if (ends_with(name, df_names_clip_bare_probe())) {
-            bool g = strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
+            bool g =
+                strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
             if (g)
                 out->clip_g = true;
             else
@@ -160,8 +161,10 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
     const struct {
         bool has;
         const char *name;
-    } parts[] = {{c.transformer, " transformer"}, {c.vae, " VAE (LDM names)"},
-                 {c.clip_l, " CLIP-L"},          {c.clip_g, " CLIP-G"},
+    } parts[] = {{c.transformer, " transformer"},
+                 {c.vae, " VAE (LDM names)"},
+                 {c.clip_l, " CLIP-L"},
+                 {c.clip_g, " CLIP-G"},
                  {c.t5, " T5"}};
     bool any = false;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
@@ -181,10 +184,12 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
     if (sd3 && !c.clip_g)
         add(out, cap, " CLIP-G (--text-encoder-2 FILE or the folder's text_encoder_2/),");
     if (!c.t5)
-        add(out, cap, sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
-                            "text_encoder_3/),"
-                          : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
-    add(out, cap, " configs and tokenizers (diffuse ships none yet: -m FILE --config DIR, a "
-                  "diffusers folder of the model, or -m DIR with the component options)");
+        add(out, cap,
+            sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
+                  "text_encoder_3/),"
+                : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+    add(out, cap,
+        " configs and tokenizers (diffuse ships none yet: -m FILE --config DIR, a "
+        "diffusers folder of the model, or -m DIR with the component options)");
     return DF_OK;
 }

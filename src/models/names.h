@@ -33,13 +33,16 @@ typedef struct df_name_rule {
     int part[2][2];
 } df_name_rule;
 
-/* The whole original tensor; its second half then its first (scale and shift swapped). */
-#define DF_NAME_WHOLE   1, 1, {{0, 1}}
-#define DF_NAME_SWAPPED 2, 2, {{1, 2}, {0, 1}}
+/* The whole original tensor; its second half then its first (scale and shift swapped); its
+ * i-th third (a fused qkv). */
+/* clang-format off */
+#define DF_NAME_WHOLE    1, 1, {{0, 1}}
+#define DF_NAME_SWAPPED  2, 2, {{1, 2}, {0, 1}}
+#define DF_NAME_THIRD(i) 3, 1, {{i, i + 1}}
+/* clang-format on */
 
 /* Fills *out from the first rule matching `diffusers`; false when none does. */
-bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers,
-                     df_name_src *out);
+bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers, df_name_src *out);
 
 /* FLUX.1 (FluxTransformer2DModel) in BFL's layout, and a name every such file holds. */
 bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out);

@@ -12,8 +12,6 @@
  */
 #include "models/names.h"
 
-#define QKV(i) 3, 1, {{i, i + 1}}
-
 static const df_name_rule rules[] = {
     {"x_embedder.", "img_in.", DF_NAME_WHOLE},
     {"context_embedder.", "txt_in.", DF_NAME_WHOLE},
@@ -24,12 +22,12 @@ static const df_name_rule rules[] = {
     {"double_stream_modulation_img.linear.", "double_stream_modulation_img.lin.", DF_NAME_WHOLE},
     {"double_stream_modulation_txt.linear.", "double_stream_modulation_txt.lin.", DF_NAME_WHOLE},
     {"single_stream_modulation.linear.", "single_stream_modulation.lin.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", QKV(0)},
-    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", QKV(1)},
-    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", QKV(2)},
-    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", QKV(0)},
-    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", QKV(1)},
-    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", QKV(2)},
+    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(2)},
     {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
      DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",

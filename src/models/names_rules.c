@@ -53,8 +53,7 @@ static bool expand(const char *pattern, const char *index, const char *rest, cha
     return (size_t)snprintf(out + n, cap - n, "%s", rest) < cap - n && !*pattern;
 }
 
-bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers,
-                     df_name_src *out)
+bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers, df_name_src *out)
 {
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < n; i++) {

@@ -15,8 +15,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define QKV(i) 3, 1, {{i, i + 1}}
-
 static const df_name_rule rules[] = {
     {"pos_embed.pos_embed", "pos_embed", DF_NAME_WHOLE},
     {"pos_embed.proj.", "x_embedder.proj.", DF_NAME_WHOLE},
@@ -25,12 +23,12 @@ static const df_name_rule rules[] = {
     {"time_text_embed.text_embedder.linear_1.", "y_embedder.mlp.0.", DF_NAME_WHOLE},
     {"time_text_embed.text_embedder.linear_2.", "y_embedder.mlp.2.", DF_NAME_WHOLE},
     {"context_embedder.", "context_embedder.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_q.", "joint_blocks.*.x_block.attn.qkv.", QKV(0)},
-    {"transformer_blocks.*.attn.to_k.", "joint_blocks.*.x_block.attn.qkv.", QKV(1)},
-    {"transformer_blocks.*.attn.to_v.", "joint_blocks.*.x_block.attn.qkv.", QKV(2)},
-    {"transformer_blocks.*.attn.add_q_proj.", "joint_blocks.*.context_block.attn.qkv.", QKV(0)},
-    {"transformer_blocks.*.attn.add_k_proj.", "joint_blocks.*.context_block.attn.qkv.", QKV(1)},
-    {"transformer_blocks.*.attn.add_v_proj.", "joint_blocks.*.context_block.attn.qkv.", QKV(2)},
+    {"transformer_blocks.*.attn.to_q.", "joint_blocks.*.x_block.attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.to_k.", "joint_blocks.*.x_block.attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.to_v.", "joint_blocks.*.x_block.attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.add_q_proj.", "joint_blocks.*.context_block.attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.add_k_proj.", "joint_blocks.*.context_block.attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.add_v_proj.", "joint_blocks.*.context_block.attn.qkv.", DF_NAME_THIRD(2)},
     {"transformer_blocks.*.attn.norm_q.weight", "joint_blocks.*.x_block.attn.ln_q.weight",
      DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.norm_k.weight", "joint_blocks.*.x_block.attn.ln_k.weight",
@@ -42,15 +40,14 @@ static const df_name_rule rules[] = {
     {"transformer_blocks.*.attn.to_out.0.", "joint_blocks.*.x_block.attn.proj.", DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.to_add_out.", "joint_blocks.*.context_block.attn.proj.",
      DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn2.to_q.", "joint_blocks.*.x_block.attn2.qkv.", QKV(0)},
-    {"transformer_blocks.*.attn2.to_k.", "joint_blocks.*.x_block.attn2.qkv.", QKV(1)},
-    {"transformer_blocks.*.attn2.to_v.", "joint_blocks.*.x_block.attn2.qkv.", QKV(2)},
+    {"transformer_blocks.*.attn2.to_q.", "joint_blocks.*.x_block.attn2.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn2.to_k.", "joint_blocks.*.x_block.attn2.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn2.to_v.", "joint_blocks.*.x_block.attn2.qkv.", DF_NAME_THIRD(2)},
     {"transformer_blocks.*.attn2.norm_q.weight", "joint_blocks.*.x_block.attn2.ln_q.weight",
      DF_NAME_WHOLE},
     {"transformer_blocks.*.attn2.norm_k.weight", "joint_blocks.*.x_block.attn2.ln_k.weight",
      DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn2.to_out.0.", "joint_blocks.*.x_block.attn2.proj.",
-     DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn2.to_out.0.", "joint_blocks.*.x_block.attn2.proj.", DF_NAME_WHOLE},
     {"transformer_blocks.*.norm1.linear.", "joint_blocks.*.x_block.adaLN_modulation.1.",
      DF_NAME_WHOLE},
     {"transformer_blocks.*.norm1_context.linear.",

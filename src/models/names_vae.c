@@ -48,8 +48,10 @@ static bool resnet_part(const char *part, char *out, size_t cap)
 /* The mid block's part ("resnets.1.conv2.weight", "attentions.0.to_q.bias"). */
 static bool mid_part(const char *part, char *out, size_t cap)
 {
-    static const char *const attn[][2] = {{"group_norm.", "norm."}, {"to_q.", "q."},
-                                          {"to_k.", "k."},          {"to_v.", "v."},
+    static const char *const attn[][2] = {{"group_norm.", "norm."},
+                                          {"to_q.", "q."},
+                                          {"to_k.", "k."},
+                                          {"to_v.", "v."},
                                           {"to_out.0.", "proj_out."}};
     char sub[128];
     const char *rest;
@@ -125,8 +127,7 @@ bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out)
         return false;
     if (tail(q, enc ? "downsamplers.0.conv." : "upsamplers.0.conv.", &rest))
         return (size_t)snprintf(dst, cap, "%s.%s.%d.%s.conv.%s", half, enc ? "down" : "up",
-                                enc ? i : arg - 1 - i, enc ? "downsample" : "upsample",
-                                rest) < cap;
+                                enc ? i : arg - 1 - i, enc ? "downsample" : "upsample", rest) < cap;
     return false;
 }
 

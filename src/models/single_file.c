@@ -137,8 +137,8 @@ static bool find_prefix(df_single_file *sf, const char *probe, const char *hint)
     return found;
 }
 
-df_status df_single_file_open(const char *path, const char *component, df_name_map map,
-                              int arg, const char *probe, df_single_file **out)
+df_status df_single_file_open(const char *path, const char *component, df_name_map map, int arg,
+                              const char *probe, df_single_file **out)
 {
     *out = NULL;
     df_single_file *sf = df_calloc(1, sizeof *sf);

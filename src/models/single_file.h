@@ -26,8 +26,8 @@ typedef struct df_single_file df_single_file;
 
 /* Opens `path` (.gguf, else safetensors) for `component` (named in messages) with `map`
  * (given `arg`) and its `probe` name. DF_E_IO, DF_E_FORMAT (from the readers), DF_E_OOM. */
-df_status df_single_file_open(const char *path, const char *component, df_name_map map,
-                              int arg, const char *probe, df_single_file **out);
+df_status df_single_file_open(const char *path, const char *component, df_name_map map, int arg,
+                              const char *probe, df_single_file **out);
 /* When no map was taken yet and a name ends in `probe`, takes `map` (and that prefix, one
  * holding `hint` when there is such: "clip_g" in an all-in-one file with two CLIPs):
  * true. For a model whose files come in more than one layout. */
