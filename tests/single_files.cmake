@@ -4,7 +4,8 @@
 # (transformer + VAE, the folder's text encoders: -m FILE --config DIR) by all_in_one.py,
 # an SD3.5-medium-shaped transformer in the original MMDiT names (sd3_single_file.py) and a
 # FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
-# with diffusers' single-file loading as the reference, run by diffuse-check in every mode.
+# with diffusers' single-file loading as the reference, run by diffuse-check in every mode
+# and with bf16 and int8 compute.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy)
 foreach(case ${DF_SINGLE_FILE_CASES})
@@ -13,6 +14,12 @@ foreach(case ${DF_SINGLE_FILE_CASES})
              COMMAND diffuse-check --mode ${mode} --threads 2
                      ${CMAKE_SOURCE_DIR}/tests/cases/${case})
     set_tests_properties(single-files/${mode}/${case} PROPERTIES TIMEOUT 300)
+  endforeach()
+  foreach(dtype bf16 int8)
+    add_test(NAME single-files/${dtype}/${case}
+             COMMAND diffuse-check --dtype ${dtype} --threads 2
+                     ${CMAKE_SOURCE_DIR}/tests/cases/${case})
+    set_tests_properties(single-files/${dtype}/${case} PROPERTIES TIMEOUT 300)
   endforeach()
 endforeach()
 
