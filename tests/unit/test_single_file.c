@@ -372,6 +372,43 @@ static void test_recognise_known_models(void **state)
     assert_true(c.clip_g && !c.clip_l && !c.transformer);
 }
 
+/* An all-in-one file with both CLIPs: the hint picks each one's prefix, whichever sorts
+ * first; a file with one CLIP takes it whatever the hint. */
+static void test_clip_prefix_hint(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-clips", dir, sizeof dir);
+    path_in(dir, "sd3.safetensors", path, sizeof path);
+    float data[2] = {1, 2};
+    char header[1024];
+    snprintf(header, sizeof header,
+             "{\"text_encoders.clip_g.transformer.text_model.embeddings.token_embedding.weight\":"
+             "{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]},"
+             "\"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight\":"
+             "{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[4,8]}}");
+    while (strlen(header) % 8)
+        strcat(header, " ");
+    size_t len;
+    uint8_t *file = st_bytes(header, data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    static const char *const hints[][2] = {{"clip_l", "text_encoders.clip_l.transformer."},
+                                           {"clip_g", "text_encoders.clip_g.transformer."},
+                                           {"t5xxl", "text_encoders.clip_g.transformer."}};
+    for (int i = 0; i < 3; i++) {
+        df_single_file *sf;
+        assert_int_equal(df_single_file_open(path, "clip", NULL, 0, NULL, &sf), DF_OK);
+        assert_true(df_single_file_try_map(sf, df_names_same, 0, df_names_clip_probe(),
+                                           hints[i][0]));
+        assert_string_equal(df_single_file_prefix(sf), hints[i][1]);
+        /* a second map is not taken over the first */
+        assert_false(df_single_file_try_map(sf, df_names_clip_bare, 0,
+                                            df_names_clip_bare_probe(), NULL));
+        df_single_file_free(sf);
+    }
+}
+
 #define CASES       DF_GOLDEN_DIR "/../cases"
 #define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
 
@@ -495,6 +532,7 @@ int main(void)
         cmocka_unit_test(test_vae_and_text_name_maps),
         cmocka_unit_test(test_vae_file_squeezes_and_prefix),
         cmocka_unit_test(test_recognise_known_models),
+        cmocka_unit_test(test_clip_prefix_hint),
         cmocka_unit_test(test_load_out_of_memory_sweep),
         cmocka_unit_test(test_component_load_out_of_memory_sweep),
     };
