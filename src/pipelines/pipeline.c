@@ -298,7 +298,7 @@ static df_status load_parts(df_pipeline *p)
     else if (s == DF_OK)
         s = check_components(p, table, idx);
     bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class;
-    bool flux2 = strstr(p->cls->name, "Flux2") != NULL;
+    bool flux2 = p->cls && strstr(p->cls->name, "Flux2") != NULL;
     if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class && !sd3 &&
         !flux2)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
@@ -309,7 +309,7 @@ static df_status load_parts(df_pipeline *p)
                                  : p->opts.text_encoder_2_file
                                      ? p->opts.text_encoder_2_file
                                      : p->opts.text_encoder_3_file;
-    if (s == DF_OK && component_file && !sd3 && strstr(p->cls->name, "Flux2"))
+    if (s == DF_OK && component_file && !sd3 && flux2)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: single-file VAE and text encoders (%s) are read "
                       "for FLUX.1 and SD3 pipelines, not %s", p->dir, component_file,
                       p->cls->name);
