@@ -205,10 +205,10 @@ typedef struct df_gen_output {
 } df_gen_output;
 
 /* What the single checkpoint file `path` (safetensors or GGUF) holds, as lines of text in
- * out: "model: ..." (FLUX.1-dev / -schnell / -fill / -depth, FLUX.2, SD3-medium,
- * SD3.5-medium / -large, recognised from the keys as diffusers does), "holds: ..." (the
- * transformer, VAE, CLIP-L, CLIP-G, T5 found by their names) and "missing: ..." (what a
- * pipeline needs besides, and how to give it). DF_E_IO / DF_E_FORMAT when the file cannot
+ * out: "model: ..." (FLUX.1-dev / -schnell / -fill / -depth, FLUX.2-dev / -klein,
+ * SD3-medium, SD3.5-medium / -large, recognised from the keys as diffusers does),
+ * "holds: ..." (the transformer, VAE, CLIP-L, CLIP-G, T5 found by their names) and
+ * "missing: ..." (what a pipeline needs besides, and how to give it). DF_E_IO / DF_E_FORMAT when the file cannot
  * be read. */
 DF_API df_status df_checkpoint_describe(const char *path, char *out, size_t cap);
 

@@ -64,7 +64,9 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
     } else if (find(keys, n, "joint_blocks.37.x_block.mlp.fc1.weight", &prefix)) {
         out->model = "SD3.5-large";
     } else if (find(keys, n, "single_stream_modulation.lin.weight", &prefix)) {
-        out->model = "FLUX.2";
+        /* diffusers says flux-2-dev for both; klein has no guidance embedding */
+        out->model = find(keys, n, "guidance_in.in_layer.weight", NULL) ? "FLUX.2-dev"
+                                                                         : "FLUX.2-klein";
     } else if (find(keys, n, "double_blocks.0.img_attn.norm.key_norm.scale", &prefix)) {
         int64_t in = dim(find(keys, n, "img_in.weight", NULL), 1);
         out->model = !find(keys, n, "guidance_in.in_layer.bias", NULL) ? "FLUX.1-schnell"
@@ -174,6 +176,11 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             any = true;
         }
     add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    if (strncmp(c.model, "FLUX.2", 6) == 0) {
+        add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
+                      "-m DIR --transformer FILE), configs and tokenizers (the same folder)");
+        return DF_OK;
+    }
     add(out, cap, "missing:");
     if (!c.transformer)
         add(out, cap, " transformer (--transformer FILE or -m DIR),");

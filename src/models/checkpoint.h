@@ -3,7 +3,8 @@
  * components are in it, recognised from the tensor names and shapes as diffusers'
  * single-file loader does (infer_diffusers_model_type): FLUX.1 by
  * double_blocks.0.img_attn.norm.key_norm.scale, dev vs schnell by guidance_in (fill and
- * depth by img_in's width), FLUX.2 by single_stream_modulation, SD3 by
+ * depth by img_in's width), FLUX.2 by single_stream_modulation (dev vs klein by
+ * guidance_in, which klein lacks), SD3 by
  * joint_blocks.0.context_block.adaLN_modulation.1.bias of width 9216 and pos_embed's
  * length (36864: SD3 medium, 147456: SD3.5 medium), SD3.5 large by joint_blocks.37; each
  * under no prefix or ComfyUI's "model.diffusion_model.". The other components by the names
@@ -26,7 +27,8 @@ typedef struct df_checkpoint_key {
 } df_checkpoint_key;
 
 typedef struct df_checkpoint_parts {
-    /* "FLUX.1-dev", "FLUX.1-schnell", "FLUX.1-fill", "FLUX.1-depth", "FLUX.2", "SD3-medium",
+    /* "FLUX.1-dev", "FLUX.1-schnell", "FLUX.1-fill", "FLUX.1-depth", "FLUX.2-dev",
+     * "FLUX.2-klein", "SD3-medium",
      * "SD3.5-medium", "SD3.5-large", or "" when the file holds no transformer diffuse knows */
     const char *model;
     bool transformer, vae, clip_l, clip_g, t5;

@@ -195,7 +195,8 @@ static void test_vae_and_text_name_maps(void **state)
     (void)state;
     static const char *const pairs[][2] = {
         {"decoder.up_blocks.0.resnets.2.conv1.weight", "decoder.up.3.block.2.conv1.weight"},
-        {"decoder.up_blocks.3.resnets.0.conv_shortcut.bias", "decoder.up.0.block.0.nin_shortcut.bias"},
+        {"decoder.up_blocks.3.resnets.0.conv_shortcut.bias",
+         "decoder.up.0.block.0.nin_shortcut.bias"},
         {"decoder.up_blocks.1.upsamplers.0.conv.weight", "decoder.up.2.upsample.conv.weight"},
         {"encoder.down_blocks.1.resnets.1.norm2.bias", "encoder.down.1.block.1.norm2.bias"},
         {"encoder.down_blocks.2.downsamplers.0.conv.bias", "encoder.down.2.downsample.conv.bias"},
@@ -365,7 +366,10 @@ static void test_recognise_known_models(void **state)
     assert_string_equal(model_of(large, 2, &c), "SD3.5-large");
     df_checkpoint_key flux2[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
                                  {"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}}};
-    assert_string_equal(model_of(flux2, 2, &c), "FLUX.2");
+    assert_string_equal(model_of(flux2, 2, &c), "FLUX.2-klein");
+    df_checkpoint_key flux2_dev[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
+                                     {"guidance_in.in_layer.weight", 2, {6144, 256}}};
+    assert_string_equal(model_of(flux2_dev, 2, &c), "FLUX.2-dev");
     /* a lone CLIP: CLIP-G by its width */
     df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
     model_of(clip, 1, &c);
