@@ -208,8 +208,8 @@ typedef struct df_gen_output {
  * out: "model: ..." (FLUX.1-dev / -schnell / -fill / -depth, FLUX.2-dev / -klein,
  * SD3-medium, SD3.5-medium / -large, recognised from the keys as diffusers does),
  * "holds: ..." (the transformer, VAE, CLIP-L, CLIP-G, T5 found by their names) and
- * "missing: ..." (what a pipeline needs besides, and how to give it). DF_E_IO / DF_E_FORMAT when the file cannot
- * be read. */
+ * "missing: ..." (what a pipeline needs besides, and how to give it). DF_E_IO /
+ * DF_E_FORMAT when the file cannot be read. */
 DF_API df_status df_checkpoint_describe(const char *path, char *out, size_t cap);
 
 /* Loads the pipeline in `dir` (the folder with model_index.json). opts may be NULL.
