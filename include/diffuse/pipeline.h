@@ -62,10 +62,11 @@ typedef struct df_load_opts {
      * latents. */
     int tp;
     struct df_comm *comm;
-    /* FluxPipeline: the transformer's weights from this single file (a .safetensors in
-     * diffusers', Black Forest Labs' or ComfyUI's layout, f32/bf16/f16/fp8, or a city96
-     * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
-     * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
+    /* The transformer's weights from this single file (a .safetensors in diffusers', the
+     * original (Black Forest Labs', Stability AI's MMDiT) or ComfyUI's layout,
+     * f32/bf16/f16/fp8, or a city96 .gguf; see df_flux_load_file, df_sd3_load_file,
+     * df_flux2_load_file) instead of the folder's transformer/, whose config.json is still
+     * the config. NULL: the folder's. FLUX.1, SD3 and FLUX.2 pipelines. */
     const char *transformer_file;
     /* FluxPipeline and StableDiffusion3Pipeline (and their Img2Img classes): a component's
      * weights from one single file instead of the folder's, whose config.json is still the
