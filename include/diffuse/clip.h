@@ -84,6 +84,11 @@ typedef struct df_clip_output {
  * message names the tensor); DF_E_UNSUPPORTED for an activation diffuse does not implement.
  */
 DF_API df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out);
+/* df_clip_load with the weights from the single file `file` (NULL: dir's), dir/config.json
+ * as the config: transformers' names (clip_l.safetensors, with or without "text_model."),
+ * also under ComfyUI's "text_encoders.clip_l.transformer." / "...clip_g.transformer.". */
+DF_API df_status df_clip_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                   df_clip **out);
 
 /* The model's configuration (borrowed). */
 DF_API const df_clip_config *df_clip_get_config(const df_clip *m);

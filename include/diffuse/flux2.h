@@ -79,6 +79,13 @@ typedef struct df_flux2_inputs {
  * by the ranks), DF_E_OOM.
  */
 DF_API df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out);
+/* df_flux2_load with the weights from the single file `file` (NULL: dir's), dir/config.json
+ * as the config: Black Forest Labs' FLUX.2 names (also under "model.diffusion_model.") or
+ * diffusers' own; safetensors (f32, bf16, f16, fp8) or GGUF. Fused qkv split by row views,
+ * the final layer's halves swapped. Fails as df_flux2_load; DF_E_UNSUPPORTED for tensor
+ * parallelism. */
+DF_API df_status df_flux2_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                    df_flux2 **out);
 
 /* The model's configuration (borrowed, valid while the model lives). */
 DF_API const df_flux2_cfg *df_flux2_config(const df_flux2 *m);

@@ -76,10 +76,11 @@ typedef struct df_load_opts {
      * latents. */
     int tp;
     struct df_comm *comm;
-    /* FluxPipeline: the transformer's weights from this single file (a .safetensors in
-     * diffusers', Black Forest Labs' or ComfyUI's layout, f32/bf16/f16/fp8, or a city96
-     * .gguf; see df_flux_load_file) instead of the folder's transformer/, whose config.json
-     * is still the config. NULL: the folder's. Other pipelines: DF_E_UNSUPPORTED. */
+    /* The transformer's weights from this single file (a .safetensors in diffusers', the
+     * original (Black Forest Labs', Stability AI's MMDiT) or ComfyUI's layout,
+     * f32/bf16/f16/fp8, or a city96 .gguf; see df_flux_load_file, df_sd3_load_file,
+     * df_flux2_load_file) instead of the folder's transformer/, whose config.json is still
+     * the config. NULL: the folder's. FLUX.1, SD3 and FLUX.2 pipelines. */
     const char *transformer_file;
     /* int8 compute (dtype DF_DTYPE_I8): 1 keeps the diffusion transformer's embedders and
      * output layers in higher precision (the default policy; docs/int8.md), -1 quantizes
@@ -91,6 +92,23 @@ typedef struct df_load_opts {
      * pipeline, or A / B shapes that do not fit it, fail the load with DF_E_FORMAT. */
     const df_lora_spec *loras;
     int n_loras;
+    /* FluxPipeline and StableDiffusion3Pipeline (and their Img2Img classes): a component's
+     * weights from one single file instead of the folder's, whose config.json is still the
+     * config (docs/io.md). vae_file: AutoencoderKL in diffusers' or the original LDM names
+     * (ae.safetensors), also under "vae." / "first_stage_model."; text_encoder_file: CLIP-L
+     * (clip_l.safetensors); text_encoder_2_file: FLUX.1's T5 (t5xxl_fp16.safetensors) or
+     * SD3's CLIP-G; text_encoder_3_file: SD3's T5. Text encoders in transformers' names,
+     * also under ComfyUI's "text_encoders.<name>.transformer.". NULL: the folder's. Other
+     * pipelines: DF_E_UNSUPPORTED. */
+    const char *vae_file;
+    const char *text_encoder_file;
+    const char *text_encoder_2_file;
+    const char *text_encoder_3_file;
+    /* When df_pipeline_load's `dir` is one checkpoint file (ComfyUI's all-in-one files: a
+     * transformer, VAE and text encoders recognised by their names), the diffusers folder
+     * that gives model_index.json, the configs and the tokenizers; every component the file
+     * holds (and that no *_file above names) is read from it, the rest from this folder. */
+    const char *config_dir;
 } df_load_opts;
 
 /* Called after every denoising step. */
@@ -245,10 +263,27 @@ typedef struct df_gen_output {
     } phases[8];
 } df_gen_output;
 
+/* What the single checkpoint file `path` (safetensors or GGUF) holds, as lines of text in
+ * out: "model: ..." (FLUX.1-dev / -schnell / -fill / -depth, FLUX.2-dev / -klein,
+ * SD3-medium, SD3.5-medium / -large, recognised from the keys as diffusers does),
+ * "holds: ..." (the transformer, VAE, CLIP-L, CLIP-G, T5 found by their names) and
+ * "missing: ..." (what a pipeline needs besides, and how to give it). DF_E_IO /
+ * DF_E_FORMAT when the file cannot be read. */
+DF_API df_status df_checkpoint_describe(const char *path, char *out, size_t cap);
+
 /* Loads the pipeline in `dir` (the folder with model_index.json). opts may be NULL.
  * DF_E_IO / DF_E_FORMAT for missing or malformed files (naming them), DF_E_UNSUPPORTED for a
  * pipeline or component class diffuse does not implement. Free with df_pipeline_free. */
 DF_API df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out);
+
+/* Writes the loaded pipeline as a diffusers folder `out_dir` (created; files in it are
+ * replaced): the weights the models bound, under diffusers' names, in the dtype they have in
+ * memory (so a folder written from a single file loads to the same weights), each
+ * component's file built in memory; the VAE's encoder half with its decoder; everything
+ * else of the config folder (model_index.json, configs, scheduler, tokenizers) copied.
+ * DF_E_IO naming a file that cannot be read or written, DF_E_UNSUPPORTED for a pipeline
+ * class that cannot be written yet (FLUX.2). */
+DF_API df_status df_pipeline_save(df_pipeline *p, const char *out_dir);
 
 /* Runs text to image. On success *out holds the images (free with df_gen_output_free).
  * DF_E_ARG for invalid parameters (sizes not multiples of 16, steps < 1, invalid UTF-8 in a

@@ -83,6 +83,13 @@ typedef struct df_sd3_inputs {
  * than f32/bf16/f16), DF_E_OOM.
  */
 DF_API df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out);
+/* df_sd3_load with the weights from the single file `file` (NULL: dir's), dir/config.json as
+ * the config: Stability AI's original MMDiT names (joint_blocks.N.x_block / context_block,
+ * also under ComfyUI's "model.diffusion_model."), or diffusers' own; safetensors (f32, bf16,
+ * f16, fp8) or GGUF. Fused qkv tensors are split by row views, the last block's context
+ * modulation and the final layer's halves swapped. Fails as df_sd3_load. */
+DF_API df_status df_sd3_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                  df_sd3 **out);
 
 /* The model's configuration (borrowed, valid while the model lives). */
 DF_API const df_sd3_cfg *df_sd3_config(const df_sd3 *m);

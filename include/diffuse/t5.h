@@ -51,6 +51,10 @@ typedef struct df_t5_config {
  * for a feed_forward_proj other than "gated-gelu".
  */
 DF_API df_status df_t5_load(df_ctx *ctx, const char *dir, df_t5 **out);
+/* df_t5_load with the weights from the single file `file` (NULL: dir's), dir/config.json
+ * as the config: transformers' names (t5xxl_fp16.safetensors), also under ComfyUI's
+ * "text_encoders.t5xxl.transformer.". */
+DF_API df_status df_t5_load_file(df_ctx *ctx, const char *dir, const char *file, df_t5 **out);
 
 /* The model's configuration (borrowed). */
 DF_API const df_t5_config *df_t5_get_config(const df_t5 *m);

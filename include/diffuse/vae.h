@@ -75,6 +75,12 @@ typedef struct df_vae_info {
  * DF_E_UNSUPPORTED for another class, block type, activation or patch_size.
  */
 DF_API df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out);
+/* df_vae_load with the weights from the single file `file` (NULL: dir's): diffusers' names
+ * or the original LDM ones (Black Forest Labs' ae.safetensors, SD3's VAE), also under
+ * ComfyUI's "vae." / "first_stage_model." prefixes, with dir/config.json as the config.
+ * The attention's 1x1 convolutions are read as diffusers' linears. Fails as df_vae_load. */
+DF_API df_status df_vae_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                  df_vae **out);
 
 /* The decoder's settings (borrowed; valid while vae lives). */
 DF_API const df_vae_info *df_vae_config(const df_vae *vae);
@@ -162,6 +168,9 @@ typedef struct df_vae_encoder df_vae_encoder;
  * DownEncoderBlock2D.
  */
 DF_API df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out);
+/* The same from a single file, as df_vae_load_file reads it. */
+DF_API df_status df_vae_encoder_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                          df_vae_encoder **out);
 
 /* The settings read from vae/config.json (borrowed; valid while e lives). */
 DF_API const df_vae_info *df_vae_encoder_config(const df_vae_encoder *e);

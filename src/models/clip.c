@@ -135,10 +135,28 @@ static df_status bind_weights(df_clip *m)
             df_ws_linear(ws, &m->text_projection, c->projection_dim, d, false, "text_projection"));
     /* A buffer of 0..P-1 in older checkpoints; the forward makes its own positions. */
     df_ws_ignore_prefix(ws, "text_model.embeddings.position_ids");
+    df_ws_ignore_prefix(ws, "embeddings.position_ids"); /* a file without "text_model." */
     return df_ws_check_all_used(ws);
 }
 
 df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out)
+{
+    return df_clip_load_file(ctx, dir, NULL, out);
+}
+
+/* A single file: transformers' names under some prefix, or without "text_model.". */
+static df_status open_file(df_ctx *ctx, const char *dir, const char *file, const char *name,
+                           df_weight_set **out)
+{
+    /* SD3's second CLIP is CLIP-G: in an all-in-one file, the one under "clip_g". */
+    const char *hint = strcmp(name, "text_encoder_2") == 0 ? "clip_g" : "clip_l";
+    DF_TRY(df_weight_set_open_single(ctx, dir, file, name, NULL, 0, NULL, out));
+    if (!df_ws_try_map(*out, df_names_same, 0, df_names_clip_probe(), hint))
+        df_ws_try_map(*out, df_names_clip_bare, 0, df_names_clip_bare_probe(), hint);
+    return DF_OK;
+}
+
+df_status df_clip_load_file(df_ctx *ctx, const char *dir, const char *file, df_clip **out)
 {
     *out = NULL;
     df_clip *m = df_calloc(1, sizeof *m);
@@ -147,7 +165,8 @@ df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out)
     const df_json *cfg = NULL;
     char name[128];
     df_text_component_name(dir, "text_encoder", name, sizeof name);
-    df_status s = df_weight_set_open(ctx, dir, name, &m->ws);
+    df_status s = file ? open_file(ctx, dir, file, name, &m->ws)
+                       : df_weight_set_open(ctx, dir, name, &m->ws);
     if (s == DF_OK)
         s = df_weight_set_config(m->ws, &cfg);
     if (s == DF_OK)

@@ -315,7 +315,7 @@ static df_status load(df_ctx *ctx, const char *dir, const char *file, df_flux **
     if (!m->blocks || !m->singles)
         s = df_errorf(DF_E_OOM, "transformer: out of memory");
     if (s == DF_OK && file)
-        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_flux_bfl,
+        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_flux_bfl, 0,
                                       df_names_flux_probe(), &m->ws);
     else if (s == DF_OK)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);

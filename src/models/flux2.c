@@ -337,6 +337,11 @@ static df_status list_blocks(df_flux2 *m);
 
 df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out)
 {
+    return df_flux2_load_file(ctx, dir, NULL, out);
+}
+
+df_status df_flux2_load_file(df_ctx *ctx, const char *dir, const char *file, df_flux2 **out)
+{
     if (!out)
         return df_errorf(DF_E_ARG, "df_flux2_load: out is NULL");
     *out = NULL;
@@ -358,7 +363,10 @@ df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out)
         df_calloc(cfg.num_single_layers ? (size_t)cfg.num_single_layers : 1, sizeof *m->singles);
     if (!m->blocks || !m->singles)
         s = df_errorf(DF_E_OOM, "transformer: out of memory");
-    if (s == DF_OK)
+    if (s == DF_OK && file)
+        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_flux2_bfl, 0,
+                                      df_names_flux2_probe(), &m->ws);
+    else if (s == DF_OK)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
     if (s == DF_OK)
         s = shard(m, dir);

@@ -89,8 +89,8 @@ df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component
 }
 
 df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const char *file,
-                                    const char *component, df_name_map map, const char *probe,
-                                    df_weight_set **out)
+                                    const char *component, df_name_map map, int arg,
+                                    const char *probe, df_weight_set **out)
 {
     *out = NULL;
     df_weight_set *ws = df_calloc(1, sizeof *ws);
@@ -99,7 +99,7 @@ df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const c
     ws->ctx = ctx;
     snprintf(ws->dir, sizeof ws->dir, "%s", config_dir);
     snprintf(ws->component, sizeof ws->component, "%s", component);
-    df_status s = df_single_file_open(file, component, map, probe, &ws->sf);
+    df_status s = df_single_file_open(file, component, map, arg, probe, &ws->sf);
     if (s != DF_OK) {
         df_weight_set_free(ws);
         return s;
@@ -762,6 +762,17 @@ int64_t df_ws_bytes(const df_weight_set *ws)
     return ws->bytes;
 }
 
+int df_ws_bound_count(const df_weight_set *ws)
+{
+    return ws->n;
+}
+
+df_tensor *df_ws_bound(const df_weight_set *ws, int i, const char **name)
+{
+    *name = ws->tensors[i].name;
+    return ws->tensors[i].t;
+}
+
 int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap)
 {
     int n = 0;
@@ -775,8 +786,16 @@ int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, 
     return n;
 }
 
+bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe,
+                   const char *hint)
+{
+    return ws->sf && df_single_file_try_map(ws->sf, map, arg, probe, hint);
+}
+
 void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix)
 {
+    if (ws->sf)
+        df_single_file_ignore_prefix(ws->sf, prefix);
     size_t n = strlen(prefix);
     for (int64_t i = 0; i < ws->count; i++) {
         df_tensor_info info;

@@ -30,11 +30,16 @@ typedef struct df_weight_set df_weight_set;
 df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component,
                              df_weight_set **out);
 /* The weights in the single file `file` (safetensors or GGUF) read through the name map
- * `map` (names.h; used when a tensor name ends in `probe`), with config_dir/config.json as
- * the config. See single_file.h. */
+ * `map` (names.h; given `arg`; used when a tensor name ends in `probe`), with
+ * config_dir/config.json as the config. See single_file.h. */
 df_status df_weight_set_open_single(df_ctx *ctx, const char *config_dir, const char *file,
-                                    const char *component, df_name_map map, const char *probe,
-                                    df_weight_set **out);
+                                    const char *component, df_name_map map, int arg,
+                                    const char *probe, df_weight_set **out);
+/* A single-file set that took no map yet takes `map` when a name ends in `probe` (a model
+ * whose files come in two layouts tries each; `hint`: see df_single_file_try_map); true
+ * when it did. */
+bool df_ws_try_map(df_weight_set *ws, df_name_map map, int arg, const char *probe,
+                   const char *hint);
 void df_weight_set_free(df_weight_set *ws);
 
 /* Also reads `dir`/config.json; the result is owned by the set. */
@@ -60,6 +65,10 @@ df_status df_ws_check_all_used(df_weight_set *ws);
 const char *df_ws_last_warning(void);
 /* Bytes of the tensors bound so far. */
 int64_t df_ws_bytes(const df_weight_set *ws);
+/* The tensors bound so far, by diffusers' names (for writing them out): how many, and the
+ * i-th with its name (valid while the set lives). */
+int df_ws_bound_count(const df_weight_set *ws);
+df_tensor *df_ws_bound(const df_weight_set *ws, int i, const char **name);
 /* The tensors bound so far whose names start with `prefix`, in binding order: the first
  * `cap` into out; returns how many there are. */
 int df_ws_collect(const df_weight_set *ws, const char *prefix, df_tensor **out, int cap);

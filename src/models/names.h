@@ -8,6 +8,7 @@
 #define DF_MODELS_NAMES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* A diffusers tensor as rows of an original one: the original's first dimension cut in
  * `units` equal parts, and parts [part[i][0], part[i][1]) for i < n concatenated. */
@@ -18,11 +19,57 @@ typedef struct df_name_src {
     int part[2][2];
 } df_name_src;
 
-/* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. */
-typedef bool (*df_name_map)(const char *diffusers, df_name_src *out);
+/* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. `arg` is
+ * what the model's loader knows from its config and the map needs (the VAE's number of up
+ * blocks, which LDM's names count the other way); maps that need nothing ignore it. */
+typedef bool (*df_name_map)(const char *diffusers, int arg, df_name_src *out);
+
+/* A map as a table: diffusers name -> original name, '*' standing for a block index and a
+ * pattern ending in '.' for the last word ("weight" / "bias"), with the parts of the
+ * original's rows that make the diffusers tensor (in `units` equal parts). */
+typedef struct df_name_rule {
+    const char *diffusers, *original;
+    int units, n;
+    int part[2][2];
+} df_name_rule;
+
+/* The whole original tensor; its second half then its first (scale and shift swapped); its
+ * i-th third (a fused qkv). */
+/* clang-format off */
+#define DF_NAME_WHOLE    1, 1, {{0, 1}}
+#define DF_NAME_SWAPPED  2, 2, {{1, 2}, {0, 1}}
+#define DF_NAME_THIRD(i) 3, 1, {{i, i + 1}}
+/* clang-format on */
+
+/* Fills *out from the first rule matching `diffusers`; false when none does. */
+bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers, df_name_src *out);
 
 /* FLUX.1 (FluxTransformer2DModel) in BFL's layout, and a name every such file holds. */
-bool df_names_flux_bfl(const char *diffusers, df_name_src *out);
+bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux_probe(void);
+
+/* SD3 / SD3.5 (SD3Transformer2DModel) in the original MMDiT layout (joint_blocks.N.x_block /
+ * context_block); arg = num_layers (the last block's context modulation is swapped). */
+bool df_names_sd3_mmdit(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_sd3_probe(void);
+
+/* FLUX.2 (Flux2Transformer2DModel) in BFL's FLUX.2 layout. names_flux2.c. */
+bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_flux2_probe(void);
+
+/* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
+ * blocks (len(block_out_channels)). names_vae.c. */
+bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_vae_probe(void);
+
+/* Text encoders (names_text.c). transformers' own names under a prefix (ComfyUI's
+ * "text_encoders.clip_l.transformer.", or none): the identity. */
+bool df_names_same(const char *diffusers, int arg, df_name_src *out);
+/* A CLIP text model saved without its "text_model." level (text_projection stays). */
+bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
+/* Names every CLIP text model / T5 encoder file holds, with and without "text_model.". */
+const char *df_names_clip_probe(void);
+const char *df_names_clip_bare_probe(void);
+const char *df_names_t5_probe(void);
 
 #endif

@@ -25,35 +25,19 @@
 #include <stdio.h>
 #include <string.h>
 
-/* One rule: diffusers name -> original name, with '*' for the block index, and which
- * parts of the original's rows (in `units` equal parts) make the diffusers tensor. */
-typedef struct rule {
-    const char *diffusers, *original;
-    int units, n;
-    int part[2][2];
-} rule;
-
-#define WHOLE                                                                                      \
-    1, 1,                                                                                          \
-    {                                                                                              \
-        {                                                                                          \
-            0, 1                                                                                   \
-        }                                                                                          \
-    }
-
-static const rule rules[] = {
-    {"x_embedder.weight", "img_in.weight", WHOLE},
-    {"x_embedder.bias", "img_in.bias", WHOLE},
-    {"context_embedder.weight", "txt_in.weight", WHOLE},
-    {"context_embedder.bias", "txt_in.bias", WHOLE},
-    {"time_text_embed.timestep_embedder.linear_1.", "time_in.in_layer.", WHOLE},
-    {"time_text_embed.timestep_embedder.linear_2.", "time_in.out_layer.", WHOLE},
-    {"time_text_embed.guidance_embedder.linear_1.", "guidance_in.in_layer.", WHOLE},
-    {"time_text_embed.guidance_embedder.linear_2.", "guidance_in.out_layer.", WHOLE},
-    {"time_text_embed.text_embedder.linear_1.", "vector_in.in_layer.", WHOLE},
-    {"time_text_embed.text_embedder.linear_2.", "vector_in.out_layer.", WHOLE},
-    {"transformer_blocks.*.norm1.linear.", "double_blocks.*.img_mod.lin.", WHOLE},
-    {"transformer_blocks.*.norm1_context.linear.", "double_blocks.*.txt_mod.lin.", WHOLE},
+static const df_name_rule rules[] = {
+    {"x_embedder.weight", "img_in.weight", DF_NAME_WHOLE},
+    {"x_embedder.bias", "img_in.bias", DF_NAME_WHOLE},
+    {"context_embedder.weight", "txt_in.weight", DF_NAME_WHOLE},
+    {"context_embedder.bias", "txt_in.bias", DF_NAME_WHOLE},
+    {"time_text_embed.timestep_embedder.linear_1.", "time_in.in_layer.", DF_NAME_WHOLE},
+    {"time_text_embed.timestep_embedder.linear_2.", "time_in.out_layer.", DF_NAME_WHOLE},
+    {"time_text_embed.guidance_embedder.linear_1.", "guidance_in.in_layer.", DF_NAME_WHOLE},
+    {"time_text_embed.guidance_embedder.linear_2.", "guidance_in.out_layer.", DF_NAME_WHOLE},
+    {"time_text_embed.text_embedder.linear_1.", "vector_in.in_layer.", DF_NAME_WHOLE},
+    {"time_text_embed.text_embedder.linear_2.", "vector_in.out_layer.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.norm1.linear.", "double_blocks.*.img_mod.lin.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.norm1_context.linear.", "double_blocks.*.txt_mod.lin.", DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", 3, 1, {{0, 1}}},
     {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", 3, 1, {{1, 2}}},
     {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", 3, 1, {{2, 3}}},
@@ -61,95 +45,37 @@ static const rule rules[] = {
     {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", 3, 1, {{1, 2}}},
     {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", 3, 1, {{2, 3}}},
     {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
-     WHOLE},
+     DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",
-     WHOLE},
+     DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.norm_added_q.weight",
-     "double_blocks.*.txt_attn.norm.query_norm.scale", WHOLE},
+     "double_blocks.*.txt_attn.norm.query_norm.scale", DF_NAME_WHOLE},
     {"transformer_blocks.*.attn.norm_added_k.weight",
-     "double_blocks.*.txt_attn.norm.key_norm.scale", WHOLE},
-    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", WHOLE},
-    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", WHOLE},
-    {"transformer_blocks.*.ff.net.0.proj.", "double_blocks.*.img_mlp.0.", WHOLE},
-    {"transformer_blocks.*.ff.net.2.", "double_blocks.*.img_mlp.2.", WHOLE},
-    {"transformer_blocks.*.ff_context.net.0.proj.", "double_blocks.*.txt_mlp.0.", WHOLE},
-    {"transformer_blocks.*.ff_context.net.2.", "double_blocks.*.txt_mlp.2.", WHOLE},
-    {"single_transformer_blocks.*.norm.linear.", "single_blocks.*.modulation.lin.", WHOLE},
+     "double_blocks.*.txt_attn.norm.key_norm.scale", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff.net.0.proj.", "double_blocks.*.img_mlp.0.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff.net.2.", "double_blocks.*.img_mlp.2.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff_context.net.0.proj.", "double_blocks.*.txt_mlp.0.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff_context.net.2.", "double_blocks.*.txt_mlp.2.", DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.norm.linear.", "single_blocks.*.modulation.lin.", DF_NAME_WHOLE},
     {"single_transformer_blocks.*.attn.to_q.", "single_blocks.*.linear1.", 7, 1, {{0, 1}}},
     {"single_transformer_blocks.*.attn.to_k.", "single_blocks.*.linear1.", 7, 1, {{1, 2}}},
     {"single_transformer_blocks.*.attn.to_v.", "single_blocks.*.linear1.", 7, 1, {{2, 3}}},
     {"single_transformer_blocks.*.proj_mlp.", "single_blocks.*.linear1.", 7, 1, {{3, 7}}},
-    {"single_transformer_blocks.*.proj_out.", "single_blocks.*.linear2.", WHOLE},
+    {"single_transformer_blocks.*.proj_out.", "single_blocks.*.linear2.", DF_NAME_WHOLE},
     {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
-     WHOLE},
+     DF_NAME_WHOLE},
     {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
-     WHOLE},
-    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", 2, 2, {{1, 2}, {0, 1}}},
-    {"proj_out.", "final_layer.linear.", WHOLE},
+     DF_NAME_WHOLE},
+    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", DF_NAME_SWAPPED},
+    {"proj_out.", "final_layer.linear.", DF_NAME_WHOLE},
 };
 
-/*
- * Matches `name` against `pattern`: '*' takes a block index (digits) into *index; a pattern
- * ending in '.' matches any one remaining word ("weight", "bias") into *rest.
- */
-static bool match(const char *pattern, const char *name, char *index, const char **rest)
+bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out)
 {
-    *rest = "";
-    index[0] = '\0';
-    for (; *pattern; pattern++) {
-        if (*pattern == '*') {
-            int n = 0;
-            while (name[n] >= '0' && name[n] <= '9' && n < 15)
-                n++;
-            if (n == 0 || n >= 15)
-                return false;
-            memcpy(index, name, (size_t)n);
-            index[n] = '\0';
-            name += n;
-        } else if (*name++ != *pattern) {
-            return false;
-        }
-    }
-    if (pattern[-1] == '.') {
-        if (strcmp(name, "weight") != 0 && strcmp(name, "bias") != 0)
-            return false;
-        *rest = name;
-        return true;
-    }
-    return *name == '\0';
-}
-
-/* Writes `pattern` with '*' replaced by `index`, then `rest`. */
-static bool expand(const char *pattern, const char *index, const char *rest, char *out, size_t cap)
-{
-    size_t n = 0;
-    for (; *pattern && n + 16 < cap; pattern++) {
-        if (*pattern == '*')
-            n += (size_t)snprintf(out + n, cap - n, "%s", index);
-        else
-            out[n++] = *pattern;
-    }
-    out[n] = '\0';
-    return (size_t)snprintf(out + n, cap - n, "%s", rest) < cap - n && !*pattern;
-}
-
-bool df_names_flux_bfl(const char *diffusers, df_name_src *out)
-{
-    memset(out, 0, sizeof *out);
-    for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++) {
-        const rule *r = &rules[i];
-        char index[16];
-        const char *rest;
-        if (!match(r->diffusers, diffusers, index, &rest))
-            continue;
-        if (!expand(r->original, index, rest, out->name, sizeof out->name))
-            return false;
-        out->units = r->units;
-        out->n = r->n;
-        memcpy(out->part, r->part, sizeof r->part);
-        return true;
-    }
-    return false;
+    (void)arg;
+    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out);
 }
 
 const char *df_names_flux_probe(void)
@@ -175,7 +101,7 @@ df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *f
     if (cap)
         out[0] = '\0';
     df_single_file *sf;
-    DF_TRY(df_single_file_open(path, "inspect", df_names_flux_bfl, df_names_flux_probe(), &sf));
+    DF_TRY(df_single_file_open(path, "inspect", df_names_flux_bfl, 0, df_names_flux_probe(), &sf));
     if (!df_single_file_mapped(sf)) {
         snprintf(out, cap,
                  "not a FLUX.1 transformer in Black Forest Labs' layout (no tensor "

@@ -280,6 +280,11 @@ static df_status list_blocks(df_sd3 *m);
 
 df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
 {
+    return df_sd3_load_file(ctx, dir, NULL, out);
+}
+
+df_status df_sd3_load_file(df_ctx *ctx, const char *dir, const char *file, df_sd3 **out)
+{
     if (!out)
         return df_errorf(DF_E_ARG, "df_sd3_load: out is NULL");
     *out = NULL;
@@ -297,7 +302,10 @@ df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
     m->blocks = df_calloc(cfg.num_layers ? (size_t)cfg.num_layers : 1, sizeof *m->blocks);
     if (!m->blocks)
         s = df_errorf(DF_E_OOM, "transformer: out of memory");
-    if (s == DF_OK)
+    if (s == DF_OK && file)
+        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_sd3_mmdit,
+                                      (int)cfg.num_layers, df_names_sd3_probe(), &m->ws);
+    else if (s == DF_OK)
         s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
     if (s == DF_OK)
         s = bind_weights(m, dir);

@@ -40,6 +40,7 @@ struct df_single_file {
     df_gguf *gguf; /* one of these two */
     df_weights *st;
     df_name_map map; /* NULL: the names are diffusers' own */
+    int map_arg;
     char prefix[128];
     int64_t count;
     uint8_t *used;
@@ -125,10 +126,13 @@ static int64_t index_of(const df_single_file *sf, const char *name, src_info *in
     return -1;
 }
 
-/* The prefix of the first name that ends in `probe`; false when none does. */
-static bool find_prefix(df_single_file *sf, const char *probe)
+/* The prefix of the first name that ends in `probe`, preferring one that holds `hint`
+ * (NULL: none; "clip_g" picks CLIP-G among an all-in-one file's two CLIPs); false when no
+ * name ends in probe. */
+static bool find_prefix(df_single_file *sf, const char *probe, const char *hint)
 {
     size_t pn = strlen(probe);
+    bool found = false;
     for (int64_t i = 0; i < sf->count; i++) {
         src_info t;
         if (reader_at(sf, i, &t) != DF_OK)
@@ -136,15 +140,20 @@ static bool find_prefix(df_single_file *sf, const char *probe)
         size_t n = strlen(t.name);
         if (n >= pn && strcmp(t.name + n - pn, probe) == 0 && n - pn < sizeof sf->prefix &&
             (n == pn || t.name[n - pn - 1] == '.')) {
-            memcpy(sf->prefix, t.name, n - pn);
-            sf->prefix[n - pn] = '\0';
-            return true;
+            bool hinted = hint && memmem(t.name, n - pn, hint, strlen(hint));
+            if (!found || hinted) {
+                memcpy(sf->prefix, t.name, n - pn);
+                sf->prefix[n - pn] = '\0';
+            }
+            found = true;
+            if (!hint || hinted)
+                return true;
         }
     }
-    return false;
+    return found;
 }
 
-df_status df_single_file_open(const char *path, const char *component, df_name_map map,
+df_status df_single_file_open(const char *path, const char *component, df_name_map map, int arg,
                               const char *probe, df_single_file **out)
 {
     *out = NULL;
@@ -160,14 +169,24 @@ df_status df_single_file_open(const char *path, const char *component, df_name_m
         if (!sf->used)
             s = df_errorf(DF_E_OOM, "%s: out of memory", component);
     }
-    if (s == DF_OK && map && probe && find_prefix(sf, probe))
-        sf->map = map;
+    if (s == DF_OK)
+        df_single_file_try_map(sf, map, arg, probe, NULL);
     if (s != DF_OK) {
         df_single_file_free(sf);
         return s;
     }
     *out = sf;
     return DF_OK;
+}
+
+bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe,
+                            const char *hint)
+{
+    if (sf->map || !map || !probe || !find_prefix(sf, probe, hint))
+        return false;
+    sf->map = map;
+    sf->map_arg = arg;
+    return true;
 }
 
 void df_single_file_free(df_single_file *sf)
@@ -200,7 +219,7 @@ static bool resolve(const df_single_file *sf, const char *name, df_name_src *src
 {
     df_name_src m = {.units = 1, .n = 1, .part = {{0, 1}}};
     if (sf->map) {
-        if (!sf->map(name, &m))
+        if (!sf->map(name, sf->map_arg, &m))
             return false;
     } else {
         snprintf(m.name, sizeof m.name, "%s", name);
@@ -227,13 +246,23 @@ static void shape_str(char *buf, size_t cap, int ndim, const int64_t *shape)
         snprintf(buf + used, cap - used, "]");
 }
 
+/* The file's dimensions as the model sees them: trailing 1s beyond the `ndim` it asks for
+ * are dropped (LDM's 1x1 convolutions [C, C, 1, 1] are diffusers' linears [C, C]). */
+static int file_ndim(const src_info *info, int ndim)
+{
+    int n = info->ndim;
+    while (n > ndim && n > 1 && info->shape[n - 1] == 1)
+        n--;
+    return n;
+}
+
 /* Checks the file's tensor against the shape the model asks for, given the rows the map
  * takes; *rows receives that row count. */
 static df_status check_shape(const df_single_file *sf, const char *name, const df_name_src *src,
                              const src_info *info, int ndim, const int64_t *shape, int64_t *rows)
 {
     int64_t have = info->ndim ? info->shape[0] : 1;
-    bool fits = info->ndim == ndim && ndim >= 1 && have % src->units == 0;
+    bool fits = file_ndim(info, ndim) == ndim && ndim >= 1 && have % src->units == 0;
     *rows = 0;
     for (int p = 0; fits && p < src->n; p++)
         *rows += have / src->units * (src->part[p][1] - src->part[p][0]);
@@ -383,6 +412,7 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
     int64_t local[DF_SAFETENSORS_MAX_DIMS];
     memcpy(local, info.shape, sizeof local);
     local[0] = rows;
+    int local_ndim = file_ndim(&info, ndim);
     int64_t row = info.shape[0] ? info.numel / info.shape[0] : 0;
     int64_t block = info.shape[0] / src.units; /* rows per unit */
     df_dtype as = info.dtype;
@@ -408,7 +438,7 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
         const uint8_t *p =
             (const uint8_t *)info.data + (size_t)(src.part[0][0] * block * row) * info.elem_size;
         if ((uintptr_t)p % info.elem_size == 0) {
-            *out = df_tensor_wrap(ctx, as, local, info.ndim, p);
+            *out = df_tensor_wrap(ctx, as, local, local_ndim, p);
             *data = p;
             *bytes = total;
             return *out ? DF_OK : df_ctx_status(ctx);
@@ -427,7 +457,7 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
         at += n;
     }
     if (s == DF_OK) {
-        *out = df_tensor_from_host(ctx, as, local, info.ndim, buf);
+        *out = df_tensor_from_host(ctx, as, local, local_ndim, buf);
         if (!*out)
             s = df_ctx_status(ctx);
     }
@@ -451,5 +481,19 @@ const char *df_single_file_unused(const df_single_file *sf, int64_t i)
     src_info info;
     if (i < 0 || i >= sf->count || sf->used[i] || reader_at(sf, i, &info) != DF_OK)
         return NULL;
+    /* In an all-in-one file the other components' tensors are theirs, not unused. */
+    if (strncmp(info.name, sf->prefix, strlen(sf->prefix)) != 0)
+        return NULL;
     return info.name;
+}
+
+void df_single_file_ignore_prefix(df_single_file *sf, const char *prefix)
+{
+    size_t np = strlen(sf->prefix), n = strlen(prefix);
+    for (int64_t i = 0; i < sf->count; i++) {
+        src_info info;
+        if (reader_at(sf, i, &info) == DF_OK && strncmp(info.name, sf->prefix, np) == 0 &&
+            strncmp(info.name + np, prefix, n) == 0)
+            sf->used[i] = 1;
+    }
 }

@@ -25,9 +25,14 @@
 typedef struct df_single_file df_single_file;
 
 /* Opens `path` (.gguf, else safetensors) for `component` (named in messages) with `map`
- * and its `probe` name. DF_E_IO, DF_E_FORMAT (from the readers), DF_E_OOM. */
-df_status df_single_file_open(const char *path, const char *component, df_name_map map,
+ * (given `arg`) and its `probe` name. DF_E_IO, DF_E_FORMAT (from the readers), DF_E_OOM. */
+df_status df_single_file_open(const char *path, const char *component, df_name_map map, int arg,
                               const char *probe, df_single_file **out);
+/* When no map was taken yet and a name ends in `probe`, takes `map` (and that prefix, one
+ * holding `hint` when there is such: "clip_g" in an all-in-one file with two CLIPs):
+ * true. For a model whose files come in more than one layout. */
+bool df_single_file_try_map(df_single_file *sf, df_name_map map, int arg, const char *probe,
+                            const char *hint);
 void df_single_file_free(df_single_file *sf);
 
 const char *df_single_file_path(const df_single_file *sf);
@@ -48,8 +53,12 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
                               const int64_t *shape, df_tensor **out, const void **data,
                               size_t *bytes);
 
-/* Tensors of the file, and the name of tensor i when nothing bound it (else NULL). */
+/* Tensors of the file, and the name of tensor i when nothing bound it and it lies under
+ * the prefix (else NULL: in an all-in-one file the other components' tensors are not
+ * this one's). */
 int64_t df_single_file_count(const df_single_file *sf);
 const char *df_single_file_unused(const df_single_file *sf, int64_t i);
+/* Marks the file's tensors named prefix + `prefix` (in the file's names) as not wanted. */
+void df_single_file_ignore_prefix(df_single_file *sf, const char *prefix);
 
 #endif

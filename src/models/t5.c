@@ -179,6 +179,11 @@ static df_status shard(df_t5 *m, df_ctx *ctx, const char *name)
 
 df_status df_t5_load(df_ctx *ctx, const char *dir, df_t5 **out)
 {
+    return df_t5_load_file(ctx, dir, NULL, out);
+}
+
+df_status df_t5_load_file(df_ctx *ctx, const char *dir, const char *file, df_t5 **out)
+{
     *out = NULL;
     df_t5 *m = df_calloc(1, sizeof *m);
     if (!m)
@@ -186,7 +191,9 @@ df_status df_t5_load(df_ctx *ctx, const char *dir, df_t5 **out)
     const df_json *cfg = NULL;
     char name[128];
     df_text_component_name(dir, "text_encoder", name, sizeof name);
-    df_status s = df_weight_set_open(ctx, dir, name, &m->ws);
+    df_status s = file ? df_weight_set_open_single(ctx, dir, file, name, df_names_same, 0,
+                                                   df_names_t5_probe(), &m->ws)
+                       : df_weight_set_open(ctx, dir, name, &m->ws);
     if (s == DF_OK)
         s = df_weight_set_config(m->ws, &cfg);
     if (s == DF_OK)

@@ -302,6 +302,11 @@ static df_status bind_weights(df_ctx *ctx, df_vae *vae)
 
 df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out)
 {
+    return df_vae_load_file(ctx, dir, NULL, out);
+}
+
+df_status df_vae_load_file(df_ctx *ctx, const char *dir, const char *file, df_vae **out)
+{
     *out = NULL;
     if (!ctx || !dir)
         return df_errorf(DF_E_ARG, "df_vae_load: NULL %s", ctx ? "dir" : "ctx");
@@ -309,7 +314,7 @@ df_status df_vae_load(df_ctx *ctx, const char *dir, df_vae **out)
     if (!vae)
         return df_errorf(DF_E_OOM, "vae: out of memory");
     const df_json *cfg;
-    df_status s = df_weight_set_open(ctx, dir, "vae", &vae->ws);
+    df_status s = df_vae_open_weights(ctx, dir, file, &vae->ws);
     if (s == DF_OK)
         s = df_weight_set_config(vae->ws, &cfg);
     if (s == DF_OK)

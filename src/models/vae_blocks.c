@@ -6,6 +6,8 @@
  */
 #include <stdio.h>
 
+#include <diffuse/layout.h>
+
 #include "core/status.h"
 #include "models/vae_blocks.h"
 
@@ -121,4 +123,20 @@ df_status df_vae_finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
         s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
     *out = s == DF_OK ? result : NULL;
     return s;
+}
+
+df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,
+                              df_weight_set **out)
+{
+    if (!file)
+        return df_weight_set_open(ctx, dir, "vae", out);
+    /* LDM numbers the up blocks from the bottom: the map needs how many there are. */
+    df_json *cfg;
+    df_vae_info info;
+    DF_TRY(df_layout_open_config(dir, &cfg));
+    df_status s = df_vae_read_config(cfg, &info);
+    df_json_free(cfg);
+    DF_TRY(s);
+    return df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm, info.n_blocks,
+                                     df_names_vae_probe(), out);
 }

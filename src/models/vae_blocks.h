@@ -41,6 +41,12 @@ typedef struct df_vae_attention {
  * whole; errors name the key (vae.c). */
 df_status df_vae_read_config(const df_json *cfg, df_vae_info *info);
 
+/* The VAE's weights: the folder `dir`'s, or with `file` that single file (diffusers' or the
+ * original LDM names, also under ComfyUI's "vae." / "first_stage_model."), with dir's
+ * config.json either way. */
+df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,
+                              df_weight_set **out);
+
 /* Binding "<name>.weight" / ".bias" (and a block's parts under "<prefix>.") with the
  * shapes the config implies; errors name the tensor (loader.c). */
 df_status df_vae_bind_conv(df_weight_set *ws, df_vae_conv *c, int64_t out_c, int64_t in_c,

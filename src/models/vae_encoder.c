@@ -178,6 +178,12 @@ static df_status bind_batch_norm(df_ctx *ctx, df_vae_encoder *e)
 
 df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out)
 {
+    return df_vae_encoder_load_file(ctx, dir, NULL, out);
+}
+
+df_status df_vae_encoder_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                   df_vae_encoder **out)
+{
     *out = NULL;
     if (!ctx || !dir)
         return df_errorf(DF_E_ARG, "df_vae_encoder_load: NULL %s", ctx ? "dir" : "ctx");
@@ -185,7 +191,7 @@ df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out
     if (!e)
         return df_errorf(DF_E_OOM, "vae encoder: out of memory");
     const df_json *cfg;
-    df_status s = df_weight_set_open(ctx, dir, "vae", &e->ws);
+    df_status s = df_vae_open_weights(ctx, dir, file, &e->ws);
     if (s == DF_OK)
         s = df_weight_set_config(e->ws, &cfg);
     if (s == DF_OK)

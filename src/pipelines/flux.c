@@ -161,7 +161,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     if (df_pipeline_lead(p))
-        DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
+        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
     bool text = df_pipeline_has_component(idx, "text_encoder") ||
                 df_pipeline_has_component(idx, "text_encoder_2");
@@ -176,10 +176,11 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
             DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
             DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_t5), "%s", dir);
             DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
-            DF_TRY_CTX(df_clip_load(p->ctx, dir, &f->clip), "%s", dir);
+            DF_TRY_CTX(df_clip_load_file(p->ctx, dir, p->opts.text_encoder_file, &f->clip), "%s",
+                       dir);
         }
         DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_2", dir, sizeof dir));
-        DF_TRY_CTX(df_t5_load(p->ctx, dir, &f->t5), "%s", dir);
+        DF_TRY_CTX(df_t5_load_file(p->ctx, dir, p->opts.text_encoder_2_file, &f->t5), "%s", dir);
         const df_flux_cfg *c = df_flux_config(f->transformer);
         if (df_t5_get_config(f->t5)->d_model != c->joint_attention_dim ||
             (f->clip && df_clip_get_config(f->clip)->hidden_size != c->pooled_projection_dim))
@@ -745,11 +746,26 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     return s;
 }
 
+static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    flux_pipe *f = p->impl;
+    df_weight_set *all[] = {df_flux_weight_set(f->transformer), df_vae_weight_set(f->vae),
+                            f->clip ? df_clip_weight_set(f->clip) : NULL,
+                            f->t5 ? df_t5_weight_set(f->t5) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
+    int n = 0;
+    for (int i = 0; i < 4; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_flux_pipeline_class = {
     .name = "FluxPipeline",
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,
+    .weight_sets = flux_weight_sets,
 };
 
 /* The same components; a run needs an input image. */
@@ -758,6 +774,7 @@ const df_pipeline_kind df_flux_img2img_pipeline_class = {
     .load = flux_load,
     .run = flux_run,
     .free = flux_free,
+    .weight_sets = flux_weight_sets,
 };
 
 /* The same components; a run needs an input image and a mask. */

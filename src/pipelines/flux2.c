@@ -151,7 +151,8 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     df_scheduler_free(s);
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
-    DF_TRY_CTX(df_flux2_load(p->ctx, dir, &f->transformer), "%s", dir);
+    DF_TRY_CTX(df_flux2_load_file(p->ctx, dir, p->opts.transformer_file, &f->transformer), "%s",
+               dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
     snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     const df_flux2_cfg *c = df_flux2_config(f->transformer);

@@ -90,7 +90,8 @@ static df_status ready_encoder(df_pipeline *p, const char *vae_dir, df_vae_encod
                          "not implemented (give one seed)",
                          g->n_seeds);
     if (!*enc)
-        DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
+        DF_TRY_CTX(df_vae_encoder_load_file(p->ctx, vae_dir, p->opts.vae_file, enc), "%s",
+                   vae_dir);
     return DF_OK;
 }
 

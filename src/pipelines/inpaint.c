@@ -124,7 +124,7 @@ df_status df_inpaint_prepare(df_pipeline *p, const char *vae_dir, df_vae_encoder
     df_status s = DF_OK;
     /* the encoder is loaded by the first encode; its size comes after */
     if (!*enc)
-        s = df_vae_encoder_load(p->ctx, vae_dir, enc);
+        s = df_vae_encoder_load_file(p->ctx, vae_dir, p->opts.vae_file, enc);
     if (s != DF_OK)
         return df_error_context(s, "%s", vae_dir);
     const df_vae_info *info = df_vae_encoder_config(*enc);

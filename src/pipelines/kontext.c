@@ -131,7 +131,7 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
 {
     memset(out, 0, sizeof *out);
     if (!*enc)
-        DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
+        DF_TRY_CTX(df_vae_encoder_load_file(p->ctx, vae_dir, p->opts.vae_file, enc), "%s", vae_dir);
     const df_vae_info *info = df_vae_encoder_config(*enc);
     int h, w;
     DF_TRY_CTX(df_kontext_image_size(g->image, multiple, !g->keep_image_size, &h, &w),

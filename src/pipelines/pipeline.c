@@ -21,6 +21,8 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "sched/flow_match_euler.h"
+#include "io/path.h"
+#include "models/checkpoint.h"
 #include "models/loader.h"
 #include "models/step_cache.h"
 #include "pipelines/inpaint.h"
@@ -349,11 +351,26 @@ static df_status load_parts(df_pipeline *p)
                                  sizeof list));
     else if (s == DF_OK)
         s = check_components(p, table, idx);
+    bool sd3 = p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class ||
+               p->cls == &df_sd3_inpaint_pipeline_class;
+    bool flux2 = p->cls && strstr(p->cls->name, "Flux2") != NULL;
     if (s == DF_OK && p->opts.transformer_file && p->cls != &df_flux_pipeline_class &&
-        p->cls != &df_flux_kontext_pipeline_class)
+        p->cls != &df_flux_kontext_pipeline_class && !sd3 && !flux2)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
-                      "FluxPipeline and FluxKontextPipeline (FLUX.1) only, not %s", p->dir, p->opts.transformer_file,
+                      "FLUX.1 (FluxPipeline, FluxKontextPipeline), SD3 and FLUX.2 only, not %s",
+                      p->dir, p->opts.transformer_file, p->cls->name);
+    const char *component_file = p->opts.vae_file            ? p->opts.vae_file
+                                 : p->opts.text_encoder_file ? p->opts.text_encoder_file
+                                 : p->opts.text_encoder_2_file
+                                     ? p->opts.text_encoder_2_file
+                                     : p->opts.text_encoder_3_file;
+    if (s == DF_OK && component_file && !sd3 && flux2)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: single-file VAE and text encoders (%s) are read "
+                      "for FLUX.1 and SD3 pipelines, not %s", p->dir, component_file,
                       p->cls->name);
+    if (s == DF_OK && p->opts.text_encoder_3_file && !sd3)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: --text-encoder-3 (%s) is SD3's T5; %s has no "
+                      "text_encoder_3", p->dir, p->opts.text_encoder_3_file, p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 &&
         (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class ||
          p->cls == &df_sd3_inpaint_pipeline_class))
@@ -384,6 +401,48 @@ static df_status load_parts(df_pipeline *p)
     return s;
 }
 
+/*
+ * `path` is one checkpoint file (ComfyUI's all-in-one files): config_dir gives
+ * model_index.json, the configs and the tokenizers, and each component the file holds is
+ * read from it, unless it was given a file of its own. SD3's second CLIP is CLIP-G and its
+ * T5 the third encoder; FLUX.1's T5 the second.
+ */
+static df_status use_checkpoint(df_pipeline *p, const char *path)
+{
+    if (!p->opts.config_dir)
+        return df_errorf(DF_E_ARG,
+                         "%s is a single checkpoint file: diffuse ships no configs or "
+                         "tokenizers for it yet; give the model's diffusers folder (or one "
+                         "holding model_index.json, each component's config.json and the "
+                         "tokenizer folders) as config_dir (diffuse generate --config DIR)",
+                         path);
+    df_checkpoint_parts parts;
+    DF_TRY(df_checkpoint_recognise(path, &parts));
+    if (!parts.transformer && !parts.vae && !parts.clip_l && !parts.clip_g && !parts.t5)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: no component diffuse recognises (a FLUX.1 / SD3 transformer in "
+                         "the original names, an LDM VAE, CLIP-L, CLIP-G or T5)",
+                         path);
+    snprintf(p->checkpoint, sizeof p->checkpoint, "%s", path);
+    snprintf(p->dir, sizeof p->dir, "%s", p->opts.config_dir);
+    const char *f = p->checkpoint;
+    bool sd3 = strncmp(parts.model, "SD3", 3) == 0 || parts.clip_g;
+    df_load_opts *o = &p->opts;
+    if (parts.transformer && !o->transformer_file)
+        o->transformer_file = f;
+    if (parts.vae && !o->vae_file)
+        o->vae_file = f;
+    if (parts.clip_l && !o->text_encoder_file)
+        o->text_encoder_file = f;
+    if (parts.clip_g && !o->text_encoder_2_file)
+        o->text_encoder_2_file = f;
+    if (parts.t5 && sd3 && !o->text_encoder_3_file)
+        o->text_encoder_3_file = f;
+    if (parts.t5 && !sd3 && !o->text_encoder_2_file)
+        o->text_encoder_2_file = f;
+    return DF_OK;
+}
+
 df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
 {
     *out = NULL;
@@ -399,8 +458,18 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         p->opts.compile_blocks = true;
     }
     df_status s = tp_setup(p); /* first, so that a rank failing below still takes part: */
+    if (s == DF_OK && df_path_is_file(dir))
+        s = use_checkpoint(p, dir);
     if (s == DF_OK)
         s = load_parts(p);
+    if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
+                                           strstr(df_error_message(), "config"))) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", df_error_message());
+        s = df_errorf(s, "%s (%s holds weights only: the configs and tokenizers come from the "
+                      "folder given as config_dir / --config, a diffusers folder of the "
+                      "model)", why, p->checkpoint);
+    }
     if (p->comm)
         s = df_comm_agree(p->comm, s); /* all ranks loaded, or all stop */
     if (s != DF_OK) {

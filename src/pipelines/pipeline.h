@@ -12,6 +12,9 @@ typedef struct df_pipeline_kind {
     df_status (*load)(df_pipeline *p, const df_model_index *idx);
     df_status (*run)(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
     void (*free)(void *impl);
+    /* The loaded components' weights, for df_pipeline_save: up to `cap` component names
+     * (model_index.json's) and their weight sets; returns how many. */
+    int (*weight_sets)(df_pipeline *p, const char **names, struct df_weight_set **sets, int cap);
 } df_pipeline_kind;
 
 struct df_pipeline {
@@ -19,6 +22,7 @@ struct df_pipeline {
     void *impl;
     df_ctx *ctx;
     char dir[2048];
+    char checkpoint[2048]; /* -m FILE: the all-in-one file the components' *_file name */
     df_load_opts opts;
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;

@@ -111,11 +111,11 @@ static df_status load_tokenizer(df_pipeline *p, const df_model_index *idx, const
 }
 
 static df_status load_clip(df_pipeline *p, const df_model_index *idx, const char *name,
-                           df_clip **out)
+                           const char *file, df_clip **out)
 {
     char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, name, dir, sizeof dir));
-    DF_TRY_CTX(df_clip_load(p->ctx, dir, out), "%s", dir);
+    DF_TRY_CTX(df_clip_load_file(p->ctx, dir, file, out), "%s", dir);
     if (!df_clip_get_config(*out)->with_projection)
         return df_errorf(DF_E_FORMAT,
                          "%s: StableDiffusion3Pipeline needs a "
@@ -137,8 +137,8 @@ static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *id
         return DF_OK;
     DF_TRY(load_tokenizer(p, idx, "tokenizer", &s->tok_l));
     DF_TRY(load_tokenizer(p, idx, "tokenizer_2", &s->tok_g));
-    DF_TRY(load_clip(p, idx, "text_encoder", &s->clip_l));
-    DF_TRY(load_clip(p, idx, "text_encoder_2", &s->clip_g));
+    DF_TRY(load_clip(p, idx, "text_encoder", p->opts.text_encoder_file, &s->clip_l));
+    DF_TRY(load_clip(p, idx, "text_encoder_2", p->opts.text_encoder_2_file, &s->clip_g));
     df_tokenizer_info info;
     df_tokenizer_get_info(s->tok_l, &info);
     s->clip_len = info.model_max_length > 0 ? info.model_max_length : 77;
@@ -153,7 +153,7 @@ static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *id
         DF_TRY(load_tokenizer(p, idx, "tokenizer_3", &s->tok_t5));
         char dir[DF_PATH_MAX];
         DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_3", dir, sizeof dir));
-        DF_TRY_CTX(df_t5_load(p->ctx, dir, &s->t5), "%s", dir);
+        DF_TRY_CTX(df_t5_load_file(p->ctx, dir, p->opts.text_encoder_3_file, &s->t5), "%s", dir);
         if (df_t5_get_config(s->t5)->d_model != c->joint_attention_dim)
             return df_errorf(DF_E_FORMAT,
                              "%s: text_encoder_3 d_model %lld differs from the "
@@ -194,9 +194,10 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     df_scheduler_free(sch);
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
-    DF_TRY_CTX(df_sd3_load(p->ctx, dir, &s->transformer), "%s", dir);
+    DF_TRY_CTX(df_sd3_load_file(p->ctx, dir, p->opts.transformer_file, &s->transformer), "%s",
+               dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    DF_TRY_CTX(df_vae_load(p->ctx, dir, &s->vae), "%s", dir);
+    DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &s->vae), "%s", dir);
     snprintf(s->vae_dir, sizeof s->vae_dir, "%s", dir);
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     const df_vae_info *vi = df_vae_config(s->vae);
@@ -772,11 +773,28 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     return st;
 }
 
+static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    sd3_pipe *s = p->impl;
+    df_weight_set *all[] = {df_sd3_weight_set(s->transformer), df_vae_weight_set(s->vae),
+                            s->clip_l ? df_clip_weight_set(s->clip_l) : NULL,
+                            s->clip_g ? df_clip_weight_set(s->clip_g) : NULL,
+                            s->t5 ? df_t5_weight_set(s->t5) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2",
+                                       "text_encoder_3"};
+    int n = 0;
+    for (int i = 0; i < 5; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_sd3_pipeline_class = {
     .name = "StableDiffusion3Pipeline",
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,
+    .weight_sets = sd3_weight_sets,
 };
 
 /* The same components; a run needs an input image. */
@@ -785,6 +803,7 @@ const df_pipeline_kind df_sd3_img2img_pipeline_class = {
     .load = sd3_load,
     .run = sd3_run,
     .free = sd3_free,
+    .weight_sets = sd3_weight_sets,
 };
 
 /* The same components; a run needs an input image and a mask. */

@@ -2,7 +2,8 @@
 # `diffuse generate --transformer FILE`: the transformer's weights from one file, the
 # folder's transformer/config.json as its config. A diffusers-named single file gives the
 # same image, bit for bit, as the folder; a file whose shapes disagree with the config and
-# a pipeline other than FLUX.1 are refused with one line naming the tensor / the pipeline.
+# a pipeline other than FLUX.1 / SD3 are refused with one line naming the tensor / the
+# pipeline.
 # Usage: transformer_file.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -46,7 +47,12 @@ expect() {
 }
 # The tiny GGUF's pooled projection is 24 wide; this pipeline's config says 32.
 expect "vector_in.in_layer.weight" -m "$flux" --transformer "$cases/flux-gguf-q8_0/flux1-tiny-q8_0.gguf"
-expect "FLUX.1" -m "$golden/t2i-sd3/pipeline" --transformer "$cases/flux-gguf-q8_0/flux1-tiny-q8_0.gguf"
+# SD3 reads its own original layout: a FLUX.1 file holds none of its blocks; the tiny SD3
+# single file's pooled projection is 24 wide, this pipeline's 80; FLUX.2 reads its own
+# layout, so the FLUX.1 file holds none of its blocks either.
+expect "transformer_blocks.0" -m "$golden/t2i-sd3/pipeline" --transformer "$cases/flux-gguf-q8_0/flux1-tiny-q8_0.gguf"
+expect "y_embedder.mlp.0.weight" -m "$golden/t2i-sd3/pipeline" --transformer "$cases/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors"
+expect "transformer_blocks.0" -m "$golden/t2i-flux2/pipeline" --transformer "$cases/flux-gguf-q8_0/flux1-tiny-q8_0.gguf"
 expect "no-such.gguf" -m "$flux" --transformer "$work/no-such.gguf"
 
 rm -rf "$work"

@@ -18,6 +18,7 @@
 #include <diffuse/diffuse.h>
 
 #include "core/alloc.h"
+#include "models/checkpoint.h"
 #include "models/names.h"
 #include "models/residency.h"
 #include "models/single_file.h"
@@ -27,30 +28,30 @@ static void test_name_map(void **state)
 {
     (void)state;
     df_name_src s;
-    assert_true(df_names_flux_bfl("transformer_blocks.13.attn.add_k_proj.bias", &s));
+    assert_true(df_names_flux_bfl("transformer_blocks.13.attn.add_k_proj.bias", 0, &s));
     assert_string_equal(s.name, "double_blocks.13.txt_attn.qkv.bias");
     assert_int_equal(s.units, 3);
     assert_int_equal(s.n, 1);
     assert_int_equal(s.part[0][0], 1);
     assert_int_equal(s.part[0][1], 2);
-    assert_true(df_names_flux_bfl("single_transformer_blocks.0.proj_mlp.weight", &s));
+    assert_true(df_names_flux_bfl("single_transformer_blocks.0.proj_mlp.weight", 0, &s));
     assert_string_equal(s.name, "single_blocks.0.linear1.weight");
     assert_int_equal(s.units, 7);
     assert_int_equal(s.part[0][0], 3);
     assert_int_equal(s.part[0][1], 7);
-    assert_true(df_names_flux_bfl("norm_out.linear.weight", &s));
+    assert_true(df_names_flux_bfl("norm_out.linear.weight", 0, &s));
     assert_string_equal(s.name, "final_layer.adaLN_modulation.1.weight");
     assert_int_equal(s.n, 2);
     assert_int_equal(s.part[0][0], 1); /* [scale; shift] = second half, then first */
     assert_int_equal(s.part[1][0], 0);
-    assert_true(df_names_flux_bfl("single_transformer_blocks.1.attn.norm_k.weight", &s));
+    assert_true(df_names_flux_bfl("single_transformer_blocks.1.attn.norm_k.weight", 0, &s));
     assert_string_equal(s.name, "single_blocks.1.norm.key_norm.scale");
-    assert_true(df_names_flux_bfl("x_embedder.bias", &s));
+    assert_true(df_names_flux_bfl("x_embedder.bias", 0, &s));
     assert_string_equal(s.name, "img_in.bias");
-    assert_false(df_names_flux_bfl("transformer_blocks.x.norm1.linear.weight", &s));
-    assert_false(df_names_flux_bfl("transformer_blocks.0.norm1.linear.scale", &s));
-    assert_false(df_names_flux_bfl("x_embedder.weightx", &s));
-    assert_false(df_names_flux_bfl("no_such.weight", &s));
+    assert_false(df_names_flux_bfl("transformer_blocks.x.norm1.linear.weight", 0, &s));
+    assert_false(df_names_flux_bfl("transformer_blocks.0.norm1.linear.scale", 0, &s));
+    assert_false(df_names_flux_bfl("x_embedder.weightx", 0, &s));
+    assert_false(df_names_flux_bfl("no_such.weight", 0, &s));
 }
 
 /* A file with the probe (double_blocks.0.img_attn.qkv.weight [6, 2] = 0..11), the final
@@ -98,7 +99,7 @@ static void test_bind_views_and_swaps(void **state)
     assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
     df_single_file *sf;
     assert_int_equal(
-        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        df_single_file_open(path, "transformer", df_names_flux_bfl, 0, df_names_flux_probe(), &sf),
         DF_OK);
     assert_true(df_single_file_mapped(sf));
     assert_string_equal(df_single_file_prefix(sf), "model.diffusion_model.");
@@ -173,7 +174,7 @@ static void test_rows_that_do_not_split(void **state)
     assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
     df_single_file *sf;
     assert_int_equal(
-        df_single_file_open(path, "transformer", df_names_flux_bfl, df_names_flux_probe(), &sf),
+        df_single_file_open(path, "transformer", df_names_flux_bfl, 0, df_names_flux_probe(), &sf),
         DF_OK);
     assert_string_equal(df_single_file_prefix(sf), "");
     df_tensor *t = (df_tensor *)1;
@@ -187,6 +188,231 @@ static void test_rows_that_do_not_split(void **state)
     assert_non_null(df_single_file_unused(sf, 0)); /* a refused tensor stays unbound */
     df_single_file_free(sf);
     df_ctx_free(ctx);
+}
+
+/* The LDM VAE map, as convert_ldm_vae_checkpoint renames (4 up blocks: LDM counts them from
+ * the bottom), and the text encoders' maps. */
+static void test_vae_and_text_name_maps(void **state)
+{
+    (void)state;
+    static const char *const pairs[][2] = {
+        {"decoder.up_blocks.0.resnets.2.conv1.weight", "decoder.up.3.block.2.conv1.weight"},
+        {"decoder.up_blocks.3.resnets.0.conv_shortcut.bias",
+         "decoder.up.0.block.0.nin_shortcut.bias"},
+        {"decoder.up_blocks.1.upsamplers.0.conv.weight", "decoder.up.2.upsample.conv.weight"},
+        {"encoder.down_blocks.1.resnets.1.norm2.bias", "encoder.down.1.block.1.norm2.bias"},
+        {"encoder.down_blocks.2.downsamplers.0.conv.bias", "encoder.down.2.downsample.conv.bias"},
+        {"decoder.mid_block.resnets.1.conv2.weight", "decoder.mid.block_2.conv2.weight"},
+        {"encoder.mid_block.attentions.0.to_out.0.weight", "encoder.mid.attn_1.proj_out.weight"},
+        {"decoder.mid_block.attentions.0.group_norm.bias", "decoder.mid.attn_1.norm.bias"},
+        {"decoder.conv_norm_out.weight", "decoder.norm_out.weight"},
+        {"decoder.conv_in.bias", "decoder.conv_in.bias"},
+        {"post_quant_conv.weight", "post_quant_conv.weight"},
+    };
+    df_name_src s;
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+        assert_true(df_names_vae_ldm(pairs[i][0], 4, &s));
+        assert_string_equal(s.name, pairs[i][1]);
+        assert_int_equal(s.units, 1);
+    }
+    assert_false(df_names_vae_ldm("decoder.up_blocks.4.resnets.0.conv1.weight", 4, &s));
+    assert_false(df_names_vae_ldm("decoder.up_blocks.-1.resnets.0.conv1.weight", 4, &s));
+    assert_false(df_names_vae_ldm("decoder.mid_block.attentions.1.to_q.weight", 4, &s));
+    assert_false(df_names_vae_ldm("encoder.down_blocks.0.resnets.0.conv9.weight", 4, &s));
+
+    /* SD3's MMDiT names: thirds of qkv; the last block's context modulation swapped */
+    assert_true(df_names_sd3_mmdit("transformer_blocks.1.attn.add_v_proj.bias", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.1.context_block.attn.qkv.bias");
+    assert_int_equal(s.units, 3);
+    assert_int_equal(s.part[0][0], 2);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.1.norm1_context.linear.weight", 3, &s));
+    assert_int_equal(s.n, 1);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.2.norm1_context.linear.weight", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.2.context_block.adaLN_modulation.1.weight");
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.part[0][0], 1);
+    assert_true(df_names_sd3_mmdit("transformer_blocks.0.attn2.norm_k.weight", 3, &s));
+    assert_string_equal(s.name, "joint_blocks.0.x_block.attn2.ln_k.weight");
+    assert_true(df_names_flux2_bfl("single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 0,
+                                   &s));
+    assert_string_equal(s.name, "single_blocks.1.linear1.weight");
+    assert_int_equal(s.units, 1);
+    assert_true(df_names_flux2_bfl("double_stream_modulation_txt.linear.weight", 0, &s));
+    assert_string_equal(s.name, "double_stream_modulation_txt.lin.weight");
+    assert_true(df_names_flux2_bfl("norm_out.linear.weight", 0, &s));
+    assert_int_equal(s.n, 2);
+    assert_true(df_names_sd3_mmdit("pos_embed.pos_embed", 3, &s));
+    assert_string_equal(s.name, "pos_embed");
+
+    assert_true(df_names_clip_bare("text_model.encoder.layers.0.mlp.fc1.weight", 0, &s));
+    assert_string_equal(s.name, "encoder.layers.0.mlp.fc1.weight");
+    assert_true(df_names_clip_bare("text_projection.weight", 0, &s));
+    assert_string_equal(s.name, "text_projection.weight");
+    assert_true(df_names_same("shared.weight", 0, &s));
+    assert_string_equal(s.name, "shared.weight");
+}
+
+/* A VAE attention projection saved as a 1x1 convolution [2, 2, 1, 1] binds as the [2, 2]
+ * linear diffusers makes of it, under ComfyUI's "vae." prefix; the all-in-one file's
+ * other tensors are not reported unused, the VAE's own are until bound or ignored. */
+static void test_vae_file_squeezes_and_prefix(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-vae", dir, sizeof dir);
+    path_in(dir, "comfy.safetensors", path, sizeof path);
+    float data[4 + 1 + 1 + 1] = {1, 2, 3, 4, 5, 6, 7};
+    char header[1024];
+    snprintf(header, sizeof header,
+             "{\"model.diffusion_model.x\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[16,20]},"
+             "\"vae.decoder.mid.attn_1.q.weight\":{\"dtype\":\"F32\",\"shape\":[2,2,1,1],"
+             "\"data_offsets\":[0,16]},"
+             "\"vae.decoder.mid.block_1.conv1.weight\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[20,24]},"
+             "\"vae.encoder.conv_in.weight\":{\"dtype\":\"F32\",\"shape\":[1],"
+             "\"data_offsets\":[24,28]}}");
+    while (strlen(header) % 8)
+        strcat(header, " ");
+    size_t len;
+    uint8_t *file = st_bytes(header, data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(
+        df_single_file_open(path, "vae", df_names_vae_ldm, 4, df_names_vae_probe(), &sf), DF_OK);
+    assert_string_equal(df_single_file_prefix(sf), "vae.");
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "decoder.mid_block.attentions.0.to_q.weight", 2,
+                                         (int64_t[]){2, 2}, &t, &d, &bytes),
+                     DF_OK);
+    assert_int_equal(df_tensor_ndim(t), 2);
+    float got[4];
+    read_all(ctx, t, got, 4);
+    assert_memory_equal(got, data, sizeof got);
+    df_tensor_free(t);
+    int unused = 0;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        unused += df_single_file_unused(sf, i) != NULL;
+    assert_int_equal(unused, 2); /* block_1.conv1 and encoder.conv_in, not the transformer's */
+    df_single_file_ignore_prefix(sf, "encoder.");
+    unused = 0;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        unused += df_single_file_unused(sf, i) != NULL;
+    assert_int_equal(unused, 1);
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
+/* The model and components of a checkpoint, from key names and shapes alone (diffusers'
+ * infer_diffusers_model_type rules). */
+static const char *model_of(const df_checkpoint_key *keys, int n, df_checkpoint_parts *parts)
+{
+    df_checkpoint_recognise_keys(keys, n, parts);
+    return parts->model;
+}
+
+static void test_recognise_known_models(void **state)
+{
+    (void)state;
+    df_checkpoint_parts c;
+    df_checkpoint_key dev[] = {
+        {"model.diffusion_model.double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}},
+        {"model.diffusion_model.guidance_in.in_layer.bias", 1, {3072}},
+        {"model.diffusion_model.img_in.weight", 2, {3072, 64}},
+        {"vae.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+        {"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 768}},
+        {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight", 2,
+         {4096, 4096}},
+    };
+    assert_string_equal(model_of(dev, 6, &c), "FLUX.1-dev");
+    assert_string_equal(c.transformer_prefix, "model.diffusion_model.");
+    assert_true(c.transformer && c.vae && c.clip_l && c.t5);
+    assert_false(c.clip_g);
+    dev[2].shape[1] = 384;
+    assert_string_equal(model_of(dev, 6, &c), "FLUX.1-fill");
+    df_checkpoint_key schnell[] = {{"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}},
+                                   {"img_in.weight", 2, {3072, 64}}};
+    assert_string_equal(model_of(schnell, 2, &c), "FLUX.1-schnell");
+    assert_string_equal(c.transformer_prefix, "");
+    assert_false(c.vae || c.clip_l || c.t5);
+
+    df_checkpoint_key sd3[] = {
+        {"model.diffusion_model.joint_blocks.0.context_block.adaLN_modulation.1.bias", 1, {9216}},
+        {"model.diffusion_model.pos_embed", 3, {1, 36864, 1536}},
+        {"text_encoders.clip_g.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 1280}},
+        {"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight", 2,
+         {49408, 768}},
+        {"first_stage_model.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+    };
+    assert_string_equal(model_of(sd3, 5, &c), "SD3-medium");
+    assert_true(c.clip_g && c.clip_l && c.vae);
+    assert_false(c.t5);
+    sd3[1].shape[1] = 147456;
+    assert_string_equal(model_of(sd3, 5, &c), "SD3.5-medium");
+    sd3[0].shape[0] = 2432 * 6; /* not 9216: the SD3 rule does not hold */
+    assert_string_equal(model_of(sd3, 5, &c), "");
+    assert_false(c.transformer);
+    df_checkpoint_key tiny[] = {{"joint_blocks.0.x_block.attn.qkv.weight", 2, {96, 32}}};
+    assert_non_null(strstr(model_of(tiny, 1, &c), "SD3-like"));
+    assert_true(c.transformer);
+    df_checkpoint_key large[] = {{"joint_blocks.37.x_block.mlp.fc1.weight", 2, {9728, 2432}},
+                                 {"joint_blocks.0.context_block.adaLN_modulation.1.bias", 1,
+                                  {14592}}};
+    assert_string_equal(model_of(large, 2, &c), "SD3.5-large");
+    df_checkpoint_key flux2[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
+                                 {"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}}};
+    assert_string_equal(model_of(flux2, 2, &c), "FLUX.2-klein");
+    df_checkpoint_key flux2_dev[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
+                                     {"guidance_in.in_layer.weight", 2, {6144, 256}}};
+    assert_string_equal(model_of(flux2_dev, 2, &c), "FLUX.2-dev");
+    /* a lone CLIP: CLIP-G by its width */
+    df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
+    model_of(clip, 1, &c);
+    assert_true(c.clip_g && !c.clip_l && !c.transformer);
+}
+
+/* An all-in-one file with both CLIPs: the hint picks each one's prefix, whichever sorts
+ * first; a file with one CLIP takes it whatever the hint. */
+static void test_clip_prefix_hint(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-clips", dir, sizeof dir);
+    path_in(dir, "sd3.safetensors", path, sizeof path);
+    float data[2] = {1, 2};
+    char header[1024];
+    snprintf(header, sizeof header,
+             "{\"text_encoders.clip_g.transformer.text_model.embeddings.token_embedding.weight\":"
+             "{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[0,4]},"
+             "\"text_encoders.clip_l.transformer.text_model.embeddings.token_embedding.weight\":"
+             "{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[4,8]}}");
+    while (strlen(header) % 8)
+        strcat(header, " ");
+    size_t len;
+    uint8_t *file = st_bytes(header, data, sizeof data, &len);
+    assert_int_equal(write_file(path, file, len), 0);
+    free(file);
+    static const char *const hints[][2] = {{"clip_l", "text_encoders.clip_l.transformer."},
+                                           {"clip_g", "text_encoders.clip_g.transformer."},
+                                           {"t5xxl", "text_encoders.clip_g.transformer."}};
+    for (int i = 0; i < 3; i++) {
+        df_single_file *sf;
+        assert_int_equal(df_single_file_open(path, "clip", NULL, 0, NULL, &sf), DF_OK);
+        assert_true(df_single_file_try_map(sf, df_names_same, 0, df_names_clip_probe(),
+                                           hints[i][0]));
+        assert_string_equal(df_single_file_prefix(sf), hints[i][1]);
+        /* a second map is not taken over the first */
+        assert_false(df_single_file_try_map(sf, df_names_clip_bare, 0,
+                                            df_names_clip_bare_probe(), NULL));
+        df_single_file_free(sf);
+    }
 }
 
 #define CASES       DF_GOLDEN_DIR "/../cases"
@@ -396,15 +622,91 @@ static void test_compact_offload(void **state)
     df_ctx_free(ctx);
 }
 
+/* The same sweep over the component loaders: an LDM VAE (its 1x1 convolutions and up-block
+ * order) and a ComfyUI fp8 CLIP-L, and the SD3 MMDiT file with its swapped halves. */
+typedef df_status (*load_fn)(df_ctx *ctx, const char *dir, const char *file, void **out);
+static df_status load_vae(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_vae_load_file(c, d, f, (df_vae **)o);
+}
+static df_status load_clip(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_clip_load_file(c, d, f, (df_clip **)o);
+}
+static df_status load_sd3(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_sd3_load_file(c, d, f, (df_sd3 **)o);
+}
+
+static void sweep_component(load_fn load, void (*free_fn)(void *), const char *dir,
+                            const char *file)
+{
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    void *m = NULL;
+    assert_int_equal(load(ctx, dir, file, &m), DF_OK);
+    free_fn(m);
+    int64_t live = df_alloc_live();
+    int failures = 0;
+    for (int64_t nth = 1; nth < 100000; nth++) {
+        m = NULL;
+        df_alloc_fail_at(nth);
+        df_status s = load(ctx, dir, file, &m);
+        df_alloc_fail_at(0);
+        if (s == DF_OK) {
+            free_fn(m);
+            break;
+        }
+        failures++;
+        if (s != DF_E_OOM)
+            fail_msg("%s: allocation %lld: %s instead of DF_E_OOM: %s", file, (long long)nth,
+                     df_status_name(s), df_error_message());
+        assert_null(m);
+        df_ctx_reset_error(ctx);
+        assert_int_equal(df_alloc_live(), live);
+    }
+    assert_true(failures > 3);
+    df_ctx_free(ctx);
+}
+
+static void free_vae(void *m)
+{
+    df_vae_free(m);
+}
+static void free_clip(void *m)
+{
+    df_clip_free(m);
+}
+static void free_sd3(void *m)
+{
+    df_sd3_free(m);
+}
+
+static void test_component_load_out_of_memory_sweep(void **state)
+{
+    (void)state;
+    sweep_component(load_vae, free_vae, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/vae",
+                    CASES "/vae-single-flux/ae.safetensors");
+    sweep_component(load_clip, free_clip, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/text_encoder",
+                    CASES "/te-single-clip-comfy/clip_l-comfy-fp8.safetensors");
+    sweep_component(load_sd3, free_sd3, DF_GOLDEN_DIR "/sd3-transformer/model",
+                    CASES "/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_name_map),
         cmocka_unit_test(test_bind_views_and_swaps),
         cmocka_unit_test(test_rows_that_do_not_split),
+        cmocka_unit_test(test_vae_and_text_name_maps),
+        cmocka_unit_test(test_vae_file_squeezes_and_prefix),
+        cmocka_unit_test(test_recognise_known_models),
+        cmocka_unit_test(test_clip_prefix_hint),
         cmocka_unit_test(test_load_out_of_memory_sweep),
         cmocka_unit_test(test_compact_residency),
         cmocka_unit_test(test_compact_offload),
+        cmocka_unit_test(test_component_load_out_of_memory_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

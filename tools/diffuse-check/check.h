@@ -42,6 +42,10 @@ typedef struct check_case {
 #define CHECK_INT8_REL_L2_PIPELINE 3.5e-2 /* worst measured 1.92e-2 (t2i-sd3 latents) */
 double check_int8_rel_l2(const check_case *c);
 
+/* The case's "single_file" (the component's weights, relative to the case folder; "dir"
+ * then gives only the config) written into buf: buf, or NULL when the case names none. */
+const char *check_single_file(const check_case *c, char *buf, size_t cap);
+
 /* Context options for the case: device, threads, compute dtype, and the execution mode for
  * components that are not compiled (eager: strict eager; fuse, compile, blocks: defer-and-
  * fuse, since in the compiled modes only the transformer is compiled, as in the CLI). */

@@ -102,7 +102,9 @@ static const df_module flux2_module = {
 static int run_flux2(check_case *c, df_ctx *ctx)
 {
     df_flux2 *m;
-    if (df_flux2_load(ctx, c->model_dir, &m) != DF_OK)
+    char file[4096];
+    if (df_flux2_load_file(ctx, c->model_dir, check_single_file(c, file, sizeof file), &m) !=
+        DF_OK)
         return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
     static const char *const keys[] = {"hidden_states", "encoder_hidden_states", "timestep",
                                        "img_ids",       "txt_ids",               "guidance"};

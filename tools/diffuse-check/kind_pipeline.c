@@ -380,13 +380,17 @@ int check_kind_pipeline(check_case *c)
         /* compile / blocks: the transformer compiled, everything else deferred and fused. */
         bool compile = strcmp(c->mode, "compile") == 0, blocks = strcmp(c->mode, "blocks") == 0;
         df_eager_mode mode = strcmp(c->mode, "eager") == 0 ? DF_DEFER_NEVER : DF_DEFER_AND_FUSE;
-        df_status s = df_pipeline_load(c->model_dir,
+        /* "single_file": an all-in-one checkpoint, "dir" the folder completing it */
+        char file[4096];
+        const char *single = check_single_file(c, file, sizeof file);
+        df_status s = df_pipeline_load(single ? single : c->model_dir,
                                        &(df_load_opts){.device = c->device, .threads = c->threads,
                                                        .dtype = c->compute, .mode = mode,
                                                        .compile = compile,
                                                        .compile_blocks = blocks,
                                                        .comm = c->comm, .loras = loras,
-                                                       .n_loras = n_loras},
+                                                       .n_loras = n_loras,
+                                                       .config_dir = single ? c->model_dir : NULL},
                                        &p);
         if (s == DF_OK)
             s = df_pipeline_run(p, &g, &out);

@@ -57,7 +57,9 @@ static int block_variants(const df_sd3 *m)
 int check_sd3_forward(check_case *c, df_ctx *ctx)
 {
     df_sd3 *m;
-    if (df_sd3_load(ctx, c->model_dir, &m) != DF_OK)
+    char file[4096];
+    if (df_sd3_load_file(ctx, c->model_dir, check_single_file(c, file, sizeof file), &m) !=
+        DF_OK)
         return check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
     df_sd3_inputs in = {0};
     int rc = check_upload_arg(c, ctx, "hidden_states", &in.hidden_states);

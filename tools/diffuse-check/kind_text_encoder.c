@@ -87,7 +87,9 @@ static int compare_outputs(check_case *c, df_ctx *ctx, const te_outputs *o)
 static int run_clip(check_case *c, df_ctx *ctx, te_outputs *o)
 {
     df_clip *m;
-    if (df_clip_load(ctx, c->model_dir, &m) != DF_OK)
+    char file[4096];
+    if (df_clip_load_file(ctx, c->model_dir, check_single_file(c, file, sizeof file), &m) !=
+        DF_OK)
         return check_fail(c, "%s", df_error_message());
     bool want_proj = strcmp(c->cls, "CLIPTextModelWithProjection") == 0;
     if (df_clip_get_config(m)->with_projection != want_proj) {
@@ -118,7 +120,8 @@ static int run_clip(check_case *c, df_ctx *ctx, te_outputs *o)
 static int run_t5(check_case *c, df_ctx *ctx, te_outputs *o)
 {
     df_t5 *m;
-    if (df_t5_load(ctx, c->model_dir, &m) != DF_OK)
+    char file[4096];
+    if (df_t5_load_file(ctx, c->model_dir, check_single_file(c, file, sizeof file), &m) != DF_OK)
         return check_fail(c, "%s", df_error_message());
     df_tensor *ids, *mask = NULL, *plain, *masked = NULL;
     int64_t *host, *mask_host = NULL;

@@ -174,7 +174,9 @@ static void postprocess(run_state *r, const float *decoded, df_tensor *t)
 
 static int run(run_state *r)
 {
-    if (df_vae_load(r->ctx, r->c->model_dir, &r->vae) != DF_OK)
+    char file[4096];
+    if (df_vae_load_file(r->ctx, r->c->model_dir, check_single_file(r->c, file, sizeof file),
+                         &r->vae) != DF_OK)
         return check_fail(r->c, "loading %s: %s", r->c->model_dir, df_error_message());
     df_tensor *z = upload_latents(r);
     df_tensor *scaled = NULL, *decoded = NULL;

@@ -117,6 +117,15 @@ static int load_case(check_case *c, const char *dir, char *model_dir, size_t cap
     return 0;
 }
 
+const char *check_single_file(const check_case *c, char *buf, size_t cap)
+{
+    const char *rel = NULL;
+    if (df_json_get_string_or(c->root, "single_file", NULL, &rel) != DF_OK || !rel)
+        return NULL;
+    snprintf(buf, cap, "%s/%s", c->dir, rel);
+    return buf;
+}
+
 /* Runs one case folder; 0 when it passed. */
 static int run_case(const options *o, const char *dir)
 {

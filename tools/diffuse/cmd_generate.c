@@ -28,15 +28,26 @@ static void help(FILE *f)
         "usage: diffuse generate -m MODEL_DIR (-p PROMPT | --prompt-file FILE) [options]\n"
         "\n"
         "  -m, --model DIR            diffusers pipeline folder (with model_index.json): FLUX.1,\n"
-        "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]\n"
-        "      --transformer FILE     FLUX.1: the transformer's weights from one file instead\n"
-        "                             of MODEL_DIR/transformer (whose config.json is used):\n"
+        "                             SD3/3.5, FLUX.2-dev or FLUX.2 [klein]; or one checkpoint\n"
+        "                             file (ComfyUI's all-in-one files) with --config\n"
+        "      --config DIR           with -m FILE: the diffusers folder giving the configs and\n"
+        "                             tokenizers (the components the file lacks come from it)\n"
+        "      --transformer FILE     the transformer's weights from one file instead of\n"
+        "                             MODEL_DIR/transformer (whose config.json is used):\n"
+        "                             FLUX.1, SD3 (MMDiT) or FLUX.2 in the original names,\n"
         "                             .safetensors (diffusers, BFL or ComfyUI names; f32, bf16,\n"
         "                             f16, fp8) or .gguf (F16, BF16, Q8_0, Q4_0/1, Q5_0/1,\n"
         "                             Q2_K..Q6_K)\n"
         "      --lora FILE[:SCALE]    a LoRA adapter (.safetensors: diffusers/peft, kohya or\n"
         "                             XLabs layout) merged into the weights at load, SCALE its\n"
         "                             weight (default 1); repeat for several (at most 8)\n"
+        "      --vae FILE             FLUX.1 / SD3: the VAE's weights from one file (diffusers\n"
+        "                             or original LDM names: ae.safetensors; also under\n"
+        "                             'vae.' / 'first_stage_model.'), MODEL_DIR/vae's config\n"
+        "      --text-encoder FILE    FLUX.1 / SD3: CLIP-L from one file (clip_l.safetensors)\n"
+        "      --text-encoder-2 FILE  FLUX.1: T5 (t5xxl_fp16.safetensors); SD3: CLIP-G\n"
+        "      --text-encoder-3 FILE  SD3: T5; text encoders in transformers' names, also\n"
+        "                             under 'text_encoders.NAME.transformer.'\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
@@ -339,7 +350,7 @@ int cmd_generate(int argc, char **argv)
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
-           O_CACHE, O_TRANSFORMER, O_LORA,
+           O_CACHE, O_TRANSFORMER, O_LORA, O_VAE, O_TE1, O_TE2, O_TE3, O_CONFIG,
            O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
@@ -364,6 +375,10 @@ int cmd_generate(int argc, char **argv)
         {"tp", required_argument, 0, O_TP}, {"cache", required_argument, 0, O_CACHE},
         {"transformer", required_argument, 0, O_TRANSFORMER},
         {"lora", required_argument, 0, O_LORA},
+        {"vae", required_argument, 0, O_VAE}, {"config", required_argument, 0, O_CONFIG},
+        {"text-encoder", required_argument, 0, O_TE1},
+        {"text-encoder-2", required_argument, 0, O_TE2},
+        {"text-encoder-3", required_argument, 0, O_TE3},
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH},
         {"mask", required_argument, 0, O_MASK},
@@ -508,6 +523,11 @@ int cmd_generate(int argc, char **argv)
             lo.loras = loras;
             lo.n_loras++;
             break;
+        case O_VAE: lo.vae_file = optarg; break;
+        case O_CONFIG: lo.config_dir = optarg; break;
+        case O_TE1: lo.text_encoder_file = optarg; break;
+        case O_TE2: lo.text_encoder_2_file = optarg; break;
+        case O_TE3: lo.text_encoder_3_file = optarg; break;
         case O_IMAGE:
             if (n_image_paths == MAX_IMAGES) {
                 fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);

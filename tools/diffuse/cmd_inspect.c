@@ -148,7 +148,8 @@ static int list_weights(inspect *in, const df_weights *w)
     return 0;
 }
 
-/* For a single file: what the FLUX.1 name map recognises in it, when it does. */
+/* For a single file: what the FLUX.1 name map recognises in it, when it does, and which
+ * model and components the file holds. */
 static int describe_single_file(const char *path, bool always)
 {
     char line[512];
@@ -168,6 +169,15 @@ static int describe_single_file(const char *path, bool always)
     if (found || always) {
         printf("  recognised: ");
         put_clean(stdout, line);
+        printf("\n");
+    }
+    /* The whole file: its model, its components and what a pipeline needs besides. */
+    char parts[1024];
+    if (df_checkpoint_describe(path, parts, sizeof parts) != DF_OK)
+        return fail();
+    for (char *l = strtok(parts, "\n"); l; l = strtok(NULL, "\n")) {
+        printf("  ");
+        put_clean(stdout, l);
         printf("\n");
     }
     return 0;

@@ -19,6 +19,7 @@ static const struct {
     {"tokenize", cmd_tokenize, "print the token ids a model's tokenizer gives a text"},
     {"make-tiny", cmd_make_tiny, "write a small random pipeline folder (no download needed)"},
     {"quantize", cmd_quantize, "write a model folder with 8-bit linear weights (int8)"},
+    {"convert", cmd_convert, "write a diffusers folder from a single checkpoint file"},
     {"serve", cmd_serve, "an image server: A1111 and OpenAI APIs, a jobs API and a web page"},
     {"devices", cmd_devices, "list the devices --device can name, with memory and capabilities"},
 };

@@ -1,0 +1,202 @@
+/*
+ * Recognising a checkpoint file's model and components (checkpoint.h). The rules are
+ * diffusers' infer_diffusers_model_type for the models diffuse runs, in its order: SD3
+ * before SD3.5 large, FLUX.2 before FLUX.1. Keys are looked up by exact name under the two
+ * prefixes diffusers tries; the components by suffix, since their prefixes vary.
+ */
+#include "models/checkpoint.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <diffuse/gguf.h>
+#include <diffuse/weights.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "io/path.h"
+#include "models/names.h"
+
+static const char *const prefixes[] = {"", "model.diffusion_model."};
+
+/* The key `name` under either transformer prefix, or NULL; *prefix gets the one found. */
+static const df_checkpoint_key *find(const df_checkpoint_key *keys, int n, const char *name,
+                                     const char **prefix)
+{
+    for (size_t p = 0; p < sizeof prefixes / sizeof *prefixes; p++) {
+        size_t pl = strlen(prefixes[p]);
+        for (int i = 0; i < n; i++)
+            if (strncmp(keys[i].name, prefixes[p], pl) == 0 &&
+                strcmp(keys[i].name + pl, name) == 0) {
+                if (prefix)
+                    *prefix = prefixes[p];
+                return &keys[i];
+            }
+    }
+    return NULL;
+}
+
+static int64_t dim(const df_checkpoint_key *k, int d)
+{
+    if (!k || k->ndim == 0)
+        return 0;
+    if (d < 0)
+        d += k->ndim;
+    return d >= 0 && d < k->ndim && d < 4 ? k->shape[d] : 0;
+}
+
+static bool ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), s = strlen(suffix);
+    return n >= s && strcmp(name + n - s, suffix) == 0 && (n == s || name[n - s - 1] == '.');
+}
+
+/* The transformer: which model, and under which prefix. */
+static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_parts *out)
+{
+    const char *prefix = "";
+    const df_checkpoint_key *k;
+    out->model = "";
+    if ((k = find(keys, n, "joint_blocks.0.context_block.adaLN_modulation.1.bias", &prefix)) &&
+        dim(k, -1) == 9216) {
+        int64_t len = dim(find(keys, n, "pos_embed", NULL), 1);
+        out->model = len == 36864 ? "SD3-medium" : len == 147456 ? "SD3.5-medium" : "";
+    } else if (find(keys, n, "joint_blocks.37.x_block.mlp.fc1.weight", &prefix)) {
+        out->model = "SD3.5-large";
+    } else if (find(keys, n, "single_stream_modulation.lin.weight", &prefix)) {
+        /* diffusers says flux-2-dev for both; klein has no guidance embedding */
+        out->model = find(keys, n, "guidance_in.in_layer.weight", NULL) ? "FLUX.2-dev"
+                                                                         : "FLUX.2-klein";
+    } else if (find(keys, n, "double_blocks.0.img_attn.norm.key_norm.scale", &prefix)) {
+        int64_t in = dim(find(keys, n, "img_in.weight", NULL), 1);
+        out->model = !find(keys, n, "guidance_in.in_layer.bias", NULL) ? "FLUX.1-schnell"
+                     : in == 384                                       ? "FLUX.1-fill"
+                     : in == 128                                       ? "FLUX.1-depth"
+                                                                       : "FLUX.1-dev";
+    }
+    /* The layout without a released size (a tiny test model, a fine-tune of another width):
+     * what diffusers could not name, diffuse still reads with a config. */
+    if (!*out->model && find(keys, n, "joint_blocks.0.x_block.attn.qkv.weight", &prefix))
+        out->model = "SD3-like (MMDiT names, no released size)";
+    out->transformer = *out->model != '\0';
+    snprintf(out->transformer_prefix, sizeof out->transformer_prefix, "%s", prefix);
+}
+
+void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_checkpoint_parts *out)
+{
+    memset(out, 0, sizeof *out);
+    transformer(keys, n, out);
+    for (int i = 0; i < n; i++) {
+        const char *name = keys[i].name;
+        if (ends_with(name, df_names_vae_probe()))
+            out->vae = true;
+        if (ends_with(name, df_names_t5_probe()))
+            out->t5 = true;
+        if (ends_with(name, df_names_clip_bare_probe())) {
+            bool g =
+                strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
+            if (g)
+                out->clip_g = true;
+            else
+                out->clip_l = true;
+        }
+    }
+}
+
+df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
+{
+    memset(out, 0, sizeof *out);
+    out->model = "";
+    df_gguf *g = NULL;
+    df_weights *w = NULL;
+    DF_TRY(df_str_ends_with(path, ".gguf") ? df_gguf_open(path, &g) : df_weights_open(path, &w));
+    int64_t n = g ? df_gguf_count(g) : df_weights_count(w);
+    df_checkpoint_key *keys = df_calloc((size_t)(n ? n : 1), sizeof *keys);
+    df_status s = keys ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory", path);
+    for (int64_t i = 0; s == DF_OK && i < n; i++) {
+        df_checkpoint_key *k = &keys[i];
+        if (g) {
+            df_gguf_tensor t;
+            if ((s = df_gguf_at(g, i, &t)) == DF_OK) {
+                k->name = t.name, k->ndim = t.ndim < 4 ? t.ndim : 4;
+                memcpy(k->shape, t.shape, (size_t)k->ndim * sizeof *k->shape);
+            }
+        } else {
+            df_tensor_info t;
+            if ((s = df_weights_at(w, i, &t)) == DF_OK) {
+                k->name = t.name, k->ndim = t.ndim < 4 ? t.ndim : 4;
+                memcpy(k->shape, t.shape, (size_t)k->ndim * sizeof *k->shape);
+            }
+        }
+    }
+    if (s == DF_OK)
+        df_checkpoint_recognise_keys(keys, (int)n, out);
+    df_free(keys);
+    df_gguf_free(g);
+    df_weights_free(w);
+    return s;
+}
+
+/* Appends `text` to out (cap bytes in all) after what is there. */
+static void add(char *out, size_t cap, const char *text)
+{
+    size_t n = strlen(out);
+    if (n < cap)
+        snprintf(out + n, cap - n, "%s", text);
+}
+
+df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
+{
+    if (!out || cap == 0)
+        return df_errorf(DF_E_ARG, "df_checkpoint_describe: no room for the description");
+    out[0] = '\0';
+    df_checkpoint_parts c;
+    DF_TRY(df_checkpoint_recognise(path, &c));
+    bool sd3 = strncmp(c.model, "SD3", 3) == 0 || c.clip_g;
+    char line[256];
+    snprintf(line, sizeof line, "model: %s%s%s%s\n", *c.model ? c.model : "no transformer",
+             c.transformer ? " (transformer under " : "",
+             c.transformer ? (*c.transformer_prefix ? c.transformer_prefix : "no prefix") : "",
+             c.transformer ? ")" : "");
+    add(out, cap, line);
+    add(out, cap, "holds:");
+    const struct {
+        bool has;
+        const char *name;
+    } parts[] = {{c.transformer, " transformer"},
+                 {c.vae, " VAE (LDM names)"},
+                 {c.clip_l, " CLIP-L"},
+                 {c.clip_g, " CLIP-G"},
+                 {c.t5, " T5"}};
+    bool any = false;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+        if (parts[i].has) {
+            add(out, cap, any ? "," : "");
+            add(out, cap, parts[i].name);
+            any = true;
+        }
+    add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    if (strncmp(c.model, "FLUX.2", 6) == 0) {
+        add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
+                      "-m DIR --transformer FILE), configs and tokenizers (the same folder)");
+        return DF_OK;
+    }
+    add(out, cap, "missing:");
+    if (!c.transformer)
+        add(out, cap, " transformer (--transformer FILE or -m DIR),");
+    if (!c.vae)
+        add(out, cap, " VAE (--vae FILE or the folder's vae/),");
+    if (!c.clip_l)
+        add(out, cap, " CLIP-L (--text-encoder FILE or the folder's text_encoder/),");
+    if (sd3 && !c.clip_g)
+        add(out, cap, " CLIP-G (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+    if (!c.t5)
+        add(out, cap,
+            sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
+                  "text_encoder_3/),"
+                : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+    add(out, cap,
+        " configs and tokenizers (diffuse ships none yet: -m FILE --config DIR, a "
+        "diffusers folder of the model, or -m DIR with the component options)");
+    return DF_OK;
+}

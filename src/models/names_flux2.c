@@ -1,0 +1,65 @@
+/*
+ * FLUX.2 transformer names: Black Forest Labs' original FLUX.2 checkpoints (flux2-dev.
+ * safetensors, the klein files, under "model.diffusion_model." in ComfyUI's) mapped to
+ * diffusers' Flux2Transformer2DModel names, as diffusers'
+ * convert_flux2_transformer_checkpoint_to_diffusers does, as a lookup.
+ *
+ * The layout is FLUX.1's with shared modulations (double_stream_modulation_img / _txt,
+ * single_stream_modulation: ".lin" there, ".linear" in diffusers) and no biases: the double
+ * blocks' fused qkv gives to_q / to_k / to_v and add_*_proj as thirds; a single block's
+ * linear1 is diffusers' fused to_qkv_mlp_proj as it is; the final layer's [shift; scale] is
+ * read swapped. Recognised by single_stream_modulation.lin.weight.
+ */
+#include "models/names.h"
+
+static const df_name_rule rules[] = {
+    {"x_embedder.", "img_in.", DF_NAME_WHOLE},
+    {"context_embedder.", "txt_in.", DF_NAME_WHOLE},
+    {"time_guidance_embed.timestep_embedder.linear_1.", "time_in.in_layer.", DF_NAME_WHOLE},
+    {"time_guidance_embed.timestep_embedder.linear_2.", "time_in.out_layer.", DF_NAME_WHOLE},
+    {"time_guidance_embed.guidance_embedder.linear_1.", "guidance_in.in_layer.", DF_NAME_WHOLE},
+    {"time_guidance_embed.guidance_embedder.linear_2.", "guidance_in.out_layer.", DF_NAME_WHOLE},
+    {"double_stream_modulation_img.linear.", "double_stream_modulation_img.lin.", DF_NAME_WHOLE},
+    {"double_stream_modulation_txt.linear.", "double_stream_modulation_txt.lin.", DF_NAME_WHOLE},
+    {"single_stream_modulation.linear.", "single_stream_modulation.lin.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
+     DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",
+     DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_added_q.weight",
+     "double_blocks.*.txt_attn.norm.query_norm.scale", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_added_k.weight",
+     "double_blocks.*.txt_attn.norm.key_norm.scale", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff.linear_in.", "double_blocks.*.img_mlp.0.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff.linear_out.", "double_blocks.*.img_mlp.2.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff_context.linear_in.", "double_blocks.*.txt_mlp.0.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.ff_context.linear_out.", "double_blocks.*.txt_mlp.2.", DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.to_qkv_mlp_proj.", "single_blocks.*.linear1.",
+     DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.to_out.", "single_blocks.*.linear2.", DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
+     DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
+     DF_NAME_WHOLE},
+    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", DF_NAME_SWAPPED},
+    {"proj_out.", "final_layer.linear.", DF_NAME_WHOLE},
+};
+
+bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out)
+{
+    (void)arg;
+    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out);
+}
+
+const char *df_names_flux2_probe(void)
+{
+    return "single_stream_modulation.lin.weight";
+}

@@ -1,0 +1,186 @@
+/*
+ * Writing a loaded pipeline as a diffusers folder (df_pipeline_save; `diffuse convert`).
+ *
+ * The weights are what the models bound, under diffusers' names: a single file's original
+ * names have been mapped, its fused tensors split and its swapped halves put back in
+ * diffusers' order by loading, so writing the bound tensors is the conversion diffusers'
+ * from_single_file does. Each tensor is written in the dtype it has in memory (a mapped
+ * f32 / bf16 / f16 weight as stored, fp8 and GGUF weights upcast to the compute dtype),
+ * so the folder loads to the same weights bit for bit. The VAE's encoder half, which a
+ * text-to-image load does not bind, is loaded from the same source and written with it.
+ *
+ * Everything else of the config folder (model_index.json, configs, scheduler, tokenizers,
+ * and the weights of components the pipeline did not load) is copied as it is. A
+ * component's file is built in memory before it is written (its size in RAM).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <diffuse/safetensors_writer.h>
+#include <diffuse/vae.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "io/path.h"
+#include "models/loader.h"
+#include "models/residency.h"
+#include "pipelines/pipeline.h"
+
+static df_status make_dir(const char *path)
+{
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return df_errorf(DF_E_IO, "%s: cannot create the folder: %s", path, strerror(errno));
+    return DF_OK;
+}
+
+static df_status copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in)
+        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fclose(in);
+        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
+    }
+    char buf[65536];
+    size_t n;
+    bool ok = true;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    fclose(in);
+    ok = fclose(out) == 0 && ok;
+    return ok ? DF_OK : df_errorf(DF_E_IO, "copying %s to %s failed", from, to);
+}
+
+static bool is_weights(const char *name)
+{
+    return df_str_ends_with(name, ".safetensors") || df_str_ends_with(name, ".index.json") ||
+           df_str_ends_with(name, ".bin") || df_str_ends_with(name, ".gguf");
+}
+
+/* Copies the plain files of `from` into `to` (created); weight files too unless `skip`. */
+static df_status copy_folder(const char *from, const char *to, bool skip_weights)
+{
+    DF_TRY(make_dir(to));
+    DIR *d = opendir(from);
+    if (!d)
+        return df_errorf(DF_E_IO, "%s: cannot list: %s", from, strerror(errno));
+    df_status s = DF_OK;
+    struct dirent *e;
+    char a[4096], b[4096];
+    while (s == DF_OK && (e = readdir(d))) {
+        if (snprintf(a, sizeof a, "%s/%s", from, e->d_name) >= (int)sizeof a ||
+            snprintf(b, sizeof b, "%s/%s", to, e->d_name) >= (int)sizeof b) {
+            s = df_errorf(DF_E_IO, "%s/%s: path too long", from, e->d_name);
+            break;
+        }
+        if (e->d_name[0] == '.' || !df_path_is_file(a) || (skip_weights && is_weights(e->d_name)))
+            continue;
+        s = copy_file(a, b);
+    }
+    closedir(d);
+    return s;
+}
+
+/* Adds every tensor `ws` bound to the writer, in its own dtype. */
+static df_status add_bound(df_ctx *ctx, df_weight_set *ws, df_st_writer *w)
+{
+    for (int i = 0; i < df_ws_bound_count(ws); i++) {
+        const char *name;
+        df_tensor *t = df_ws_bound(ws, i, &name);
+        df_dtype dt = df_tensor_dtype(t);
+        size_t bytes = (size_t)df_tensor_numel(t) * df_dtype_size(dt);
+        void *buf = df_malloc(bytes ? bytes : 1);
+        if (!buf)
+            return df_errorf(DF_E_OOM, "out of memory writing tensor '%s'", name);
+        df_status s = df_tensor_read(ctx, t, dt, buf, bytes);
+        if (s == DF_OK)
+            s = df_st_writer_add(w, name, dt, df_tensor_shape(t), df_tensor_ndim(t), buf);
+        df_free(buf);
+        DF_TRY(s);
+    }
+    return DF_OK;
+}
+
+/* One component's weights into `path`; the VAE's encoder half with it. */
+static df_status write_component(df_pipeline *p, const char *name, df_weight_set *ws,
+                                 const char *path)
+{
+    df_st_writer *w;
+    DF_TRY(df_st_writer_create(&w));
+    df_status s = add_bound(p->ctx, ws, w);
+    df_vae_encoder *enc = NULL;
+    if (s == DF_OK && strcmp(name, "vae") == 0) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s/vae", p->dir);
+        /* A VAE file without its encoder converts to a folder without one. */
+        if (df_vae_encoder_load_file(p->ctx, dir, p->opts.vae_file, &enc) == DF_OK)
+            s = add_bound(p->ctx, df_vae_encoder_weight_set(enc), w);
+    }
+    if (s == DF_OK)
+        s = df_st_writer_finish(w, path);
+    df_vae_encoder_free(enc);
+    df_st_writer_free(w);
+    return s;
+}
+
+/* `path` and the folders above it that do not exist yet. */
+static df_status make_dirs(const char *path)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return df_errorf(DF_E_IO, "%s: path too long", path);
+    for (char *c = buf + 1; *c; c++)
+        if (*c == '/') {
+            *c = '\0';
+            DF_TRY(make_dir(buf));
+            *c = '/';
+        }
+    return make_dir(buf);
+}
+
+df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
+{
+    if (!p || !out_dir)
+        return df_errorf(DF_E_ARG, "df_pipeline_save: NULL %s", p ? "out_dir" : "pipeline");
+    if (!p->cls->weight_sets)
+        return df_errorf(DF_E_UNSUPPORTED, "%s: writing a %s folder is not implemented", p->dir,
+                         p->cls->name);
+    const char *names[8];
+    df_weight_set *sets[8];
+    int n = p->cls->weight_sets(p, names, sets, 8);
+    DF_TRY(make_dirs(out_dir));
+    DIR *d = opendir(p->dir);
+    if (!d)
+        return df_errorf(DF_E_IO, "%s: cannot list: %s", p->dir, strerror(errno));
+    df_status s = DF_OK;
+    struct dirent *e;
+    char from[4096], to[4096];
+    while (s == DF_OK && (e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(from, sizeof from, "%s/%s", p->dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", out_dir, e->d_name);
+        int k = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(names[i], e->d_name) == 0)
+                k = i;
+        if (df_path_is_file(from) && !is_weights(e->d_name))
+            s = copy_file(from, to);
+        else if (df_path_is_dir(from))
+            s = copy_folder(from, to, k >= 0);
+        if (s == DF_OK && k >= 0) {
+            bool transformers = strncmp(names[k], "text_encoder", 12) == 0;
+            snprintf(to, sizeof to, "%s/%s/%s", out_dir, names[k],
+                     transformers ? "model.safetensors" : "diffusion_pytorch_model.safetensors");
+            s = write_component(p, names[k], sets[k], to);
+        }
+    }
+    closedir(d);
+    return s;
+}

@@ -1,0 +1,49 @@
+# Single-file components beyond the FLUX.1 transformer (docs/io.md): VAEs in the original
+# LDM names (BFL's ae.safetensors; SD3's under first_stage_model.) and a ComfyUI-prefixed
+# fp8 CLIP-L, made by tools/refgen/component_files.py, and a ComfyUI all-in-one FLUX.1 file
+# (transformer + VAE, the folder's text encoders: -m FILE --config DIR) by all_in_one.py,
+# an SD3.5-medium-shaped transformer in the original MMDiT names (sd3_single_file.py) and a
+# FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
+# with diffusers' single-file loading as the reference, run by diffuse-check in every mode
+# and with bf16 and int8 compute.
+set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
+    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy)
+foreach(case ${DF_SINGLE_FILE_CASES})
+  foreach(mode eager fuse compile)
+    add_test(NAME single-files/${mode}/${case}
+             COMMAND diffuse-check --mode ${mode} --threads 2
+                     ${CMAKE_SOURCE_DIR}/tests/cases/${case})
+    set_tests_properties(single-files/${mode}/${case} PROPERTIES TIMEOUT 300)
+  endforeach()
+  foreach(dtype bf16 int8)
+    add_test(NAME single-files/${dtype}/${case}
+             COMMAND diffuse-check --dtype ${dtype} --threads 2
+                     ${CMAKE_SOURCE_DIR}/tests/cases/${case})
+    set_tests_properties(single-files/${dtype}/${case} PROPERTIES TIMEOUT 300)
+  endforeach()
+endforeach()
+
+# `diffuse generate --vae / --text-encoder / --text-encoder-2 / --text-encoder-3 FILE`
+# (tests/cli/component_files.sh).
+add_test(NAME single-files/cli-component-files
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/component_files.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
+
+# `diffuse inspect FILE`: the model, the components and what is missing, for an all-in-one
+# FLUX.1 file and a lone CLIP-L.
+add_test(NAME single-files/inspect-all-in-one
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors)
+set_tests_properties(single-files/inspect-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n  missing: CLIP-L [^\n]*T5 [^\n]*--config DIR")
+add_test(NAME single-files/inspect-clip
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors)
+set_tests_properties(single-files/inspect-clip PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: no transformer\n  holds: CLIP-L\n  missing: transformer")
+
+# `diffuse convert FILE --config DIR -o OUT` (tests/cli/convert.sh).
+add_test(NAME single-files/cli-convert
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/convert.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-convert PROPERTIES TIMEOUT 300)
