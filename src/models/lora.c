@@ -554,7 +554,7 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
     if (lay == LAYOUT_XLABS)
         return xlabs_name(module, out);
     df_name_src src;
-    if (!df_names_flux_bfl(name, &src) || !ends(src.name, ".weight"))
+    if (!df_names_flux_bfl(name, 0, &src) || !ends(src.name, ".weight"))
         return false;
     src.name[strlen(src.name) - 7] = '\0';
     snprintf(out->key, sizeof out->key, "lora_unet_%s", src.name);
