@@ -149,7 +149,7 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
-  # int8 products run on the CPU backend only: `--dtype int8` and a `diffuse quantize` folder
+  # The Vulkan device declares no int8 products: `--dtype int8` and a `diffuse quantize` folder
   # on vulkan:0 stop with a message naming what needed them, and a nonzero exit (no crash).
   add_test(NAME vulkan/int8_refused
            COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/int8_refused.sh $<TARGET_FILE:diffuse>
