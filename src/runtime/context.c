@@ -66,7 +66,10 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
     char options[32] = "";
     if (o.threads > 0)
         snprintf(options, sizeof options, "threads=%d", o.threads);
-    df_status s = df_device_open(o.device ? o.device : df_device_default(), options, &ctx->dev);
+    const char *device = !o.device                  ? df_device_default()
+                         : strcmp(o.device, "auto") == 0 ? df_device_auto()
+                                                         : o.device;
+    df_status s = df_device_open(device, options, &ctx->dev);
     if (s == DF_OK) {
         ctx->threads = o.threads > 0 ? o.threads : ctx->dev->info.compute_units;
         s = df_dev_stream_create(ctx->dev, DF_STREAM_COMPUTE, &ctx->stream);

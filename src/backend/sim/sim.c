@@ -182,6 +182,15 @@ static int sim_device_count(void)
     return 2; /* two devices, for tests of device indices and of tensor parallelism */
 }
 
+static const struct {
+    const char *word;
+    uint32_t bit;
+} cap_words[] = {
+#define DF_CAP(name, bit, word, doc) {word, DF_CAP_##name},
+#include "backend/ops.def"
+#undef DF_CAP
+};
+
 /* caps less the words DIFFUSE_SIM_CAPS takes away ("-int8,-fused"). */
 static df_status sim_caps(uint32_t caps, uint32_t *out)
 {
@@ -189,12 +198,9 @@ static df_status sim_caps(uint32_t caps, uint32_t *out)
     for (const char *p = env ? env : ""; *p;) {
         size_t n = strcspn(p, ",");
         uint32_t bit = 0;
-        for (int b = 0; b < 32 && *p == '-' && !bit; b++) {
-            char word[64];
-            df_device_caps_string(1u << b, word, sizeof word);
-            if (word[0] && strlen(word) == n - 1 && strncmp(word, p + 1, n - 1) == 0)
-                bit = 1u << b;
-        }
+        for (size_t w = 0; w < sizeof cap_words / sizeof *cap_words && *p == '-' && !bit; w++)
+            if (strlen(cap_words[w].word) == n - 1 && strncmp(cap_words[w].word, p + 1, n - 1) == 0)
+                bit = cap_words[w].bit;
         if (!bit)
             return df_errorf(DF_E_ARG, "DIFFUSE_SIM_CAPS='%.64s': '%.*s' is not -WORD with WORD "
                              "a capability (diffuse devices --all names them)", env, (int)n, p);
