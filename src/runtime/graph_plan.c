@@ -99,6 +99,22 @@ uint64_t df_graph_key(df_gnode *const *nodes, int n)
     return h;
 }
 
+bool df_graph_append(df_gnode ***nodes, int *n, int *cap, df_gnode *node)
+{
+    if (*n == *cap) {
+        int grown = *cap ? 2 * *cap : 256;
+        df_gnode **nn = df_realloc(*nodes, (size_t)grown * sizeof *nn);
+        if (!nn)
+            return false;
+        *nodes = nn;
+        *cap = grown;
+    }
+    node->id = *n;
+    node->out.st->producer = node;
+    (*nodes)[(*n)++] = node;
+    return true;
+}
+
 /* ---- planning ---------------------------------------------------------------------------- */
 
 /* An op a fused program can run (ops.def's fuse column), computing f32; a copy only from
