@@ -35,12 +35,15 @@ if(DIFFUSE_VULKAN_BUILT)
   add_test(NAME vulkan/vocab
            COMMAND test_vk_vocab ${CMAKE_BINARY_DIR}/src/backend/vulkan/spv/vocab.glsl
                    ${CMAKE_SOURCE_DIR}/src/backend/vulkan/shaders)
-  # The op table (tests/ops/test_ops.c) on the Vulkan device alone: the library's plugin,
-  # named, so that lavapipe is used; skipped (77) without a driver.
+  # The op table (tests/ops/test_ops.c) and the products' table (test_ops_matmul.c) on the
+  # Vulkan device alone: the library's plugin, named, so that lavapipe is used; test_ops
+  # skips (77) without a driver.
   if(CMOCKA_FOUND)
-    add_test(NAME vulkan/unit/test_ops COMMAND test_ops)
-    set_tests_properties(vulkan/unit/test_ops PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
-                         ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan:0;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin")
+    foreach(t test_ops test_ops_matmul)
+      add_test(NAME vulkan/unit/${t} COMMAND ${t})
+      set_tests_properties(vulkan/unit/${t} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
+                           ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan:0;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin")
+    endforeach()
   endif()
   add_test(NAME vulkan/ops COMMAND test_vk_ops)
   set_tests_properties(vulkan/ops PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
@@ -146,7 +149,7 @@ if(DIFFUSE_VULKAN_BUILT AND EXISTS ${DF_GOLDEN_DIR} AND CMAKE_BUILD_TYPE STREQUA
                    ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux ${CMAKE_BINARY_DIR}/test-tmp)
   set_tests_properties(vulkan/offload_same_image PROPERTIES TIMEOUT 600 FIXTURES_REQUIRED tiny_flux
                        ENVIRONMENT "${VK_GOLDEN_ENV}" FAIL_REGULAR_EXPRESSION "vulkan validation:")
-  # int8 products run on the CPU backend only: `--dtype int8` and a `diffuse quantize` folder
+  # The Vulkan device declares no int8 products: `--dtype int8` and a `diffuse quantize` folder
   # on vulkan:0 stop with a message naming what needed them, and a nonzero exit (no crash).
   add_test(NAME vulkan/int8_refused
            COMMAND sh ${CMAKE_SOURCE_DIR}/tests/vulkan/int8_refused.sh $<TARGET_FILE:diffuse>

@@ -44,8 +44,6 @@ int df_op_inputs(df_op op)
 df_status df_device_open(const char *name, const char *options, df_device **out)
 {
     *out = NULL;
-    if (strcmp(name, "auto") == 0)
-        name = df_device_auto();
     char backend[16];
     int index = 0;
     const char *colon = strchr(name, ':');
@@ -222,21 +220,12 @@ void df_storage_release(df_storage *st)
 
 int64_t df_gview_numel(const df_gview *v)
 {
-    int64_t n = 1;
-    for (int d = 0; d < v->ndim; d++)
-        n *= v->shape[d];
-    return n;
+    return df_shape_numel(v->ndim, v->shape);
 }
 
 bool df_gview_is_dense(const df_gview *v)
 {
-    int64_t expect = 1;
-    for (int d = v->ndim - 1; d >= 0; d--) {
-        if (v->shape[d] != 1 && v->stride[d] != expect)
-            return false;
-        expect *= v->shape[d];
-    }
-    return true;
+    return df_shape_is_dense(v->ndim, v->shape, v->stride);
 }
 
 void df_gview_lower(const df_gview *v, df_view *out)

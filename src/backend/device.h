@@ -225,6 +225,28 @@ typedef struct df_view {
     float block_scale;
 } df_view;
 
+/* The element count of a shape, and whether (shape, stride) is dense and row-major (a
+ * dimension of size 1 may have any stride): written once for the runtime's views and the
+ * devices' alike. */
+static inline int64_t df_shape_numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
+    return n;
+}
+
+static inline bool df_shape_is_dense(int ndim, const int64_t *shape, const int64_t *stride)
+{
+    int64_t expect = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        if (shape[d] != 1 && stride[d] != expect)
+            return false;
+        expect *= shape[d];
+    }
+    return true;
+}
+
 /* One op: its inputs, its output and its attributes (ops.def says what each op's slots
  * and attributes mean). The output is dense row-major unless the device declared
  * DF_CAP_OUT_STRIDED and the planner pointed it into a larger tensor. */

@@ -109,6 +109,8 @@ struct df_device {
     _Atomic int64_t bytes_uploaded, bytes_downloaded; /* copies between host and device */
 };
 
+/* Opens device `name` ("cpu", "vulkan:1"; "auto" is the caller's to resolve, with
+ * df_device_auto, which opens devices itself). */
 df_status df_device_open(const char *name, const char *options, df_device **out);
 void df_device_close(df_device *dev);
 

@@ -44,19 +44,10 @@ typedef struct trace_state {
 static df_status trace_submit(df_ctx *ctx, df_gnode *node)
 {
     trace_state *t = ctx->exec_state;
-    if (t->n == t->cap) {
-        int cap = t->cap ? 2 * t->cap : 512;
-        df_gnode **nn = df_realloc(t->nodes, (size_t)cap * sizeof *nn);
-        if (!nn) {
-            df_node_free(node);
-            return df_errorf(DF_E_OOM, "out of memory tracing '%s'", t->module);
-        }
-        t->nodes = nn;
-        t->cap = cap;
+    if (!df_graph_append(&t->nodes, &t->n, &t->cap, node)) {
+        df_node_free(node);
+        return df_errorf(DF_E_OOM, "out of memory tracing '%s'", t->module);
     }
-    node->id = t->n;
-    node->out.st->producer = node;
-    t->nodes[t->n++] = node;
     return DF_OK;
 }
 

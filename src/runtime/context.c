@@ -26,15 +26,24 @@ static bool env_flag(const char *name)
     return v && *v && strcmp(v, "0") != 0;
 }
 
-/* int8 compute needs a device with int8 products (DF_CAP_INT8): without them it is refused
- * here, before any weight is quantized for products that could not run. */
+/* int8 compute needs a device that declares int8 products (DF_CAP_INT8): without them it is
+ * refused here, before any weight is quantized for products that could not run. The
+ * message names the devices that do declare them. */
 static df_status int8_supported(const df_ctx *ctx, df_dtype compute)
 {
     if (compute != DF_DTYPE_I8 || df_dev_has(ctx->dev, DF_CAP_INT8))
         return DF_OK;
+    df_device_desc d[16];
+    int n = df_device_list(d, 16, false);
+    char with[256] = "";
+    for (int i = 0, used = 0; i < n && i < 16; i++)
+        if (d[i].caps & DF_CAP_INT8 && used < (int)sizeof with)
+            used += snprintf(with + used, sizeof with - (size_t)used, "%s--device %s",
+                             used ? ", " : "", d[i].device);
     return df_errorf(DF_E_UNSUPPORTED,
-                     "compute dtype int8: %s has no int8 products (linear, attention); int8 "
-                     "products run on the CPU backend only (--device cpu)", ctx->dev->name);
+                     "compute dtype int8: %s has no int8 products (linear, attention); %s%s",
+                     ctx->dev->name, with[0] ? "devices with them: " : "no device here has them",
+                     with);
 }
 
 df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
@@ -57,7 +66,10 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
     char options[32] = "";
     if (o.threads > 0)
         snprintf(options, sizeof options, "threads=%d", o.threads);
-    df_status s = df_device_open(o.device ? o.device : df_device_default(), options, &ctx->dev);
+    const char *device = !o.device                  ? df_device_default()
+                         : strcmp(o.device, "auto") == 0 ? df_device_auto()
+                                                         : o.device;
+    df_status s = df_device_open(device, options, &ctx->dev);
     if (s == DF_OK) {
         ctx->threads = o.threads > 0 ? o.threads : ctx->dev->info.compute_units;
         s = df_dev_stream_create(ctx->dev, DF_STREAM_COMPUTE, &ctx->stream);

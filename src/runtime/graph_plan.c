@@ -99,6 +99,22 @@ uint64_t df_graph_key(df_gnode *const *nodes, int n)
     return h;
 }
 
+bool df_graph_append(df_gnode ***nodes, int *n, int *cap, df_gnode *node)
+{
+    if (*n == *cap) {
+        int grown = *cap ? 2 * *cap : 256;
+        df_gnode **nn = df_realloc(*nodes, (size_t)grown * sizeof *nn);
+        if (!nn)
+            return false;
+        *nodes = nn;
+        *cap = grown;
+    }
+    node->id = *n;
+    node->out.st->producer = node;
+    (*nodes)[(*n)++] = node;
+    return true;
+}
+
 /* ---- planning ---------------------------------------------------------------------------- */
 
 /* An op a fused program can run (ops.def's fuse column), computing f32; a copy only from
@@ -122,12 +138,26 @@ static bool identity_view(const df_gview *v, const df_gnode *p)
     return true;
 }
 
+/* What the passes know of a node besides the plan itself; dropped once the plan is made. */
+typedef struct pass_node {
+    int uses;     /* how many reads of its output the needed nodes make */
+    int parent;   /* fusion: the pointwise node whose group absorbs it, or -1 */
+    bool is_head; /* fusion: the normalisation head of its group */
+    int order;    /* memory: its kernel's position */
+    int first;    /* memory: the first kernel that writes into it (an elided node's parts) */
+    int last;     /* memory: the last kernel that reads it */
+} pass_node;
+
+/* The graph being planned, the plan being made and the passes' notes; each pass below
+ * reads what the earlier ones wrote. */
 typedef struct planner {
     df_gnode *const *nodes;
     int n;
-    int *root_of;   /* node -> root of the fused group it belongs to, or -1 */
-    bool *is_head;  /* node is the normalisation head of its group */
-    bool overflow;
+    const df_device *dev;
+    bool can_fuse; /* the device runs fused programs (DF_CAP_FUSED) */
+    lz_program *p;
+    pass_node *t;  /* per node */
+    bool overflow; /* gen: the group being built does not fit one kernel */
 } planner;
 
 /* Emits the instructions computing node x inside group g; returns its register. */
@@ -138,12 +168,12 @@ static int gen(planner *pl, lz_group *g, int x)
     for (int k = 0; k < nd->n_in && k < 2; k++) {
         const df_gview *v = &nd->in[k];
         int prod = producer_of(v);
-        bool inside = prod >= 0 && pl->root_of[prod] == g->root;
+        bool inside = prod >= 0 && pl->p->node[prod].root_of == g->root;
         if (pl->overflow || g->n_insn >= DF_FUSED_MAX_INSN || g->n_regs >= 63) {
             pl->overflow = true;
             return 0;
         }
-        if (inside && !pl->is_head[prod]) {
+        if (inside && !pl->t[prod].is_head) {
             regs[k] = gen(pl, g, prod);
         } else if (inside) {
             g->insn[g->n_insn] = (df_fused_insn){.op = DF_FI_HEAD, .dst = (uint8_t)g->n_regs};
@@ -202,12 +232,13 @@ static bool heads_first_view(const df_gview *v, const df_gnode *p)
 }
 
 /* A node whose output only one other node reads and no handle sees. */
-static bool sole_use(df_gnode *const *nodes, const lz_program *p, const int *uses, int i)
+static bool sole_use(const planner *pl, int i)
 {
-    return i >= 0 && p->kind[i] == K_SINGLE && uses[i] == 1 && nodes[i]->out.st->handles == 0;
+    return i >= 0 && pl->p->node[i].kind == K_SINGLE && pl->t[i].uses == 1 &&
+           pl->nodes[i]->out.st->handles == 0;
 }
 
-/* The node that reads node i's output (the first one; the only one when uses[i] is 1). */
+/* The node that reads node i's output (the first one; the only one when it has one use). */
 static int reader_of(df_gnode *const *nodes, int n, int i)
 {
     for (int j = i + 1; j < n; j++)
@@ -263,15 +294,18 @@ static bool has_epilogue(const df_device *dev, int act)
 /* The gated residual of FLUX and SD3 blocks, x + gate * linear(h): the product multiplies
  * by the gate row and adds the residual on its way out (post-ops of the GEMM provider), so
  * neither the product's result nor the gated one is ever written on its own. */
-static void plan_gated_residuals(df_gnode *const *nodes, int n, lz_program *p, const int *uses)
+static void plan_gated_residuals(planner *pl)
 {
+    df_gnode *const *nodes = pl->nodes;
+    int n = pl->n;
+    lz_program *p = pl->p;
     for (int l = 0; l < n; l++) {
         const df_gnode *lin = nodes[l];
-        if (p->kind[l] != K_SINGLE || lin->op != DF_OP_LINEAR || uses[l] != 1 ||
-            p->fold[l] >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
+        if (p->node[l].kind != K_SINGLE || lin->op != DF_OP_LINEAR || pl->t[l].uses != 1 ||
+            p->node[l].fold >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
             continue;
         int m = reader_of(nodes, n, l);
-        if (m < 0 || nodes[m]->op != DF_OP_MUL || p->kind[m] != K_SINGLE || uses[m] != 1 ||
+        if (m < 0 || nodes[m]->op != DF_OP_MUL || p->node[m].kind != K_SINGLE || pl->t[m].uses != 1 ||
             nodes[m]->out.st->handles > 0 || !same_shape(&nodes[m]->out, &lin->out))
             continue;
         int ms = identity_view(&nodes[m]->in[0], lin) ? 0 : 1; /* the product's slot */
@@ -279,7 +313,7 @@ static void plan_gated_residuals(df_gnode *const *nodes, int n, lz_program *p, c
             !broadcast_row(&nodes[m]->in[1 - ms], &lin->out))
             continue;
         int a = reader_of(nodes, n, m);
-        if (a < 0 || nodes[a]->op != DF_OP_ADD || p->kind[a] != K_SINGLE ||
+        if (a < 0 || nodes[a]->op != DF_OP_ADD || p->node[a].kind != K_SINGLE ||
             !same_shape(&nodes[a]->out, &lin->out))
             continue;
         int as = identity_view(&nodes[a]->in[0], nodes[m]) ? 0 : 1; /* the gated slot */
@@ -288,10 +322,10 @@ static void plan_gated_residuals(df_gnode *const *nodes, int n, lz_program *p, c
         if (!identity_view(&nodes[a]->in[as], nodes[m]) || !even_rows(res, &lin->out) ||
             rp == l || rp == m)
             continue;
-        p->fold[l] = a;
-        p->gate_mul[l] = m;
-        p->epi_slots[l] = (uint8_t)((1 - ms) | (1 - as) << 1);
-        p->kind[m] = p->kind[a] = K_FOLDED;
+        p->node[l].fold = a;
+        p->node[l].gate_mul = m;
+        p->node[l].epi_slots = (uint8_t)((1 - ms) | (1 - as) << 1);
+        p->node[m].kind = p->node[a].kind = K_FOLDED;
     }
 }
 
@@ -299,15 +333,18 @@ static void plan_gated_residuals(df_gnode *const *nodes, int n, lz_program *p, c
  * of several rms_norm parts along the sequence (the two streams of a FLUX double block),
  * becomes one rms_norm_rope kernel per part, each writing its rows of the rope's output.
  * The concat is then never materialised. */
-static void plan_norm_rope(df_gnode *const *nodes, int n, lz_program *p, const int *uses)
+static void plan_norm_rope(planner *pl)
 {
+    df_gnode *const *nodes = pl->nodes;
+    int n = pl->n;
+    lz_program *p = pl->p;
     for (int r = 0; r < n; r++) {
         const df_gnode *rope = nodes[r];
-        if (p->kind[r] != K_SINGLE || rope->op != DF_OP_ROPE || rope->in[0].dtype != DF_DTYPE_F32 ||
+        if (p->node[r].kind != K_SINGLE || rope->op != DF_OP_ROPE || rope->in[0].dtype != DF_DTYPE_F32 ||
             rope->in[1].dtype != DF_DTYPE_F32 || !df_gview_is_dense(&rope->in[1]))
             continue;
         int src = producer_of(&rope->in[0]);
-        if (!sole_use(nodes, p, uses, src) || !heads_first_view(&rope->in[0], nodes[src]))
+        if (!sole_use(pl, src) || !heads_first_view(&rope->in[0], nodes[src]))
             continue;
         int part[2], n_part = 0;
         const df_gnode *c = nodes[src];
@@ -316,7 +353,7 @@ static void plan_norm_rope(df_gnode *const *nodes, int n, lz_program *p, const i
         } else if (c->op == DF_OP_CONCAT && c->a.axis == 1) {
             for (int k = 0; k < 2; k++) {
                 int q = producer_of(&c->in[k]);
-                if (!sole_use(nodes, p, uses, q) || nodes[q]->op != DF_OP_RMS_NORM ||
+                if (!sole_use(pl, q) || nodes[q]->op != DF_OP_RMS_NORM ||
                     !whole_view(&c->in[k], nodes[q]) || (k == 1 && q == part[0]))
                     break;
                 part[n_part++] = q;
@@ -336,13 +373,13 @@ static void plan_norm_rope(df_gnode *const *nodes, int n, lz_program *p, const i
             continue;
         int64_t s0 = 0;
         for (int k = 0; k < n_part; k++) {
-            p->rope_of[part[k]] = r;
-            p->rope_s0[part[k]] = s0;
+            p->node[part[k]].rope_of = r;
+            p->node[part[k]].rope_s0 = s0;
             s0 += nodes[part[k]]->out.shape[1];
         }
-        p->kind[r] = K_ELIDED;
+        p->node[r].kind = K_ELIDED;
         if (c->op == DF_OP_CONCAT)
-            p->kind[src] = K_DEAD;
+            p->node[src].kind = K_DEAD;
     }
 }
 
@@ -367,12 +404,15 @@ static int trailing_split(const df_gview *v, int64_t width)
  * - the concat joins rows along the last dimension (the attention output and the MLP
  *   branch of a FLUX single block): the part is every row's slice of columns, which the
  *   matrix products and attention can write with a row stride. */
-static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, const int *uses,
-                                 bool columns)
+static void plan_concat_in_place(planner *pl)
 {
+    df_gnode *const *nodes = pl->nodes;
+    int n = pl->n;
+    lz_program *p = pl->p;
+    bool columns = df_dev_has(pl->dev, DF_CAP_OUT_STRIDED);
     for (int c = 0; c < n; c++) {
         const df_gnode *x = nodes[c];
-        if (p->kind[c] != K_SINGLE || x->op != DF_OP_CONCAT)
+        if (p->node[c].kind != K_SINGLE || x->op != DF_OP_CONCAT)
             continue;
         int dim = (int)x->a.axis, last = x->out.ndim - 1;
         int64_t outer = 1;
@@ -386,12 +426,12 @@ static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, c
         int k = 0;
         for (; k < 2; k++) {
             int q = producer_of(&x->in[k]), w = q;
-            if (q >= 0 && p->kind[q] == K_FOLDED) /* the product that computes it writes it */
-                for (w = q - 1; w >= 0 && p->fold[w] != q; w--)
+            if (q >= 0 && p->node[q].kind == K_FOLDED) /* the product that computes it writes it */
+                for (w = q - 1; w >= 0 && p->node[w].fold != q; w--)
                     ;
-            if (q < 0 || w < 0 || uses[q] != 1 || nodes[q]->out.st->handles > 0 ||
-                (p->kind[w] != K_SINGLE && p->kind[w] != K_ROOT) || p->rope_of[w] >= 0 ||
-                p->alias_of[w] >= 0 || !whole_view(&x->in[k], nodes[q]) ||
+            if (q < 0 || w < 0 || pl->t[q].uses != 1 || nodes[q]->out.st->handles > 0 ||
+                (p->node[w].kind != K_SINGLE && p->node[w].kind != K_ROOT) || p->node[w].rope_of >= 0 ||
+                p->node[w].alias_of >= 0 || !whole_view(&x->in[k], nodes[q]) ||
                 (k == 1 && w == writer[0]))
                 break;
             if (!contiguous) {
@@ -409,11 +449,11 @@ static void plan_concat_in_place(df_gnode *const *nodes, int n, lz_program *p, c
         if (k != 2)
             continue;
         for (k = 0; k < 2; k++) {
-            p->alias_of[writer[k]] = c;
-            p->alias_off[writer[k]] = off[k];
-            p->alias_split[writer[k]] = split[k];
+            p->node[writer[k]].alias_of = c;
+            p->node[writer[k]].alias_off = off[k];
+            p->node[writer[k]].alias_split = split[k];
         }
-        p->kind[c] = K_ELIDED;
+        p->node[c].kind = K_ELIDED;
     }
 }
 
@@ -429,8 +469,8 @@ static bool rounds_to_bf16(const df_gnode *x, int k, const df_device *dev)
 static bool writes_bf16(df_gnode *const *nodes, const lz_program *p, int i)
 {
     df_op op = nodes[i]->op;
-    return p->kind[i] == K_ROOT || (p->kind[i] == K_SINGLE && op == DF_OP_ATTENTION) ||
-           (p->kind[i] == K_SINGLE && op == DF_OP_LINEAR && p->gate_mul[i] < 0);
+    return p->node[i].kind == K_ROOT || (p->node[i].kind == K_SINGLE && op == DF_OP_ATTENTION) ||
+           (p->node[i].kind == K_SINGLE && op == DF_OP_LINEAR && p->node[i].gate_mul < 0);
 }
 
 /* A result that only bf16 products read, as operands they would round to bf16 anyway, is
@@ -443,67 +483,127 @@ static bool writes_bf16(df_gnode *const *nodes, const lz_program *p, int i)
  * output (the rms_norm_rope kernels) and a concat written by its parts' kernels. In FLUX:
  * the modulation output feeding three or four products, q and k and v feeding attention,
  * the attention output and the MLP activation feeding the output products. */
-static void plan_half_outputs(df_gnode *const *nodes, int n, lz_program *p, const int *uses,
-                              const df_device *dev)
+static void plan_half_outputs(planner *pl)
 {
+    df_gnode *const *nodes = pl->nodes;
+    int n = pl->n;
+    lz_program *p = pl->p;
+    const df_device *dev = pl->dev;
     if (!df_dev_has(dev, DF_CAP_OUT_BF16) ||
         df_dev_matmul_dtype(dev, DF_DTYPE_BF16) != DF_DTYPE_BF16)
         return;
     for (int i = 0; i < n; i++) {
         bool can = writes_bf16(nodes, p, i) ||
-                   (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
-        if (p->kind[i] == K_ELIDED && nodes[i]->op == DF_OP_CONCAT) {
+                   (p->node[i].kind == K_ELIDED && nodes[i]->op == DF_OP_ROPE);
+        if (p->node[i].kind == K_ELIDED && nodes[i]->op == DF_OP_CONCAT) {
             can = true;
             for (int w = 0; w < i; w++)
-                if (p->alias_of[w] == i)
+                if (p->node[w].alias_of == i)
                     can = can && writes_bf16(nodes, p, w);
         }
         int r = result_node(p, i);
-        if (can && uses[r] > 0 && p->alias_of[i] < 0 && nodes[r]->out.dtype == DF_DTYPE_F32 &&
+        if (can && pl->t[r].uses > 0 && p->node[i].alias_of < 0 && nodes[r]->out.dtype == DF_DTYPE_F32 &&
             nodes[r]->out.st->handles == 0)
-            p->half[r] = true;
+            p->node[r].half = true;
     }
     for (int j = 0; j < n; j++) {
         const df_gnode *x = nodes[j];
-        if (p->kind[j] == K_DEAD || p->kind[j] == K_ELIDED)
+        if (p->node[j].kind == K_DEAD || p->node[j].kind == K_ELIDED)
             continue; /* an elided node reads nothing: others write its result */
         for (int k = 0; k < x->n_in; k++) {
             int q = producer_of(&x->in[k]);
-            if (q >= 0 && !(p->kind[j] == K_SINGLE && rounds_to_bf16(x, k, dev)))
-                p->half[q] = false;
+            if (q >= 0 && !(p->node[j].kind == K_SINGLE && rounds_to_bf16(x, k, dev)))
+                p->node[q].half = false;
         }
     }
 }
 
-/* Fusion: each pointwise node absorbs the groups of producers that only it reads. */
-static void find_groups(df_gnode *const *nodes, int n, const lz_program *p, const int *uses,
-                        int *parent, bool *is_head, bool heads)
+/* ---- the passes ----------------------------------------------------------------------- */
+
+/* 1. Liveness, backwards: a node is needed if a handle still sees its output or a needed
+ * node reads it; the rest is K_DEAD and never allocated. Every field starts at "none". */
+static void pass_liveness(planner *pl)
 {
-    int *size = df_calloc((size_t)n + 1, sizeof *size);
-    bool *has_head = df_calloc((size_t)n + 1, sizeof *has_head);
+    for (int i = pl->n - 1; i >= 0; i--) {
+        const df_gnode *x = pl->nodes[i];
+        lz_node *q = &pl->p->node[i];
+        *q = (lz_node){.group = -1, .root_of = -1, .fold = -1, .gate_mul = -1, .alias_of = -1,
+                       .rope_of = -1, .offset = -1};
+        pl->t[i].parent = -1;
+        pl->t[i].first = pl->n;
+        q->kind = x->out.st->handles > 0 || pl->t[i].uses > 0 ? K_SINGLE : K_DEAD;
+        if (q->kind == K_DEAD)
+            continue;
+        for (int k = 0; k < x->n_in; k++) {
+            int prod = producer_of(&x->in[k]);
+            if (prod >= 0)
+                pl->t[prod].uses++;
+        }
+    }
+}
+
+/* 2a. Epilogues: an activation that is the only reader of a linear's output is computed by
+ * the product itself (a post-op of the GEMM provider). Not for bf16 products: the
+ * provider's activation differs from the activation kernel by an f32 ulp now and then, and
+ * a product that reads the result rounds it to bf16, where one ulp can move a value to the
+ * next bf16 (FLUX.2 [klein]'s Qwen3 encoder in bf16 left strict eager at its 4th layer that
+ * way). The activation then joins the pointwise group that reads it (SwiGLU's mul), which
+ * writes what the next product reads, as strict eager does. */
+static void pass_activation_epilogues(planner *pl)
+{
+    df_gnode *const *nodes = pl->nodes;
+    lz_node *node = pl->p->node;
+    for (int i = 0; i < pl->n; i++) {
+        const df_gnode *l = nodes[i];
+        if (node[i].kind != K_SINGLE || l->op != DF_OP_LINEAR || pl->t[i].uses != 1 ||
+            l->out.st->handles > 0 || rounds_to_bf16(l, 0, pl->dev))
+            continue;
+        int j = reader_of(nodes, pl->n, i);
+        if (j < 0)
+            continue;
+        int act = activation_of(nodes[j]->op);
+        if (node[j].kind == K_SINGLE && act != DF_ACT_NONE && has_epilogue(pl->dev, act) &&
+            identity_view(&nodes[j]->in[0], l)) {
+            node[j].kind = K_FOLDED;
+            node[i].fold = j;
+        }
+    }
+}
+
+/* 2c. Fusion, first the groups: each pointwise node absorbs the groups of the producers
+ * that only it reads (24 nodes at most), and a layer/RMS norm feeding it as its head when
+ * the device runs heads. Sets pass_node.parent and .is_head. */
+static void find_groups(planner *pl, bool heads)
+{
+    df_gnode *const *nodes = pl->nodes;
+    const lz_node *node = pl->p->node;
+    pass_node *t = pl->t;
+    int *size = df_calloc((size_t)pl->n + 1, sizeof *size);
+    bool *has_head = df_calloc((size_t)pl->n + 1, sizeof *has_head);
     if (!size || !has_head) {
         df_free(size);
         df_free(has_head);
         return; /* no fusion: every parent stays -1 */
     }
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < pl->n; i++) {
         const df_gnode *x = nodes[i];
-        if (p->kind[i] != K_SINGLE || !pointwise(x))
+        if (node[i].kind != K_SINGLE || !pointwise(x))
             continue;
         size[i] = 1;
         for (int k = 0; k < x->n_in && k < 2; k++) {
             int prod = producer_of(&x->in[k]);
-            if (prod < 0 || uses[prod] != 1 || parent[prod] >= 0 || p->kind[prod] != K_SINGLE ||
-                nodes[prod]->out.st->handles > 0 || !identity_view(&x->in[k], nodes[prod]))
+            if (prod < 0 || t[prod].uses != 1 || t[prod].parent >= 0 ||
+                node[prod].kind != K_SINGLE || nodes[prod]->out.st->handles > 0 ||
+                !identity_view(&x->in[k], nodes[prod]))
                 continue;
             if (pointwise(nodes[prod]) && size[i] + size[prod] <= 24 &&
                 !(has_head[i] && has_head[prod])) {
-                parent[prod] = i;
+                t[prod].parent = i;
                 size[i] += size[prod];
                 has_head[i] = has_head[i] || has_head[prod];
             } else if (heads && is_norm(nodes[prod]) && !has_head[i]) {
-                parent[prod] = i;
-                is_head[prod] = true;
+                t[prod].parent = i;
+                t[prod].is_head = true;
                 has_head[i] = true;
             }
         }
@@ -512,175 +612,109 @@ static void find_groups(df_gnode *const *nodes, int n, const lz_program *p, cons
     df_free(has_head);
 }
 
-lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *dev)
+/* 2c. Fusion, then the kernels: each group's root gets its program (gen); a group too big
+ * for one kernel falls apart and its nodes run one by one. */
+static void pass_fuse(planner *pl)
 {
-    bool can_fuse = df_dev_has(dev, DF_CAP_FUSED);
-    size_t n1 = (size_t)n + 1;
-    lz_program *p = df_calloc(1, sizeof *p);
-    int *uses = df_calloc(n1, sizeof *uses);
-    int *order = df_calloc(n1, sizeof *order); /* kernel position per node */
-    int *last = df_calloc(n1, sizeof *last);   /* last kernel position reading it */
-    int *first = df_malloc(n1 * sizeof *first); /* first kernel position writing it */
-    int *parent = df_malloc(n1 * sizeof *parent);
-    bool *is_head = df_calloc(n1, sizeof *is_head);
-    if (p) {
-        p->n = n;
-        p->kind = df_calloc(n1, 1);
-        p->group = df_malloc(n1 * sizeof *p->group);
-        p->root_of = df_malloc(n1 * sizeof *p->root_of);
-        p->fold = df_malloc(n1 * sizeof *p->fold);
-        p->gate_mul = df_malloc(n1 * sizeof *p->gate_mul);
-        p->epi_slots = df_calloc(n1, sizeof *p->epi_slots);
-        p->alias_of = df_malloc(n1 * sizeof *p->alias_of);
-        p->alias_off = df_calloc(n1, sizeof *p->alias_off);
-        p->alias_split = df_calloc(n1, sizeof *p->alias_split);
-        p->rope_of = df_malloc(n1 * sizeof *p->rope_of);
-        p->rope_s0 = df_calloc(n1, sizeof *p->rope_s0);
-        p->half = df_calloc(n1, sizeof *p->half);
-        p->offset = df_malloc(n1 * sizeof *p->offset);
-        p->groups = df_calloc(n1, sizeof *p->groups);
+    lz_program *p = pl->p;
+    lz_node *node = p->node;
+    find_groups(pl, df_dev_has(pl->dev, DF_CAP_FUSED_HEAD));
+    for (int i = pl->n - 1; i >= 0; i--) { /* parents come later, so their roots are known */
+        int up = pl->t[i].parent;
+        node[i].root_of = up < 0 ? -1 : node[up].root_of >= 0 ? node[up].root_of : up;
     }
-    if (!p || !uses || !order || !last || !first || !parent || !is_head || !p->kind ||
-        !p->group || !p->root_of || !p->fold || !p->gate_mul || !p->epi_slots ||
-        !p->alias_of || !p->alias_off ||
-        !p->alias_split || !p->rope_of || !p->rope_s0 || !p->half || !p->offset ||
-        !p->groups) {
-        df_graph_plan_free(p);
-        p = NULL;
-        goto done;
-    }
-    /* 1. Liveness, backwards. */
-    for (int i = n - 1; i >= 0; i--) {
-        const df_gnode *x = nodes[i];
-        p->group[i] = p->root_of[i] = parent[i] = p->fold[i] = -1;
-        p->alias_of[i] = p->rope_of[i] = p->gate_mul[i] = -1;
-        first[i] = n;
-        p->offset[i] = -1;
-        p->kind[i] = x->out.st->handles > 0 || uses[i] > 0 ? K_SINGLE : K_DEAD;
-        if (p->kind[i] == K_DEAD)
-            continue;
-        for (int k = 0; k < x->n_in; k++) {
-            int prod = producer_of(&x->in[k]);
-            if (prod >= 0)
-                uses[prod]++;
-        }
-    }
-    /* 2a. Epilogues: an activation that is the only reader of a linear's output is computed
-     * by the product itself (a post-op of the GEMM provider). Not for bf16 products: the
-     * provider's activation differs from the activation kernel by an f32 ulp now and then,
-     * and a product that reads the result rounds it to bf16, where one ulp can move a value
-     * to the next bf16 (FLUX.2 [klein]'s Qwen3 encoder in bf16 left strict eager at its
-     * 4th layer that way). The activation then joins the pointwise group that reads it
-     * (SwiGLU's mul), which writes what the next product reads, as strict eager does. */
-    for (int i = 0; can_fuse && i < n; i++) {
-        const df_gnode *l = nodes[i];
-        if (p->kind[i] != K_SINGLE || l->op != DF_OP_LINEAR || uses[i] != 1 ||
-            l->out.st->handles > 0 || rounds_to_bf16(l, 0, dev))
-            continue;
-        for (int j = i + 1; j < n; j++) {
-            const df_gnode *a = nodes[j];
-            bool reads = false;
-            for (int k = 0; k < a->n_in; k++)
-                reads = reads || producer_of(&a->in[k]) == i;
-            if (!reads)
-                continue;
-            if (p->kind[j] == K_SINGLE && activation_of(a->op) != DF_ACT_NONE &&
-                has_epilogue(dev, activation_of(a->op)) && identity_view(&a->in[0], l)) {
-                p->kind[j] = K_FOLDED;
-                p->fold[i] = j;
-            }
-            break;
-        }
-    }
-    /* 2a'. Gated residuals as epilogues of the products that feed them. */
-    if (can_fuse && df_dev_has(dev, DF_CAP_EPI_GATED_RESIDUAL))
-        plan_gated_residuals(nodes, n, p, uses);
-    /* 2b. Normalisation and RoPE in one pass. */
-    if (can_fuse && df_dev_has(dev, DF_CAP_OUT_STRIDED) &&
-        df_dev_has_op(dev, DF_OP_RMS_NORM_ROPE))
-        plan_norm_rope(nodes, n, p, uses);
-    /* 2c. Fusion: groups, their roots, their code. */
-    if (can_fuse)
-        find_groups(nodes, n, p, uses, parent, is_head, df_dev_has(dev, DF_CAP_FUSED_HEAD));
-    for (int i = n - 1; i >= 0; i--) /* parents come later, so their roots are known */
-        p->root_of[i] = parent[i] < 0 ? -1 : (p->root_of[parent[i]] >= 0 ? p->root_of[parent[i]] : parent[i]);
-    planner pl = {.nodes = nodes, .n = n, .root_of = p->root_of, .is_head = is_head};
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < pl->n; i++) {
         bool any = false;
-        for (int j = 0; j < i && !any && p->kind[i] != K_DEAD && p->root_of[i] < 0; j++)
-            any = p->root_of[j] == i;
+        for (int j = 0; j < i && !any && node[i].kind != K_DEAD && node[i].root_of < 0; j++)
+            any = node[j].root_of == i;
         if (!any)
             continue;
         lz_group *g = &p->groups[p->n_groups];
         *g = (lz_group){.root = i, .head = -1};
         for (int j = 0; j < i; j++)
-            if (p->root_of[j] == i && is_head[j])
+            if (node[j].root_of == i && pl->t[j].is_head)
                 g->head = j;
-        pl.overflow = false;
-        g->out_reg = gen(&pl, g, i);
-        if (pl.overflow) { /* too big for one kernel: its nodes run one by one */
+        pl->overflow = false;
+        g->out_reg = gen(pl, g, i);
+        if (pl->overflow) {
             for (int j = 0; j < i; j++)
-                if (p->root_of[j] == i)
-                    p->root_of[j] = -1;
+                if (node[j].root_of == i)
+                    node[j].root_of = -1;
             continue;
         }
-        p->kind[i] = K_ROOT;
-        p->group[i] = p->n_groups++;
+        node[i].kind = K_ROOT;
+        node[i].group = p->n_groups++;
         g->n_members = 1;
         for (int j = 0; j < i; j++)
-            if (p->root_of[j] == i) {
-                p->kind[j] = K_MEMBER;
+            if (node[j].root_of == i) {
+                node[j].kind = K_MEMBER;
                 g->n_members++;
             }
     }
-    /* 2d. Concats whose parts are written in place; bf16 results for bf16 products. */
-    plan_concat_in_place(nodes, n, p, uses, df_dev_has(dev, DF_CAP_OUT_STRIDED));
-    if (can_fuse)
-        plan_half_outputs(nodes, n, p, uses, dev);
-    /* 3. Memory: kernel order, last use, then first-fit offsets in one arena. An elided
-     * node's memory is live from the first kernel that writes into it. */
+}
+
+/* 3. Memory, the lifetimes: each kernel's position, and for each node the positions of the
+ * first kernel writing into it (an elided node is live from its first part's kernel) and
+ * of the last one reading it. */
+static void pass_lifetimes(planner *pl)
+{
+    const lz_node *node = pl->p->node;
+    pass_node *t = pl->t;
     int pos = 0;
-    for (int i = 0; i < n; i++)
-        if (p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT || p->kind[i] == K_ELIDED)
-            order[i] = pos++;
-    for (int i = 0; i < n; i++) {
-        if (p->kind[i] == K_MEMBER)
-            order[i] = order[p->root_of[i]];
-        if (p->fold[i] >= 0)
-            order[p->fold[i]] = order[i];
-        if (p->gate_mul[i] >= 0)
-            order[p->gate_mul[i]] = order[i];
-        last[i] = -1;
+    for (int i = 0; i < pl->n; i++)
+        if (node[i].kind == K_SINGLE || node[i].kind == K_ROOT || node[i].kind == K_ELIDED)
+            t[i].order = pos++;
+    for (int i = 0; i < pl->n; i++) {
+        if (node[i].kind == K_MEMBER)
+            t[i].order = t[node[i].root_of].order;
+        if (node[i].fold >= 0)
+            t[node[i].fold].order = t[i].order;
+        if (node[i].gate_mul >= 0)
+            t[node[i].gate_mul].order = t[i].order;
+        t[i].last = -1;
     }
-    for (int i = 0; i < n; i++) {
-        int into = p->alias_of[i] >= 0 ? p->alias_of[i] : p->rope_of[i];
-        if (into >= 0 && order[i] < first[into])
-            first[into] = order[i];
+    for (int i = 0; i < pl->n; i++) {
+        int into = node[i].alias_of >= 0 ? node[i].alias_of : node[i].rope_of;
+        if (into >= 0 && t[i].order < t[into].first)
+            t[into].first = t[i].order;
     }
-    for (int i = 0; i < n; i++) {
-        if (p->kind[i] == K_DEAD)
+    for (int i = 0; i < pl->n; i++) {
+        if (node[i].kind == K_DEAD)
             continue;
-        for (int k = 0; k < nodes[i]->n_in; k++) {
-            int prod = producer_of(&nodes[i]->in[k]);
-            if (prod >= 0 && order[i] > last[prod])
-                last[prod] = order[i];
+        for (int k = 0; k < pl->nodes[i]->n_in; k++) {
+            int prod = producer_of(&pl->nodes[i]->in[k]);
+            if (prod >= 0 && t[i].order > t[prod].last)
+                t[prod].last = t[i].order;
         }
     }
-    for (int i = 0; i < n; i++) /* a folded pair's memory is the activation's output */
-        if (p->fold[i] >= 0 && last[p->fold[i]] > last[i])
-            last[i] = last[p->fold[i]];
+    for (int i = 0; i < pl->n; i++) /* a folded pair's memory is the activation's output */
+        if (node[i].fold >= 0 && t[node[i].fold].last > t[i].last)
+            t[i].last = t[node[i].fold].last;
+}
+
+/* 3. Memory, the arena: every intermediate that is its own kernel's result (not seen by a
+ * handle, not written into another node) gets the first offset where no buffer of an
+ * overlapping lifetime lies. Without memory for that, every intermediate gets its own
+ * buffer (offset -1). */
+static void pass_arena(planner *pl)
+{
+    lz_program *p = pl->p;
+    lz_node *node = p->node;
     typedef struct { int64_t off, bytes; int begin, end; } placed;
-    placed *pls = df_malloc(n1 * sizeof *pls);
+    placed *pls = df_malloc(((size_t)pl->n + 1) * sizeof *pls);
+    if (!pls)
+        return;
     int np = 0;
-    for (int i = 0; pls && i < n; i++) {
-        const df_storage *out = nodes[p->fold[i] >= 0 ? p->fold[i] : i]->out.st;
-        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
-            out->handles > 0 || p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
+    for (int i = 0; i < pl->n; i++) {
+        const df_storage *out = pl->nodes[result_node(p, i)]->out.st;
+        if ((node[i].kind != K_SINGLE && node[i].kind != K_ROOT && node[i].kind != K_ELIDED) ||
+            out->handles > 0 || node[i].alias_of >= 0 || node[i].rope_of >= 0)
             continue;
-        int64_t bytes = p->half[result_node(p, i)] ? (int64_t)out->bytes / 2 : (int64_t)out->bytes;
+        int64_t bytes = node[result_node(p, i)].half ? (int64_t)out->bytes / 2 : (int64_t)out->bytes;
         bytes = (bytes + 63) / 64 * 64;
-        int begin = first[i] < order[i] ? first[i] : order[i];
-        int end = last[i] < order[i] ? order[i] : last[i];
+        const pass_node *t = &pl->t[i];
+        int begin = t->first < t->order ? t->first : t->order;
+        int end = t->last < t->order ? t->order : t->last;
         int64_t off = 0;
         for (bool moved = true; moved;) {
             moved = false;
@@ -692,23 +726,44 @@ lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *d
                 }
         }
         pls[np++] = (placed){off, bytes, begin, end};
-        p->offset[i] = off;
+        node[i].offset = off;
         if (off + bytes > p->arena_bytes)
             p->arena_bytes = off + bytes;
     }
-    if (!pls) { /* no plan: every intermediate gets its own buffer */
-        for (int i = 0; i < n; i++)
-            p->offset[i] = -1;
-        p->arena_bytes = 0;
-    }
     df_free(pls);
-done:
-    df_free(uses);
-    df_free(order);
-    df_free(last);
-    df_free(first);
-    df_free(parent);
-    df_free(is_head);
+}
+
+lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *dev)
+{
+    size_t n1 = (size_t)n + 1;
+    lz_program *p = df_calloc(1, sizeof *p);
+    planner pl = {.nodes = nodes, .n = n, .dev = dev, .can_fuse = df_dev_has(dev, DF_CAP_FUSED),
+                  .p = p, .t = df_calloc(n1, sizeof *pl.t)};
+    if (p) {
+        p->n = n;
+        p->node = df_calloc(n1, sizeof *p->node);
+        p->groups = df_calloc(n1, sizeof *p->groups);
+    }
+    if (!p || !pl.t || !p->node || !p->groups) {
+        df_graph_plan_free(p);
+        df_free(pl.t);
+        return NULL;
+    }
+    pass_liveness(&pl);
+    if (pl.can_fuse) {
+        pass_activation_epilogues(&pl);
+        if (df_dev_has(dev, DF_CAP_EPI_GATED_RESIDUAL))
+            plan_gated_residuals(&pl); /* 2a': x + gate * linear(h) */
+        if (df_dev_has(dev, DF_CAP_OUT_STRIDED) && df_dev_has_op(dev, DF_OP_RMS_NORM_ROPE))
+            plan_norm_rope(&pl); /* 2b */
+        pass_fuse(&pl);
+    }
+    plan_concat_in_place(&pl); /* 2d */
+    if (pl.can_fuse)
+        plan_half_outputs(&pl);
+    pass_lifetimes(&pl);
+    pass_arena(&pl);
+    df_free(pl.t);
     return p;
 }
 
@@ -716,19 +771,7 @@ void df_graph_plan_free(lz_program *p)
 {
     if (!p)
         return;
-    df_free(p->root_of);
-    df_free(p->fold);
-    df_free(p->gate_mul);
-    df_free(p->epi_slots);
-    df_free(p->alias_of);
-    df_free(p->alias_off);
-    df_free(p->alias_split);
-    df_free(p->rope_of);
-    df_free(p->rope_s0);
-    df_free(p->half);
-    df_free(p->kind);
-    df_free(p->group);
-    df_free(p->offset);
+    df_free(p->node);
     df_free(p->groups);
     df_free(p);
 }
@@ -742,7 +785,7 @@ int df_graph_plan_kernels(const lz_program *p)
 {
     int k = 0;
     for (int i = 0; i < p->n; i++)
-        k += p->kind[i] == K_SINGLE || p->kind[i] == K_ROOT;
+        k += p->node[i].kind == K_SINGLE || p->node[i].kind == K_ROOT;
     return k;
 }
 

@@ -14,6 +14,11 @@
  * same structure.
  */
 typedef struct lz_program lz_program;
+
+/* Appends node to a recorded graph (*nodes holds *n of *cap), numbering it and making it its
+ * output's producer. Returns false, changing nothing, when memory runs out. */
+bool df_graph_append(df_gnode ***nodes, int *n, int *cap, df_gnode *node);
+
 lz_program *df_graph_plan_make(df_gnode *const *nodes, int n, const df_device *dev);
 /* Allocates, then queues the kernels of nodes[0..n) as planned; takes the nodes. */
 df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_program *p);

@@ -21,26 +21,32 @@ typedef struct lz_group {
  * memory but no kernel. */
 enum { K_DEAD, K_SINGLE, K_MEMBER, K_ROOT, K_FOLDED, K_ELIDED };
 
+/* What a plan says about one node. */
+typedef struct lz_node {
+    uint8_t kind;       /* K_* */
+    uint8_t epi_slots;  /* LINEAR with a gated residual: the mul's gate slot (bit 0) and the
+                           add's residual slot (bit 1) */
+    bool half;          /* a result written in bf16, for the bf16 products reading it */
+    int group;          /* K_ROOT: its index in groups; -1 otherwise */
+    int root_of;        /* the root of the fused group it is part of, or -1 */
+    int fold;           /* LINEAR: the activation node folded into it, or the add of its gated
+                           residual epilogue; -1 when none */
+    int gate_mul;       /* LINEAR: the mul of its gated residual epilogue, or -1 */
+    int alias_of;       /* the elided concat its output is a part of, or -1 */
+    int alias_split;    /* ... 0 for a contiguous part; else the first of the node's own
+                           trailing dimensions that make up the part's columns */
+    int rope_of;        /* RMS_NORM: the elided rope it writes (rms_norm_rope), or -1 */
+    int64_t alias_off;  /* the part's byte offset in its concat (contiguous parts), or its
+                           first column (parts of the concat's rows) */
+    int64_t rope_s0;    /* RMS_NORM writing a rope: the first position of its part */
+    int64_t offset;     /* arena offset, -1 = own buffer or not materialised */
+} lz_node;
+
 struct lz_program {
     struct lz_program *next; /* the next plan of a cache */
     uint64_t key;            /* df_graph_key of the graph it was made for */
     int n;
-    uint8_t *kind;      /* per node */
-    int *group;         /* per node: index into groups for K_ROOT, -1 otherwise */
-    int *root_of;       /* per node: the root of the fused group it is part of, or -1 */
-    int *fold;          /* per LINEAR node: the activation node folded into it, or the add of
-                           its gated residual epilogue; -1 when none */
-    int *gate_mul;      /* per LINEAR node: the mul of its gated residual epilogue, or -1 */
-    uint8_t *epi_slots; /* ... the mul's gate slot (bit 0) and the add's residual slot (bit 1) */
-    int *alias_of;      /* per node: the elided concat its output is a part of, or -1 */
-    int64_t *alias_off; /* ... the part's byte offset in it (contiguous parts), or its
-                           first column (parts of the concat's rows) */
-    int *alias_split;   /* ... 0 for a contiguous part; else the first of the node's own
-                           trailing dimensions that make up the part's columns */
-    int *rope_of;       /* per RMS_NORM node: the elided rope it writes (rms_norm_rope), or -1 */
-    int64_t *rope_s0;   /* ... and the first position of its part */
-    bool *half;         /* per result node: written in bf16, for the bf16 products reading it */
-    int64_t *offset;    /* per node: arena offset, -1 = own buffer or not materialised */
+    lz_node *node;           /* per node of the graph */
     int64_t arena_bytes;
     lz_group *groups;
     int n_groups;
@@ -61,7 +67,7 @@ static inline int activation_of(df_op op)
 /* The node whose storage holds node i's result: the activation folded into a product. */
 static inline int result_node(const lz_program *p, int i)
 {
-    return p->fold[i] >= 0 ? p->fold[i] : i;
+    return p->node[i].fold >= 0 ? p->node[i].fold : i;
 }
 
 #endif

@@ -75,7 +75,7 @@ static df_status drop_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p,
 {
     df_dev_sync(ctx->dev, ctx->stream); /* work already queued may still read them */
     for (int i = 0; i <= g->root; i++)
-        if (i == g->root || p->root_of[i] == g->root) {
+        if (i == g->root || p->node[i].root_of == g->root) {
             df_node_free(nodes[i]);
             nodes[i] = NULL;
         }
@@ -133,7 +133,7 @@ static df_status submit_group(df_ctx *ctx, df_gnode **nodes, const lz_program *p
         f->head_eps = h->a.eps;
     }
     for (int i = 0; i <= g->root; i++)
-        if (i == g->root || p->root_of[i] == g->root)
+        if (i == g->root || p->node[i].root_of == g->root)
             o->nodes[o->n++] = nodes[i];
     s = df_launch_timed(ctx, DF_OP_COUNT, launch_fused, f);
     df_free(f);
@@ -202,33 +202,33 @@ df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_progra
     for (int j = 0; j < n; j++)
         for (int k = 0; k < nodes[j]->n_in; k++) {
             int q = producer_of(&nodes[j]->in[k]);
-            if (q >= 0 && p->half[q])
+            if (q >= 0 && p->node[q].half)
                 nodes[j]->in[k].dtype = DF_DTYPE_BF16;
         }
     for (int i = 0; i < n; i++) {
-        if (p->alias_of[i] >= 0 && p->half[p->alias_of[i]]) {
+        if (p->node[i].alias_of >= 0 && p->node[p->node[i].alias_of].half) {
             nodes[result_node(p, i)]->out.dtype = DF_DTYPE_BF16;
             nodes[result_node(p, i)]->out.st->bytes /= 2;
         }
-        if (p->half[i]) {
+        if (p->node[i].half) {
             nodes[i]->out.dtype = DF_DTYPE_BF16;
             nodes[i]->out.st->bytes /= 2;
         }
     }
     /* Folded activations: the product writes the activation's output and applies it. */
     for (int i = 0; i < n; i++) {
-        int j = p->fold[i];
+        int j = p->node[i].fold;
         if (j < 0)
             continue;
         df_storage *own = nodes[i]->out.st;
         nodes[i]->out = nodes[j]->out;
         df_storage_retain(nodes[i]->out.st);
         nodes[i]->a.act = activation_of(nodes[j]->op);
-        int m = p->gate_mul[i];
+        int m = p->node[i].gate_mul;
         if (m >= 0) { /* the gate row from the mul, the residual from the add */
             df_gnode *x = nodes[i];
-            x->in[3] = nodes[m]->in[p->epi_slots[i] & 1];
-            x->in[4] = nodes[j]->in[p->epi_slots[i] >> 1 & 1];
+            x->in[3] = nodes[m]->in[p->node[i].epi_slots & 1];
+            x->in[4] = nodes[j]->in[p->node[i].epi_slots >> 1 & 1];
             df_storage_retain(x->in[3].st);
             df_storage_retain(x->in[4].st);
             x->n_in = 5;
@@ -245,32 +245,32 @@ df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_progra
     /* Memory for every materialised output, then for the parts written in place, then the
      * kernels in order. */
     for (int i = 0; s == DF_OK && i < n; i++) {
-        if ((p->kind[i] != K_SINGLE && p->kind[i] != K_ROOT && p->kind[i] != K_ELIDED) ||
-            p->alias_of[i] >= 0 || p->rope_of[i] >= 0)
+        if ((p->node[i].kind != K_SINGLE && p->node[i].kind != K_ROOT && p->node[i].kind != K_ELIDED) ||
+            p->node[i].alias_of >= 0 || p->node[i].rope_of >= 0)
             continue;
         df_storage *st = nodes[i]->out.st;
-        if (p->offset[i] >= 0) {
+        if (p->node[i].offset >= 0) {
             st->buf = arena->buf;
-            st->offset = arena->offset + (uint64_t)p->offset[i];
+            st->offset = arena->offset + (uint64_t)p->node[i].offset;
             st->external = true; /* the arena owns the memory */
         } else {
             s = df_storage_materialize(st);
         }
     }
     for (int i = 0; s == DF_OK && i < n; i++) {
-        if (p->alias_of[i] >= 0 && p->alias_split[i] > 0) {
-            write_columns(nodes[i], &nodes[p->alias_of[i]]->out, p->alias_off[i],
-                          p->alias_split[i]);
-        } else if (p->alias_of[i] >= 0) {
-            df_storage *st = nodes[i]->out.st, *base = nodes[p->alias_of[i]]->out.st;
+        if (p->node[i].alias_of >= 0 && p->node[i].alias_split > 0) {
+            write_columns(nodes[i], &nodes[p->node[i].alias_of]->out, p->node[i].alias_off,
+                          p->node[i].alias_split);
+        } else if (p->node[i].alias_of >= 0) {
+            df_storage *st = nodes[i]->out.st, *base = nodes[p->node[i].alias_of]->out.st;
             st->buf = base->buf;
-            st->offset = base->offset + (uint64_t)(p->half[p->alias_of[i]] ? p->alias_off[i] / 2
-                                                                             : p->alias_off[i]);
+            st->offset = base->offset + (uint64_t)(p->node[p->node[i].alias_of].half ? p->node[i].alias_off / 2
+                                                                             : p->node[i].alias_off);
             st->external = true;
             st->base = base; /* kept until this part is freed, whoever drops the concat */
             df_storage_retain(base);
-        } else if (p->rope_of[i] >= 0) {
-            write_rotated(nodes[i], nodes[p->rope_of[i]], p->rope_s0[i]);
+        } else if (p->node[i].rope_of >= 0) {
+            write_rotated(nodes[i], nodes[p->node[i].rope_of], p->node[i].rope_s0);
         }
     }
     for (int i = 0; i < n; i++)
@@ -279,14 +279,14 @@ df_status df_graph_execute(df_ctx *ctx, df_gnode **nodes, int n, const lz_progra
     for (int i = 0; i < n; i++) {
         if (!nodes[i])
             continue; /* folded into its product */
-        if (s != DF_OK || p->kind[i] == K_DEAD || p->kind[i] == K_ELIDED) {
+        if (s != DF_OK || p->node[i].kind == K_DEAD || p->node[i].kind == K_ELIDED) {
             df_node_free(nodes[i]); /* never run: nothing reads it, or others write it */
             continue;
         }
-        if (p->kind[i] == K_SINGLE)
+        if (p->node[i].kind == K_SINGLE)
             s = df_eager_submit(ctx, nodes[i]);
-        else if (p->kind[i] == K_ROOT)
-            s = submit_group(ctx, nodes, p, &p->groups[p->group[i]]);
+        else if (p->node[i].kind == K_ROOT)
+            s = submit_group(ctx, nodes, p, &p->groups[p->node[i].group]);
         /* K_MEMBER nodes are owned by their group's kernel */
     }
     return s;

@@ -72,20 +72,11 @@ static df_status lazy_submit(df_ctx *ctx, df_gnode *node)
             return s;
         }
     }
-    if (z->n == z->cap) {
-        int cap = z->cap ? 2 * z->cap : 256;
-        df_gnode **nn = df_realloc(z->nodes, (size_t)cap * sizeof *nn);
-        if (!nn) {
-            const char *op = df_op_name(node->op);
-            df_node_free(node);
-            return df_errorf(DF_E_OOM, "out of memory recording op '%s'", op);
-        }
-        z->nodes = nn;
-        z->cap = cap;
+    if (!df_graph_append(&z->nodes, &z->n, &z->cap, node)) {
+        const char *op = df_op_name(node->op);
+        df_node_free(node);
+        return df_errorf(DF_E_OOM, "out of memory recording op '%s'", op);
     }
-    node->id = z->n;
-    node->out.st->producer = node;
-    z->nodes[z->n++] = node;
     return DF_OK;
 }
 

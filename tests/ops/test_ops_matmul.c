@@ -6,7 +6,12 @@
  * rounded first), in each execution mode the context supports and in both compute dtypes:
  * f32 compute must agree to a relative L2 error of 1e-5, bf16 compute to 1e-2. The
  * cases include tiny and odd sizes, sizes that are not multiples of the kernels' blocks,
- * broadcasting and non-contiguous views. One test checks that a weight is packed once.
+ * broadcasting and non-contiguous views. One test checks that a weight is packed once
+ * (on devices that run the CPU's kernels: cpu and sim).
+ *
+ * The device is the library's default, or the one $DIFFUSE_DEVICE names (ctest runs this
+ * program on cpu, on sim and on vulkan:0). The program prints which device it ran on and
+ * fails when a device other than the CPU dispatched no kernel: the products ran there.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,6 +20,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +35,10 @@ static const df_dtype computes[] = {DF_DTYPE_F32, DF_DTYPE_BF16};
 #define N_MODES    2
 #define N_COMPUTES 2
 
+/* The device the contexts opened, and the kernels dispatched there (ctx_done adds them). */
+static char device[64];
+static int64_t dispatched;
+
 /* A context in `mode`, or NULL when this build does not offer the mode yet. */
 static df_ctx *ctx_for(int mode, df_dtype compute)
 {
@@ -41,7 +51,24 @@ static df_ctx *ctx_for(int mode, df_dtype compute)
         return NULL;
     }
     assert_int_equal(s, DF_OK);
+    snprintf(device, sizeof device, "%s", df_ctx_device_name(ctx));
     return ctx;
+}
+
+static void ctx_done(df_ctx *ctx)
+{
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    dispatched += st.device_dispatches;
+    df_ctx_free(ctx);
+}
+
+/* Whether the context runs the CPU's kernels (cpu, and sim, which runs them on its own
+ * memory), so the CPU GEMM's counters move. */
+static bool cpu_kernels(const df_ctx *ctx)
+{
+    const char *name = df_ctx_device_name(ctx);
+    return strncmp(name, "cpu", 3) == 0 || strncmp(name, "sim", 3) == 0;
 }
 
 /* --- data ------------------------------------------------------------------------------- */
@@ -197,7 +224,7 @@ static void test_linear(void **state)
             for (size_t i = 0; i < sizeof linear_cases / sizeof *linear_cases; i++)
                 for (int persist = 0; persist < 2; persist++)
                     run_linear(ctx, computes[ci], &linear_cases[i], persist, mode_names[mode]);
-            df_ctx_free(ctx);
+            ctx_done(ctx);
         }
 }
 
@@ -206,6 +233,12 @@ static void test_weight_is_packed_once(void **state)
     (void)state;
     for (int ci = 0; ci < N_COMPUTES; ci++) {
         df_ctx *ctx = ctx_for(0, computes[ci]);
+        if (!cpu_kernels(ctx)) { /* the count is the CPU GEMM's */
+            printf("test_weight_is_packed_once: not run on %s (it counts the CPU GEMM's "
+                   "packs)\n", df_ctx_device_name(ctx));
+            ctx_done(ctx);
+            return;
+        }
         int64_t M = 37, K = 96, N = 80;
         double *x = random_values(M * K), *w = random_values(N * K), *b = random_values(N);
         df_tensor *tx = tensor_of(ctx, DF_DTYPE_F32, DF_SHAPE(M, K), x);
@@ -230,7 +263,7 @@ static void test_weight_is_packed_once(void **state)
         assert_int_equal(df_gemm_pack_count(), after_first);
         df_tensor_free(tw);
         df_tensor_free(tb);
-        df_ctx_free(ctx);
+        ctx_done(ctx);
         free(x), free(w), free(b);
     }
 }
@@ -312,7 +345,7 @@ static void test_matmul(void **state)
                 continue;
             for (size_t i = 0; i < sizeof matmul_cases / sizeof *matmul_cases; i++)
                 run_matmul(ctx, computes[ci], &matmul_cases[i], mode_names[mode]);
-            df_ctx_free(ctx);
+            ctx_done(ctx);
         }
 }
 
@@ -464,7 +497,7 @@ static void test_attention(void **state)
                 run_attention(ctx, computes[ci], &attn_cases[i], mode_names[mode]);
                 df_scope_end(ctx, mark, NULL);
             }
-            df_ctx_free(ctx);
+            ctx_done(ctx);
         }
 }
 
@@ -549,16 +582,31 @@ static void test_conv2d(void **state)
                     run_conv(ctx, computes[ci], &conv_cases[i], persist, mode_names[mode]);
                     df_scope_end(ctx, mark, NULL);
                 }
-            df_ctx_free(ctx);
+            ctx_done(ctx);
         }
 }
 
 int main(void)
 {
+    df_ctx *probe = NULL;
+    const char *want = getenv("DIFFUSE_DEVICE");
+    if (df_ctx_create(&(df_ctx_opts){.threads = 2}, &probe) != DF_OK) {
+        printf("test_ops_matmul: the default device does not open: %s\n", df_error_message());
+        return want && *want && strncmp(want, "cpu", 3) != 0 ? 77 : 1; /* no driver: skipped */
+    }
+    df_ctx_free(probe);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear), cmocka_unit_test(test_weight_is_packed_once),
         cmocka_unit_test(test_matmul), cmocka_unit_test(test_attention),
         cmocka_unit_test(test_conv2d),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    printf("test_ops_matmul: ran on %s, %lld kernels dispatched there\n", device,
+           (long long)dispatched);
+    if (strncmp(device, "cpu", 3) != 0 && dispatched <= 0) {
+        printf("test_ops_matmul: FAIL %s dispatched nothing: the products did not run there\n",
+               device);
+        failed++;
+    }
+    return failed;
 }

@@ -11,7 +11,8 @@
  * - the checkpoint's dtype is the transformer's (a bf16 `make-tiny` folder, the f32 golden
  *   one, a folder without a transformer);
  * - a pipeline loaded with auto_dtype runs in the choice for fake rates and says why; an
- *   explicit dtype is "asked for";
+ *   explicit dtype is "asked for"; on the sim device it is the sim's rates that decide
+ *   (DIFFUSE_SIM_MATMUL_RATES), not the host CPU's;
  * - under tensor parallelism every rank takes rank 0's choice, even where its own cached
  *   rates would pick the other dtype.
  */
@@ -280,6 +281,25 @@ static void test_pipelines_run_in_the_choice(void **state)
     unsetenv("DIFFUSE_MATMUL_RATES");
 }
 
+/* On the sim device --dtype auto reads the sim's rates, not the host CPU's: the CPU's fake
+ * rates say bf16 is slower, the sim's that it is 4x faster. */
+static void test_pipelines_on_another_device_read_its_rates(void **state)
+{
+    (void)state;
+    const char *bf16 = tiny("sd3", "bf16");
+    setenv("DIFFUSE_MATMUL_RATES", "f32=231,bf16=145", 1);
+    setenv("DIFFUSE_SIM_MATMUL_RATES", "f32=100,bf16=400", 1);
+    expect_load(bf16, &(df_load_opts){.threads = 1, .auto_dtype = true, .device = "sim"},
+                DF_DTYPE_BF16, "4.00x faster here (400 against 100 GFLOP/s; given by "
+                "DIFFUSE_SIM_MATMUL_RATES)");
+    expect_load(bf16, &(df_load_opts){.threads = 1, .auto_dtype = true, .device = "cpu"},
+                DF_DTYPE_F32, "145 against f32's 231");
+    unsetenv("DIFFUSE_SIM_MATMUL_RATES");
+    expect_load(bf16, &(df_load_opts){.threads = 1, .auto_dtype = true, .device = "sim"},
+                DF_DTYPE_F32, "does not say");
+    unsetenv("DIFFUSE_MATMUL_RATES");
+}
+
 typedef struct rank_job {
     df_comm *comm;
     const char *dir;
@@ -368,6 +388,7 @@ int main(void)
 #ifdef DF_DIFFUSE_BIN
         cmocka_unit_test(test_checkpoint_dtype_is_the_transformers),
         cmocka_unit_test(test_pipelines_run_in_the_choice),
+        cmocka_unit_test(test_pipelines_on_another_device_read_its_rates),
         cmocka_unit_test(test_tensor_parallel_ranks_take_rank0s_choice),
 #endif
     };

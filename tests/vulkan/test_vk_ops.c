@@ -289,7 +289,7 @@ static void elementwise_rows(void)
         df_view in[2] = {xt, bb};
         df_node n = node(ops[i], 2, in, output(DF_DTYPE_F32, SHAPE(7, 5, 3)));
         char name[64];
-        snprintf(name, sizeof name, "%s strided x broadcast bf16", df_op_name(ops[i]));
+        snprintf(name, sizeof name, "%s strided x broadcast bf16", df_vocab_op_name(ops[i]));
         run(&(row){name, 0, 1e-7}, &n);
     }
     const df_op un[] = {DF_OP_SCALE, DF_OP_SILU, DF_OP_GELU, DF_OP_GELU_TANH, DF_OP_QUICK_GELU};
@@ -298,7 +298,7 @@ static void elementwise_rows(void)
         df_node n = node(un[i], 1, &big, output(DF_DTYPE_F32, SHAPE(4, 1031)));
         n.a.alpha = 1.5;
         n.a.beta = -0.25;
-        run(&(row){df_op_name(un[i]), 1e-6, 2e-6}, &n);
+        run(&(row){df_vocab_op_name(un[i]), 1e-6, 2e-6}, &n);
     }
 }
 

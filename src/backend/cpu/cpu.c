@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -78,82 +77,13 @@ struct df_dev_stream {
     _Atomic int64_t waited_ns; /* time the worker spent in waits on other streams */
 };
 
-/* ---- buffers and derived forms ------------------------------------------------------- */
-
-void df_cpu_buffer_init(df_dev_buffer *b, void *ptr, uint64_t bytes)
-{
-    *b = (df_dev_buffer){.ptr = ptr, .bytes = bytes, .wrapped = true};
-}
-
-df_derived *df_cpu_find_derived(df_dev_buffer *b, int64_t key)
-{
-    for (df_derived *d = b->derived; d; d = d->next)
-        if (d->key == key)
-            return d;
-    return NULL;
-}
-
-void df_cpu_add_derived(df_dev_buffer *b, df_derived *d)
-{
-    d->next = b->derived;
-    b->derived = d;
-}
-
-void df_cpu_drop_derived(df_dev_buffer *b)
-{
-    for (df_derived *d = b->derived, *next; d; d = next) {
-        next = d->next;
-        if (d->free)
-            d->free(d->data);
-        df_free(d);
-    }
-    b->derived = NULL;
-}
-
-void df_cpu_drop_pages(const df_view *v, const void *p, size_t n)
-{
-    if (!(v->flags & DF_VIEW_FILE_PAGES) || !p || n == 0)
-        return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (uintptr_t)p / page * page;
-    uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
-    madvise((void *)begin, end - begin, MADV_DONTNEED); /* advice: failure changes nothing */
-}
-
-void *df_env_scratch(df_kernel_env *env, size_t bytes)
-{
-    if (bytes <= env->scratch_bytes)
-        return env->scratch;
-    df_aligned_free(env->scratch);
-    env->scratch = df_aligned_alloc(bytes);
-    env->scratch_bytes = env->scratch ? bytes : 0;
-    return env->scratch;
-}
-
-int64_t df_view_numel(const df_view *v)
-{
-    int64_t n = 1;
-    for (int d = 0; d < v->ndim; d++)
-        n *= v->shape[d];
-    return n;
-}
-
-bool df_view_is_dense(const df_view *v)
-{
-    int64_t expect = 1;
-    for (int d = v->ndim - 1; d >= 0; d--) {
-        if (v->shape[d] != 1 && v->stride[d] != expect)
-            return false;
-        expect *= v->shape[d];
-    }
-    return true;
-}
+/* ---- running a node (the sim backend runs its kernels the same way) -------------------- */
 
 df_status df_cpu_run_node(const df_node *n, df_kernel_env *env)
 {
     df_kernel_fn k = (unsigned)n->op < DF_OP_COUNT ? df_cpu_kernels[n->op] : NULL;
     if (!k)
-        return df_errorf(DF_E_UNSUPPORTED, "op '%s' has no cpu kernel", df_op_name(n->op));
+        return df_errorf(DF_E_UNSUPPORTED, "op '%s' has no cpu kernel", df_vocab_op_name(n->op));
     return k(n, env);
 }
 
@@ -288,7 +218,7 @@ static df_status run_item(df_dev_stream *s, item *it)
     switch (it->kind) {
     case IT_KERNEL: {
         df_status st = df_cpu_run_node(&it->u.node, &s->env);
-        return st == DF_OK ? st : df_error_context(st, "op '%s'", df_op_name(it->u.node.op));
+        return st == DF_OK ? st : df_error_context(st, "op '%s'", df_vocab_op_name(it->u.node.op));
     }
     case IT_FUSED: {
         df_status st = df_cpu_fused(it->u.fused, &s->env);

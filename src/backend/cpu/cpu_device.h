@@ -62,7 +62,6 @@ static inline void *df_view_ptr(const df_view *v)
 }
 int64_t df_view_numel(const df_view *v);
 bool df_view_is_dense(const df_view *v);
-const char *df_op_name(df_op op);
 
 /* Runs node n's kernel with env (the CPU stream does this; so does the sim backend's). */
 df_status df_cpu_run_node(const df_node *n, df_kernel_env *env);

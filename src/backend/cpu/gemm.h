@@ -116,6 +116,9 @@ df_dtype df_gemm_compute_dtype(int requested);
  * oneDNN has none), measured once and cached by CPU, ISA, oneDNN version and threads
  * (matmul_rates.c); `how` says where they come from. DIFFUSE_MATMUL_RATES overrides. */
 df_status df_cpu_matmul_rates(int threads, double *f32, double *bf16, char *how, size_t cap);
+/* Rates given as text, "f32=470,bf16=961" (either order, bf16 may be 0), by the environment
+ * variable `var` (named in the DF_E_ARG message when malformed). */
+df_status df_matmul_rates_parse(const char *var, const char *text, double *f32, double *bf16);
 
 /* f32 -> bf16, round to nearest even, vectorised, on the calling thread alone. */
 void df_gemm_f32_to_bf16(const float *src, uint16_t *dst, int64_t n);

@@ -626,7 +626,7 @@ DF_CPU_KERNEL(unary)
     };
     arg.f = (unsigned)n->op < DF_OP_COUNT ? df_cpu_unary_fns[n->op] : NULL;
     if (!arg.f)
-        return df_errorf(DF_E_INTERNAL, "cpu: op '%s' is not a unary op", df_op_name(n->op));
+        return df_errorf(DF_E_INTERNAL, "cpu: op '%s' is not a unary op", df_vocab_op_name(n->op));
     walk w;
     walk_init(&w, 2, (const df_view *const[]){out, &n->in[0]}, out->ndim, out->shape);
     walk_run(&w, df_cpu_threads(env), unary_segment, &arg);

@@ -114,7 +114,7 @@ static df_status known_opcodes(const df_fused *f)
             return df_errorf(DF_E_UNSUPPORTED,
                              "cpu fused kernel: instruction %d has opcode %d ('%s'), which the "
                              "CPU does not run in a fused program", k, op,
-                             op < DF_OP_COUNT ? df_op_name((df_op)op) : "?");
+                             op < DF_OP_COUNT ? df_vocab_op_name((df_op)op) : "?");
     }
     return DF_OK;
 }

@@ -84,7 +84,7 @@ static df_status norm_setup(const df_node *n, df_kernel_env *env, int64_t d, siz
         scratch = df_env_scratch(env, need * sizeof(float));
         if (!scratch)
             return df_errorf(DF_E_OOM, "cpu %s: out of memory for %zu bytes of scratch",
-                             df_op_name(n->op), need * sizeof(float));
+                             df_vocab_op_name(n->op), need * sizeof(float));
     }
     io->extra = extra ? (double *)scratch : NULL;
     scratch += round_up(2 * extra);

@@ -39,8 +39,7 @@
 #define PROBE_REPS  5
 #define CACHE_MAGIC "diffuse matmul rates 1"
 
-/* "f32=470,bf16=961" (either order, bf16 may be 0). */
-static df_status parse_env(const char *v, double *f32, double *bf16)
+df_status df_matmul_rates_parse(const char *var, const char *v, double *f32, double *bf16)
 {
     double r[2] = {-1, -1};
     const char *p = v;
@@ -62,9 +61,9 @@ static df_status parse_env(const char *v, double *f32, double *bf16)
     }
     if (*p || r[0] <= 0 || r[1] < 0)
         return df_errorf(DF_E_ARG,
-                         "DIFFUSE_MATMUL_RATES='%.64s': expected "
+                         "%s='%.64s': expected "
                          "\"f32=GFLOPS,bf16=GFLOPS\" with a positive f32 rate (bf16 may be 0)",
-                         v);
+                         var, v);
     *f32 = r[0];
     *bf16 = r[1];
     return DF_OK;
@@ -181,7 +180,7 @@ df_status df_cpu_matmul_rates(int threads, double *f32, double *bf16, char *how,
     *f32 = *bf16 = 0;
     const char *env = getenv("DIFFUSE_MATMUL_RATES");
     if (env && *env) {
-        DF_TRY(parse_env(env, f32, bf16));
+        DF_TRY(df_matmul_rates_parse("DIFFUSE_MATMUL_RATES", env, f32, bf16));
         snprintf(how, cap, "given by DIFFUSE_MATMUL_RATES");
         return DF_OK;
     }

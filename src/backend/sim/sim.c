@@ -16,6 +16,11 @@
  *
  * It has every capability of the CPU except host memory: no buffer_wrap_host, no
  * buffer_host_ptr, so weights are uploaded and results downloaded through copies.
+ * DIFFUSE_SIM_CAPS="-int8,-prepacked-weights" takes capabilities away (the words of
+ * df_device_caps_string), so a test can show that the runtime asks the device, not the
+ * host, what it can do. Its matrix product rates (matmul_rates, read by --dtype auto) are
+ * fake ones given by DIFFUSE_SIM_MATMUL_RATES="f32=GFLOPS,bf16=GFLOPS"; without them it does
+ * not say.
  *
  * Recorded graphs (capture_begin ... graph_launch): a capture keeps the launches, fused
  * launches and device-to-device copies of its stream, with the sim's handles, and a replay
@@ -177,6 +182,35 @@ static int sim_device_count(void)
     return 2; /* two devices, for tests of device indices and of tensor parallelism */
 }
 
+static const struct {
+    const char *word;
+    uint32_t bit;
+} cap_words[] = {
+#define DF_CAP(name, bit, word, doc) {word, DF_CAP_##name},
+#include "backend/ops.def"
+#undef DF_CAP
+};
+
+/* caps less the words DIFFUSE_SIM_CAPS takes away ("-int8,-fused"). */
+static df_status sim_caps(uint32_t caps, uint32_t *out)
+{
+    const char *env = getenv("DIFFUSE_SIM_CAPS");
+    for (const char *p = env ? env : ""; *p;) {
+        size_t n = strcspn(p, ",");
+        uint32_t bit = 0;
+        for (size_t w = 0; w < sizeof cap_words / sizeof *cap_words && *p == '-' && !bit; w++)
+            if (strlen(cap_words[w].word) == n - 1 && strncmp(cap_words[w].word, p + 1, n - 1) == 0)
+                bit = cap_words[w].bit;
+        if (!bit)
+            return df_errorf(DF_E_ARG, "DIFFUSE_SIM_CAPS='%.64s': '%.*s' is not -WORD with WORD "
+                             "a capability (diffuse devices --all names them)", env, (int)n, p);
+        caps &= ~bit;
+        p += n + (p[n] == ',');
+    }
+    *out = caps;
+    return DF_OK;
+}
+
 static df_status sim_device_info(int index, df_device_info *out)
 {
     df_device_info cpu;
@@ -185,7 +219,7 @@ static df_status sim_device_info(int index, df_device_info *out)
     snprintf(out->name, sizeof out->name, "simulated device %d (memory the host cannot "
              "address)", index);
     out->kind = DF_DEVICE_KIND_SIM;
-    out->caps = cpu.caps & ~(uint32_t)DF_CAP_HOST_MEMORY;
+    DF_TRY(sim_caps(cpu.caps & ~(uint32_t)DF_CAP_HOST_MEMORY, &out->caps));
     out->priority = -100; /* never chosen unless named */
     return DF_OK;
 }
@@ -593,6 +627,18 @@ static df_dtype sim_matmul_dtype(void *impl, df_dtype requested)
     return df_gemm_compute_dtype(requested);
 }
 
+static df_status sim_matmul_rates(void *impl, double *f32, double *bf16, char *how, size_t cap)
+{
+    (void)impl;
+    const char *env = getenv("DIFFUSE_SIM_MATMUL_RATES");
+    if (!env || !*env)
+        return df_errorf(DF_E_UNSUPPORTED, "sim: the device does not say how fast its matrix "
+                         "products are (DIFFUSE_SIM_MATMUL_RATES gives it rates)");
+    DF_TRY(df_matmul_rates_parse("DIFFUSE_SIM_MATMUL_RATES", env, f32, bf16));
+    snprintf(how, cap, "given by DIFFUSE_SIM_MATMUL_RATES");
+    return DF_OK;
+}
+
 /* ---- collectives: the CPU's, on the sim's memory ---------------------------------------- */
 
 struct df_dev_comm {
@@ -659,6 +705,7 @@ static const df_device_ops sim_ops = {
     .stream_throttle   = sim_throttle,
     .supports          = sim_supports,
     .matmul_dtype      = sim_matmul_dtype,
+    .matmul_rates      = sim_matmul_rates,
     .comm_create       = sim_comm_create,
     .comm_free         = sim_comm_free,
     .collective        = sim_collective,

@@ -21,10 +21,7 @@
 
 static int64_t numel(const df_view *v)
 {
-    int64_t n = 1;
-    for (int d = 0; d < v->ndim; d++)
-        n *= v->shape[d];
-    return n;
+    return df_shape_numel(v->ndim, v->shape);
 }
 
 dvk_range dvk_view_range(const dvk_env *e, const df_view *v)

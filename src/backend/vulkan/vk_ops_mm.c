@@ -225,6 +225,33 @@ typedef struct attn_params {
     float scale, pad;
 } attn_params;
 
+/*
+ * What a CPU implementation of Vulkan (lavapipe) can run of attn.comp. llvmpipe ends an
+ * invocation's loops after 65535 iterations in all, without an error, so a longer row would
+ * come out wrong; each key costs the shader two iterations (its loops over the head dims
+ * are unrolled) and each block of 32 keys about four more. And llvmpipe takes minutes to
+ * compile the unrolled loops for head dims over 128.
+ */
+static df_status attention_fits_cpu_driver(const dvk_device *d, const attn_params *p,
+                                           uint32_t maxd)
+{
+    if (d->info.type != VK_PHYSICAL_DEVICE_TYPE_CPU)
+        return DF_OK;
+    int64_t iterations = 2 * p->Sk + 4 * ((p->Sk + 31) / 32) + 64;
+    if (iterations > 65535)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "vulkan attention: %lld keys on '%s', a CPU implementation whose "
+                         "shader loops stop after 65535 iterations (at most about 30000 keys "
+                         "there; --device cpu runs it)",
+                         (long long)p->Sk, d->info.name);
+    if (maxd > 128)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "vulkan attention: head dims %lld / %lld on '%s', a CPU "
+                         "implementation (at most 128 there; --device cpu runs it)",
+                         (long long)p->D, (long long)p->Dv, d->info.name);
+    return DF_OK;
+}
+
 df_status dvk_run_attention(const dvk_env *e, const df_node *n)
 {
     const df_view *q = &n->in[0], *k = &n->in[1], *v = &n->in[2], *o = &n->out;
@@ -275,6 +302,7 @@ df_status dvk_run_attention(const dvk_env *e, const df_node *n)
     uint32_t maxd = 16;
     while (maxd < (uint32_t)p.D || maxd < (uint32_t)p.Dv)
         maxd *= 2;
+    DF_TRY(attention_fits_cpu_driver(e->d, &p, maxd));
     uint32_t spec[2] = {bf16, maxd};
     return dvk_dispatch(e->d, dvk_shader_find("attn"), spec, 2, &p, sizeof p,
                         (uint32_t)((p.Sq + 63) / 64), (uint32_t)p.H, (uint32_t)p.B);

@@ -10,10 +10,16 @@
  * are the probabilities and v (the CPU's bf16 products); the probabilities are rounded per
  * block relative to the running max. MAXD (a specialisation constant, at least D and Dv)
  * sizes the private q row and accumulator; the loops over them run to MAXD, skipping the
- * dims past D (Dv), so that they unroll and the rows stay in registers (on lavapipe a loop
- * to D kept them in memory: te-t5's attention about 15% slower).
+ * dims past D (Dv), and are unrolled ([[unroll]]) so that the rows stay in registers (on
+ * lavapipe a loop to D kept them in memory: te-t5's attention about 15% slower). The unroll
+ * is also what keeps the row correct on lavapipe: llvmpipe ends any invocation's loops after
+ * 65535 iterations in all, silently, and without it NIR left the loops over MAXD >= 64 rolled,
+ * so a row of D = 64 stopped after about 486 keys (the rest of its output never written).
+ * Unrolled, each key costs two loop iterations, and the host refuses more keys than fit
+ * (dvk_run_attention) on a CPU implementation.
  */
 #include "common.glsl"
+#extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const int BF16 = 0;
@@ -41,7 +47,7 @@ void main()
     int ks3 = int(p.ks[3]), vs3 = int(p.vs[3]); /* the host checks they fit 32 bits */
     float qrow[MAXD], acc[MAXD];
     int64_t qo = b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
-    for (int d = 0; d < MAXD; d++) {
+    [[unroll]] for (int d = 0; d < MAXD; d++) {
         float x = d < D ? load_f(p.q, qt, qo + d * p.qs[3]) : 0.0;
         qrow[d] = BF16 != 0 ? round_bf16(x) : x;
         acc[d] = 0.0;
@@ -58,7 +64,7 @@ void main()
         for (int jj = 0; jj < nk; jj++) {
             uint64_t krow = elem_addr(p.k, kt, kb + (j0 + jj) * p.ks[2]);
             float dot = 0.0;
-            for (int d = 0; d < MAXD; d++) {
+            [[unroll]] for (int d = 0; d < MAXD; d++) {
                 if (d < D) {
                     float kv = load_fi(krow, kt, d * ks3);
                     dot = fma(qrow[d], BF16 != 0 ? round_bf16(kv) : kv, dot);
@@ -82,12 +88,12 @@ void main()
         }
         l = l * alpha + sum;
         m = m_new;
-        for (int d = 0; d < MAXD; d++)
+        [[unroll]] for (int d = 0; d < MAXD; d++)
             acc[d] *= alpha;
         for (int jj = 0; jj < nk; jj++) {
             uint64_t vrow = elem_addr(p.v, vt, vb + (j0 + jj) * p.vs[2]);
             float pj = s[jj];
-            for (int d = 0; d < MAXD; d++) {
+            [[unroll]] for (int d = 0; d < MAXD; d++) {
                 if (d < Dv) {
                     float vv = load_fi(vrow, vt, d * vs3);
                     acc[d] = fma(pj, BF16 != 0 ? round_bf16(vv) : vv, acc[d]);
@@ -97,7 +103,7 @@ void main()
     }
     int64_t oo = b * p.os[0] + i * p.os[1] + h * p.os[2];
     float inv = l > 0.0 ? 1.0 / l : 0.0;
-    for (int d = 0; d < MAXD; d++)
+    [[unroll]] for (int d = 0; d < MAXD; d++)
         if (d < Dv)
             store_f(p.o, int(p.o_dtype), oo + d, acc[d] * inv);
 }
