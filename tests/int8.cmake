@@ -6,6 +6,14 @@ if(TARGET test_int8_pipeline)
                        TIMEOUT 600)
 endif()
 
+# The int8 group and kernel as load options (df_load_opts.int8_group, int8_path) against
+# DIFFUSE_INT8_GROUP and DIFFUSE_INT8_PATH, on the demo pipeline.
+if(TARGET test_int8_settings AND EXISTS ${CMAKE_SOURCE_DIR}/models/demo/model_index.json)
+  add_test(NAME unit/test_int8_settings
+           COMMAND test_int8_settings ${CMAKE_SOURCE_DIR}/models/demo)
+  set_tests_properties(unit/test_int8_settings PROPERTIES TIMEOUT 300)
+endif()
+
 # FLUX.2 under int8 compute: the golden cases within the int8 bound of their kind
 # (diffuse-check's check_int8_rel_l2) in every mode. te-mistral runs the decoder language
 # model that FLUX.2-klein's Qwen3 encoder shares (models/decoder_lm.c).

@@ -86,6 +86,14 @@ typedef struct df_load_opts {
      * output layers in higher precision (the default policy; docs/int8.md), -1 quantizes
      * them too; 0 as DIFFUSE_INT8_KEEP says (none: quantize them). */
     int int8_keep;
+    /* int8 compute on the CPU: the group of k values that share a scale as the weights are
+     * quantized (32 to 256, a multiple of 4; -1 one group per row, the whole k; 0 as
+     * DIFFUSE_INT8_GROUP says, else 128), and the int8 kernel that runs the products
+     * ("portable", "avx2", "avx-vnni", "avx512-vnni", "onednn": one this CPU has, else the
+     * load fails with DF_E_UNSUPPORTED; NULL as DIFFUSE_INT8_PATH says, else the best by
+     * cpuid; borrowed for the load only). docs/int8.md. */
+    int int8_group;
+    const char *int8_path;
     /* LoRA adapters merged into the weights they update as the components load (a copy of
      * each updated weight; the checkpoint's mapping stays untouched), summed when several
      * update one weight. Borrowed for the call only. A key that updates no weight of the

@@ -50,6 +50,13 @@ typedef struct df_ctx_opts {
                                linears of weights take 8-bit products, the rest F32 */
     df_eager_mode mode;     /* DIFFUSE_DEFER_AND_FUSE=1 in the environment selects fuse */
     int64_t fuse_max_nodes; /* defer-and-fuse: cut the pending graph at this many nodes; 0 = 4096 */
+    /* I8 compute on the CPU backend (other devices ignore these): the weights' quantization
+     * group (32 to 256, a multiple of 4; -1 one group per row, the whole k; 0 as
+     * DIFFUSE_INT8_GROUP says, else 128) and the int8 kernel ("portable", "avx2",
+     * "avx-vnni", "avx512-vnni", "onednn": one this CPU has; NULL as DIFFUSE_INT8_PATH
+     * says, else the best by cpuid). */
+    int int8_group;
+    const char *int8_path;
 } df_ctx_opts;
 
 /* Counters every mode reports. A key that does not apply yet stays 0. */

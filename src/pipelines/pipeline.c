@@ -383,8 +383,11 @@ static df_status load_parts(df_pipeline *p)
         s = df_ctx_create(&(df_ctx_opts){.device = p->opts.device,
                                          .threads = p->opts.threads,
                                          .compute = p->compute,
-                                         .mode = p->opts.mode},
+                                         .mode = p->opts.mode,
+                                         .int8_group = p->opts.int8_group,
+                                         .int8_path = p->opts.int8_path},
                           &p->ctx);
+    p->opts.int8_path = NULL; /* borrowed: the device read it as it opened */
     if (p->opts.auto_dtype)
         s = choose_auto_dtype(p, s);
     if (s == DF_OK && p->opts.n_loras > 0)

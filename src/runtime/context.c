@@ -55,6 +55,13 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
                          df_dtype_name(o.compute));
     if (o.threads < 0)
         return df_errorf(DF_E_ARG, "threads must be >= 0 (0 = all cores), not %d", o.threads);
+    if (o.int8_group != 0 && o.int8_group != -1 &&
+        (o.int8_group < 32 || o.int8_group > 256 || o.int8_group % 4 != 0))
+        return df_errorf(DF_E_ARG,
+                         "int8_group must be 32 to 256 and a multiple of 4, -1 for the whole "
+                         "k or 0 for DIFFUSE_INT8_GROUP, not %d", o.int8_group);
+    if (o.int8_path && (!*o.int8_path || strlen(o.int8_path) > 31 || strchr(o.int8_path, ',')))
+        return df_errorf(DF_E_ARG, "int8_path '%s' is not an int8 kernel's name", o.int8_path);
     df_ctx *ctx = df_calloc(1, sizeof *ctx);
     if (!ctx)
         return df_errorf(DF_E_OOM, "out of memory creating a context");
@@ -63,13 +70,19 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
     ctx->fuse_max_nodes = o.fuse_max_nodes > 0 ? o.fuse_max_nodes : 4096;
     ctx->launch_blocking = env_flag("DIFFUSE_LAUNCH_BLOCKING");
     ctx->profiling = env_flag("DIFFUSE_PROFILE");
-    char options[32] = "";
+    ctx->int8_group = o.int8_group;
+    char options[128] = ""; /* the device's "key=value,..." (device.h's device_open) */
+    int n = 0;
     if (o.threads > 0)
-        snprintf(options, sizeof options, "threads=%d", o.threads);
+        n += snprintf(options + n, sizeof options - (size_t)n, ",threads=%d", o.threads);
+    if (o.int8_group)
+        n += snprintf(options + n, sizeof options - (size_t)n, ",int8_group=%d", o.int8_group);
+    if (o.int8_path)
+        snprintf(options + n, sizeof options - (size_t)n, ",int8_path=%s", o.int8_path);
     const char *device = !o.device                  ? df_device_default()
                          : strcmp(o.device, "auto") == 0 ? df_device_auto()
                                                          : o.device;
-    df_status s = df_device_open(device, options, &ctx->dev);
+    df_status s = df_device_open(device, options + (options[0] == ','), &ctx->dev);
     if (s == DF_OK) {
         ctx->threads = o.threads > 0 ? o.threads : ctx->dev->info.compute_units;
         s = df_dev_stream_create(ctx->dev, DF_STREAM_COMPUTE, &ctx->stream);

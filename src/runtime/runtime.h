@@ -36,6 +36,7 @@ struct df_ctx {
     uint64_t evicted_at;    /* the compute position after the last weight eviction */
     int threads;            /* compute threads (df_ctx_threads) */
     df_dtype compute;
+    int int8_group;     /* df_ctx_opts.int8_group, which the device quantizes weights with */
     int int8_keep;      /* int8 compute: 1 keep the transformer's embedders and outputs in
                            precision, -1 quantize them too, 0 DIFFUSE_INT8_KEEP decides */
     int int8_attention; /* under int8 compute: 1 int8 attention scores, -1 f32

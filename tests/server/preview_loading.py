@@ -73,9 +73,11 @@ check(events[-1][0] == "done" and not [e for e in events if e[0] == "preview"],
       "--preview-every 0: no preview events")
 s.stop()
 
-# ---- int8 settings per server (df_gen_params.int8_attention, df_load_opts.int8_keep)
+# ---- int8 settings per server (df_gen_params.int8_attention, df_load_opts.int8_keep,
+# int8_group, int8_path)
 images = {}
-for opts in ((), ("--int8-attention", "off"), ("--int8-keep", "none")):
+for opts in ((), ("--int8-attention", "off"), ("--int8-keep", "none"), ("--int8-group", "32"),
+             ("--int8-path", "portable")):
     s = Server(diffuse, "-m", model, "--threads", "1", "--preview-every", "0", "--dtype", "int8",
                *opts)
     s.wait_ready()
@@ -84,8 +86,12 @@ for opts in ((), ("--int8-attention", "off"), ("--int8-keep", "none")):
     check(st == 200, f"int8 with {opts or 'defaults'}")
     images[opts] = r["data"][0]["b64_json"]
     s.stop()
-check(len(set(images.values())) == 3, "--int8-attention off and --int8-keep none change the image")
-for bad_opt in (("--int8-attention", "maybe"), ("--int8-keep", "all")):
+check(len(set(images.values())) == 4,
+      "--int8-attention off, --int8-keep none and --int8-group 32 change the image")
+check(images[("--int8-path", "portable")] == images[()],
+      "--int8-path portable: the same integers as the kernel this CPU picks")
+for bad_opt in (("--int8-attention", "maybe"), ("--int8-keep", "all"), ("--int8-group", "16"),
+                ("--int8-group", "x")):
     p = subprocess.run([diffuse, "serve", "-m", model, *bad_opt], capture_output=True, text=True)
     check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt[0]} {bad_opt[1]}: refused")
 

@@ -97,6 +97,12 @@ static void help(FILE *f)
         "                             products measure >= 1.25x f32's, else f32; the CPU's\n"
         "                             rates are measured once and cached in DIFFUSE_CACHE_DIR;\n"
         "                             -v says the rates, which and why)\n"
+        "      --int8-group N|k       with --dtype int8: k values per weight scale, 32 to 256 in\n"
+        "                             steps of 4, or k for one per row (default:\n"
+        "                             DIFFUSE_INT8_GROUP, else 128)\n"
+        "      --int8-path NAME       with --dtype int8: the int8 kernel, portable|avx2|\n"
+        "                             avx-vnni|avx512-vnni|onednn (default: DIFFUSE_INT8_PATH,\n"
+        "                             else the best this CPU has)\n"
         "      --mode eager|fuse|compile  execution mode (default eager)\n"
         "      --compile-blocks       compile the repeated transformer blocks (with --mode compile\n"
         "                             they are traced into the compiled transformer)\n"
@@ -351,7 +357,7 @@ int cmd_generate(int argc, char **argv)
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
            O_CACHE, O_TRANSFORMER, O_LORA, O_VAE, O_TE1, O_TE2, O_TE3, O_CONFIG,
-           O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP };
+           O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP, O_INT8_GROUP, O_INT8_PATH };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -382,7 +388,9 @@ int cmd_generate(int argc, char **argv)
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH},
         {"mask", required_argument, 0, O_MASK},
-        {"padding-mask-crop", required_argument, 0, O_PADDING_MASK_CROP}, {0, 0, 0, 0}};
+        {"padding-mask-crop", required_argument, 0, O_PADDING_MASK_CROP},
+        {"int8-group", required_argument, 0, O_INT8_GROUP},
+        {"int8-path", required_argument, 0, O_INT8_PATH}, {0, 0, 0, 0}};
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *output = "out.png";
     const char *stats_path = NULL, *image_paths[MAX_IMAGES], *mask_path = NULL;
     int n_image_paths = 0;
@@ -431,6 +439,15 @@ int cmd_generate(int argc, char **argv)
             }
             break;
         }
+        case O_INT8_GROUP: /* the library checks the steps of 4 */
+            if (!strcmp(optarg, "k"))
+                lo.int8_group = -1;
+            else if ((rc = parse_int("--int8-group", optarg, 32, 256, &lo.int8_group)))
+                return rc;
+            break;
+        case O_INT8_PATH:
+            lo.int8_path = optarg; /* checked by the CPU device as the pipeline loads */
+            break;
         case O_DTYPE:
             if (!strcmp(optarg, "auto")) {
                 lo.auto_dtype = true;

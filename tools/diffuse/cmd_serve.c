@@ -48,6 +48,12 @@ static void help(FILE *f)
         "      --int8-keep embedders|none  with --dtype int8: keep the transformer's embedders\n"
         "                         and outputs in precision, or quantize them too (default:\n"
         "                         DIFFUSE_INT8_KEEP, else embedders)\n"
+        "      --int8-group N|k   with --dtype int8: k values per weight scale, 32 to 256 in\n"
+        "                         steps of 4, or k for one per row (default:\n"
+        "                         DIFFUSE_INT8_GROUP, else 128)\n"
+        "      --int8-path NAME   with --dtype int8: the int8 kernel, portable|avx2|avx-vnni|\n"
+        "                         avx512-vnni|onednn (default: DIFFUSE_INT8_PATH, else the\n"
+        "                         best this CPU has)\n"
         "      --dtype f32|bf16|int8|auto, --mode eager|fuse|compile, --offload none|model|\n"
         "      sequential, --device NAME, --threads N   as for diffuse generate\n"
         "  -h, --help             this text\n"
@@ -95,6 +101,8 @@ int cmd_serve(int argc, char **argv)
         O_PREVIEW,
         O_INT8_ATTN,
         O_INT8_KEEP,
+        O_INT8_GROUP,
+        O_INT8_PATH,
         O_DTYPE,
         O_MODE,
         O_OFFLOAD,
@@ -112,6 +120,8 @@ int cmd_serve(int argc, char **argv)
                                              {"preview-every", required_argument, 0, O_PREVIEW},
                                              {"int8-attention", required_argument, 0, O_INT8_ATTN},
                                              {"int8-keep", required_argument, 0, O_INT8_KEEP},
+                                             {"int8-group", required_argument, 0, O_INT8_GROUP},
+                                             {"int8-path", required_argument, 0, O_INT8_PATH},
                                              {"dtype", required_argument, 0, O_DTYPE},
                                              {"mode", required_argument, 0, O_MODE},
                                              {"offload", required_argument, 0, O_OFFLOAD},
@@ -175,6 +185,17 @@ int cmd_serve(int argc, char **argv)
                 return 2;
             }
             o.load.int8_keep = strcmp(optarg, "none") ? 1 : -1;
+            break;
+        case O_INT8_GROUP: /* the library checks the steps of 4 */
+            if (!strcmp(optarg, "k"))
+                o.load.int8_group = -1;
+            else if ((rc = parse_long("--int8-group", optarg, 32, 256, &v)))
+                return rc;
+            else
+                o.load.int8_group = (int)v;
+            break;
+        case O_INT8_PATH:
+            o.load.int8_path = optarg; /* checked by the CPU device as each model loads */
             break;
         case O_PREVIEW:
             if ((rc = parse_long("--preview-every", optarg, 0, 10000, &v)))

@@ -22,12 +22,15 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/gemm_int8.h"
 #include "backend/registry.h"
 #include "core/alloc.h"
 #include "core/status.h"
 
 typedef struct cpu_device {
     int threads;
+    int int8_path;      /* df_kernel_env.int8_path of its streams */
+    int64_t int8_group; /* df_kernel_env.int8_group of its streams */
 } cpu_device;
 
 struct df_dev_comm {
@@ -140,26 +143,62 @@ static df_status cpu_device_info(int index, df_device_info *out)
     return DF_OK;
 }
 
-/* The value of `key` in "key=value,key=value", or -1. */
-static long option_int(const char *options, const char *key)
+/* Where the value of `key` starts in "key=value,key=value", or NULL. */
+static const char *option(const char *options, const char *key)
 {
     size_t n = strlen(key);
     for (const char *p = options; p && *p;) {
         if (strncmp(p, key, n) == 0 && p[n] == '=')
-            return strtol(p + n + 1, NULL, 10);
+            return p + n + 1;
         p = strchr(p, ',');
         p = p ? p + 1 : NULL;
     }
-    return -1;
+    return NULL;
+}
+
+static long option_int(const char *options, const char *key)
+{
+    const char *v = option(options, key);
+    return v ? strtol(v, NULL, 10) : -1;
+}
+
+/* The int8 settings of the options (df_kernel_env says what they mean): int8_path=NAME (a
+ * kernel this CPU has) and int8_group=N (32 to 256, a multiple of 4, or -1 for the whole k). */
+static df_status int8_options(cpu_device *d, const char *options)
+{
+    const char *v = option(options, "int8_path");
+    if (v) {
+        char name[32];
+        size_t n = strcspn(v, ",");
+        snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), v);
+        df_i8_path path;
+        DF_TRY(df_i8_path_parse(name, &path));
+        d->int8_path = (int)path;
+    }
+    if (option(options, "int8_group")) {
+        long g = option_int(options, "int8_group");
+        if (g != -1 && (g < 32 || g > 256 || g % 4 != 0))
+            return df_errorf(DF_E_ARG,
+                             "cpu: int8_group must be 32 to 256 and a multiple of 4, or -1 "
+                             "for the whole k, not %ld", g);
+        d->int8_group = g;
+    }
+    return DF_OK;
 }
 
 static df_status cpu_device_open(int index, const char *options, void **impl)
 {
+    *impl = NULL;
     cpu_device *d = df_calloc(1, sizeof *d);
     if (!d)
         return df_errorf(DF_E_OOM, "out of memory opening cpu");
     long threads = option_int(options, "threads");
     d->threads = threads > 0 ? (int)threads : online_cpus();
+    df_status s = int8_options(d, options);
+    if (s != DF_OK) {
+        df_free(d);
+        return s;
+    }
     *impl = d;
     return DF_OK;
 }
@@ -310,6 +349,8 @@ static df_status cpu_stream_create(void *impl, int kind, df_dev_stream **out)
     }
     s->threads = kind == DF_STREAM_COPY ? 1 : d->threads;
     s->env.threads = s->threads;
+    s->env.int8_path = d->int8_path;
+    s->env.int8_group = d->int8_group;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->has_work, NULL);
     pthread_cond_init(&s->idle, NULL);

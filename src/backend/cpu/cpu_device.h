@@ -47,6 +47,11 @@ void df_cpu_drop_pages(const df_view *v, const void *p, size_t n);
 /* Scratch memory and threading for one kernel call. */
 typedef struct df_kernel_env {
     int threads;
+    /* int8 products, as the device was opened (int8_path=NAME, int8_group=N): a df_i8_path
+     * (0, AUTO: DIFFUSE_INT8_PATH, else cpuid dispatch) and the weights' quantization group
+     * (-1 the whole k; 0: DIFFUSE_INT8_GROUP, else 128). */
+    int int8_path;
+    int64_t int8_group;
     void *scratch;
     size_t scratch_bytes;
 } df_kernel_env;

@@ -409,6 +409,23 @@ bool df_i8_path_available(df_i8_path path)
     }
 }
 
+df_status df_i8_path_parse(const char *name, df_i8_path *out)
+{
+    *out = DF_I8_PATH_AUTO;
+    for (int p = DF_I8_PATH_PORTABLE; p < DF_I8_PATH_COUNT; p++) {
+        if (strcmp(name, path_names[p]) != 0)
+            continue;
+        if (!df_i8_path_available((df_i8_path)p))
+            return df_errorf(DF_E_UNSUPPORTED, "int8 path '%s': this CPU cannot run the %s kernel",
+                             name, name);
+        *out = (df_i8_path)p;
+        return DF_OK;
+    }
+    return df_errorf(DF_E_ARG,
+                     "int8 path '%s': expected portable, avx2, avx-vnni, avx512-vnni or onednn",
+                     name);
+}
+
 static _Atomic int forced = -1; /* -1: not read from the environment yet */
 
 df_status df_i8_force_path(df_i8_path path)
@@ -491,13 +508,22 @@ static df_status gemm_onednn(const df_i8_act *a, df_i8_weight *w, const df_i8_ep
     return s;
 }
 
-/* The micro-kernel of `path` (AUTO: the dispatched one; oneDNN: the best of our own). */
+static _Atomic int64_t products[DF_I8_PATH_COUNT]; /* df_i8_products */
+
+int64_t df_i8_products(df_i8_path path)
+{
+    return (unsigned)path < DF_I8_PATH_COUNT ? products[path] : 0;
+}
+
+/* The micro-kernel of `path` (AUTO: the dispatched one; oneDNN: the best of our own), for
+ * one product. */
 static df_i8_tile_fn tile_for(df_i8_path path)
 {
     if (path == DF_I8_PATH_AUTO)
         path = forced_path();
     if (path == DF_I8_PATH_AUTO || path == DF_I8_PATH_ONEDNN)
         path = best_kernel();
+    products[path]++;
     return path == DF_I8_PATH_AVX512_VNNI ? df_i8_tile_avx512vnni_fn()
            : path == DF_I8_PATH_AVX_VNNI  ? df_i8_tile_avxvnni_fn()
            : path == DF_I8_PATH_AVX2      ? df_i8_tile_avx2_fn()
@@ -570,8 +596,10 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         path = w->n_groups == 1 && df_cpu_has_amx_int8() ? DF_I8_PATH_ONEDNN : best_kernel();
     if (path == DF_I8_PATH_ONEDNN && w->n_groups != 1)
         path = best_kernel();
-    if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group)
+    if (path == DF_I8_PATH_ONEDNN && a->kp == w->kp && a->group == w->group) {
+        products[DF_I8_PATH_ONEDNN]++;
         return gemm_onednn(a, (df_i8_weight *)w, e); /* adds its form to w: see the header */
+    }
     df_i8_tile_fn fn = tile_for(path);
     if (!fn)
         return df_errorf(DF_E_UNSUPPORTED, "int8: this CPU cannot run the %s kernel",

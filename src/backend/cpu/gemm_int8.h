@@ -24,7 +24,9 @@
  *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
  * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
  * groups on AMX CPUs, else the VNNI kernels, else AVX2, else portable); DIFFUSE_INT8_PATH=
- * portable|avx2|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has.
+ * portable|avx2|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has,
+ * for the process; a device opened with int8_path=NAME (df_kernel_env.int8_path, from
+ * df_ctx_opts.int8_path) forces one for its own kernels.
  */
 #ifndef DF_BACKEND_CPU_GEMM_INT8_H
 #define DF_BACKEND_CPU_GEMM_INT8_H
@@ -153,6 +155,12 @@ const char *df_i8_path_name(df_i8_path path);
 /* Makes AUTO mean `path` from now on (AUTO restores cpuid dispatch); DF_E_UNSUPPORTED when
  * the CPU lacks it. */
 df_status df_i8_force_path(df_i8_path path);
+/* The path named `name` (df_i8_path_name's names but "auto"): DF_E_ARG for another name,
+ * DF_E_UNSUPPORTED for a kernel this CPU lacks. */
+df_status df_i8_path_parse(const char *name, df_i8_path *out);
+/* Products (df_i8_gemm, df_i8_gemm_blocks calls) run on `path` in this process so far: the
+ * tests' proof of which kernel a setting picked, since our kernels agree bit for bit. */
+int64_t df_i8_products(df_i8_path path);
 
 /*
  * Linear layers in int8 compute (gemm.c's df_gemm_linear with compute DF_DTYPE_I8).
@@ -163,8 +171,9 @@ df_status df_i8_force_path(df_i8_path path);
  * df_i8_linear: quantizes w once into a derived form kept on its storage (keyed by the
  * group, and dropped with the other derived forms when the weight is released), drops the
  * file's pages of w, quantizes x per call into env's scratch, and runs the product with
- * the epilogue. The group is DIFFUSE_INT8_GROUP (32 to 256, or "k" for the whole k;
- * default 128), read once.
+ * the epilogue. The group is env's int8_group (df_ctx_opts.int8_group), else
+ * DIFFUSE_INT8_GROUP (32 to 256, or "k" for the whole k; default 128), read once; the
+ * path is env's int8_path, else as df_i8_gemm's AUTO dispatches.
  */
 bool df_i8_linear_applies(const df_view *w);
 df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,

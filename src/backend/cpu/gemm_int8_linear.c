@@ -115,7 +115,10 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
         shape = df_i8_blocks_shape(&blocks);
         q = &shape;
     } else {
-        DF_TRY(quantized_weight_of(w, df_i8_default_group(), &q));
+        int64_t group = env->int8_group > 0    ? env->int8_group
+                        : env->int8_group < 0 ? INT64_MAX / 2 /* the whole k */
+                                              : df_i8_default_group();
+        DF_TRY(quantized_weight_of(w, group, &q));
     }
     /* activations: f32 or bf16 as they are; anything else through f32 */
     df_dtype xt = x->dtype == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
@@ -134,6 +137,6 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
     df_i8_epilogue ep = *e;
     ep.bias = bb;
     if (w->block_type)
-        return df_i8_gemm_blocks(&a, &blocks, &ep, DF_I8_PATH_AUTO);
-    return df_i8_gemm(&a, q, &ep, DF_I8_PATH_AUTO);
+        return df_i8_gemm_blocks(&a, &blocks, &ep, (df_i8_path)env->int8_path);
+    return df_i8_gemm(&a, q, &ep, (df_i8_path)env->int8_path);
 }

@@ -432,7 +432,7 @@ DF_CPU_KERNEL(attention)
     a.kd = k_direct ? df_view_ptr(k) : scratch;
     a.vd = v_direct ? df_view_ptr(v) : scratch + kbytes;
     if (i8) {
-        df_attn_i8_k_prepare(&k8, k, scratch);
+        df_attn_i8_k_prepare(&k8, k, (df_i8_path)env->int8_path, scratch);
         a.i8 = &k8;
     } else if (!k_direct) {
         dense_copy(k, a.bf16, scratch);

@@ -80,7 +80,7 @@ static float quantize_row(const float *x, int64_t n, int8_t *q)
     return mx / 127.0f;
 }
 
-void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem)
+void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, df_i8_path path, void *mem)
 {
     int64_t B = k->shape[0], H = k->shape[1], Sk = k->shape[2], D = k->shape[3];
     int64_t Dp = padded_d(D), n_blk = (Sk + NR - 1) / NR, keys = n_blk * NR;
@@ -93,7 +93,8 @@ void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem)
     k8->corr = (int32_t *)p;
     p += round64((size_t)(B * H * keys) * 4);
     k8->mean = (float *)p;
-    df_i8_path path = df_i8_path_best();
+    if (path == DF_I8_PATH_AUTO)
+        path = df_i8_path_best();
     k8->vnni = path != DF_I8_PATH_PORTABLE && path != DF_I8_PATH_AVX_VNNI &&
                path != DF_I8_PATH_AVX2 && df_i8_path_available(DF_I8_PATH_AVX512_VNNI);
     k8->avx2 = !k8->vnni && path != DF_I8_PATH_PORTABLE && df_i8_path_available(DF_I8_PATH_AVX2);

@@ -7,7 +7,7 @@
  * times the two scales, written as f32 for k_attention.c's softmax and P V.
  *
  *   size_t n = df_attn_i8_k_bytes(B, H, Sk, D);     caller's scratch, 64-byte aligned
- *   df_attn_i8_k_prepare(&k8, k, mem);              K [B, H, Sk, D] view; OpenMP inside
+ *   df_attn_i8_k_prepare(&k8, k, path, mem);        K [B, H, Sk, D] view; OpenMP inside
  *   per task: df_attn_i8_q_load(&k8, q, b, h, i0, mq, qbuf)   qbuf: df_attn_i8_q_bytes(bq, D)
  *             df_attn_i8_scores(&k8, qbuf, b, h, mq, j0, nk, s, lds)
  */
@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "backend/cpu/cpu_device.h"
+#include "backend/cpu/gemm_int8.h"
 
 #define DF_ATTN_I8_NR 32 /* keys per packed block */
 
@@ -44,8 +45,9 @@ bool df_attn_i8_wanted(int requested, int64_t D);
 /* Bytes of scratch for K's int8 form (a multiple of 64). */
 size_t df_attn_i8_k_bytes(int64_t B, int64_t H, int64_t Sk, int64_t D);
 /* Smooths, quantizes and packs k [B, H, Sk, D] (any float dtype, unit stride in D) into
- * mem (df_attn_i8_k_bytes of it). Runs its own OpenMP loop: call outside a parallel region. */
-void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, void *mem);
+ * mem (df_attn_i8_k_bytes of it), for the micro-kernel of `path` (AUTO: df_i8_path_best).
+ * Runs its own OpenMP loop: call outside a parallel region. */
+void df_attn_i8_k_prepare(df_attn_i8_k *k8, const df_view *k, df_i8_path path, void *mem);
 
 /* Bytes of one task's quantized Q rows (bq rows). */
 size_t df_attn_i8_q_bytes(int64_t bq, int64_t D);
