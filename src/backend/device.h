@@ -378,8 +378,8 @@ typedef struct df_device_ops {
     /* -- Devices. `dev` below is what device_open returned. */
     int (*device_count)(void);
     df_status (*device_info)(int index, df_device_info *out);
-    /* options: "key=value,key=value" the backend reads (the CPU: threads=N); unknown keys
-     * are ignored. */
+    /* options: "key=value,key=value" the backend reads (the CPU: threads=N, int8_group=N,
+     * int8_path=NAME); unknown keys are ignored. */
     df_status (*device_open)(int index, const char *options, void **dev);
     void (*device_close)(void *dev);  /* every stream and buffer is already freed */
 

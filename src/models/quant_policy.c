@@ -65,8 +65,8 @@ size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_te
         return bytes;
     /* int8 values, and per group an f32 scale and an int32 sum */
     int64_t n = t->v.shape[0], k = t->v.shape[1];
-    int64_t group = ctx->int8_group > 0    ? ctx->int8_group /* as the device quantizes it */
-                    : ctx->int8_group < 0 ? 0                 /* the whole k */
+    int64_t group = ctx->int8_group > 0   ? ctx->int8_group /* as the device quantizes it */
+                    : ctx->int8_group < 0 ? 0               /* the whole k */
                                           : df_int8_default_group();
     return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, group)) * 8;
 }

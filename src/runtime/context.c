@@ -59,7 +59,8 @@ df_status df_ctx_create(const df_ctx_opts *opts, df_ctx **out)
         (o.int8_group < 32 || o.int8_group > 256 || o.int8_group % 4 != 0))
         return df_errorf(DF_E_ARG,
                          "int8_group must be 32 to 256 and a multiple of 4, -1 for the whole "
-                         "k or 0 for DIFFUSE_INT8_GROUP, not %d", o.int8_group);
+                         "k or 0 for DIFFUSE_INT8_GROUP, not %d",
+                         o.int8_group);
     if (o.int8_path && (!*o.int8_path || strlen(o.int8_path) > 31 || strchr(o.int8_path, ',')))
         return df_errorf(DF_E_ARG, "int8_path '%s' is not an int8 kernel's name", o.int8_path);
     df_ctx *ctx = df_calloc(1, sizeof *ctx);

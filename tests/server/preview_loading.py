@@ -94,6 +94,12 @@ for bad_opt in (("--int8-attention", "maybe"), ("--int8-keep", "all"), ("--int8-
                 ("--int8-group", "x")):
     p = subprocess.run([diffuse, "serve", "-m", model, *bad_opt], capture_output=True, text=True)
     check(p.returncode == 2 and bad_opt[0] in p.stderr, f"{bad_opt[0]} {bad_opt[1]}: refused")
+s = Server(diffuse, "-m", model, "--threads", "1", "--dtype", "int8", "--int8-path", "fast")
+s.wait_ready()
+st, body, _ = s.request("POST", "/v1/images/generations", {"prompt": PROMPT, "size": "64x64"})
+check(st == 500 and "int8 path 'fast'" in body["error"]["message"],
+      "--int8-path fast: the model's load fails with the library's message")
+s.stop()
 
 # ---- 503 while a model loads
 env = dict(os.environ, DIFFUSE_SERVE_TEST_LOAD_DELAY="3")

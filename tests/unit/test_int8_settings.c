@@ -58,16 +58,15 @@ static void test_int8_group_is_a_load_option(void **state)
     float *g64 = latents((df_load_opts){.int8_group = 64}, &n);
     float *g128 = latents((df_load_opts){.int8_group = 128}, &n);
     float *whole = latents((df_load_opts){.int8_group = -1}, &n);
-    assert_memory_equal(dflt, g64, n * sizeof *dflt);      /* 0: DIFFUSE_INT8_GROUP=64 */
-    assert_memory_not_equal(g64, g128, n * sizeof *dflt);  /* the option changes the scales */
+    assert_memory_equal(dflt, g64, n * sizeof *dflt);     /* 0: DIFFUSE_INT8_GROUP=64 */
+    assert_memory_not_equal(g64, g128, n * sizeof *dflt); /* the option changes the scales */
     assert_memory_not_equal(g128, whole, n * sizeof *dflt);
     free(dflt), free(g64), free(g128), free(whole);
 
     df_pipeline *p = (void *)1;
-    assert_int_equal(df_pipeline_load(model_dir,
-                                      &(df_load_opts){.dtype = DF_DTYPE_I8, .int8_group = 66},
-                                      &p),
-                     DF_E_ARG);
+    assert_int_equal(
+        df_pipeline_load(model_dir, &(df_load_opts){.dtype = DF_DTYPE_I8, .int8_group = 66}, &p),
+        DF_E_ARG);
     assert_null(p);
     assert_non_null(strstr(df_error_message(), "int8_group"));
     assert_non_null(strstr(df_error_message(), "not 66"));

@@ -180,7 +180,8 @@ static df_status int8_options(cpu_device *d, const char *options)
         if (g != -1 && (g < 32 || g > 256 || g % 4 != 0))
             return df_errorf(DF_E_ARG,
                              "cpu: int8_group must be 32 to 256 and a multiple of 4, or -1 "
-                             "for the whole k, not %ld", g);
+                             "for the whole k, not %ld",
+                             g);
         d->int8_group = g;
     }
     return DF_OK;

@@ -421,9 +421,8 @@ df_status df_i8_path_parse(const char *name, df_i8_path *out)
         *out = (df_i8_path)p;
         return DF_OK;
     }
-    return df_errorf(DF_E_ARG,
-                     "int8 path '%s': expected portable, avx2, avx-vnni, avx512-vnni or onednn",
-                     name);
+    return df_errorf(
+        DF_E_ARG, "int8 path '%s': expected portable, avx2, avx-vnni, avx512-vnni or onednn", name);
 }
 
 static _Atomic int forced = -1; /* -1: not read from the environment yet */

@@ -115,7 +115,7 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
         shape = df_i8_blocks_shape(&blocks);
         q = &shape;
     } else {
-        int64_t group = env->int8_group > 0    ? env->int8_group
+        int64_t group = env->int8_group > 0   ? env->int8_group
                         : env->int8_group < 0 ? INT64_MAX / 2 /* the whole k */
                                               : df_i8_default_group();
         DF_TRY(quantized_weight_of(w, group, &q));
