@@ -7,11 +7,16 @@ if(TARGET test_int8_pipeline)
 endif()
 
 # The int8 group and kernel as load options (df_load_opts.int8_group, int8_path) against
-# DIFFUSE_INT8_GROUP and DIFFUSE_INT8_PATH, on the demo pipeline.
+# DIFFUSE_INT8_GROUP and DIFFUSE_INT8_PATH, on the demo pipeline; generate's --int8-group
+# and --int8-path.
 if(TARGET test_int8_settings AND EXISTS ${CMAKE_SOURCE_DIR}/models/demo/model_index.json)
   add_test(NAME unit/test_int8_settings
            COMMAND test_int8_settings ${CMAKE_SOURCE_DIR}/models/demo)
   set_tests_properties(unit/test_int8_settings PROPERTIES TIMEOUT 300)
+  add_test(NAME cli/int8_options
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/int8_options.sh $<TARGET_FILE:diffuse>
+                   ${CMAKE_SOURCE_DIR}/models/demo ${CMAKE_BINARY_DIR}/test-tmp)
+  set_tests_properties(cli/int8_options PROPERTIES TIMEOUT 300)
 endif()
 
 # FLUX.2 under int8 compute: the golden cases within the int8 bound of their kind
