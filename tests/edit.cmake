@@ -22,14 +22,16 @@ add_test(NAME cli/kontext_generate
 set_tests_properties(cli/kontext_generate PROPERTIES TIMEOUT 300)
 
 # Tensor parallelism with pictures in (docs/tensor-parallel.md): rank 0 encodes the picture
-# and shares its tokens (Kontext, FLUX.2 references) or its starting latents (img2img);
+# and shares its tokens (Kontext, FLUX.2 references) or its starting latents (img2img,
+# inpainting, whose blend runs on rank 0: a batch of two, and the crop with its overlay);
 # `mpirun -np 2 diffuse-check --tp 2`, as tests/tp_golden.cmake runs the golden cases.
 if(DF_MPIRUN_FOR_TESTS)
   set(DF_EDIT_TP_MPIRUN ${CMAKE_COMMAND} -E env OMPI_MCA_rmaps_base_oversubscribe=1
       ASAN_OPTIONS=detect_leaks=0 ${DF_MPIRUN_FOR_TESTS} --oversubscribe --allow-run-as-root
       -x ASAN_OPTIONS)
   foreach(mode eager compile)
-    foreach(case kontext-latents kontext-b2 edit-flux2-crop edit-flux2-two img2img-flux-s03)
+    foreach(case kontext-latents kontext-b2 edit-flux2-crop edit-flux2-two img2img-flux-s03
+                 inpaint-flux-s08-b2 inpaint-flux-crop)
       add_test(NAME golden/tp2-${mode}/${case}
                COMMAND ${DF_EDIT_TP_MPIRUN} -np 2 $<TARGET_FILE:diffuse-check> --tp 2
                        --mode ${mode} --threads 1 ${CMAKE_SOURCE_DIR}/tests/cases/${case})
@@ -37,3 +39,4 @@ if(DF_MPIRUN_FOR_TESTS)
     endforeach()
   endforeach()
 endif()
+
