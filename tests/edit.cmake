@@ -4,15 +4,15 @@
 # tiled VAE encoder (tools/refgen/vae_encode.py), in every execution mode on the CPU (and
 # with compiled repeated blocks);
 # edit-flux2-resize, whose 1032x1024 reference makes 4032 tokens, in eager mode only.
-set(DF_EDIT_CASES kontext-gen kontext-latents kontext-b2 kontext-noimage edit-flux2-crop
-    vae-encode-flux-tiled)
+set(DF_EDIT_CASES kontext-gen kontext-latents kontext-b2 kontext-noimage kontext-truecfg
+    edit-flux2-crop vae-encode-flux-tiled)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${CMAKE_SOURCE_DIR}/tests/cases
                   CASES ${DF_EDIT_CASES})
 endforeach()
 df_golden_tests(cases-eager eager DIR ${CMAKE_SOURCE_DIR}/tests/cases CASES edit-flux2-resize)
 df_golden_tests(cases-blocks blocks DIR ${CMAKE_SOURCE_DIR}/tests/cases
-                CASES kontext-latents kontext-b2 edit-flux2-crop)
+                CASES kontext-latents kontext-b2 kontext-truecfg edit-flux2-crop)
 
 # The CLI on a Kontext folder assembled from tests/cases/kontext-pipeline and the golden
 # text encoders.
@@ -31,7 +31,7 @@ if(DF_MPIRUN_FOR_TESTS)
       -x ASAN_OPTIONS)
   foreach(mode eager compile)
     foreach(case kontext-latents kontext-b2 edit-flux2-crop edit-flux2-two img2img-flux-s03
-                 inpaint-flux-s08-b2 inpaint-flux-crop)
+                 inpaint-flux-s08-b2 inpaint-flux-crop kontext-truecfg)
       add_test(NAME golden/tp2-${mode}/${case}
                COMMAND ${DF_EDIT_TP_MPIRUN} -np 2 $<TARGET_FILE:diffuse-check> --tp 2
                        --mode ${mode} --threads 1 ${CMAKE_SOURCE_DIR}/tests/cases/${case})
@@ -50,7 +50,7 @@ endif()
 # transformer runs on the device; the crop's overlay) for FLUX.1 and SD3, Kontext with B = 2,
 # FLUX.2's reference, each in eager mode, and the FLUX.1 ones compiled too.
 set(DF_EDIT_SIM_CASES ${DF_IMAGE_CASES} ${DF_INPAINT_CASES} kontext-latents kontext-b2
-    kontext-noimage edit-flux2-crop)
+    kontext-noimage kontext-truecfg edit-flux2-crop)
 set(DF_EDIT_VULKAN_RUNS eager:img2img-flux-s03 eager:inpaint-flux-crop eager:inpaint-sd3-s03
     eager:kontext-b2 eager:edit-flux2-crop fuse:kontext-latents compile:img2img-flux-s03
     compile:inpaint-flux-crop compile:kontext-b2)
