@@ -242,8 +242,8 @@ static run_sizes resolve(const df_pipeline *p, const flux_pipe *f, const df_gen_
         r.B = g->n_prompts * r.per;
     r.L = g->prompt_embeds ? g->prompt_embeds_len : r.max_seq;
     /* do_true_cfg: true_cfg_scale > 1 and has_neg_prompt */
-    bool has_neg = g->negative_prompt || (g->negative_prompt_embeds &&
-                                          g->negative_pooled_prompt_embeds);
+    bool has_neg =
+        g->negative_prompt || (g->negative_prompt_embeds && g->negative_pooled_prompt_embeds);
     r.true_cfg_scale = g->true_cfg_scale != 0 ? g->true_cfg_scale : 1.0f;
     r.true_cfg = r.true_cfg_scale > 1 && has_neg;
     return r;
@@ -549,8 +549,12 @@ static df_status predict(df_ctx *ctx, flux_pipe *f, const df_flux_inputs *in, in
     df_status s = DF_OK;
     *v = NULL;
     if (f->compiled) {
-        df_tensor *args[7] = {in->hidden_states, in->encoder_hidden_states, in->pooled_projections,
-                              in->timestep,      in->img_ids,               in->txt_ids,
+        df_tensor *args[7] = {in->hidden_states,
+                              in->encoder_hidden_states,
+                              in->pooled_projections,
+                              in->timestep,
+                              in->img_ids,
+                              in->txt_ids,
                               in->guidance};
         s = df_compiled_call(ctx, f->compiled, f->transformer, args, v);
     } else {
@@ -755,8 +759,8 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (r.has_embeds) {
         s = given_embeddings(p, g->prompt_embeds, g->pooled_prompt_embeds, &r, &embeds, &pooled);
         if (s == DF_OK && r.true_cfg)
-            s = given_embeddings(p, g->negative_prompt_embeds, g->negative_pooled_prompt_embeds,
-                                 &r, &neg_embeds, &neg_pooled);
+            s = given_embeddings(p, g->negative_prompt_embeds, g->negative_pooled_prompt_embeds, &r,
+                                 &neg_embeds, &neg_pooled);
     } else {
         onload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
         onload(p, df_t5_weight_set(f->t5));
