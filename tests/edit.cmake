@@ -47,10 +47,10 @@ endif()
 # under a second) every img2img, inpainting and Kontext case but kontext-gen (4056 picture
 # tokens), and FLUX.2's cropped reference, in every mode. On Vulkan (lavapipe, 4 to 35 s a
 # run) one or two per pipeline: img2img, inpainting (the blend on the host while the
-# transformer runs on the device; the crop's overlay) for FLUX.1 and SD3, Kontext with B = 2,
+# transformer runs on the device; the crop's overlay) for FLUX.1 and SD3, Kontext with B = 2 and with true CFG,
 # FLUX.2's reference, each in eager mode, and the FLUX.1 ones compiled too.
 set(DF_EDIT_SIM_CASES ${DF_IMAGE_CASES} ${DF_INPAINT_CASES} kontext-latents kontext-b2
     kontext-noimage kontext-truecfg edit-flux2-crop)
 set(DF_EDIT_VULKAN_RUNS eager:img2img-flux-s03 eager:inpaint-flux-crop eager:inpaint-sd3-s03
-    eager:kontext-b2 eager:edit-flux2-crop fuse:kontext-latents compile:img2img-flux-s03
-    compile:inpaint-flux-crop compile:kontext-b2)
+    eager:kontext-b2 eager:kontext-truecfg eager:edit-flux2-crop fuse:kontext-latents
+    compile:img2img-flux-s03 compile:inpaint-flux-crop compile:kontext-b2)
