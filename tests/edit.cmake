@@ -44,11 +44,12 @@ endif()
 # The picture-in cases on the other devices, as tests/sim.cmake and tests/vulkan.cmake run
 # the golden cases; registered in tests/vulkan_edit.cmake, which the glob reads after both
 # (it reuses their settings). On the sim device (memory the host cannot address; each run
-# under a second) every img2img, inpainting and Kontext case but kontext-gen (4056 picture
+# under 2 s) every img2img, inpainting and Kontext case but kontext-gen (4056 picture
 # tokens), and FLUX.2's cropped reference, in every mode. On Vulkan (lavapipe, 4 to 35 s a
 # run) one or two per pipeline: img2img, inpainting (the blend on the host while the
-# transformer runs on the device; the crop's overlay) for FLUX.1 and SD3, Kontext with B = 2 and with true CFG,
-# FLUX.2's reference, each in eager mode, and the FLUX.1 ones compiled too.
+# transformer runs on the device; the crop's overlay) for FLUX.1 and SD3, Kontext with B = 2
+# and with true CFG, FLUX.2's reference, each in eager mode; Kontext fused; the FLUX.1 ones
+# compiled too.
 set(DF_EDIT_SIM_CASES ${DF_IMAGE_CASES} ${DF_INPAINT_CASES} kontext-latents kontext-b2
     kontext-noimage kontext-truecfg edit-flux2-crop)
 set(DF_EDIT_VULKAN_RUNS eager:img2img-flux-s03 eager:inpaint-flux-crop eager:inpaint-sd3-s03
