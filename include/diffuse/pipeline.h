@@ -179,6 +179,11 @@ typedef struct df_gen_params {
     const float *negative_prompt_embeds;        /* [B, L, joint_attention_dim], with the
                                                  * prompt embeddings (same L) */
     const float *negative_pooled_prompt_embeds; /* [B, pooled_projection_dim] */
+    /* FluxKontextPipeline's true CFG: above 1, with a negative prompt (or both negative
+     * embeddings, given with the prompt embeddings), every step runs the transformer again
+     * on the negative text and takes neg + true_cfg_scale * (pos - neg). 0 or 1: off (0
+     * means diffusers' default 1.0). */
+    float true_cfg_scale;
     int clip_skip;               /* SD3: CLIP layers skipped from the end; 0 = none
                                   * (hidden_states[-2]); the negative prompt ignores it */
     /* Skip-layer guidance (SD3.5): at steps i with slg_start*N < i < slg_stop*N an extra

@@ -219,6 +219,8 @@ typedef struct run_sizes {
     float guidance;
     int32_t has_embeds;  /* prompt embeddings given instead of prompts */
     int32_t first;       /* the loop's first step (image to image: cut by strength) */
+    int32_t true_cfg;    /* Kontext's true CFG: a negative forward every step */
+    float true_cfg_scale;
 } run_sizes;
 
 /* The sizes from the parameters and the model's defaults. */
@@ -239,7 +241,41 @@ static run_sizes resolve(const df_pipeline *p, const flux_pipe *f, const df_gen_
     if (g->prompt_embeds && g->n_prompts > 1)
         r.B = g->n_prompts * r.per;
     r.L = g->prompt_embeds ? g->prompt_embeds_len : r.max_seq;
+    /* do_true_cfg: true_cfg_scale > 1 and has_neg_prompt */
+    bool has_neg =
+        g->negative_prompt || (g->negative_prompt_embeds && g->negative_pooled_prompt_embeds);
+    r.true_cfg_scale = g->true_cfg_scale != 0 ? g->true_cfg_scale : 1.0f;
+    r.true_cfg = r.true_cfg_scale > 1 && has_neg;
     return r;
+}
+
+/* Kontext's true CFG: what it needs, and what it is not implemented with. */
+static df_status check_true_cfg(const df_pipeline *p, const df_gen_params *g, const run_sizes *r)
+{
+    if (!isfinite(r->true_cfg_scale))
+        return df_errorf(DF_E_ARG, "true_cfg_scale must be a finite number");
+    if (!r->true_cfg)
+        return DF_OK;
+    if (p->cls != &df_flux_kontext_pipeline_class)
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: true CFG (true_cfg_scale %g with a negative prompt) is "
+                         "implemented for FluxKontextPipeline, not %s",
+                         p->dir, r->true_cfg_scale, p->cls->name);
+    if (g->cache && g->cache->kind != DF_CACHE_NONE)
+        return df_errorf(DF_E_UNSUPPORTED, "true CFG with a step cache is not implemented "
+                                           "(the cache would see two forwards per step)");
+    if (!df_pipeline_lead(p))
+        return DF_OK; /* the prompts are rank 0's */
+    if (g->negative_prompts)
+        return df_errorf(DF_E_UNSUPPORTED, "true CFG takes one negative prompt, not a list");
+    if (g->prompt_embeds && !g->negative_prompt_embeds)
+        return df_errorf(DF_E_ARG, "true CFG from prompt embeddings needs negative prompt "
+                                   "embeddings and negative pooled embeddings, not a "
+                                   "negative prompt");
+    if (!g->prompt_embeds && g->negative_prompt_embeds)
+        return df_errorf(DF_E_ARG, "negative prompt embeddings need the prompt embeddings "
+                                   "(of the same length) too");
+    return DF_OK;
 }
 
 static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_gen_params *g,
@@ -267,6 +303,7 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
                          p->dir, p->cls->name);
     if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
         return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
+    DF_TRY(check_true_cfg(p, g, r));
     if (!df_pipeline_lead(p))
         return DF_OK; /* the prompts are rank 0's */
     if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
@@ -361,9 +398,25 @@ static df_status encode_prompts(df_pipeline *p, flux_pipe *f, const char *const 
     return s;
 }
 
-/* Prompt embeddings given by the caller (rank 0's, shared). */
-static df_status given_embeddings(df_pipeline *p, const df_gen_params *g, const run_sizes *r,
-                                  df_tensor **embeds, df_tensor **pooled)
+/* True CFG's negative text from the negative prompt, one row per prompt's row (diffusers
+ * encodes one negative prompt for num_images_per_prompt rows). */
+static df_status encode_negative(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
+                                 const run_sizes *r, df_tensor **embeds, df_tensor **pooled)
+{
+    const char **negs = df_malloc((size_t)(r->np > 0 ? r->np : 1) * sizeof *negs);
+    if (!negs)
+        return df_errorf(DF_E_OOM, "out of memory for the negative prompts");
+    for (int i = 0; i < r->np; i++)
+        negs[i] = g->negative_prompt ? g->negative_prompt : "";
+    df_status s = encode_prompts(p, f, negs, r, embeds, pooled);
+    df_free(negs);
+    return s == DF_OK ? s : df_error_context(s, "negative prompt");
+}
+
+/* Prompt embeddings given by the caller (rank 0's, shared): given_e [rows, L, J] and
+ * given_q [rows, P]. */
+static df_status given_embeddings(df_pipeline *p, const float *given_e, const float *given_q,
+                                  const run_sizes *r, df_tensor **embeds, df_tensor **pooled)
 {
     const df_flux_cfg *cfg = df_flux_config(((flux_pipe *)p->impl)->transformer);
     int64_t ne = r->B * r->L * cfg->joint_attention_dim, np = r->B * cfg->pooled_projection_dim;
@@ -372,9 +425,8 @@ static df_status given_embeddings(df_pipeline *p, const df_gen_params *g, const 
     /* each given row once per image, as encode_prompt repeats num_images_per_prompt */
     int64_t row_e = r->L * cfg->joint_attention_dim, row_q = cfg->pooled_projection_dim;
     for (int64_t b = 0; s == DF_OK && df_pipeline_lead(p) && b < r->B; b++) {
-        memcpy(e + b * row_e, g->prompt_embeds + b / r->per * row_e, (size_t)row_e * sizeof *e);
-        memcpy(q + b * row_q, g->pooled_prompt_embeds + b / r->per * row_q,
-               (size_t)row_q * sizeof *q);
+        memcpy(e + b * row_e, given_e + b / r->per * row_e, (size_t)row_e * sizeof *e);
+        memcpy(q + b * row_q, given_q + b / r->per * row_q, (size_t)row_q * sizeof *q);
     }
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
@@ -489,11 +541,36 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_
     return s == DF_OK ? df_scheduler_set_begin_index(*out, first) : s;
 }
 
+/* One transformer forward (compiled or not) on `in`; with `S` > 0 only the first S tokens
+ * of its output, the latents' (Kontext's picture tokens follow them). */
+static df_status predict(df_ctx *ctx, flux_pipe *f, const df_flux_inputs *in, int64_t S,
+                         df_tensor **v)
+{
+    df_status s = DF_OK;
+    *v = NULL;
+    if (f->compiled) {
+        df_tensor *args[7] = {in->hidden_states,
+                              in->encoder_hidden_states,
+                              in->pooled_projections,
+                              in->timestep,
+                              in->img_ids,
+                              in->txt_ids,
+                              in->guidance};
+        s = df_compiled_call(ctx, f->compiled, f->transformer, args, v);
+    } else {
+        *v = df_flux_forward(ctx, f->transformer, in);
+    }
+    if (s == DF_OK && S > 0 && *v) /* noise_pred[:, :S] */
+        *v = df_contiguous(ctx, df_slice(ctx, *v, 1, 0, S));
+    return s;
+}
+
 /* The denoising loop over the packed latents lat [B, S, Ci] (in place); ki: Kontext's
- * picture tokens, or NULL. */
+ * picture tokens, or NULL; neg_embeds / neg_pooled: true CFG's negative text, or NULL. */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *embeds, df_tensor *pooled, const df_inpaint *ip,
-                         const df_kontext_image *ki, float *lat, df_gen_output *out)
+                         df_tensor *embeds, df_tensor *pooled, df_tensor *neg_embeds,
+                         df_tensor *neg_pooled, const df_inpaint *ip, const df_kontext_image *ki,
+                         float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
@@ -568,17 +645,16 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
                             ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), gs)
                             : NULL,
         };
-        df_tensor *v = NULL;
-        if (f->compiled) {
-            df_tensor *args[7] = {in.hidden_states, in.encoder_hidden_states,
-                                  in.pooled_projections, in.timestep, in.img_ids, in.txt_ids,
-                                  in.guidance};
-            s = df_compiled_call(ctx, f->compiled, f->transformer, args, &v);
-        } else {
-            v = df_flux_forward(ctx, f->transformer, &in);
+        df_tensor *v = NULL, *neg = NULL;
+        s = predict(ctx, f, &in, ki ? S : 0, &v);
+        if (s == DF_OK && neg_embeds) { /* true CFG: the same forward on the negative text */
+            df_flux_inputs nin = in;
+            nin.encoder_hidden_states = neg_embeds;
+            nin.pooled_projections = neg_pooled;
+            s = predict(ctx, f, &nin, ki ? S : 0, &neg);
+            if (s == DF_OK && v && neg) /* neg + true_cfg_scale * (pos - neg) */
+                v = df_add(ctx, neg, df_scale(ctx, df_sub(ctx, v, neg), r->true_cfg_scale, 0));
         }
-        if (s == DF_OK && ki && v) /* noise_pred[:, :S]: the latents' tokens only */
-            v = df_contiguous(ctx, df_slice(ctx, v, 1, 0, S));
         if (s == DF_OK && on_device)
             s = df_scheduler_step_tensor(sched, ctx, v, &x);
         if (s == DF_OK)
@@ -679,13 +755,18 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
 
     df_scope outer = df_scope_begin(ctx);
     df_stats_reset_resident_peak(ctx); /* phases report their own peaks, not the load's */
-    df_tensor *embeds = NULL, *pooled = NULL;
+    df_tensor *embeds = NULL, *pooled = NULL, *neg_embeds = NULL, *neg_pooled = NULL;
     if (r.has_embeds) {
-        s = given_embeddings(p, g, &r, &embeds, &pooled);
+        s = given_embeddings(p, g->prompt_embeds, g->pooled_prompt_embeds, &r, &embeds, &pooled);
+        if (s == DF_OK && r.true_cfg)
+            s = given_embeddings(p, g->negative_prompt_embeds, g->negative_pooled_prompt_embeds, &r,
+                                 &neg_embeds, &neg_pooled);
     } else {
         onload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
         onload(p, df_t5_weight_set(f->t5));
         s = encode_prompts(p, f, prompts, &r, &embeds, &pooled);
+        if (s == DF_OK && r.true_cfg)
+            s = encode_negative(p, f, g, &r, &neg_embeds, &neg_pooled);
         if (s == DF_OK)
             s = offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
         if (s == DF_OK)
@@ -722,7 +803,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
-        s = denoise(p, f, g, &r, embeds, pooled, g->mask ? &ip : NULL,
+        s = denoise(p, f, g, &r, embeds, pooled, neg_embeds, neg_pooled, g->mask ? &ip : NULL,
                     kontext && g->image ? &ki : NULL, lat, out);
     df_kontext_image_deinit(&ki);
     df_pipeline_note_phase(p, out, "denoise");

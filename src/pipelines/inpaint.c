@@ -15,6 +15,11 @@
  * but a 16-channel transformer never reads those latents and nothing is drawn after them,
  * so we do not compute them. The blend runs on the host, so the pipelines step on the host
  * when they inpaint.
+ *
+ * Under tensor parallelism (FLUX.1; SD3 has no plan) rank 0 alone encodes the picture,
+ * draws the noise and keeps what the blend reads; the other ranks' blend data stay empty
+ * (n = 0, the blend does nothing there) and they take rank 0's blended latents after every
+ * step, as the loop shares them for any run under tensor parallelism.
  */
 #include "pipelines/inpaint.h"
 
@@ -61,9 +66,6 @@ df_status df_inpaint_check(const df_pipeline *p, const df_gen_params *g)
                          g->mask->width, g->mask->height, g->image->width, g->image->height);
     if (g->padding_mask_crop < 0)
         return df_errorf(DF_E_ARG, "padding_mask_crop must be >= 0, not %d", g->padding_mask_crop);
-    if (df_pipeline_tp(p))
-        return df_errorf(DF_E_UNSUPPORTED, "inpainting with tensor parallelism is not "
-                                           "implemented");
     return DF_OK;
 }
 
@@ -235,7 +237,7 @@ df_status df_inpaint_run_cropped(df_pipeline *p, const df_gen_params *g, df_gen_
     cropped.padding_mask_crop = 0;
     if (s == DF_OK)
         s = p->cls->run(p, &cropped, out);
-    if (s == DF_OK)
+    if (s == DF_OK && out->count > 0) /* under tensor parallelism only rank 0 has images */
         s = overlay_outputs(g, box, out);
     df_image_free(image);
     df_image_free(mask);

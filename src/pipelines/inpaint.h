@@ -25,9 +25,8 @@ typedef void (*df_latent_layout_fn)(const float *src, float *dst, int64_t B, int
 /*
  * df_pipeline_run's check for every pipeline class, before any model runs: a mask on a
  * class without inpainting, a mask without an image or of another size than it, an
- * inpaint class without a mask, a negative padding_mask_crop, tensor parallelism are
- * refused (DF_E_ARG / DF_E_UNSUPPORTED naming the rule). After it, a run inpaints when
- * g->mask is set.
+ * inpaint class without a mask, a negative padding_mask_crop are refused (DF_E_ARG /
+ * DF_E_UNSUPPORTED naming the rule). After it, a run inpaints when g->mask is set.
  */
 df_status df_inpaint_check(const df_pipeline *p, const df_gen_params *g);
 

@@ -5,8 +5,10 @@
 # leave the folder). With --image it edits the
 # picture: without -W / -H the output takes the folder's default size (64, this VAE's
 # sample_size), with them exactly W x H; the PNG records the input's name and SHA-256 and no
-# strength; the picture changes the result. A second picture, a strength and a picture
-# under 16 pixels are refused, naming the rule, before any denoising step.
+# strength; the picture changes the result, and so does true CFG (--negative-prompt with
+# --true-cfg-scale 2.5). A second picture, a strength and a picture under 16 pixels are
+# refused, naming the rule, before any denoising step, and true CFG on the same components
+# under FluxPipeline's model_index.json.
 # Usage: kontext_generate.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 diffuse=$1
@@ -56,6 +58,12 @@ if run --image "$pic" -o "$work/edit.png" && run -o "$work/plain.png" &&
 else
     fail "Kontext generate:"; cat "$work/log"
 fi
+if run --image "$pic" --negative-prompt "blurry" --true-cfg-scale 2.5 -o "$work/cfg.png"; then
+    cmp -s "$work/edit.png" "$work/cfg.png" && fail "Kontext: --true-cfg-scale changed nothing" ||
+        echo "ok   Kontext: true CFG with a negative prompt changes the result"
+else
+    fail "Kontext true CFG:"; cat "$work/log"
+fi
 
 refused() { # refused WHAT EXPECTED_TEXT ARGS...
     what=$1; expect=$2; shift 2
@@ -73,6 +81,17 @@ refused "two pictures" "FluxKontextPipeline edits one picture, not a list of 2" 
 refused "a strength" "FluxKontextPipeline takes no strength" --image "$pic" --strength 0.5
 refused "an 8x29 picture" "input image: 8x29 is too small: both sides must be at least 16" \
     --image "$cases/image-input/resize-lanczos-8x29.png"
+mkdir -p "$work/flux" && cp -r "$model"/* "$work/flux/" &&
+    sed -i 's/FluxKontextPipeline/FluxPipeline/' "$work/flux/model_index.json" || exit 1
+if "$diffuse" generate -m "$work/flux" -p x --negative-prompt y --true-cfg-scale 2 --steps 1 \
+        --threads 2 --max-sequence-length 32 -o "$work/bad.png" >"$work/err" 2>&1; then
+    fail "true CFG on FluxPipeline was accepted"
+elif grep -q "true CFG (true_cfg_scale 2 with a negative prompt) is implemented for \
+FluxKontextPipeline, not FluxPipeline" "$work/err"; then
+    echo "ok   FluxPipeline refuses true CFG: $(cat "$work/err")"
+else
+    fail "true CFG on FluxPipeline: $(cat "$work/err")"
+fi
 [ -f "$work/bad.png" ] && fail "a refused run wrote its output"
 
 rm -rf "$work"

@@ -111,8 +111,9 @@ static int get_generators(check_case *c, df_gen_params *g, uint64_t *seeds)
 }
 
 /* Arguments diffuse does not implement fail the case rather than being ignored (which would
- * compare another call with the reference): per-encoder prompts, and FLUX true CFG. */
-static int unsupported_args(check_case *c, bool sd3)
+ * compare another call with the reference): per-encoder prompts. FLUX.1's true_cfg_scale goes
+ * to the run (the library refuses it on classes without true CFG). */
+static int unsupported_args(check_case *c, bool sd3, df_gen_params *g)
 {
     static const char *const per_encoder[] = {"prompt_2", "prompt_3", "negative_prompt_2",
                                               "negative_prompt_3"};
@@ -125,9 +126,8 @@ static int unsupported_args(check_case *c, bool sd3)
     double true_cfg;
     if (!sd3 && df_json_get_double_or(c->args, "true_cfg_scale", 1.0, &true_cfg) != DF_OK)
         return check_fail(c, "args.true_cfg_scale: %s", df_error_message());
-    if (!sd3 && true_cfg > 1.0)
-        return check_fail(c, "args.true_cfg_scale %g: FluxPipeline's true CFG is not "
-                          "implemented", true_cfg);
+    if (!sd3)
+        g->true_cfg_scale = (float)true_cfg;
     return 0;
 }
 
@@ -358,7 +358,7 @@ int check_kind_pipeline(check_case *c)
     rc |= get_image(c, &g, images, 8, &n_images);
     df_image *mask = NULL;
     rc |= get_mask(c, &g, &mask);
-    rc |= unsupported_args(c, sd3);
+    rc |= unsupported_args(c, sd3, &g);
     df_lora_spec loras[MAX_LORAS];
     static char lora_paths[MAX_LORAS][1200];
     int n_loras = 0;

@@ -64,7 +64,9 @@ static void help(FILE *f)
         "                             FLUX.2-dev: embedded, 4.0; klein base: CFG when > 1, 4.0;\n"
         "                             distilled klein ignores it)\n"
         "      --negative-prompt TEXT SD3, FLUX.2 [klein] base: the negative prompt for CFG\n"
-        "                             (default empty)\n"
+        "                             (default empty); FLUX.1 Kontext: for true CFG\n"
+        "      --true-cfg-scale X     FLUX.1 Kontext: above 1 with --negative-prompt, a second\n"
+        "                             forward per step on it (default 1: off)\n"
         "      --clip-skip N          SD3: CLIP layers to skip from the end (default 0)\n"
         "      --slg-layers L,L,...   SD3.5: skip-layer guidance on these blocks (e.g. 7,8,9)\n"
         "      --slg-scale X          skip-layer guidance scale (default 2.8)\n"
@@ -357,7 +359,8 @@ int cmd_generate(int argc, char **argv)
            O_COMPILE_BLOCKS, O_OFFLOAD, O_DEVICE, O_THREADS, O_TILING, O_STATS,
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
            O_CACHE, O_TRANSFORMER, O_LORA, O_VAE, O_TE1, O_TE2, O_TE3, O_CONFIG,
-           O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP, O_INT8_GROUP, O_INT8_PATH };
+           O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP, O_INT8_GROUP, O_INT8_PATH,
+           O_TRUE_CFG };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -387,6 +390,7 @@ int cmd_generate(int argc, char **argv)
         {"text-encoder-3", required_argument, 0, O_TE3},
         {"image", required_argument, 0, O_IMAGE},
         {"strength", required_argument, 0, O_STRENGTH},
+        {"true-cfg-scale", required_argument, 0, O_TRUE_CFG},
         {"mask", required_argument, 0, O_MASK},
         {"padding-mask-crop", required_argument, 0, O_PADDING_MASK_CROP},
         {"int8-group", required_argument, 0, O_INT8_GROUP},
@@ -561,6 +565,13 @@ int cmd_generate(int argc, char **argv)
                 return 2;
             }
             break;
+        case O_TRUE_CFG: {
+            double scale;
+            if ((rc = parse_number("--true-cfg-scale", optarg, &scale)))
+                return rc;
+            g.true_cfg_scale = (float)scale;
+            break;
+        }
         case O_MASK: mask_path = optarg; break;
         case O_PADDING_MASK_CROP:
             if ((rc = parse_int("--padding-mask-crop", optarg, 1, 1 << 16,

@@ -15,13 +15,19 @@ that run on it:
   kontext-b2       B = 2 (num_images_per_prompt 2, a list of two generators), max_area
                    70*70 with a 96x64 request: the aspect ratio rounding gives 80x48
   kontext-noimage  no picture: the max_area sizing alone, one generator
+  kontext-truecfg  true CFG: true_cfg_scale 2.5 with negative prompt embeddings (a second
+                   forward per step, noise_pred = neg + scale * (pos - neg)), a 48x40
+                   picture, a generator
+
+Case names as arguments write only those cases, on the pipeline folder already there.
 
 out.* are float64 runs with the noise drawn in float32, as a float32 pipeline draws it;
 torch's float32 run sets the tolerances (20x its difference, floors 1e-4 / 1e-5).
 
-    /work/venv/bin/python tools/refgen/kontext.py
+    /work/venv/bin/python tools/refgen/kontext.py [CASE ...]
 """
 import os
+import sys
 
 import numpy as np
 import torch
@@ -48,6 +54,9 @@ CASES = [
                                   num_images_per_prompt=2, _auto_resize=False), [7, 8], 1),
     ("kontext-noimage", None, dict(height=48, width=64, max_area=48 * 64,
                                    num_inference_steps=2, guidance_scale=3.5), 9, 1),
+    ("kontext-truecfg", (48, 40), dict(height=64, width=64, max_area=64 * 64,
+                                       num_inference_steps=2, guidance_scale=3.5,
+                                       true_cfg_scale=2.5, _auto_resize=False), 11, 1),
 ]
 
 
@@ -77,8 +86,12 @@ def make_pipeline():
     return PIPE
 
 
-def call(pipe, args, image, gen, embeds, pooled, latents, output_type):
+def call(pipe, args, image, gen, embeds, pooled, latents, output_type, negative=None):
     kw = dict(args)
+    if negative is not None:
+        kw["negative_prompt_embeds"] = torch.from_numpy(negative[0]).to(pipe.transformer.dtype)
+        kw["negative_pooled_prompt_embeds"] = torch.from_numpy(negative[1]).to(
+            pipe.transformer.dtype)
     if gen is not None:
         kw["generator"] = ([torch.Generator("cpu").manual_seed(s) for s in gen]
                            if isinstance(gen, list) else torch.Generator("cpu").manual_seed(gen))
@@ -92,11 +105,15 @@ def call(pipe, args, image, gen, embeds, pooled, latents, output_type):
 
 
 def main():
-    make_pipeline()
+    only = sys.argv[1:]
+    if not only:
+        make_pipeline()
     none = dict(text_encoder=None, tokenizer=None, text_encoder_2=None, tokenizer_2=None)
     pipes = {dt: FluxKontextPipeline.from_pretrained(PIPE, torch_dtype=dt, **none)
              for dt in (torch.float64, torch.float32)}
     for i, (name, pic, args, gen, nb) in enumerate(CASES):
+        if only and name not in only:
+            continue
         out_dir = os.path.join(refcase.CASES, name)
         os.makedirs(out_dir, exist_ok=True)
         image = None
@@ -109,13 +126,19 @@ def main():
         pooled = rng.standard_normal((nb, 32)).astype(np.float32)
         latents = None
         tensors = {"in.prompt_embeds": embeds, "in.pooled_prompt_embeds": pooled}
+        negative = None
+        if args.get("true_cfg_scale", 1.0) > 1:
+            negative = (rng.standard_normal((nb, L, 48)).astype(np.float32),
+                        rng.standard_normal((nb, 32)).astype(np.float32))
+            tensors["in.negative_prompt_embeds"] = negative[0]
+            tensors["in.negative_pooled_prompt_embeds"] = negative[1]
         if gen is None:  # the packed latents of the output size (64x64: 16 tokens)
             latents = rng.standard_normal((nb, 16, 64)).astype(np.float32)
             tensors["in.latents"] = latents
         res = {}
         for dt, p in pipes.items():
-            res[dt] = (call(p, args, image, gen, embeds, pooled, latents, "np"),
-                       call(p, args, image, gen, embeds, pooled, latents, "latent"))
+            res[dt] = (call(p, args, image, gen, embeds, pooled, latents, "np", negative),
+                       call(p, args, image, gen, embeds, pooled, latents, "latent", negative))
         img64, lat64 = res[torch.float64]
         img32, lat32 = res[torch.float32]
         tensors.update({"out.image": np.asarray(img64, np.float32),
@@ -126,6 +149,9 @@ def main():
                          pooled_prompt_embeds="in.pooled_prompt_embeds", output_type="np")
         if pic:
             case_args["image"] = "image.png"
+        if negative is not None:
+            case_args["negative_prompt_embeds"] = "in.negative_prompt_embeds"
+            case_args["negative_pooled_prompt_embeds"] = "in.negative_pooled_prompt_embeds"
         if latents is not None:
             case_args["latents"] = "in.latents"
         if gen is not None:
@@ -137,7 +163,9 @@ def main():
             "covers": f"FluxKontextPipeline from prompt embeddings, "
                       + (f"a {pic[0]}x{pic[1]} picture" if pic else "no picture")
                       + f", output {img64.shape[2]}x{img64.shape[1]}, B = {B}, "
-                      + ("given latents" if gen is None else "generator"),
+                      + ("given latents" if gen is None else "generator")
+                      + (f", true_cfg_scale {args['true_cfg_scale']} with negative embeddings"
+                         if negative is not None else ""),
             "class": "FluxKontextPipeline",
             "dir": os.path.relpath(PIPE, os.path.join(refcase.CASES, name)),
             "call": "pipe(image=Image.open('image.png').convert('RGB'), generator=..., **args); "
