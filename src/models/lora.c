@@ -122,8 +122,7 @@ static df_status refuse_key(const char *path, layout lay, const char *key)
                          key);
     static const char *const want[] = {
         "<component>.<module>.lora_A.weight, .lora_B.weight or .alpha",
-        "lora_unet_<module> / lora_te1_<module> with .lora_down.weight, .lora_up.weight or "
-        ".alpha",
+        "lora_unet_<module> / lora_te1_<module> with .lora_down.weight, .lora_up.weight or .alpha",
         "<block>.processor.<name>_lora*.down.weight or .up.weight"};
     return df_errorf(DF_E_FORMAT,
                      "%s: key '%s' is not a LoRA tensor of the %s layout "
