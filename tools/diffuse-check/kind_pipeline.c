@@ -364,8 +364,8 @@ int check_kind_pipeline(check_case *c)
     int n_loras = 0;
     rc |= get_loras(c, loras, lora_paths, &n_loras);
     if (kontext) { /* diffusers' defaults: max_area 1024 ** 2, _auto_resize True */
-        int64_t area;
-        bool auto_resize;
+        int64_t area = 1024 * 1024;
+        bool auto_resize = true;
         if (df_json_get_int_or(c->args, "max_area", 1024 * 1024, &area) != DF_OK ||
             df_json_get_bool_or(c->args, "_auto_resize", true, &auto_resize) != DF_OK)
             rc |= check_fail(c, "args: %s", df_error_message());
