@@ -32,7 +32,6 @@
 
 #include <diffuse/dist.h>
 #include <diffuse/flux2.h>
-#include <diffuse/layout.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
@@ -42,22 +41,17 @@
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
+#include "models/transformer_base.h"
 #include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 
 #define FLUX2_TIME_SCALE 1000.0f /* the model embeds 1000 * t and 1000 * guidance */
 #define FLUX2_MAX_SIZE   (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
 #define FLUX2_TP_RULES   18 /* diffusers' 14, context_embedder and the 3 modulations */
 
-/* Attention projections and per-head RMS norms of one stream of a double block. */
-typedef struct qkv_weights {
-    df_linear_weights to_q, to_k, to_v; /* [D, D] */
-    df_tensor *norm_q, *norm_k;         /* [Dh] */
-} qkv_weights;
-
 /* Flux2TransformerBlock: image stream (attn.to_*, ff) and text stream (attn.add_*_proj,
  * ff_context). */
 typedef struct double_block {
-    qkv_weights img, txt;
+    df_qkv_weights img, txt;
     df_linear_weights to_out, to_add_out; /* [D, D] */
     df_linear_weights ff_in, ff_out;      /* [2M, D], [D, M] */
     df_linear_weights ff_ctx_in, ff_ctx_out;
@@ -71,21 +65,17 @@ typedef struct single_block {
 } single_block;
 
 struct df_flux2 {
-    df_ctx *ctx;
+    df_transformer t; /* context, weights, ranks, step cache, double then single blocks */
     df_flux2_cfg cfg;
     int axes[DF_FLUX2_MAX_AXES];
-    df_weight_set *ws;
     df_linear_weights x_embedder, context_embedder; /* [D, in], [D, joint] */
     df_emb_mlp time_embedder, guidance_embedder;    /* 256 -> D -> D */
     df_linear_weights mod_img, mod_txt, mod_single; /* [6D, D], [6D, D], [3D, D] */
     double_block *blocks;
     single_block *singles;
     df_linear_weights norm_out, proj_out; /* [2D, D], [out, D] */
-    int tp, rank;                         /* tensor-parallel ranks, and this one */
     bool tp_ctx_rows, tp_mod_rows;        /* context_embedder / modulations split rowwise */
     df_tp_rule tp_plan[FLUX2_TP_RULES];   /* the ws borrows it: lives as long as the model */
-    df_blocks rep;                        /* double, then single blocks (blocks.h) */
-    df_step_cache *cache;                 /* a run's step cache (step_cache.h), or NULL */
 };
 
 /* Sizes of one block call. H: this rank's heads; tp: ranks. */
@@ -132,30 +122,9 @@ static df_status check_config(const df_json *cfg, df_flux2_cfg *c)
         return df_errorf(DF_E_FORMAT, "%s: keys 'rope_theta' (%g) and 'eps' (%g) must be positive "
                          "(eps below 1)", src, c->rope_theta, c->eps);
 
-    if (df_json_is_null(df_json_get(cfg, "axes_dims_rope"))) {
-        c->n_axes = 4;
-        for (int a = 0; a < 4; a++)
-            c->axes_dims_rope[a] = 32;
-    } else {
-        int64_t n = 0;
-        DF_TRY(df_json_get_int_array(cfg, "axes_dims_rope", c->axes_dims_rope, DF_FLUX2_MAX_AXES,
-                                     &n));
-        if (n < 1)
-            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' is empty", src);
-        c->n_axes = (int)n;
-    }
-    int64_t sum = 0;
-    for (int a = 0; a < c->n_axes; a++) {
-        int64_t d = c->axes_dims_rope[a];
-        if (d <= 0 || d % 2 || d > FLUX2_MAX_SIZE)
-            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope[%d]' is %lld; expected a "
-                             "positive even size (RoPE rotates pairs)", src, a, (long long)d);
-        sum += d;
-    }
-    if (sum != c->attention_head_dim)
-        return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' sums to %lld but "
-                         "'attention_head_dim' is %lld; RoPE must cover the whole head",
-                         src, (long long)sum, (long long)c->attention_head_dim);
+    static const int64_t axes[] = {32, 32, 32, 32};
+    DF_TRY(df_config_rope_axes(cfg, axes, 4, DF_FLUX2_MAX_AXES, FLUX2_MAX_SIZE,
+                               c->attention_head_dim, c->axes_dims_rope, &c->n_axes));
     c->inner_dim = c->num_attention_heads * c->attention_head_dim;
     double mlp = (double)c->inner_dim * c->mlp_ratio;
     if (!(mlp >= 1) || mlp > (double)FLUX2_MAX_SIZE)
@@ -165,37 +134,25 @@ static df_status check_config(const df_json *cfg, df_flux2_cfg *c)
     return DF_OK;
 }
 
-static df_status read_config(const char *dir, df_flux2_cfg *c)
+static df_status configure(void *model, const df_json *cfg)
 {
-    df_json *cfg = NULL;
-    DF_TRY(df_layout_open_config(dir, &cfg));
-    df_status s = check_config(cfg, c);
-    df_json_free(cfg);
-    return s;
+    df_flux2 *m = model;
+    DF_TRY(check_config(cfg, &m->cfg));
+    for (int a = 0; a < m->cfg.n_axes; a++)
+        m->axes[a] = (int)m->cfg.axes_dims_rope[a];
+    return DF_OK;
 }
 
 /* --- weights ----------------------------------------------------------------------------- */
 
-static df_status bind_qkv(df_weight_set *ws, qkv_weights *w, int64_t D, int64_t Dh, const char *p,
-                          const char *q, const char *k, const char *v, const char *nq,
-                          const char *nk)
-{
-    DF_TRY(df_ws_linear(ws, &w->to_q, D, D, false, "%s.attn.%s", p, q));
-    DF_TRY(df_ws_linear(ws, &w->to_k, D, D, false, "%s.attn.%s", p, k));
-    DF_TRY(df_ws_linear(ws, &w->to_v, D, D, false, "%s.attn.%s", p, v));
-    DF_TRY(df_ws_tensor(ws, &w->norm_q, 1, (int64_t[]){Dh}, "%s.attn.%s.weight", p, nq));
-    DF_TRY(df_ws_tensor(ws, &w->norm_k, 1, (int64_t[]){Dh}, "%s.attn.%s.weight", p, nk));
-    return DF_OK;
-}
-
 static df_status bind_double(df_weight_set *ws, double_block *b, const df_flux2_cfg *c, int i)
 {
     int64_t D = c->inner_dim, Dh = c->attention_head_dim, M = c->mlp_hidden_dim;
-    char p[64];
+    char p[64], a[80];
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
-    DF_TRY(bind_qkv(ws, &b->img, D, Dh, p, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
-    DF_TRY(bind_qkv(ws, &b->txt, D, Dh, p, "add_q_proj", "add_k_proj", "add_v_proj",
-                    "norm_added_q", "norm_added_k"));
+    snprintf(a, sizeof a, "%s.attn", p);
+    DF_TRY(df_transformer_bind_qkv(ws, &b->img, D, Dh, false, true, a, DF_QKV_IMAGE));
+    DF_TRY(df_transformer_bind_qkv(ws, &b->txt, D, Dh, false, true, a, DF_QKV_CONTEXT));
     DF_TRY(df_ws_linear(ws, &b->to_out, D, D, false, "%s.attn.to_out.0", p));
     DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, false, "%s.attn.to_add_out", p));
     DF_TRY(df_ws_linear(ws, &b->ff_in, 2 * M, D, false, "%s.ff.linear_in", p));
@@ -217,10 +174,11 @@ static df_status bind_single(df_weight_set *ws, single_block *b, const df_flux2_
     return DF_OK;
 }
 
-static df_status bind_weights(df_flux2 *m, const char *dir)
+static df_status bind_weights(void *model, const char *dir)
 {
+    df_flux2 *m = model;
     const df_flux2_cfg *c = &m->cfg;
-    df_weight_set *ws = m->ws;
+    df_weight_set *ws = m->t.ws;
     int64_t D = c->inner_dim, T = c->timestep_guidance_channels;
     DF_TRY(df_blocks_check_depth(ws, dir, "num_layers", c->num_layers, "transformer_blocks",
                                  "attn.to_q.weight"));
@@ -300,10 +258,10 @@ static int make_tp_plan(df_flux2 *m)
     };
     int n = (int)(sizeof plan / sizeof *plan);
     memcpy(m->tp_plan, plan, sizeof plan);
-    m->tp_ctx_rows = m->cfg.joint_attention_dim % m->tp == 0;
+    m->tp_ctx_rows = m->cfg.joint_attention_dim % m->t.tp == 0;
     if (m->tp_ctx_rows)
         m->tp_plan[n++] = (df_tp_rule){"context_embedder", DF_SHARD_ROWWISE};
-    m->tp_mod_rows = m->cfg.inner_dim % m->tp == 0;
+    m->tp_mod_rows = m->cfg.inner_dim % m->t.tp == 0;
     if (m->tp_mod_rows) {
         m->tp_plan[n++] = (df_tp_rule){"double_stream_modulation_img.linear", DF_SHARD_ROWWISE};
         m->tp_plan[n++] = (df_tp_rule){"double_stream_modulation_txt.linear", DF_SHARD_ROWWISE};
@@ -312,28 +270,53 @@ static int make_tp_plan(df_flux2 *m)
     return n;
 }
 
-/* Splits the model over the context's ranks, if it has several. */
-static df_status shard(df_flux2 *m, const char *dir)
+/* Splits the model over the context's ranks (t.tp > 1). */
+static df_status shard(void *model, const char *dir)
 {
-    df_comm *comm = df_ctx_comm(m->ctx);
-    m->tp = df_comm_size(comm);
-    m->rank = df_comm_rank(comm);
-    if (m->tp <= 1)
-        return DF_OK;
-    if (m->cfg.num_attention_heads % m->tp)
-        return df_errorf(DF_E_ARG, "%s/config.json: num_attention_heads %lld is not divisible by "
-                         "the %d tensor-parallel ranks (heads are split across ranks)", dir,
-                         (long long)m->cfg.num_attention_heads, m->tp);
-    if (m->cfg.mlp_hidden_dim % m->tp)
-        return df_errorf(DF_E_ARG, "%s/config.json: the MLP width %lld (inner_dim * mlp_ratio) "
-                         "is not divisible by the %d tensor-parallel ranks", dir,
-                         (long long)m->cfg.mlp_hidden_dim, m->tp);
+    df_flux2 *m = model;
+    DF_TRY(df_transformer_check_heads(&m->t, dir, m->cfg.num_attention_heads));
+    if (m->cfg.mlp_hidden_dim % m->t.tp)
+        return df_errorf(DF_E_ARG,
+                         "%s/config.json: the MLP width %lld (inner_dim * mlp_ratio) "
+                         "is not divisible by the %d tensor-parallel ranks",
+                         dir, (long long)m->cfg.mlp_hidden_dim, m->t.tp);
     int n = make_tp_plan(m);
-    df_ws_set_tp_plan(m->ws, m->tp_plan, n, m->rank, m->tp);
+    df_ws_set_tp_plan(m->t.ws, m->tp_plan, n, m->t.rank, m->t.tp);
     return DF_OK;
 }
 
-static df_status list_blocks(df_flux2 *m);
+static df_status alloc_blocks(void *model)
+{
+    df_flux2 *m = model;
+    int64_t n = m->cfg.num_layers, n_single = m->cfg.num_single_layers;
+    m->blocks = df_calloc(n ? (size_t)n : 1, sizeof *m->blocks);
+    m->singles = df_calloc(n_single ? (size_t)n_single : 1, sizeof *m->singles);
+    if (!m->blocks || !m->singles)
+        return df_errorf(DF_E_OOM, "transformer: out of memory");
+    return DF_OK;
+}
+
+static void free_blocks(void *model)
+{
+    df_flux2 *m = model;
+    df_free(m->blocks);
+    df_free(m->singles);
+}
+
+static df_status list_blocks(void *model);
+
+static const df_transformer_kind flux2_kind = {
+    .name = "flux2",
+    .size = sizeof(df_flux2),
+    .configure = configure,
+    .alloc = alloc_blocks,
+    .names = df_names_flux2_bfl,
+    .names_probe = df_names_flux2_probe,
+    .shard = shard,
+    .bind = bind_weights,
+    .list_blocks = list_blocks,
+    .free_parts = free_blocks,
+};
 
 df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out)
 {
@@ -342,44 +325,7 @@ df_status df_flux2_load(df_ctx *ctx, const char *dir, df_flux2 **out)
 
 df_status df_flux2_load_file(df_ctx *ctx, const char *dir, const char *file, df_flux2 **out)
 {
-    if (!out)
-        return df_errorf(DF_E_ARG, "df_flux2_load: out is NULL");
-    *out = NULL;
-    if (!ctx || !dir)
-        return df_errorf(DF_E_ARG, "df_flux2_load: ctx and dir are required");
-    df_flux2_cfg cfg = {0};
-    DF_TRY(read_config(dir, &cfg));
-
-    df_flux2 *m = df_calloc(1, sizeof *m);
-    if (!m)
-        return df_errorf(DF_E_OOM, "transformer: out of memory");
-    m->ctx = ctx;
-    m->cfg = cfg;
-    for (int a = 0; a < cfg.n_axes; a++)
-        m->axes[a] = (int)cfg.axes_dims_rope[a];
-    df_status s = DF_OK;
-    m->blocks = df_calloc(cfg.num_layers ? (size_t)cfg.num_layers : 1, sizeof *m->blocks);
-    m->singles =
-        df_calloc(cfg.num_single_layers ? (size_t)cfg.num_single_layers : 1, sizeof *m->singles);
-    if (!m->blocks || !m->singles)
-        s = df_errorf(DF_E_OOM, "transformer: out of memory");
-    if (s == DF_OK && file)
-        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_flux2_bfl, 0,
-                                      df_names_flux2_probe(), &m->ws);
-    else if (s == DF_OK)
-        s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
-    if (s == DF_OK)
-        s = shard(m, dir);
-    if (s == DF_OK)
-        s = bind_weights(m, dir);
-    if (s == DF_OK)
-        s = list_blocks(m);
-    if (s != DF_OK) {
-        df_flux2_free(m);
-        return s;
-    }
-    *out = m;
-    return DF_OK;
+    return df_transformer_load(&flux2_kind, ctx, dir, file, (df_transformer **)out);
 }
 
 const df_flux2_cfg *df_flux2_config(const df_flux2 *m)
@@ -389,83 +335,38 @@ const df_flux2_cfg *df_flux2_config(const df_flux2 *m)
 
 int64_t df_flux2_weight_bytes(const df_flux2 *m)
 {
-    return m && m->ws ? df_ws_bytes(m->ws) : 0;
+    return df_transformer_weight_bytes((const df_transformer *)m);
 }
 
 df_weight_set *df_flux2_weight_set(const df_flux2 *m)
 {
-    return m ? m->ws : NULL;
+    return df_transformer_weight_set((const df_transformer *)m);
 }
 
 df_status df_flux2_set_sequential_offload(df_flux2 *m, bool on)
 {
-    if (!m)
-        return df_errorf(DF_E_ARG, "df_flux2_set_sequential_offload: model is NULL");
-    return df_blocks_set_sequential(&m->rep, on);
+    return df_transformer_set_sequential_offload(&flux2_kind, (df_transformer *)m, on);
 }
 
 void df_flux2_free(df_flux2 *m)
 {
-    if (!m)
-        return;
-    df_blocks_deinit(&m->rep);
-    df_weight_set_free(m->ws);
-    df_free(m->blocks);
-    df_free(m->singles);
-    df_free(m);
+    df_transformer_free((df_transformer *)m);
 }
 
 /* --- inputs ------------------------------------------------------------------------------ */
 
-static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want,
-                             bool ids)
-{
-    return df_emb_check_input("flux2", name, t, ndim, want, ids);
-}
-
-/* [S, A] ids, or the [B, S, A] form the pipelines pass, of which the model uses row 0. */
-static df_status check_ids(const char *name, const df_tensor *t, int64_t S, int64_t A)
-{
-    if (t && df_tensor_ndim(t) == 3)
-        return check_input(name, t, 3, (int64_t[]){-1, S, A}, true);
-    return check_input(name, t, 2, (int64_t[]){S, A}, true);
-}
-
-/* A [B] or [1] tensor (timestep, guidance). */
-static df_status check_per_batch(const char *name, const df_tensor *t, int64_t B)
-{
-    if (t && df_tensor_ndim(t) == 1 && df_tensor_dim(t, 0) == 1)
-        return check_input(name, t, 1, (int64_t[]){1}, false);
-    return check_input(name, t, 1, (int64_t[]){B}, false);
-}
-
 static df_status check_inputs(const df_flux2 *m, const df_flux2_inputs *in)
 {
     const df_flux2_cfg *c = &m->cfg;
-    DF_TRY(check_input("hidden_states", in->hidden_states, 3, (int64_t[]){-1, -1, c->in_channels},
-                       false));
-    int64_t B = df_tensor_dim(in->hidden_states, 0), s_img = df_tensor_dim(in->hidden_states, 1);
-    DF_TRY(check_input("encoder_hidden_states", in->encoder_hidden_states, 3,
-                       (int64_t[]){B, -1, c->joint_attention_dim}, false));
-    int64_t s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
-    DF_TRY(check_per_batch("timestep", in->timestep, B));
-    DF_TRY(check_ids("img_ids", in->img_ids, s_img, c->n_axes));
-    DF_TRY(check_ids("txt_ids", in->txt_ids, s_txt, c->n_axes));
-    if (c->guidance_embeds)
-        DF_TRY(check_per_batch("guidance", in->guidance, B));
-    else if (in->guidance)
-        return df_errorf(DF_E_ARG, "flux2 forward: input 'guidance' given, but this model has "
-                                   "no guidance embedder (config.json guidance_embeds is false)");
-    return DF_OK;
-}
-
-/* [S, A] view of ids given as [S, A] or [B, S, A]. */
-static df_tensor *ids_2d(df_ctx *ctx, df_tensor *ids)
-{
-    if (df_tensor_ndim(ids) == 2)
-        return ids;
-    int64_t S = df_tensor_dim(ids, 1), A = df_tensor_dim(ids, 2);
-    return df_reshape(ctx, df_slice(ctx, ids, 0, 0, 1), DF_SHAPE(S, A)); /* row 0 */
+    const df_transformer *t = &m->t;
+    int64_t B, s_img, s_txt;
+    DF_TRY(df_transformer_check_sequences(t, in->hidden_states, in->encoder_hidden_states,
+                                          c->in_channels, c->joint_attention_dim, &B, &s_img,
+                                          &s_txt));
+    DF_TRY(df_transformer_check_per_batch(t, "timestep", in->timestep, B));
+    DF_TRY(df_transformer_check_ids(t, "img_ids", in->img_ids, s_img, c->n_axes));
+    DF_TRY(df_transformer_check_ids(t, "txt_ids", in->txt_ids, s_txt, c->n_axes));
+    return df_transformer_check_guidance(t, c->guidance_embeds, in->guidance, B);
 }
 
 /* --- blocks ------------------------------------------------------------------------------ */
@@ -473,7 +374,7 @@ static df_tensor *ids_2d(df_ctx *ctx, df_tensor *ids)
 /* The sum over the ranks of a rowwise product's partial results (itself on one rank). */
 static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
 {
-    return d->tp > 1 ? df_all_reduce(ctx, x) : x;
+    return df_transformer_tp_sum(ctx, d->tp, x);
 }
 
 /* Part i of n of a shared modulation [B, n*D], as [B, 1, D] (broadcast over the sequence). */
@@ -504,21 +405,8 @@ static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
     return tp_sum(ctx, d, df_linear(ctx, h, out));     /* [B, S, D] */
 }
 
-/* Attention over the joint sequence with RoPE on q and k.
- * q, k, v [B, S, H, Dh], pe [S, Dh/2, 2] -> [B, S, H*Dh]. */
-static df_tensor *rope_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
-                                 df_tensor *pe, const dims *d)
-{
-    q = df_rope(ctx, df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
-    k = df_rope(ctx, df_permute(ctx, k, DF_SHAPE(0, 2, 1, 3)), pe); /* [B, H, S, Dh] */
-    v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));                   /* [B, H, S, Dh] view */
-    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f);   /* 1/sqrt(Dh) */
-    o = df_transpose(ctx, o, 1, 2);                                 /* [B, S, H, Dh] */
-    return df_reshape(ctx, o, DF_SHAPE(d->B, d->S, -1));            /* [B, S, H*Dh] */
-}
-
 /* One stream's q, k, v heads [B, S, H, Dh] (q and k normed). */
-static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const dims *d,
+static void project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, const dims *d,
                         df_tensor **q, df_tensor **k, df_tensor **v)
 {
     *q = heads(ctx, df_linear(ctx, x, &w->to_q), w->norm_q, d);
@@ -541,7 +429,7 @@ static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, 
     df_tensor *q = df_concat(ctx, qc, qx, 1);           /* [B, S, H, Dh] text first */
     df_tensor *k = df_concat(ctx, kc, kx, 1);
     df_tensor *v = df_concat(ctx, vc, vx, 1);
-    df_tensor *o = rope_attention(ctx, q, k, v, pe, d); /* [B, S, H*Dh] */
+    df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
@@ -585,7 +473,7 @@ static df_tensor *parallel_attention(df_ctx *ctx, const single_block *b, df_tens
     df_tensor *q = heads(ctx, df_slice(ctx, p, 2, 0, Dl), b->norm_q, d);
     df_tensor *k = heads(ctx, df_slice(ctx, p, 2, Dl, 2 * Dl), b->norm_k, d);
     df_tensor *v = heads(ctx, df_slice(ctx, p, 2, 2 * Dl, 3 * Dl), NULL, d);
-    df_tensor *attn = rope_attention(ctx, q, k, v, pe, d);         /* [B, S, D/tp] */
+    df_tensor *attn = df_transformer_attention(ctx, q, k, v, pe);  /* [B, S, D/tp] */
     df_tensor *mlp = swiglu(ctx, df_slice(ctx, p, 2, 3 * Dl, W));  /* [B, S, M/tp] */
     df_tensor *o = df_linear(ctx, df_concat(ctx, attn, mlp, 2), &b->to_out);
     return tp_sum(ctx, d, o);                                      /* [B, S, D] */
@@ -617,7 +505,9 @@ static const char *const outer_prefixes[] = {
 /* The sizes a block call needs. x [B, S_x, D], c [B, S_c, D] or NULL. */
 static dims block_dims(const df_flux2 *m, const df_tensor *x, const df_tensor *c)
 {
-    dims d = {.B = df_tensor_dim(x, 0), .H = m->cfg.num_attention_heads / m->tp, .tp = m->tp,
+    dims d = {.B = df_tensor_dim(x, 0),
+              .H = m->cfg.num_attention_heads / m->t.tp,
+              .tp = m->t.tp,
               .eps = (float)m->cfg.eps};
     d.s_txt = c ? df_tensor_dim(c, 1) : 0;
     d.S = df_tensor_dim(x, 1) + d.s_txt;
@@ -631,8 +521,8 @@ static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor
     const df_flux2 *m = model;
     dims d = block_dims(m, in[0], in[1]);
     out[0] = in[0], out[1] = in[1];
-    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d,
-                         m->cache, i);
+    double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d, m->t.cache,
+                         i);
     return df_ctx_status(ctx);
 }
 
@@ -642,7 +532,7 @@ static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor
 {
     const df_flux2 *m = model;
     dims d = block_dims(m, in[0], NULL);
-    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->cache,
+    out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->t.cache,
                                   (int)m->cfg.num_layers + i);
     return df_ctx_status(ctx);
 }
@@ -653,27 +543,22 @@ static const df_block_class double_class = {.name = "Flux2TransformerBlock", .n_
 static const df_block_class single_class = {.name = "Flux2SingleTransformerBlock", .n_in = 3,
                                             .n_out = 1, .forward = single_class_forward};
 
-static df_status list_blocks(df_flux2 *m)
+static df_status list_blocks(void *model)
 {
-    df_blocks_init(&m->rep, m, m->ws, outer_prefixes,
-                   (int)(sizeof outer_prefixes / sizeof *outer_prefixes));
-    for (int i = 0; i < m->cfg.num_layers; i++)
-        DF_TRY(df_blocks_add(&m->rep, &double_class, i, "transformer_blocks.%d", i));
-    for (int i = 0; i < m->cfg.num_single_layers; i++)
-        DF_TRY(df_blocks_add(&m->rep, &single_class, i, "single_transformer_blocks.%d", i));
-    return DF_OK;
+    df_flux2 *m = model;
+    return df_transformer_list_two_streams(
+        &m->t, outer_prefixes, (int)(sizeof outer_prefixes / sizeof *outer_prefixes), &double_class,
+        m->cfg.num_layers, &single_class, m->cfg.num_single_layers);
 }
 
 df_status df_flux2_compile_repeated_blocks(df_flux2 *m, const df_compile_opts *opts)
 {
-    if (!m)
-        return df_errorf(DF_E_ARG, "df_flux2_compile_repeated_blocks: model is NULL");
-    return df_blocks_compile(&m->rep, opts);
+    return df_transformer_compile_repeated_blocks(&flux2_kind, (df_transformer *)m, opts);
 }
 
 int df_flux2_compiled_programs(const df_flux2 *m)
 {
-    return m ? df_blocks_programs(&m->rep) : 0;
+    return df_transformer_compiled_programs((const df_transformer *)m);
 }
 
 /* --- forward ----------------------------------------------------------------------------- */
@@ -695,8 +580,8 @@ static df_tensor *row_split_linear(df_ctx *ctx, const df_flux2 *m, df_tensor *x,
                                    const df_linear_weights *w)
 {
     int last = df_tensor_ndim(x) - 1;
-    int64_t k = df_tensor_dim(x, last) / m->tp;
-    x = df_slice(ctx, x, last, m->rank * k, (m->rank + 1) * k); /* [..., K/tp] */
+    int64_t k = df_tensor_dim(x, last) / m->t.tp;
+    x = df_slice(ctx, x, last, m->t.rank * k, (m->t.rank + 1) * k); /* [..., K/tp] */
     return df_all_reduce(ctx, df_linear(ctx, x, w));
 }
 
@@ -706,14 +591,14 @@ static df_tensor *row_split_linear(df_ctx *ctx, const df_flux2 *m, df_tensor *x,
 static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tensor **img,
                         df_tensor **txt, df_tensor **single)
 {
-    if (!m->tp_mod_rows || m->tp <= 1) {
+    if (!m->tp_mod_rows || m->t.tp <= 1) {
         *img = df_linear(ctx, act, &m->mod_img);
         *txt = df_linear(ctx, act, &m->mod_txt);
         *single = df_linear(ctx, act, &m->mod_single);
         return;
     }
-    int64_t D = m->cfg.inner_dim, k = D / m->tp;
-    act = df_slice(ctx, act, 1, m->rank * k, (m->rank + 1) * k); /* [B, D/tp] */
+    int64_t D = m->cfg.inner_dim, k = D / m->t.tp;
+    act = df_slice(ctx, act, 1, m->t.rank * k, (m->t.rank + 1) * k); /* [B, D/tp] */
     df_tensor *all = df_concat(ctx, df_linear(ctx, act, &m->mod_img),
                                df_linear(ctx, act, &m->mod_txt), 1);
     all = df_all_reduce(ctx, df_concat(ctx, all, df_linear(ctx, act, &m->mod_single), 1));
@@ -724,7 +609,7 @@ static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tenso
 
 void df_flux2_set_step_cache(df_flux2 *m, df_step_cache *c)
 {
-    m->cache = c;
+    df_transformer_set_step_cache(&m->t, c);
 }
 
 int df_flux2_attention_modules(const df_flux2 *m)
@@ -734,16 +619,8 @@ int df_flux2_attention_modules(const df_flux2 *m)
 
 df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
 {
-    if (!ctx)
+    if (!df_transformer_forward_ok(&flux2_kind, ctx, (const df_transformer *)m, in))
         return NULL;
-    if (df_ctx_status(ctx) != DF_OK)
-        return NULL;
-    if (!m || !in)
-        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux2 forward: model and inputs are "
-                                                    "required"));
-    if (ctx != m->ctx)
-        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "flux2 forward: the model was loaded into "
-                                                    "another context"));
     df_status s = check_inputs(m, in);
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
@@ -751,7 +628,7 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     int64_t S = s_txt + df_tensor_dim(in->hidden_states, 1);
 
     df_scope outer = df_scope_begin(ctx);
-    df_blocks_begin(ctx, &m->rep);
+    df_blocks_begin(ctx, &m->t.rep);
     df_tensor *temb = conditioning(ctx, m, in);               /* [B, D] */
     df_tensor *act = df_silu(ctx, temb);                      /* Flux2Modulation's SiLU */
     df_tensor *mod_img, *mod_txt, *mod_single;                /* [B, 6D], [B, 6D], [B, 3D] */
@@ -760,13 +637,14 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     df_tensor *txt = in->encoder_hidden_states;
     df_tensor *c = m->tp_ctx_rows ? row_split_linear(ctx, m, txt, &m->context_embedder)
                                   : df_linear(ctx, txt, &m->context_embedder); /* [B,S_txt,D] */
-    df_tensor *pe = df_emb_rope_table(ctx, ids_2d(ctx, in->txt_ids), ids_2d(ctx, in->img_ids),
-                                      m->axes, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
+    df_tensor *pe = df_emb_rope_table(ctx, df_transformer_ids_2d(ctx, in->txt_ids),
+                                      df_transformer_ids_2d(ctx, in->img_ids), m->axes,
+                                      m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
-    df_step_cache_begin(m->cache);
-    df_tensor *skip = df_step_cache_mag(m->cache) ? df_step_cache_mag_head(ctx, m->cache, x)
-                                                  : NULL; /* MagCache: the blocks skipped? */
+    df_step_cache_begin(m->t.cache);
+    df_tensor *skip = df_step_cache_mag(m->t.cache) ? df_step_cache_mag_head(ctx, m->t.cache, x)
+                                                    : NULL; /* MagCache: the blocks skipped? */
     df_tensor *h = NULL;                                  /* [B, S, D] joint, text first */
     if (skip) {
         h = df_concat(ctx, c, skip, 1);
@@ -774,23 +652,22 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
         df_scope mark = df_scope_begin(ctx);
         for (int i = 0; i < m->cfg.num_layers; i++) {
             df_tensor *io[2];
-            df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe},
-                          io);
+            df_blocks_run(ctx, &m->t.rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
             x = io[0], c = io[1];
         }
         h = df_concat(ctx, c, x, 1);
         mark = df_scope_begin(ctx);
         for (int i = 0; i < m->cfg.num_single_layers; i++) {
-            df_blocks_run(ctx, &m->rep, (int)m->cfg.num_layers + i, mark,
+            df_blocks_run(ctx, &m->t.rep, (int)m->cfg.num_layers + i, mark,
                           (df_tensor *[]){h, mod_single, pe}, &h);
         }
-        if (df_step_cache_mag(m->cache))
-            df_step_cache_mag_tail(ctx, m->cache, df_slice(ctx, h, 1, s_txt, S));
+        if (df_step_cache_mag(m->t.cache))
+            df_step_cache_mag_tail(ctx, m->t.cache, df_slice(ctx, h, 1, s_txt, S));
     }
-    df_step_cache_end(m->cache);
+    df_step_cache_end(m->t.cache);
     x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, (float)m->cfg.eps); /* [B,S,D] */
     df_tensor *out = df_linear(ctx, x, &m->proj_out); /* [B, S_img, out] */
-    df_blocks_end(ctx, &m->rep);
+    df_blocks_end(ctx, &m->t.rep);
     return df_scope_end(ctx, outer, out);
 }

@@ -24,3 +24,35 @@ df_status df_config_class(const df_json *cfg, const char *cls)
                          "supported (this loader reads %s)", df_json_source(cfg), name, cls);
     return DF_OK;
 }
+
+df_status df_config_rope_axes(const df_json *cfg, const int64_t *dflt, int n_dflt, int max_axes,
+                              int64_t max, int64_t head_dim, int64_t *axes, int *n)
+{
+    const char *src = df_json_source(cfg);
+    if (df_json_is_null(df_json_get(cfg, "axes_dims_rope"))) {
+        memcpy(axes, dflt, (size_t)n_dflt * sizeof *axes);
+        *n = n_dflt;
+    } else {
+        int64_t got = 0;
+        DF_TRY(df_json_get_int_array(cfg, "axes_dims_rope", axes, max_axes, &got));
+        if (got < 1)
+            return df_errorf(DF_E_FORMAT, "%s: key 'axes_dims_rope' is empty", src);
+        *n = (int)got;
+    }
+    int64_t sum = 0;
+    for (int a = 0; a < *n; a++) {
+        int64_t d = axes[a];
+        if (d <= 0 || d % 2 || d > max)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: key 'axes_dims_rope[%d]' is %lld; expected a "
+                             "positive even size (RoPE rotates pairs)",
+                             src, a, (long long)d);
+        sum += d;
+    }
+    if (sum != head_dim)
+        return df_errorf(DF_E_FORMAT,
+                         "%s: key 'axes_dims_rope' sums to %lld but "
+                         "'attention_head_dim' is %lld; RoPE must cover the whole head",
+                         src, (long long)sum, (long long)head_dim);
+    return DF_OK;
+}

@@ -13,5 +13,10 @@ df_status df_config_size(const df_json *cfg, const char *key, int64_t dflt, int6
 /* When the config names its "_class_name", it must be `cls`: DF_E_FORMAT when it is not a
  * string, DF_E_UNSUPPORTED naming both classes when it is another class. */
 df_status df_config_class(const df_json *cfg, const char *cls);
+/* RoPE's "axes_dims_rope": at most `max_axes` positive even sizes of at most `max` that sum
+ * to `head_dim` (RoPE covers the whole head); `dflt` (n_dflt sizes) when absent or null.
+ * The sizes go to axes[], their count to *n. */
+df_status df_config_rope_axes(const df_json *cfg, const int64_t *dflt, int n_dflt, int max_axes,
+                              int64_t max, int64_t head_dim, int64_t *axes, int *n);
 
 #endif

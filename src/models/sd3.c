@@ -34,7 +34,6 @@
 #include <string.h>
 
 #include <diffuse/compile.h>
-#include <diffuse/layout.h>
 #include <diffuse/sd3.h>
 
 #include "core/alloc.h"
@@ -44,16 +43,11 @@
 #include "models/loader.h"
 #include "models/model_config.h"
 #include "models/residency.h"
+#include "models/transformer_base.h"
 
 #define SD3_EPS           1e-6f              /* every LayerNorm and RMSNorm of the model */
 #define SD3_TIME_CHANNELS 256                /* sinusoidal timestep features */
 #define SD3_MAX_SIZE      (INT64_C(1) << 24) /* larger config sizes are refused as implausible */
-
-/* q, k, v projections of one stream with their optional per-head RMS norms. */
-typedef struct qkv_weights {
-    df_linear_weights to_q, to_k, to_v; /* [D, D] */
-    df_tensor *norm_q, *norm_k;         /* [Dh], or NULL without qk_norm */
-} qkv_weights;
 
 /* JointTransformerBlock. */
 typedef struct joint_block {
@@ -61,28 +55,26 @@ typedef struct joint_block {
     bool pre_only;                           /* context_pre_only: the last block */
     df_linear_weights norm1;                 /* [6D or 9D, D] */
     df_linear_weights norm1_context;         /* [6D, D], or [2D, D] when pre_only */
-    qkv_weights img, txt;                    /* attn.to_*, attn.add_*_proj */
+    df_qkv_weights img, txt;                 /* attn.to_*, attn.add_*_proj */
     df_linear_weights to_out;                /* attn.to_out.0 [D, D] */
     df_linear_weights to_add_out;            /* [D, D]; absent when pre_only */
-    qkv_weights img2;                        /* attn2.to_* when dual */
+    df_qkv_weights img2;                     /* attn2.to_* when dual */
     df_linear_weights to_out2;               /* attn2.to_out.0 */
     df_linear_weights ff_in, ff_out;         /* [4D, D], [D, 4D] */
     df_linear_weights ff_ctx_in, ff_ctx_out; /* absent when pre_only */
 } joint_block;
 
 struct df_sd3 {
-    df_ctx *ctx;
+    /* Context, weights and the repeated blocks, one class per variant (see variant()):
+     * compiled per class (blocks.h). */
+    df_transformer t;
     df_sd3_cfg cfg;
-    df_weight_set *ws;
     df_tensor *proj_w, *proj_b; /* pos_embed.proj [D, C, P, P], [D] */
     df_tensor *pos_embed;       /* [1, M*M, D] */
     df_emb_mlp time_embedder, text_embedder;
     df_linear_weights context_embedder; /* [D, joint] */
     joint_block *blocks;
     df_linear_weights norm_out, proj_out; /* [2D, D], [P*P*out, D] */
-    /* The repeated blocks, one class per variant (see variant()): compiled per class
-     * (blocks.h). */
-    df_blocks rep;
 };
 
 /* Sizes of one forward call. */
@@ -166,13 +158,10 @@ static df_status check_config(const df_json *cfg, df_sd3_cfg *c)
     return DF_OK;
 }
 
-static df_status read_config(const char *dir, df_sd3_cfg *c)
+static df_status configure(void *model, const df_json *cfg)
 {
-    df_json *cfg = NULL;
-    DF_TRY(df_layout_open_config(dir, &cfg));
-    df_status s = check_config(cfg, c);
-    df_json_free(cfg);
-    return s;
+    df_sd3 *m = model;
+    return check_config(cfg, &m->cfg);
 }
 
 static bool is_dual(const df_sd3_cfg *c, int64_t layer)
@@ -184,20 +173,6 @@ static bool is_dual(const df_sd3_cfg *c, int64_t layer)
 }
 
 /* --- weights ----------------------------------------------------------------------------- */
-
-static df_status bind_qkv(df_weight_set *ws, qkv_weights *w, int64_t D, int64_t Dh, bool qk_norm,
-                          const char *p, const char *q, const char *k, const char *v,
-                          const char *nq, const char *nk)
-{
-    DF_TRY(df_ws_linear(ws, &w->to_q, D, D, true, "%s.%s", p, q));
-    DF_TRY(df_ws_linear(ws, &w->to_k, D, D, true, "%s.%s", p, k));
-    DF_TRY(df_ws_linear(ws, &w->to_v, D, D, true, "%s.%s", p, v));
-    if (qk_norm) {
-        DF_TRY(df_ws_tensor(ws, &w->norm_q, 1, (int64_t[]){Dh}, "%s.%s.weight", p, nq));
-        DF_TRY(df_ws_tensor(ws, &w->norm_k, 1, (int64_t[]){Dh}, "%s.%s.weight", p, nk));
-    }
-    return DF_OK;
-}
 
 static df_status bind_block(df_weight_set *ws, const df_sd3_cfg *c, joint_block *b, int i)
 {
@@ -211,15 +186,14 @@ static df_status bind_block(df_weight_set *ws, const df_sd3_cfg *c, joint_block 
     DF_TRY(df_ws_linear(ws, &b->norm1_context, (b->pre_only ? 2 : 6) * D, D, true,
                         "%s.norm1_context.linear", p));
     snprintf(a, sizeof a, "%s.attn", p);
-    DF_TRY(bind_qkv(ws, &b->img, D, Dh, qk, a, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
-    DF_TRY(bind_qkv(ws, &b->txt, D, Dh, qk, a, "add_q_proj", "add_k_proj", "add_v_proj",
-                    "norm_added_q", "norm_added_k"));
+    DF_TRY(df_transformer_bind_qkv(ws, &b->img, D, Dh, true, qk, a, DF_QKV_IMAGE));
+    DF_TRY(df_transformer_bind_qkv(ws, &b->txt, D, Dh, true, qk, a, DF_QKV_CONTEXT));
     DF_TRY(df_ws_linear(ws, &b->to_out, D, D, true, "%s.attn.to_out.0", p));
     if (!b->pre_only)
         DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, true, "%s.attn.to_add_out", p));
     if (b->dual) {
         snprintf(a, sizeof a, "%s.attn2", p);
-        DF_TRY(bind_qkv(ws, &b->img2, D, Dh, qk, a, "to_q", "to_k", "to_v", "norm_q", "norm_k"));
+        DF_TRY(df_transformer_bind_qkv(ws, &b->img2, D, Dh, true, qk, a, DF_QKV_IMAGE));
         DF_TRY(df_ws_linear(ws, &b->to_out2, D, D, true, "%s.attn2.to_out.0", p));
     }
     DF_TRY(df_ws_linear(ws, &b->ff_in, 4 * D, D, true, "%s.ff.net.0.proj", p));
@@ -252,10 +226,11 @@ static df_status check_depth(df_weight_set *ws, const char *dir, int64_t n)
     return DF_OK;
 }
 
-static df_status bind_weights(df_sd3 *m, const char *dir)
+static df_status bind_weights(void *model, const char *dir)
 {
+    df_sd3 *m = model;
     const df_sd3_cfg *c = &m->cfg;
-    df_weight_set *ws = m->ws;
+    df_weight_set *ws = m->t.ws;
     int64_t D = c->inner_dim, P = c->patch_size, M = c->pos_embed_max_size;
     DF_TRY(check_depth(ws, dir, c->num_layers));
 
@@ -276,7 +251,40 @@ static df_status bind_weights(df_sd3 *m, const char *dir)
     return df_ws_check_all_used(ws);
 }
 
-static df_status list_blocks(df_sd3 *m);
+static df_status alloc_blocks(void *model)
+{
+    df_sd3 *m = model;
+    m->blocks = df_calloc(m->cfg.num_layers ? (size_t)m->cfg.num_layers : 1, sizeof *m->blocks);
+    return m->blocks ? DF_OK : df_errorf(DF_E_OOM, "transformer: out of memory");
+}
+
+static void free_blocks(void *model)
+{
+    df_sd3 *m = model;
+    df_free(m->blocks);
+}
+
+/* The original MMDiT layout names blocks by depth. */
+static int names_arg(const void *model)
+{
+    const df_sd3 *m = model;
+    return (int)m->cfg.num_layers;
+}
+
+static df_status list_blocks(void *model);
+
+static const df_transformer_kind sd3_kind = {
+    .name = "sd3",
+    .size = sizeof(df_sd3),
+    .configure = configure,
+    .alloc = alloc_blocks,
+    .names = df_names_sd3_mmdit,
+    .names_arg = names_arg,
+    .names_probe = df_names_sd3_probe,
+    .bind = bind_weights,
+    .list_blocks = list_blocks,
+    .free_parts = free_blocks,
+};
 
 df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
 {
@@ -285,38 +293,7 @@ df_status df_sd3_load(df_ctx *ctx, const char *dir, df_sd3 **out)
 
 df_status df_sd3_load_file(df_ctx *ctx, const char *dir, const char *file, df_sd3 **out)
 {
-    if (!out)
-        return df_errorf(DF_E_ARG, "df_sd3_load: out is NULL");
-    *out = NULL;
-    if (!ctx || !dir)
-        return df_errorf(DF_E_ARG, "df_sd3_load: ctx and dir are required");
-    df_sd3_cfg cfg = {0};
-    DF_TRY(read_config(dir, &cfg));
-
-    df_sd3 *m = df_calloc(1, sizeof *m);
-    if (!m)
-        return df_errorf(DF_E_OOM, "transformer: out of memory");
-    m->ctx = ctx;
-    m->cfg = cfg;
-    df_status s = DF_OK;
-    m->blocks = df_calloc(cfg.num_layers ? (size_t)cfg.num_layers : 1, sizeof *m->blocks);
-    if (!m->blocks)
-        s = df_errorf(DF_E_OOM, "transformer: out of memory");
-    if (s == DF_OK && file)
-        s = df_weight_set_open_single(ctx, dir, file, "transformer", df_names_sd3_mmdit,
-                                      (int)cfg.num_layers, df_names_sd3_probe(), &m->ws);
-    else if (s == DF_OK)
-        s = df_weight_set_open(ctx, dir, "transformer", &m->ws);
-    if (s == DF_OK)
-        s = bind_weights(m, dir);
-    if (s == DF_OK)
-        s = list_blocks(m);
-    if (s != DF_OK) {
-        df_sd3_free(m);
-        return s;
-    }
-    *out = m;
-    return DF_OK;
+    return df_transformer_load(&sd3_kind, ctx, dir, file, (df_transformer **)out);
 }
 
 const df_sd3_cfg *df_sd3_config(const df_sd3 *m)
@@ -326,31 +303,22 @@ const df_sd3_cfg *df_sd3_config(const df_sd3 *m)
 
 int64_t df_sd3_weight_bytes(const df_sd3 *m)
 {
-    return m && m->ws ? df_ws_bytes(m->ws) : 0;
+    return df_transformer_weight_bytes((const df_transformer *)m);
 }
 
 void df_sd3_free(df_sd3 *m)
 {
-    if (!m)
-        return;
-    df_blocks_deinit(&m->rep);
-    df_weight_set_free(m->ws);
-    df_free(m->blocks);
-    df_free(m);
+    df_transformer_free((df_transformer *)m);
 }
 
 /* --- inputs ------------------------------------------------------------------------------ */
 
-static df_status check_input(const char *name, const df_tensor *t, int ndim, const int64_t *want)
-{
-    return df_emb_check_input("sd3", name, t, ndim, want, false);
-}
-
 static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
 {
     const df_sd3_cfg *c = &m->cfg;
-    DF_TRY(check_input("hidden_states", in->hidden_states, 4,
-                       (int64_t[]){-1, c->in_channels, -1, -1}));
+    const df_transformer *t = &m->t;
+    DF_TRY(df_transformer_check_input(t, "hidden_states", in->hidden_states, 4,
+                                      (int64_t[]){-1, c->in_channels, -1, -1}, false));
     d->B = df_tensor_dim(in->hidden_states, 0);
     int64_t H = df_tensor_dim(in->hidden_states, 2), W = df_tensor_dim(in->hidden_states, 3);
     int64_t P = c->patch_size, M = c->pos_embed_max_size;
@@ -363,17 +331,15 @@ static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
     d->h = H / P;
     d->w = W / P;
     d->s_img = d->h * d->w;
-    DF_TRY(check_input("encoder_hidden_states", in->encoder_hidden_states, 3,
-                       (int64_t[]){d->B, -1, c->joint_attention_dim}));
+    DF_TRY(df_transformer_check_input(t, "encoder_hidden_states", in->encoder_hidden_states, 3,
+                                      (int64_t[]){d->B, -1, c->joint_attention_dim}, false));
     d->s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
     d->S = d->s_img + d->s_txt;
     d->D = c->inner_dim;
     d->H = c->num_attention_heads;
-    DF_TRY(check_input("pooled_projections", in->pooled_projections, 2,
-                       (int64_t[]){d->B, c->pooled_projection_dim}));
-    bool one =
-        in->timestep && df_tensor_ndim(in->timestep) == 1 && df_tensor_dim(in->timestep, 0) == 1;
-    DF_TRY(check_input("timestep", in->timestep, 1, (int64_t[]){one ? 1 : d->B}));
+    DF_TRY(df_transformer_check_input(t, "pooled_projections", in->pooled_projections, 2,
+                                      (int64_t[]){d->B, c->pooled_projection_dim}, false));
+    DF_TRY(df_transformer_check_per_batch(t, "timestep", in->timestep, d->B));
     if (in->n_skip_layers < 0 || (in->n_skip_layers > 0 && !in->skip_layers))
         return df_errorf(DF_E_ARG, "sd3 forward: %d skip layers given without a list",
                          in->n_skip_layers);
@@ -392,32 +358,6 @@ static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
 static df_tensor *modulate(df_ctx *ctx, df_tensor *n, df_tensor *shift, df_tensor *scale)
 {
     return df_add(ctx, df_mul(ctx, n, df_scale(ctx, scale, 1.0f, 1.0f)), shift);
-}
-
-/* One stream's q, k, v as heads [B, S, H, Dh]; q and k RMS-normed per head when the model
- * has qk norms. x [B, S, D]. */
-static void project_qkv(df_ctx *ctx, const qkv_weights *w, df_tensor *x, const dims *d, int64_t S,
-                        df_tensor **q, df_tensor **k, df_tensor **v)
-{
-    *q = df_reshape(ctx, df_linear(ctx, x, &w->to_q), DF_SHAPE(d->B, S, d->H, -1));
-    *k = df_reshape(ctx, df_linear(ctx, x, &w->to_k), DF_SHAPE(d->B, S, d->H, -1));
-    *v = df_reshape(ctx, df_linear(ctx, x, &w->to_v), DF_SHAPE(d->B, S, d->H, -1));
-    if (w->norm_q) {
-        *q = df_rms_norm(ctx, *q, w->norm_q, SD3_EPS);
-        *k = df_rms_norm(ctx, *k, w->norm_k, SD3_EPS);
-    }
-}
-
-/* Scaled dot-product attention of heads q, k, v [B, S, H, Dh] -> [B, S, H*Dh]. */
-static df_tensor *attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v, const dims *d)
-{
-    int64_t S = df_tensor_dim(q, 1);
-    q = df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)); /* [B, H, S, Dh] views */
-    k = df_permute(ctx, k, DF_SHAPE(0, 2, 1, 3));
-    v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));
-    df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* 1/sqrt(Dh) */
-    o = df_transpose(ctx, o, 1, 2);                               /* [B, S, H, Dh] dense */
-    return df_reshape(ctx, o, DF_SHAPE(d->B, S, d->D));
 }
 
 /* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
@@ -448,10 +388,13 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
 
     /* Joint attention over [image, text]. */
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
-    project_qkv(ctx, &b->img, nx, d, d->s_img, &qx, &kx, &vx); /* [B, S_img, H, Dh] */
-    project_qkv(ctx, &b->txt, nc, d, d->s_txt, &qc, &kc, &vc); /* [B, S_txt, H, Dh] */
-    df_tensor *o = attention(ctx, df_concat(ctx, qx, qc, 1), df_concat(ctx, kx, kc, 1),
-                             df_concat(ctx, vx, vc, 1), d); /* [B, S, D] */
+    df_transformer_project_qkv(ctx, &b->img, nx, d->H, SD3_EPS, &qx, &kx,
+                               &vx); /* [B, S_img, H, Dh] */
+    df_transformer_project_qkv(ctx, &b->txt, nc, d->H, SD3_EPS, &qc, &kc,
+                               &vc); /* [B, S_txt, H, Dh] */
+    df_tensor *o =
+        df_transformer_attention(ctx, df_concat(ctx, qx, qc, 1), df_concat(ctx, kx, kc, 1),
+                                 df_concat(ctx, vx, vc, 1), NULL); /* [B, S, D] */
     df_tensor *ox = df_slice(ctx, o, 1, 0, d->s_img);
     df_tensor *oc = df_slice(ctx, o, 1, d->s_img, d->S);
 
@@ -459,8 +402,9 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
     if (b->dual) {
         df_tensor *nx2 = modulate(ctx, lx, mx[6], mx[7]);
         df_tensor *q2, *k2, *v2;
-        project_qkv(ctx, &b->img2, nx2, d, d->s_img, &q2, &k2, &v2);
-        df_tensor *o2 = df_linear(ctx, attention(ctx, q2, k2, v2, d), &b->to_out2);
+        df_transformer_project_qkv(ctx, &b->img2, nx2, d->H, SD3_EPS, &q2, &k2, &v2);
+        df_tensor *o2 =
+            df_linear(ctx, df_transformer_attention(ctx, q2, k2, v2, NULL), &b->to_out2);
         hx = df_add(ctx, hx, df_mul(ctx, mx[8], o2));
     }
     nx = modulate(ctx, df_layer_norm(ctx, hx, NULL, NULL, SD3_EPS), mx[3], mx[4]);
@@ -521,25 +465,24 @@ static const df_block_class block_classes[4] = {
      .forward = block_class_forward},
 };
 
-static df_status list_blocks(df_sd3 *m)
+static df_status list_blocks(void *model)
 {
-    df_blocks_init(&m->rep, m, m->ws, NULL, 0);
+    df_sd3 *m = model;
+    df_blocks_init(&m->t.rep, m, m->t.ws, NULL, 0);
     for (int i = 0; i < m->cfg.num_layers; i++)
-        DF_TRY(df_blocks_add(&m->rep, &block_classes[variant(&m->blocks[i])], i,
+        DF_TRY(df_blocks_add(&m->t.rep, &block_classes[variant(&m->blocks[i])], i,
                              "transformer_blocks.%d", i));
     return DF_OK;
 }
 
 df_status df_sd3_compile_repeated_blocks(df_sd3 *m, const df_compile_opts *opts)
 {
-    if (!m)
-        return df_errorf(DF_E_ARG, "df_sd3_compile_repeated_blocks: model is NULL");
-    return df_blocks_compile(&m->rep, opts);
+    return df_transformer_compile_repeated_blocks(&sd3_kind, (df_transformer *)m, opts);
 }
 
 int df_sd3_compiled_programs(const df_sd3 *m)
 {
-    return m ? df_blocks_programs(&m->rep) : 0;
+    return df_transformer_compiled_programs((const df_transformer *)m);
 }
 
 /* --- forward ----------------------------------------------------------------------------- */
@@ -576,15 +519,8 @@ static bool skipped(const df_sd3_inputs *in, int layer)
 
 df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
 {
-    if (!ctx)
+    if (!df_transformer_forward_ok(&sd3_kind, ctx, (const df_transformer *)m, in))
         return NULL;
-    if (df_ctx_status(ctx) != DF_OK)
-        return NULL;
-    if (!m || !in)
-        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "sd3 forward: model and inputs are required"));
-    if (ctx != m->ctx)
-        return df_ctx_fail(ctx, df_errorf(DF_E_ARG, "sd3 forward: the model was loaded into "
-                                                    "another context"));
     dims d = {0};
     df_status s = check_inputs(m, in, &d);
     if (s != DF_OK)
@@ -604,7 +540,7 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
         if (skipped(in, i))
             continue;
         df_tensor *io[2] = {NULL, NULL};
-        df_blocks_run(ctx, &m->rep, i, mark, (df_tensor *[]){x, c, temb}, io);
+        df_blocks_run(ctx, &m->t.rep, i, mark, (df_tensor *[]){x, c, temb}, io);
         x = io[0], c = m->blocks[i].pre_only ? NULL : io[1];
     }
     x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, SD3_EPS); /* [B, S_img, D] */
@@ -614,5 +550,5 @@ df_tensor *df_sd3_forward(df_ctx *ctx, df_sd3 *m, const df_sd3_inputs *in)
 
 df_weight_set *df_sd3_weight_set(const df_sd3 *m)
 {
-    return m ? m->ws : NULL;
+    return df_transformer_weight_set((const df_transformer *)m);
 }

@@ -1,0 +1,150 @@
+/*
+ * What every diffusion transformer shares (FLUX.1 flux.c, FLUX.2 flux2.c, SD3 sd3.c).
+ *
+ * A model struct starts with a df_transformer: its context, its weight set, its repeated
+ * blocks (blocks.h), the step cache of the run and the tensor-parallel split. Because it
+ * is the first member, a model pointer is also a pointer to its df_transformer (C11
+ * 6.7.2.1), so each model's public accessors are one line that hands its pointer here.
+ *
+ * A model file describes itself with one const df_transformer_kind (its size, how it reads
+ * its config, allocates, shards, binds and lists its blocks) and df_transformer_load runs
+ * the load every model has: argument checks, config, weights from the folder or from a
+ * single file, shard, bind, blocks, and one cleanup on failure.
+ *
+ * The input checks that several forwards make (sequences, per-batch scalars, position ids,
+ * guidance) are here too, with the model's name in their messages.
+ */
+#ifndef DF_MODELS_TRANSFORMER_BASE_H
+#define DF_MODELS_TRANSFORMER_BASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <diffuse/compile.h>
+#include <diffuse/json.h>
+#include <diffuse/ops.h>
+
+#include "models/blocks.h"
+#include "models/loader.h"
+#include "models/step_cache.h"
+
+typedef struct df_transformer_kind df_transformer_kind;
+
+/* The first member of every transformer struct. */
+typedef struct df_transformer {
+    const df_transformer_kind *kind;
+    df_ctx *ctx;
+    df_weight_set *ws;
+    df_blocks rep;        /* the repeated blocks in forward order (blocks.h) */
+    df_step_cache *cache; /* a run's step cache (step_cache.h), or NULL */
+    int tp, rank;         /* tensor-parallel ranks the model is split over, and this one */
+} df_transformer;
+
+/* One transformer class, as its model file describes it to df_transformer_load. Each
+ * function gets the model (its df_transformer first); `dir` names the config folder in
+ * messages. */
+struct df_transformer_kind {
+    const char *name; /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
+    size_t size;      /* of the model struct */
+    /* Reads config.json into the model, refusing what it cannot run. */
+    df_status (*configure)(void *m, const df_json *cfg);
+    /* The per-block arrays, sized by the config. */
+    df_status (*alloc)(void *m);
+    /* A single file's name map (names.h), its argument and the name every such file holds. */
+    df_name_map names;
+    int (*names_arg)(const void *m); /* NULL: 0 */
+    const char *(*names_probe)(void);
+    /* Sets the tensor-parallel plan when the context has several ranks (t->tp > 1); NULL:
+     * the model runs whole on every rank. */
+    df_status (*shard)(void *m, const char *dir);
+    df_status (*bind)(void *m, const char *dir);
+    df_status (*list_blocks)(void *m);
+    void (*free_parts)(void *m); /* the per-block arrays */
+};
+
+/* Loads a model of `kind` with dir's config and the weights of dir, or of the single file
+ * `file` when it is not NULL. On success *out (a kind->size struct) is owned by the caller:
+ * free it with df_transformer_free. Fails as the model's df_<name>_load says. */
+df_status df_transformer_load(const df_transformer_kind *kind, df_ctx *ctx, const char *dir,
+                              const char *file, df_transformer **out);
+
+/* Checks that `heads` (the config's num_attention_heads) split over t's ranks, as the
+ * tensor-parallel plans split attention heads: DF_E_ARG otherwise. */
+df_status df_transformer_check_heads(const df_transformer *t, const char *dir, int64_t heads);
+
+/* Accessors shared by the models' public functions; each takes NULL (`kind` names the
+ * model's public function in the message then). */
+int64_t df_transformer_weight_bytes(const df_transformer *t);
+df_weight_set *df_transformer_weight_set(const df_transformer *t);
+df_status df_transformer_set_sequential_offload(const df_transformer_kind *kind, df_transformer *t,
+                                                bool on);
+df_status df_transformer_compile_repeated_blocks(const df_transformer_kind *kind, df_transformer *t,
+                                                 const df_compile_opts *opts);
+int df_transformer_compiled_programs(const df_transformer *t);
+void df_transformer_set_step_cache(df_transformer *t, df_step_cache *c);
+void df_transformer_free(df_transformer *t);
+
+/* q, k, v projections of one attention stream with their per-head RMS norms. */
+typedef struct df_qkv_weights {
+    df_linear_weights to_q, to_k, to_v; /* [D, D] */
+    df_tensor *norm_q, *norm_k;         /* [Dh], or NULL without qk norms */
+} df_qkv_weights;
+
+/* Which stream's names an attention module gives its q, k, v and norms. */
+typedef enum df_qkv_stream {
+    DF_QKV_IMAGE,   /* to_q, to_k, to_v, norm_q, norm_k */
+    DF_QKV_CONTEXT, /* add_q_proj, add_k_proj, add_v_proj, norm_added_q, norm_added_k */
+} df_qkv_stream;
+
+/* Binds the stream's "<attn>.to_q" ... [D, D] (with biases when `bias`) and, when `norms`,
+ * "<attn>.norm_q.weight" ... [Dh]; `attn` is the module's prefix ("transformer_blocks.3.attn"). */
+df_status df_transformer_bind_qkv(df_weight_set *ws, df_qkv_weights *w, int64_t D, int64_t Dh,
+                                  bool bias, bool norms, const char *attn, df_qkv_stream stream);
+
+/* The blocks list of the FLUX models: `n_double` blocks "transformer_blocks.N" of class
+ * `dbl`, then `n_single` "single_transformer_blocks.N" of `single`, with `outer` the
+ * weights outside them. */
+df_status df_transformer_list_two_streams(df_transformer *t, const char *const *outer, int n_outer,
+                                          const df_block_class *dbl, int64_t n_double,
+                                          const df_block_class *single, int64_t n_single);
+
+/* --- forward ----------------------------------------------------------------------------- */
+
+/* The checks every forward starts with. False when ctx is NULL or already failed, or when
+ * (failing ctx with the message) the model or the inputs are missing or the model belongs
+ * to another context. */
+bool df_transformer_forward_ok(const df_transformer_kind *kind, df_ctx *ctx,
+                               const df_transformer *t, const void *in);
+
+/* Input `name` with `ndim` dimensions of `want` (-1: any); see df_emb_check_input. */
+df_status df_transformer_check_input(const df_transformer *t, const char *name, const df_tensor *x,
+                                     int ndim, const int64_t *want, bool ids);
+/* hidden_states [B, S_img, in] and encoder_hidden_states [B, S_txt, joint]: B, S_img and
+ * S_txt come back. */
+df_status df_transformer_check_sequences(const df_transformer *t, const df_tensor *hidden,
+                                         const df_tensor *encoder, int64_t in, int64_t joint,
+                                         int64_t *B, int64_t *s_img, int64_t *s_txt);
+/* A [B] or [1] tensor (timestep, guidance). */
+df_status df_transformer_check_per_batch(const df_transformer *t, const char *name,
+                                         const df_tensor *x, int64_t B);
+/* [S, A] ids, or the [N, S, A] form of which the model uses row 0. */
+df_status df_transformer_check_ids(const df_transformer *t, const char *name, const df_tensor *ids,
+                                   int64_t S, int64_t A);
+/* guidance [B] or [1] when the model embeds it, else none. */
+df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
+                                        const df_tensor *guidance, int64_t B);
+
+/* [S, A] view of ids given as [S, A] or [N, S, A]. */
+df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids);
+/* The sum over the ranks of a rowwise product's partial results (x itself on one rank). */
+df_tensor *df_transformer_tp_sum(df_ctx *ctx, int tp, df_tensor *x);
+/* One stream's q, k, v as H heads [B, S, H, Dh] of x [B, S, D]; q and k RMS-normed per head
+ * (`eps`) when w has norms. */
+void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, int64_t H,
+                                float eps, df_tensor **q, df_tensor **k, df_tensor **v);
+/* Attention of heads q, k, v [B, S, H, Dh] with RoPE table pe [S, Dh/2, 2] on q and k
+ * (NULL: none) -> [B, S, H*Dh]. */
+df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
+                                    df_tensor *pe);
+
+#endif
