@@ -1,9 +1,12 @@
 /*
- * The int8 quantization policy (quant_policy.h, and df_int8_quantizes in quantize.h).
+ * The int8 quantization policy (quant_policy.h, and df_int8_quantizes in quantize.h). The
+ * transformers' weights kept in f32 are their rows' int8_keep in the model table
+ * (model_classes.c).
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include <diffuse/models.h>
 #include <diffuse/quantize.h>
 
 #include "core/status.h"
@@ -29,12 +32,14 @@ bool df_quant_keeps_precision(const char *component, const char *name, int keep)
     }
     if (keep < 0)
         return false;
-    static const char *const kept[] = {"x_embedder.",      "context_embedder.",
-                                       "time_text_embed.", "time_guidance_embed." /* FLUX.2 */,
-                                       "norm_out.",        "proj_out."};
-    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
-        if (starts(name, kept[i]))
-            return true;
+    /* What any transformer class keeps (models.h): the component does not say which class
+     * it holds, and no class's kept prefix names another class's quantized weight. */
+    int n;
+    const df_model_class *classes = df_model_classes(&n);
+    for (int i = 0; i < n; i++)
+        for (const char *const *k = classes[i].int8_keep; k && *k; k++)
+            if (strcmp(classes[i].component, "transformer") == 0 && starts(name, *k))
+                return true;
     return false;
 }
 

@@ -4,9 +4,10 @@
  * Under compute dtype DF_DTYPE_I8 every linear weight a model binds is quantized on first
  * use (the CPU backend keeps the 8-bit form and drops the file's pages), except those this
  * policy keeps in f32: the VAE and CLIP (small, and outside the issue's scope), and in the
- * diffusion transformers the embedders and the output layers (x_embedder,
- * context_embedder, time_text_embed, norm_out, proj_out: a few percent of the weights and
- * the largest share of the error; docs/int8.md has the measurements).
+ * diffusion transformers the embedders and the output layers (each class's int8_keep row
+ * in the model table, model_classes.c: x_embedder, context_embedder, time_text_embed,
+ * norm_out, proj_out: a few percent of the weights and the largest share of the error;
+ * docs/int8.md has the measurements).
  * DIFFUSE_INT8_KEEP=none (or df_load_opts.int8_keep = -1) quantizes those too.
  */
 #ifndef DF_MODELS_QUANT_POLICY_H

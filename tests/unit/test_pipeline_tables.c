@@ -1,6 +1,6 @@
 /*
  * The pipelines' component tables (pipeline.c) against the model checks of `diffuse
- * inspect` (models/checks.c):
+ * inspect` (models/model_classes.c):
  *
  * - every class any pipeline class loads, in every component slot, has a registered check,
  *   so inspect can say whether a folder's weights match its config; removing a check, or
@@ -52,7 +52,7 @@ static void test_every_loaded_class_has_a_check(void **state)
             for (int k = 0; k < DF_COMPONENT_MAX_CLASSES && r->classes[k]; k++, classes++)
                 if (!df_model_check_find(r->classes[k]))
                     fail_msg("%s loads '%s' as a %s, which has no model check (add one to "
-                             "src/models/checks.c)",
+                             "src/models/model_classes.c)",
                              t->kind->name, r->name, r->classes[k]);
         }
         static const char *const needed[] = {"transformer", "vae", "scheduler"};

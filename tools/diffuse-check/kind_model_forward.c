@@ -7,8 +7,9 @@
  * (read as f32 and uploaded as a tensor), null (the input is absent), or a number (a [1]
  * tensor holding it); return_dict is ignored. A FLUX.1 case may name a "single_file"
  * (safetensors or GGUF, in the original or ComfyUI layout) that holds the weights, "dir"
- * then holding only the config. FluxTransformer2DModel and
- * Flux2Transformer2DModel run here, SD3Transformer2DModel in kind_sd3.c.
+ * then holding only the config. The transformer classes are the model table's
+ * (df_model_class_find); FluxTransformer2DModel and Flux2Transformer2DModel run here,
+ * SD3Transformer2DModel in kind_sd3.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,11 +147,14 @@ static int run_flux2(check_case *c, df_ctx *ctx)
 
 int check_kind_model_forward(check_case *c)
 {
+    const df_model_class *row = df_model_class_find(c->cls); /* models.h */
+    if (!row || strcmp(row->component, "transformer") != 0)
+        return check_fail(c, "model_forward: unknown class %s", c->cls);
     bool flux = strcmp(c->cls, "FluxTransformer2DModel") == 0;
     bool flux2 = strcmp(c->cls, "Flux2Transformer2DModel") == 0;
     bool sd3 = strcmp(c->cls, "SD3Transformer2DModel") == 0; /* kind_sd3.c */
     if (!flux && !flux2 && !sd3)
-        return check_fail(c, "model_forward: unknown class %s", c->cls);
+        return check_fail(c, "model_forward: the transformer class %s has no runner here", c->cls);
     if (!c->model_dir)
         return check_fail(c, "model_forward needs a model folder (case.json \"dir\")");
 

@@ -683,6 +683,26 @@ static const char sd3_index[] =
     "  \"transformer\": [\"diffusers\", \"SD3Transformer2DModel\"],\n"
     "  \"vae\": [\"diffusers\", \"AutoencoderKL\"]\n}\n";
 
+/* Whether `arch` is a make-tiny architecture of a row of the model table (models.h); the
+ * architectures, comma-separated, go to list. */
+static bool arch_in_table(const char *arch, char *list, size_t cap)
+{
+    bool found = false;
+    size_t len = 0;
+    int n;
+    const df_model_class *classes = df_model_classes(&n);
+    list[0] = '\0';
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < DF_MODEL_TINY_ARCHS && classes[i].tiny_arch[k]; k++) {
+            found = found || strcmp(arch, classes[i].tiny_arch[k]) == 0;
+            int w =
+                snprintf(list + len, cap - len, "%s%s", len ? ", " : "", classes[i].tiny_arch[k]);
+            if (w > 0 && (size_t)w < cap - len)
+                len += (size_t)w;
+        }
+    return found;
+}
+
 int cmd_make_tiny(int argc, char **argv)
 {
     static const struct option longopts[] = {{"arch", required_argument, 0, 'a'},
@@ -785,6 +805,12 @@ int cmd_make_tiny(int argc, char **argv)
         fprintf(stderr, "usage: diffuse make-tiny [--arch flux|sd3] [--seed N] [--dtype D] DIR\n");
         return 2;
     }
+    char archs[256];
+    if (!arch_in_table(arch, archs, sizeof archs)) {
+        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (%s)\n", arch,
+                archs);
+        return 2;
+    }
     /* One text encoder component folder (make_tiny_lm.c), for the FLUX.2 encoders. */
     if (strcmp(arch, "mistral3-text-encoder") == 0)
         return tiny_write_mistral3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
@@ -793,8 +819,10 @@ int cmd_make_tiny(int argc, char **argv)
     bool sd3 = strcmp(arch, "sd3") == 0, klein = strcmp(arch, "flux2-klein") == 0;
     bool flux2 = klein || strcmp(arch, "flux2") == 0;
     if (strcmp(arch, "flux") != 0 && !sd3 && !flux2) {
-        fprintf(stderr, "diffuse make-tiny: architecture '%s' is not supported (flux, sd3, "
-                        "flux2, flux2-klein, mistral3-text-encoder, qwen3-text-encoder)\n", arch);
+        fprintf(stderr,
+                "diffuse make-tiny: architecture '%s' is in the model table but has no "
+                "writer here\n",
+                arch);
         return 2;
     }
     bool schnell = strcmp(size, "schnell") == 0;
