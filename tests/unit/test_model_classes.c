@@ -5,7 +5,7 @@
  *   `diffuse inspect` registers;
  * - every transformer row has what each reader needs: weights int8 keeps in f32, which the
  *   quantization policy then keeps; a make-tiny architecture; a golden model_forward case
- *   of its class, which diffuse-check runs;
+ *   of its class, which diffuse-check runs and the row's check (the class's loader) loads;
  * - every make-tiny architecture of a row writes a folder holding that class (the
  *   pipeline's component slot, or a text encoder folder's architectures[0]), and make-tiny
  *   refuses one the table does not name.
@@ -80,7 +80,8 @@ static void test_every_transformer_has_an_int8_policy(void **state)
         df_quant_keeps_precision("transformer", "transformer_blocks.0.attn.to_q.weight", 1));
 }
 
-/* Whether a golden case of kind model_forward runs class `cls` (its folder goes to found). */
+/* Whether a golden case of kind model_forward runs class `cls` (its model folder goes to
+ * found). */
 static bool golden_forward_case(const char *cls, char *found, size_t cap)
 {
     DIR *d = opendir(DF_GOLDEN_DIR);
@@ -97,9 +98,10 @@ static bool golden_forward_case(const char *cls, char *found, size_t cap)
             continue;
         const char *kind = df_json_string(df_json_get(j, "kind"));
         const char *c = df_json_string(df_json_get(j, "class"));
-        ok = kind && c && strcmp(kind, "model_forward") == 0 && strcmp(c, cls) == 0;
+        const char *dir = df_json_string(df_json_get(j, "dir"));
+        ok = kind && c && dir && strcmp(kind, "model_forward") == 0 && strcmp(c, cls) == 0;
         if (ok)
-            snprintf(found, cap, "%s", e->d_name);
+            snprintf(found, cap, "%s/%s/%s", DF_GOLDEN_DIR, e->d_name, dir);
         df_json_free(j);
     }
     closedir(d);
@@ -115,10 +117,15 @@ static void test_every_transformer_has_a_golden_forward(void **state)
     int n;
     const df_model_class *rows = df_model_classes(&n);
     for (int i = 0; i < n; i++) {
-        char found[256];
-        if (is_transformer(&rows[i]) && !golden_forward_case(rows[i].name, found, sizeof found))
+        char found[2048];
+        if (!is_transformer(&rows[i]))
+            continue;
+        if (!golden_forward_case(rows[i].name, found, sizeof found))
             fail_msg("%s: no golden case of kind model_forward runs it in diffuse-check",
                      rows[i].name);
+        /* The row's check loads the case's model with the class's own loader. */
+        if (rows[i].check(found, NULL, NULL) != DF_OK)
+            fail_msg("%s: the row's check refuses %s: %s", rows[i].name, found, df_error_message());
     }
 }
 
