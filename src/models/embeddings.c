@@ -65,16 +65,20 @@ df_tensor *df_emb_ada_norm_continuous(df_ctx *ctx, const df_linear_weights *line
 }
 
 df_tensor *df_emb_rope_table(df_ctx *ctx, df_tensor *txt_ids, df_tensor *img_ids,
-                             const int *axes_dim, int n_axes, double theta)
+                             const int64_t *axes_dim, int n_axes, double theta)
 {
     if (!txt_ids || !img_ids)
         return NULL;
+    DF_ASSERT(n_axes <= DF_EMB_MAX_AXES);
+    int axes[DF_EMB_MAX_AXES]; /* the configs' sizes were checked to be at most 2^24 */
+    for (int a = 0; a < n_axes; a++)
+        axes[a] = (int)axes_dim[a];
     if (df_tensor_dtype(txt_ids) != df_tensor_dtype(img_ids)) {
         txt_ids = df_cast(ctx, txt_ids, DF_DTYPE_F64); /* exact for f32/f16/bf16 and ids < 2^53 */
         img_ids = df_cast(ctx, img_ids, DF_DTYPE_F64);
     }
     df_tensor *ids = df_concat(ctx, txt_ids, img_ids, 0);    /* [S, A] text first */
-    return df_rope_table(ctx, ids, axes_dim, n_axes, theta); /* [S, sum/2, 2]     */
+    return df_rope_table(ctx, ids, axes, n_axes, theta);     /* [S, sum/2, 2]     */
 }
 
 df_status df_emb_check_input(const char *model, const char *name, const df_tensor *t, int ndim,

@@ -56,10 +56,12 @@ df_tensor *df_emb_ada_norm_continuous(df_ctx *ctx, const df_linear_weights *line
                                       df_tensor *cond, float eps);
 
 /* The RoPE table of the joint sequence [text, image]: ids = cat(txt_ids, img_ids) [S, A]
- * (A = n_axes; ids of another float or integer dtype are fine, two different dtypes are
- * both read as f64), then df_rope_table: [S_txt + S_img, sum(axes_dim)/2, 2]. */
+ * (A = n_axes, at most DF_EMB_MAX_AXES; ids of another float or integer dtype are fine, two
+ * different dtypes are both read as f64), then df_rope_table: [S_txt + S_img,
+ * sum(axes_dim)/2, 2]. axes_dim: the config's axes_dims_rope. */
+#define DF_EMB_MAX_AXES 16
 df_tensor *df_emb_rope_table(df_ctx *ctx, df_tensor *txt_ids, df_tensor *img_ids,
-                             const int *axes_dim, int n_axes, double theta);
+                             const int64_t *axes_dim, int n_axes, double theta);
 
 /* DF_OK when `t` has `ndim` dimensions of sizes `want` (-1: any positive size) and a float
  * dtype (or an integer one when `ids`); else DF_E_ARG (missing) or DF_E_SHAPE with a message

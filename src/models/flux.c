@@ -105,7 +105,6 @@ struct df_flux {
      * (blocks.h). */
     df_transformer t;
     df_flux_cfg cfg;
-    int axes[DF_FLUX_MAX_AXES];
     df_linear_weights x_embedder, context_embedder; /* [D, in], [D, joint] */
     df_emb_mlp time_embedder, guidance_embedder, text_embedder;
     double_block *blocks;
@@ -156,10 +155,7 @@ static df_status check_config(const df_json *cfg, df_flux_cfg *c)
 static df_status configure(void *model, const df_json *cfg)
 {
     df_flux *m = model;
-    DF_TRY(check_config(cfg, &m->cfg));
-    for (int a = 0; a < m->cfg.n_axes; a++)
-        m->axes[a] = (int)m->cfg.axes_dims_rope[a];
-    return DF_OK;
+    return check_config(cfg, &m->cfg);
 }
 
 /* --- weights ----------------------------------------------------------------------------- */
@@ -548,9 +544,9 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
     df_tensor *temb = conditioning(ctx, m, in);                       /* [B, D] */
     df_tensor *txt = in->encoder_hidden_states;
     df_tensor *c = df_linear(ctx, txt, &m->context_embedder); /* [B, S_txt, D] */
-    df_tensor *pe = df_emb_rope_table(ctx, df_transformer_ids_2d(ctx, in->txt_ids),
-                                      df_transformer_ids_2d(ctx, in->img_ids), m->axes,
-                                      m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
+    df_tensor *pe = df_emb_rope_table(
+        ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
+        m->cfg.axes_dims_rope, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);

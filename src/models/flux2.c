@@ -67,7 +67,6 @@ typedef struct single_block {
 struct df_flux2 {
     df_transformer t; /* context, weights, ranks, step cache, double then single blocks */
     df_flux2_cfg cfg;
-    int axes[DF_FLUX2_MAX_AXES];
     df_linear_weights x_embedder, context_embedder; /* [D, in], [D, joint] */
     df_emb_mlp time_embedder, guidance_embedder;    /* 256 -> D -> D */
     df_linear_weights mod_img, mod_txt, mod_single; /* [6D, D], [6D, D], [3D, D] */
@@ -137,10 +136,7 @@ static df_status check_config(const df_json *cfg, df_flux2_cfg *c)
 static df_status configure(void *model, const df_json *cfg)
 {
     df_flux2 *m = model;
-    DF_TRY(check_config(cfg, &m->cfg));
-    for (int a = 0; a < m->cfg.n_axes; a++)
-        m->axes[a] = (int)m->cfg.axes_dims_rope[a];
-    return DF_OK;
+    return check_config(cfg, &m->cfg);
 }
 
 /* --- weights ----------------------------------------------------------------------------- */
@@ -637,9 +633,9 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     df_tensor *txt = in->encoder_hidden_states;
     df_tensor *c = m->tp_ctx_rows ? row_split_linear(ctx, m, txt, &m->context_embedder)
                                   : df_linear(ctx, txt, &m->context_embedder); /* [B,S_txt,D] */
-    df_tensor *pe = df_emb_rope_table(ctx, df_transformer_ids_2d(ctx, in->txt_ids),
-                                      df_transformer_ids_2d(ctx, in->img_ids), m->axes,
-                                      m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
+    df_tensor *pe = df_emb_rope_table(
+        ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
+        m->cfg.axes_dims_rope, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);
