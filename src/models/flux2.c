@@ -1,9 +1,10 @@
 /*
  * The FLUX.2 transformer: diffusers' Flux2Transformer2DModel (0.37), on the op API.
  *
- * Loading reads config.json with diffusers' defaults for absent keys and rejects values it
- * cannot run before anything is allocated; then every weight is bound by its diffusers name
- * and expected shape through a weight set (loader.h). No layer of the model has a bias.
+ * Loading (the transformer base, transformer_base.h) reads config.json with diffusers' defaults
+ * for absent keys and rejects values it cannot run before any weight is opened; then every weight
+ * is bound by its diffusers name and expected shape through a weight set (loader.h). No layer of
+ * the model has a bias.
  *
  * What differs from FLUX.1 (flux.c):
  * - Modulation is computed once per forward and shared: double_stream_modulation_img/_txt

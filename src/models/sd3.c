@@ -1,10 +1,10 @@
 /*
  * The SD3 / SD3.5 transformer: diffusers' SD3Transformer2DModel (0.37), on the op API.
  *
- * Loading reads config.json with diffusers' defaults for absent keys and rejects values it
- * cannot run before anything is allocated; then every weight is bound by its diffusers name
- * and expected shape through a weight set (loader.h), which keeps the checkpoint's dtype and
- * reports a missing, mis-shaped or unexpected tensor by name.
+ * Loading (the transformer base, transformer_base.h) reads config.json with diffusers' defaults
+ * for absent keys and rejects values it cannot run before any weight is opened; then every weight
+ * is bound by its diffusers name and expected shape through a weight set (loader.h), which keeps
+ * the checkpoint's dtype and reports a missing, mis-shaped or unexpected tensor by name.
  *
  * The forward reads like SD3Transformer2DModel.forward:
  * - PatchEmbed: a conv with kernel = stride = patch_size, flattened to tokens (row-major
