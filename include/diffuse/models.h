@@ -39,11 +39,9 @@ DF_API const df_model_class *df_model_classes(int *n);
 DF_API const df_model_class *df_model_class_find(const char *name);
 
 /* Registers, for `diffuse inspect` (df_model_check_find), the check of every row of the
- * table: the model classes (FluxTransformer2DModel, SD3Transformer2DModel,
- * Flux2Transformer2DModel, CLIPTextModel(WithProjection), T5EncoderModel, AutoencoderKL(Flux2),
- * MistralModel, MistralForCausalLM, Mistral3ForConditionalGeneration, Qwen3Model,
- * Qwen3ForCausalLM), the scheduler and the tokenizers. Each loads the folder as a pipeline
- * would and reports the first missing, unexpected or mis-shaped tensor or bad config key. */
+ * table (df_model_classes): the models, the scheduler and the tokenizers. Each loads the
+ * folder as a pipeline would and reports the first missing, unexpected or mis-shaped tensor
+ * or bad config key. */
 DF_API df_status df_models_register_checks(void);
 
 #ifdef __cplusplus
