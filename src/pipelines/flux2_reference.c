@@ -169,22 +169,8 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
 
 df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r)
 {
-    int64_t size[2] = {r->n_tokens, r->channels};
-    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
-    df_status s = DF_OK;
-    if (!df_pipeline_lead(p)) {
-        r->n_tokens = size[0], r->channels = size[1];
-        r->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *r->tokens);
-        r->ids = df_malloc((size_t)(size[0] * 4) * sizeof *r->ids);
-        s = r->tokens && r->ids ? DF_OK
-                                : df_errorf(DF_E_OOM, "out of memory for the reference images");
-    }
-    s = df_pipeline_tp_agree(p, s);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, r->tokens, (size_t)(size[0] * size[1]) * sizeof *r->tokens);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, r->ids, (size_t)(size[0] * 4) * sizeof *r->ids);
-    return s;
+    return df_pipeline_tp_share_tokens(p, &r->n_tokens, &r->channels, 4, &r->tokens, &r->ids,
+                                       "the reference images");
 }
 
 void df_flux2_reference_deinit(df_flux2_reference *r)

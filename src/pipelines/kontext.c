@@ -172,22 +172,8 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
 
 df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k)
 {
-    int64_t size[2] = {k->n_tokens, k->channels};
-    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
-    df_status s = DF_OK;
-    if (!df_pipeline_lead(p)) {
-        k->n_tokens = size[0], k->channels = size[1];
-        k->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *k->tokens);
-        k->ids = df_malloc((size_t)(size[0] * 3) * sizeof *k->ids);
-        s = k->tokens && k->ids ? DF_OK
-                                : df_errorf(DF_E_OOM, "out of memory for the picture's tokens");
-    }
-    s = df_pipeline_tp_agree(p, s);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, k->tokens, (size_t)(size[0] * size[1]) * sizeof *k->tokens);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, k->ids, (size_t)(size[0] * 3) * sizeof *k->ids);
-    return s;
+    return df_pipeline_tp_share_tokens(p, &k->n_tokens, &k->channels, 3, &k->tokens, &k->ids,
+                                       "the picture's tokens");
 }
 
 void df_kontext_image_deinit(df_kontext_image *k)

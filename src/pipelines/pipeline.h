@@ -119,6 +119,11 @@ bool df_pipeline_host_step(const df_gen_params *g);
 df_status df_pipeline_tp_check(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_agree(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes);
+/* A picture's conditioning tokens [n_tokens, channels] and their ids [n_tokens, id_width],
+ * rank 0's on every rank: the other ranks allocate them (theirs to df_free); `what` names
+ * them in the out-of-memory message. */
+df_status df_pipeline_tp_share_tokens(df_pipeline *p, int64_t *n_tokens, int64_t *channels,
+                                      int id_width, float **tokens, float **ids, const char *what);
 
 /* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
  * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */
