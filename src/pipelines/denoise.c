@@ -12,6 +12,8 @@
  * step's tensors released and the callbacks. Step caches are attached by the pipelines, as
  * each transformer has its own setter and FLUX.2 switches between two per step.
  */
+#include <stdio.h>
+
 #include "pipelines/denoise.h"
 
 #include "core/alloc.h"
@@ -21,6 +23,45 @@
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
 #include "sched/flow_match_euler.h"
+
+df_status df_denoise_scheduler_config(const df_pipeline *p, const df_model_index *idx,
+                                      df_scheduler_config *out)
+{
+    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
+    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
+    df_scheduler *s = NULL;
+    DF_TRY(df_scheduler_load(path, &s));
+    *out = *df_scheduler_get_config(s);
+    df_scheduler_free(s);
+    return DF_OK;
+}
+
+df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool linear,
+                               const double *mu, int first, df_scheduler **out)
+{
+    DF_TRY(df_scheduler_create(cfg, out));
+    double *sig = linear ? df_malloc((size_t)steps * sizeof *sig) : NULL;
+    df_status s = sig || !linear ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
+    if (s == DF_OK && linear)
+        df_linspace(1.0, 1.0 / steps, steps, sig);
+    if (s == DF_OK)
+        s = df_scheduler_set_timesteps(*out, steps, sig, mu);
+    df_free(sig);
+    if (s == DF_OK)
+        s = df_scheduler_set_begin_index(*out, first);
+    if (s != DF_OK) {
+        df_scheduler_free(*out);
+        *out = NULL;
+    }
+    return s;
+}
+
+df_status df_denoise_forward(df_ctx *ctx, const df_module *module, df_compiled *c, void *model,
+                             df_tensor *const *in, df_tensor **out)
+{
+    return c ? df_compiled_call(ctx, c, model, in, out) : module->forward(ctx, model, in, out);
+}
 
 /* g->preview after a step: the first image's denoised estimate, decoded by the model. */
 static df_status preview(df_pipeline *p, const df_gen_params *g, const df_denoise *d, df_tensor *x,

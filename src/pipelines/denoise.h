@@ -10,12 +10,32 @@
 #ifndef DF_PIPELINES_DENOISE_H
 #define DF_PIPELINES_DENOISE_H
 
+#include <diffuse/compile.h>
+#include <diffuse/layout.h>
 #include <diffuse/pipeline.h>
 #include <diffuse/scheduler.h>
 #include <diffuse/vae.h>
 
 struct df_inpaint;
 struct df_weight_set;
+
+/* The config of the folder's scheduler (scheduler/scheduler_config.json) into *out. */
+df_status df_denoise_scheduler_config(const df_pipeline *p, const df_model_index *idx,
+                                      df_scheduler_config *out);
+
+/*
+ * A scheduler from `cfg` with `steps` timesteps: sigmas linspace(1, 1/steps, steps) where
+ * `linear` (FLUX.1, FLUX.2), else the scheduler's own (SD3); shifted by *mu where mu is
+ * given; its loop starting at step `first`. *out is the caller's to df_scheduler_free, NULL
+ * on failure.
+ */
+df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool linear,
+                               const double *mu, int first, df_scheduler **out);
+
+/* One transformer forward: the compiled program `c` where the pipeline compiled the
+ * transformer, else `module`'s forward on `model`; inputs in the module's order. */
+df_status df_denoise_forward(df_ctx *ctx, const df_module *module, df_compiled *c, void *model,
+                             df_tensor *const *in, df_tensor **out);
 
 /* What a model's hook sees of one step. */
 typedef struct df_denoise_step {

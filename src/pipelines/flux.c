@@ -134,13 +134,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     p->impl = f;
     char dir[4096];
 
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    char path[4200];
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *s = NULL;
-    DF_TRY(df_scheduler_load(path, &s));
-    f->sched = *df_scheduler_get_config(s);
-    df_scheduler_free(s);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     if (p->opts.transformer_file)
@@ -470,16 +464,9 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
 static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
                                 df_scheduler **out)
 {
-    DF_TRY(df_scheduler_create(&f->sched, out));
-    double *sig = df_malloc((size_t)steps * sizeof *sig);
-    if (!sig)
-        return df_errorf(DF_E_OOM, "out of memory");
-    df_linspace(1.0, 1.0 / steps, steps, sig);
     double mu = df_flux_calculate_shift(S, f->sched.base_image_seq_len, f->sched.max_image_seq_len,
                                         f->sched.base_shift, f->sched.max_shift);
-    df_status s = df_scheduler_set_timesteps(*out, steps, sig, &mu);
-    df_free(sig);
-    return s == DF_OK ? df_scheduler_set_begin_index(*out, first) : s;
+    return df_denoise_scheduler(&f->sched, steps, true, &mu, first, out);
 }
 
 /* One transformer forward (compiled or not) on `in`; with `S` > 0 only the first S tokens
@@ -487,20 +474,11 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_
 static df_status predict(df_ctx *ctx, flux_pipe *f, const df_flux_inputs *in, int64_t S,
                          df_tensor **v)
 {
-    df_status s = DF_OK;
+    df_tensor *args[7] = {in->hidden_states, in->encoder_hidden_states, in->pooled_projections,
+                          in->timestep, in->img_ids, in->txt_ids, in->guidance};
     *v = NULL;
-    if (f->compiled) {
-        df_tensor *args[7] = {in->hidden_states,
-                              in->encoder_hidden_states,
-                              in->pooled_projections,
-                              in->timestep,
-                              in->img_ids,
-                              in->txt_ids,
-                              in->guidance};
-        s = df_compiled_call(ctx, f->compiled, f->transformer, args, v);
-    } else {
-        *v = df_flux_forward(ctx, f->transformer, in);
-    }
+    df_status s =
+        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, v);
     if (s == DF_OK && S > 0 && *v) /* noise_pred[:, :S] */
         *v = df_contiguous(ctx, df_slice(ctx, *v, 1, 0, S));
     return s;

@@ -143,14 +143,9 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
         DF_TRY(df_json_get_bool_or(df_model_index_json(idx), "is_distilled", false,
                                    &f->is_distilled));
 
-    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *s = NULL;
-    DF_TRY(df_scheduler_load(path, &s));
-    f->sched = *df_scheduler_get_config(s);
-    df_scheduler_free(s);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
 
+    char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux2_load_file(p->ctx, dir, p->opts.transformer_file, &f->transformer), "%s",
                dir);
@@ -358,15 +353,8 @@ static df_status encode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
 /* Creates the scheduler with FLUX.2's sigmas and empirical mu. */
 static df_status make_scheduler(const flux2_pipe *f, const run_sizes *r, df_scheduler **out)
 {
-    DF_TRY(df_scheduler_create(&f->sched, out));
-    double *sig = df_malloc((size_t)r->steps * sizeof *sig);
-    if (!sig)
-        return df_errorf(DF_E_OOM, "out of memory");
-    df_linspace(1.0, 1.0 / r->steps, r->steps, sig);
     double mu = df_flux2_compute_empirical_mu(r->S, r->steps);
-    df_status s = df_scheduler_set_timesteps(*out, r->steps, sig, &mu);
-    df_free(sig);
-    return s == DF_OK ? df_scheduler_set_begin_index(*out, 0) : s;
+    return df_denoise_scheduler(&f->sched, r->steps, true, &mu, 0, out);
 }
 
 /* The ids of S image tokens and L text tokens, as f32 [S, 4] and [L, 4] tensors. */
@@ -441,15 +429,11 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
     };
     df_free(ts);
     df_free(gs);
+    df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
+                          in.img_ids, in.txt_ids, in.guidance};
     *out = NULL;
-    df_status s = DF_OK;
-    if (f->compiled) {
-        df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
-                              in.img_ids, in.txt_ids, in.guidance};
-        s = df_compiled_call(ctx, f->compiled, f->transformer, args, out);
-    } else {
-        *out = df_flux2_forward(ctx, f->transformer, &in);
-    }
+    df_status s =
+        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, out);
     if (s == DF_OK && ref && *out) /* noise_pred[:, :S]: the latents' tokens only */
         *out = df_contiguous(ctx, df_slice(ctx, *out, 1, 0, r->S));
     return s == DF_OK ? df_mark_step(ctx) : s;

@@ -186,14 +186,9 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
                          "not supported",
                          p->dir);
 
-    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *sch = NULL;
-    DF_TRY(df_scheduler_load(path, &sch));
-    s->sched = *df_scheduler_get_config(sch);
-    df_scheduler_free(sch);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &s->sched));
 
+    char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_sd3_load_file(p->ctx, dir, p->opts.transformer_file, &s->transformer), "%s",
                dir);
@@ -495,14 +490,12 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
                                 df_scheduler **out)
 {
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
-    DF_TRY(df_scheduler_create(&s->sched, out));
     int64_t seq = (h / c->patch_size) * (w / c->patch_size);
     double mu =
         df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
                                 s->sched.base_shift, s->sched.max_shift);
-    DF_TRY(df_scheduler_set_timesteps(*out, r->steps, NULL,
-                                      s->sched.use_dynamic_shifting ? &mu : NULL));
-    return df_scheduler_set_begin_index(*out, r->first);
+    return df_denoise_scheduler(&s->sched, r->steps, false,
+                                s->sched.use_dynamic_shifting ? &mu : NULL, r->first, out);
 }
 
 /* Decodes lat [B, C, h, w] and fills the output's images. */
@@ -546,15 +539,8 @@ static df_status loop_predict(void *self, const df_denoise_step *step, df_tensor
     df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &step->t);
     df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, l->embeds, l->pooled, ts};
     df_tensor *v = NULL;
-    df_status st = DF_OK;
-    if (l->s->compiled)
-        st = df_compiled_call(ctx, l->s->compiled, l->s->transformer, args, &v);
-    else
-        v = df_sd3_forward(ctx, l->s->transformer,
-                           &(df_sd3_inputs){.hidden_states = args[0],
-                                            .encoder_hidden_states = l->embeds,
-                                            .pooled_projections = l->pooled,
-                                            .timestep = ts});
+    df_status st =
+        df_denoise_forward(ctx, &transformer_module, l->s->compiled, l->s->transformer, args, &v);
     int i = step->i;
     bool slg = l->skip && (double)i > r->steps * r->slg_start && (double)i < r->steps * r->slg_stop;
     l->vs = slg ? df_sd3_forward(ctx, l->s->transformer,
