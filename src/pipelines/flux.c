@@ -549,7 +549,7 @@ static df_status loop_decode(void *self, const float *lat, df_gen_output *out)
  * picture tokens, or NULL; neg_embeds / neg_pooled: true CFG's negative text, or NULL. */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *neg_embeds,
-                         df_tensor *neg_pooled, const df_inpaint *ip, const df_kontext_image *ki,
+                         df_tensor *neg_pooled, const df_inpaint *ip, const df_image_tokens *ki,
                          float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
@@ -724,18 +724,18 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                 pack_latents(noise, lat, r.B, C, h, w);
         }
     }
-    df_kontext_image ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
+    df_image_tokens ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
     if (s == DF_OK && kontext && g->image && df_pipeline_lead(p))
         s = df_kontext_image_make(p, f->vae_dir, &f->vae_enc, g, r.factor, &ki);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && kontext && g->image && df_pipeline_tp(p))
-        s = df_kontext_image_share(p, &ki);
+        s = df_image_tokens_share(p, &ki, 3, "the picture's tokens");
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, pooled, neg_embeds, neg_pooled, g->mask ? &ip : NULL,
                     kontext && g->image ? &ki : NULL, lat, out);
-    df_kontext_image_deinit(&ki);
+    df_image_tokens_deinit(&ki);
     df_pipeline_note_phase(p, out, "denoise");
 
     if (s == DF_OK && df_pipeline_lead(p))

@@ -383,7 +383,7 @@ static df_status make_ids(df_ctx *ctx, const run_sizes *r, df_tensor **img, df_t
 
 /* The reference tokens repeated over the batch, [B, Sr, C], and the ids of the latents
  * followed by theirs, [S + Sr, 4] (in place of *ids). */
-static df_status reference_inputs(df_ctx *ctx, const run_sizes *r, const df_flux2_reference *refs,
+static df_status reference_inputs(df_ctx *ctx, const run_sizes *r, const df_image_tokens *refs,
                                   df_tensor **ref, df_tensor **ids)
 {
     int64_t Sr = refs->n_tokens, C = refs->channels;
@@ -555,7 +555,7 @@ static df_status loop_decode(void *self, const float *lat, df_gen_output *out)
 /* The denoising loop over the packed latents lat [B, S, C] (in place). */
 static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                          const run_sizes *r, df_tensor *embeds, df_tensor *neg,
-                         const df_flux2_reference *refs, float *lat, df_gen_output *out)
+                         const df_image_tokens *refs, float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
     flux2_loop l = {.p = p, .f = f, .g = g, .r = r, .embeds = embeds, .neg = neg};
@@ -720,18 +720,18 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     }
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
-    df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
+    df_image_tokens ref = {0}; /* after the noise, as prepare_image_latents runs */
     if (s == DF_OK && n_refs > 0 && df_pipeline_lead(p)) /* rank 0 encodes and shares */
         s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
                                     g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && n_refs > 0 && df_pipeline_tp(p))
-        s = df_flux2_reference_share(p, &ref);
+        s = df_image_tokens_share(p, &ref, 4, "the reference images");
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, neg, &ref, lat, out);
-    df_flux2_reference_deinit(&ref);
+    df_image_tokens_deinit(&ref);
     df_pipeline_note_phase(p, out, "denoise");
     bool unpack = f->klein && df_pipeline_lead(p);
     if (s == DF_OK && df_pipeline_lead(p))

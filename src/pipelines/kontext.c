@@ -96,7 +96,7 @@ df_status df_kontext_image_size(const df_image *img, int multiple, bool auto_res
 }
 
 df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                const df_gen_params *g, int multiple, df_kontext_image *out)
+                                const df_gen_params *g, int multiple, df_image_tokens *out)
 {
     memset(out, 0, sizeof *out);
     if (!*enc)
@@ -131,7 +131,7 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
         }
     df_free(lat);
     if (s != DF_OK) {
-        df_kontext_image_deinit(out);
+        df_image_tokens_deinit(out);
         return s;
     }
     out->n_tokens = n;
@@ -139,15 +139,3 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
     return DF_OK;
 }
 
-df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k)
-{
-    return df_pipeline_tp_share_tokens(p, &k->n_tokens, &k->channels, 3, &k->tokens, &k->ids,
-                                       "the picture's tokens");
-}
-
-void df_kontext_image_deinit(df_kontext_image *k)
-{
-    df_free(k->tokens);
-    df_free(k->ids);
-    memset(k, 0, sizeof *k);
-}

@@ -205,24 +205,31 @@ df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes)
     return df_comm_broadcast(p->comm, buf, bytes, 0);
 }
 
-df_status df_pipeline_tp_share_tokens(df_pipeline *p, int64_t *n_tokens, int64_t *channels,
-                                      int id_width, float **tokens, float **ids, const char *what)
+df_status df_image_tokens_share(df_pipeline *p, df_image_tokens *t, int id_width,
+                                const char *what)
 {
-    int64_t size[2] = {*n_tokens, *channels};
+    int64_t size[2] = {t->n_tokens, t->channels};
     DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
     df_status s = DF_OK;
     if (!df_pipeline_lead(p)) {
-        *n_tokens = size[0], *channels = size[1];
-        *tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof **tokens);
-        *ids = df_malloc((size_t)(size[0] * id_width) * sizeof **ids);
-        s = *tokens && *ids ? DF_OK : df_errorf(DF_E_OOM, "out of memory for %s", what);
+        t->n_tokens = size[0], t->channels = size[1];
+        t->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *t->tokens);
+        t->ids = df_malloc((size_t)(size[0] * id_width) * sizeof *t->ids);
+        s = t->tokens && t->ids ? DF_OK : df_errorf(DF_E_OOM, "out of memory for %s", what);
     }
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK)
-        s = df_pipeline_tp_share(p, *tokens, (size_t)(size[0] * size[1]) * sizeof **tokens);
+        s = df_pipeline_tp_share(p, t->tokens, (size_t)(size[0] * size[1]) * sizeof *t->tokens);
     if (s == DF_OK)
-        s = df_pipeline_tp_share(p, *ids, (size_t)(size[0] * id_width) * sizeof **ids);
+        s = df_pipeline_tp_share(p, t->ids, (size_t)(size[0] * id_width) * sizeof *t->ids);
     return s;
+}
+
+void df_image_tokens_deinit(df_image_tokens *t)
+{
+    df_free(t->tokens);
+    df_free(t->ids);
+    memset(t, 0, sizeof *t);
 }
 
 /* The tensor-parallel ranks the options ask for, if any. */
