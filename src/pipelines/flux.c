@@ -9,7 +9,8 @@
  * the timestep, then the flow-match Euler step runs on the device in float32 (the same
  * bits as the scheduler's host step, which DIFFUSE_HOST_STEP=1 selects), so the latents
  * stay on the device for the whole loop; df_mark_step() marks the step. Decoding unpacks,
- * un-scales and runs the VAE decoder.
+ * un-scales and runs the VAE decoder. The loop and the decode are denoise.c's, shared with
+ * SD3 and FLUX.2; this file gives them the transformer call and the latents' layout.
  *
  * Tensor parallelism (df_load_opts.tp, a communicator on the context): the transformer and
  * T5 load sharded on every rank; the tokenizers, CLIP and the VAE load and run on rank 0

@@ -22,7 +22,9 @@
  * Schedule: sigmas linspace(1, 1/n, n) shifted with compute_empirical_mu(image tokens, n),
  * FLUX.2's own rule. Each step calls the transformer with t / 1000 as the timestep; the
  * flow-match Euler step runs on the device in float32, the same bits as the scheduler's
- * host step (DIFFUSE_HOST_STEP=1 selects that reference path).
+ * host step (DIFFUSE_HOST_STEP=1 selects that reference path). The loop and the decode are
+ * denoise.c's; this file gives them the transformer call (with CFG's second forward) and
+ * the latents' layout.
  *
  * Guidance: Flux2Pipeline passes guidance_scale to the transformer's guidance embedder (one
  * forward per step; default 50 steps, 4.0). Flux2KleinPipeline has no guidance embedder:

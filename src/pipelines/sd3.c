@@ -28,6 +28,8 @@
  * df_load_opts.compile the transformer's forward is compiled (traced once per image size),
  * with compile_blocks its repeated blocks.
  * Decoding un-scales (latents / scaling_factor + shift_factor) and runs the VAE decoder.
+ * The loop and the decode are denoise.c's; this file gives them the transformer call with
+ * its guidance, and the host path's guidance on host floats.
  *
  * Defaults: 28 steps, guidance 7.0, 256 T5 tokens, sample_size * 8 pixels. Components
  * listed as null in model_index.json are allowed when the caller passes prompt embeddings
