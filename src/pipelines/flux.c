@@ -9,7 +9,8 @@
  * the timestep, then the flow-match Euler step runs on the device in float32 (the same
  * bits as the scheduler's host step, which DIFFUSE_HOST_STEP=1 selects), so the latents
  * stay on the device for the whole loop; df_mark_step() marks the step. Decoding unpacks,
- * un-scales and runs the VAE decoder.
+ * un-scales and runs the VAE decoder. The loop and the decode are denoise.c's, shared with
+ * SD3 and FLUX.2; this file gives them the transformer call and the latents' layout.
  *
  * Tensor parallelism (df_load_opts.tp, a communicator on the context): the transformer and
  * T5 load sharded on every rank; the tokenizers, CLIP and the VAE load and run on rank 0
@@ -49,6 +50,7 @@
 #include "core/status.h"
 #include "models/residency.h"
 #include "models/step_cache.h"
+#include "pipelines/denoise.h"
 #include "pipelines/img2img.h"
 #include "pipelines/inpaint.h"
 #include "pipelines/kontext.h"
@@ -94,18 +96,6 @@ static void flux_free(void *impl)
     df_free(f);
 }
 
-/* Offloading: a component is made resident before it runs and released after. */
-static void onload(const df_pipeline *p, df_weight_set *ws)
-{
-    if (ws && p->opts.offload != DF_OFFLOAD_NONE)
-        df_ws_acquire(ws, NULL);
-}
-
-static df_status offload(const df_pipeline *p, df_weight_set *ws)
-{
-    return ws && p->opts.offload != DF_OFFLOAD_NONE ? df_ws_release(ws, NULL) : DF_OK;
-}
-
 /* What a folder made for smaller images says (the demo pipeline, models/demo): the image
  * side is the VAE config's sample_size where it is a whole number of packed latents
  * (FLUX.1's own VAEs say 1024, FluxPipeline's default; otherwise 1024 stays), and T5 takes
@@ -145,13 +135,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     p->impl = f;
     char dir[4096];
 
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    char path[4200];
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *s = NULL;
-    DF_TRY(df_scheduler_load(path, &s));
-    f->sched = *df_scheduler_get_config(s);
-    df_scheduler_free(s);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     if (p->opts.transformer_file)
@@ -200,10 +184,10 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     if (p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
         DF_TRY(df_flux_set_sequential_offload(f->transformer, true));
     /* With offloading nothing stays resident after loading. */
-    DF_TRY(offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
-    DF_TRY(offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
-    DF_TRY(offload(p, df_flux_weight_set(f->transformer)));
-    DF_TRY(offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
+    DF_TRY(df_pipeline_offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
+    DF_TRY(df_pipeline_offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
+    DF_TRY(df_pipeline_offload(p, df_flux_weight_set(f->transformer)));
+    DF_TRY(df_pipeline_offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
     bool dev = df_flux_config(f->transformer)->guidance_embeds;
     p->default_steps = dev ? 28 : 4;
     p->default_guidance = dev ? 3.5f : 0.0f;
@@ -463,64 +447,16 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
                         const float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    const df_flux_cfg *cfg = df_flux_config(f->transformer);
-    int64_t B = r->B, H = r->H, W = r->W, Ci = cfg->in_channels;
-    int64_t h = 2 * (H / r->factor), w = 2 * (W / r->factor), S = (h / 2) * (w / 2);
-    onload(p, df_vae_weight_set(f->vae));
-    int64_t n_img = B * 3 * H * W;
-    float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
-    df_status s = decoded ? DF_OK : df_errorf(DF_E_OOM, "out of memory for the image");
-    if (s == DF_OK) {
-        df_tensor *packed = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
-        df_tensor *z = NULL, *img = NULL;
-        s = packed ? df_vae_unpack_latents(ctx, packed, h, w, &z) : df_ctx_status(ctx);
-        if (s == DF_OK)
-            s = df_vae_unscale(ctx, f->vae, z, &z);
-        if (s == DF_OK)
-            s = g->vae_tiling ? df_vae_decode_tiled(ctx, f->vae, z, 64, 8, &img)
-                              : df_vae_decode(ctx, f->vae, z, &img);
-        if (s == DF_OK)
-            s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
-        if (s == DF_OK)
-            s = offload(p, df_vae_weight_set(f->vae));
-        df_pipeline_note_phase(p, out, "decode");
-    }
-    if (s == DF_OK) {
-        out->count = (int)B;
-        out->images = df_calloc((size_t)B, sizeof *out->images);
-        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
-        s = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-        if (s == DF_OK)
-            s = df_vae_postprocess_f32(decoded, B, 3, H, W, out->image_f32);
-        for (int64_t b = 0; b < B && s == DF_OK; b++) {
-            s = df_image_create((int)W, (int)H, &out->images[b]);
-            if (s == DF_OK)
-                s = df_vae_postprocess_rgb8(decoded + (size_t)(b * 3 * H * W), 1, 3, H, W,
-                                            out->images[b]->pixels);
-        }
-    }
-    df_free(decoded);
-    return s;
-}
-
-/* g->preview after a step: the first image's denoised estimate, decoded. */
-static df_status preview(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
-                         float sigma, int step, int steps)
-{
-    const df_flux_cfg *cfg = df_flux_config(f->transformer);
-    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
-    int64_t n = (h / 2) * (w / 2) * cfg->in_channels;
-    float *x0;
-    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
-    run_sizes one = *r;
-    one.B = 1;
-    df_gen_output tmp = {0};
-    df_status s = decode(p, f, g, &one, x0, &tmp);
+    int64_t B = r->B, Ci = df_flux_config(f->transformer)->in_channels;
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor), S = (h / 2) * (w / 2);
+    df_pipeline_onload(p, df_vae_weight_set(f->vae));
+    df_tensor *packed = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
+    df_tensor *z = NULL;
+    df_status s = packed ? df_vae_unpack_latents(ctx, packed, h, w, &z) : df_ctx_status(ctx);
     if (s == DF_OK)
-        g->preview(step, steps, tmp.images[0], g->progress_user);
-    df_gen_output_free(&tmp);
-    df_free(x0);
+        s = df_vae_unscale(ctx, f->vae, z, &z);
+    if (s == DF_OK)
+        s = df_denoise_decode(p, f->vae, z, g->vae_tiling, true, B, r->H, r->W, out);
     return s;
 }
 
@@ -529,16 +465,9 @@ static df_status preview(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
 static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
                                 df_scheduler **out)
 {
-    DF_TRY(df_scheduler_create(&f->sched, out));
-    double *sig = df_malloc((size_t)steps * sizeof *sig);
-    if (!sig)
-        return df_errorf(DF_E_OOM, "out of memory");
-    df_linspace(1.0, 1.0 / steps, steps, sig);
     double mu = df_flux_calculate_shift(S, f->sched.base_image_seq_len, f->sched.max_image_seq_len,
                                         f->sched.base_shift, f->sched.max_shift);
-    df_status s = df_scheduler_set_timesteps(*out, steps, sig, &mu);
-    df_free(sig);
-    return s == DF_OK ? df_scheduler_set_begin_index(*out, first) : s;
+    return df_denoise_scheduler(&f->sched, steps, true, &mu, first, out);
 }
 
 /* One transformer forward (compiled or not) on `in`; with `S` > 0 only the first S tokens
@@ -546,44 +475,96 @@ static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_
 static df_status predict(df_ctx *ctx, flux_pipe *f, const df_flux_inputs *in, int64_t S,
                          df_tensor **v)
 {
-    df_status s = DF_OK;
+    df_tensor *args[7] = {in->hidden_states, in->encoder_hidden_states, in->pooled_projections,
+                          in->timestep, in->img_ids, in->txt_ids, in->guidance};
     *v = NULL;
-    if (f->compiled) {
-        df_tensor *args[7] = {in->hidden_states,
-                              in->encoder_hidden_states,
-                              in->pooled_projections,
-                              in->timestep,
-                              in->img_ids,
-                              in->txt_ids,
-                              in->guidance};
-        s = df_compiled_call(ctx, f->compiled, f->transformer, args, v);
-    } else {
-        *v = df_flux_forward(ctx, f->transformer, in);
-    }
+    df_status s =
+        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, v);
     if (s == DF_OK && S > 0 && *v) /* noise_pred[:, :S] */
         *v = df_contiguous(ctx, df_slice(ctx, *v, 1, 0, S));
     return s;
+}
+
+/* A run's fixed inputs to the transformer, for the loop's hooks. */
+typedef struct flux_loop {
+    df_pipeline *p;
+    flux_pipe *f;
+    const df_gen_params *g;
+    const run_sizes *r;
+    df_tensor *embeds, *pooled;         /* [B, L, J], [B, P] */
+    df_tensor *neg_embeds, *neg_pooled; /* true CFG's negative text, or NULL */
+    df_tensor *img_ids, *txt_ids;       /* [S + Si, 3], [L, 3] */
+    df_tensor *image_tokens;            /* Kontext's picture [B, Si, Ci], or NULL */
+    int64_t S;                          /* the latents' tokens */
+    float *ts, *gs;                     /* [B] timesteps and guidance */
+} flux_loop;
+
+/* The loop's model call: the velocity for the latents x [B, S, Ci], with true CFG's
+ * negative forward where it runs. */
+static df_status loop_predict(void *self, const df_denoise_step *st, df_tensor **out)
+{
+    flux_loop *l = self;
+    df_ctx *ctx = l->p->ctx;
+    int64_t B = l->r->B;
+    for (int64_t b = 0; b < B; b++) {
+        l->ts[b] = (float)((double)st->t / 1000.0);
+        l->gs[b] = l->r->guidance;
+    }
+    df_flux_inputs in = {
+        .hidden_states = l->image_tokens ? df_concat(ctx, st->x, l->image_tokens, 1)
+                                         : st->x, /* [B, S + Si, Ci] */
+        .encoder_hidden_states = l->embeds,
+        .pooled_projections = l->pooled,
+        .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), l->ts),
+        .img_ids = l->img_ids,
+        .txt_ids = l->txt_ids,
+        .guidance = df_flux_config(l->f->transformer)->guidance_embeds
+                        ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), l->gs)
+                        : NULL,
+    };
+    int64_t keep = l->image_tokens ? l->S : 0;
+    df_tensor *v = NULL, *neg = NULL;
+    df_status s = predict(ctx, l->f, &in, keep, &v);
+    if (s == DF_OK && l->neg_embeds) { /* true CFG: the same forward on the negative text */
+        df_flux_inputs nin = in;
+        nin.encoder_hidden_states = l->neg_embeds;
+        nin.pooled_projections = l->neg_pooled;
+        s = predict(ctx, l->f, &nin, keep, &neg);
+        if (s == DF_OK && v && neg) /* neg + true_cfg_scale * (pos - neg) */
+            v = df_add(ctx, neg, df_scale(ctx, df_sub(ctx, v, neg), l->r->true_cfg_scale, 0));
+    }
+    *out = v;
+    return s;
+}
+
+/* g->preview's decode: one image's packed latents. */
+static df_status loop_decode(void *self, const float *lat, df_gen_output *out)
+{
+    flux_loop *l = self;
+    run_sizes one = *l->r;
+    one.B = 1;
+    return decode(l->p, l->f, l->g, &one, lat, out);
 }
 
 /* The denoising loop over the packed latents lat [B, S, Ci] (in place); ki: Kontext's
  * picture tokens, or NULL; neg_embeds / neg_pooled: true CFG's negative text, or NULL. */
 static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, const run_sizes *r,
                          df_tensor *embeds, df_tensor *pooled, df_tensor *neg_embeds,
-                         df_tensor *neg_pooled, const df_inpaint *ip, const df_kontext_image *ki,
+                         df_tensor *neg_pooled, const df_inpaint *ip, const df_image_tokens *ki,
                          float *lat, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    const df_flux_cfg *cfg = df_flux_config(f->transformer);
-    int64_t B = r->B, L = r->L, Ci = cfg->in_channels;
+    int64_t B = r->B, L = r->L, Ci = df_flux_config(f->transformer)->in_channels;
     int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor), S = (h / 2) * (w / 2);
-    int64_t n_lat = B * S * Ci, Si = ki ? ki->n_tokens : 0;
-    float *v_host = df_malloc((size_t)n_lat * sizeof *v_host);
+    int64_t Si = ki ? ki->n_tokens : 0;
+    flux_loop l = {.p = p, .f = f, .g = g, .r = r, .embeds = embeds, .pooled = pooled,
+                   .neg_embeds = neg_embeds, .neg_pooled = neg_pooled, .S = S};
     float *ids = df_malloc((size_t)(S + Si) * 3 * sizeof *ids);
     float *txt = df_calloc((size_t)L * 3, sizeof *txt);
-    float *ts = df_malloc((size_t)B * sizeof *ts), *gs = df_malloc((size_t)B * sizeof *gs);
+    l.ts = df_malloc((size_t)B * sizeof *l.ts);
+    l.gs = df_malloc((size_t)B * sizeof *l.gs);
     df_scheduler *sched = NULL;
-    df_status s = v_host && ids && txt && ts && gs ? DF_OK
-                                                   : df_errorf(DF_E_OOM, "out of memory");
+    df_status s = ids && txt && l.ts && l.gs ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
     for (int64_t y = 0; s == DF_OK && y < h / 2; y++)
         for (int64_t x = 0; x < w / 2; x++) {
             float *row = ids + (y * (w / 2) + x) * 3;
@@ -600,9 +581,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         s = df_step_cache_create(g->cache, "FluxTransformer2DModel",
                                  df_flux_attention_modules(f->transformer), &cache);
     df_flux_set_step_cache(f->transformer, cache);
-    df_tensor *img_ids =
-        s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S + Si, 3), ids) : NULL;
-    df_tensor *image_tokens = NULL; /* Kontext: [B, Si, Ci] */
+    if (s == DF_OK)
+        l.img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S + Si, 3), ids);
     if (s == DF_OK && ki && ki->channels != Ci)
         s = df_errorf(DF_E_FORMAT,
                       "the picture's tokens have %lld channels, the transformer "
@@ -610,89 +590,40 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
                       (long long)ki->channels, (long long)Ci);
     if (s == DF_OK && ki) {
         df_tensor *one = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, Si, Ci), ki->tokens);
-        image_tokens = df_contiguous(ctx, df_expand(ctx, one, DF_SHAPE(B, Si, Ci)));
+        l.image_tokens = df_contiguous(ctx, df_expand(ctx, one, DF_SHAPE(B, Si, Ci)));
     }
-    df_tensor *txt_ids = s == DF_OK ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt)
-                                    : NULL;
+    if (s == DF_OK)
+        l.txt_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(L, 3), txt);
     if (s == DF_OK)
         s = df_ctx_status(ctx);
-    if (p->opts.offload == DF_OFFLOAD_MODEL)
-        onload(p, df_flux_weight_set(f->transformer));
-    /* The latents stay on the device (x) unless the host steps: the reference path, and
-     * tensor parallelism, which shares rank 0's latents after every step. */
-    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p) && !ip; /* inpaint.c */
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *x = s == DF_OK && on_device
-                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat)
-                       : NULL;
-    double t0 = df_now();
-    for (int i = r->first; i < r->steps && s == DF_OK; i++) {
-        float t = df_scheduler_timesteps(sched)[i];
-        for (int64_t b = 0; b < B; b++) {
-            ts[b] = (float)((double)t / 1000.0);
-            gs[b] = r->guidance;
-        }
-        df_tensor *hs =
-            on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
-        df_flux_inputs in = {
-            .hidden_states = ki ? df_concat(ctx, hs, image_tokens, 1) : hs, /* [B, S + Si, Ci] */
-            .encoder_hidden_states = embeds,
-            .pooled_projections = pooled,
-            .timestep = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), ts),
-            .img_ids = img_ids,
-            .txt_ids = txt_ids,
-            .guidance = cfg->guidance_embeds
-                            ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B), gs)
-                            : NULL,
-        };
-        df_tensor *v = NULL, *neg = NULL;
-        s = predict(ctx, f, &in, ki ? S : 0, &v);
-        if (s == DF_OK && neg_embeds) { /* true CFG: the same forward on the negative text */
-            df_flux_inputs nin = in;
-            nin.encoder_hidden_states = neg_embeds;
-            nin.pooled_projections = neg_pooled;
-            s = predict(ctx, f, &nin, ki ? S : 0, &neg);
-            if (s == DF_OK && v && neg) /* neg + true_cfg_scale * (pos - neg) */
-                v = df_add(ctx, neg, df_scale(ctx, df_sub(ctx, v, neg), r->true_cfg_scale, 0));
-        }
-        if (s == DF_OK && on_device)
-            s = df_scheduler_step_tensor(sched, ctx, v, &x);
-        if (s == DF_OK)
-            s = df_mark_step(ctx);
-        if (s == DF_OK && !on_device)
-            s = df_tensor_read(ctx, v, DF_DTYPE_F32, v_host, (size_t)n_lat * sizeof *v_host);
-        s = df_pipeline_tp_check(p, s); /* the sharded forward */
-        if (s == DF_OK && !on_device)
-            s = df_scheduler_step(sched, v_host, lat, n_lat);
-        if (s == DF_OK && ip)
-            df_inpaint_blend(ip, df_scheduler_sigmas(sched), i, r->steps, lat);
-        if (s == DF_OK && !on_device)
-            /* ranks stay identical */
-            s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
-        if (s == DF_OK && df_pipeline_preview_due(g, i + 1 - r->first, r->steps - r->first))
-            s = preview(p, f, g, r, on_device ? x : NULL, on_device ? v : NULL, lat, v_host,
-                        df_scheduler_sigmas(sched)[i + 1], i + 1 - r->first, r->steps - r->first);
-        x = df_scope_end(ctx, mark, x); /* the step's tensors go; the new latents stay */
-        if (s == DF_OK)
-            s = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
-                                       df_now() - t0);
-    }
-    if (s == DF_OK && on_device)
-        s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n_lat * sizeof *lat);
-    df_scope_end(ctx, mark, NULL);
+    if (s == DF_OK)
+        s = df_denoise_run(p, g,
+                           &(df_denoise){
+                               .sched = sched,
+                               .first = r->first,
+                               .steps = r->steps,
+                               .shape = {B, S, Ci},
+                               .ndim = 3,
+                               .B = B,
+                               .n = S * Ci,
+                               .model = &l,
+                               .predict = loop_predict,
+                               .decode = loop_decode,
+                               .blend = ip,
+                               .resident = p->opts.offload == DF_OFFLOAD_MODEL
+                                               ? df_flux_weight_set(f->transformer)
+                                               : NULL,
+                           },
+                           lat);
     df_scheduler_free(sched);
     df_pipeline_end_cache(cache, out);
     df_flux_set_step_cache(f->transformer, NULL);
-    if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
-        s = offload(p, df_flux_weight_set(f->transformer));
-    df_free(v_host);
     df_free(ids);
     df_free(txt);
-    df_free(ts);
-    df_free(gs);
+    df_free(l.ts);
+    df_free(l.gs);
     return s;
 }
-
 /* FluxImg2ImgPipeline.prepare_latents: the input picture's latents noised to the sigma of
  * the loop's first step, [B, C, h, w]. */
 static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
@@ -762,15 +693,15 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
             s = given_embeddings(p, g->negative_prompt_embeds, g->negative_pooled_prompt_embeds, &r,
                                  &neg_embeds, &neg_pooled);
     } else {
-        onload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
-        onload(p, df_t5_weight_set(f->t5));
+        df_pipeline_onload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
+        df_pipeline_onload(p, df_t5_weight_set(f->t5));
         s = encode_prompts(p, f, prompts, &r, &embeds, &pooled);
         if (s == DF_OK && r.true_cfg)
             s = encode_negative(p, f, g, &r, &neg_embeds, &neg_pooled);
         if (s == DF_OK)
-            s = offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
+            s = df_pipeline_offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL);
         if (s == DF_OK)
-            s = offload(p, df_t5_weight_set(f->t5));
+            s = df_pipeline_offload(p, df_t5_weight_set(f->t5));
         df_pipeline_note_phase(p, out, "encode");
     }
 
@@ -794,18 +725,18 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
                 pack_latents(noise, lat, r.B, C, h, w);
         }
     }
-    df_kontext_image ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
+    df_image_tokens ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
     if (s == DF_OK && kontext && g->image && df_pipeline_lead(p))
         s = df_kontext_image_make(p, f->vae_dir, &f->vae_enc, g, r.factor, &ki);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && kontext && g->image && df_pipeline_tp(p))
-        s = df_kontext_image_share(p, &ki);
+        s = df_image_tokens_share(p, &ki, 3, "the picture's tokens");
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n_lat * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, pooled, neg_embeds, neg_pooled, g->mask ? &ip : NULL,
                     kontext && g->image ? &ki : NULL, lat, out);
-    df_kontext_image_deinit(&ki);
+    df_image_tokens_deinit(&ki);
     df_pipeline_note_phase(p, out, "denoise");
 
     if (s == DF_OK && df_pipeline_lead(p))

@@ -22,7 +22,9 @@
  * Schedule: sigmas linspace(1, 1/n, n) shifted with compute_empirical_mu(image tokens, n),
  * FLUX.2's own rule. Each step calls the transformer with t / 1000 as the timestep; the
  * flow-match Euler step runs on the device in float32, the same bits as the scheduler's
- * host step (DIFFUSE_HOST_STEP=1 selects that reference path).
+ * host step (DIFFUSE_HOST_STEP=1 selects that reference path). The loop and the decode are
+ * denoise.c's; this file gives them the transformer call (with CFG's second forward) and
+ * the latents' layout.
  *
  * Guidance: Flux2Pipeline passes guidance_scale to the transformer's guidance embedder (one
  * forward per step; default 50 steps, 4.0). Flux2KleinPipeline has no guidance embedder:
@@ -61,6 +63,7 @@
 #include "core/status.h"
 #include "models/residency.h"
 #include "models/step_cache.h"
+#include "pipelines/denoise.h"
 #include "pipelines/flux2_reference.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"
@@ -142,14 +145,9 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
         DF_TRY(df_json_get_bool_or(df_model_index_json(idx), "is_distilled", false,
                                    &f->is_distilled));
 
-    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *s = NULL;
-    DF_TRY(df_scheduler_load(path, &s));
-    f->sched = *df_scheduler_get_config(s);
-    df_scheduler_free(s);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
 
+    char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux2_load_file(p->ctx, dir, p->opts.transformer_file, &f->transformer), "%s",
                dir);
@@ -357,15 +355,8 @@ static df_status encode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
 /* Creates the scheduler with FLUX.2's sigmas and empirical mu. */
 static df_status make_scheduler(const flux2_pipe *f, const run_sizes *r, df_scheduler **out)
 {
-    DF_TRY(df_scheduler_create(&f->sched, out));
-    double *sig = df_malloc((size_t)r->steps * sizeof *sig);
-    if (!sig)
-        return df_errorf(DF_E_OOM, "out of memory");
-    df_linspace(1.0, 1.0 / r->steps, r->steps, sig);
     double mu = df_flux2_compute_empirical_mu(r->S, r->steps);
-    df_status s = df_scheduler_set_timesteps(*out, r->steps, sig, &mu);
-    df_free(sig);
-    return s == DF_OK ? df_scheduler_set_begin_index(*out, 0) : s;
+    return df_denoise_scheduler(&f->sched, r->steps, true, &mu, 0, out);
 }
 
 /* The ids of S image tokens and L text tokens, as f32 [S, 4] and [L, 4] tensors. */
@@ -394,7 +385,7 @@ static df_status make_ids(df_ctx *ctx, const run_sizes *r, df_tensor **img, df_t
 
 /* The reference tokens repeated over the batch, [B, Sr, C], and the ids of the latents
  * followed by theirs, [S + Sr, 4] (in place of *ids). */
-static df_status reference_inputs(df_ctx *ctx, const run_sizes *r, const df_flux2_reference *refs,
+static df_status reference_inputs(df_ctx *ctx, const run_sizes *r, const df_image_tokens *refs,
                                   df_tensor **ref, df_tensor **ids)
 {
     int64_t Sr = refs->n_tokens, C = refs->channels;
@@ -440,24 +431,16 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
     };
     df_free(ts);
     df_free(gs);
+    df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
+                          in.img_ids, in.txt_ids, in.guidance};
     *out = NULL;
-    df_status s = DF_OK;
-    if (f->compiled) {
-        df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
-                              in.img_ids, in.txt_ids, in.guidance};
-        s = df_compiled_call(ctx, f->compiled, f->transformer, args, out);
-    } else {
-        *out = df_flux2_forward(ctx, f->transformer, &in);
-    }
+    df_status s =
+        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, out);
     if (s == DF_OK && ref && *out) /* noise_pred[:, :S]: the latents' tokens only */
         *out = df_contiguous(ctx, df_slice(ctx, *out, 1, 0, r->S));
     return s == DF_OK ? df_mark_step(ctx) : s;
 }
 
-/* The denoising loop over the packed latents lat [B, S, C] (in place). The latents stay on
- * the device and step there (the same bits as the host step), unless the host steps:
- * DIFFUSE_HOST_STEP=1 (the reference path) or tensor parallelism, which shares rank 0's
- * latents after every step. */
 /* The step caches of a run (g->cache), as Flux2KleinPipeline enables them: one state per
  * cache context, "cond" (cache[0]) and, with CFG, "uncond" (cache[1]). diffusers 0.42 runs
  * no first-block or TaylorSeer cache on Flux2Pipeline (it calls the transformer outside any
@@ -484,79 +467,6 @@ static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params 
     for (int k = 0; k < (r->cfg ? 2 : 1); k++)
         DF_TRY(df_step_cache_create(g->cache, "Flux2Transformer2DModel", n, &cache[k]));
     return DF_OK;
-}
-
-static df_status preview(df_pipeline *p, flux2_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
-                         float sigma, int step, int steps);
-
-static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
-                         const run_sizes *r, df_tensor *embeds, df_tensor *neg,
-                         const df_flux2_reference *refs, float *lat, df_gen_output *out)
-{
-    df_ctx *ctx = p->ctx;
-    int64_t n = r->B * r->S * r->C;
-    bool on_device = !df_pipeline_host_step(g) && !df_pipeline_tp(p);
-    float *v = on_device ? NULL : df_malloc((size_t)n * sizeof *v);
-    df_scheduler *sched = NULL;
-    df_tensor *img_ids = NULL, *txt_ids = NULL;
-    df_status s = on_device || v ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-    if (s == DF_OK)
-        s = make_scheduler(f, r, &sched);
-    if (s == DF_OK)
-        s = make_ids(ctx, r, &img_ids, &txt_ids);
-    df_step_cache *cache[2] = {NULL, NULL}; /* "cond", "uncond" */
-    if (s == DF_OK)
-        s = make_caches(p, f, g, r, cache);
-    df_tensor *ref = NULL; /* reference tokens [B, Sr, C], their ids after the latents' */
-    if (s == DF_OK && refs && refs->n_tokens > 0)
-        s = reference_inputs(ctx, r, refs, &ref, &img_ids);
-    if (p->opts.offload == DF_OFFLOAD_MODEL)
-        df_pipeline_onload(p, df_flux2_weight_set(f->transformer));
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *x = s == DF_OK && on_device
-                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat)
-                       : NULL;
-    double t0 = df_now();
-    for (int i = 0; i < r->steps && s == DF_OK; i++) {
-        float t = df_scheduler_timesteps(sched)[i];
-        df_tensor *in =
-            on_device ? x : df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, r->S, r->C), lat);
-        df_tensor *vt = NULL, *vnt = NULL;
-        df_flux2_set_step_cache(f->transformer, cache[0]);
-        s = predict(p, f, r, in, t, embeds, img_ids, txt_ids, ref, &vt);
-        df_flux2_set_step_cache(f->transformer, cache[1]);
-        if (s == DF_OK && r->cfg)
-            s = predict(p, f, r, in, t, neg, img_ids, txt_ids, ref, &vnt);
-        df_flux2_set_step_cache(f->transformer, NULL);
-        if (s == DF_OK && r->cfg) /* neg + scale * (cond - neg), each op in float32 */
-            vt = df_add(ctx, vnt, df_scale(ctx, df_sub(ctx, vt, vnt), r->guidance, -0.0f));
-        if (s == DF_OK && on_device)
-            s = df_scheduler_step_tensor(sched, ctx, vt, &x);
-        if (s == DF_OK && !on_device)
-            s = df_tensor_read(ctx, vt, DF_DTYPE_F32, v, (size_t)n * sizeof *v);
-        s = df_pipeline_tp_check(p, s); /* the sharded forward */
-        if (s == DF_OK && !on_device)
-            s = df_scheduler_step(sched, v, lat, n);
-        if (s == DF_OK && !on_device) /* the ranks stay identical */
-            s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
-        if (s == DF_OK && df_pipeline_preview_due(g, i + 1, r->steps))
-            s = preview(p, f, g, r, on_device ? x : NULL, on_device ? vt : NULL, lat, v,
-                        df_scheduler_sigmas(sched)[i + 1], i + 1, r->steps);
-        x = df_scope_end(ctx, mark, x);
-        if (s == DF_OK)
-            s = df_pipeline_step_done(g, i + 1, r->steps, df_now() - t0);
-    }
-    if (s == DF_OK && on_device)
-        s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
-    df_scope_end(ctx, mark, NULL);
-    df_scheduler_free(sched);
-    df_pipeline_end_cache(cache[0], out); /* the trace of the "cond" calls */
-    df_step_cache_free(cache[1]);
-    if (s == DF_OK && p->opts.offload == DF_OFFLOAD_MODEL)
-        s = df_pipeline_offload(p, df_flux2_weight_set(f->transformer));
-    df_free(v);
-    return s;
 }
 
 /* The packed tokens lat [B, S, C] -> the decoder's input [B, C/4, 2h, 2w]: scattered by
@@ -588,61 +498,99 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                         df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    int64_t B = r->B, H = r->factor * r->h, W = r->factor * r->w, n_img = B * 3 * H * W;
     df_pipeline_onload(p, df_vae_weight_set(f->vae));
-    float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
-    df_status s = decoded ? DF_OK : df_errorf(DF_E_OOM, "out of memory for the image");
-    df_tensor *z = NULL, *img = NULL;
-    if (s == DF_OK)
-        s = to_decoder_input(ctx, f, r, lat, &z);
+    df_tensor *z = NULL;
+    df_status s = to_decoder_input(ctx, f, r, lat, &z);
     if (s == DF_OK && unpacked) {
-        int64_t n = B * r->C * r->S;
+        int64_t n = r->B * r->C * r->S;
         *unpacked = df_malloc((size_t)n * sizeof **unpacked);
         s = *unpacked ? df_tensor_read(ctx, z, DF_DTYPE_F32, *unpacked, (size_t)n * sizeof(float))
                       : df_errorf(DF_E_OOM, "out of memory");
     }
     if (s == DF_OK)
-        s = g->vae_tiling ? df_vae_decode_tiled(ctx, f->vae, z, 64, 8, &img)
-                          : df_vae_decode(ctx, f->vae, z, &img);
-    if (s == DF_OK)
-        s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
-    if (s == DF_OK)
-        s = df_pipeline_offload(p, df_vae_weight_set(f->vae));
-    df_pipeline_note_phase(p, out, "decode");
-    if (s == DF_OK) {
-        out->count = (int)B;
-        out->images = df_calloc((size_t)B, sizeof *out->images);
-        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
-        s = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-        if (s == DF_OK)
-            s = df_vae_postprocess_f32(decoded, B, 3, H, W, out->image_f32);
-        for (int64_t b = 0; b < B && s == DF_OK; b++) {
-            s = df_image_create((int)W, (int)H, &out->images[b]);
-            if (s == DF_OK)
-                s = df_vae_postprocess_rgb8(decoded + (size_t)(b * 3 * H * W), 1, 3, H, W,
-                                            out->images[b]->pixels);
-        }
-    }
-    df_free(decoded);
+        s = df_denoise_decode(p, f->vae, z, g->vae_tiling, true, r->B, r->factor * r->h,
+                              r->factor * r->w, out);
     return s;
 }
 
-/* g->preview after a step: the first image's denoised estimate, decoded. */
-static df_status preview(df_pipeline *p, flux2_pipe *f, const df_gen_params *g, const run_sizes *r,
-                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
-                         float sigma, int step, int steps)
+/* A run's fixed inputs to the transformer, for the loop's hooks. */
+typedef struct flux2_loop {
+    df_pipeline *p;
+    flux2_pipe *f;
+    const df_gen_params *g;
+    const run_sizes *r;
+    df_tensor *embeds, *neg;       /* the prompts' and, with CFG, the negative text */
+    df_tensor *img_ids, *txt_ids;  /* [S (+ Sr), 4], [L, 4] */
+    df_tensor *ref;                /* reference tokens [B, Sr, C], or NULL */
+    df_step_cache *cache[2];       /* "cond", "uncond" */
+} flux2_loop;
+
+/* The loop's model call: the velocity for the latents x [B, S, C], with CFG's second
+ * forward under the "uncond" cache where it runs. */
+static df_status loop_predict(void *self, const df_denoise_step *st, df_tensor **out)
 {
-    int64_t n = r->S * r->C;
-    float *x0;
-    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
-    run_sizes one = *r;
+    flux2_loop *l = self;
+    df_tensor *vt = NULL, *vnt = NULL;
+    df_flux2_set_step_cache(l->f->transformer, l->cache[0]);
+    df_status s = predict(l->p, l->f, l->r, st->x, st->t, l->embeds, l->img_ids, l->txt_ids,
+                          l->ref, &vt);
+    df_flux2_set_step_cache(l->f->transformer, l->cache[1]);
+    if (s == DF_OK && l->r->cfg)
+        s = predict(l->p, l->f, l->r, st->x, st->t, l->neg, l->img_ids, l->txt_ids, l->ref, &vnt);
+    df_flux2_set_step_cache(l->f->transformer, NULL);
+    if (s == DF_OK && l->r->cfg) /* neg + scale * (cond - neg), each op in float32 */
+        vt = df_add(l->p->ctx, vnt,
+                    df_scale(l->p->ctx, df_sub(l->p->ctx, vt, vnt), l->r->guidance, -0.0f));
+    *out = vt;
+    return s;
+}
+
+/* g->preview's decode: one image's packed latents. */
+static df_status loop_decode(void *self, const float *lat, df_gen_output *out)
+{
+    flux2_loop *l = self;
+    run_sizes one = *l->r;
     one.B = 1;
-    df_gen_output tmp = {0};
-    df_status s = decode(p, f, g, &one, x0, NULL, &tmp);
+    return decode(l->p, l->f, l->g, &one, lat, NULL, out);
+}
+
+/* The denoising loop over the packed latents lat [B, S, C] (in place). */
+static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
+                         const run_sizes *r, df_tensor *embeds, df_tensor *neg,
+                         const df_image_tokens *refs, float *lat, df_gen_output *out)
+{
+    df_ctx *ctx = p->ctx;
+    flux2_loop l = {.p = p, .f = f, .g = g, .r = r, .embeds = embeds, .neg = neg};
+    df_scheduler *sched = NULL;
+    df_status s = make_scheduler(f, r, &sched);
     if (s == DF_OK)
-        g->preview(step, steps, tmp.images[0], g->progress_user);
-    df_gen_output_free(&tmp);
-    df_free(x0);
+        s = make_ids(ctx, r, &l.img_ids, &l.txt_ids);
+    if (s == DF_OK)
+        s = make_caches(p, f, g, r, l.cache);
+    if (s == DF_OK && refs && refs->n_tokens > 0) /* their ids after the latents' */
+        s = reference_inputs(ctx, r, refs, &l.ref, &l.img_ids);
+    if (s == DF_OK)
+        s = df_denoise_run(p, g,
+                           &(df_denoise){
+                               .sched = sched,
+                               .first = 0,
+                               .steps = r->steps,
+                               .shape = {r->B, r->S, r->C},
+                               .ndim = 3,
+                               .B = r->B,
+                               .n = r->S * r->C,
+                               .model = &l,
+                               .predict = loop_predict,
+                               .decode = loop_decode,
+                               .marks_step = true, /* predict marks each forward */
+                               .resident = p->opts.offload == DF_OFFLOAD_MODEL
+                                               ? df_flux2_weight_set(f->transformer)
+                                               : NULL,
+                           },
+                           lat);
+    df_scheduler_free(sched);
+    df_pipeline_end_cache(l.cache[0], out); /* the trace of the "cond" calls */
+    df_step_cache_free(l.cache[1]);
     return s;
 }
 
@@ -774,18 +722,18 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     }
     if (s == DF_OK && df_pipeline_lead(p))
         s = initial_latents(g, &r, lat);
-    df_flux2_reference ref = {0}; /* after the noise, as prepare_image_latents runs */
+    df_image_tokens ref = {0}; /* after the noise, as prepare_image_latents runs */
     if (s == DF_OK && n_refs > 0 && df_pipeline_lead(p)) /* rank 0 encodes and shares */
         s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
                                     g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && n_refs > 0 && df_pipeline_tp(p))
-        s = df_flux2_reference_share(p, &ref);
+        s = df_image_tokens_share(p, &ref, 4, "the reference images");
     if (s == DF_OK)
         s = df_pipeline_tp_share(p, lat, (size_t)n * sizeof *lat);
     if (s == DF_OK)
         s = denoise(p, f, g, &r, embeds, neg, &ref, lat, out);
-    df_flux2_reference_deinit(&ref);
+    df_image_tokens_deinit(&ref);
     df_pipeline_note_phase(p, out, "denoise");
     bool unpack = f->klein && df_pipeline_lead(p);
     if (s == DF_OK && df_pipeline_lead(p))

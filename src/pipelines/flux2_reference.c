@@ -115,7 +115,7 @@ static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_image *img
 
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                                   const df_image *const *imgs, int n, int multiple, bool tiled,
-                                  df_flux2_reference *out)
+                                  df_image_tokens *out)
 {
     memset(out, 0, sizeof *out);
     int64_t total = 0;
@@ -159,7 +159,7 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
     if (s == DF_OK)
         s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
     if (s != DF_OK) {
-        df_flux2_reference_deinit(out);
+        df_image_tokens_deinit(out);
         return s;
     }
     out->n_tokens = total;
@@ -167,29 +167,3 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
     return DF_OK;
 }
 
-df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r)
-{
-    int64_t size[2] = {r->n_tokens, r->channels};
-    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
-    df_status s = DF_OK;
-    if (!df_pipeline_lead(p)) {
-        r->n_tokens = size[0], r->channels = size[1];
-        r->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *r->tokens);
-        r->ids = df_malloc((size_t)(size[0] * 4) * sizeof *r->ids);
-        s = r->tokens && r->ids ? DF_OK
-                                : df_errorf(DF_E_OOM, "out of memory for the reference images");
-    }
-    s = df_pipeline_tp_agree(p, s);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, r->tokens, (size_t)(size[0] * size[1]) * sizeof *r->tokens);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, r->ids, (size_t)(size[0] * 4) * sizeof *r->ids);
-    return s;
-}
-
-void df_flux2_reference_deinit(df_flux2_reference *r)
-{
-    df_free(r->tokens);
-    df_free(r->ids);
-    memset(r, 0, sizeof *r);
-}

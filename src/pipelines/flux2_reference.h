@@ -9,12 +9,7 @@
 #include <diffuse/pipeline.h>
 #include <diffuse/vae.h>
 
-typedef struct df_flux2_reference {
-    int64_t n_tokens; /* Sr */
-    int64_t channels; /* 4 * latent_channels (128) */
-    float *tokens;    /* [Sr, channels] */
-    float *ids;       /* [Sr, 4] as (t, h, w, l), f32 as the transformer reads ids */
-} df_flux2_reference;
+#include "pipelines/pipeline.h"
 
 /*
  * Checks the picture before any model runs: Flux2ImageProcessor.check_image_input's rules
@@ -35,14 +30,12 @@ void df_flux2_reference_size(const df_image *img, int multiple, int *height, int
  * posterior's mode, patchified and batch-norm normalised, packed row by row into tokens
  * with ids (10 + 10 i, y, x, 0) for picture i (_prepare_image_ids), the pictures' tokens one
  * after the other. The encoder is loaded from vae_dir into *enc on first use; `tiled`
- * encodes with df_vae_encode_tiled (the pipeline's vae_tiling, as enable_tiling()). Free with
- * df_flux2_reference_deinit.
+ * encodes with df_vae_encode_tiled (the pipeline's vae_tiling, as enable_tiling()). Ids
+ * [Sr, 4] as (t, h, w, l), channels 128. Free with df_image_tokens_deinit; share to the
+ * other ranks with df_image_tokens_share.
  */
 df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                                   const df_image *const *imgs, int n, int multiple, bool tiled,
-                                  df_flux2_reference *out);
-/* Tensor parallelism: rank 0's tokens and ids on every rank (rank 0 encodes). */
-df_status df_flux2_reference_share(df_pipeline *p, df_flux2_reference *r);
-void df_flux2_reference_deinit(df_flux2_reference *r);
+                                  df_image_tokens *out);
 
 #endif

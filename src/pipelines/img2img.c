@@ -38,10 +38,8 @@ df_status df_img2img_first_step(const df_gen_params *g, int steps, int *first)
     return DF_OK;
 }
 
-/* The picture as the encoder reads it, [1, 3, H, W], encoded and drawn from: the scaled
- * latents [1, C, h, w] in lat. */
-static df_status encode_picture(df_pipeline *p, df_vae_encoder *enc, const df_gen_params *g, int H,
-                                int W, int multiple, df_rng *rng, float *lat)
+df_status df_img2img_encode_picture(df_pipeline *p, df_vae_encoder *enc, const df_gen_params *g,
+                                    int H, int W, int multiple, df_rng *rng, float *lat)
 {
     df_ctx *ctx = p->ctx;
     int ph, pw;
@@ -108,7 +106,7 @@ df_status df_img2img_encode(df_pipeline *p, const char *vae_dir, df_vae_encoder 
 {
     DF_TRY(ready_encoder(p, vae_dir, enc, g));
     df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
-    df_status s = encode_picture(p, *enc, g, H, W, multiple, rng, lat);
+    df_status s = df_img2img_encode_picture(p, *enc, g, H, W, multiple, rng, lat);
     if (s == DF_OK)
         s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
     return s;

@@ -44,6 +44,11 @@ df_status df_img2img_latents(df_pipeline *p, const char *vae_dir, df_vae_encoder
 df_status df_img2img_encode(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
                             const df_gen_params *g, int H, int W, int multiple, df_rng *rng,
                             float *lat);
+/* The encoding itself with an encoder already loaded and resident: g->image as the encoder
+ * reads it, [1, 3, H, W] (H and W multiples of `multiple`, else DF_E_ARG), encoded and
+ * drawn from with `rng` (NULL: the posterior's mode), scaled, into lat. */
+df_status df_img2img_encode_picture(df_pipeline *p, df_vae_encoder *enc, const df_gen_params *g,
+                                    int H, int W, int multiple, df_rng *rng, float *lat);
 int64_t df_img2img_latent_size(const df_vae_encoder *enc, int H, int W);
 
 #endif

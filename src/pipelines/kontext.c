@@ -23,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/residency.h"
+#include "pipelines/img2img.h"
 #include "pipelines/pipeline.h"
 
 /* PREFERRED_KONTEXT_RESOLUTIONS, (width, height) */
@@ -94,40 +95,8 @@ df_status df_kontext_image_size(const df_image *img, int multiple, bool auto_res
     return DF_OK;
 }
 
-/* The picture's scaled latents [1, C, h/f, w/f] into lat. */
-static df_status encode(df_pipeline *p, df_vae_encoder *enc, const df_gen_params *g, int h, int w,
-                        float *lat)
-{
-    df_ctx *ctx = p->ctx;
-    const df_vae_info *info = df_vae_encoder_config(enc);
-    int64_t f = info->scale_factor, C = info->latent_channels, per = C * (h / f) * (w / f);
-    float *pixels = df_malloc((size_t)3 * h * w * sizeof *pixels);
-    float *moments = df_malloc((size_t)(2 * per) * sizeof *moments);
-    df_status s = pixels && moments
-                      ? df_image_preprocess(g->image, h, w, (int)f, DF_RESAMPLE_LANCZOS, pixels)
-                      : df_errorf(DF_E_OOM, "out of memory encoding the picture");
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *m = NULL;
-    if (s == DF_OK) {
-        df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1, 3, h, w), pixels);
-        s = !t              ? df_ctx_status(ctx)
-            : g->vae_tiling ? df_vae_encode_tiled(ctx, enc, t, 0, &m) /* enable_tiling() */
-                            : df_vae_encode(ctx, enc, t, &m);
-    }
-    if (s == DF_OK)
-        s = df_tensor_read(ctx, m, DF_DTYPE_F32, moments, (size_t)(2 * per) * sizeof *moments);
-    df_scope_end(ctx, mark, NULL);
-    if (s == DF_OK) /* retrieve_latents(sample_mode="argmax") */
-        s = df_vae_latent_dist(moments, 1, C, h / f, w / f, NULL, lat);
-    if (s == DF_OK)
-        s = df_vae_scale_latents(info, lat, per);
-    df_free(pixels);
-    df_free(moments);
-    return s;
-}
-
 df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                const df_gen_params *g, int multiple, df_kontext_image *out)
+                                const df_gen_params *g, int multiple, df_image_tokens *out)
 {
     memset(out, 0, sizeof *out);
     if (!*enc)
@@ -147,7 +116,7 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
             : df_errorf(DF_E_OOM, "out of memory for the picture's %lld tokens", (long long)n);
     df_pipeline_onload(p, df_vae_encoder_weight_set(*enc));
     if (s == DF_OK)
-        s = encode(p, *enc, g, h, w, lat);
+        s = df_img2img_encode_picture(p, *enc, g, h, w, (int)info->scale_factor, NULL, lat);
     if (s == DF_OK)
         s = df_pipeline_offload(p, df_vae_encoder_weight_set(*enc));
     for (int64_t c = 0; s == DF_OK && c < C; c++) /* _pack_latents: channel c*4 + dy*2 + dx */
@@ -162,7 +131,7 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
         }
     df_free(lat);
     if (s != DF_OK) {
-        df_kontext_image_deinit(out);
+        df_image_tokens_deinit(out);
         return s;
     }
     out->n_tokens = n;
@@ -170,29 +139,3 @@ df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_enco
     return DF_OK;
 }
 
-df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k)
-{
-    int64_t size[2] = {k->n_tokens, k->channels};
-    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
-    df_status s = DF_OK;
-    if (!df_pipeline_lead(p)) {
-        k->n_tokens = size[0], k->channels = size[1];
-        k->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *k->tokens);
-        k->ids = df_malloc((size_t)(size[0] * 3) * sizeof *k->ids);
-        s = k->tokens && k->ids ? DF_OK
-                                : df_errorf(DF_E_OOM, "out of memory for the picture's tokens");
-    }
-    s = df_pipeline_tp_agree(p, s);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, k->tokens, (size_t)(size[0] * size[1]) * sizeof *k->tokens);
-    if (s == DF_OK)
-        s = df_pipeline_tp_share(p, k->ids, (size_t)(size[0] * 3) * sizeof *k->ids);
-    return s;
-}
-
-void df_kontext_image_deinit(df_kontext_image *k)
-{
-    df_free(k->tokens);
-    df_free(k->ids);
-    memset(k, 0, sizeof *k);
-}

@@ -9,13 +9,7 @@
 #include <diffuse/pipeline.h>
 #include <diffuse/vae.h>
 
-/* The picture's latents as tokens [n_tokens, channels] with ids [n_tokens, 3] = (1, y, x). */
-typedef struct df_kontext_image {
-    int64_t n_tokens;
-    int64_t channels; /* 4 * latent_channels (64) */
-    float *tokens;
-    float *ids; /* f32, as the transformer reads ids */
-} df_kontext_image;
+#include "pipelines/pipeline.h"
 
 /*
  * The run's parameters as FluxKontextPipeline.__call__ sizes them, into *sized (a copy of g
@@ -42,12 +36,10 @@ df_status df_kontext_image_size(const df_image *img, int multiple, bool auto_res
  * FluxKontextPipeline.prepare_latents for the picture: resized to its encoding size with
  * PIL's Lanczos, normalised, encoded (the encoder loaded from vae_dir into *enc on first
  * use), the posterior's mode ("argmax": nothing drawn), (x - shift) * scale, packed 2x2 into
- * tokens in row-major order with ids (1, y, x). Free with df_kontext_image_deinit.
+ * tokens in row-major order with ids [n_tokens, 3] = (1, y, x) (channels 64). Free with
+ * df_image_tokens_deinit; share to the other ranks with df_image_tokens_share.
  */
 df_status df_kontext_image_make(df_pipeline *p, const char *vae_dir, df_vae_encoder **enc,
-                                const df_gen_params *g, int multiple, df_kontext_image *out);
-/* Tensor parallelism: rank 0's tokens and ids on every rank (rank 0 alone has the VAE). */
-df_status df_kontext_image_share(df_pipeline *p, df_kontext_image *k);
-void df_kontext_image_deinit(df_kontext_image *k);
+                                const df_gen_params *g, int multiple, df_image_tokens *out);
 
 #endif

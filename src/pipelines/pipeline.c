@@ -33,65 +33,37 @@
 #define CLIP_TOKENIZER {"CLIPTokenizer", "CLIPTokenizerFast"}
 #define T5_TOKENIZER {"T5Tokenizer", "T5TokenizerFast"}
 #define SCHEDULER {"scheduler", {"FlowMatchEulerDiscreteScheduler"}}
+/* FluxPipeline's components, which its image-input classes share. */
+#define FLUX_COMPONENTS                                                                    \
+    {{"transformer", {"FluxTransformer2DModel"}},                                          \
+     {"vae", {"AutoencoderKL"}},                                                           \
+     {"text_encoder", {"CLIPTextModel"}},                                                  \
+     {"text_encoder_2", {"T5EncoderModel"}},                                               \
+     {"tokenizer", CLIP_TOKENIZER},                                                        \
+     {"tokenizer_2", T5_TOKENIZER},                                                        \
+     SCHEDULER}
+/* StableDiffusion3Pipeline's components, which its image-input classes share. */
+#define SD3_COMPONENTS                                                                     \
+    {{"transformer", {"SD3Transformer2DModel"}},                                           \
+     {"vae", {"AutoencoderKL"}},                                                           \
+     {"text_encoder", {"CLIPTextModelWithProjection"}},                                    \
+     {"text_encoder_2", {"CLIPTextModelWithProjection"}},                                  \
+     {"text_encoder_3", {"T5EncoderModel"}},                                               \
+     {"tokenizer", CLIP_TOKENIZER},                                                        \
+     {"tokenizer_2", CLIP_TOKENIZER},                                                      \
+     {"tokenizer_3", T5_TOKENIZER},                                                        \
+     SCHEDULER}
 
 /* Tokenizers are read from their files (df_tokenizer_load decides the kind), so each slot
  * names the classes transformers 4.x and 5.x save for that tokenizer: 5.x writes the
  * generic TokenizersBackend where 4.x wrote PreTrainedTokenizerFast. */
 static const df_pipeline_table tables[] = {
-    {&df_flux_pipeline_class,
-     {{"transformer", {"FluxTransformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModel"}},
-      {"text_encoder_2", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", T5_TOKENIZER},
-      SCHEDULER}},
-    {&df_flux_img2img_pipeline_class, /* the same components as FluxPipeline */
-     {{"transformer", {"FluxTransformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModel"}},
-      {"text_encoder_2", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", T5_TOKENIZER},
-      SCHEDULER}},
-    {&df_flux_inpaint_pipeline_class, /* the same components as FluxPipeline */
-     {{"transformer", {"FluxTransformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModel"}},
-      {"text_encoder_2", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", T5_TOKENIZER},
-      SCHEDULER}},
-    {&df_sd3_pipeline_class,
-     {{"transformer", {"SD3Transformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_3", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", CLIP_TOKENIZER},
-      {"tokenizer_3", T5_TOKENIZER},
-      SCHEDULER}},
-    {&df_sd3_img2img_pipeline_class, /* the same components as StableDiffusion3Pipeline */
-     {{"transformer", {"SD3Transformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_3", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", CLIP_TOKENIZER},
-      {"tokenizer_3", T5_TOKENIZER},
-      SCHEDULER}},
-    {&df_sd3_inpaint_pipeline_class, /* the same components as StableDiffusion3Pipeline */
-     {{"transformer", {"SD3Transformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_2", {"CLIPTextModelWithProjection"}},
-      {"text_encoder_3", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", CLIP_TOKENIZER},
-      {"tokenizer_3", T5_TOKENIZER},
-      SCHEDULER}},
+    {&df_flux_pipeline_class, FLUX_COMPONENTS},
+    {&df_flux_img2img_pipeline_class, FLUX_COMPONENTS},
+    {&df_flux_inpaint_pipeline_class, FLUX_COMPONENTS},
+    {&df_sd3_pipeline_class, SD3_COMPONENTS},
+    {&df_sd3_img2img_pipeline_class, SD3_COMPONENTS},
+    {&df_sd3_inpaint_pipeline_class, SD3_COMPONENTS},
     {&df_flux2_pipeline_class,
      {{"transformer", {"Flux2Transformer2DModel"}},
       {"vae", {"AutoencoderKLFlux2"}},
@@ -106,14 +78,7 @@ static const df_pipeline_table tables[] = {
       {"tokenizer", {"Qwen2Tokenizer", "Qwen2TokenizerFast", "PreTrainedTokenizerFast",
                      "TokenizersBackend"}},
       SCHEDULER}},
-    {&df_flux_kontext_pipeline_class, /* FluxPipeline's components (kontext.c) */
-     {{"transformer", {"FluxTransformer2DModel"}},
-      {"vae", {"AutoencoderKL"}},
-      {"text_encoder", {"CLIPTextModel"}},
-      {"text_encoder_2", {"T5EncoderModel"}},
-      {"tokenizer", CLIP_TOKENIZER},
-      {"tokenizer_2", T5_TOKENIZER},
-      SCHEDULER}},
+    {&df_flux_kontext_pipeline_class, FLUX_COMPONENTS}, /* kontext.c */
 };
 
 const df_pipeline_table *df_pipeline_tables(int *n)
@@ -203,6 +168,33 @@ df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes)
         return DF_OK;
     DF_TRY(df_pipeline_tp_check(p, df_sync(p->ctx)));
     return df_comm_broadcast(p->comm, buf, bytes, 0);
+}
+
+df_status df_image_tokens_share(df_pipeline *p, df_image_tokens *t, int id_width,
+                                const char *what)
+{
+    int64_t size[2] = {t->n_tokens, t->channels};
+    DF_TRY(df_pipeline_tp_share(p, size, sizeof size));
+    df_status s = DF_OK;
+    if (!df_pipeline_lead(p)) {
+        t->n_tokens = size[0], t->channels = size[1];
+        t->tokens = df_malloc((size_t)(size[0] * size[1]) * sizeof *t->tokens);
+        t->ids = df_malloc((size_t)(size[0] * id_width) * sizeof *t->ids);
+        s = t->tokens && t->ids ? DF_OK : df_errorf(DF_E_OOM, "out of memory for %s", what);
+    }
+    s = df_pipeline_tp_agree(p, s);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, t->tokens, (size_t)(size[0] * size[1]) * sizeof *t->tokens);
+    if (s == DF_OK)
+        s = df_pipeline_tp_share(p, t->ids, (size_t)(size[0] * id_width) * sizeof *t->ids);
+    return s;
+}
+
+void df_image_tokens_deinit(df_image_tokens *t)
+{
+    df_free(t->tokens);
+    df_free(t->ids);
+    memset(t, 0, sizeof *t);
 }
 
 /* The tensor-parallel ranks the options ask for, if any. */

@@ -120,6 +120,21 @@ df_status df_pipeline_tp_check(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_agree(df_pipeline *p, df_status s);
 df_status df_pipeline_tp_share(df_pipeline *p, void *buf, size_t bytes);
 
+/* A picture's latents as tokens that join the latents on the transformer's input (Kontext's
+ * picture, FLUX.2's reference images), with their ids. */
+typedef struct df_image_tokens {
+    int64_t n_tokens;
+    int64_t channels; /* 4 * latent_channels */
+    float *tokens;    /* [n_tokens, channels] */
+    float *ids;       /* [n_tokens, id_width], f32 as the transformer reads ids */
+} df_image_tokens;
+
+/* Tensor parallelism: rank 0's tokens and ids (id_width per token) on every rank (rank 0
+ * alone has the VAE); `what` names them in the out-of-memory message. */
+df_status df_image_tokens_share(df_pipeline *p, df_image_tokens *t, int id_width,
+                                const char *what);
+void df_image_tokens_deinit(df_image_tokens *t);
+
 /* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
  * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */
 df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g);

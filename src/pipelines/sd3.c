@@ -28,6 +28,8 @@
  * df_load_opts.compile the transformer's forward is compiled (traced once per image size),
  * with compile_blocks its repeated blocks.
  * Decoding un-scales (latents / scaling_factor + shift_factor) and runs the VAE decoder.
+ * The loop and the decode are denoise.c's; this file gives them the transformer call with
+ * its guidance, and the host path's guidance on host floats.
  *
  * Defaults: 28 steps, guidance 7.0, 256 T5 tokens, sample_size * 8 pixels. Components
  * listed as null in model_index.json are allowed when the caller passes prompt embeddings
@@ -46,6 +48,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/residency.h"
+#include "pipelines/denoise.h"
 #include "pipelines/img2img.h"
 #include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
@@ -185,14 +188,9 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
                          "not supported",
                          p->dir);
 
-    char dir[DF_PATH_MAX], path[DF_PATH_MAX + 32];
-    DF_TRY(df_pipeline_component_dir(p, idx, "scheduler", dir, sizeof dir));
-    snprintf(path, sizeof path, "%s/scheduler_config.json", dir);
-    df_scheduler *sch = NULL;
-    DF_TRY(df_scheduler_load(path, &sch));
-    s->sched = *df_scheduler_get_config(sch);
-    df_scheduler_free(sch);
+    DF_TRY(df_denoise_scheduler_config(p, idx, &s->sched));
 
+    char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_sd3_load_file(p->ctx, dir, p->opts.transformer_file, &s->transformer), "%s",
                dir);
@@ -489,126 +487,17 @@ static df_tensor *guide(df_ctx *ctx, const run_cfg *r, df_tensor *v, df_tensor *
     return noise;
 }
 
-/* The reference path: the prediction read to the host, guided and stepped on host floats. */
-static df_status host_step(df_ctx *ctx, df_scheduler *sched, const run_cfg *r, df_tensor *v,
-                           df_tensor *vs, float *pred, float *skip, float *noise, float *lat,
-                           int64_t n)
-{
-    int64_t rows = r->cfg ? 2 : 1;
-    DF_TRY(df_tensor_read(ctx, v, DF_DTYPE_F32, pred, (size_t)(rows * n) * sizeof *pred));
-    if (vs)
-        DF_TRY(df_tensor_read(ctx, vs, DF_DTYPE_F32, skip, (size_t)n * sizeof *skip));
-    if (r->cfg) {
-        /* noise = uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], float32 */
-        for (int64_t k = 0; k < n; k++) {
-            float u = pred[k], cond = pred[n + k];
-            float diff = cond - u, guided = r->guidance * diff;
-            noise[k] = u + guided;
-            if (vs) {
-                float d2 = cond - skip[k], add = d2 * r->slg_scale;
-                noise[k] = noise[k] + add;
-            }
-        }
-    } else {
-        memcpy(noise, pred, (size_t)n * sizeof *noise);
-    }
-    return df_scheduler_step(sched, noise, lat, n);
-}
-
 /* The scheduler of a run on latents [., ., h, w], its loop starting at step r->first. */
 static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, int64_t w,
                                 df_scheduler **out)
 {
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
-    DF_TRY(df_scheduler_create(&s->sched, out));
     int64_t seq = (h / c->patch_size) * (w / c->patch_size);
     double mu =
         df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
                                 s->sched.base_shift, s->sched.max_shift);
-    DF_TRY(df_scheduler_set_timesteps(*out, r->steps, NULL,
-                                      s->sched.use_dynamic_shifting ? &mu : NULL));
-    return df_scheduler_set_begin_index(*out, r->first);
-}
-
-static df_status preview(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
-                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
-                         int64_t C, int64_t h, int64_t w, float sigma, int step, int steps);
-
-static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
-                         df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
-                         const df_inpaint *ip, float *lat, int64_t C, int64_t h, int64_t w)
-{
-    df_ctx *ctx = p->ctx;
-    int64_t n = (int64_t)r->B * C * h * w, rows = r->cfg ? 2 * r->B : r->B;
-    float *pred = df_malloc((size_t)(rows * C * h * w) * sizeof *pred);
-    float *skip = g->n_slg_layers > 0 && r->cfg ? df_malloc((size_t)n * sizeof *skip) : NULL;
-    float *noise = df_malloc((size_t)n * sizeof *noise);
-    if (!pred || !noise || (g->n_slg_layers > 0 && r->cfg && !skip)) {
-        df_free(pred), df_free(skip), df_free(noise);
-        return df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
-    }
-    df_scheduler *sched = NULL;
-    df_status st = make_scheduler(s, r, h, w, &sched);
-    /* The latents stay on the device (x), guided and stepped there, unless the host steps
-     * (DIFFUSE_HOST_STEP=1: the reference path, guidance and step on host floats). */
-    bool on_device = !df_pipeline_host_step(g) && !ip; /* the blend is on the host */
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *x = st == DF_OK && on_device
-                       ? df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat)
-                       : NULL;
-    double t0 = df_now();
-    for (int i = r->first; i < r->steps && st == DF_OK; i++) {
-        float t = df_scheduler_timesteps(sched)[i];
-        if (!on_device)
-            x = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
-        df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &t);
-        df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, embeds, pooled, ts};
-        df_tensor *v = NULL;
-        if (s->compiled)
-            st = df_compiled_call(ctx, s->compiled, s->transformer, args, &v);
-        else
-            v = df_sd3_forward(ctx, s->transformer,
-                               &(df_sd3_inputs){.hidden_states = args[0],
-                                                .encoder_hidden_states = embeds,
-                                                .pooled_projections = pooled,
-                                                .timestep = ts});
-        bool slg =
-            skip && (double)i > r->steps * r->slg_start && (double)i < r->steps * r->slg_stop;
-        df_tensor *vs = slg ? df_sd3_forward(ctx, s->transformer,
-                                             &(df_sd3_inputs){.hidden_states = x,
-                                                              .encoder_hidden_states = pos_e,
-                                                              .pooled_projections = pos_p,
-                                                              .timestep = ts,
-                                                              .skip_layers = g->slg_layers,
-                                                              .n_skip_layers = g->n_slg_layers})
-                            : NULL;
-        df_tensor *guided = NULL;
-        if (st == DF_OK && on_device) {
-            guided = r->cfg ? guide(ctx, r, v, vs) : v;
-            st = df_scheduler_step_tensor(sched, ctx, guided, &x);
-        }
-        if (st == DF_OK)
-            st = df_mark_step(ctx);
-        if (st == DF_OK && !on_device)
-            st = host_step(ctx, sched, r, v, vs, pred, skip, noise, lat, n);
-        if (st == DF_OK && ip)
-            df_inpaint_blend(ip, df_scheduler_sigmas(sched), i, r->steps, lat);
-        if (st == DF_OK && df_pipeline_preview_due(g, i + 1 - r->first, r->steps - r->first))
-            st = preview(p, s, g, r, on_device ? x : NULL, guided, lat, noise, C, h, w,
-                         df_scheduler_sigmas(sched)[i + 1], i + 1 - r->first, r->steps - r->first);
-        x = df_scope_end(ctx, mark, on_device ? x : NULL);
-        if (st == DF_OK)
-            st = df_pipeline_step_done(g, i + 1 - r->first, r->steps - r->first,
-                                       df_now() - t0);
-    }
-    if (st == DF_OK && on_device)
-        st = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
-    df_scope_end(ctx, mark, NULL);
-    df_scheduler_free(sched);
-    df_free(pred);
-    df_free(skip);
-    df_free(noise);
-    return st;
+    return df_denoise_scheduler(&s->sched, r->steps, false,
+                                s->sched.use_dynamic_shifting ? &mu : NULL, r->first, out);
 }
 
 /* Decodes lat [B, C, h, w] and fills the output's images. */
@@ -616,60 +505,131 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
                         const float *lat, int64_t C, int64_t h, int64_t w, df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    int64_t n_img = (int64_t)r->B * 3 * r->H * r->W;
-    float *decoded = df_malloc((size_t)n_img * sizeof *decoded);
-    if (!decoded)
-        return df_errorf(DF_E_OOM, "out of memory for the image");
     df_tensor *z = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
-    df_tensor *img = NULL;
     df_status st = df_ctx_status(ctx);
     if (st == DF_OK && g->mask) /* StableDiffusion3InpaintPipeline decodes latents / scale */
         z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->vae)->scaling_factor), -0.0f);
     else if (st == DF_OK)
         st = df_vae_unscale(ctx, s->vae, z, &z);
     if (st == DF_OK)
-        st = g->vae_tiling ? df_vae_decode_tiled(ctx, s->vae, z, 64, 8, &img)
-                           : df_vae_decode(ctx, s->vae, z, &img);
-    if (st == DF_OK)
-        st = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
-    if (st == DF_OK) {
-        out->count = r->B;
-        out->width = r->W;
-        out->height = r->H;
-        out->steps = r->steps;
-        out->guidance = r->guidance;
-        out->images = df_calloc((size_t)r->B, sizeof *out->images);
-        out->image_f32 = df_malloc((size_t)n_img * sizeof *out->image_f32);
-        st = out->images && out->image_f32 ? DF_OK : df_errorf(DF_E_OOM, "out of memory");
-    }
-    if (st == DF_OK)
-        st = df_vae_postprocess_f32(decoded, r->B, 3, r->H, r->W, out->image_f32);
-    for (int b = 0; b < r->B && st == DF_OK; b++) {
-        st = df_image_create(r->W, r->H, &out->images[b]);
-        if (st == DF_OK)
-            st = df_vae_postprocess_rgb8(decoded + (size_t)b * 3 * r->H * r->W, 1, 3, r->H, r->W,
-                                         out->images[b]->pixels);
-    }
-    df_free(decoded);
+        st = df_denoise_decode(p, s->vae, z, g->vae_tiling, false, r->B, r->H, r->W, out);
     return st;
 }
 
-/* g->preview after a step: the first image's denoised estimate, decoded. */
-static df_status preview(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
-                         df_tensor *x, df_tensor *v, const float *lat, const float *v_host,
-                         int64_t C, int64_t h, int64_t w, float sigma, int step, int steps)
+/* A run's fixed inputs to the transformer, for the loop's hooks. */
+typedef struct sd3_loop {
+    df_pipeline *p;
+    sd3_pipe *s;
+    const df_gen_params *g;
+    const run_cfg *r;
+    df_tensor *embeds, *pooled; /* [negative, positive] with CFG, else the positive text */
+    df_tensor *pos_e, *pos_p;   /* the positive text alone, for skip-layer guidance */
+    int64_t C, h, w, n;         /* the latents [B, C, h, w], n = B C h w */
+    df_tensor *vs;              /* this step's skip-layer prediction, or NULL */
+    float *pred, *skip;         /* host steps: the predictions read back */
+} sd3_loop;
+
+/* The loop's model call: one batched forward ([uncond, cond] with CFG) and, inside
+ * skip-layer guidance's window, one on the positive text skipping g->slg_layers; guided
+ * on the device, or left for loop_read on the host path. */
+static df_status loop_predict(void *self, const df_denoise_step *step, df_tensor **out)
 {
-    int64_t n = C * h * w;
-    float *x0;
-    DF_TRY(df_pipeline_preview_latents(p->ctx, x, v, lat, v_host, r->B * n, n, sigma, &x0));
-    run_cfg one = *r;
+    sd3_loop *l = self;
+    df_ctx *ctx = l->p->ctx;
+    const run_cfg *r = l->r;
+    df_tensor *x = step->x;
+    df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &step->t);
+    df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, l->embeds, l->pooled, ts};
+    df_tensor *v = NULL;
+    df_status st =
+        df_denoise_forward(ctx, &transformer_module, l->s->compiled, l->s->transformer, args, &v);
+    int i = step->i;
+    bool slg = l->skip && (double)i > r->steps * r->slg_start && (double)i < r->steps * r->slg_stop;
+    l->vs = slg ? df_sd3_forward(ctx, l->s->transformer,
+                                 &(df_sd3_inputs){.hidden_states = x,
+                                                  .encoder_hidden_states = l->pos_e,
+                                                  .pooled_projections = l->pos_p,
+                                                  .timestep = ts,
+                                                  .skip_layers = l->g->slg_layers,
+                                                  .n_skip_layers = l->g->n_slg_layers})
+                : NULL;
+    *out = st == DF_OK && step->on_device && r->cfg ? guide(ctx, r, v, l->vs) : v;
+    return st;
+}
+
+/* The reference path: the predictions read to the host and guided on host floats into
+ * noise (n floats). */
+static df_status loop_read(void *self, df_tensor *v, float *noise)
+{
+    sd3_loop *l = self;
+    const run_cfg *r = l->r;
+    int64_t n = l->n, rows = r->cfg ? 2 : 1;
+    float *pred = l->pred, *skip = l->skip;
+    DF_TRY(df_tensor_read(l->p->ctx, v, DF_DTYPE_F32, pred, (size_t)(rows * n) * sizeof *pred));
+    if (l->vs)
+        DF_TRY(df_tensor_read(l->p->ctx, l->vs, DF_DTYPE_F32, skip, (size_t)n * sizeof *skip));
+    if (!r->cfg) {
+        memcpy(noise, pred, (size_t)n * sizeof *noise);
+        return DF_OK;
+    }
+    /* noise = uncond + g * (cond - uncond) [+ (cond - skip) * slg_scale], float32 */
+    for (int64_t k = 0; k < n; k++) {
+        float u = pred[k], cond = pred[n + k];
+        float diff = cond - u, guided = r->guidance * diff;
+        noise[k] = u + guided;
+        if (l->vs) {
+            float d2 = cond - skip[k], add = d2 * r->slg_scale;
+            noise[k] = noise[k] + add;
+        }
+    }
+    return DF_OK;
+}
+
+/* g->preview's decode: one image's latents. */
+static df_status loop_decode(void *self, const float *lat, df_gen_output *out)
+{
+    sd3_loop *l = self;
+    run_cfg one = *l->r;
     one.B = 1;
-    df_gen_output tmp = {0};
-    df_status st = decode(p, s, g, &one, x0, C, h, w, &tmp);
+    return decode(l->p, l->s, l->g, &one, lat, l->C, l->h, l->w, out);
+}
+
+static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, const run_cfg *r,
+                         df_tensor *embeds, df_tensor *pooled, df_tensor *pos_e, df_tensor *pos_p,
+                         const df_inpaint *ip, float *lat, int64_t C, int64_t h, int64_t w)
+{
+    int64_t n = (int64_t)r->B * C * h * w, rows = r->cfg ? 2 * r->B : r->B;
+    sd3_loop l = {.p = p, .s = s, .g = g, .r = r, .embeds = embeds, .pooled = pooled,
+                  .pos_e = pos_e, .pos_p = pos_p, .C = C, .h = h, .w = w, .n = n};
+    bool slg = g->n_slg_layers > 0 && r->cfg;
+    l.pred = df_malloc((size_t)(rows * C * h * w) * sizeof *l.pred);
+    l.skip = slg ? df_malloc((size_t)n * sizeof *l.skip) : NULL;
+    df_scheduler *sched = NULL;
+    df_status st = l.pred && (l.skip || !slg)
+                       ? DF_OK
+                       : df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
     if (st == DF_OK)
-        g->preview(step, steps, tmp.images[0], g->progress_user);
-    df_gen_output_free(&tmp);
-    df_free(x0);
+        st = make_scheduler(s, r, h, w, &sched);
+    if (st == DF_OK)
+        st = df_denoise_run(p, g,
+                            &(df_denoise){
+                                .sched = sched,
+                                .first = r->first,
+                                .steps = r->steps,
+                                .shape = {r->B, C, h, w},
+                                .ndim = 4,
+                                .B = r->B,
+                                .n = C * h * w,
+                                .model = &l,
+                                .predict = loop_predict,
+                                .read = loop_read,
+                                .decode = loop_decode,
+                                .blend = ip,
+                            },
+                            lat);
+    df_scheduler_free(sched);
+    df_free(l.pred);
+    df_free(l.skip);
     return st;
 }
 
@@ -761,6 +721,10 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
         st = df_pipeline_offload(p, df_vae_weight_set(s->vae));
     df_pipeline_note_phase(p, out, "decode");
     if (st == DF_OK) {
+        out->width = r.W;
+        out->height = r.H;
+        out->steps = r.steps;
+        out->guidance = r.guidance;
         out->latents = lat;
         lat = NULL;
         out->latents_ndim = 4;
