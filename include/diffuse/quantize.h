@@ -47,6 +47,15 @@ DF_API df_status df_quantize_model(const char *in, const char *out, int64_t grou
 DF_API df_status df_quantize_model_sharded(const char *in, const char *out, int64_t group,
                                            int64_t shard_bytes);
 
+/* The same with the I8 weights in the layout `layout` names (docs/int8.md, "The saved
+ * layout and its version"): "tiles32" (NULL: the default), the tiles the int8 kernels
+ * read, which the loader uses where they are mapped; "tiles16" or "tiles64", tiles of
+ * another width (loaded by repacking them to rows); "rows", row-major (the int8 product packs
+ * them on first use). A weight whose shape is not whole tiles is row-major in any layout.
+ * DF_E_ARG for another name. */
+DF_API df_status df_quantize_model_layout(const char *in, const char *out, int64_t group,
+                                          int64_t shard_bytes, const char *layout);
+
 #ifdef __cplusplus
 }
 #endif
