@@ -35,9 +35,9 @@ DF_API df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64
 DF_API bool df_int8_quantizes(const char *component, const char *name, int ndim);
 
 /* Writes the model folder `in` to `out` with the weights df_int8_quantizes names stored as
- * 8-bit ("<name>" I8 [n, k] and "<name>_scale" F32 [n, groups]) and the scheme recorded in
- * each quantized component's config.json ("quantization_config"); everything else is copied
- * as it is. `group` as above (0: whole k). The folder loads directly: int8 products run
+ * 8-bit ("<name>" I8 [n, k] and "<name>_scale" F32 [n, groups], in the int8 kernels' tiles:
+ * df_quantize_model_layout's "tiles32") and the scheme recorded in each quantized
+ * component's config.json ("quantization_config"); everything else is copied as it is. `group` as above (0: whole k). The folder loads directly: int8 products run
  * on the stored values, which equal what quantizing on load gives. */
 DF_API df_status df_quantize_model(const char *in, const char *out, int64_t group);
 
