@@ -625,30 +625,61 @@ static df_status bind_tile_cols(df_weight_set *ws, const df_tensor_info *info, i
     return DF_OK;
 }
 
-/* A tensor-parallel split of a weight saved in tiles of nr: the kernels' tiles, cut on
- * whole tiles (rows on blocks of DF_I8_TILE_NR channels, k on runs of 4). */
-static df_status check_tile_split(const df_weight_set *ws, const char *name, int nr, int dim,
-                                  int64_t ranges[][2], int n, int world)
+/* Whether this rank's cut of a weight saved in tiles of nr falls on the kernels' whole
+ * tiles: its rows on blocks of DF_I8_TILE_NR channels, its k on runs of 4. */
+static bool cuts_whole_tiles(int nr, int dim, int64_t ranges[][2], int n)
 {
     int64_t unit = dim == 0 ? DF_I8_TILE_NR : 4;
     for (int p = 0; p < n; p++)
         if (nr != DF_I8_TILE_NR || ranges[p][0] % unit || ranges[p][1] % unit)
-            return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: tensor '%s' is saved int8 in tiles of %d channels, which "
-                             "%d tensor-parallel ranks cannot cut on whole tiles of %d x 4 "
-                             "(%s [%lld, %lld) of a rank); quantize it with --layout rows",
-                             ws->component, name, nr, world, DF_I8_TILE_NR,
-                             dim == 0 ? "rows" : "columns", (long long)ranges[p][0],
-                             (long long)ranges[p][1]);
+            return false;
+    return true;
+}
+
+/* Binds the ranges of `dim` of `info`, saved in tiles of nr (q, or its scales when
+ * `scales`), as a row-major part: for a cut that is not on whole tiles (a rank's rows not
+ * whole blocks), or tiles of another width. Reads only the part's bytes from the mapping;
+ * the product packs the part on first use, as for a row-major folder. */
+static df_status bind_detiled(df_weight_set *ws, const df_tensor_info *info, int nr, bool scales,
+                              int dim, int64_t ranges[][2], int n, df_tensor **out)
+{
+    int64_t rows = info->shape[0], cols = info->shape[1], local = 0;
+    for (int p = 0; p < n; p++)
+        local += ranges[p][1] - ranges[p][0];
+    int64_t lr = dim == 0 ? local : rows, lc = dim == 1 ? local : cols;
+    size_t es = info->elem_size, bytes = (size_t)(lr * lc) * es;
+    uint8_t *buf = df_malloc(bytes ? bytes : 1), *dst = buf;
+    if (!buf)
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component,
+                         info->name);
+    const uint8_t *src = info->data;
+    for (int64_t i = 0; i < (dim == 0 ? n : rows); i++) { /* a range of rows, or a row */
+        int64_t j0 = dim == 0 ? ranges[i][0] : i, j1 = dim == 0 ? ranges[i][1] : i + 1;
+        for (int64_t j = j0; j < j1; j++) {
+            for (int p = 0; p < (dim == 1 ? n : 1); p++) {
+                int64_t c0 = dim == 1 ? ranges[p][0] : 0, c1 = dim == 1 ? ranges[p][1] : cols;
+                for (int64_t c = c0; c < c1; c++, dst += es) {
+                    size_t at = scales ? df_i8_tiles_scale_at(cols, nr, j, c)
+                                       : df_i8_tiles_q_at(cols, nr, j, c);
+                    memcpy(dst, src + at * es, es);
+                }
+            }
+        }
+    }
+    df_tensor *t = df_tensor_from_host(ws->ctx, info->dtype, (int64_t[]){lr, lc}, 2, buf);
+    df_free(buf);
+    DF_TRY(keep(ws, info->name, t, NULL, bytes, bytes));
+    *out = t;
     return DF_OK;
 }
 
 /* The scales of the saved int8 weight `w` (its part t, split along `dim` into `ranges`):
  * the same rows of output channels (dim 0), or the scale groups of its k ranges (dim 1),
- * which must start and end on group boundaries. `tiled`: w and its scales are in the
- * kernels' tiles. */
+ * which must start and end on group boundaries. w and its scales are saved in tiles of nr
+ * (0: row-major); `whole`: the part is cut on the kernels' whole tiles and stays in them,
+ * else a tiled part is made row-major. */
 static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df_tensor *t, int dim,
-                                  int64_t ranges[][2], int n, int world, bool tiled)
+                                  int64_t ranges[][2], int n, int world, int nr, bool whole)
 {
     char name[600];
     snprintf(name, sizeof name, "%s_scale", w->name);
@@ -656,8 +687,12 @@ static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df
     DF_TRY(find_checked(ws, name, 2, (int64_t[]){w->shape[0], -1}, &info));
     df_tensor *scale = NULL;
     int64_t k = w->shape[1], groups = info.shape[1];
+    bool tiled = nr && whole;
     if (dim == 0) {
-        DF_TRY(bind_ranges(ws, &info, 0, ranges, n, &scale));
+        if (nr && !whole)
+            DF_TRY(bind_detiled(ws, &info, nr, true, 0, ranges, n, &scale));
+        else
+            DF_TRY(bind_ranges(ws, &info, 0, ranges, n, &scale));
     } else if (groups == 1) { /* one scale per channel: every slice of k keeps it */
         DF_TRY(bind(ws, name, 2, info.shape, &scale));
     } else {
@@ -678,6 +713,8 @@ static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df
         }
         if (tiled)
             DF_TRY(bind_tile_cols(ws, &info, granges, n, &scale));
+        else if (nr)
+            DF_TRY(bind_detiled(ws, &info, nr, true, 1, granges, n, &scale));
         else
             DF_TRY(bind_ranges(ws, &info, 1, granges, n, &scale));
     }
@@ -703,16 +740,17 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
         DF_TRY(saved_int8_layout(ws, &nr));
         if (!df_i8_tiles_fit(info.shape[0], info.shape[1], nr))
             nr = 0;
-        if (nr)
-            DF_TRY(check_tile_split(ws, name, nr, dim, ranges, n, sh->world));
     }
-    df_tensor *t;
-    if (nr && dim == 1)
+    bool whole = nr && cuts_whole_tiles(nr, dim, ranges, n);
+    df_tensor *t = NULL;
+    if (nr && !whole)
+        DF_TRY(bind_detiled(ws, &info, nr, false, dim, ranges, n, &t));
+    else if (nr && dim == 1)
         DF_TRY(bind_tile_cols(ws, &info, ranges, n, &t));
     else
         DF_TRY(bind_ranges(ws, &info, dim, ranges, n, &t));
     if (info.dtype == DF_DTYPE_I8)
-        DF_TRY(bind_scale_split(ws, &info, t, dim, ranges, n, sh->world, nr != 0));
+        DF_TRY(bind_scale_split(ws, &info, t, dim, ranges, n, sh->world, nr, whole));
     *out = t;
     return DF_OK;
 }
