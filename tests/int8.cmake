@@ -6,6 +6,16 @@ if(TARGET test_int8_pipeline)
                        TIMEOUT 600)
 endif()
 
+# int8 weights saved in the kernels' tiles (core/int8_tiles.h): read in place, the same bits
+# as quantizing on load and as the row-major folder, tiles of another width repacked, two
+# tensor-parallel ranks on their slices of the tiles, hostile layout tags refused.
+if(TARGET test_int8_tiles)
+  add_test(NAME unit/test_int8_tiles COMMAND test_int8_tiles
+           ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux)
+  set_tests_properties(unit/test_int8_tiles PROPERTIES FIXTURES_REQUIRED tiny_flux
+                       TIMEOUT 600)
+endif()
+
 # The int8 group and kernel as load options (df_load_opts.int8_group, int8_path) against
 # DIFFUSE_INT8_GROUP and DIFFUSE_INT8_PATH, on the demo pipeline; generate's --int8-group
 # and --int8-path.

@@ -35,9 +35,9 @@ DF_API df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64
 DF_API bool df_int8_quantizes(const char *component, const char *name, int ndim);
 
 /* Writes the model folder `in` to `out` with the weights df_int8_quantizes names stored as
- * 8-bit ("<name>" I8 [n, k] and "<name>_scale" F32 [n, groups]) and the scheme recorded in
- * each quantized component's config.json ("quantization_config"); everything else is copied
- * as it is. `group` as above (0: whole k). The folder loads directly: int8 products run
+ * 8-bit ("<name>" I8 [n, k] and "<name>_scale" F32 [n, groups], in the int8 kernels' tiles:
+ * df_quantize_model_layout's "tiles32") and the scheme recorded in each quantized
+ * component's config.json ("quantization_config"); everything else is copied as it is. `group` as above (0: whole k). The folder loads directly: int8 products run
  * on the stored values, which equal what quantizing on load gives. */
 DF_API df_status df_quantize_model(const char *in, const char *out, int64_t group);
 
@@ -46,6 +46,15 @@ DF_API df_status df_quantize_model(const char *in, const char *out, int64_t grou
  * streams: memory holds about the largest tensor and its 8-bit copy. */
 DF_API df_status df_quantize_model_sharded(const char *in, const char *out, int64_t group,
                                            int64_t shard_bytes);
+
+/* The same with the I8 weights in the layout `layout` names (docs/int8.md, "The saved
+ * layout and its version"): "tiles32" (NULL: the default), the tiles the int8 kernels
+ * read, which the loader uses where they are mapped; "tiles16" or "tiles64", tiles of
+ * another width (loaded by repacking them to rows); "rows", row-major (the int8 product packs
+ * them on first use). A weight whose shape is not whole tiles is row-major in any layout.
+ * DF_E_ARG for another name. */
+DF_API df_status df_quantize_model_layout(const char *in, const char *out, int64_t group,
+                                          int64_t shard_bytes, const char *layout);
 
 #ifdef __cplusplus
 }

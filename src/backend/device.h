@@ -219,7 +219,8 @@ typedef struct df_view {
     int64_t scale_groups;
     /* An I8 [rows, k] weight kept in a compact file format: the buffer holds the file's
      * bytes (GGUF blocks of ggml type block_type along k, or fp8 times block_scale when
-     * block_type is 0x100 (e4m3) or 0x101 (e5m2)), not int8 values. 0 otherwise. A
+     * block_type is 0x100 (e4m3) or 0x101 (e5m2)), not int8 values; 0x120: int8 values
+     * and scales in the CPU kernels' tiles (core/int8_tiles.h). 0 otherwise. A
      * backend without a kernel for it fails the launch with DF_E_UNSUPPORTED. */
     uint32_t block_type;
     float block_scale;

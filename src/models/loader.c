@@ -26,6 +26,7 @@
 #include <diffuse/weights.h>
 
 #include "core/alloc.h"
+#include "core/int8_tiles.h"
 #include "core/status.h"
 #include "models/loader.h"
 #include "models/lora.h"
@@ -58,6 +59,8 @@ struct df_weight_set {
     const df_tp_rule *tp_rules;
     int tp_n, tp_rank, tp_world;
     df_shard tp_shard;
+    /* The tile width of the saved int8 weights (0: row-major); -1 until config.json is read. */
+    int i8_nr;
 };
 
 df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component,
@@ -68,6 +71,7 @@ df_status df_weight_set_open(df_ctx *ctx, const char *dir, const char *component
     if (!ws)
         return df_errorf(DF_E_OOM, "%s: out of memory", component);
     ws->ctx = ctx;
+    ws->i8_nr = -1;
     snprintf(ws->dir, sizeof ws->dir, "%s", dir);
     snprintf(ws->component, sizeof ws->component, "%s", component);
     char path[1200];
@@ -322,6 +326,99 @@ static df_status attach_lora(df_weight_set *ws, const char *base, df_linear_weig
     return DF_OK;
 }
 
+/* ---- int8 weights saved in tiles -------------------------------------------------------- */
+
+/* The tile width of this component's saved int8 weights (0: row-major), from config.json's
+ * quantization_config.layout and layout_version (absent: row-major, as in folders written
+ * before the tiles). A tag this build does not read fails naming the file and the field. */
+static df_status saved_int8_layout(df_weight_set *ws, int *nr)
+{
+    if (ws->i8_nr >= 0) {
+        *nr = ws->i8_nr;
+        return DF_OK;
+    }
+    *nr = 0;
+    const df_json *cfg;
+    DF_TRY(df_weight_set_config(ws, &cfg));
+    const df_json *q = df_json_get(cfg, "quantization_config");
+    const df_json *tag = df_json_type_of(q) == DF_JSON_OBJECT ? df_json_get(q, "layout") : NULL;
+    if (tag && !df_json_is_null(tag)) {
+        const char *name = df_json_type_of(tag) == DF_JSON_STRING ? df_json_string(tag) : NULL;
+        int v = name ? df_i8_layout_nr(name) : -1;
+        if (v < 0)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: %s/config.json: quantization_config.layout is %s%.40s%s; "
+                             "this build reads \"rows\", \"tiles16\", \"tiles32\" or "
+                             "\"tiles64\"",
+                             ws->component, ws->dir, name ? "'" : "a ",
+                             name ? name : df_json_type_name(df_json_type_of(tag)),
+                             name ? "'" : "");
+        const df_json *ver = df_json_get(q, "layout_version");
+        double version = df_json_type_of(ver) == DF_JSON_NUMBER ? df_json_number(ver) : -1;
+        if (v > 0 && version != DF_I8_TILES_VERSION)
+            return df_errorf(DF_E_FORMAT,
+                             "%s: %s/config.json: quantization_config.layout_version is not "
+                             "%d, the version of the int8 tile layout this build reads; "
+                             "quantize the model again (diffuse quantize)",
+                             ws->component, ws->dir, DF_I8_TILES_VERSION);
+        *nr = v;
+    }
+    if (*nr && *nr != DF_I8_TILE_NR)
+        df_logf(1,
+                "%s: int8 weights saved in %s, not the kernels' tiles of %d channels: "
+                "repacked to rows at load (the product packs them on first use)",
+                ws->component, df_json_string(tag), DF_I8_TILE_NR);
+    ws->i8_nr = *nr;
+    return DF_OK;
+}
+
+/* The saved int8 weight `info` (q and its scales in tiles of nr, another width than the
+ * kernels') repacked into row-major copies: the layout of folders saved before the tiles,
+ * which the product packs on first use. */
+static df_status bind_other_tiles(df_weight_set *ws, const df_tensor_info *info, int nr,
+                                  df_tensor **out)
+{
+    char scale_name[600];
+    snprintf(scale_name, sizeof scale_name, "%s_scale", info->name);
+    df_tensor_info si;
+    DF_TRY(find_checked(ws, scale_name, 2, (int64_t[]){info->shape[0], -1}, &si));
+    if (si.dtype != DF_DTYPE_F32)
+        return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' is %s, expected F32", ws->component,
+                         tensor_file(ws, &si), scale_name, si.dtype_name);
+    int64_t n = info->shape[0], k = info->shape[1], groups = si.shape[1];
+    int8_t *q = df_malloc((size_t)(n * k));
+    float *sc = df_malloc((size_t)(n * groups) * sizeof(float));
+    if (!q || !sc) {
+        df_free(q);
+        df_free(sc);
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component, info->name);
+    }
+    const int8_t *fq = info->data;
+    const float *fs = si.data;
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t kk = 0; kk < k; kk++)
+            q[j * k + kk] = fq[df_i8_tiles_q_at(k, nr, j, kk)];
+        for (int64_t g = 0; g < groups; g++)
+            memcpy(&sc[j * groups + g], &fs[df_i8_tiles_scale_at(groups, nr, j, g)],
+                   sizeof(float)); /* the mapping need not align floats */
+    }
+    df_tensor *t = df_tensor_from_host(ws->ctx, DF_DTYPE_I8, info->shape, 2, q);
+    df_tensor *scale = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, si.shape, 2, sc);
+    df_free(q);
+    df_free(sc);
+    if (!t || !scale) {
+        df_tensor_free(t);
+        df_tensor_free(scale);
+        return df_error_context(df_ctx_status(ws->ctx), "%s: tensor '%s'", ws->component,
+                                info->name);
+    }
+    DF_TRY(keep(ws, info->name, t, NULL, info->nbytes, info->nbytes));
+    DF_TRY(keep(ws, scale_name, scale, NULL, si.nbytes, si.nbytes));
+    DF_TRY(df_quant_attach_int8(info->name, t, scale, false));
+    *out = t;
+    return DF_OK;
+}
+
 static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64_t *shape,
                       df_tensor **out)
 {
@@ -352,6 +449,14 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
                          "%s has no int8 products; int8 products run on the CPU backend only "
                          "(--device cpu)", ws->component, tensor_file(ws, &info), name,
                          ws->ctx->dev->name);
+    int nr = 0;
+    if (info.dtype == DF_DTYPE_I8) {
+        DF_TRY(saved_int8_layout(ws, &nr));
+        if (!df_i8_tiles_fit(info.shape[0], info.shape[1], nr))
+            nr = 0; /* stored row-major */
+        if (nr && nr != DF_I8_TILE_NR)
+            return bind_other_tiles(ws, &info, nr, out);
+    }
     df_tensor *t;
     if ((uintptr_t)info.data % info.elem_size == 0)
         t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
@@ -372,7 +477,7 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         df_tensor *scale;
         snprintf(scale_name, sizeof scale_name, "%s_scale", name);
         DF_TRY(bind(ws, scale_name, 2, (int64_t[]){info.shape[0], -1}, &scale));
-        DF_TRY(df_quant_attach_int8(name, t, scale));
+        DF_TRY(df_quant_attach_int8(name, t, scale, nr != 0));
     }
     *out = t;
     return DF_OK;
@@ -490,11 +595,91 @@ static df_status bind_ranges(df_weight_set *ws, const df_tensor_info *info, int 
     return DF_OK;
 }
 
+/* Binds the columns `ranges` of `info`, a tensor [rows, cols] saved in the int8 tiles
+ * (core/int8_tiles.h: blocks of DF_I8_TILE_NR rows, in each block a column's values one run
+ * of DF_I8_TILE_NR elements, runs of 4 columns interleaved for q): each block's ranges,
+ * concatenated, are the tiles of the part. Reads only those bytes of the mapping. */
+static df_status bind_tile_cols(df_weight_set *ws, const df_tensor_info *info, int64_t ranges[][2],
+                                int n, df_tensor **out)
+{
+    size_t unit = (size_t)DF_I8_TILE_NR * info->elem_size;
+    int64_t rows = info->shape[0], cols = info->shape[1], local = 0;
+    for (int p = 0; p < n; p++)
+        local += ranges[p][1] - ranges[p][0];
+    size_t bytes = (size_t)(rows * local) * info->elem_size;
+    uint8_t *buf = df_malloc(bytes ? bytes : 1), *dst = buf;
+    if (!buf)
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component, info->name);
+    const uint8_t *src = info->data;
+    for (int64_t b = 0; b < rows / DF_I8_TILE_NR; b++) {
+        for (int p = 0; p < n; p++) {
+            size_t len = (size_t)(ranges[p][1] - ranges[p][0]) * unit;
+            memcpy(dst, src + (size_t)(b * cols + ranges[p][0]) * unit, len);
+            dst += len;
+        }
+    }
+    df_tensor *t = df_tensor_from_host(ws->ctx, info->dtype, (int64_t[]){rows, local}, 2, buf);
+    df_free(buf);
+    DF_TRY(keep(ws, info->name, t, NULL, bytes, bytes));
+    *out = t;
+    return DF_OK;
+}
+
+/* Whether this rank's cut of a weight saved in tiles of nr falls on the kernels' whole
+ * tiles: its rows on blocks of DF_I8_TILE_NR channels, its k on runs of 4. */
+static bool cuts_whole_tiles(int nr, int dim, int64_t ranges[][2], int n)
+{
+    int64_t unit = dim == 0 ? DF_I8_TILE_NR : 4;
+    for (int p = 0; p < n; p++)
+        if (nr != DF_I8_TILE_NR || ranges[p][0] % unit || ranges[p][1] % unit)
+            return false;
+    return true;
+}
+
+/* Binds the ranges of `dim` of `info`, saved in tiles of nr (q, or its scales when
+ * `scales`), as a row-major part: for a cut that is not on whole tiles (a rank's rows not
+ * whole blocks), or tiles of another width. Reads only the part's bytes from the mapping;
+ * the product packs the part on first use, as for a row-major folder. */
+static df_status bind_detiled(df_weight_set *ws, const df_tensor_info *info, int nr, bool scales,
+                              int dim, int64_t ranges[][2], int n, df_tensor **out)
+{
+    int64_t rows = info->shape[0], cols = info->shape[1], local = 0;
+    for (int p = 0; p < n; p++)
+        local += ranges[p][1] - ranges[p][0];
+    int64_t lr = dim == 0 ? local : rows, lc = dim == 1 ? local : cols;
+    size_t es = info->elem_size, bytes = (size_t)(lr * lc) * es;
+    uint8_t *buf = df_malloc(bytes ? bytes : 1), *dst = buf;
+    if (!buf)
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component,
+                         info->name);
+    const uint8_t *src = info->data;
+    for (int64_t i = 0; i < (dim == 0 ? n : rows); i++) { /* a range of rows, or a row */
+        int64_t j0 = dim == 0 ? ranges[i][0] : i, j1 = dim == 0 ? ranges[i][1] : i + 1;
+        for (int64_t j = j0; j < j1; j++) {
+            for (int p = 0; p < (dim == 1 ? n : 1); p++) {
+                int64_t c0 = dim == 1 ? ranges[p][0] : 0, c1 = dim == 1 ? ranges[p][1] : cols;
+                for (int64_t c = c0; c < c1; c++, dst += es) {
+                    size_t at = scales ? df_i8_tiles_scale_at(cols, nr, j, c)
+                                       : df_i8_tiles_q_at(cols, nr, j, c);
+                    memcpy(dst, src + at * es, es);
+                }
+            }
+        }
+    }
+    df_tensor *t = df_tensor_from_host(ws->ctx, info->dtype, (int64_t[]){lr, lc}, 2, buf);
+    df_free(buf);
+    DF_TRY(keep(ws, info->name, t, NULL, bytes, bytes));
+    *out = t;
+    return DF_OK;
+}
+
 /* The scales of the saved int8 weight `w` (its part t, split along `dim` into `ranges`):
  * the same rows of output channels (dim 0), or the scale groups of its k ranges (dim 1),
- * which must start and end on group boundaries. */
-static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df_tensor *t,
-                                  int dim, int64_t ranges[][2], int n, int world)
+ * which must start and end on group boundaries. w and its scales are saved in tiles of nr
+ * (0: row-major); `whole`: the part is cut on the kernels' whole tiles and stays in them,
+ * else a tiled part is made row-major. */
+static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df_tensor *t, int dim,
+                                  int64_t ranges[][2], int n, int world, int nr, bool whole)
 {
     char name[600];
     snprintf(name, sizeof name, "%s_scale", w->name);
@@ -502,8 +687,12 @@ static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df
     DF_TRY(find_checked(ws, name, 2, (int64_t[]){w->shape[0], -1}, &info));
     df_tensor *scale = NULL;
     int64_t k = w->shape[1], groups = info.shape[1];
+    bool tiled = nr && whole;
     if (dim == 0) {
-        DF_TRY(bind_ranges(ws, &info, 0, ranges, n, &scale));
+        if (nr && !whole)
+            DF_TRY(bind_detiled(ws, &info, nr, true, 0, ranges, n, &scale));
+        else
+            DF_TRY(bind_ranges(ws, &info, 0, ranges, n, &scale));
     } else if (groups == 1) { /* one scale per channel: every slice of k keeps it */
         DF_TRY(bind(ws, name, 2, info.shape, &scale));
     } else {
@@ -522,9 +711,14 @@ static df_status bind_scale_split(df_weight_set *ws, const df_tensor_info *w, df
             granges[p][0] = ranges[p][0] / group;
             granges[p][1] = ranges[p][1] / group;
         }
-        DF_TRY(bind_ranges(ws, &info, 1, granges, n, &scale));
+        if (tiled)
+            DF_TRY(bind_tile_cols(ws, &info, granges, n, &scale));
+        else if (nr)
+            DF_TRY(bind_detiled(ws, &info, nr, true, 1, granges, n, &scale));
+        else
+            DF_TRY(bind_ranges(ws, &info, 1, granges, n, &scale));
     }
-    return df_quant_attach_int8(w->name, t, scale);
+    return df_quant_attach_int8(w->name, t, scale, tiled);
 }
 
 /* Binds this rank's part of `name` split along `dim`; a weight saved int8 brings the part
@@ -541,10 +735,22 @@ static df_status bind_split(df_weight_set *ws, const char *name, int ndim, const
     int64_t ranges[DF_SHARD_MAX_PARTS][2];
     int n = 0;
     DF_TRY(shard_ranges(ws, name, dim, info.shape[dim], sh, ranges, &n));
-    df_tensor *t;
-    DF_TRY(bind_ranges(ws, &info, dim, ranges, n, &t));
+    int nr = 0; /* the tile width of a weight saved int8 in tiles, else 0 */
+    if (info.dtype == DF_DTYPE_I8) {
+        DF_TRY(saved_int8_layout(ws, &nr));
+        if (!df_i8_tiles_fit(info.shape[0], info.shape[1], nr))
+            nr = 0;
+    }
+    bool whole = nr && cuts_whole_tiles(nr, dim, ranges, n);
+    df_tensor *t = NULL;
+    if (nr && !whole)
+        DF_TRY(bind_detiled(ws, &info, nr, false, dim, ranges, n, &t));
+    else if (nr && dim == 1)
+        DF_TRY(bind_tile_cols(ws, &info, ranges, n, &t));
+    else
+        DF_TRY(bind_ranges(ws, &info, dim, ranges, n, &t));
     if (info.dtype == DF_DTYPE_I8)
-        DF_TRY(bind_scale_split(ws, &info, t, dim, ranges, n, sh->world));
+        DF_TRY(bind_scale_split(ws, &info, t, dim, ranges, n, sh->world, nr, whole));
     *out = t;
     return DF_OK;
 }

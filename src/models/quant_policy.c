@@ -9,6 +9,7 @@
 #include <diffuse/models.h>
 #include <diffuse/quantize.h>
 
+#include "core/int8_tiles.h"
 #include "core/status.h"
 #include "models/loader.h"
 #include "models/quant_policy.h"
@@ -76,7 +77,7 @@ size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_te
     return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, group)) * 8;
 }
 
-df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale)
+df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale, bool tiled)
 {
     if (scale->v.dtype != DF_DTYPE_F32 || t->v.ndim != 2 || scale->v.ndim != 2 ||
         scale->v.shape[0] != t->v.shape[0] ||
@@ -92,5 +93,7 @@ df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale)
     t->v.st->i8_scale = scale->v.st;
     t->v.st->i8_scale_offset = (uint64_t)scale->v.offset * sizeof(float);
     t->v.st->i8_groups = scale->v.shape[1];
+    /* in the kernels' tiles (core/int8_tiles.h): the product reads them where they are */
+    t->v.st->block_type = tiled ? DF_QBLOCK_I8_TILES : 0;
     return DF_OK;
 }

@@ -31,8 +31,9 @@ size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_te
 
 /* For a weight saved quantized (I8, from df_quantize_model) bound as t (the whole tensor,
  * or a rank's part): hands `scale`, its bound "<name>_scale" (or the part that goes with
- * t), to the weight's storage for the int8 products. DF_E_FORMAT when the scales do not fit
- * t's rows and groups. */
-df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale);
+ * t), to the weight's storage for the int8 products; `tiled`: both are in the kernels'
+ * tiles (core/int8_tiles.h), which the products read in place. DF_E_FORMAT when the scales
+ * do not fit t's rows and groups. */
+df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale, bool tiled);
 
 #endif

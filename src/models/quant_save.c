@@ -3,14 +3,18 @@
  *
  * The folder keeps diffusers' layout and names. In each component with weights that
  * df_int8_quantizes names (the transformer, T5), every such "<name>" [n, k] is stored as I8
- * (the quantized values, row-major) with "<name>_scale" F32 [n, groups] beside it; all
+ * with "<name>_scale" F32 [n, groups] beside it, in the layout asked for: "tiles32" (the
+ * default: the int8 kernels' tiles, core/int8_tiles.h, for every weight whose n and k fit
+ * whole tiles; the others row-major), "tiles16" / "tiles64" (tiles another kernel would
+ * read; the loader repacks them) or "rows" (row-major, as folders before the tiles). All
  * other tensors keep their dtype and bytes; the weights go to safetensors shards named as
  * the input's (BASE.safetensors, or past the shard size BASE-0000N-of-0000M.safetensors with
  * the index) and config.json gains
  *     "quantization_config": {"quant_method": "diffuse-int8", "bits": 8, "group_size": G,
- *                             "symmetric": true, "activations": "int8, per token and group"}
- * (G = 0: the whole k). Every other file and folder is copied as it is. The loader reads the
- * I8 tensors in place (memory-mapped); int8 products take them as they are.
+ *                             "symmetric": true, ..., "layout": "tiles32",
+ *                             "layout_version": 1}
+ * (G = 0: the whole k). Every other file and folder is copied as it is. The loader maps the
+ * I8 tensors; the kernels run tiles of their own width where they are mapped.
  *
  * Writing streams: every output tensor is declared first (df_st_shards lays out each shard's
  * header), then each input tensor is read from the mapping, quantized, written to its place
@@ -31,6 +35,7 @@
 #include <diffuse/weights.h>
 
 #include "core/alloc.h"
+#include "core/int8_tiles.h"
 #include "core/status.h"
 
 static df_status copy_file(const char *from, const char *to)
@@ -102,7 +107,7 @@ static df_status copy_tree(const char *from, const char *to, bool skip_weights,
 }
 
 /* config.json with "quantization_config" added before its closing brace. */
-static df_status write_config(const char *from, const char *to, int64_t group)
+static df_status write_config(const char *from, const char *to, int64_t group, const char *layout)
 {
     FILE *f = fopen(from, "rb");
     if (!f)
@@ -142,8 +147,9 @@ static df_status write_config(const char *from, const char *to, int64_t group)
     fprintf(out,
             "%s\n  \"quantization_config\": {\"quant_method\": \"diffuse-int8\", \"bits\": 8, "
             "\"group_size\": %lld, \"symmetric\": true, \"weights\": \"int8 per output "
-            "channel and group of k\", \"activations\": \"int8, per token and group\"}\n}\n",
-            empty ? "" : ",", (long long)group);
+            "channel and group of k\", \"activations\": \"int8, per token and group\", "
+            "\"layout\": \"%s\", \"layout_version\": %d}\n}\n",
+            empty ? "" : ",", (long long)group, layout, DF_I8_TILES_VERSION);
     df_free(text);
     return fclose(out) == 0 ? DF_OK : df_errorf(DF_E_IO, "%s: write failed", to);
 }
@@ -155,9 +161,34 @@ static bool saved_int8(const char *component, const df_tensor_info *info)
             info->dtype == DF_DTYPE_F16);
 }
 
-/* Tensor `info` into the shards (its first id there): as it is, or as I8 + scales. */
+/* q [n, k] and scale [n, groups] in place, row-major to tiles of nr (core/int8_tiles.h). */
+static df_status to_tiles(int8_t *q, float *scale, int64_t n, int64_t k, int64_t groups, int nr)
+{
+    int8_t *tq = df_malloc((size_t)(n * k));
+    float *ts = df_malloc((size_t)(n * groups) * sizeof(float));
+    if (!tq || !ts) {
+        df_free(tq);
+        df_free(ts);
+        return df_errorf(DF_E_OOM, "int8: out of memory placing a [%lld, %lld] weight in tiles",
+                         (long long)n, (long long)k);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t kk = 0; kk < k; kk++)
+            tq[df_i8_tiles_q_at(k, nr, j, kk)] = q[j * k + kk];
+        for (int64_t g = 0; g < groups; g++)
+            ts[df_i8_tiles_scale_at(groups, nr, j, g)] = scale[j * groups + g];
+    }
+    memcpy(q, tq, (size_t)(n * k));
+    memcpy(scale, ts, (size_t)(n * groups) * sizeof(float));
+    df_free(tq);
+    df_free(ts);
+    return DF_OK;
+}
+
+/* Tensor `info` into the shards (its first id there): as it is, or as I8 + scales, in tiles
+ * of nr where they fit (nr 0: row-major). */
 static df_status write_tensor(df_st_shards *out, const char *component, const df_tensor_info *info,
-                              int64_t id, int64_t group)
+                              int64_t id, int64_t group, int nr)
 {
     if (!saved_int8(component, info))
         return df_st_shards_write(out, id, info->data);
@@ -169,6 +200,8 @@ static df_status write_tensor(df_st_shards *out, const char *component, const df
         s = df_errorf(DF_E_OOM, "%s: out of memory quantizing '%s'", component, info->name);
     if (s == DF_OK)
         s = df_int8_quantize(info->data, info->dtype, n, k, group, qv, sc);
+    if (s == DF_OK && df_i8_tiles_fit(n, k, nr))
+        s = to_tiles(qv, sc, n, k, groups, nr);
     if (s == DF_OK)
         s = df_st_shards_write(out, id, qv);
     if (s == DF_OK)
@@ -182,7 +215,7 @@ static df_status write_tensor(df_st_shards *out, const char *component, const df
  * `to` named BASE*.safetensors. Every output tensor is declared first, so that each shard is
  * laid out before any bytes come and each tensor goes straight to its file; the input's
  * pages of a tensor are released once it is written. */
-static df_status quantize_weights(const char *component, const df_weights *w, int64_t group,
+static df_status quantize_weights(const char *component, const df_weights *w, int64_t group, int nr,
                                   const char *to, const char *base, int64_t shard_bytes)
 {
     df_st_shards *out;
@@ -211,7 +244,7 @@ static df_status quantize_weights(const char *component, const df_weights *w, in
         df_tensor_info info;
         s = df_weights_at(w, i, &info);
         if (s == DF_OK)
-            s = write_tensor(out, component, &info, id, group);
+            s = write_tensor(out, component, &info, id, group, nr);
         if (s == DF_OK)
             s = df_weights_release_pages(w, info.name);
         id += saved_int8(component, &info) ? 2 : 1;
@@ -223,7 +256,7 @@ static df_status quantize_weights(const char *component, const df_weights *w, in
 }
 
 static df_status quantize_component(const char *from, const char *to, const char *component,
-                                    int64_t group, int64_t shard_bytes)
+                                    int64_t group, const char *layout, int64_t shard_bytes)
 {
     char path[4096];
     df_weights *w;
@@ -251,9 +284,10 @@ static df_status quantize_component(const char *from, const char *to, const char
         snprintf(cfg_out, sizeof cfg_out, "%s/config.json", to);
         s = copy_tree(from, to, true, "config.json");
         if (s == DF_OK)
-            s = write_config(cfg_in, cfg_out, group);
+            s = write_config(cfg_in, cfg_out, group, layout);
         if (s == DF_OK)
-            s = quantize_weights(component, w, group, to, base, shard_bytes);
+            s = quantize_weights(component, w, group, df_i8_layout_nr(layout), to, base,
+                                 shard_bytes);
     }
     df_weights_free(w);
     return df_error_context(s, "quantizing %s", from);
@@ -267,6 +301,17 @@ df_status df_quantize_model(const char *in, const char *out, int64_t group)
 df_status df_quantize_model_sharded(const char *in, const char *out, int64_t group,
                                     int64_t shard_bytes)
 {
+    return df_quantize_model_layout(in, out, group, shard_bytes, NULL);
+}
+
+df_status df_quantize_model_layout(const char *in, const char *out, int64_t group,
+                                   int64_t shard_bytes, const char *layout)
+{
+    if (!layout)
+        layout = "tiles32";
+    if (df_i8_layout_nr(layout) < 0)
+        return df_errorf(DF_E_ARG, "int8 layout '%s': expected rows, tiles16, tiles32 or tiles64",
+                         layout);
     if (group < 0 || (group > 0 && (group < 32 || group > 256 || group % 4 != 0)))
         return df_errorf(DF_E_ARG,
                          "int8 group %lld: must be 32 to 256 (a multiple of 4), or 0 "
@@ -291,7 +336,7 @@ df_status df_quantize_model_sharded(const char *in, const char *out, int64_t gro
         if (!is_dir(a))
             s = copy_file(a, b);
         else if (stat(cfg, &st) == 0 && df_layout_find_weights(a, wpath, sizeof wpath) == DF_OK)
-            s = quantize_component(a, b, e->d_name, group, shard_bytes);
+            s = quantize_component(a, b, e->d_name, group, layout, shard_bytes);
         else
             s = copy_tree(a, b, false, NULL);
     }

@@ -42,14 +42,26 @@ void df_cpu_drop_derived(df_dev_buffer *b)
     b->derived = NULL;
 }
 
-void df_cpu_drop_pages(const df_view *v, const void *p, size_t n)
+/* madvise over the whole pages of [p, p + n) of a file mapping (advice: failure changes
+ * nothing). */
+static void advise_file_pages(const df_view *v, const void *p, size_t n, int advice)
 {
     if (!(v->flags & DF_VIEW_FILE_PAGES) || !p || n == 0)
         return;
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     uintptr_t begin = (uintptr_t)p / page * page;
     uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
-    madvise((void *)begin, end - begin, MADV_DONTNEED); /* advice: failure changes nothing */
+    madvise((void *)begin, end - begin, advice);
+}
+
+void df_cpu_drop_pages(const df_view *v, const void *p, size_t n)
+{
+    advise_file_pages(v, p, n, MADV_DONTNEED);
+}
+
+void df_cpu_read_ahead(const df_view *v, const void *p, size_t n)
+{
+    advise_file_pages(v, p, n, MADV_WILLNEED);
 }
 
 void *df_env_scratch(df_kernel_env *env, size_t bytes)

@@ -43,6 +43,9 @@ void df_cpu_drop_derived(struct df_dev_buffer *b);
 /* Drops the pages of [p, p + n) when the view says they come from a file (a kernel that
  * keeps its own packed copy of a weight need not keep the file's pages as well). */
 void df_cpu_drop_pages(const df_view *v, const void *p, size_t n);
+/* Asks for the pages of [p, p + n) ahead of their use when the view says they come from a
+ * file (a kernel about to read a weight in place). */
+void df_cpu_read_ahead(const df_view *v, const void *p, size_t n);
 
 /* Scratch memory and threading for one kernel call. */
 typedef struct df_kernel_env {

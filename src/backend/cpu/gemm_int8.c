@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,6 +213,62 @@ df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n
         df_i8_place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
     }
     df_free(row);
+    *out = w;
+    return DF_OK;
+}
+
+static _Atomic int64_t tiles_in_place; /* df_i8_tiles_in_place */
+
+int64_t df_i8_tiles_in_place(void)
+{
+    return tiles_in_place;
+}
+
+size_t df_i8_tiles_bytes(int64_t n, int64_t k, int64_t group)
+{
+    layout l = layout_of(n, k, group);
+    return l.q_at + round64((size_t)(l.n_blocks * l.n_groups * DF_I8_NR) * sizeof(int32_t));
+}
+
+df_status df_i8_weight_from_tiles(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out)
+{
+    *out = NULL;
+    layout l = layout_of(n, k, group);
+    if (!df_i8_tiles_fit(n, k, DF_I8_NR) || l.kp != k)
+        return df_errorf(DF_E_ARG, "int8: a [%lld, %lld] weight is not whole tiles of %d x 4",
+                         (long long)n, (long long)k, DF_I8_NR);
+    size_t bytes = df_i8_tiles_bytes(n, k, group);
+    char *mem = df_aligned_alloc(bytes);
+    if (!mem)
+        return df_errorf(DF_E_OOM, "int8: out of memory for the sums of a [%lld, %lld] weight",
+                         (long long)n, (long long)k);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l.kp,
+                        .group = l.group,
+                        .n_groups = l.n_groups,
+                        .n_blocks = l.n_blocks,
+                        .q = (int8_t *)q,
+                        .scale = (float *)scale,
+                        .corr = (int32_t *)(mem + l.q_at)};
+    /* -128 x each (channel, group)'s sum: one pass over the bytes, in file order, which
+     * also brings the pages in for the product that follows */
+#pragma omp parallel for schedule(static) if (l.n_blocks > 1 && !omp_in_parallel())
+    for (int64_t b = 0; b < l.n_blocks; b++) {
+        for (int64_t g = 0; g < l.n_groups; g++) {
+            int32_t sum[DF_I8_NR] = {0};
+            const int8_t *bq = q + (b * (l.kp / 4) + g * l.group / 4) * DF_I8_NR * 4;
+            for (int64_t quad = 0; quad < l.group / 4; quad++)
+                for (int c = 0; c < DF_I8_NR; c++)
+                    for (int i = 0; i < 4; i++)
+                        sum[c] += bq[(quad * DF_I8_NR + c) * 4 + i];
+            for (int c = 0; c < DF_I8_NR; c++)
+                w->corr[(b * l.n_groups + g) * DF_I8_NR + c] = -128 * sum[c];
+        }
+    }
+    tiles_in_place++;
     *out = w;
     return DF_OK;
 }

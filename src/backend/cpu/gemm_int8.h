@@ -37,6 +37,7 @@
 #include <diffuse/dtype.h>
 
 #include "backend/cpu/cpu_device.h"
+#include "core/int8_tiles.h"
 #include "core/status.h"
 
 typedef enum df_i8_path {
@@ -49,8 +50,8 @@ typedef enum df_i8_path {
     DF_I8_PATH_COUNT,
 } df_i8_path;
 
-#define DF_I8_NR 32 /* output channels per packed block */
-#define DF_I8_MR 4  /* rows per micro-tile */
+#define DF_I8_NR DF_I8_TILE_NR /* output channels per packed block (core/int8_tiles.h) */
+#define DF_I8_MR 4             /* rows per micro-tile */
 
 /* A quantized, packed weight [n, k]. k is padded with zeros to kp (a multiple of 4 and of
  * the group); n to whole blocks of DF_I8_NR channels (scale 0). */
@@ -86,6 +87,19 @@ void df_i8_weight_free(void *w);
  * [n, n_groups]): the same packed weight as quantizing their source. */
 df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n, int64_t k,
                                   int64_t group, df_i8_weight **out);
+
+/* A weight saved in the kernels' tiles (core/int8_tiles.h: n a multiple of DF_I8_NR, k of 4,
+ * `group` as df_i8_weight_pack takes it): q [n / NR][k / 4][NR][4] and scale
+ * [n / NR][groups][NR] are used where they are (the caller keeps them alive, e.g. a file
+ * mapping); the one allocation, df_i8_tiles_bytes, holds the header and the group sums
+ * (corr), computed here in one pass over q. Free with df_i8_weight_free. DF_E_ARG for a
+ * shape that is not whole tiles. */
+size_t df_i8_tiles_bytes(int64_t n, int64_t k, int64_t group);
+df_status df_i8_weight_from_tiles(const int8_t *q, const float *scale, int64_t n, int64_t k,
+                                  int64_t group, df_i8_weight **out);
+/* Weights made by df_i8_weight_from_tiles in this process so far: the tests' proof that a
+ * saved folder's tiles were used in place (the results are the same bits either way). */
+int64_t df_i8_tiles_in_place(void);
 
 /* Bytes of scratch for the activations of m rows (df_i8_act_init places them there). */
 size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m);

@@ -1,7 +1,8 @@
 /*
  * Linear layers in int8 compute: the weight quantized once and kept on its storage (or,
- * for a weight in a compact file format, packed block by block in every product), the
- * activations quantized per call (gemm_int8.h).
+ * for a weight in a compact file format, packed block by block in every product; or, for
+ * one saved in the kernels' tiles, used where it is mapped with only its group sums made),
+ * the activations quantized per call (gemm_int8.h).
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -57,6 +58,10 @@ static df_status from_saved(const df_view *w, df_i8_weight **out)
                          (long long)n, (long long)k);
     int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
     const float *scale = (const float *)((char *)w->scale_buf->ptr + w->scale_offset);
+    if (w->block_type == DF_QBLOCK_I8_TILES) { /* already the kernels' layout: in place */
+        df_cpu_read_ahead(w, df_view_ptr(w), (size_t)(n * k));
+        return df_i8_weight_from_tiles(df_view_ptr(w), scale, n, k, group, out);
+    }
     return df_i8_weight_from_plain(df_view_ptr(w), scale, n, k, group, out);
 }
 
@@ -91,13 +96,17 @@ static df_status quantized_weight_of(const df_view *w, int64_t group, const df_i
         df_free(d);
         return s;
     }
+    bool in_place = w->block_type == DF_QBLOCK_I8_TILES;
     *d = (df_derived){.key = (int64_t)h,
                       .data = q,
-                      .bytes = df_i8_weight_bytes(n, k, q->group),
+                      .bytes = in_place ? df_i8_tiles_bytes(n, k, q->group)
+                                        : df_i8_weight_bytes(n, k, q->group),
                       .free = df_i8_weight_free};
     df_cpu_add_derived(w->buf, d);
-    /* From now on the quantized copy is what runs: the file's pages need not stay. */
-    df_cpu_drop_pages(w, df_view_ptr(w), (size_t)(n * k) * df_dtype_size(w->dtype));
+    /* From now on the quantized copy is what runs: the file's pages need not stay (a tiled
+     * weight runs on them). */
+    if (!in_place)
+        df_cpu_drop_pages(w, df_view_ptr(w), (size_t)(n * k) * df_dtype_size(w->dtype));
     *out = q;
     return DF_OK;
 }
@@ -109,7 +118,8 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
     const df_i8_weight *q = NULL;
     df_i8_blocks blocks;
     df_i8_weight shape;
-    if (w->block_type) { /* kept in its file's form: packed block by block in the product */
+    bool blocks_form = w->block_type && w->block_type != DF_QBLOCK_I8_TILES;
+    if (blocks_form) { /* kept in its file's form: packed block by block in the product */
         DF_TRY(df_i8_blocks_of(df_view_ptr(w), w->block_type, w->block_scale, w->shape[0], k,
                                &blocks));
         shape = df_i8_blocks_shape(&blocks);
@@ -136,7 +146,7 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
     df_i8_act_quantize(q, xa, xt, m, k, scratch + sx + sb, &a);
     df_i8_epilogue ep = *e;
     ep.bias = bb;
-    if (w->block_type)
+    if (blocks_form)
         return df_i8_gemm_blocks(&a, &blocks, &ep, (df_i8_path)env->int8_path);
     return df_i8_gemm(&a, q, &ep, (df_i8_path)env->int8_path);
 }
