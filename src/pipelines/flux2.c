@@ -602,8 +602,7 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                       : df_errorf(DF_E_OOM, "out of memory");
     }
     if (s == DF_OK)
-        s = g->vae_tiling ? df_vae_decode_tiled(ctx, f->vae, z, 64, 8, &img)
-                          : df_vae_decode(ctx, f->vae, z, &img);
+        s = df_vae_decode_auto(ctx, f->vae, z, g->vae_tiling, &img);
     if (s == DF_OK)
         s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
     if (s == DF_OK)

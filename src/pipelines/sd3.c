@@ -628,8 +628,7 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
     else if (st == DF_OK)
         st = df_vae_unscale(ctx, s->vae, z, &z);
     if (st == DF_OK)
-        st = g->vae_tiling ? df_vae_decode_tiled(ctx, s->vae, z, 64, 8, &img)
-                           : df_vae_decode(ctx, s->vae, z, &img);
+        st = df_vae_decode_auto(ctx, s->vae, z, g->vae_tiling, &img);
     if (st == DF_OK)
         st = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
     if (st == DF_OK) {
