@@ -357,7 +357,7 @@ static int64_t parse_bytes(const char *v)
 static int64_t resident_bytes(void)
 {
     FILE *f = fopen("/proc/self/statm", "r");
-    long total, resident;
+    long total = 0, resident = 0;
     bool ok = f && fscanf(f, "%ld %ld", &total, &resident) == 2;
     if (f)
         fclose(f);
