@@ -27,7 +27,13 @@
  * Decoding keeps one scope open and ends it after every block, keeping only the block's
  * output, then waits for the block to run (df_vae_end_block): strict eager mode allocates an
  * op's output when the op is queued, so this wait is what keeps the memory in use near
- * one block's working set instead of the whole decoder's.
+ * one block's working set instead of the whole decoder's (a ResNet does the same after each
+ * of its ops, vae_blocks.c).
+ *
+ * df_vae_decode_auto, what the pipelines call, decodes whole or tiled by the memory there
+ * is: it estimates the whole decode's peak from the latent size and the widths, stage by
+ * stage as the code above keeps activations alive (df_vae_decode_bytes), and tiles when
+ * that exceeds df_memory_available(), with the largest tile that fits.
  *
  * Tiled decoding (df_vae_decode_tiled) is our own scheme, not diffusers' exact one: tiles
  * of a fixed latent size on a fixed stride (size - overlap), the last one of a row or
