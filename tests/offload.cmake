@@ -22,3 +22,14 @@ add_test(NAME cli/flux_sharded
                  $<TARGET_FILE:diffuse> ${CMAKE_BINARY_DIR}/test-tmp/sharded/tiny-flux
                  ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux)
 set_tests_properties(cli/flux_sharded PROPERTIES FIXTURES_REQUIRED tiny_flux TIMEOUT 300)
+
+# With too little memory for a whole decode (DIFFUSE_MEMORY_LIMIT fakes it) the pipeline
+# tiles the decode by itself and says so; test_vae checks the image is the tiled one.
+add_test(NAME cli/decode_tiles_when_memory_is_short
+         COMMAND ${CMAKE_COMMAND} -E env DIFFUSE_MEMORY_LIMIT=1
+                 $<TARGET_FILE:diffuse> generate -m ${CMAKE_BINARY_DIR}/test-tmp/tiny-flux
+                 -p fox -W 256 -H 256 --steps 1 -v
+                 -o ${CMAKE_BINARY_DIR}/test-tmp/decode-short.png)
+set_tests_properties(cli/decode_tiles_when_memory_is_short PROPERTIES
+                     FIXTURES_REQUIRED tiny_flux TIMEOUT 300
+                     PASS_REGULAR_EXPRESSION "decode: 256 x 256 tiled \\(16-latent tiles\\), needs [0-9.]+ GiB whole, [0-9.]+ GiB tiled, 0.00 GiB available")

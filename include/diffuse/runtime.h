@@ -178,6 +178,19 @@ DF_API bool df_event_done(df_ctx *ctx, df_event ev);
  * context's error, if any. */
 DF_API df_status df_event_sync(df_ctx *ctx, df_event ev);
 
+/* Gives memory nobody uses back: waits for queued work, returns the device allocator's
+ * cached blocks to the device and, on the host, the heap's free pages to the system
+ * (malloc_trim). Tensors stay valid. For the edges between phases of a run (before a VAE
+ * decode, after the transformer), like torch.cuda.empty_cache(); returns the context's
+ * error, if any. */
+DF_API df_status df_empty_cache(df_ctx *ctx);
+
+/* Bytes this process may still take: with DIFFUSE_MEMORY_LIMIT set (a byte count, or with a
+ * K, M, G or T suffix in powers of 1024), that limit less the process's resident memory now
+ * (0 once it is reached); otherwise the system's MemAvailable (/proc/meminfo). -1 when
+ * neither is known or the setting is malformed. */
+DF_API int64_t df_memory_available(void);
+
 /* Marks the end of a denoising step: runs pending work and counts the step. */
 DF_API df_status df_mark_step(df_ctx *ctx);
 

@@ -152,6 +152,24 @@ DF_API df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latent
 DF_API df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
                                      int64_t tile_latent, int64_t overlap_latent, df_tensor **out);
 
+/*
+ * The decode the pipelines run. First the memory nobody uses goes back (df_empty_cache:
+ * the transformer's cached blocks, freed heap pages). With `tiled`, df_vae_decode_tiled
+ * with 64-latent tiles overlapping by 8 (the pipelines' vae_tiling). Otherwise the whole
+ * decode when df_vae_decode_bytes fits in df_memory_available(), else tiled by itself with
+ * the largest of 64-, 32- and 16-latent tiles (overlap an eighth) whose need fits, the
+ * smallest when none does. The choice is logged: a note when it tiles by itself, a detail
+ * (DIFFUSE_VERBOSE) otherwise. Errors as df_vae_decode.
+ */
+DF_API df_status df_vae_decode_auto(df_ctx *ctx, const df_vae *vae, df_tensor *latents, bool tiled,
+                                    df_tensor **out);
+
+/* Estimated peak memory of df_vae_decode for `batch` images of h x w latents, in bytes: the
+ * f32 activations alive at its fullest point (the first ResNet of the last up block, for
+ * FLUX.1's widths at 1024 x 1024 3 GiB) plus the weights in f32, and a quarter more for
+ * the checkpoint's pages and the allocator's rounding and cache. */
+DF_API int64_t df_vae_decode_bytes(const df_vae *vae, int64_t batch, int64_t h, int64_t w);
+
 /* Frees the decoder and its weights (waits for queued work that reads them). NULL is fine. */
 DF_API void df_vae_free(df_vae *vae);
 

@@ -6,6 +6,15 @@
  * calling the backend after the first step. Sizes round up to 256 bytes below 1 MiB and to
  * 64 KiB above, which keeps the waste under 7% for the tensors of a diffusion model. When
  * the backend refuses memory, the cache is emptied and the request retried once.
+ *
+ * Exact sizes alone would let the cache grow without bound where the sizes change: a
+ * VAE decode that walks up four resolutions leaves every resolution's blocks behind, and
+ * the transformer's blocks are still there when the decode starts. So the memory held
+ * (live + cached) is kept within the most that was ever live at once, plus SLACK: a miss
+ * that would pass that bound first gives back the cached blocks released longest ago.
+ * A loop that allocates the same sizes every step hits the cache and never evicts; one
+ * whose distinct sizes add up to more than its peak pays an allocation per miss, which
+ * costs far less than the kernels that fill the block.
  * One mutex guards it: the host thread allocates and host callbacks free. A block comes
  * back only when the stream has passed its last use (the callback that drops the last
  * reference runs there), so whatever is in the cache may be handed out at once.
@@ -16,6 +25,8 @@
 #include "backend/buffer_cache.h"
 #include "core/alloc.h"
 #include "core/status.h"
+
+#define SLACK ((int64_t)64 << 20)
 
 typedef struct block {
     struct block *next;
@@ -29,6 +40,7 @@ struct df_buffer_cache {
     block *free_list; /* unused blocks, any size */
     block *spare;     /* block records to reuse */
     df_mem_stats stats;
+    int64_t high_water; /* the most ever live at once; df_buffer_cache_reset_peak keeps it */
 };
 
 static size_t round_size(size_t n)
@@ -49,14 +61,41 @@ df_status df_buffer_cache_create(df_device *dev, df_buffer_cache **out)
     return DF_OK;
 }
 
-static void drop_cached(df_buffer_cache *c)
+static void free_blocks(df_buffer_cache *c, block *b)
 {
-    for (block *b = c->free_list, *next; b; b = next) {
+    for (block *next; b; b = next) {
         next = b->next;
         df_dev_buffer_free(c->dev, b->buf);
         c->stats.cached_bytes -= (int64_t)b->bytes;
         df_free(b);
     }
+}
+
+/* Makes room for a fresh block of n bytes: frees the oldest cached blocks (the list's
+ * tail: releases push at the head) until live + cached + n is within the bound, or the
+ * cache is empty. */
+static void evict_for(df_buffer_cache *c, size_t n)
+{
+    int64_t want = c->stats.live_bytes + (int64_t)n;
+    int64_t bound = (c->high_water > want ? c->high_water : want) + SLACK;
+    int64_t excess = want + c->stats.cached_bytes - bound;
+    if (excess <= 0)
+        return;
+    /* keep the newest blocks while the ones after them still cover the excess */
+    int64_t after = c->stats.cached_bytes;
+    block **p = &c->free_list;
+    while (*p && after - (int64_t)(*p)->bytes >= excess) {
+        after -= (int64_t)(*p)->bytes;
+        p = &(*p)->next;
+    }
+    block *cut = *p;
+    *p = NULL;
+    free_blocks(c, cut);
+}
+
+static void drop_cached(df_buffer_cache *c)
+{
+    free_blocks(c, c->free_list);
     c->free_list = NULL;
 }
 
@@ -88,6 +127,7 @@ df_status df_buffer_cache_alloc(df_buffer_cache *c, size_t bytes, df_dev_buffer 
             goto got;
         }
     }
+    evict_for(c, n);
     df_status s = df_dev_buffer_alloc(c->dev, n, out);
     if (s == DF_E_OOM && c->free_list) {
         drop_cached(c);
@@ -105,6 +145,8 @@ got:
     c->stats.live_bytes += (int64_t)n;
     if (c->stats.live_bytes > c->stats.peak_bytes)
         c->stats.peak_bytes = c->stats.live_bytes;
+    if (c->stats.live_bytes > c->high_water)
+        c->high_water = c->stats.live_bytes;
     pthread_mutex_unlock(&c->mu);
     return DF_OK;
 }

@@ -27,7 +27,13 @@
  * Decoding keeps one scope open and ends it after every block, keeping only the block's
  * output, then waits for the block to run (df_vae_end_block): strict eager mode allocates an
  * op's output when the op is queued, so this wait is what keeps the memory in use near
- * one block's working set instead of the whole decoder's.
+ * one block's working set instead of the whole decoder's (a ResNet does the same after each
+ * of its ops, vae_blocks.c).
+ *
+ * df_vae_decode_auto, what the pipelines call, decodes whole or tiled by the memory there
+ * is: it estimates the whole decode's peak from the latent size and the widths, stage by
+ * stage as the code above keeps activations alive (df_vae_decode_bytes), and tiles when
+ * that exceeds df_memory_available(), with the largest tile that fits.
  *
  * Tiled decoding (df_vae_decode_tiled) is our own scheme, not diffusers' exact one: tiles
  * of a fixed latent size on a fixed stride (size - overlap), the last one of a row or
@@ -491,6 +497,91 @@ df_status df_vae_decode_tiled(df_ctx *ctx, const df_vae *vae, df_tensor *latents
     if (s != DF_OK)
         return s;
     return df_vae_finish(ctx, image, out);
+}
+
+/* --- choosing how to decode ------------------------------------------------------------- */
+
+/* A ResNet of vae_blocks.c at `px` pixels: x with two others of its stages alive (the norm
+ * and SiLU of x, or x, the second conv's output, the shortcut and the sum). */
+static int64_t resnet_live(int64_t cin, int64_t cout, int64_t px)
+{
+    int64_t a = 3 * cin, b = cin + 3 * cout;
+    return (a > b ? a : b) * px;
+}
+
+int64_t df_vae_decode_bytes(const df_vae *vae, int64_t batch, int64_t h, int64_t w)
+{
+    if (!vae || batch < 1 || h < 1 || w < 1)
+        return 0;
+    const df_vae_info *c = &vae->info;
+    int64_t top = c->block_out_channels[c->n_blocks - 1], px = h * w, peak = 0, v;
+#define TAKE(x) (v = (x), peak = v > peak ? v : peak)
+    TAKE((2 * c->latent_channels + top) * px); /* post_quant_conv, conv_in */
+    TAKE(resnet_live(top, top, px));           /* the mid block's ResNets */
+    TAKE(8 * top * px);                        /* its attention: x, norm, q, k, v, ... */
+    int64_t prev = top;
+    for (int i = 0; i < c->n_blocks; i++) {
+        int64_t out_c = c->block_out_channels[c->n_blocks - 1 - i];
+        TAKE(resnet_live(prev, out_c, px));
+        if (vae->up[i].upsample.w) {
+            TAKE(9 * out_c * px); /* x, upsampled, conv: 1 + 4 + 4 */
+            px *= 4;
+        }
+        prev = out_c;
+    }
+    TAKE((3 * prev + c->out_channels) * px); /* x, norm, SiLU, conv_out */
+#undef TAKE
+    int64_t weights = 0;
+    for (int i = 0; i < df_ws_bound_count(vae->ws); i++) {
+        const char *name;
+        weights += df_tensor_numel(df_ws_bound(vae->ws, i, &name));
+    }
+    /* a quarter more for what RSS holds beyond live tensors: the checkpoint's own pages,
+     * the allocator's rounding and its cached blocks */
+    return (batch * peak + weights) * (int64_t)sizeof(float) * 5 / 4;
+}
+
+/* What the tiled decode holds besides a tile: the image, a row of tiles and their blends. */
+static int64_t tiled_bytes(const df_vae *vae, int64_t batch, int64_t h, int64_t w, int64_t tile)
+{
+    int64_t f = vae->info.scale_factor;
+    int64_t image = batch * vae->info.out_channels * h * f * w * f * (int64_t)sizeof(float);
+    return df_vae_decode_bytes(vae, batch, h < tile ? h : tile, w < tile ? w : tile) + 4 * image;
+}
+
+static double gib(int64_t bytes)
+{
+    return (double)bytes / (double)(1 << 30);
+}
+
+df_status df_vae_decode_auto(df_ctx *ctx, const df_vae *vae, df_tensor *latents, bool tiled,
+                             df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !vae || !latents)
+        return df_errorf(DF_E_ARG, "df_vae_decode_auto: NULL argument");
+    DF_TRY(df_empty_cache(ctx));
+    if (tiled)
+        return df_vae_decode_tiled(ctx, vae, latents, 64, 8, out);
+    if (df_tensor_ndim(latents) != 4)
+        return df_vae_decode(ctx, vae, latents, out); /* reports the shape */
+    int64_t B = df_tensor_dim(latents, 0), h = df_tensor_dim(latents, 2);
+    int64_t w = df_tensor_dim(latents, 3), f = vae->info.scale_factor;
+    int64_t need = df_vae_decode_bytes(vae, B, h, w), avail = df_memory_available();
+    if (avail < 0 || need <= avail) {
+        df_logf(2, "decode: %lld x %lld whole, needs %.2f GiB, %.2f GiB available",
+                (long long)(w * f), (long long)(h * f), gib(need), gib(avail));
+        return df_vae_decode(ctx, vae, latents, out);
+    }
+    int64_t tile = 64;
+    while (tile > 16 && tiled_bytes(vae, B, h, w, tile) > avail)
+        tile /= 2;
+    df_logf(1,
+            "decode: %lld x %lld tiled (%lld-latent tiles), needs %.2f GiB whole, %.2f GiB "
+            "tiled, %.2f GiB available",
+            (long long)(w * f), (long long)(h * f), (long long)tile, gib(need),
+            gib(tiled_bytes(vae, B, h, w, tile)), gib(avail));
+    return df_vae_decode_tiled(ctx, vae, latents, tile, tile / 8, out);
 }
 
 /* --- latent layout and scaling ----------------------------------------------------------- */

@@ -70,16 +70,23 @@ df_tensor *df_vae_norm_fwd(df_ctx *ctx, const df_vae_norm *n, int groups, df_ten
     return df_group_norm(ctx, x, groups, n->w, n->b, DF_VAE_GN_EPS);
 }
 
-/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W] */
+/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W]
+ * The block is the decoder's largest working set (at the first ResNet of the last up block
+ * x is 1 GiB at 1024 x 1024 in f32), so it ends a scope after each step: every activation
+ * is released once its one reader has run, and at most x and two others are alive at
+ * once instead of all nine. */
 df_tensor *df_vae_resnet_fwd(df_ctx *ctx, const df_vae_resnet *r, int groups, df_tensor *x)
 {
-    df_tensor *h = df_silu(ctx, df_vae_norm_fwd(ctx, &r->norm1, groups, x));
-    h = df_vae_conv_fwd(ctx, &r->conv1, h); /* [B, Cout, H, W] */
-    h = df_silu(ctx, df_vae_norm_fwd(ctx, &r->norm2, groups, h));
-    h = df_vae_conv_fwd(ctx, &r->conv2, h);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_vae_end_block(ctx, mark, df_vae_norm_fwd(ctx, &r->norm1, groups, x));
+    h = df_vae_end_block(ctx, mark, df_silu(ctx, h));
+    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &r->conv1, h)); /* [B, Cout, H, W] */
+    h = df_vae_end_block(ctx, mark, df_vae_norm_fwd(ctx, &r->norm2, groups, h));
+    h = df_vae_end_block(ctx, mark, df_silu(ctx, h));
+    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &r->conv2, h));
     if (r->shortcut.w)
         x = df_vae_conv_fwd(ctx, &r->shortcut, x); /* 1x1: Cin -> Cout */
-    return df_add(ctx, x, h);
+    return df_scope_end(ctx, mark, df_add(ctx, x, h));
 }
 
 /* Attention with one head of width C over the H*W positions, plus the residual.

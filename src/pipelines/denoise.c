@@ -144,8 +144,7 @@ df_status df_denoise_decode(df_pipeline *p, df_vae *vae, df_tensor *z, bool tili
     df_status s = decoded ? DF_OK : df_errorf(DF_E_OOM, "out of memory for the image");
     df_tensor *img = NULL;
     if (s == DF_OK)
-        s = tiling ? df_vae_decode_tiled(ctx, vae, z, 64, 8, &img)
-                   : df_vae_decode(ctx, vae, z, &img);
+        s = df_vae_decode_auto(ctx, vae, z, tiling, &img); /* tiles by itself when short */
     if (s == DF_OK)
         s = df_tensor_read(ctx, img, DF_DTYPE_F32, decoded, (size_t)n_img * sizeof *decoded);
     if (phase) {

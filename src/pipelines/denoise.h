@@ -74,7 +74,8 @@ typedef struct df_denoise {
 df_status df_denoise_run(df_pipeline *p, const df_gen_params *g, const df_denoise *d, float *lat);
 
 /*
- * Decodes the VAE's input z [B, C, h, w] into out's B images of H x W (RGB8 and float).
+ * Decodes the VAE's input z [B, C, h, w] into out's B images of H x W (RGB8 and float),
+ * through df_vae_decode_auto: tiled when `tiling`, or by itself when memory is short.
  * With `phase`, the VAE's weights are released (offloading) and the decode phase noted once
  * the image is read back.
  */

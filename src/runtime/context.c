@@ -6,6 +6,9 @@
  * handle moves down to the mark, into the enclosing scope. df_tensor_free leaves a hole
  * (NULL) that later scope ends skip.
  */
+#include <ctype.h>
+#include <malloc.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -324,6 +327,67 @@ df_tensor *df_scope_end(df_ctx *ctx, df_scope mark, df_tensor *keep)
 {
     df_scope_end_n(ctx, mark, &keep, 1);
     return keep;
+}
+
+df_status df_empty_cache(df_ctx *ctx)
+{
+    df_status s = df_sync(ctx); /* releases queued behind the stream have happened */
+    df_device_trim(ctx->dev);
+    malloc_trim(0); /* freed heap pages inside the arenas, not only at their tops */
+    return s;
+}
+
+/* DIFFUSE_MEMORY_LIMIT's value: "8G", "512M", "1073741824"; -1 when malformed. */
+static int64_t parse_bytes(const char *v)
+{
+    static const char units[] = "KMGT";
+    char *end;
+    double n = strtod(v, &end);
+    if (end == v)
+        return -1;
+    if (*end) {
+        const char *u = strchr(units, toupper((unsigned char)*end));
+        if (!u || end[1])
+            return -1;
+        n = ldexp(n, 10 * (int)(u - units + 1));
+    }
+    return n >= 0 && n < 9e18 ? (int64_t)n : -1;
+}
+
+static int64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long total = 0, resident = 0;
+    bool ok = f && fscanf(f, "%ld %ld", &total, &resident) == 2;
+    if (f)
+        fclose(f);
+    return ok ? (int64_t)resident * sysconf(_SC_PAGESIZE) : 0;
+}
+
+static int64_t meminfo_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return -1;
+    char line[256];
+    long long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib < 0 ? -1 : (int64_t)kib * 1024;
+}
+
+int64_t df_memory_available(void)
+{
+    const char *v = getenv("DIFFUSE_MEMORY_LIMIT");
+    if (!v || !*v)
+        return meminfo_available();
+    int64_t limit = parse_bytes(v);
+    if (limit < 0)
+        return -1;
+    int64_t used = resident_bytes();
+    return limit > used ? limit - used : 0;
 }
 
 /* --- statistics ------------------------------------------------------------------------- */

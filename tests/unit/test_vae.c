@@ -615,6 +615,87 @@ static void test_tiled_single_tile_is_plain_decode(void **state)
     df_ctx_free(ctx);
 }
 
+/* --- choosing whole or tiled by the memory available ------------------------------------ */
+
+static char logged[512];
+
+static void keep_note(int level, const char *line, void *user)
+{
+    (void)user;
+    if (level <= 1 && strstr(line, "decode:"))
+        snprintf(logged, sizeof logged, "%s", line);
+}
+
+/* DIFFUSE_MEMORY_LIMIT fakes the memory available: with 1 byte the decode tiles by itself
+ * with the smallest tiles (16 latents overlapping by 2) and says so in a note, giving
+ * exactly df_vae_decode_tiled's result; with a terabyte it decodes whole, exactly as
+ * df_vae_decode does. */
+static void test_auto_tiles_when_memory_is_short(void **state)
+{
+    (void)state;
+    df_ctx *ctx = new_ctx();
+    df_vae *vae;
+    assert_int_equal(df_vae_load(ctx, write_tiny("vae_tiny_auto", &(tiny_opts){0}), &vae), DF_OK);
+    df_tensor *z = random_latents(ctx, 40, 36, NULL), *a, *b;
+    int64_t n = 3 * 40 * 4 * 36 * 4;
+    df_set_log_fn(keep_note, NULL);
+
+    setenv("DIFFUSE_MEMORY_LIMIT", "1", 1);
+    assert_int_equal(df_memory_available(), 0);
+    logged[0] = 0;
+    assert_int_equal(df_vae_decode_auto(ctx, vae, z, false, &a), DF_OK);
+    assert_int_equal(df_vae_decode_tiled(ctx, vae, z, 16, 2, &b), DF_OK);
+    float *x = read_f32(ctx, a), *y = read_f32(ctx, b);
+    assert_memory_equal(x, y, (size_t)n * sizeof *x);
+    assert_non_null(strstr(logged, "tiled (16-latent tiles)"));
+    assert_non_null(strstr(logged, "0.00 GiB available"));
+    free(x);
+    free(y);
+
+    setenv("DIFFUSE_MEMORY_LIMIT", "1T", 1);
+    assert_true(df_memory_available() > ((int64_t)1 << 40) - ((int64_t)1 << 34));
+    logged[0] = 0;
+    assert_int_equal(df_vae_decode_auto(ctx, vae, z, false, &a), DF_OK);
+    assert_int_equal(df_vae_decode(ctx, vae, z, &b), DF_OK);
+    x = read_f32(ctx, a);
+    y = read_f32(ctx, b);
+    assert_memory_equal(x, y, (size_t)n * sizeof *x);
+    assert_string_equal(logged, ""); /* whole: only a detail line */
+    free(x);
+    free(y);
+
+    setenv("DIFFUSE_MEMORY_LIMIT", "12Q", 1);
+    assert_int_equal(df_memory_available(), -1); /* malformed: unknown, so whole */
+    unsetenv("DIFFUSE_MEMORY_LIMIT");
+    df_set_log_fn(NULL, NULL);
+    df_vae_free(vae);
+    df_ctx_free(ctx);
+}
+
+/* The estimate the choice rests on covers what the decode really holds at once (device
+ * bytes live at the peak), without overstating it several times over. */
+static void test_decode_bytes_cover_the_peak(void **state)
+{
+    (void)state;
+    df_ctx *ctx = new_ctx();
+    df_vae *vae;
+    assert_int_equal(df_vae_load(ctx, write_tiny("vae_tiny_need", &(tiny_opts){0}), &vae), DF_OK);
+    df_tensor *z = random_latents(ctx, 48, 40, NULL), *img;
+    assert_int_equal(df_sync(ctx), DF_OK);
+    df_stats_reset(ctx);
+    assert_int_equal(df_vae_decode(ctx, vae, z, &img), DF_OK);
+    df_stats st;
+    df_ctx_stats(ctx, &st);
+    int64_t need = df_vae_decode_bytes(vae, 1, 48, 40);
+    printf("  decode: peak %lld bytes live, estimate %lld\n", (long long)st.peak_bytes,
+           (long long)need);
+    assert_true(st.peak_bytes <= need);
+    assert_true(st.peak_bytes * 2 >= need);
+    assert_true(df_vae_decode_bytes(vae, 2, 48, 40) > need); /* grows with the batch */
+    df_vae_free(vae);
+    df_ctx_free(ctx);
+}
+
 /* bf16 checkpoints (FLUX.1's VAE is one) stay bf16 in memory and are upcast exactly: the
  * result equals that of an f32 checkpoint holding the same bf16-rounded values. */
 static void test_bf16_weights_decode_as_their_f32_values(void **state)
@@ -783,6 +864,8 @@ int main(void)
         cmocka_unit_test(test_tiled_matches_tiles_blended_on_host),
         cmocka_unit_test(test_tiled_close_to_untiled),
         cmocka_unit_test(test_tiled_single_tile_is_plain_decode),
+        cmocka_unit_test(test_auto_tiles_when_memory_is_short),
+        cmocka_unit_test(test_decode_bytes_cover_the_peak),
         cmocka_unit_test(test_bf16_weights_decode_as_their_f32_values),
         cmocka_unit_test(test_encoder_tensors_are_skipped),
         cmocka_unit_test(test_unexpected_decoder_tensor_is_a_warning),
