@@ -372,6 +372,43 @@ static df_status saved_int8_layout(df_weight_set *ws, int *nr)
     return DF_OK;
 }
 
+/* Binds the ranges of `dim` of `info`, saved in tiles of nr (q, or its scales when
+ * `scales`), as a row-major part: for a cut that is not on whole tiles (a rank's rows not
+ * whole blocks), or tiles of another width. Reads only the part's bytes from the mapping;
+ * the product packs the part on first use, as for a row-major folder. */
+static df_status bind_detiled(df_weight_set *ws, const df_tensor_info *info, int nr, bool scales,
+                              int dim, int64_t ranges[][2], int n, df_tensor **out)
+{
+    int64_t rows = info->shape[0], cols = info->shape[1], local = 0;
+    for (int p = 0; p < n; p++)
+        local += ranges[p][1] - ranges[p][0];
+    int64_t lr = dim == 0 ? local : rows, lc = dim == 1 ? local : cols;
+    size_t es = info->elem_size, bytes = (size_t)(lr * lc) * es;
+    uint8_t *buf = df_malloc(bytes ? bytes : 1), *dst = buf;
+    if (!buf)
+        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component,
+                         info->name);
+    const uint8_t *src = info->data;
+    for (int64_t i = 0; i < (dim == 0 ? n : rows); i++) { /* a range of rows, or a row */
+        int64_t j0 = dim == 0 ? ranges[i][0] : i, j1 = dim == 0 ? ranges[i][1] : i + 1;
+        for (int64_t j = j0; j < j1; j++) {
+            for (int p = 0; p < (dim == 1 ? n : 1); p++) {
+                int64_t c0 = dim == 1 ? ranges[p][0] : 0, c1 = dim == 1 ? ranges[p][1] : cols;
+                for (int64_t c = c0; c < c1; c++, dst += es) {
+                    size_t at = scales ? df_i8_tiles_scale_at(cols, nr, j, c)
+                                       : df_i8_tiles_q_at(cols, nr, j, c);
+                    memcpy(dst, src + at * es, es);
+                }
+            }
+        }
+    }
+    df_tensor *t = df_tensor_from_host(ws->ctx, info->dtype, (int64_t[]){lr, lc}, 2, buf);
+    df_free(buf);
+    DF_TRY(keep(ws, info->name, t, NULL, bytes, bytes));
+    *out = t;
+    return DF_OK;
+}
+
 /* The saved int8 weight `info` (q and its scales in tiles of nr, another width than the
  * kernels') repacked into row-major copies: the layout of folders saved before the tiles,
  * which the product packs on first use. */
@@ -385,35 +422,10 @@ static df_status bind_other_tiles(df_weight_set *ws, const df_tensor_info *info,
     if (si.dtype != DF_DTYPE_F32)
         return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' is %s, expected F32", ws->component,
                          tensor_file(ws, &si), scale_name, si.dtype_name);
-    int64_t n = info->shape[0], k = info->shape[1], groups = si.shape[1];
-    int8_t *q = df_malloc((size_t)(n * k));
-    float *sc = df_malloc((size_t)(n * groups) * sizeof(float));
-    if (!q || !sc) {
-        df_free(q);
-        df_free(sc);
-        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component, info->name);
-    }
-    const int8_t *fq = info->data;
-    const float *fs = si.data;
-    for (int64_t j = 0; j < n; j++) {
-        for (int64_t kk = 0; kk < k; kk++)
-            q[j * k + kk] = fq[df_i8_tiles_q_at(k, nr, j, kk)];
-        for (int64_t g = 0; g < groups; g++)
-            memcpy(&sc[j * groups + g], &fs[df_i8_tiles_scale_at(groups, nr, j, g)],
-                   sizeof(float)); /* the mapping need not align floats */
-    }
-    df_tensor *t = df_tensor_from_host(ws->ctx, DF_DTYPE_I8, info->shape, 2, q);
-    df_tensor *scale = df_tensor_from_host(ws->ctx, DF_DTYPE_F32, si.shape, 2, sc);
-    df_free(q);
-    df_free(sc);
-    if (!t || !scale) {
-        df_tensor_free(t);
-        df_tensor_free(scale);
-        return df_error_context(df_ctx_status(ws->ctx), "%s: tensor '%s'", ws->component,
-                                info->name);
-    }
-    DF_TRY(keep(ws, info->name, t, NULL, info->nbytes, info->nbytes));
-    DF_TRY(keep(ws, scale_name, scale, NULL, si.nbytes, si.nbytes));
+    int64_t all[1][2] = {{0, info->shape[0]}}; /* every row: the whole weight */
+    df_tensor *t = NULL, *scale = NULL;
+    DF_TRY(bind_detiled(ws, info, nr, false, 0, all, 1, &t));
+    DF_TRY(bind_detiled(ws, &si, nr, true, 0, all, 1, &scale));
     DF_TRY(df_quant_attach_int8(info->name, t, scale, false));
     *out = t;
     return DF_OK;
@@ -634,43 +646,6 @@ static bool cuts_whole_tiles(int nr, int dim, int64_t ranges[][2], int n)
         if (nr != DF_I8_TILE_NR || ranges[p][0] % unit || ranges[p][1] % unit)
             return false;
     return true;
-}
-
-/* Binds the ranges of `dim` of `info`, saved in tiles of nr (q, or its scales when
- * `scales`), as a row-major part: for a cut that is not on whole tiles (a rank's rows not
- * whole blocks), or tiles of another width. Reads only the part's bytes from the mapping;
- * the product packs the part on first use, as for a row-major folder. */
-static df_status bind_detiled(df_weight_set *ws, const df_tensor_info *info, int nr, bool scales,
-                              int dim, int64_t ranges[][2], int n, df_tensor **out)
-{
-    int64_t rows = info->shape[0], cols = info->shape[1], local = 0;
-    for (int p = 0; p < n; p++)
-        local += ranges[p][1] - ranges[p][0];
-    int64_t lr = dim == 0 ? local : rows, lc = dim == 1 ? local : cols;
-    size_t es = info->elem_size, bytes = (size_t)(lr * lc) * es;
-    uint8_t *buf = df_malloc(bytes ? bytes : 1), *dst = buf;
-    if (!buf)
-        return df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'", ws->component,
-                         info->name);
-    const uint8_t *src = info->data;
-    for (int64_t i = 0; i < (dim == 0 ? n : rows); i++) { /* a range of rows, or a row */
-        int64_t j0 = dim == 0 ? ranges[i][0] : i, j1 = dim == 0 ? ranges[i][1] : i + 1;
-        for (int64_t j = j0; j < j1; j++) {
-            for (int p = 0; p < (dim == 1 ? n : 1); p++) {
-                int64_t c0 = dim == 1 ? ranges[p][0] : 0, c1 = dim == 1 ? ranges[p][1] : cols;
-                for (int64_t c = c0; c < c1; c++, dst += es) {
-                    size_t at = scales ? df_i8_tiles_scale_at(cols, nr, j, c)
-                                       : df_i8_tiles_q_at(cols, nr, j, c);
-                    memcpy(dst, src + at * es, es);
-                }
-            }
-        }
-    }
-    df_tensor *t = df_tensor_from_host(ws->ctx, info->dtype, (int64_t[]){lr, lc}, 2, buf);
-    df_free(buf);
-    DF_TRY(keep(ws, info->name, t, NULL, bytes, bytes));
-    *out = t;
-    return DF_OK;
 }
 
 /* The scales of the saved int8 weight `w` (its part t, split along `dim` into `ranges`):
