@@ -70,20 +70,28 @@ df_tensor *df_vae_norm_fwd(df_ctx *ctx, const df_vae_norm *n, int groups, df_ten
     return df_group_norm(ctx, x, groups, n->w, n->b, DF_VAE_GN_EPS);
 }
 
-/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W]
- * The block is the decoder's largest working set (at the first ResNet of the last up block
- * x is 1 GiB at 1024 x 1024 in f32), so it ends a scope after each step: every activation
- * is released once its one reader has run, and at most x and two others are alive at
- * once instead of all nine. */
+/* One op of a ResNet done. The block is the decoder's largest working set (at the first
+ * ResNet of the last up block x is 1 GiB at 1024 x 1024 in f32). Strict eager mode
+ * allocates an op's output when the op is queued, so there the ResNet ends its scope and
+ * waits after each op: every activation is released once its one reader has run, and at
+ * most x and two others are alive at once instead of all nine. Defer-and-fuse mode plans
+ * the block's intermediates into one arena by their lifetimes already, and keeps the ops
+ * in one graph so that a norm and its SiLU still fuse. */
+static df_tensor *op_done(df_ctx *ctx, df_scope mark, df_tensor *h)
+{
+    return df_get_eager_mode(ctx) == DF_DEFER_NEVER ? df_vae_end_block(ctx, mark, h) : h;
+}
+
+/* ResnetBlock2D.forward (no temb, output_scale_factor 1). x: [B, Cin, H, W] */
 df_tensor *df_vae_resnet_fwd(df_ctx *ctx, const df_vae_resnet *r, int groups, df_tensor *x)
 {
     df_scope mark = df_scope_begin(ctx);
-    df_tensor *h = df_vae_end_block(ctx, mark, df_vae_norm_fwd(ctx, &r->norm1, groups, x));
-    h = df_vae_end_block(ctx, mark, df_silu(ctx, h));
-    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &r->conv1, h)); /* [B, Cout, H, W] */
-    h = df_vae_end_block(ctx, mark, df_vae_norm_fwd(ctx, &r->norm2, groups, h));
-    h = df_vae_end_block(ctx, mark, df_silu(ctx, h));
-    h = df_vae_end_block(ctx, mark, df_vae_conv_fwd(ctx, &r->conv2, h));
+    df_tensor *h = op_done(ctx, mark, df_vae_norm_fwd(ctx, &r->norm1, groups, x));
+    h = op_done(ctx, mark, df_silu(ctx, h));
+    h = op_done(ctx, mark, df_vae_conv_fwd(ctx, &r->conv1, h)); /* [B, Cout, H, W] */
+    h = op_done(ctx, mark, df_vae_norm_fwd(ctx, &r->norm2, groups, h));
+    h = op_done(ctx, mark, df_silu(ctx, h));
+    h = op_done(ctx, mark, df_vae_conv_fwd(ctx, &r->conv2, h));
     if (r->shortcut.w)
         x = df_vae_conv_fwd(ctx, &r->shortcut, x); /* 1x1: Cin -> Cout */
     return df_scope_end(ctx, mark, df_add(ctx, x, h));
