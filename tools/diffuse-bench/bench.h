@@ -64,6 +64,21 @@ extern bool bench_quick;
 /* n uniform values in [-1, 1), reproducible from `seed`. */
 void bench_fill_random(float *p, int64_t n, uint64_t seed);
 
+/* One tensor of a random checkpoint: a [rows, cols] matrix, or a vector of `rows` when cols
+ * is 0; values uniform in [-scale, scale), or all ones when scale is 0 (norm weights). */
+typedef struct bench_weight {
+    char name[128];
+    int64_t rows, cols;
+    float scale;
+} bench_weight;
+
+/* Writes the n tensors as one BF16 safetensors file at `path`, streaming (bench_checkpoint.c).
+ * Returns 0 on success. */
+int bench_write_checkpoint(const char *path, const bench_weight *w, int n);
+
+/* The compute dtypes a workload is asked for: --dtype names f32, bf16 or int8 (i8). */
+bool bench_dtype_wanted(const bench_opts *o, df_dtype t);
+
 /* The workloads (one file each). */
 int bench_ceiling(const bench_opts *o);   /* bench_gemm.c */
 int bench_gemm(const bench_opts *o);      /* bench_gemm.c */

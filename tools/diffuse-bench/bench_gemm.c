@@ -101,7 +101,7 @@ static int thread_list(const bench_opts *o, int *out)
     return 2;
 }
 
-static bool dtype_wanted(const bench_opts *o, df_dtype t)
+bool bench_dtype_wanted(const bench_opts *o, df_dtype t)
 {
     if (o->dtype && t == DF_DTYPE_I8 && strcmp(o->dtype, "int8") == 0)
         return true;
@@ -116,7 +116,7 @@ int bench_ceiling(const bench_opts *o)
         printf("# fast bf16 on this CPU (AMX-BF16 or AVX512-BF16): %s\n",
                df_cpu_has_fast_bf16() ? "yes" : "no");
     for (int di = 0; di < 3; di++) {
-        if (!dtype_wanted(o, dtypes[di]))
+        if (!bench_dtype_wanted(o, dtypes[di]))
             continue;
         for (int ti = 0; ti < nt; ti++) {
             const ceiling_memo *m = measure_ceiling(dtypes[di], threads[ti]);
@@ -291,7 +291,7 @@ int bench_gemm(const bench_opts *o)
     const char *mode = o->mode ? o->mode : "eager";
     int failures = 0;
     for (int di = 0; di < 3; di++) {
-        if (!dtype_wanted(o, dtypes[di]))
+        if (!bench_dtype_wanted(o, dtypes[di]))
             continue;
         for (int ti = 0; ti < nt; ti++)
             failures += gemm_config(o, dtypes[di], threads[ti], mode);

@@ -1,11 +1,11 @@
 /*
  * Workload "t5": the T5 encoder at T5-XXL width (d_model 4096, 64 heads of 64, d_ff 10240)
  * with 2 layers of random bf16 weights, on 256 and 512 tokens (256 only with --quick), in
- * f32 and bf16 compute, for each thread count and execution mode asked for.
+ * f32, bf16 and int8 compute, for each thread count and execution mode asked for. The
+ * whole T5-XXL encoder has 24 such layers: its encoding time is about 12x a row's ms.
  *
- * The checkpoint is written once into a temporary folder by a streaming safetensors writer
- * (header first, then each tensor generated and written in chunks, so ~770 MB of weights
- * never sit in memory at once) and removed at the end. The vocabulary is small (1024 rows):
+ * The checkpoint (~770 MB) is written once into a temporary folder by the streaming writer
+ * of bench_checkpoint.c and removed at the end. The vocabulary is small (1024 rows):
  * the embedding lookup is not what is measured.
  *
  * Each measurement runs the encoder once to warm up (weights packed for the GEMM, pages
@@ -37,18 +37,12 @@ enum {
 
 /* ---- the random checkpoint ------------------------------------------------------------ */
 
-typedef struct wt {
-    char name[96];
-    int64_t rows, cols; /* cols 0: a vector of `rows` */
-    float scale;        /* uniform in [-scale, scale); 0: all ones (norm weights) */
-} wt;
-
-static int weight_list(wt *w)
+static int weight_list(bench_weight *w)
 {
     int n = 0;
-    w[n++] = (wt){"shared.weight", VOCAB, D_MODEL, 1.0f};
-    w[n++] = (wt){"encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight", BUCKETS,
-                  HEADS, 0.5f};
+    w[n++] = (bench_weight){"shared.weight", VOCAB, D_MODEL, 1.0f};
+    w[n++] = (bench_weight){"encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                            BUCKETS, HEADS, 0.5f};
     const float in_scale = 1.7320508f / 64.0f;   /* variance 1/d_model: sqrt(3 / 4096) */
     const float ff_scale = 1.7320508f / 101.19f; /* sqrt(3 / 10240) */
     for (int l = 0; l < LAYERS; l++) {
@@ -56,97 +50,35 @@ static int weight_list(wt *w)
         static const char *qkvo[4] = {"q", "k", "v", "o"};
         for (int i = 0; i < 4; i++) {
             /* o is [d_model, H * d_kv]; both are 4096 here */
-            w[n] = (wt){"", HEADS * D_KV, D_MODEL, in_scale};
+            w[n] = (bench_weight){"", HEADS * D_KV, D_MODEL, in_scale};
             snprintf(w[n++].name, sizeof w->name, "%s.%d.layer.0.SelfAttention.%s.weight", p, l,
                      qkvo[i]);
         }
-        w[n] = (wt){"", D_MODEL, 0, 0};
+        w[n] = (bench_weight){"", D_MODEL, 0, 0};
         snprintf(w[n++].name, sizeof w->name, "%s.%d.layer.0.layer_norm.weight", p, l);
         for (int i = 0; i < 2; i++) {
-            w[n] = (wt){"", D_FF, D_MODEL, in_scale};
+            w[n] = (bench_weight){"", D_FF, D_MODEL, in_scale};
             snprintf(w[n++].name, sizeof w->name, "%s.%d.layer.1.DenseReluDense.wi_%d.weight", p, l,
                      i);
         }
-        w[n] = (wt){"", D_MODEL, D_FF, ff_scale};
+        w[n] = (bench_weight){"", D_MODEL, D_FF, ff_scale};
         snprintf(w[n++].name, sizeof w->name, "%s.%d.layer.1.DenseReluDense.wo.weight", p, l);
-        w[n] = (wt){"", D_MODEL, 0, 0};
+        w[n] = (bench_weight){"", D_MODEL, 0, 0};
         snprintf(w[n++].name, sizeof w->name, "%s.%d.layer.1.layer_norm.weight", p, l);
     }
-    w[n++] = (wt){"encoder.final_layer_norm.weight", D_MODEL, 0, 0};
+    w[n++] = (bench_weight){"encoder.final_layer_norm.weight", D_MODEL, 0, 0};
     return n;
-}
-
-static uint64_t next_random(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
-/* Writes n bf16 values of w to f in chunks. */
-static int write_values(FILE *f, const wt *w, int64_t n, uint64_t *rng)
-{
-    uint16_t buf[8192];
-    for (int64_t done = 0; done < n;) {
-        int64_t k = n - done < 8192 ? n - done : 8192;
-        for (int64_t i = 0; i < k; i++) {
-            float u = (float)(next_random(rng) >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
-            buf[i] = df_f32_to_bf16(w->scale > 0 ? (2 * u - 1) * w->scale : 1.0f);
-        }
-        if (fwrite(buf, sizeof *buf, (size_t)k, f) != (size_t)k)
-            return 1;
-        done += k;
-    }
-    return 0;
 }
 
 static int write_checkpoint(const char *dir)
 {
-    wt w[64];
+    bench_weight w[64];
     int n = weight_list(w);
-    size_t cap = 256 * (size_t)n, len = 0;
-    char *h = malloc(cap);
-    if (!h)
-        return 1;
-    uint64_t off = 0;
-    len += (size_t)snprintf(h + len, cap - len, "{");
-    for (int i = 0; i < n; i++) {
-        uint64_t bytes = 2 * (uint64_t)w[i].rows * (uint64_t)(w[i].cols ? w[i].cols : 1);
-        if (w[i].cols)
-            len += (size_t)snprintf(
-                h + len, cap - len,
-                "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":"
-                "[%" PRId64 ",%" PRId64 "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
-                i ? "," : "", w[i].name, w[i].rows, w[i].cols, off, off + bytes);
-        else
-            len += (size_t)snprintf(h + len, cap - len,
-                                    "%s\"%s\":{\"dtype\":\"BF16\",\"shape\":"
-                                    "[%" PRId64 "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}",
-                                    i ? "," : "", w[i].name, w[i].rows, off, off + bytes);
-        off += bytes;
-    }
-    len += (size_t)snprintf(h + len, cap - len, "}");
-    while (len % 8 && len < cap)
-        h[len++] = ' ';
-
     char path[1100];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "wb");
-    int bad = !f;
-    uint8_t hl[8];
-    for (int i = 0; i < 8; i++)
-        hl[i] = (uint8_t)((uint64_t)len >> (8 * i));
-    bad = bad || fwrite(hl, 1, 8, f) != 8 || fwrite(h, 1, len, f) != len;
-    uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (int i = 0; !bad && i < n; i++)
-        bad = write_values(f, &w[i], w[i].rows * (w[i].cols ? w[i].cols : 1), &rng);
-    if (f && fclose(f) != 0)
-        bad = 1;
-    free(h);
-
+    int bad = bench_write_checkpoint(path, w, n);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    f = bad ? NULL : fopen(path, "w");
+    FILE *f = bad ? NULL : fopen(path, "w");
     if (!f)
         return 1;
     fprintf(f,
@@ -262,7 +194,7 @@ static int measure(const bench_opts *o, const char *dir, const setting *set, int
 int bench_t5(const bench_opts *o)
 {
     static const char *modes[2] = {"eager", "fuse"};
-    static const df_dtype dtypes[2] = {DF_DTYPE_F32, DF_DTYPE_BF16};
+    static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
     const int64_t lengths[2] = {256, 512};
     int threads[2] = {o->threads, 0}, n_threads = 1;
     if (o->threads == 0) {
@@ -285,8 +217,8 @@ int bench_t5(const bench_opts *o)
     }
     int failures = 0;
     for (int li = 0; li < (o->quick ? 1 : 2); li++)
-        for (int di = 0; di < 2; di++) {
-            if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
+        for (int di = 0; di < 3; di++) {
+            if (!bench_dtype_wanted(o, dtypes[di]))
                 continue;
             for (int mi = 0; mi < 2; mi++) {
                 if (o->mode && strcmp(o->mode, modes[mi]) != 0)

@@ -21,6 +21,7 @@ int bench_tokenizer(const bench_opts *o);
 int bench_flux(const bench_opts *o);
 int bench_flux2(const bench_opts *o);
 int bench_t5(const bench_opts *o);
+int bench_decoder_lm(const bench_opts *o);
 int bench_vae(const bench_opts *o);
 int bench_compile(const bench_opts *o);
 int bench_sd3(const bench_opts *o);
@@ -47,7 +48,11 @@ static const bench_workload workloads[] = {
      "FLUX.2 transformer at klein-4B and dev width, 512x512 and 1024x1024 [--double N] "
      "[--single N] [--width klein|dev] [--size 512|1024]",
      bench_flux2},
-    {"t5", "T5-XXL-width encoder layers on 256 and 512 tokens", bench_t5},
+    {"t5", "T5-XXL-width encoder layers on 256 and 512 tokens, f32, bf16 and int8", bench_t5},
+    {"decoder-lm",
+     "FLUX.2's text encoders (Qwen3 4B / 8B, Mistral Small 3) at full width, 2 layers on 512 "
+     "tokens, f32, bf16 and int8 [--width qwen3-4b|qwen3-8b|mistral-24b]",
+     bench_decoder_lm},
     {"vae", "VAE decoder whole and tiled [SIZE [TILE [OVERLAP]]]", bench_vae},
     {"modes",
      "FLUX.1-width transformer in every execution mode side by side: first call, ms per step, "
