@@ -24,6 +24,7 @@
 #define DF_MODELS_LORA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <diffuse/pipeline.h>
@@ -42,6 +43,12 @@ typedef struct df_lora_set df_lora_set;
 df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipeline,
                            df_lora_set **out);
 void df_lora_set_free(df_lora_set *set);
+
+/* As df_lora_set_load for one adapter file held in memory (`buf`, `len`, kept alive and
+ * unchanged until the set is freed), called `name` in messages, with weight `scale`. For
+ * tests and fuzzing. */
+df_status df_lora_set_load_memory(const void *buf, size_t len, const char *name, float scale,
+                                  const char *pipeline, df_lora_set **out);
 
 /* Whether an adapter updates weight `name` of `component` ("transformer", "text_encoder"). */
 bool df_lora_touches(const df_lora_set *set, const char *component, const char *name);

@@ -285,7 +285,8 @@ static void test_flux_layout_on_sd3_is_refused(void **state)
     (void)state;
     const tensor_spec t[] = {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 4, 32},
                              {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 32, 4}};
-    expect_load_error("kohya_sd3.safetensors", t, 2, DF_E_UNSUPPORTED, SD3_DIR, "not FLUX.1");
+    expect_load_error("kohya_sd3.safetensors", t, 2, DF_E_UNSUPPORTED, SD3_DIR,
+                      "converts no kohya");
 }
 
 /* The transformer of `file` (NULL: MODEL_DIR's weights) with the adapter at `lora` (NULL:
