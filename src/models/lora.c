@@ -428,8 +428,13 @@ static df_status finish(df_lora_set *set, int file, int first)
         DF_TRY_CTX(df_json_parse_string(raw, strlen(raw), "lora_adapter_metadata", &meta), "%s",
                    ad->path);
     df_status s = DF_OK;
-    int skipped = 0, t5 = 0, dropped = 0;
+    int skipped = 0, t5 = 0, dropped = 0, unet = 0;
     const char *first_dropped = "";
+    /* diffusers reads a kohya file with lora_transformer_ keys as a "mixture": it drops the
+     * lora_unet_ keys and refuses any but lora_transformer_ / lora_te1_ */
+    bool mixture = false;
+    for (int i = first; i < set->n; i++)
+        mixture |= ad->lay == LAYOUT_KOHYA && starts(set->t[i].key, "lora_transformer_");
     for (int i = first; s == DF_OK && i < set->n; i++) {
         target *t = &set->t[i];
         const char *a_name = ad->lay == LAYOUT_KOHYA   ? "lora_down"
@@ -499,6 +504,24 @@ static df_status finish(df_lora_set *set, int file, int first)
                           ad->path, layout_names[ad->lay], set->pipeline,
                           layout_names[ad->lay]);
             break;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && !starts(t->key, "lora_unet_") &&
+                   !t->has_alpha) {
+            s = df_errorf(DF_E_UNSUPPORTED,
+                          "%s: module '%s' has no .alpha: diffusers' kohya converter needs "
+                          "one for every module of a file with lora_transformer_* modules",
+                          ad->path, t->key);
+            break;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && starts(t->key, "lora_unet_")) {
+            t->skipped = t->used = true;
+            unet++;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && !starts(t->key, "lora_transformer_") &&
+                   !starts(t->key, "lora_te1_")) {
+            s = df_errorf(DF_E_UNSUPPORTED,
+                          "%s: module '%s' beside lora_transformer_* modules: diffusers' "
+                          "kohya converter reads such a file with lora_transformer_*, "
+                          "lora_te1_* (and drops lora_unet_*) only, and refuses it",
+                          ad->path, t->key);
+            break;
         } else if (ad->lay == LAYOUT_KOHYA &&
                    (starts(t->key, "lora_te2_") ||
                     starts(t->key, "text_encoders.t5xxl.transformer."))) {
@@ -545,6 +568,11 @@ static df_status finish(df_lora_set *set, int file, int first)
                 "text_encoders.t5xxl.*) are not applied, as diffusers' FLUX.1 kohya converter "
                 "drops them\n",
                 ad->path, t5);
+    if (s == DF_OK && unet)
+        fprintf(stderr,
+                "warning: %s: %d lora_unet_* modules are not applied: beside "
+                "lora_transformer_* modules, diffusers' kohya converter drops them\n",
+                ad->path, unet);
     if (s == DF_OK && dropped)
         fprintf(stderr,
                 "warning: %s: %d kohya modules (the first '%s') are not applied: diffusers' "

@@ -411,6 +411,40 @@ static void test_flux1_kohya_t5_and_comfy(void **state)
     df_lora_set_free(set);
 }
 
+/* Beside lora_transformer_ modules, diffusers drops lora_unet_ ones and refuses the rest but
+ * lora_te1_. */
+static void test_kohya_mixture(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_down.weight", 2, 3},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_up.weight", 4, 2},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.alpha", 4, 0},
+        {"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 2, 3},
+        {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 3, 2},
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight", 2, 3},
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight", 3, 2}};
+    const char *path = write_adapter("lora_mixture.safetensors", t, 5);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_out.0.weight"));
+    expect_merge(set, "single_transformer_blocks.1.attn.to_q.weight", 4, 3, 0, 2, 2.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    path = write_adapter("lora_mixture_te2.safetensors", t, 7);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "lora_te2_encoder_block_0_layer_0_SelfAttention_q"));
+    path = write_adapter("lora_mixture_no_alpha.safetensors", t, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "no .alpha"));
+}
+
 /* What diffusers 0.42 does not load stays refused, naming why. */
 static void test_layouts_diffusers_refuses(void **state)
 {
@@ -628,6 +662,7 @@ int main(void)
         cmocka_unit_test(test_flux2_bfl_names),
         cmocka_unit_test(test_flux2_kohya_names),
         cmocka_unit_test(test_flux1_kohya_t5_and_comfy),
+        cmocka_unit_test(test_kohya_mixture),
         cmocka_unit_test(test_layouts_diffusers_refuses),
         cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
         cmocka_unit_test(test_out_of_memory_sweep),
