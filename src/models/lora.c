@@ -170,7 +170,7 @@ static char split_key(layout lay, bool flux1, const char *key, char *module, siz
 
 static df_status refuse_key(const char *path, layout lay, const char *key)
 {
-    if (strstr(key, "lora_magnitude_vector") || ends(key, ".dora_scale"))
+    if (strstr(key, "lora_magnitude_vector"))
         return df_errorf(DF_E_UNSUPPORTED, "%s: key '%s': DoRA adapters are not supported", path,
                          key);
     if (ends(key, ".lora_B.bias") || ends(key, ".lora_up.bias"))
@@ -221,11 +221,41 @@ static df_status collect(df_lora_set *set, int file)
 {
     const adapter *ad = &set->files[file];
     int64_t n = df_safetensors_count(ad->st);
+    /* what diffusers' FLUX.1 kohya converter filters out of a file without lora_transformer_
+     * keys, with a log line: bias and norm differences (".diff_b"; every ".norm" / ".diff"
+     * key once one key has both), position embeddings and text projections */
+    bool filter = ad->lay == LAYOUT_KOHYA && set->flux1, norm_diff = false;
+    for (int64_t i = 0; filter && i < n; i++) {
+        df_tensor_info info;
+        DF_TRY(df_safetensors_at(ad->st, i, &info));
+        filter = !starts(info.name, "lora_transformer_");
+        norm_diff |= strstr(info.name, ".norm") && strstr(info.name, ".diff");
+    }
+    static const char *const why[] = {
+        "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the rest as a plain LoRA",
+        "diffusers' FLUX.1 kohya converter filters out bias and norm differences, position embeddings and text projections",
+        "diffusers' FLUX.2 kohya converter drops the keys it does not map"};
+    int filtered[3] = {0};
+    const char *first_filtered[3] = {"", "", ""};
     for (int64_t i = 0; i < n; i++) {
         df_tensor_info info;
         DF_TRY(df_safetensors_at(ad->st, i, &info));
         char module[256];
         char role = split_key(ad->lay, set->flux1, info.name, module, sizeof module);
+        int drop = strstr(info.name, "dora_scale") ? 0
+                   : filter && (strstr(info.name, ".diff_b") ||
+                                strstr(info.name, "position_embedding") ||
+                                strstr(info.name, "text_projection") ||
+                                (norm_diff && (strstr(info.name, ".norm") ||
+                                               strstr(info.name, ".diff"))))
+                       ? 1
+                   : !role && ad->lay == LAYOUT_KOHYA && set->flux2 ? 2
+                                                                    : -1;
+        if (drop >= 0) {
+            if (filtered[drop]++ == 0)
+                first_filtered[drop] = info.name;
+            continue;
+        }
         if (!role)
             return refuse_key(ad->path, ad->lay, info.name);
         target *t = find_target(set, file, module);
@@ -249,6 +279,10 @@ static df_status collect(df_lora_set *set, int file)
         else
             t->b = info, t->has_b = true;
     }
+    for (int k = 0; k < 3; k++)
+        if (filtered[k])
+            fprintf(stderr, "warning: %s: %d keys (the first '%s') are not applied: %s\n",
+                    ad->path, filtered[k], first_filtered[k], why[k]);
     return DF_OK;
 }
 
@@ -487,8 +521,7 @@ static df_status finish(df_lora_set *set, int file, int first)
         } else if (ad->lay == LAYOUT_BFL2 && !set->flux2 && !set->any) {
             s = df_errorf(DF_E_UNSUPPORTED,
                           "%s: the %s layout (module '%s') is read for FLUX.2 pipelines "
-                          "only, as diffusers' Flux2LoraLoaderMixin converts it; %s does "
-                          "not",
+                          "only (as diffusers' Flux2LoraLoaderMixin converts it), not for %s",
                           ad->path, layout_names[ad->lay], t->key, set->pipeline);
             break;
         } else if (ad->lay == LAYOUT_KOHYA && set->flux2) {

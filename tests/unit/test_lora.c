@@ -411,6 +411,47 @@ static void test_flux1_kohya_t5_and_comfy(void **state)
     df_lora_set_free(set);
 }
 
+/* FLUX.1 kohya: bias and norm differences, position embeddings and text projections are
+ * filtered out as diffusers' converter filters them. */
+static void test_flux1_kohya_filtered_keys(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 2, 3},
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_up.weight", 3, 2},
+        {"diffusion_model.double_blocks.0.img_attn.proj.diff_b", 3, 0},
+        {"diffusion_model.double_blocks.0.img_attn.norm.key_norm.diff", 3, 0},
+        {"lora_te1_text_projection.lora_down.weight", 2, 3},
+        {"lora_te1_text_projection.lora_up.weight", 3, 2},
+        {"lora_te1_text_model_embeddings_position_embedding.lora_down.weight", 2, 3},
+        {"lora_te1_text_model_embeddings_position_embedding.lora_up.weight", 3, 2}};
+    const char *path = write_adapter("lora_filtered.safetensors", t, 8);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 1.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    /* on FLUX.2 diffusers' kohya converter maps none of these modules and drops them all */
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
+                                      "Flux2KleinPipeline", &set),
+                     DF_OK);
+    assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_out.0.weight"));
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    /* DoRA's dora_scale keys are filtered out as diffusers filters them */
+    const tensor_spec d[] = {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 2, 3},
+                             {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 3, 2},
+                             {"lora_unet_double_blocks_0_img_attn_proj.dora_scale", 3, 0}};
+    path = write_adapter("lora_dora_scale.safetensors", d, 3);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 1.0f);
+    df_lora_set_free(set);
+}
+
 /* Beside lora_transformer_ modules, diffusers drops lora_unet_ ones and refuses the rest but
  * lora_te1_. */
 static void test_kohya_mixture(void **state)
@@ -662,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_flux2_bfl_names),
         cmocka_unit_test(test_flux2_kohya_names),
         cmocka_unit_test(test_flux1_kohya_t5_and_comfy),
+        cmocka_unit_test(test_flux1_kohya_filtered_keys),
         cmocka_unit_test(test_kohya_mixture),
         cmocka_unit_test(test_layouts_diffusers_refuses),
         cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
