@@ -9,6 +9,9 @@
  * of 3; "double_blocks.0.processor.qkv_lora1" likewise) and the targets of that name are
  * merged, B cut to the weight's rows. A target no weight asked for is reported by
  * df_lora_check_used, so a key naming a module the model lacks is an error, not ignored.
+ * The exceptions are what diffusers itself reads and drops (T5 modules of a FLUX.1 kohya
+ * file, kohya modules FLUX.2's converter does not map, ...): those targets are marked
+ * skipped with one warning line per kind, so the image is diffusers' one.
  *
  * Merging is exact f32 arithmetic on a copy: W' = W + s B[rows] A, rounded once to the
  * weight's dtype.
@@ -217,13 +220,35 @@ static df_status read_alpha(const char *path, const df_tensor_info *info, float 
 }
 
 /* Collects the file's keys into targets (A, B, alpha), checking each. */
+/* Keys diffusers reads past before converting a file, each kind with its reason. */
+enum { DROP_DORA_SCALE, DROP_FLUX1_KOHYA, DROP_FLUX2_KOHYA, DROP_KINDS };
+static const char *const drop_why[DROP_KINDS] = {
+    "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the rest as a plain LoRA",
+    "diffusers' FLUX.1 kohya converter filters out bias and norm differences, position embeddings and text projections",
+    "diffusers' FLUX.2 kohya converter drops the keys it does not map"};
+
+/* Which kind of dropped key `key` (role `role` in the file's layout) is, or -1 when diffusers
+ * keeps it. `filter`: a FLUX.1 kohya file without lora_transformer_ keys, whose bias and
+ * norm differences (".diff_b"; every ".norm" / ".diff" key once one key has both: `norm_diff`),
+ * position embeddings and text projections diffusers' converter filters out. */
+static int drop_kind(const df_lora_set *set, layout lay, const char *key, char role, bool filter,
+                     bool norm_diff)
+{
+    if (strstr(key, "dora_scale"))
+        return DROP_DORA_SCALE;
+    if (filter && (strstr(key, ".diff_b") || strstr(key, "position_embedding") ||
+                   strstr(key, "text_projection") ||
+                   (norm_diff && (strstr(key, ".norm") || strstr(key, ".diff")))))
+        return DROP_FLUX1_KOHYA;
+    if (!role && lay == LAYOUT_KOHYA && set->flux2)
+        return DROP_FLUX2_KOHYA;
+    return -1;
+}
+
 static df_status collect(df_lora_set *set, int file)
 {
     const adapter *ad = &set->files[file];
     int64_t n = df_safetensors_count(ad->st);
-    /* what diffusers' FLUX.1 kohya converter filters out of a file without lora_transformer_
-     * keys, with a log line: bias and norm differences (".diff_b"; every ".norm" / ".diff"
-     * key once one key has both), position embeddings and text projections */
     bool filter = ad->lay == LAYOUT_KOHYA && set->flux1, norm_diff = false;
     for (int64_t i = 0; filter && i < n; i++) {
         df_tensor_info info;
@@ -231,26 +256,14 @@ static df_status collect(df_lora_set *set, int file)
         filter = !starts(info.name, "lora_transformer_");
         norm_diff |= strstr(info.name, ".norm") && strstr(info.name, ".diff");
     }
-    static const char *const why[] = {
-        "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the rest as a plain LoRA",
-        "diffusers' FLUX.1 kohya converter filters out bias and norm differences, position embeddings and text projections",
-        "diffusers' FLUX.2 kohya converter drops the keys it does not map"};
-    int filtered[3] = {0};
-    const char *first_filtered[3] = {"", "", ""};
+    int filtered[DROP_KINDS] = {0};
+    const char *first_filtered[DROP_KINDS] = {"", "", ""};
     for (int64_t i = 0; i < n; i++) {
         df_tensor_info info;
         DF_TRY(df_safetensors_at(ad->st, i, &info));
         char module[256];
         char role = split_key(ad->lay, set->flux1, info.name, module, sizeof module);
-        int drop = strstr(info.name, "dora_scale") ? 0
-                   : filter && (strstr(info.name, ".diff_b") ||
-                                strstr(info.name, "position_embedding") ||
-                                strstr(info.name, "text_projection") ||
-                                (norm_diff && (strstr(info.name, ".norm") ||
-                                               strstr(info.name, ".diff"))))
-                       ? 1
-                   : !role && ad->lay == LAYOUT_KOHYA && set->flux2 ? 2
-                                                                    : -1;
+        int drop = drop_kind(set, ad->lay, info.name, role, filter, norm_diff);
         if (drop >= 0) {
             if (filtered[drop]++ == 0)
                 first_filtered[drop] = info.name;
@@ -279,10 +292,10 @@ static df_status collect(df_lora_set *set, int file)
         else
             t->b = info, t->has_b = true;
     }
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < DROP_KINDS; k++)
         if (filtered[k])
             fprintf(stderr, "warning: %s: %d keys (the first '%s') are not applied: %s\n",
-                    ad->path, filtered[k], first_filtered[k], why[k]);
+                    ad->path, filtered[k], first_filtered[k], drop_why[k]);
     return DF_OK;
 }
 
