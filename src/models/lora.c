@@ -58,7 +58,7 @@ struct df_lora_set {
     target *t;
     int n, cap;
     bool flux1, flux2;
-    bool any; /* no pipeline named: every layout is read (df_lora_describe_file) */
+    bool any; /* no pipeline named: every layout is read, nothing warned (df_lora_describe_file) */
     int text_encoders; /* how many of text_encoder, text_encoder_2 take adapters */
     const char *pipeline;
 };
@@ -293,8 +293,8 @@ static df_status collect(df_lora_set *set, int file)
             t->b = info, t->has_b = true;
     }
     for (int k = 0; k < DROP_KINDS; k++)
-        if (filtered[k])
-            fprintf(stderr, "warning: %s: %d keys (the first '%s') are not applied: %s\n",
+        if (filtered[k] && !set->any)
+            df_logf(0, "warning: %s: %d keys (the first '%s') are not applied: %s",
                     ad->path, filtered[k], first_filtered[k], drop_why[k]);
     return DF_OK;
 }
@@ -512,11 +512,11 @@ static df_status finish(df_lora_set *set, int file, int first)
             const char *c = t->key;
             if ((starts(c, "text_encoder.") && set->text_encoders < 1) ||
                 (starts(c, "text_encoder_2.") && set->text_encoders < 2)) {
-                if (skipped++ == 0)
-                    fprintf(stderr,
+                if (skipped++ == 0 && !set->any)
+                    df_logf(0,
                             "warning: %s: module '%s' (and any other of that text "
                             "encoder) is not applied: diffusers' %s loads adapters into %s "
-                            "only\n",
+                            "only",
                             ad->path, t->key, set->pipeline,
                             set->text_encoders ? "the transformer and text_encoder"
                                                : "the transformer");
@@ -599,31 +599,31 @@ static df_status finish(df_lora_set *set, int file, int first)
         t->scale = (float)(alpha / rank * ad->weight);
         if (ad->lay == LAYOUT_KOHYA && set->flux1 && !t->skipped &&
             dropped_by_diffusers(t->key)) {
-            if (skipped++ == 0)
-                fprintf(stderr,
+            if (skipped++ == 0 && !set->any)
+                df_logf(0,
                         "warning: %s: kohya module '%s' (and any other outside the "
                         "blocks) is not applied, as diffusers' load_lora_weights does not "
-                        "apply it\n",
+                        "apply it",
                         ad->path, t->key);
             t->skipped = t->used = true;
         }
     }
-    if (s == DF_OK && t5)
-        fprintf(stderr,
+    if (s == DF_OK && t5 && !set->any)
+        df_logf(0,
                 "warning: %s: %d kohya modules of the T5 text encoder (lora_te2_*, "
                 "text_encoders.t5xxl.*) are not applied, as diffusers' FLUX.1 kohya converter "
-                "drops them\n",
+                "drops them",
                 ad->path, t5);
-    if (s == DF_OK && unet)
-        fprintf(stderr,
+    if (s == DF_OK && unet && !set->any)
+        df_logf(0,
                 "warning: %s: %d lora_unet_* modules are not applied: beside "
-                "lora_transformer_* modules, diffusers' kohya converter drops them\n",
+                "lora_transformer_* modules, diffusers' kohya converter drops them",
                 ad->path, unet);
-    if (s == DF_OK && dropped)
-        fprintf(stderr,
+    if (s == DF_OK && dropped && !set->any)
+        df_logf(0,
                 "warning: %s: %d kohya modules (the first '%s') are not applied: diffusers' "
                 "FLUX.2 kohya converter maps the blocks' attention, MLP and linear1 / linear2, "
-                "img_in, txt_in, time_in and final_layer.linear only, and drops the rest\n",
+                "img_in, txt_in, time_in and final_layer.linear only, and drops the rest",
                 ad->path, dropped, first_dropped);
     df_json_free(meta);
     return s;

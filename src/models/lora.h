@@ -37,7 +37,7 @@
 typedef struct df_lora_set df_lora_set;
 
 /* Opens and checks the adapter files of `specs` for a pipeline of class `pipeline`
- * ("FluxPipeline", ...; NULL: any), which decides what takes adapters as diffusers'
+ * ("FluxPipeline", ...; NULL: any, without warning lines), which decides what takes adapters as diffusers'
  * _lora_loadable_modules does: FLUX.1 the transformer and text_encoder, SD3 also
  * text_encoder_2, FLUX.2 the transformer only (modules of the others are read, not applied,
  * with a warning line); kohya is read for FLUX.1 and FLUX.2, XLabs for FLUX.1, BFL /
