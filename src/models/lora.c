@@ -87,11 +87,14 @@ static const char *bfl2_prefix(const char *key)
 
 /* The file's layout, in the order diffusers' lora_state_dict tests them: any
  * ".lora_down.weight" is kohya, then XLabs' ".processor." (FLUX.1), then BFL / ai-toolkit
- * names under "diffusion_model." (FLUX.2), else diffusers / peft. LoKr files are refused. */
-static df_status detect(const char *path, const df_safetensors *st, layout *out)
+ * names under "diffusion_model." (FLUX.2), else diffusers / peft. LoKr files are refused,
+ * and on FLUX.1 (`flux1`) the two layouts diffusers' FluxPipeline converts and diffuse does
+ * not: BFL's Control LoRAs ("query_norm.scale" keys) and fal's Kontext ("base_model"). */
+static df_status detect(const char *path, const df_safetensors *st, bool flux1, layout *out)
 {
     int64_t n = df_safetensors_count(st);
     bool kohya = false, xlabs = false, bfl2 = false;
+    const char *control = NULL, *fal = NULL;
     for (int64_t i = 0; i < n; i++) {
         df_tensor_info info;
         if (df_safetensors_at(st, i, &info) != DF_OK)
@@ -104,8 +107,19 @@ static df_status detect(const char *path, const df_safetensors *st, layout *out)
         kohya |= ends(info.name, ".lora_down.weight");
         xlabs |= strstr(info.name, ".processor.") != NULL;
         bfl2 |= bfl2_prefix(info.name) != NULL;
+        if (!control && strstr(info.name, "query_norm.scale"))
+            control = info.name;
+        if (!fal && strstr(info.name, "base_model"))
+            fal = info.name;
     }
     *out = kohya ? LAYOUT_KOHYA : xlabs ? LAYOUT_XLABS : bfl2 ? LAYOUT_BFL2 : LAYOUT_PEFT;
+    if (flux1 && !kohya && !xlabs && (control || fal))
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: key '%s': %s are not supported (diffusers' FluxPipeline "
+                         "converts them; diffuse does not yet)",
+                         path, control ? control : fal,
+                         control ? "BFL Control LoRAs (with norm scales)"
+                                 : "fal Kontext LoRAs (base_model.model.* names)");
     return DF_OK;
 }
 
@@ -654,7 +668,7 @@ static df_status add_file(df_lora_set *set, int i, df_safetensors *st)
     ad->st = st;
     if (df_safetensors_count(ad->st) == 0)
         return df_errorf(DF_E_FORMAT, "%s: the adapter file holds no tensors", ad->path);
-    DF_TRY(detect(ad->path, ad->st, &ad->lay));
+    DF_TRY(detect(ad->path, ad->st, set->flux1 && !set->any, &ad->lay));
     int first = set->n;
     DF_TRY(collect(set, i));
     return finish(set, i, first);

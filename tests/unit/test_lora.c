@@ -521,6 +521,14 @@ static void test_layouts_diffusers_refuses(void **state)
                                       "Flux2KleinPipeline", &set),
                      DF_E_UNSUPPORTED);
     assert_non_null(strstr(df_error_message(), "converts no XLabs"));
+    const tensor_spec control[] = {{"double_blocks.0.img_attn.norm.query_norm.scale", 3, 0},
+                                   {"double_blocks.0.img_attn.qkv.lora_A.weight", 2, 3},
+                                   {"double_blocks.0.img_attn.qkv.lora_B.weight", 6, 2}};
+    path = write_adapter("control.safetensors", control, 3);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "Control"));
 }
 
 /* The transformer of `file` (NULL: MODEL_DIR's weights) with the adapter at `lora` (NULL:
