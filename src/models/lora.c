@@ -197,7 +197,7 @@ static df_status refuse_key(const char *path, layout lay, const char *key)
         "<component>.<module>.lora_A.weight, .lora_B.weight or .alpha",
         "lora_unet_<module> / lora_te1_<module> with .lora_down.weight, .lora_up.weight or .alpha",
         "<block>.processor.<name>_lora*.down.weight or .up.weight",
-        "diffusion_model.<BFL module>.lora_A.weight or .lora_B.weight (no alphas: diffusers' FLUX.2 loader refuses them)"};
+        "diffusion_model.<module>.lora_A.weight or .lora_B.weight (diffusers refuses .alpha)"};
     return df_errorf(DF_E_FORMAT,
                      "%s: key '%s' is not a LoRA tensor of the %s layout "
                      "(expected %s)",
@@ -236,10 +236,19 @@ static df_status read_alpha(const char *path, const df_tensor_info *info, float 
 /* Collects the file's keys into targets (A, B, alpha), checking each. */
 /* Keys diffusers reads past before converting a file, each kind with its reason. */
 enum { DROP_DORA_SCALE, DROP_FLUX1_KOHYA, DROP_FLUX2_KOHYA, DROP_KINDS };
-static const char *const drop_why[DROP_KINDS] = {
-    "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the rest as a plain LoRA",
-    "diffusers' FLUX.1 kohya converter filters out bias and norm differences, position embeddings and text projections",
-    "diffusers' FLUX.2 kohya converter drops the keys it does not map"};
+static const char *drop_why(int kind)
+{
+    switch (kind) {
+    case DROP_DORA_SCALE:
+        return "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the "
+               "rest as a plain LoRA";
+    case DROP_FLUX1_KOHYA:
+        return "diffusers' FLUX.1 kohya converter filters out bias and norm differences, "
+               "position embeddings and text projections";
+    default:
+        return "diffusers' FLUX.2 kohya converter drops the keys it does not map";
+    }
+}
 
 /* Which kind of dropped key `key` (role `role` in the file's layout) is, or -1 when diffusers
  * keeps it. `filter`: a FLUX.1 kohya file without lora_transformer_ keys, whose bias and
@@ -308,8 +317,8 @@ static df_status collect(df_lora_set *set, int file)
     }
     for (int k = 0; k < DROP_KINDS; k++)
         if (filtered[k] && !set->any)
-            df_logf(0, "warning: %s: %d keys (the first '%s') are not applied: %s",
-                    ad->path, filtered[k], first_filtered[k], drop_why[k]);
+            df_logf(0, "warning: %s: %d keys (the first '%s') are not applied: %s", ad->path,
+                    filtered[k], first_filtered[k], drop_why(k));
     return DF_OK;
 }
 
@@ -561,8 +570,7 @@ static df_status finish(df_lora_set *set, int file, int first)
             s = df_errorf(DF_E_UNSUPPORTED,
                           "%s: the %s layout is not read for %s: diffusers' loader of that "
                           "pipeline converts no %s file",
-                          ad->path, layout_names[ad->lay], set->pipeline,
-                          layout_names[ad->lay]);
+                          ad->path, layout_names[ad->lay], set->pipeline, layout_names[ad->lay]);
             break;
         } else if (ad->lay == LAYOUT_KOHYA && mixture && !starts(t->key, "lora_unet_") &&
                    !t->has_alpha) {
@@ -607,12 +615,11 @@ static df_status finish(df_lora_set *set, int file, int first)
         }
         double rank = (double)t->a.shape[0];
         double alpha = ad->lay == LAYOUT_XLABS || ad->lay == LAYOUT_BFL2 ? rank
-                       : ad->lay == LAYOUT_KOHYA && t->has_alpha ? t->alpha
-                       : ad->lay == LAYOUT_KOHYA                 ? rank
-                                                                 : default_alpha(set, t);
+                       : ad->lay == LAYOUT_KOHYA && t->has_alpha         ? t->alpha
+                       : ad->lay == LAYOUT_KOHYA                         ? rank
+                                                                         : default_alpha(set, t);
         t->scale = (float)(alpha / rank * ad->weight);
-        if (ad->lay == LAYOUT_KOHYA && set->flux1 && !t->skipped &&
-            dropped_by_diffusers(t->key)) {
+        if (ad->lay == LAYOUT_KOHYA && set->flux1 && !t->skipped && dropped_by_diffusers(t->key)) {
             if (skipped++ == 0 && !set->any)
                 df_logf(0,
                         "warning: %s: kohya module '%s' (and any other outside the "
@@ -848,8 +855,8 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
         if (!alt)
             return flux2_name(module, lay, out);
         /* diffusion_model.<diffusers block module>: read as it is */
-        if (lay != LAYOUT_BFL2 ||
-            (!starts(module, "transformer_blocks.") && !starts(module, "single_transformer_blocks.")))
+        if (lay != LAYOUT_BFL2 || (!starts(module, "transformer_blocks.") &&
+                                   !starts(module, "single_transformer_blocks.")))
             return false;
         snprintf(out->key, sizeof out->key, "%s", module);
         return true;

@@ -37,14 +37,14 @@
 typedef struct df_lora_set df_lora_set;
 
 /* Opens and checks the adapter files of `specs` for a pipeline of class `pipeline`
- * ("FluxPipeline", ...; NULL: any, without warning lines), which decides what takes adapters as diffusers'
- * _lora_loadable_modules does: FLUX.1 the transformer and text_encoder, SD3 also
+ * ("FluxPipeline", ...; NULL: any, without warning lines), which decides what takes adapters as
+ * diffusers' _lora_loadable_modules does: FLUX.1 the transformer and text_encoder, SD3 also
  * text_encoder_2, FLUX.2 the transformer only (modules of the others are read, not applied,
  * with a warning line); kohya is read for FLUX.1 and FLUX.2, XLabs for FLUX.1, BFL /
- * ai-toolkit for FLUX.2, and each is refused where diffusers' loader converts no such file. On success *out is owned by the caller (df_lora_set_free). DF_E_IO,
- * DF_E_FORMAT (the message names the file and the key: a lora_A without its lora_B, ranks
- * that disagree, a key that is not a LoRA tensor), DF_E_UNSUPPORTED (peft DoRA, LoRA biases,
- * LoKr, other layouts, tensor dtypes). */
+ * ai-toolkit for FLUX.2, and each is refused where diffusers' loader converts no such file. On
+ * success *out is owned by the caller (df_lora_set_free). DF_E_IO, DF_E_FORMAT (the message names
+ * the file and the key: a lora_A without its lora_B, ranks that disagree, a key that is not a LoRA
+ * tensor), DF_E_UNSUPPORTED (peft DoRA, LoRA biases, LoKr, other layouts, tensor dtypes). */
 df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipeline,
                            df_lora_set **out);
 void df_lora_set_free(df_lora_set *set);

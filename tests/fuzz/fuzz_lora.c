@@ -90,8 +90,7 @@ static void exercise(df_lora_set *set, const weight *model)
         bool touched = df_lora_touches(set, w->component, w->name);
         float *down = NULL, *up = NULL;
         int64_t r = -1;
-        df_status s = df_lora_factors(set, w->component, w->name, w->rows, w->cols, &down, &up,
-                                      &r);
+        df_status s = df_lora_factors(set, w->component, w->name, w->rows, w->cols, &down, &up, &r);
         if (s == DF_OK && (touched != (r > 0) || (r > 0) != (down != NULL)))
             abort(); /* touches and factors must agree */
         df_free(down);
@@ -128,8 +127,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     };
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         df_lora_set *set;
-        if (df_lora_set_load_memory(data, size, "fuzz.safetensors", 0.5f, runs[i].pipeline,
-                                    &set) != DF_OK)
+        if (df_lora_set_load_memory(data, size, "fuzz.safetensors", 0.5f, runs[i].pipeline, &set) !=
+            DF_OK)
             continue;
         exercise(set, runs[i].model);
         df_lora_set_free(set);

@@ -302,8 +302,8 @@ static float delta(int64_t r0, int64_t i, int64_t j, int64_t rank, int64_t cols,
 
 /* Merges weight `name` [rows, cols] of the transformer from zero and checks it against rows
  * r0.. of the module's B times its A, times `scale`. */
-static void expect_merge(df_lora_set *set, const char *name, int64_t rows, int64_t cols,
-                         int64_t r0, int64_t rank, float scale)
+static void expect_merge(df_lora_set *set, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                         int64_t rank, float scale)
 {
     assert_true(df_lora_touches(set, "transformer", name));
     float *w = calloc((size_t)(rows * cols), sizeof *w);
@@ -337,8 +337,7 @@ static void test_flux2_bfl_names(void **state)
                      DF_OK);
     assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_v.weight"));
     expect_merge(set, "transformer_blocks.0.attn.add_v_proj.weight", 2, 3, 4, 2, 0.5f);
-    expect_merge(set, "single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 5, 3, 0, 2,
-                 0.5f);
+    expect_merge(set, "single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 5, 3, 0, 2, 0.5f);
     expect_merge(set, "norm_out.linear.weight", 4, 3, 0, 1, 0.5f);
     expect_merge(set, "transformer_blocks.0.attn.to_add_out.weight", 3, 3, 0, 2, 0.5f);
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
@@ -362,13 +361,12 @@ static void test_flux2_kohya_names(void **state)
                              {"lora_te1_model_layers_0_mlp_up_proj.lora_up.weight", 6, 2}};
     const char *path = write_adapter("lora_kohya2.safetensors", t, 9);
     df_lora_set *set;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
-                                      "Flux2Pipeline", &set),
-                     DF_OK);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2Pipeline", &set),
+        DF_OK);
     expect_merge(set, "transformer_blocks.0.attn.to_k.weight", 2, 3, 2, 2, 1.5f);
     expect_merge(set, "single_transformer_blocks.0.attn.to_out.weight", 3, 4, 0, 2, 1.0f);
-    assert_false(
-        df_lora_touches(set, "transformer", "double_stream_modulation_img.linear.weight"));
+    assert_false(df_lora_touches(set, "transformer", "double_stream_modulation_img.linear.weight"));
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
     df_lora_set_free(set);
 }
@@ -388,8 +386,8 @@ static void test_flux1_kohya_t5_and_comfy(void **state)
         {"diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 2, 3},
         {"diffusion_model.double_blocks.0.img_attn.proj.lora_up.weight", 3, 2},
         {"diffusion_model.double_blocks.0.img_attn.proj.alpha", 1, 0},
-        {"text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.lora_down.weight",
-         2, 3},
+        {"text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.lora_down.weight", 2,
+         3},
         {"text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.lora_up.weight", 3,
          2}};
     const char *path = write_adapter("lora_te2.safetensors", t, 9);
@@ -397,14 +395,14 @@ static void test_flux1_kohya_t5_and_comfy(void **state)
     assert_int_equal(
         df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
         DF_OK);
-    assert_false(df_lora_touches(set, "text_encoder_2",
-                                 "encoder.block.0.layer.0.SelfAttention.q.weight"));
-    assert_false(df_lora_touches(set, "text_encoder_2",
-                                 "encoder.block.0.layer.0.SelfAttention.k.weight"));
+    assert_false(
+        df_lora_touches(set, "text_encoder_2", "encoder.block.0.layer.0.SelfAttention.q.weight"));
+    assert_false(
+        df_lora_touches(set, "text_encoder_2", "encoder.block.0.layer.0.SelfAttention.k.weight"));
     expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 0.5f);
     float w[9] = {0};
-    assert_int_equal(df_lora_merge(set, "text_encoder", "text_model.encoder.layers.0.mlp.fc1.weight",
-                                   w, 3, 3, 1),
+    assert_int_equal(df_lora_merge(set, "text_encoder",
+                                   "text_model.encoder.layers.0.mlp.fc1.weight", w, 3, 3, 1),
                      DF_OK);
     assert_float_equal(w[4], delta(0, 1, 1, 2, 3, 1.0f), 1e-7);
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
@@ -434,9 +432,9 @@ static void test_flux1_kohya_filtered_keys(void **state)
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
     df_lora_set_free(set);
     /* on FLUX.2 diffusers' kohya converter maps none of these modules and drops them all */
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
-                                      "Flux2KleinPipeline", &set),
-                     DF_OK);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_OK);
     assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_out.0.weight"));
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
     df_lora_set_free(set);
@@ -495,9 +493,9 @@ static void test_layouts_diffusers_refuses(void **state)
                                  {"diffusion_model.img_in.alpha", 2, 0}};
     const char *path = write_adapter("bfl2_alpha.safetensors", alpha, 3);
     df_lora_set *set = (void *)1;
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
-                                      "Flux2KleinPipeline", &set),
-                     DF_E_FORMAT);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_FORMAT);
     assert_null(set);
     assert_non_null(strstr(df_error_message(), "diffusion_model.img_in.alpha"));
     const tensor_spec bfl[] = {{"diffusion_model.img_in.lora_A.weight", 2, 3},
@@ -510,16 +508,16 @@ static void test_layouts_diffusers_refuses(void **state)
     const tensor_spec lokr[] = {{"lycoris_double_blocks_0_img_attn_qkv.lokr_w1", 2, 2},
                                 {"lycoris_double_blocks_0_img_attn_qkv.lokr_w2", 3, 3}};
     path = write_adapter("lokr.safetensors", lokr, 2);
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
-                                      "Flux2KleinPipeline", &set),
-                     DF_E_UNSUPPORTED);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_UNSUPPORTED);
     assert_non_null(strstr(df_error_message(), "LoKr"));
     const tensor_spec xlabs[] = {{"double_blocks.0.processor.proj_lora1.down.weight", 2, 3},
                                  {"double_blocks.0.processor.proj_lora1.up.weight", 3, 2}};
     path = write_adapter("xlabs_flux2.safetensors", xlabs, 2);
-    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1,
-                                      "Flux2KleinPipeline", &set),
-                     DF_E_UNSUPPORTED);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_UNSUPPORTED);
     assert_non_null(strstr(df_error_message(), "converts no XLabs"));
     const tensor_spec control[] = {{"double_blocks.0.img_attn.norm.query_norm.scale", 3, 0},
                                    {"double_blocks.0.img_attn.qkv.lora_A.weight", 2, 3},
