@@ -342,6 +342,16 @@ static void test_flux2_bfl_names(void **state)
     expect_merge(set, "transformer_blocks.0.attn.to_add_out.weight", 3, 3, 0, 2, 0.5f);
     assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
     df_lora_set_free(set);
+    /* peft's "base_model.model." prefix, which diffusers renames to "diffusion_model." */
+    const tensor_spec p[] = {{"base_model.model.single_blocks.0.linear2.lora_A.weight", 2, 4},
+                             {"base_model.model.single_blocks.0.linear2.lora_B.weight", 3, 2}};
+    path = write_adapter("lora_bfl2_peft.safetensors", p, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2Pipeline", &set),
+        DF_OK);
+    expect_merge(set, "single_transformer_blocks.0.attn.to_out.weight", 3, 4, 0, 2, 1.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
 }
 
 /* FLUX.2's kohya names (_convert_kohya_flux2_lora_to_diffusers): qkv cut in thirds with
