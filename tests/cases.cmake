@@ -49,8 +49,9 @@ set_tests_properties(cli/inpaint_generate PROPERTIES TIMEOUT 300)
 # diffusers' load_lora_weights + set_adapters did, on the golden FLUX.1, SD3 and FLUX.2 [klein]
 # folders, in every mode.
 set(DF_LORA_CASES lora-flux-peft lora-flux-kohya lora-flux-kohya-outside lora-flux-xlabs
+    lora-flux-kohya-te2
     lora-sd3-peft
-    lora-flux2-klein-peft)
+    lora-flux2-klein-peft lora-flux2-klein-bfl lora-flux2-klein-kohya)
 foreach(mode eager fuse compile)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES ${DF_LORA_CASES})
 endforeach()

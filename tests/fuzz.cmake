@@ -12,7 +12,8 @@
 #
 # With -DDIFFUSE_FUZZ=ON and clang, bin/fuzz_<parser> is also built with
 # -fsanitize=fuzzer,address,undefined, over a copy of the parsing layers (core/, io/, text/)
-# compiled with coverage instrumentation; `make fuzz` runs each for FUZZ_SECONDS.
+# compiled with coverage instrumentation (fuzz_lora: over models/lora.c, linked with the
+# library for the rest); `make fuzz` runs each for FUZZ_SECONDS.
 
 set(DF_FUZZ_DIR ${CMAKE_SOURCE_DIR}/tests/fuzz)
 file(GLOB DF_FUZZ_TARGETS CONFIGURE_DEPENDS ${DF_FUZZ_DIR}/fuzz_*.c)
@@ -59,7 +60,14 @@ if(DIFFUSE_FUZZ)
       target_include_directories(${name} PRIVATE ${CMAKE_SOURCE_DIR}/src ${DF_FUZZ_DIR})
       target_compile_options(${name} PRIVATE ${DF_WARN} ${DF_FUZZ_SAN} -fsanitize=fuzzer)
       target_link_options(${name} PRIVATE ${DF_FUZZ_SAN} -fsanitize=fuzzer)
-      target_link_libraries(${name} PRIVATE diffuse_fuzz_lib)
+      if(name STREQUAL "fuzz_lora")
+        # the adapter reader lives in models/: lora.c is compiled into the target with the
+        # coverage instrumentation, the rest (its name maps) comes from the library as built
+        target_sources(${name} PRIVATE ${CMAKE_SOURCE_DIR}/src/models/lora.c)
+        target_link_libraries(${name} PRIVATE diffuse_static OpenMP::OpenMP_C)
+      else()
+        target_link_libraries(${name} PRIVATE diffuse_fuzz_lib)
+      endif()
     endforeach()
   endif()
 endif()

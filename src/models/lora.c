@@ -9,6 +9,9 @@
  * of 3; "double_blocks.0.processor.qkv_lora1" likewise) and the targets of that name are
  * merged, B cut to the weight's rows. A target no weight asked for is reported by
  * df_lora_check_used, so a key naming a module the model lacks is an error, not ignored.
+ * The exceptions are what diffusers itself reads and drops (T5 modules of a FLUX.1 kohya
+ * file, kohya modules FLUX.2's converter does not map, ...): those targets are marked
+ * skipped with one warning line per kind, so the image is diffusers' one.
  *
  * Merging is exact f32 arithmetic on a copy: W' = W + s B[rows] A, rounded once to the
  * weight's dtype.
@@ -26,9 +29,10 @@
 #include "models/lora.h"
 #include "models/names.h"
 
-typedef enum layout { LAYOUT_PEFT, LAYOUT_KOHYA, LAYOUT_XLABS } layout;
+typedef enum layout { LAYOUT_PEFT, LAYOUT_KOHYA, LAYOUT_XLABS, LAYOUT_BFL2, LAYOUT_COUNT } layout;
 
-static const char *const layout_names[] = {"diffusers/peft", "kohya", "XLabs"};
+static const char *const layout_names[] = {"diffusers/peft", "kohya", "XLabs",
+                                           "BFL / ai-toolkit (FLUX.2)"};
 
 typedef struct target {
     int file;
@@ -53,7 +57,8 @@ struct df_lora_set {
     int n_files;
     target *t;
     int n, cap;
-    bool flux1;
+    bool flux1, flux2;
+    bool any; /* no pipeline named: every layout is read, nothing warned (df_lora_describe_file) */
     int text_encoders; /* how many of text_encoder, text_encoder_2 take adapters */
     const char *pipeline;
 };
@@ -71,23 +76,78 @@ static bool ends(const char *s, const char *suffix)
 
 /* ---- reading a file ----------------------------------------------------------------- */
 
-static layout detect(const df_safetensors *st)
+/* The prefix of BFL / ai-toolkit FLUX.2 names ("diffusion_model.", or peft's
+ * "base_model.model." that diffusers renames to it); NULL when `key` has neither. */
+static const char *bfl2_prefix(const char *key)
+{
+    return starts(key, "diffusion_model.")    ? "diffusion_model."
+           : starts(key, "base_model.model.") ? "base_model.model."
+                                              : NULL;
+}
+
+/* The file's layout, in the order diffusers' lora_state_dict tests them: any
+ * ".lora_down.weight" is kohya, then XLabs' ".processor." (FLUX.1), then BFL / ai-toolkit
+ * names under "diffusion_model." (FLUX.2), else diffusers / peft. LoKr files are refused,
+ * and on FLUX.1 (`flux1`) the two layouts diffusers' FluxPipeline converts and diffuse does
+ * not: BFL's Control LoRAs ("query_norm.scale" keys) and fal's Kontext ("base_model"). */
+static df_status detect(const char *path, const df_safetensors *st, bool flux1, layout *out)
 {
     int64_t n = df_safetensors_count(st);
+    bool kohya = false, xlabs = false, bfl2 = false;
+    const char *control = NULL, *fal = NULL;
     for (int64_t i = 0; i < n; i++) {
         df_tensor_info info;
         if (df_safetensors_at(st, i, &info) != DF_OK)
             continue;
-        if (ends(info.name, ".lora_down.weight"))
-            return LAYOUT_KOHYA;
-        if (strstr(info.name, ".processor."))
-            return LAYOUT_XLABS;
+        if (strstr(info.name, ".lokr_") || starts(info.name, "lycoris_"))
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "%s: key '%s': LoKr adapters (lokr_w1 / lokr_w2 factors) are "
+                             "not supported; diffuse reads low-rank (LoRA) adapters only",
+                             path, info.name);
+        kohya |= ends(info.name, ".lora_down.weight");
+        xlabs |= strstr(info.name, ".processor.") != NULL;
+        bfl2 |= bfl2_prefix(info.name) != NULL;
+        if (!control && strstr(info.name, "query_norm.scale"))
+            control = info.name;
+        if (!fal && strstr(info.name, "base_model"))
+            fal = info.name;
     }
-    return LAYOUT_PEFT;
+    *out = kohya ? LAYOUT_KOHYA : xlabs ? LAYOUT_XLABS : bfl2 ? LAYOUT_BFL2 : LAYOUT_PEFT;
+    if (flux1 && !kohya && !xlabs && (control || fal))
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: key '%s': %s are not supported (diffusers' FluxPipeline "
+                         "converts them; diffuse does not yet)",
+                         path, control ? control : fal,
+                         control ? "BFL Control LoRAs (with norm scales)"
+                                 : "fal Kontext LoRAs (base_model.model.* names)");
+    return DF_OK;
 }
 
-/* The module and the role ('A', 'B', 'a' for alpha) of a key in layout `lay`; 0: none. */
-static char split_key(layout lay, const char *key, char *module, size_t cap)
+/* ComfyUI's names for a FLUX.1 kohya file, as diffusers' kohya converter renames them:
+ * "diffusion_model.<BFL module>" is "lora_unet_<module, '.' -> '_'>" and
+ * "text_encoders.clip_l.transformer.<module>" is "lora_te_<module, '_'>". */
+static void comfy_to_kohya(char *module, size_t cap)
+{
+    static const char *const from[] = {"diffusion_model.", "text_encoders.clip_l.transformer."};
+    static const char *const to[] = {"lora_unet_", "lora_te_"};
+    for (int i = 0; i < 2; i++) {
+        size_t lf = strlen(from[i]), lt = strlen(to[i]), n = strlen(module);
+        if (!starts(module, from[i]) || n - lf + lt >= cap)
+            continue;
+        memmove(module + lt, module + lf, n - lf + 1);
+        memcpy(module, to[i], lt);
+        for (char *c = module + lt; *c; c++)
+            if (*c == '.')
+                *c = '_';
+        return;
+    }
+}
+
+/* The module and the role ('A', 'B', 'a' for alpha) of a key in layout `lay`; 0: none.
+ * BFL / ai-toolkit modules lose their prefix, and the "sformer_blocks." alias of some
+ * exports becomes "transformer_blocks." as diffusers reads it; a FLUX.1 kohya file's
+ * ComfyUI names become sd-scripts' (comfy_to_kohya). */
+static char split_key(layout lay, bool flux1, const char *key, char *module, size_t cap)
 {
     static const struct {
         layout lay;
@@ -98,15 +158,28 @@ static char split_key(layout lay, const char *key, char *module, size_t cap)
         {LAYOUT_PEFT, ".alpha", 'a'},           {LAYOUT_KOHYA, ".lora_down.weight", 'A'},
         {LAYOUT_KOHYA, ".lora_up.weight", 'B'}, {LAYOUT_KOHYA, ".alpha", 'a'},
         {LAYOUT_XLABS, ".down.weight", 'A'},    {LAYOUT_XLABS, ".up.weight", 'B'},
+        {LAYOUT_BFL2, ".lora_A.weight", 'A'},   {LAYOUT_BFL2, ".lora_B.weight", 'B'},
     };
     if (lay == LAYOUT_XLABS && starts(key, "diffusion_model."))
         key += strlen("diffusion_model.");
+    if (lay == LAYOUT_BFL2) {
+        const char *prefix = bfl2_prefix(key);
+        if (!prefix)
+            return 0;
+        key += strlen(prefix);
+        if (starts(key, "sformer_blocks.") && strlen(key) + 5 < cap) {
+            snprintf(module, cap, "tran%s", key); /* "tran" + "sformer_blocks..." */
+            key = module;
+        }
+    }
     for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
         size_t n = strlen(key), k = strlen(roles[i].suffix);
         if (roles[i].lay != lay || !ends(key, roles[i].suffix) || n - k >= cap)
             continue;
-        memcpy(module, key, n - k);
+        memmove(module, key, n - k);
         module[n - k] = '\0';
+        if (lay == LAYOUT_KOHYA && flux1)
+            comfy_to_kohya(module, cap);
         return roles[i].role;
     }
     return 0;
@@ -114,7 +187,7 @@ static char split_key(layout lay, const char *key, char *module, size_t cap)
 
 static df_status refuse_key(const char *path, layout lay, const char *key)
 {
-    if (strstr(key, "lora_magnitude_vector") || ends(key, ".dora_scale"))
+    if (strstr(key, "lora_magnitude_vector"))
         return df_errorf(DF_E_UNSUPPORTED, "%s: key '%s': DoRA adapters are not supported", path,
                          key);
     if (ends(key, ".lora_B.bias") || ends(key, ".lora_up.bias"))
@@ -123,7 +196,8 @@ static df_status refuse_key(const char *path, layout lay, const char *key)
     static const char *const want[] = {
         "<component>.<module>.lora_A.weight, .lora_B.weight or .alpha",
         "lora_unet_<module> / lora_te1_<module> with .lora_down.weight, .lora_up.weight or .alpha",
-        "<block>.processor.<name>_lora*.down.weight or .up.weight"};
+        "<block>.processor.<name>_lora*.down.weight or .up.weight",
+        "diffusion_model.<module>.lora_A.weight or .lora_B.weight (diffusers refuses .alpha)"};
     return df_errorf(DF_E_FORMAT,
                      "%s: key '%s' is not a LoRA tensor of the %s layout "
                      "(expected %s)",
@@ -160,15 +234,64 @@ static df_status read_alpha(const char *path, const df_tensor_info *info, float 
 }
 
 /* Collects the file's keys into targets (A, B, alpha), checking each. */
+/* Keys diffusers reads past before converting a file, each kind with its reason. */
+enum { DROP_DORA_SCALE, DROP_FLUX1_KOHYA, DROP_FLUX2_KOHYA, DROP_KINDS };
+static const char *drop_why(int kind)
+{
+    switch (kind) {
+    case DROP_DORA_SCALE:
+        return "diffusers' lora_state_dict filters DoRA's dora_scale keys out and loads the "
+               "rest as a plain LoRA";
+    case DROP_FLUX1_KOHYA:
+        return "diffusers' FLUX.1 kohya converter filters out bias and norm differences, "
+               "position embeddings and text projections";
+    default:
+        return "diffusers' FLUX.2 kohya converter drops the keys it does not map";
+    }
+}
+
+/* Which kind of dropped key `key` (role `role` in the file's layout) is, or -1 when diffusers
+ * keeps it. `filter`: a FLUX.1 kohya file without lora_transformer_ keys, whose bias and
+ * norm differences (".diff_b"; every ".norm" / ".diff" key once one key has both: `norm_diff`),
+ * position embeddings and text projections diffusers' converter filters out. */
+static int drop_kind(const df_lora_set *set, layout lay, const char *key, char role, bool filter,
+                     bool norm_diff)
+{
+    if (strstr(key, "dora_scale"))
+        return DROP_DORA_SCALE;
+    if (filter && (strstr(key, ".diff_b") || strstr(key, "position_embedding") ||
+                   strstr(key, "text_projection") ||
+                   (norm_diff && (strstr(key, ".norm") || strstr(key, ".diff")))))
+        return DROP_FLUX1_KOHYA;
+    if (!role && lay == LAYOUT_KOHYA && set->flux2)
+        return DROP_FLUX2_KOHYA;
+    return -1;
+}
+
 static df_status collect(df_lora_set *set, int file)
 {
     const adapter *ad = &set->files[file];
     int64_t n = df_safetensors_count(ad->st);
+    bool filter = ad->lay == LAYOUT_KOHYA && set->flux1, norm_diff = false;
+    for (int64_t i = 0; filter && i < n; i++) {
+        df_tensor_info info;
+        DF_TRY(df_safetensors_at(ad->st, i, &info));
+        filter = !starts(info.name, "lora_transformer_");
+        norm_diff |= strstr(info.name, ".norm") && strstr(info.name, ".diff");
+    }
+    int filtered[DROP_KINDS] = {0};
+    const char *first_filtered[DROP_KINDS] = {"", "", ""};
     for (int64_t i = 0; i < n; i++) {
         df_tensor_info info;
         DF_TRY(df_safetensors_at(ad->st, i, &info));
         char module[256];
-        char role = split_key(ad->lay, info.name, module, sizeof module);
+        char role = split_key(ad->lay, set->flux1, info.name, module, sizeof module);
+        int drop = drop_kind(set, ad->lay, info.name, role, filter, norm_diff);
+        if (drop >= 0) {
+            if (filtered[drop]++ == 0)
+                first_filtered[drop] = info.name;
+            continue;
+        }
         if (!role)
             return refuse_key(ad->path, ad->lay, info.name);
         target *t = find_target(set, file, module);
@@ -192,6 +315,10 @@ static df_status collect(df_lora_set *set, int file)
         else
             t->b = info, t->has_b = true;
     }
+    for (int k = 0; k < DROP_KINDS; k++)
+        if (filtered[k] && !set->any)
+            df_logf(0, "warning: %s: %d keys (the first '%s') are not applied: %s", ad->path,
+                    filtered[k], first_filtered[k], drop_why(k));
     return DF_OK;
 }
 
@@ -279,6 +406,75 @@ static float default_alpha(const df_lora_set *set, const target *t)
     return best_n ? best : (float)t->a.shape[0];
 }
 
+/* FLUX.2's modules in Black Forest Labs' names, as diffusers 0.42's FLUX.2 converters map
+ * them (_convert_non_diffusers_flux2_lora_to_diffusers for "diffusion_model." files, with
+ * lora_A / lora_B; _convert_kohya_flux2_lora_to_diffusers for "lora_unet_<name, '_'>"
+ * files, which maps the rows marked `kohya` and drops the rest). A fused qkv's B is cut in
+ * thirds (part 0..2) with A shared; single blocks' linear1 is the fused to_qkv_mlp_proj
+ * whole. No row is reordered: norm_out.linear takes final_layer.adaLN_modulation.1 as is. */
+static const struct flux2_rule {
+    const char *diffusers, *bfl;
+    int part;
+    bool kohya;
+} flux2_rules[] = {
+    {"transformer_blocks.%d.attn.to_q%n", "double_blocks.%d.img_attn.qkv", 0, true},
+    {"transformer_blocks.%d.attn.to_k%n", "double_blocks.%d.img_attn.qkv", 1, true},
+    {"transformer_blocks.%d.attn.to_v%n", "double_blocks.%d.img_attn.qkv", 2, true},
+    {"transformer_blocks.%d.attn.add_q_proj%n", "double_blocks.%d.txt_attn.qkv", 0, true},
+    {"transformer_blocks.%d.attn.add_k_proj%n", "double_blocks.%d.txt_attn.qkv", 1, true},
+    {"transformer_blocks.%d.attn.add_v_proj%n", "double_blocks.%d.txt_attn.qkv", 2, true},
+    {"transformer_blocks.%d.attn.to_out.0%n", "double_blocks.%d.img_attn.proj", -1, true},
+    {"transformer_blocks.%d.attn.to_add_out%n", "double_blocks.%d.txt_attn.proj", -1, true},
+    {"transformer_blocks.%d.ff.linear_in%n", "double_blocks.%d.img_mlp.0", -1, true},
+    {"transformer_blocks.%d.ff.linear_out%n", "double_blocks.%d.img_mlp.2", -1, true},
+    {"transformer_blocks.%d.ff_context.linear_in%n", "double_blocks.%d.txt_mlp.0", -1, true},
+    {"transformer_blocks.%d.ff_context.linear_out%n", "double_blocks.%d.txt_mlp.2", -1, true},
+    {"single_transformer_blocks.%d.attn.to_qkv_mlp_proj%n", "single_blocks.%d.linear1", -1, true},
+    {"single_transformer_blocks.%d.attn.to_out%n", "single_blocks.%d.linear2", -1, true},
+    {"x_embedder%n", "img_in", -1, true},
+    {"context_embedder%n", "txt_in", -1, true},
+    {"time_guidance_embed.timestep_embedder.linear_1%n", "time_in.in_layer", -1, true},
+    {"time_guidance_embed.timestep_embedder.linear_2%n", "time_in.out_layer", -1, true},
+    {"proj_out%n", "final_layer.linear", -1, true},
+    {"time_guidance_embed.guidance_embedder.linear_1%n", "guidance_in.in_layer", -1, false},
+    {"time_guidance_embed.guidance_embedder.linear_2%n", "guidance_in.out_layer", -1, false},
+    {"norm_out.linear%n", "final_layer.adaLN_modulation.1", -1, false},
+    {"single_stream_modulation.linear%n", "single_stream_modulation.lin", -1, false},
+    {"double_stream_modulation_img.linear%n", "double_stream_modulation_img.lin", -1, false},
+    {"double_stream_modulation_txt.linear%n", "double_stream_modulation_txt.lin", -1, false},
+};
+
+/* Rule r's name in kohya's form for block `block`: "lora_unet_" + BFL's name, '.' -> '_'. */
+static void kohya2_key(const struct flux2_rule *r, int block, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "lora_unet_");
+    snprintf(out + n, cap - (size_t)n, r->bfl, block);
+    for (char *c = out + n; *c; c++)
+        if (*c == '.')
+            *c = '_';
+}
+
+/* Whether diffusers' FLUX.2 kohya converter maps module `key` ("lora_unet_..."). */
+static bool kohya2_converted(const char *key)
+{
+    const char *block_kinds[] = {"lora_unet_double_blocks_", "lora_unet_single_blocks_"};
+    int block = 0;
+    for (int i = 0; i < 2; i++) { /* the block number, as the converter reads it */
+        const char *p = key + strlen(block_kinds[i]);
+        if (!starts(key, block_kinds[i]) || *p < '0' || *p > '9')
+            continue;
+        for (block = 0; *p >= '0' && *p <= '9' && block < 100000; p++)
+            block = block * 10 + (*p - '0');
+    }
+    for (size_t i = 0; i < sizeof flux2_rules / sizeof flux2_rules[0]; i++) {
+        char name[300];
+        kohya2_key(&flux2_rules[i], block, name, sizeof name);
+        if (flux2_rules[i].kohya && strcmp(name, key) == 0)
+            return true;
+    }
+    return false;
+}
+
 /* diffusers 0.42's kohya converter names the modules outside the blocks (img_in, txt_in,
  * time_in, vector_in, guidance_in, final_layer) without the "transformer." prefix, so
  * load_lora_weights never applies them; neither does diffuse, to give the same image. */
@@ -302,7 +498,13 @@ static df_status finish(df_lora_set *set, int file, int first)
         DF_TRY_CTX(df_json_parse_string(raw, strlen(raw), "lora_adapter_metadata", &meta), "%s",
                    ad->path);
     df_status s = DF_OK;
-    int skipped = 0;
+    int skipped = 0, t5 = 0, dropped = 0, unet = 0;
+    const char *first_dropped = "";
+    /* diffusers reads a kohya file with lora_transformer_ keys as a "mixture": it drops the
+     * lora_unet_ keys and refuses any but lora_transformer_ / lora_te1_ */
+    bool mixture = false;
+    for (int i = first; i < set->n; i++)
+        mixture |= ad->lay == LAYOUT_KOHYA && starts(set->t[i].key, "lora_transformer_");
     for (int i = first; s == DF_OK && i < set->n; i++) {
         target *t = &set->t[i];
         const char *a_name = ad->lay == LAYOUT_KOHYA   ? "lora_down"
@@ -333,11 +535,11 @@ static df_status finish(df_lora_set *set, int file, int first)
             const char *c = t->key;
             if ((starts(c, "text_encoder.") && set->text_encoders < 1) ||
                 (starts(c, "text_encoder_2.") && set->text_encoders < 2)) {
-                if (skipped++ == 0)
-                    fprintf(stderr,
+                if (skipped++ == 0 && !set->any)
+                    df_logf(0,
                             "warning: %s: module '%s' (and any other of that text "
                             "encoder) is not applied: diffusers' %s loads adapters into %s "
-                            "only\n",
+                            "only",
                             ad->path, t->key, set->pipeline,
                             set->text_encoders ? "the transformer and text_encoder"
                                                : "the transformer");
@@ -352,19 +554,55 @@ static df_status finish(df_lora_set *set, int file, int first)
                               ad->path, t->key);
                 break;
             }
-        } else if (!set->flux1) {
+        } else if (ad->lay == LAYOUT_BFL2 && !set->flux2 && !set->any) {
             s = df_errorf(DF_E_UNSUPPORTED,
-                          "%s: the %s layout names FLUX.1's modules; this "
-                          "pipeline is not FLUX.1",
-                          ad->path, layout_names[ad->lay]);
+                          "%s: the %s layout (module '%s') is read for FLUX.2 pipelines "
+                          "only (as diffusers' Flux2LoraLoaderMixin converts it), not for %s",
+                          ad->path, layout_names[ad->lay], t->key, set->pipeline);
             break;
+        } else if (ad->lay == LAYOUT_KOHYA && set->flux2) {
+            if (!kohya2_converted(t->key)) { /* diffusers warns and drops it */
+                t->skipped = t->used = true;
+                if (dropped++ == 0)
+                    first_dropped = t->key;
+            }
+        } else if (ad->lay != LAYOUT_BFL2 && !set->flux1) { /* kohya, XLabs on SD3 */
+            s = df_errorf(DF_E_UNSUPPORTED,
+                          "%s: the %s layout is not read for %s: diffusers' loader of that "
+                          "pipeline converts no %s file",
+                          ad->path, layout_names[ad->lay], set->pipeline, layout_names[ad->lay]);
+            break;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && !starts(t->key, "lora_unet_") &&
+                   !t->has_alpha) {
+            s = df_errorf(DF_E_UNSUPPORTED,
+                          "%s: module '%s' has no .alpha: diffusers' kohya converter needs "
+                          "one for every module of a file with lora_transformer_* modules",
+                          ad->path, t->key);
+            break;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && starts(t->key, "lora_unet_")) {
+            t->skipped = t->used = true;
+            unet++;
+        } else if (ad->lay == LAYOUT_KOHYA && mixture && !starts(t->key, "lora_transformer_") &&
+                   !starts(t->key, "lora_te1_")) {
+            s = df_errorf(DF_E_UNSUPPORTED,
+                          "%s: module '%s' beside lora_transformer_* modules: diffusers' "
+                          "kohya converter reads such a file with lora_transformer_*, "
+                          "lora_te1_* (and drops lora_unet_*) only, and refuses it",
+                          ad->path, t->key);
+            break;
+        } else if (ad->lay == LAYOUT_KOHYA &&
+                   (starts(t->key, "lora_te2_") ||
+                    starts(t->key, "text_encoders.t5xxl.transformer."))) {
+            t->skipped = t->used = true; /* diffusers' kohya converter filters them out */
+            t5++;
         } else if (ad->lay == LAYOUT_KOHYA && !starts(t->key, "lora_unet_") &&
                    !starts(t->key, "lora_transformer_") && !starts(t->key, "lora_te1_") &&
                    !starts(t->key, "lora_te_")) {
             s = df_errorf(DF_E_UNSUPPORTED,
                           "%s: module '%s': kohya LoRA is read for lora_unet_* (BFL's "
-                          "names) and lora_transformer_* (diffusers' names) of the "
-                          "transformer, and lora_te1_* (CLIP-L)",
+                          "names, or ComfyUI's diffusion_model.*) and lora_transformer_* "
+                          "(diffusers' names) of the transformer, lora_te1_* / lora_te_* "
+                          "(CLIP-L) and lora_te2_* (T5, dropped as diffusers drops it)",
                           ad->path, t->key);
             break;
         }
@@ -376,23 +614,71 @@ static df_status finish(df_lora_set *set, int file, int first)
             continue;
         }
         double rank = (double)t->a.shape[0];
-        double alpha = ad->lay == LAYOUT_XLABS                   ? rank
-                       : ad->lay == LAYOUT_KOHYA && t->has_alpha ? t->alpha
-                       : ad->lay == LAYOUT_KOHYA                 ? rank
-                                                                 : default_alpha(set, t);
+        double alpha = ad->lay == LAYOUT_XLABS || ad->lay == LAYOUT_BFL2 ? rank
+                       : ad->lay == LAYOUT_KOHYA && t->has_alpha         ? t->alpha
+                       : ad->lay == LAYOUT_KOHYA                         ? rank
+                                                                         : default_alpha(set, t);
         t->scale = (float)(alpha / rank * ad->weight);
-        if (ad->lay == LAYOUT_KOHYA && dropped_by_diffusers(t->key)) {
-            if (skipped++ == 0)
-                fprintf(stderr,
+        if (ad->lay == LAYOUT_KOHYA && set->flux1 && !t->skipped && dropped_by_diffusers(t->key)) {
+            if (skipped++ == 0 && !set->any)
+                df_logf(0,
                         "warning: %s: kohya module '%s' (and any other outside the "
                         "blocks) is not applied, as diffusers' load_lora_weights does not "
-                        "apply it\n",
+                        "apply it",
                         ad->path, t->key);
             t->skipped = t->used = true;
         }
     }
+    if (s == DF_OK && t5 && !set->any)
+        df_logf(0,
+                "warning: %s: %d kohya modules of the T5 text encoder (lora_te2_*, "
+                "text_encoders.t5xxl.*) are not applied, as diffusers' FLUX.1 kohya converter "
+                "drops them",
+                ad->path, t5);
+    if (s == DF_OK && unet && !set->any)
+        df_logf(0,
+                "warning: %s: %d lora_unet_* modules are not applied: beside "
+                "lora_transformer_* modules, diffusers' kohya converter drops them",
+                ad->path, unet);
+    if (s == DF_OK && dropped && !set->any)
+        df_logf(0,
+                "warning: %s: %d kohya modules (the first '%s') are not applied: diffusers' "
+                "FLUX.2 kohya converter maps the blocks' attention, MLP and linear1 / linear2, "
+                "img_in, txt_in, time_in and final_layer.linear only, and drops the rest",
+                ad->path, dropped, first_dropped);
     df_json_free(meta);
     return s;
+}
+
+/* An empty set for `n` files on pipeline class `pipeline` (NULL: any). */
+static df_lora_set *set_create(int n, const char *pipeline)
+{
+    df_lora_set *set = df_calloc(1, sizeof *set);
+    if (!set || !(set->files = df_calloc(n ? (size_t)n : 1, sizeof *set->files))) {
+        df_free(set);
+        return NULL;
+    }
+    /* which components take adapters: diffusers' _lora_loadable_modules of the class */
+    bool flux2 = pipeline && starts(pipeline, "Flux2");
+    set->flux1 = !pipeline || (starts(pipeline, "Flux") && !flux2);
+    set->flux2 = flux2;
+    set->any = !pipeline;
+    set->text_encoders = !pipeline || starts(pipeline, "StableDiffusion3") ? 2 : flux2 ? 0 : 1;
+    set->pipeline = pipeline ? pipeline : "pipeline";
+    return set;
+}
+
+/* Reads file `i` of the set, whose path and weight are set, from `st` (taken over). */
+static df_status add_file(df_lora_set *set, int i, df_safetensors *st)
+{
+    adapter *ad = &set->files[i];
+    ad->st = st;
+    if (df_safetensors_count(ad->st) == 0)
+        return df_errorf(DF_E_FORMAT, "%s: the adapter file holds no tensors", ad->path);
+    DF_TRY(detect(ad->path, ad->st, set->flux1 && !set->any, &ad->lay));
+    int first = set->n;
+    DF_TRY(collect(set, i));
+    return finish(set, i, first);
 }
 
 df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipeline,
@@ -401,16 +687,9 @@ df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipelin
     *out = NULL;
     if (n < 0 || (n > 0 && !specs))
         return df_errorf(DF_E_ARG, "LoRA: %d adapters and a list %s", n, specs ? "" : "NULL");
-    df_lora_set *set = df_calloc(1, sizeof *set);
-    if (!set || !(set->files = df_calloc(n ? (size_t)n : 1, sizeof *set->files))) {
-        df_free(set);
+    df_lora_set *set = set_create(n, pipeline);
+    if (!set)
         return df_errorf(DF_E_OOM, "LoRA: out of memory");
-    }
-    /* which components take adapters: diffusers' _lora_loadable_modules of the class */
-    bool flux2 = pipeline && starts(pipeline, "Flux2");
-    set->flux1 = !pipeline || (starts(pipeline, "Flux") && !flux2);
-    set->text_encoders = !pipeline || starts(pipeline, "StableDiffusion3") ? 2 : flux2 ? 0 : 1;
-    set->pipeline = pipeline ? pipeline : "pipeline";
     df_status s = DF_OK;
     for (int i = 0; s == DF_OK && i < n; i++) {
         adapter *ad = &set->files[i];
@@ -425,19 +704,35 @@ df_status df_lora_set_load(const df_lora_spec *specs, int n, const char *pipelin
             s = df_errorf(DF_E_OOM, "LoRA: out of memory");
             break;
         }
-        s = df_safetensors_open(specs[i].path, &ad->st);
-        if (s != DF_OK)
-            break;
-        if (df_safetensors_count(ad->st) == 0) {
-            s = df_errorf(DF_E_FORMAT, "%s: the adapter file holds no tensors", ad->path);
-            break;
-        }
-        ad->lay = detect(ad->st);
-        int first = set->n;
-        s = collect(set, i);
+        df_safetensors *st = NULL;
+        s = df_safetensors_open(specs[i].path, &st);
         if (s == DF_OK)
-            s = finish(set, i, first);
+            s = add_file(set, i, st);
     }
+    if (s != DF_OK) {
+        df_lora_set_free(set);
+        return s;
+    }
+    *out = set;
+    return DF_OK;
+}
+
+df_status df_lora_set_load_memory(const void *buf, size_t len, const char *name, float scale,
+                                  const char *pipeline, df_lora_set **out)
+{
+    *out = NULL;
+    df_lora_set *set = set_create(1, pipeline);
+    if (!set)
+        return df_errorf(DF_E_OOM, "LoRA: out of memory");
+    set->n_files = 1;
+    set->files[0].weight = scale;
+    set->files[0].path = df_strdup(name ? name : "adapter");
+    df_status s = set->files[0].path ? DF_OK : df_errorf(DF_E_OOM, "LoRA: out of memory");
+    df_safetensors *st = NULL;
+    if (s == DF_OK)
+        s = df_safetensors_open_memory(buf, len, set->files[0].path, &st);
+    if (s == DF_OK)
+        s = add_file(set, 0, st);
     if (s != DF_OK) {
         df_lora_set_free(set);
         return s;
@@ -510,6 +805,30 @@ static bool xlabs_name(const char *module, name_in *out)
     return false;
 }
 
+/* The BFL name (kohya: "lora_unet_" + its '_' form) of FLUX.2 weight `module`. */
+static bool flux2_name(const char *module, layout lay, name_in *out)
+{
+    for (size_t i = 0; i < sizeof flux2_rules / sizeof flux2_rules[0]; i++) {
+        const struct flux2_rule *r = &flux2_rules[i];
+        int block = -1, used = -1;
+        bool blocks = strstr(r->diffusers, "%d") != NULL;
+        int got = blocks ? sscanf(module, r->diffusers, &block, &used)
+                         : sscanf(module, r->diffusers, &used);
+        if (got != (blocks ? 1 : 0) || used < 0 || module[used] != '\0' ||
+            (lay == LAYOUT_KOHYA && !r->kohya))
+            continue;
+        *out = (name_in){.units = r->part < 0 ? 1 : 3,
+                         .n = 1,
+                         .part = {{r->part < 0 ? 0 : r->part, r->part < 0 ? 1 : r->part + 1}}};
+        if (lay == LAYOUT_KOHYA)
+            kohya2_key(r, block, out->key, sizeof out->key);
+        else
+            snprintf(out->key, sizeof out->key, r->bfl, block);
+        return true;
+    }
+    return false;
+}
+
 /* The name of weight `name` of `component` in layout `lay`; false when it has none. */
 static bool name_for(const df_lora_set *set, layout lay, const char *component, const char *name,
                      int alt, name_in *out)
@@ -530,7 +849,19 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
         snprintf(out->key, sizeof out->key, "%s.%s", component, m);
         return true;
     }
-    if (!set->flux1)
+    if (set->flux2 && (lay == LAYOUT_KOHYA || lay == LAYOUT_BFL2)) {
+        if (strcmp(component, "transformer") != 0)
+            return false;
+        if (!alt)
+            return flux2_name(module, lay, out);
+        /* diffusion_model.<diffusers block module>: read as it is */
+        if (lay != LAYOUT_BFL2 || (!starts(module, "transformer_blocks.") &&
+                                   !starts(module, "single_transformer_blocks.")))
+            return false;
+        snprintf(out->key, sizeof out->key, "%s", module);
+        return true;
+    }
+    if (!set->flux1 || lay == LAYOUT_BFL2)
         return false;
     if (lay == LAYOUT_KOHYA && alt) { /* diffusers' module names: "lora_transformer_<module>" */
         if (strcmp(component, "transformer") != 0)
@@ -566,13 +897,13 @@ static bool name_for(const df_lora_set *set, layout lay, const char *component, 
 
 /* A weight as each layout present in the set names it: [layout][alt], key "" for none. */
 typedef struct weight_names {
-    name_in in[3][2];
+    name_in in[LAYOUT_COUNT][2];
 } weight_names;
 
 static void names_of(const df_lora_set *set, const char *component, const char *name,
                      weight_names *w)
 {
-    for (int lay = 0; lay < 3; lay++) {
+    for (int lay = 0; lay < LAYOUT_COUNT; lay++) {
         bool present = false;
         for (int f = 0; f < set->n_files; f++)
             present |= set->files[f].lay == (layout)lay;

@@ -2,7 +2,8 @@
  * LoRA adapters (models/lora.c): the merge arithmetic and the row split of a fused
  * weight's B, the scale rule, and hostile adapter files refused with a message naming the
  * file and the key (ranks that disagree, a half-missing pair, a target the model lacks,
- * shapes that do not fit, keys of no layout, DoRA, a FLUX.1 layout on SD3), and a GGUF
+ * shapes that do not fit, keys of no layout, DoRA, a FLUX.1 layout on SD3, what diffusers
+ * does not load), the FLUX.2 BFL and kohya names, FLUX.1's dropped T5 modules, and a GGUF
  * Q8_0 transformer with its adapter unmerged against the merged f32 one.
  */
 #include <math.h>
@@ -285,7 +286,257 @@ static void test_flux_layout_on_sd3_is_refused(void **state)
     (void)state;
     const tensor_spec t[] = {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 4, 32},
                              {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 32, 4}};
-    expect_load_error("kohya_sd3.safetensors", t, 2, DF_E_UNSUPPORTED, SD3_DIR, "not FLUX.1");
+    expect_load_error("kohya_sd3.safetensors", t, 2, DF_E_UNSUPPORTED, SD3_DIR,
+                      "converts no kohya");
+}
+
+/* The update of merging module rows [r0, r0 + rows) of B [b_rows, rank] times A [rank, cols]
+ * (both filled by write_adapter), times `scale`, at element (i, j). */
+static float delta(int64_t r0, int64_t i, int64_t j, int64_t rank, int64_t cols, float scale)
+{
+    float want = 0;
+    for (int64_t k = 0; k < rank; k++)
+        want += value((r0 + i) * rank + k) * value(k * cols + j);
+    return scale * want;
+}
+
+/* Merges weight `name` [rows, cols] of the transformer from zero and checks it against rows
+ * r0.. of the module's B times its A, times `scale`. */
+static void expect_merge(df_lora_set *set, const char *name, int64_t rows, int64_t cols, int64_t r0,
+                         int64_t rank, float scale)
+{
+    assert_true(df_lora_touches(set, "transformer", name));
+    float *w = calloc((size_t)(rows * cols), sizeof *w);
+    assert_int_equal(df_lora_merge(set, "transformer", name, w, rows, cols, 1), DF_OK);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            assert_float_equal(w[i * cols + j], delta(r0, i, j, rank, cols, scale), 1e-7);
+    free(w);
+}
+
+/* FLUX.2's BFL / ai-toolkit names (diffusers' _convert_non_diffusers_flux2_lora_to_diffusers):
+ * the txt qkv's last third is add_v_proj, linear1 is the fused to_qkv_mlp_proj whole,
+ * final_layer's adaLN goes to norm_out.linear unswapped, "sformer_blocks." is
+ * "transformer_blocks.", and no alphas: scale = weight. */
+static void test_flux2_bfl_names(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"diffusion_model.double_blocks.0.txt_attn.qkv.lora_A.weight", 2, 3},
+        {"diffusion_model.double_blocks.0.txt_attn.qkv.lora_B.weight", 6, 2},
+        {"diffusion_model.single_blocks.1.linear1.lora_A.weight", 2, 3},
+        {"diffusion_model.single_blocks.1.linear1.lora_B.weight", 5, 2},
+        {"diffusion_model.final_layer.adaLN_modulation.1.lora_A.weight", 1, 3},
+        {"diffusion_model.final_layer.adaLN_modulation.1.lora_B.weight", 4, 1},
+        {"diffusion_model.sformer_blocks.0.attn.to_add_out.lora_A.weight", 2, 3},
+        {"diffusion_model.sformer_blocks.0.attn.to_add_out.lora_B.weight", 3, 2}};
+    const char *path = write_adapter("lora_bfl2.safetensors", t, 8);
+    df_lora_set *set;
+    assert_int_equal(df_lora_set_load(&(df_lora_spec){.path = path, .scale = 0.5f}, 1,
+                                      "Flux2KleinPipeline", &set),
+                     DF_OK);
+    assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_v.weight"));
+    expect_merge(set, "transformer_blocks.0.attn.add_v_proj.weight", 2, 3, 4, 2, 0.5f);
+    expect_merge(set, "single_transformer_blocks.1.attn.to_qkv_mlp_proj.weight", 5, 3, 0, 2, 0.5f);
+    expect_merge(set, "norm_out.linear.weight", 4, 3, 0, 1, 0.5f);
+    expect_merge(set, "transformer_blocks.0.attn.to_add_out.weight", 3, 3, 0, 2, 0.5f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    /* peft's "base_model.model." prefix, which diffusers renames to "diffusion_model." */
+    const tensor_spec p[] = {{"base_model.model.single_blocks.0.linear2.lora_A.weight", 2, 4},
+                             {"base_model.model.single_blocks.0.linear2.lora_B.weight", 3, 2}};
+    path = write_adapter("lora_bfl2_peft.safetensors", p, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2Pipeline", &set),
+        DF_OK);
+    expect_merge(set, "single_transformer_blocks.0.attn.to_out.weight", 3, 4, 0, 2, 1.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+}
+
+/* FLUX.2's kohya names (_convert_kohya_flux2_lora_to_diffusers): qkv cut in thirds with
+ * s = alpha / rank; a module the converter does not map (a shared modulation, a text
+ * encoder's) is dropped, not an error. */
+static void test_flux2_kohya_names(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", 2, 3},
+                             {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", 6, 2},
+                             {"lora_unet_double_blocks_0_img_attn_qkv.alpha", 3, 0},
+                             {"lora_unet_single_blocks_0_linear2.lora_down.weight", 2, 4},
+                             {"lora_unet_single_blocks_0_linear2.lora_up.weight", 3, 2},
+                             {"lora_unet_double_stream_modulation_img_lin.lora_down.weight", 2, 3},
+                             {"lora_unet_double_stream_modulation_img_lin.lora_up.weight", 6, 2},
+                             {"lora_te1_model_layers_0_mlp_up_proj.lora_down.weight", 2, 3},
+                             {"lora_te1_model_layers_0_mlp_up_proj.lora_up.weight", 6, 2}};
+    const char *path = write_adapter("lora_kohya2.safetensors", t, 9);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2Pipeline", &set),
+        DF_OK);
+    expect_merge(set, "transformer_blocks.0.attn.to_k.weight", 2, 3, 2, 2, 1.5f);
+    expect_merge(set, "single_transformer_blocks.0.attn.to_out.weight", 3, 4, 0, 2, 1.0f);
+    assert_false(df_lora_touches(set, "transformer", "double_stream_modulation_img.linear.weight"));
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+}
+
+/* FLUX.1 kohya: lora_te2_ and text_encoders.t5xxl modules are dropped as diffusers drops
+ * them; ComfyUI's diffusion_model.* and text_encoders.clip_l names are sd-scripts'. */
+static void test_flux1_kohya_t5_and_comfy(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight", 2, 3},
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight", 3, 2},
+        {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.k.lora_down.weight",
+         2, 3},
+        {"text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.k.lora_up.weight",
+         3, 2},
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 2, 3},
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_up.weight", 3, 2},
+        {"diffusion_model.double_blocks.0.img_attn.proj.alpha", 1, 0},
+        {"text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.lora_down.weight", 2,
+         3},
+        {"text_encoders.clip_l.transformer.text_model.encoder.layers.0.mlp.fc1.lora_up.weight", 3,
+         2}};
+    const char *path = write_adapter("lora_te2.safetensors", t, 9);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    assert_false(
+        df_lora_touches(set, "text_encoder_2", "encoder.block.0.layer.0.SelfAttention.q.weight"));
+    assert_false(
+        df_lora_touches(set, "text_encoder_2", "encoder.block.0.layer.0.SelfAttention.k.weight"));
+    expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 0.5f);
+    float w[9] = {0};
+    assert_int_equal(df_lora_merge(set, "text_encoder",
+                                   "text_model.encoder.layers.0.mlp.fc1.weight", w, 3, 3, 1),
+                     DF_OK);
+    assert_float_equal(w[4], delta(0, 1, 1, 2, 3, 1.0f), 1e-7);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+}
+
+/* FLUX.1 kohya: bias and norm differences, position embeddings and text projections are
+ * filtered out as diffusers' converter filters them. */
+static void test_flux1_kohya_filtered_keys(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_down.weight", 2, 3},
+        {"diffusion_model.double_blocks.0.img_attn.proj.lora_up.weight", 3, 2},
+        {"diffusion_model.double_blocks.0.img_attn.proj.diff_b", 3, 0},
+        {"diffusion_model.double_blocks.0.img_attn.norm.key_norm.diff", 3, 0},
+        {"lora_te1_text_projection.lora_down.weight", 2, 3},
+        {"lora_te1_text_projection.lora_up.weight", 3, 2},
+        {"lora_te1_text_model_embeddings_position_embedding.lora_down.weight", 2, 3},
+        {"lora_te1_text_model_embeddings_position_embedding.lora_up.weight", 3, 2}};
+    const char *path = write_adapter("lora_filtered.safetensors", t, 8);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 1.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    /* on FLUX.2 diffusers' kohya converter maps none of these modules and drops them all */
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_OK);
+    assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_out.0.weight"));
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    /* DoRA's dora_scale keys are filtered out as diffusers filters them */
+    const tensor_spec d[] = {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 2, 3},
+                             {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 3, 2},
+                             {"lora_unet_double_blocks_0_img_attn_proj.dora_scale", 3, 0}};
+    path = write_adapter("lora_dora_scale.safetensors", d, 3);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    expect_merge(set, "transformer_blocks.0.attn.to_out.0.weight", 3, 3, 0, 2, 1.0f);
+    df_lora_set_free(set);
+}
+
+/* Beside lora_transformer_ modules, diffusers drops lora_unet_ ones and refuses the rest but
+ * lora_te1_. */
+static void test_kohya_mixture(void **state)
+{
+    (void)state;
+    const tensor_spec t[] = {
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_down.weight", 2, 3},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.lora_up.weight", 4, 2},
+        {"lora_transformer_single_transformer_blocks_1_attn_to_q.alpha", 4, 0},
+        {"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", 2, 3},
+        {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", 3, 2},
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_down.weight", 2, 3},
+        {"lora_te2_encoder_block_0_layer_0_SelfAttention_q.lora_up.weight", 3, 2}};
+    const char *path = write_adapter("lora_mixture.safetensors", t, 5);
+    df_lora_set *set;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_OK);
+    assert_false(df_lora_touches(set, "transformer", "transformer_blocks.0.attn.to_out.0.weight"));
+    expect_merge(set, "single_transformer_blocks.1.attn.to_q.weight", 4, 3, 0, 2, 2.0f);
+    assert_int_equal(df_lora_check_used(set, NULL), DF_OK);
+    df_lora_set_free(set);
+    path = write_adapter("lora_mixture_te2.safetensors", t, 7);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "lora_te2_encoder_block_0_layer_0_SelfAttention_q"));
+    path = write_adapter("lora_mixture_no_alpha.safetensors", t, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "no .alpha"));
+}
+
+/* What diffusers 0.42 does not load stays refused, naming why. */
+static void test_layouts_diffusers_refuses(void **state)
+{
+    (void)state;
+    const tensor_spec alpha[] = {{"diffusion_model.img_in.lora_A.weight", 2, 3},
+                                 {"diffusion_model.img_in.lora_B.weight", 3, 2},
+                                 {"diffusion_model.img_in.alpha", 2, 0}};
+    const char *path = write_adapter("bfl2_alpha.safetensors", alpha, 3);
+    df_lora_set *set = (void *)1;
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_FORMAT);
+    assert_null(set);
+    assert_non_null(strstr(df_error_message(), "diffusion_model.img_in.alpha"));
+    const tensor_spec bfl[] = {{"diffusion_model.img_in.lora_A.weight", 2, 3},
+                               {"diffusion_model.img_in.lora_B.weight", 3, 2}};
+    path = write_adapter("bfl2_on_flux1.safetensors", bfl, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "FLUX.2"));
+    const tensor_spec lokr[] = {{"lycoris_double_blocks_0_img_attn_qkv.lokr_w1", 2, 2},
+                                {"lycoris_double_blocks_0_img_attn_qkv.lokr_w2", 3, 3}};
+    path = write_adapter("lokr.safetensors", lokr, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "LoKr"));
+    const tensor_spec xlabs[] = {{"double_blocks.0.processor.proj_lora1.down.weight", 2, 3},
+                                 {"double_blocks.0.processor.proj_lora1.up.weight", 3, 2}};
+    path = write_adapter("xlabs_flux2.safetensors", xlabs, 2);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "Flux2KleinPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "converts no XLabs"));
+    const tensor_spec control[] = {{"double_blocks.0.img_attn.norm.query_norm.scale", 3, 0},
+                                   {"double_blocks.0.img_attn.qkv.lora_A.weight", 2, 3},
+                                   {"double_blocks.0.img_attn.qkv.lora_B.weight", 6, 2}};
+    path = write_adapter("control.safetensors", control, 3);
+    assert_int_equal(
+        df_lora_set_load(&(df_lora_spec){.path = path, .scale = 1}, 1, "FluxPipeline", &set),
+        DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "Control"));
 }
 
 /* The transformer of `file` (NULL: MODEL_DIR's weights) with the adapter at `lora` (NULL:
@@ -465,6 +716,12 @@ int main(void)
         cmocka_unit_test(test_foreign_keys_are_refused),
         cmocka_unit_test(test_text_encoder_2_is_left_out_on_flux),
         cmocka_unit_test(test_flux_layout_on_sd3_is_refused),
+        cmocka_unit_test(test_flux2_bfl_names),
+        cmocka_unit_test(test_flux2_kohya_names),
+        cmocka_unit_test(test_flux1_kohya_t5_and_comfy),
+        cmocka_unit_test(test_flux1_kohya_filtered_keys),
+        cmocka_unit_test(test_kohya_mixture),
+        cmocka_unit_test(test_layouts_diffusers_refuses),
         cmocka_unit_test(test_gguf_q8_0_int8_unmerged_matches_merged),
         cmocka_unit_test(test_out_of_memory_sweep),
     };

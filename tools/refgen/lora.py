@@ -13,6 +13,11 @@ Layouts:
   lora-flux-kohya    sd-scripts names (lora_unet_double_blocks_0_img_attn_qkv.lora_down
                      .weight, .alpha; lora_te1_* for CLIP-L) on Black Forest Labs' fused modules
   lora-flux-xlabs    XLabs names (double_blocks.0.processor.qkv_lora1.down.weight ...)
+  lora-flux-kohya-te2  a kohya file with lora_unet_, lora_te1_ and lora_te2_ (T5) modules,
+                     and a ComfyUI-named one (diffusion_model.*, text_encoders.clip_l / t5xxl)
+  lora-flux2-klein-bfl    BFL / ai-toolkit names for FLUX.2 (diffusion_model.double_blocks
+                     .0.img_attn.qkv.lora_A.weight ...) on the tiny FLUX.2 [klein]
+  lora-flux2-klein-kohya  sd-scripts names for FLUX.2 (lora_unet_single_blocks_0_linear1 ...)
 
     /work/venv/bin/python tools/refgen/lora.py [case ...]
 """
@@ -293,6 +298,150 @@ def case_xlabs():
           ["x"], [1.2], ["xlabs.safetensors: rank 3, no alphas (scale = weight)"])
 
 
+def random_pairs(shapes, seed, names, rank=4, alphas=None):
+    """A state dict of random down/up pairs (names: the two key suffixes) for module ->
+    (out, in) `shapes`, with alphas[j] (None: no alpha) for module j when given."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for j, (m, (o, k)) in enumerate(shapes.items()):
+        sd[m + names[0]] = torch.randn(rank, k, generator=g) * 0.4 / k ** 0.5
+        sd[m + names[1]] = torch.randn(o, rank, generator=g) * 0.4 / rank ** 0.5
+        if alphas is not None and alphas[j % len(alphas)] is not None:
+            sd[m + ".alpha"] = torch.tensor(float(alphas[j % len(alphas)]))
+    return sd
+
+
+KOHYA = (".lora_down.weight", ".lora_up.weight")
+
+
+def te2_adapters(out_dir):
+    """A kohya file on the transformer, CLIP-L (lora_te1_) and T5 (lora_te2_), and one in
+    ComfyUI's names (diffusion_model.*, text_encoders.clip_l.transformer.*,
+    text_encoders.t5xxl.transformer.*). diffusers' kohya converter drops the T5 modules."""
+    t5 = dict(FluxPipeline.from_pretrained(PIPE_DIR).text_encoder_2.named_modules())
+
+    def t5_shape(name):
+        w = t5[name].weight
+        return (w.shape[0], w.shape[1])
+    shapes = {"lora_unet_double_blocks_0_img_attn_proj": (D, D),
+              "lora_unet_single_blocks_1_linear2": (D, D + MLP),
+              "lora_unet_double_blocks_1_img_mod_lin": (6 * D, D),
+              "lora_te1_text_model_encoder_layers_0_mlp_fc2": (32, 64),
+              "lora_te2_encoder_block_0_layer_0_SelfAttention_q":
+                  t5_shape("encoder.block.0.layer.0.SelfAttention.q"),
+              "lora_te2_encoder_block_1_layer_1_DenseReluDense_wi_0":
+                  t5_shape("encoder.block.1.layer.1.DenseReluDense.wi_0")}
+    save_file(random_pairs(shapes, 451, KOHYA, alphas=[2.0, 3.0, None]),
+              os.path.join(out_dir, "kohya_te2.safetensors"))
+    shapes = {"diffusion_model.double_blocks.1.txt_mlp.0": (MLP, D),
+              "diffusion_model.single_blocks.0.modulation.lin": (3 * D, D),
+              "text_encoders.clip_l.transformer.text_model.encoder.layers.1.mlp.fc1": (64, 32),
+              "text_encoders.t5xxl.transformer.encoder.block.0.layer.1.DenseReluDense.wo":
+                  t5_shape("encoder.block.0.layer.1.DenseReluDense.wo")}
+    save_file(random_pairs(shapes, 452, KOHYA, alphas=[8.0]),
+              os.path.join(out_dir, "comfy.safetensors"))
+    return ["kohya_te2.safetensors", "comfy.safetensors"]
+
+
+def case_kohya_te2():
+    name = "lora-flux-kohya-te2"
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    files = te2_adapters(out_dir)
+    write(name, "FluxPipeline with a kohya LoRA with lora_unet_, lora_te1_ and lora_te2_ (T5) "
+          "modules, weight 1.0, and one in ComfyUI's names (diffusion_model.*, text_encoders."
+          "clip_l / t5xxl.transformer.*), weight 0.7", files, ["k", "c"], [1.0, 0.7],
+          ["kohya_te2.safetensors: rank 4, alphas 2, 3 and none; two lora_te2_ modules",
+           "comfy.safetensors: rank 4, alpha 8; one text_encoders.t5xxl module",
+           "diffusers 0.42's FLUX.1 kohya converter keeps lora_unet_ / lora_te_ / lora_te1_ "
+           "keys only: the T5 modules are dropped and do not change the image"])
+
+
+def klein_shapes(prefix_of, names):
+    """(out, in) of the tiny FLUX.2 [klein] transformer's module for each file module, from
+    prefix_of: file module -> diffusers module."""
+    pipe_dir = os.path.join(refcase.ROOT, "tests", "golden", KLEIN["golden"], "pipeline")
+    mods = dict(Flux2KleinPipeline.from_pretrained(pipe_dir).transformer.named_modules())
+    shapes = {}
+    for m in names:
+        target = prefix_of[m]
+        if isinstance(target, tuple):  # a fused qkv: three modules' rows
+            w = mods[target[0]].weight
+            shapes[m] = (3 * w.shape[0], w.shape[1])
+        else:
+            w = mods[target].weight
+            shapes[m] = (w.shape[0], w.shape[1])
+    return shapes
+
+
+def qkv(block, kind):
+    a = "transformer_blocks.%d.attn." % block
+    return tuple(a + p for p in (("to_q", "to_k", "to_v") if kind == "img"
+                                 else ("add_q_proj", "add_k_proj", "add_v_proj")))
+
+
+def bfl2_adapter(out_dir):
+    """BFL / ai-toolkit names under diffusion_model., lora_A / lora_B, no alphas (diffusers'
+    FLUX.2 converter refuses them); two modules in expanded diffusers block names and one in
+    the "sformer_blocks." alias."""
+    m = {"double_blocks.0.img_attn.qkv": qkv(0, "img"),
+         "double_blocks.0.txt_attn.qkv": qkv(0, "txt"),
+         "double_blocks.0.img_attn.proj": "transformer_blocks.0.attn.to_out.0",
+         "double_blocks.0.img_mlp.0": "transformer_blocks.0.ff.linear_in",
+         "double_blocks.0.txt_mlp.2": "transformer_blocks.0.ff_context.linear_out",
+         "sformer_blocks.0.attn.to_add_out": "transformer_blocks.0.attn.to_add_out",
+         "transformer_blocks.0.ff.linear_out": "transformer_blocks.0.ff.linear_out",
+         "single_blocks.0.linear1": "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+         "single_blocks.0.linear2": "single_transformer_blocks.0.attn.to_out",
+         "single_transformer_blocks.1.attn.to_qkv_mlp_proj":
+             "single_transformer_blocks.1.attn.to_qkv_mlp_proj",
+         "img_in": "x_embedder", "txt_in": "context_embedder",
+         "time_in.in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+         "final_layer.linear": "proj_out",
+         "final_layer.adaLN_modulation.1": "norm_out.linear",
+         "single_stream_modulation.lin": "single_stream_modulation.linear",
+         "double_stream_modulation_img.lin": "double_stream_modulation_img.linear"}
+    shapes = klein_shapes(m, list(m))
+    shapes = {"diffusion_model." + k: v for k, v in shapes.items()}
+    save_file(random_pairs(shapes, 651, (".lora_A.weight", ".lora_B.weight")),
+              os.path.join(out_dir, "bfl.safetensors"))
+    return "bfl.safetensors"
+
+
+def kohya2_adapter(out_dir):
+    """sd-scripts names on FLUX.2's BFL modules, alphas 2, 3, 8 and none; three modules the
+    converter does not map (a shared modulation, final_layer's adaLN, a text encoder's)."""
+    m = {"double_blocks_0_img_attn_qkv": qkv(0, "img"),
+         "double_blocks_0_txt_attn_qkv": qkv(0, "txt"),
+         "double_blocks_0_img_attn_proj": "transformer_blocks.0.attn.to_out.0",
+         "double_blocks_0_txt_attn_proj": "transformer_blocks.0.attn.to_add_out",
+         "double_blocks_0_img_mlp_0": "transformer_blocks.0.ff.linear_in",
+         "double_blocks_0_img_mlp_2": "transformer_blocks.0.ff.linear_out",
+         "double_blocks_0_txt_mlp_0": "transformer_blocks.0.ff_context.linear_in",
+         "double_blocks_0_txt_mlp_2": "transformer_blocks.0.ff_context.linear_out",
+         "single_blocks_0_linear1": "single_transformer_blocks.0.attn.to_qkv_mlp_proj",
+         "single_blocks_1_linear2": "single_transformer_blocks.1.attn.to_out",
+         "img_in": "x_embedder", "txt_in": "context_embedder",
+         "time_in_in_layer": "time_guidance_embed.timestep_embedder.linear_1",
+         "time_in_out_layer": "time_guidance_embed.timestep_embedder.linear_2",
+         "final_layer_linear": "proj_out",
+         "double_stream_modulation_img_lin": "double_stream_modulation_img.linear",
+         "final_layer_adaLN_modulation_1": "norm_out.linear"}
+    shapes = klein_shapes(m, list(m))
+    shapes = {"lora_unet_" + k: v for k, v in shapes.items()}
+    shapes["lora_te1_model_layers_0_mlp_up_proj"] = (64, 32)
+    save_file(random_pairs(shapes, 661, KOHYA, alphas=[2.0, 3.0, None, 8.0]),
+              os.path.join(out_dir, "kohya.safetensors"))
+    return "kohya.safetensors"
+
+
+def case_klein(name, make, weight, covers, notes):
+    out_dir = os.path.join(refcase.CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    f = make(out_dir)
+    write(name, covers, [f], ["l"], [weight], notes, KLEIN)
+
+
 SD3 = dict(cls=StableDiffusion3Pipeline, golden="t2i-sd3", seed=5,
            args=dict(prompt="an oil painting of a lighthouse at night, stars",
                      negative_prompt="blurry, low quality", height=64, width=64,
@@ -334,7 +483,24 @@ def case_on(name, spec, seed):
 CASES = {"lora-flux-peft": case_peft, "lora-flux-kohya-outside": case_kohya_outside,
          "lora-sd3-peft": lambda: case_on("lora-sd3-peft", SD3, 501),
          "lora-flux2-klein-peft": lambda: case_on("lora-flux2-klein-peft", KLEIN, 601), "lora-flux-kohya": case_kohya,
-         "lora-flux-xlabs": case_xlabs}
+         "lora-flux-xlabs": case_xlabs, "lora-flux-kohya-te2": case_kohya_te2,
+         "lora-flux2-klein-bfl": lambda: case_klein(
+             "lora-flux2-klein-bfl", bfl2_adapter, 0.9,
+             "Flux2KleinPipeline with a BFL / ai-toolkit LoRA (diffusion_model.double_blocks.0"
+             ".img_attn.qkv.lora_A.weight ...; single blocks' linear1 onto the fused "
+             "to_qkv_mlp_proj; shared modulations; final_layer), weight 0.9",
+             ["bfl.safetensors: rank 4, no alphas; two modules in expanded diffusers block "
+              "names and one in the sformer_blocks. alias, as diffusers reads them",
+              "final_layer.adaLN_modulation.1 goes to norm_out.linear without the shift / "
+              "scale swap, as diffusers' FLUX.2 converter maps it"]),
+         "lora-flux2-klein-kohya": lambda: case_klein(
+             "lora-flux2-klein-kohya", kohya2_adapter, 0.8,
+             "Flux2KleinPipeline with a kohya / sd-scripts LoRA (lora_unet_double_blocks_0_"
+             "img_attn_qkv, lora_unet_single_blocks_0_linear1 ..., .alpha tensors), weight 0.8",
+             ["kohya.safetensors: rank 4, alphas 2, 3, 8 and none",
+              "diffusers' FLUX.2 kohya converter drops (with a warning) the modules it does not "
+              "map: double_stream_modulation_img_lin, final_layer_adaLN_modulation_1 and the "
+              "lora_te1_ module do not change the image"])}
 
 
 def main():
