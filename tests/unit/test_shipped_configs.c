@@ -147,6 +147,58 @@ static void test_recognition_picks_the_set_by_model_and_size(void **state)
     remove_tree(dir);
 }
 
+/* A GGUF file (city96's layout: the transformer's original names, no prefix) of F16
+ * tensors; the tensor data is a hole. */
+static void write_sparse_gguf(const char *path, const tensor *t, int n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    uint32_t u32v[2] = {3, 0};             /* version 3 */
+    uint64_t counts[2] = {(uint64_t)n, 0}; /* tensors, no metadata */
+    assert_int_equal(fwrite("GGUF", 1, 4, f), 4);
+    assert_int_equal(fwrite(&u32v[0], 4, 1, f), 1);
+    assert_int_equal(fwrite(counts, 8, 2, f), 2);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t len = strlen(t[i].name), bytes = 2;
+        uint32_t ndim = (uint32_t)t[i].ndim, type = 1; /* F16 */
+        assert_int_equal(fwrite(&len, 8, 1, f), 1);
+        assert_int_equal(fwrite(t[i].name, 1, len, f), len);
+        assert_int_equal(fwrite(&ndim, 4, 1, f), 1);
+        for (int d = t[i].ndim - 1; d >= 0; d--) { /* ggml's ne: innermost first */
+            uint64_t ne = (uint64_t)t[i].shape[d];
+            bytes *= ne;
+            assert_int_equal(fwrite(&ne, 8, 1, f), 1);
+        }
+        assert_int_equal(fwrite(&type, 4, 1, f), 1);
+        assert_int_equal(fwrite(&off, 8, 1, f), 1);
+        off += (bytes + 31) / 32 * 32;
+    }
+    long pos = ftell(f);
+    assert_true(pos > 0);
+    long data = (pos + 31) / 32 * 32;
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(truncate(path, (off_t)(data + (long)off)), 0);
+}
+
+static void test_gguf_file_gets_the_set(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("shipped-gguf", dir, sizeof dir);
+    path_in(dir, "flux1-schnell-F16.gguf", path, sizeof path);
+    const tensor t[] = {{"img_in.weight", 2, {3072, 64}},
+                        {"double_blocks.0.img_attn.norm.key_norm.scale", 1, {128}},
+                        {"double_blocks.18.img_attn.qkv.weight", 2, {9216, 3072}},
+                        {"single_blocks.37.linear1.weight", 2, {21504, 3072}}};
+    write_sparse_gguf(path, t, 4);
+    df_checkpoint_parts c;
+    assert_int_equal(df_checkpoint_recognise(path, &c), DF_OK);
+    assert_string_equal(c.model, "FLUX.1-schnell");
+    assert_string_equal(c.shipped, "FLUX.1-schnell");
+    remove_tree(dir);
+}
+
 /* Every model the recognition can name is shipped or says why not. */
 static void test_every_recognised_model_is_shipped_or_says_why(void **state)
 {
@@ -436,6 +488,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recognition_picks_the_set_by_model_and_size),
+        cmocka_unit_test(test_gguf_file_gets_the_set),
         cmocka_unit_test(test_every_recognised_model_is_shipped_or_says_why),
         cmocka_unit_test(test_every_model_class_is_shipped_or_listed),
         cmocka_unit_test(test_files_are_the_recorded_text),
