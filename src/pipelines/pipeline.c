@@ -407,12 +407,65 @@ static bool has_model_index(const char *dir)
     return n > 0 && (size_t)n < sizeof path && df_path_is_file(path);
 }
 
+/* Whether the weights of `component` come from the checkpoint (`c`) or an option. SD3's
+ * second encoder is CLIP-G and its T5 the third; FLUX.1's T5 the second. */
+static bool component_given(const df_load_opts *o, const df_checkpoint_parts *c,
+                            const char *component)
+{
+    bool sd3 = strncmp(c->model, "SD3", 3) == 0 || c->clip_g;
+    if (strcmp(component, "transformer") == 0)
+        return c->transformer || o->transformer_file;
+    if (strcmp(component, "vae") == 0)
+        return c->vae || o->vae_file;
+    if (strcmp(component, "text_encoder") == 0)
+        return c->clip_l || o->text_encoder_file;
+    if (strcmp(component, "text_encoder_2") == 0)
+        return (sd3 ? c->clip_g : c->t5) || o->text_encoder_2_file;
+    if (strcmp(component, "text_encoder_3") == 0)
+        return c->t5 || o->text_encoder_3_file;
+    return true; /* the scheduler: its config is all it needs */
+}
+
+static const char *component_option(const char *component)
+{
+    return strcmp(component, "transformer") == 0      ? "--transformer FILE"
+           : strcmp(component, "vae") == 0            ? "--vae FILE"
+           : strcmp(component, "text_encoder") == 0   ? "--text-encoder FILE"
+           : strcmp(component, "text_encoder_2") == 0 ? "--text-encoder-2 FILE"
+                                                      : "--text-encoder-3 FILE";
+}
+
+/* What the shipped set `idx` still needs for this load, appended to `need` (cap bytes):
+ * each tokenizer folder config_dir lacks (all of them without one), then each component
+ * whose weights neither the file nor an option gives. */
+static void shipped_needs(const df_pipeline *p, const df_checkpoint_parts *c,
+                          const df_model_index *idx, char *need, size_t cap)
+{
+    const char *cfg = p->opts.config_dir;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < df_model_index_count(idx); i++) {
+            const df_component *comp = df_model_index_at(idx, i);
+            bool tokenizer = strncmp(comp->name, "tokenizer", 9) == 0;
+            char dir[DF_PATH_MAX];
+            size_t n = strlen(need);
+            if (!comp->cls || tokenizer != (pass == 0))
+                continue;
+            if (tokenizer && (!cfg || df_layout_component_dir(cfg, comp->name, dir,
+                                                              sizeof dir) != DF_OK))
+                snprintf(need + n, cap - n, "%s%s/ (in --config DIR%s%s)", n ? ", " : "",
+                         comp->name, cfg ? ": not in " : "", cfg ? cfg : "");
+            else if (!tokenizer && !component_given(&p->opts, c, comp->name))
+                snprintf(need + n, cap - n, "%s%s (%s)", n ? ", " : "", comp->name,
+                         component_option(comp->name));
+        }
+}
+
 /*
  * Where the configs of the checkpoint file `path` come from: config_dir when it is a
  * diffusers folder (its configs win); else the shipped set for the recognised model and
- * size, written into a temporary folder, with the tokenizers from config_dir. Every
- * tokenizer folder the set's pipeline names is checked here, before any weight is read, so
- * that a missing one is one message naming them all.
+ * size, written into a temporary folder, with the tokenizers from config_dir. What the set
+ * still needs (tokenizer folders, weights the file lacks) is checked here, before any
+ * weight is read, so that one message names all of it.
  */
 static df_status choose_configs(df_pipeline *p, const char *path, const df_checkpoint_parts *c)
 {
@@ -429,32 +482,28 @@ static df_status choose_configs(df_pipeline *p, const char *path, const df_check
                          "folders) as config_dir (diffuse generate --config DIR)",
                          path, *c->model ? c->model : "no transformer", c->shipped_why);
     const df_shipped_config *set = df_shipped_find(c->shipped);
-    if (!cfg)
-        return df_errorf(DF_E_ARG,
-                         "%s is %s: diffuse ships its configs, not its tokenizers; give the "
-                         "tokenizer folders %s as config_dir (diffuse generate --config DIR: "
-                         "a diffusers folder of the model, or a folder holding only those)",
-                         path, set->name, set->tokenizers);
     df_json *index = NULL;
     size_t size = 0;
     const char *text = df_shipped_file(set, "model_index.json", &size);
     DF_TRY(df_json_parse_string(text, size, "model_index.json (shipped)", &index));
     df_model_index *idx = NULL;
     df_status s = df_model_index_from_json(index, &idx);
-    for (int i = 0; s == DF_OK && i < df_model_index_count(idx); i++) {
-        const df_component *comp = df_model_index_at(idx, i);
-        char dir[DF_PATH_MAX];
-        if (strncmp(comp->name, "tokenizer", 9) == 0 && comp->cls &&
-            df_layout_component_dir(cfg, comp->name, dir, sizeof dir) != DF_OK)
-            s = df_errorf(DF_E_ARG,
-                          "%s is %s: diffuse ships its configs, not its tokenizers, and %s has "
-                          "no %s/ folder; give the tokenizer folders %s in the config_dir "
-                          "(--config DIR: a diffusers folder of the model, or a folder "
-                          "holding only those)",
-                          path, set->name, cfg, comp->name, set->tokenizers);
-    }
+    char need[1024] = "";
+    if (s == DF_OK)
+        shipped_needs(p, c, idx, need, sizeof need);
     df_model_index_free(idx);
     df_json_free(index);
+    bool tokenizers = strstr(need, "tokenizer") != NULL;
+    if (s == DF_OK && need[0])
+        s = df_errorf(DF_E_ARG,
+                      "%s is %s: diffuse ships its configs, not its tokenizers or the weights "
+                      "the file lacks; still needed: %s%s%s%s",
+                      path, set->name, need, tokenizers ? ". The tokenizer folders are " : "",
+                      tokenizers ? set->tokenizers : "",
+                      tokenizers ? ", from a diffusers folder of the model or a folder "
+                                   "holding only those, given as config_dir (diffuse "
+                                   "generate --config DIR)"
+                                 : "");
     if (s == DF_OK)
         s = df_shipped_write_temp(set, p->dir, sizeof p->dir);
     if (s != DF_OK)

@@ -2,8 +2,8 @@
 # The configs diffuse ships (docs/io.md, "Shipped configs"): `diffuse config` lists the sets
 # and writes one as a folder skeleton; a file with a released FLUX.1-schnell transformer
 # (sparse: the header is real, the data a hole) is recognised with its shipped config, and
-# `generate -m FILE` asks for the tokenizer folders only, by name; given them, it goes on to
-# the weights. A file of another size (the tiny all-in-one case) still needs --config DIR.
+# `generate -m FILE` names the tokenizer folders and the component files still needed in one
+# line; given them, it goes on to the weights. A file of another size (the tiny all-in-one case) still needs --config DIR.
 # Usage: shipped_configs.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -60,10 +60,13 @@ expect() { # expect REGEX generate-args...: status 1, one line matching REGEX, n
 flux=$golden/t2i-flux-schnell/pipeline
 mkdir -p "$work/toks" "$work/half" && cp -r "$flux/tokenizer" "$flux/tokenizer_2" "$work/toks/" &&
     cp -r "$flux/tokenizer" "$work/half/" || fail "copying the tokenizers"
-expect "ships its configs, not its tokenizers.*tokenizer_2/" -m "$work/flux1-schnell.safetensors"
-expect "no tokenizer_2/ folder" -m "$work/flux1-schnell.safetensors" --config "$work/half"
-expect "shipped FLUX.1-schnell configs come without weights" \
-    -m "$work/flux1-schnell.safetensors" --config "$work/toks"
+sf=$work/flux1-schnell.safetensors
+expect "ships its configs.*still needed: tokenizer/ .*tokenizer_2/ .*vae (--vae FILE)" -m "$sf"
+expect "still needed: tokenizer_2/ (in --config DIR: not in" -m "$sf" --config "$work/half"
+expect "still needed: text_encoder (--text-encoder FILE), text_encoder_2 (--text-encoder-2 FILE)$" \
+    -m "$sf" --config "$work/toks" --vae "$sf"
+expect "shipped FLUX.1-schnell configs come without weights" -m "$sf" --config "$work/toks" \
+    --vae "$sf" --text-encoder "$sf" --text-encoder-2 "$sf"
 expect "none shipped for this size.*--config DIR" \
     -m "$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors" --config "$work/toks"
 [ -z "$(ls "$work/tmp")" ] || fail "temporary config folders left: $(ls "$work/tmp")"

@@ -440,15 +440,32 @@ static void test_single_file_load_asks_for_the_tokenizers(void **state)
     assert_non_null(strstr(m, "tokenizer_2/"));
     assert_non_null(strstr(m, "--config DIR"));
 
-    /* a folder with one of the two */
+    /* a folder with one of the two: the missing one and the weights the file lacks */
     assert_int_equal(df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = half}, &p),
                      DF_E_ARG);
-    assert_non_null(strstr(df_error_message(), "no tokenizer_2/ folder"));
+    m = df_error_message();
+    assert_non_null(strstr(m, "still needed: tokenizer_2/ (in --config DIR: not in"));
+    assert_non_null(strstr(m, "vae (--vae FILE)"));
+    assert_non_null(strstr(m, "text_encoder_2 (--text-encoder-2 FILE)"));
 
-    /* both: the shipped configs are used and the load goes on to the weights, which this
-     * file lacks (it holds four of the transformer's tensors): no tokenizer or config
-     * error, and the temporary folder is gone afterwards */
-    df_status s = df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = toks}, &p);
+    /* both tokenizers: only the weights */
+    assert_int_equal(df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = toks}, &p),
+                     DF_E_ARG);
+    m = df_error_message();
+    assert_non_null(strstr(m, "still needed: text_encoder (--text-encoder FILE), "));
+    assert_null(strstr(m, "tokenizer/"));
+    assert_null(strstr(m, "tokenizer_2/"));
+
+    /* all of it: the shipped configs are used and the load goes on to the weights, where
+     * this file (four of the transformer's tensors) fails: no tokenizer or config error,
+     * and the temporary folder is gone afterwards */
+    df_status s = df_pipeline_load(file,
+                                   &(df_load_opts){.threads = 1,
+                                                   .config_dir = toks,
+                                                   .vae_file = file,
+                                                   .text_encoder_file = file,
+                                                   .text_encoder_2_file = file},
+                                   &p);
     assert_int_not_equal(s, DF_OK);
     m = df_error_message();
     assert_null(strstr(m, "tokenizer"));
