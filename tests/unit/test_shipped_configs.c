@@ -483,6 +483,57 @@ static void test_single_file_load_asks_for_the_tokenizers(void **state)
     remove_tree(dir);
 }
 
+/* A released-size file with every component given as a file of its own (sparse, in
+ * diffusers' and transformers' names) and only the tokenizers in --config DIR: the whole
+ * pipeline loads on the shipped configs, which names them, and leaves no temporary folder. */
+static void test_single_file_loads_on_the_shipped_configs(void **state)
+{
+    (void)state;
+    char dir[512], file[600], tmp[600], toks[600], parts[4][600];
+    static const char *const names[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
+    test_dir("shipped-full", dir, sizeof dir);
+    path_in(dir, "flux1-schnell.safetensors", file, sizeof file);
+    path_in(dir, "tmp", tmp, sizeof tmp);
+    path_in(dir, "toks", toks, sizeof toks);
+    mkdir(tmp, 0755);
+    mkdir(toks, 0755);
+    copy_tree(TOKENIZERS "/tokenizer", toks);
+    copy_tree(TOKENIZERS "/tokenizer_2", toks);
+    setenv("TMPDIR", tmp, 1);
+    write_flux_bfl(file, "", false, 3072, 19);
+    enum { CAP = 2048 };
+    tensor *t = malloc(CAP * sizeof *t);
+    char(*tn)[160] = malloc(CAP * sizeof *tn);
+    assert_non_null(t);
+    assert_non_null(tn);
+    for (int i = 0; i < 4; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%s.safetensors", names[i]);
+        path_in(dir, name, parts[i], sizeof parts[i]);
+        write_sparse(parts[i], t, read_shapes("FLUX.1-schnell", names[i], t, CAP, tn));
+    }
+    free(tn);
+    free(t);
+    df_pipeline *p = NULL;
+    df_status s = df_pipeline_load(file,
+                                   &(df_load_opts){.threads = 1,
+                                                   .config_dir = toks,
+                                                   .transformer_file = parts[0],
+                                                   .vae_file = parts[1],
+                                                   .text_encoder_file = parts[2],
+                                                   .text_encoder_2_file = parts[3]},
+                                   &p);
+    if (s != DF_OK)
+        fail_msg("%s", df_error_message());
+    assert_string_equal(df_pipeline_class(p), "FluxPipeline");
+    assert_string_equal(df_pipeline_shipped_config(p), "FLUX.1-schnell");
+    assert_int_equal(leftovers(tmp), 1); /* the configs it reads */
+    df_pipeline_free(p);
+    assert_int_equal(leftovers(tmp), 0);
+    unsetenv("TMPDIR");
+    remove_tree(dir);
+}
+
 static void test_config_write_by_name(void **state)
 {
     (void)state;
@@ -511,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_files_are_the_recorded_text),
         cmocka_unit_test(test_configs_load_at_full_size),
         cmocka_unit_test(test_single_file_load_asks_for_the_tokenizers),
+        cmocka_unit_test(test_single_file_loads_on_the_shipped_configs),
         cmocka_unit_test(test_config_write_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
