@@ -473,6 +473,14 @@ static void test_single_file_load_asks_for_the_tokenizers(void **state)
     assert_non_null(strstr(m, "num_layers"));
     assert_int_equal(leftovers(tmp), 0);
 
+    /* a diffusers folder as --config DIR wins over the shipped set */
+    s = df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = TOKENIZERS}, &p);
+    assert_int_not_equal(s, DF_OK);
+    m = df_error_message();
+    assert_non_null(strstr(m, TOKENIZERS "/transformer"));
+    assert_null(strstr(m, "the shipped FLUX.1-schnell configs"));
+    assert_int_equal(leftovers(tmp), 0);
+
     /* another size of the layout: no shipped set, --config asked for */
     write_flux_bfl(file, "", false, 64, 19);
     assert_int_equal(df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = toks}, &p),
