@@ -509,9 +509,9 @@ static df_status choose_configs(df_pipeline *p, const char *path, const df_check
     if (s != DF_OK)
         return s;
     p->shipped = set;
-    snprintf(p->tokenizer_dir, sizeof p->tokenizer_dir, "%s", cfg);
+    snprintf(p->tokenizer_dir, sizeof p->tokenizer_dir, "%s", cfg ? cfg : "");
     df_logf(2, "config: shipped %s (written to %s); tokenizers from %s", set->name, p->dir,
-            cfg);
+            cfg ? cfg : "nowhere");
     return DF_OK;
 }
 
@@ -572,9 +572,9 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
     if (s != DF_OK && p->shipped) {
         char why[1024];
         snprintf(why, sizeof why, "%s", df_error_message());
-        s = df_errorf(s, "%s (the shipped %s configs come without weights: what %s lacks is "
-                      "given with --vae / --text-encoder* FILE, or by a diffusers folder of "
-                      "the model as --config DIR)", why, p->shipped->name, p->checkpoint);
+        s = df_errorf(s, "%s (loading on the shipped %s configs, which describe the released "
+                      "model: %s and the component files given must hold its weights)", why,
+                      p->shipped->name, p->checkpoint);
     } else if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
                                                   strstr(df_error_message(), "config"))) {
         char why[1024];

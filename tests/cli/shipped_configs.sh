@@ -65,7 +65,7 @@ expect "ships its configs.*still needed: tokenizer/ .*tokenizer_2/ .*vae (--vae 
 expect "still needed: tokenizer_2/ (in --config DIR: not in" -m "$sf" --config "$work/half"
 expect "still needed: text_encoder (--text-encoder FILE), text_encoder_2 (--text-encoder-2 FILE)$" \
     -m "$sf" --config "$work/toks" --vae "$sf"
-expect "shipped FLUX.1-schnell configs come without weights" -m "$sf" --config "$work/toks" \
+expect "loading on the shipped FLUX.1-schnell configs" -m "$sf" --config "$work/toks" \
     --vae "$sf" --text-encoder "$sf" --text-encoder-2 "$sf"
 expect "none shipped for this size.*--config DIR" \
     -m "$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors" --config "$work/toks"
