@@ -27,6 +27,14 @@
 #include "core/status.h"
 
 static const df_shipped_config sets[] = {
+    {.name = "FLUX.1-dev",
+     .tokenizers = "tokenizer/ (CLIP: vocab.json and merges.txt) and tokenizer_2/ (T5: "
+                   "spiece.model or tokenizer.json)",
+     .width_key = "img_in.weight",
+     .width_rows = 3072,
+     .width_cols = 64,
+     .last_key = {"double_blocks.18.img_attn.qkv.weight", "single_blocks.37.linear1.weight"},
+     .past_key = {"double_blocks.19.img_attn.qkv.weight", "single_blocks.38.linear1.weight"}},
     {.name = "FLUX.1-schnell",
      .tokenizers = "tokenizer/ (CLIP: vocab.json and merges.txt) and tokenizer_2/ (T5: "
                    "spiece.model or tokenizer.json)",
@@ -41,8 +49,6 @@ static const df_shipped_config sets[] = {
 static const struct {
     const char *model, *reason;
 } missing[] = {
-    {"FLUX.1-dev", "no complete public copy of its official configs was found to take the "
-                   "values from"},
     {"FLUX.1-fill", "FluxFillPipeline is not implemented"},
     {"FLUX.1-depth", "FluxControlPipeline is not implemented"},
     {"FLUX.2-dev", "no complete public copy of its official configs was found to take the "

@@ -126,12 +126,18 @@ static void test_recognition_picks_the_set_by_model_and_size(void **state)
     assert_non_null(strstr(text, "config: shipped FLUX.1-schnell\n"));
     assert_non_null(strstr(text, "tokenizer_2/"));
 
-    /* dev: the layout is known, its configs are not shipped */
+    /* dev (guidance_in): its own set, never schnell's; at another width, none */
     write_flux_bfl(path, "", true, 3072, 19);
     assert_int_equal(df_checkpoint_recognise(path, &c), DF_OK);
     assert_string_equal(c.model, "FLUX.1-dev");
+    assert_string_equal(c.shipped, "FLUX.1-dev");
+    assert_int_equal(df_checkpoint_describe(path, text, sizeof text), DF_OK);
+    assert_non_null(strstr(text, "config: shipped FLUX.1-dev\n"));
+    write_flux_bfl(path, "model.diffusion_model.", true, 3072, 20);
+    assert_int_equal(df_checkpoint_recognise(path, &c), DF_OK);
+    assert_string_equal(c.model, "FLUX.1-dev");
     assert_string_equal(c.shipped, "");
-    assert_non_null(strstr(c.shipped_why, "FLUX.1-dev"));
+    assert_non_null(strstr(c.shipped_why, "size"));
 
     /* the schnell layout at other sizes: a width, one block more, one fewer */
     const int sizes[][2] = {{64, 19}, {3072, 20}, {3072, 18}};
@@ -547,7 +553,8 @@ static void test_config_write_by_name(void **state)
     (void)state;
     char dir[512], path[700];
     test_dir("shipped-write", dir, sizeof dir);
-    assert_string_equal(df_shipped_config_name(0), "FLUX.1-schnell");
+    assert_string_equal(df_shipped_config_name(0), "FLUX.1-dev");
+    assert_string_equal(df_shipped_config_name(1), "FLUX.1-schnell");
     assert_null(df_shipped_config_name(df_shipped_count()));
     assert_int_equal(df_shipped_config_write("FLUX.1-schnell", dir), DF_OK);
     assert_true(is_dir(path_in(dir, "transformer", path, sizeof path)));
