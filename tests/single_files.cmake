@@ -35,11 +35,17 @@ set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
 add_test(NAME single-files/inspect-all-in-one
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors)
 set_tests_properties(single-files/inspect-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
-  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n  missing: CLIP-L [^\n]*T5 [^\n]*--config DIR")
+  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n  config: none shipped for this size [^\n]*--config DIR\n  missing: CLIP-L [^\n]*T5 [^\n]*--config DIR")
 add_test(NAME single-files/inspect-clip
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors)
 set_tests_properties(single-files/inspect-clip PROPERTIES PASS_REGULAR_EXPRESSION
-  "model: no transformer\n  holds: CLIP-L\n  missing: transformer")
+  "model: no transformer\n  holds: CLIP-L\n  config: the file holds no transformer[^\n]*\n  missing: transformer")
+
+# The shipped configs: `diffuse config`, and -m FILE of a released size with no folder
+# (tests/cli/shipped_configs.sh; full-size files are sparse).
+add_test(NAME single-files/cli-shipped-configs
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/shipped_configs.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 
 # `diffuse convert FILE --config DIR -o OUT` (tests/cli/convert.sh).
 add_test(NAME single-files/cli-convert

@@ -284,6 +284,17 @@ typedef struct df_gen_output {
  * DF_E_FORMAT when the file cannot be read. */
 DF_API df_status df_checkpoint_describe(const char *path, char *out, size_t cap);
 
+/* The config sets diffuse ships for released models (model_index.json and every
+ * component's config, no weights, no tokenizers; docs/io.md): the i-th set's name
+ * ("FLUX.1-schnell"), or NULL past the last. Borrowed, static. */
+DF_API const char *df_shipped_config_name(int i);
+
+/* Writes the shipped set `name` into the folder `dir` (created if missing) as a diffusers
+ * folder skeleton that tokenizer folders and weights can be added to. DF_E_ARG for a name
+ * diffuse does not ship (the message lists those it does), DF_E_IO naming a path that
+ * cannot be written. */
+DF_API df_status df_shipped_config_write(const char *name, const char *dir);
+
 /* Loads the pipeline in `dir` (the folder with model_index.json). opts may be NULL.
  * DF_E_IO / DF_E_FORMAT for missing or malformed files (naming them), DF_E_UNSUPPORTED for a
  * pipeline or component class diffuse does not implement. Free with df_pipeline_free. */
@@ -306,6 +317,9 @@ DF_API void df_gen_output_free(df_gen_output *out);
 
 /* The pipeline's class ("FluxPipeline"), its context, and its default parameters. */
 DF_API const char *df_pipeline_class(const df_pipeline *p);
+/* The shipped config set a single-file load used ("FLUX.1-schnell"), or NULL when the
+ * configs came from a folder. */
+DF_API const char *df_pipeline_shipped_config(const df_pipeline *p);
 DF_API df_ctx *df_pipeline_ctx(df_pipeline *p);
 /* The compute dtype the pipeline runs in and, in *why (may be NULL; valid while p lives),
  * the reason: "asked for", or with auto_dtype the measured rates and why they decided. */

@@ -16,8 +16,16 @@
 #include "core/status.h"
 #include "io/path.h"
 #include "models/names.h"
+#include "models/shipped.h"
 
 static const char *const prefixes[] = {"", "model.diffusion_model."};
+
+/* The names transformer() below gives; test_shipped_configs checks each has a shipped
+ * config set or a recorded reason. */
+const char *const df_checkpoint_models[] = {
+    "FLUX.1-dev",   "FLUX.1-schnell", "FLUX.1-fill", "FLUX.1-depth", "FLUX.2-dev",
+    "FLUX.2-klein", "SD3-medium",     "SD3.5-medium", "SD3.5-large",
+    "SD3-like (MMDiT names, no released size)", NULL};
 
 /* The key `name` under either transformer prefix, or NULL; *prefix gets the one found. */
 static const df_checkpoint_key *find(const df_checkpoint_key *keys, int n, const char *name,
@@ -101,12 +109,16 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
                 out->clip_l = true;
         }
     }
+    const df_shipped_config *c = df_shipped_match(keys, n, out, out->shipped_why,
+                                                  sizeof out->shipped_why);
+    out->shipped = c ? c->name : "";
 }
 
 df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
 {
     memset(out, 0, sizeof *out);
     out->model = "";
+    out->shipped = "";
     df_gguf *g = NULL;
     df_weights *w = NULL;
     DF_TRY(df_str_ends_with(path, ".gguf") ? df_gguf_open(path, &g) : df_weights_open(path, &w));
@@ -153,7 +165,7 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
     df_checkpoint_parts c;
     DF_TRY(df_checkpoint_recognise(path, &c));
     bool sd3 = strncmp(c.model, "SD3", 3) == 0 || c.clip_g;
-    char line[256];
+    char line[512];
     snprintf(line, sizeof line, "model: %s%s%s%s\n", *c.model ? c.model : "no transformer",
              c.transformer ? " (transformer under " : "",
              c.transformer ? (*c.transformer_prefix ? c.transformer_prefix : "no prefix") : "",
@@ -176,6 +188,11 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             any = true;
         }
     add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    if (*c.shipped)
+        snprintf(line, sizeof line, "config: shipped %s\n", c.shipped);
+    else
+        snprintf(line, sizeof line, "config: %s; give --config DIR\n", c.shipped_why);
+    add(out, cap, line);
     if (strncmp(c.model, "FLUX.2", 6) == 0) {
         add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
                       "-m DIR --transformer FILE), configs and tokenizers (the same folder)");
@@ -195,8 +212,14 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
                   "text_encoder_3/),"
                 : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
-    add(out, cap,
-        " configs and tokenizers (diffuse ships none yet: -m FILE --config DIR, a "
-        "diffusers folder of the model, or -m DIR with the component options)");
+    if (*c.shipped) {
+        add(out, cap, " tokenizers (--config DIR holding ");
+        add(out, cap, df_shipped_find(c.shipped)->tokenizers);
+        add(out, cap, ")");
+    } else {
+        add(out, cap,
+            " configs and tokenizers (-m FILE --config DIR, a diffusers folder of the model, "
+            "or -m DIR with the component options)");
+    }
     return DF_OK;
 }

@@ -33,7 +33,14 @@ typedef struct df_checkpoint_parts {
     const char *model;
     bool transformer, vae, clip_l, clip_g, t5;
     char transformer_prefix[64]; /* "", "model.diffusion_model." */
+    /* The shipped config set for the file (shipped.h: its model and sizes), or "" with
+     * shipped_why saying why there is none. */
+    const char *shipped;
+    char shipped_why[256];
 } df_checkpoint_parts;
+
+/* Every model name df_checkpoint_recognise_keys can give, NULL-terminated. */
+extern const char *const df_checkpoint_models[];
 
 /* Recognises a list of keys (any order). Never fails. */
 void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_checkpoint_parts *out);

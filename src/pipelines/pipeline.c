@@ -24,6 +24,7 @@
 #include "io/path.h"
 #include "models/checkpoint.h"
 #include "models/loader.h"
+#include "models/shipped.h"
 #include "models/step_cache.h"
 #include "pipelines/inpaint.h"
 #include "models/lora.h"
@@ -134,7 +135,9 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
     if (!df_pipeline_has_component(idx, name))
         return df_errorf(DF_E_FORMAT, "%s/model_index.json: the pipeline needs component "
                          "'%s', which is missing or null", p->dir, name);
-    return df_layout_component_dir(p->dir, name, buf, cap);
+    bool tokenizer = strncmp(name, "tokenizer", 9) == 0;
+    return df_layout_component_dir(tokenizer && p->tokenizer_dir[0] ? p->tokenizer_dir : p->dir,
+                                   name, buf, cap);
 }
 
 bool df_pipeline_lead(const df_pipeline *p)
@@ -396,6 +399,122 @@ static df_status load_parts(df_pipeline *p)
     return s;
 }
 
+/* Whether `dir` is a diffusers folder (it has model_index.json), not only tokenizers. */
+static bool has_model_index(const char *dir)
+{
+    char path[DF_PATH_MAX];
+    int n = snprintf(path, sizeof path, "%s/model_index.json", dir);
+    return n > 0 && (size_t)n < sizeof path && df_path_is_file(path);
+}
+
+/* Whether the weights of `component` come from the checkpoint (`c`) or an option. SD3's
+ * second encoder is CLIP-G and its T5 the third; FLUX.1's T5 the second. */
+static bool component_given(const df_load_opts *o, const df_checkpoint_parts *c,
+                            const char *component)
+{
+    bool sd3 = strncmp(c->model, "SD3", 3) == 0 || c->clip_g;
+    if (strcmp(component, "transformer") == 0)
+        return c->transformer || o->transformer_file;
+    if (strcmp(component, "vae") == 0)
+        return c->vae || o->vae_file;
+    if (strcmp(component, "text_encoder") == 0)
+        return c->clip_l || o->text_encoder_file;
+    if (strcmp(component, "text_encoder_2") == 0)
+        return (sd3 ? c->clip_g : c->t5) || o->text_encoder_2_file;
+    if (strcmp(component, "text_encoder_3") == 0)
+        return c->t5 || o->text_encoder_3_file;
+    return true; /* the scheduler: its config is all it needs */
+}
+
+static const char *component_option(const char *component)
+{
+    return strcmp(component, "transformer") == 0      ? "--transformer FILE"
+           : strcmp(component, "vae") == 0            ? "--vae FILE"
+           : strcmp(component, "text_encoder") == 0   ? "--text-encoder FILE"
+           : strcmp(component, "text_encoder_2") == 0 ? "--text-encoder-2 FILE"
+                                                      : "--text-encoder-3 FILE";
+}
+
+/* What the shipped set `idx` still needs for this load, appended to `need` (cap bytes):
+ * each tokenizer folder config_dir lacks (all of them without one), then each component
+ * whose weights neither the file nor an option gives. */
+static void shipped_needs(const df_pipeline *p, const df_checkpoint_parts *c,
+                          const df_model_index *idx, char *need, size_t cap)
+{
+    const char *cfg = p->opts.config_dir;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < df_model_index_count(idx); i++) {
+            const df_component *comp = df_model_index_at(idx, i);
+            bool tokenizer = strncmp(comp->name, "tokenizer", 9) == 0;
+            char dir[DF_PATH_MAX];
+            size_t n = strlen(need);
+            if (!comp->cls || tokenizer != (pass == 0))
+                continue;
+            if (tokenizer && (!cfg || df_layout_component_dir(cfg, comp->name, dir,
+                                                              sizeof dir) != DF_OK))
+                snprintf(need + n, cap - n, "%s%s/ (in --config DIR%s%s)", n ? ", " : "",
+                         comp->name, cfg ? ": not in " : "", cfg ? cfg : "");
+            else if (!tokenizer && !component_given(&p->opts, c, comp->name))
+                snprintf(need + n, cap - n, "%s%s (%s)", n ? ", " : "", comp->name,
+                         component_option(comp->name));
+        }
+}
+
+/*
+ * Where the configs of the checkpoint file `path` come from: config_dir when it is a
+ * diffusers folder (its configs win); else the shipped set for the recognised model and
+ * size, written into a temporary folder, with the tokenizers from config_dir. What the set
+ * still needs (tokenizer folders, weights the file lacks) is checked here, before any
+ * weight is read, so that one message names all of it.
+ */
+static df_status choose_configs(df_pipeline *p, const char *path, const df_checkpoint_parts *c)
+{
+    const char *cfg = p->opts.config_dir;
+    if (cfg && has_model_index(cfg)) {
+        snprintf(p->dir, sizeof p->dir, "%s", cfg);
+        return DF_OK;
+    }
+    if (!*c->shipped)
+        return df_errorf(DF_E_ARG,
+                         "%s is a single checkpoint file (%s), and diffuse ships no configs "
+                         "for it: %s; give the model's diffusers folder (or one holding "
+                         "model_index.json, each component's config.json and the tokenizer "
+                         "folders) as config_dir (diffuse generate --config DIR)",
+                         path, *c->model ? c->model : "no transformer", c->shipped_why);
+    const df_shipped_config *set = df_shipped_find(c->shipped);
+    df_json *index = NULL;
+    size_t size = 0;
+    const char *text = df_shipped_file(set, "model_index.json", &size);
+    DF_TRY(df_json_parse_string(text, size, "model_index.json (shipped)", &index));
+    df_model_index *idx = NULL;
+    df_status s = df_model_index_from_json(index, &idx);
+    char need[1024] = "";
+    if (s == DF_OK)
+        shipped_needs(p, c, idx, need, sizeof need);
+    df_model_index_free(idx);
+    df_json_free(index);
+    bool tokenizers = strstr(need, "tokenizer") != NULL;
+    if (s == DF_OK && need[0])
+        s = df_errorf(DF_E_ARG,
+                      "%s is %s: diffuse ships its configs, not its tokenizers or the weights "
+                      "the file lacks; still needed: %s%s%s%s",
+                      path, set->name, need, tokenizers ? ". The tokenizer folders are " : "",
+                      tokenizers ? set->tokenizers : "",
+                      tokenizers ? ", from a diffusers folder of the model or a folder "
+                                   "holding only those, given as config_dir (diffuse "
+                                   "generate --config DIR)"
+                                 : "");
+    if (s == DF_OK)
+        s = df_shipped_write_temp(set, p->dir, sizeof p->dir);
+    if (s != DF_OK)
+        return s;
+    p->shipped = set;
+    snprintf(p->tokenizer_dir, sizeof p->tokenizer_dir, "%s", cfg ? cfg : "");
+    df_logf(2, "config: shipped %s (written to %s); tokenizers from %s", set->name, p->dir,
+            cfg ? cfg : "nowhere");
+    return DF_OK;
+}
+
 /*
  * `path` is one checkpoint file (ComfyUI's all-in-one files): config_dir gives
  * model_index.json, the configs and the tokenizers, and each component the file holds is
@@ -404,13 +523,6 @@ static df_status load_parts(df_pipeline *p)
  */
 static df_status use_checkpoint(df_pipeline *p, const char *path)
 {
-    if (!p->opts.config_dir)
-        return df_errorf(DF_E_ARG,
-                         "%s is a single checkpoint file: diffuse ships no configs or "
-                         "tokenizers for it yet; give the model's diffusers folder (or one "
-                         "holding model_index.json, each component's config.json and the "
-                         "tokenizer folders) as config_dir (diffuse generate --config DIR)",
-                         path);
     df_checkpoint_parts parts;
     DF_TRY(df_checkpoint_recognise(path, &parts));
     if (!parts.transformer && !parts.vae && !parts.clip_l && !parts.clip_g && !parts.t5)
@@ -418,8 +530,8 @@ static df_status use_checkpoint(df_pipeline *p, const char *path)
                          "%s: no component diffuse recognises (a FLUX.1 / SD3 transformer in "
                          "the original names, an LDM VAE, CLIP-L, CLIP-G or T5)",
                          path);
+    DF_TRY(choose_configs(p, path, &parts));
     snprintf(p->checkpoint, sizeof p->checkpoint, "%s", path);
-    snprintf(p->dir, sizeof p->dir, "%s", p->opts.config_dir);
     const char *f = p->checkpoint;
     bool sd3 = strncmp(parts.model, "SD3", 3) == 0 || parts.clip_g;
     df_load_opts *o = &p->opts;
@@ -457,8 +569,14 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         s = use_checkpoint(p, dir);
     if (s == DF_OK)
         s = load_parts(p);
-    if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
-                                           strstr(df_error_message(), "config"))) {
+    if (s != DF_OK && p->shipped) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", df_error_message());
+        s = df_errorf(s, "%s (loading on the shipped %s configs, which describe the released "
+                      "model: %s and the component files given must hold its weights)", why,
+                      p->shipped->name, p->checkpoint);
+    } else if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
+                                                  strstr(df_error_message(), "config"))) {
         char why[1024];
         snprintf(why, sizeof why, "%s", df_error_message());
         s = df_errorf(s, "%s (%s holds weights only: the configs and tokenizers come from the "
@@ -587,6 +705,11 @@ const char *df_pipeline_class(const df_pipeline *p)
     return p->cls->name;
 }
 
+const char *df_pipeline_shipped_config(const df_pipeline *p)
+{
+    return p->shipped ? p->shipped->name : NULL;
+}
+
 df_ctx *df_pipeline_ctx(df_pipeline *p)
 {
     return p->ctx;
@@ -614,6 +737,8 @@ void df_pipeline_free(df_pipeline *p)
     df_ctx_free(p->ctx);
     if (p->owns_comm)
         df_comm_free(p->comm);
+    if (p->shipped)
+        df_shipped_remove(p->shipped, p->dir);
     df_free(p);
 }
 

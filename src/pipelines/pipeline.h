@@ -23,6 +23,11 @@ struct df_pipeline {
     df_ctx *ctx;
     char dir[2048];
     char checkpoint[2048]; /* -m FILE: the all-in-one file the components' *_file name */
+    /* -m FILE without a folder of configs: the shipped set (models/shipped.h) written into
+     * the temporary folder `dir`, removed by df_pipeline_free; the tokenizers come from
+     * tokenizer_dir (--config DIR holding only tokenizer folders). */
+    const struct df_shipped_config *shipped;
+    char tokenizer_dir[2048];
     df_load_opts opts;
     struct df_comm *comm; /* tensor-parallel ranks, or NULL */
     bool owns_comm;

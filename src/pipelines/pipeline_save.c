@@ -10,7 +10,8 @@
  * text-to-image load does not bind, is loaded from the same source and written with it.
  *
  * Everything else of the config folder (model_index.json, configs, scheduler, tokenizers,
- * and the weights of components the pipeline did not load) is copied as it is. A
+ * and the weights of components the pipeline did not load) is copied as it is; with shipped
+ * configs, the tokenizers come from the folder they were read from. A
  * component's file is built in memory before it is written (its size in RAM).
  */
 #include <dirent.h>
@@ -182,5 +183,16 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
         }
     }
     closedir(d);
+    /* Shipped configs (-m FILE with only tokenizers in --config DIR): the tokenizers are
+     * copied from where they were read. */
+    d = s == DF_OK && p->tokenizer_dir[0] ? opendir(p->tokenizer_dir) : NULL;
+    while (d && s == DF_OK && (e = readdir(d))) {
+        snprintf(from, sizeof from, "%s/%s", p->tokenizer_dir, e->d_name);
+        snprintf(to, sizeof to, "%s/%s", out_dir, e->d_name);
+        if (strncmp(e->d_name, "tokenizer", 9) == 0 && df_path_is_dir(from))
+            s = copy_folder(from, to, false);
+    }
+    if (d)
+        closedir(d);
     return s;
 }

@@ -10,6 +10,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_make_tiny(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
+int cmd_config(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 

@@ -663,6 +663,9 @@ int cmd_generate(int argc, char **argv)
         const char *why;
         df_dtype dt = df_pipeline_compute_dtype(p, &why);
         fprintf(stderr, "compute dtype %s: %s\n", df_dtype_name(dt), why);
+        if (df_pipeline_shipped_config(p))
+            fprintf(stderr, "config: shipped %s (tokenizers from %s)\n",
+                    df_pipeline_shipped_config(p), lo.config_dir);
     }
     /* FLUX.1 Kontext: an explicit -W / -H is the output size (the area diffusers fits the
      * size to is W x H) and the picture keeps its own size (_auto_resize=False); without

@@ -20,6 +20,7 @@ static const struct {
     {"make-tiny", cmd_make_tiny, "write a small random pipeline folder (no download needed)"},
     {"quantize", cmd_quantize, "write a model folder with 8-bit linear weights (int8)"},
     {"convert", cmd_convert, "write a diffusers folder from a single checkpoint file"},
+    {"config", cmd_config, "list the shipped model configs, or write one as a folder"},
     {"serve", cmd_serve, "an image server: A1111 and OpenAI APIs, a jobs API and a web page"},
     {"devices", cmd_devices, "list the devices --device can name, with memory and capabilities"},
 };
