@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""GGUF files in stable-diffusion.cpp's and llama.cpp's names, with transformers' /
+diffusers' own loading of the exact dequantised weights as the reference.
+
+  flux-gguf-sdcpp       one GGUF as stable-diffusion.cpp's `convert --diffusion-model
+                        --vae --type q8_0 --convert-name` writes it: the golden
+                        flux-transformer under "model.diffusion_model." (BFL names) and
+                        t2i-flux-schnell's VAE under "first_stage_model." (LDM names). Tensor
+                        types follow sd.cpp's tensor_should_be_converted: Q8_0 where the
+                        inner size is a multiple of 32, except biases, ".scale", img_in,
+                        txt_in, time_in, vector_in, guidance_in and final_layer, which keep
+                        the source's type (bf16 for the transformer, f16 for the VAE).
+                        The case runs the transformer (model_forward).
+  vae-gguf-sdcpp        the VAE of the same file (vae_decode).
+  te-gguf-t5-llamacpp   t2i-flux-schnell's T5 encoder in llama.cpp's names (architecture
+                        t5encoder: token_embd, enc.blk.N.attn_q ..., enc.output_norm), as
+                        city96's t5-v1_1-xxl-encoder GGUFs hold it: Q8_0 where the inner size
+                        is a multiple of 32, F16 for other 2-D weights, F32 for 1-D.
+
+References: the file is dequantised by gguf.quants.dequantize (ggml's rule, exact in f32);
+the transformer and the VAE are then loaded by diffusers' from_single_file (the
+transformer's conversion re-created with the tiny width, as flux_single_file.py does), the
+T5 encoder by transformers' own GGUF loader, T5EncoderModel.from_pretrained(dir,
+gguf_file=...), checked to hold the same dequantised weights. All run in float64 (out.*);
+tolerances follow the golden rule against the float32 run.
+
+Usage: python tools/refgen/gguf_names.py
+"""
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import torch
+import gguf
+from gguf import GGMLQuantizationType as Q
+from safetensors.torch import load_file, save_file
+
+import diffusers
+from diffusers import AutoencoderKL, FluxTransformer2DModel
+from diffusers.image_processor import VaeImageProcessor
+import transformers
+from transformers import T5EncoderModel, T5TokenizerFast
+
+import flux_single_file as fsf
+from component_files import to_ldm_vae
+from refcase import ROOT, tolerance, write_case
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+CASES = os.path.join(ROOT, "tests", "cases")
+PIPE = os.path.join(GOLDEN, "t2i-flux-schnell", "pipeline")
+
+SDCPP_KEEP = ("img_in.", "txt_in.", "time_in.", "vector_in.", "guidance_in.", "final_layer.",
+              "embedding")
+
+
+def sdcpp_type(name, v):
+    """stable-diffusion.cpp's tensor_should_be_converted for --type q8_0."""
+    if v.shape[-1] % 32 != 0 or name.endswith(".bias") or name.endswith(".scale"):
+        return None
+    if any(k in name for k in SDCPP_KEEP):
+        return None
+    return Q.Q8_0
+
+
+def add(w, name, v, qt):
+    """v: float32 numpy; qt: a ggml type."""
+    if qt == Q.F32:
+        w.add_tensor(name, v)
+    elif qt == Q.F16:
+        w.add_tensor(name, v.astype(np.float16))
+    else:
+        w.add_tensor(name, gguf.quants.quantize(v, qt), raw_dtype=qt)
+
+
+def dequantised(path):
+    """name -> the tensor as ggml dequantises it (f32, torch shape)."""
+    out = {}
+    for t in gguf.GGUFReader(path).tensors:
+        v = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        out[t.name] = torch.from_numpy(v.reshape([int(d) for d in reversed(t.shape)]).copy())
+    return out
+
+
+def sdcpp_file(out_dir):
+    cfg = os.path.join(GOLDEN, "flux-transformer", "model")
+    conf = json.load(open(os.path.join(cfg, "config.json")))
+    fsf.use_inner_dim(conf["num_attention_heads"] * conf["attention_head_dim"])
+    sd = load_file(os.path.join(cfg, "diffusion_pytorch_model.safetensors"))
+    bfl = fsf.to_bfl(sd, conf["num_layers"], conf["num_single_layers"])
+    vae = AutoencoderKL.from_pretrained(os.path.join(PIPE, "vae"))
+    ldm = to_ldm_vae({k: v.float() for k, v in vae.state_dict().items()},
+                     len(vae.config.block_out_channels))
+    single = "flux1-tiny-sdcpp-q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="flux")
+    counts = {}
+    tensors = [("model.diffusion_model." + k, v, Q.BF16) for k, v in bfl.items()]
+    tensors += [("first_stage_model." + k, v, Q.F16) for k, v in ldm.items()]
+    for name, v, source in sorted(tensors, key=lambda t: t[0]):
+        v = v.to(torch.float32).contiguous().numpy()
+        qt = sdcpp_type(name, v) or source
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, name, v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, single, counts, cfg
+
+
+def flux_case(path, single, counts, cfg):
+    name = "flux-gguf-sdcpp"
+    out_dir = os.path.join(CASES, name)
+    exact = dequantised(path)
+    pre = "model.diffusion_model."
+    tmp = os.path.join(tempfile.mkdtemp(), "exact.safetensors")
+    save_file({k: v for k, v in exact.items() if k.startswith(pre)}, tmp)
+
+    def load(dtype):
+        return FluxTransformer2DModel.from_single_file(tmp, config=cfg, torch_dtype=dtype)
+
+    ins, golden_case = fsf.golden_inputs()
+    fsf.write_case(out_dir, name,
+                   "stable-diffusion.cpp GGUF (convert --convert-name, q8_0): transformer "
+                   f"under model.diffusion_model. + VAE under first_stage_model.: {counts}",
+                   "FluxTransformer2DModel.from_single_file(<the file's model.diffusion_model. "
+                   "tensors dequantised by gguf.quants.dequantize>, config=dir, "
+                   "torch_dtype=...)(**args)[0]",
+                   single, load, ins, golden_case)
+
+
+def vae_case(path, single):
+    name = "vae-gguf-sdcpp"
+    vae_dir = os.path.join(PIPE, "vae")
+    exact = dequantised(path)
+    pre = "first_stage_model."
+    tmp = os.path.join(tempfile.mkdtemp(), "exact.safetensors")
+    save_file({k: v for k, v in exact.items() if k.startswith(pre)}, tmp)
+    ref = AutoencoderKL.from_pretrained(vae_dir)
+    g = torch.Generator().manual_seed(3)
+    latents = torch.randn(1, ref.config.latent_channels, 4, 4, generator=g)
+    proc = VaeImageProcessor(vae_scale_factor=8)
+    res = {}
+    for tag, dt in (("out", torch.float64), ("out_f32", torch.float32)):
+        m = AutoencoderKL.from_single_file(tmp, config=vae_dir, torch_dtype=dt)
+        with torch.no_grad():
+            scaled = latents.to(dt) / m.config.scaling_factor + m.config.shift_factor
+            decoded = m.decode(scaled).sample
+        image = proc.postprocess(decoded, output_type="pt").permute(0, 2, 3, 1)
+        res[tag] = {"scaled": scaled.numpy(), "decoded": decoded.numpy(), "image": image.numpy()}
+    tensors = {"in.latents": latents.numpy()}
+    for k in ("scaled", "decoded"):
+        tensors[f"out.{k}"] = res["out"][k]
+    tensors["out.image_uint8"] = (res["out"]["image"] * 255).round().astype(np.uint8)
+    tol = {k: tolerance(res["out"][k], res["out_f32"][k], 1e-5, 1e-6)
+           for k in ("scaled", "decoded")}
+    tol["image_uint8"] = {"max_abs": 1, "rel_l2": 0.01}
+    write_case(name, {
+        "kind": "vae_decode",
+        "covers": "FLUX.1 AutoencoderKL from a stable-diffusion.cpp GGUF "
+                  "(first_stage_model. + LDM names, f16 / q8_0 as sd.cpp writes them), "
+                  "decode 4x4 latents -> 32x32",
+        "class": "AutoencoderKL",
+        "dir": "../../golden/t2i-flux-schnell/pipeline/vae",
+        "single_file": "../flux-gguf-sdcpp/" + single,
+        "call": "m = AutoencoderKL.from_single_file(<the file's first_stage_model. tensors "
+                "dequantised by gguf.quants.dequantize>, config=dir); scaled = latents / "
+                "scaling_factor + shift_factor; decoded = m.decode(scaled).sample; image = "
+                "VaeImageProcessor.postprocess(decoded) as (B, H, W, 3)",
+        "args": {"latents": "in.latents", "height": 32, "width": 32,
+                 "unpack_latents": False, "output_type": "np"},
+        "outputs": {k: f"out.{k}" for k in ("scaled", "decoded", "image_uint8")},
+        "tolerance": tol,
+        "exact": [],
+        "notes": ["dir gives the config only; the file is flux-gguf-sdcpp's"],
+        "provenance": {"diffusers": diffusers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, tensors)
+
+
+# transformers' T5 encoder names -> llama.cpp's (gguf.constants, MODEL_ARCH.T5ENCODER)
+T5_BLOCK = {
+    "layer.0.SelfAttention.q": "attn_q", "layer.0.SelfAttention.k": "attn_k",
+    "layer.0.SelfAttention.v": "attn_v", "layer.0.SelfAttention.o": "attn_o",
+    "layer.0.SelfAttention.relative_attention_bias": "attn_rel_b",
+    "layer.0.layer_norm": "attn_norm", "layer.1.DenseReluDense.wi_0": "ffn_gate",
+    "layer.1.DenseReluDense.wi_1": "ffn_up", "layer.1.DenseReluDense.wo": "ffn_down",
+    "layer.1.layer_norm": "ffn_norm",
+}
+
+
+def to_llamacpp_t5(name):
+    if name == "shared.weight":
+        return "token_embd.weight"
+    if name == "encoder.final_layer_norm.weight":
+        return "enc.output_norm.weight"
+    parts = name.split(".")
+    assert parts[:2] == ["encoder", "block"], name
+    inner = ".".join(parts[3:-1])
+    return f"enc.blk.{parts[2]}.{T5_BLOCK[inner]}.{parts[-1]}"
+
+
+def t5_case():
+    name = "te-gguf-t5-llamacpp"
+    te_dir = os.path.join(PIPE, "text_encoder_2")
+    out_dir = os.path.join(CASES, name)
+    os.makedirs(out_dir, exist_ok=True)
+    src = T5EncoderModel.from_pretrained(te_dir)
+    c = src.config
+    single = "t5-tiny-encoder-Q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="t5encoder")
+    w.add_name("t5-tiny-encoder")
+    w.add_context_length(512)
+    w.add_embedding_length(c.d_model)
+    w.add_feed_forward_length(c.d_ff)
+    w.add_block_count(c.num_layers)
+    w.add_head_count(c.num_heads)
+    w.add_key_length(c.d_kv)
+    w.add_value_length(c.d_kv)
+    w.add_layer_norm_rms_eps(c.layer_norm_epsilon)
+    w.add_layer_norm_eps(c.layer_norm_epsilon)
+    w.add_relative_attn_buckets_count(c.relative_attention_num_buckets)
+    w.add_decoder_start_token_id(c.decoder_start_token_id)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    # city96's files carry llama.cpp's tokenizer metadata; diffuse reads the tokenizer
+    # folder instead. Placeholder tokens (as many as the
+    # embedding has rows) mark the file as carrying one.
+    w.add_tokenizer_model("t5")
+    w.add_vocab_size(c.vocab_size)
+    w.add_token_list(["<pad>", "</s>", "<unk>"] + [f"<t{i}>" for i in range(c.vocab_size - 3)])
+    w.add_token_scores([0.0] * c.vocab_size)
+    counts = {}
+    for k, v in sorted(src.state_dict().items()):
+        if k == "encoder.embed_tokens.weight":  # tied to shared.weight
+            continue
+        v = v.float().contiguous().numpy()
+        qt = Q.F32 if v.ndim == 1 else Q.Q8_0 if v.shape[-1] % 32 == 0 else Q.F16
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, to_llamacpp_t5(k), v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    # transformers' own GGUF loader is the reference; it must hold the exact dequantised
+    # weights and the golden config's shape.
+    exact = dequantised(path)
+    tok = T5TokenizerFast.from_pretrained(os.path.join(PIPE, "tokenizer_2"))
+    ids = tok(["a photo of a cat"], padding="max_length", max_length=16, truncation=True,
+              return_tensors="pt").input_ids
+    # transformers' loader keeps GGUF weights packed and computes in float32, so it gives
+    # the weights (its name map and dequantisation); the runs are plain modules in float64
+    # and float32 holding them.
+    g = T5EncoderModel.from_pretrained(out_dir, gguf_file=single, config=c,
+                                       torch_dtype=torch.float32)
+    got = {k: v.float() for k, v in g.state_dict().items()}
+    for k in src.state_dict():
+        want = exact["token_embd.weight" if k == "encoder.embed_tokens.weight"
+                     else to_llamacpp_t5(k)]
+        assert torch.equal(got[k], want), k
+    res = {}
+    for tag, dt in (("out", torch.float64), ("out_f32", torch.float32)):
+        m = T5EncoderModel(c).to(dt).eval()
+        m.load_state_dict({k: v.to(dt) for k, v in got.items()})
+        with torch.no_grad():
+            o = m(input_ids=ids)
+        res[tag] = {"last_hidden_state": o.last_hidden_state.numpy()}
+    tensors = {"in.input_ids": ids.numpy().astype(np.int64),
+               "out.last_hidden_state": res["out"]["last_hidden_state"]}
+    write_case(name, {
+        "kind": "text_encoder",
+        "covers": "T5EncoderModel from a GGUF in llama.cpp's names (t5encoder: token_embd, "
+                  f"enc.blk.N.attn_q ..., enc.output_norm), as city96's hold it: {counts}",
+        "class": "T5EncoderModel",
+        "dir": "../../golden/t2i-flux-schnell/pipeline/text_encoder_2",
+        "single_file": single,
+        "call": "w = T5EncoderModel.from_pretrained(case_dir, gguf_file=single_file, "
+                "config=<dir's config>).state_dict(); m = T5EncoderModel(config) in float64 "
+                "holding w; o = m(input_ids)",
+        "args": {"input_ids": "in.input_ids"},
+        "outputs": {"last_hidden_state": "out.last_hidden_state"},
+        "tolerance": {"last_hidden_state": tolerance(res["out"]["last_hidden_state"],
+                                                     res["out_f32"]["last_hidden_state"],
+                                                     1e-5, 1e-6)},
+        "exact": [],
+        "notes": ["dir gives the config only; transformers' GGUF loader maps the names and "
+                  "dequantises (checked equal to gguf.quants.dequantize), but the config it "
+                  "builds from t5encoder.* metadata says dense_act_fn 'relu' where T5 v1.1 "
+                  "has 'gelu_new', so dir's config is passed to it"],
+        "provenance": {"transformers": transformers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, tensors)
+
+
+def main():
+    out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    path, single, counts, cfg = sdcpp_file(out_dir)
+    flux_case(path, single, counts, cfg)
+    vae_case(path, single)
+    t5_case()
+
+
+if __name__ == "__main__":
+    main()
