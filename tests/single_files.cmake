@@ -6,8 +6,12 @@
 # FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
 # with diffusers' single-file loading as the reference, run by diffuse-check in every mode
 # and with bf16 and int8 compute.
+# GGUF files in other programs' names (tools/refgen/gguf_names.py): stable-diffusion.cpp's
+# one-file GGUF (transformer under model.diffusion_model., VAE under first_stage_model.)
+# and a T5 encoder in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
-    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy)
+    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
+    flux-gguf-sdcpp vae-gguf-sdcpp te-gguf-t5-llamacpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}
@@ -47,3 +51,14 @@ add_test(NAME single-files/cli-convert
                  $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases
                  ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-convert PROPERTIES TIMEOUT 300)
+
+# `diffuse inspect` on stable-diffusion.cpp's one-file GGUF and on a llama.cpp T5 encoder GGUF
+# that carries its tokenizer.
+add_test(NAME single-files/inspect-gguf-sdcpp
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-sdcpp PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n")
+add_test(NAME single-files/inspect-gguf-t5-llamacpp
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-t5-llamacpp PROPERTIES PASS_REGULAR_EXPRESSION
+  "holds: T5 \\(llama.cpp names\\)\n  tokenizer: llama.cpp's \\(tokenizer.ggml.\\*\\), not read")

@@ -92,6 +92,8 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
             out->vae = true;
         if (ends_with(name, df_names_t5_probe()))
             out->t5 = true;
+        if (ends_with(name, df_names_t5_llamacpp_probe()))
+            out->t5 = out->t5_llamacpp = true;
         if (ends_with(name, df_names_clip_bare_probe())) {
             bool g =
                 strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
@@ -129,8 +131,10 @@ df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
             }
         }
     }
-    if (s == DF_OK)
+    if (s == DF_OK) {
         df_checkpoint_recognise_keys(keys, (int)n, out);
+        out->gguf_tokenizer = g && df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
+    }
     df_free(keys);
     df_gguf_free(g);
     df_weights_free(w);
@@ -167,7 +171,8 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
                  {c.vae, " VAE (LDM names)"},
                  {c.clip_l, " CLIP-L"},
                  {c.clip_g, " CLIP-G"},
-                 {c.t5, " T5"}};
+                 {c.t5 && !c.t5_llamacpp, " T5"},
+                 {c.t5_llamacpp, " T5 (llama.cpp names)"}};
     bool any = false;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         if (parts[i].has) {
@@ -176,6 +181,9 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             any = true;
         }
     add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    if (c.gguf_tokenizer)
+        add(out, cap, "tokenizer: llama.cpp's (tokenizer.ggml.*), not read: diffuse reads "
+                      "tokenizers from a diffusers folder (--config DIR or -m DIR)\n");
     if (strncmp(c.model, "FLUX.2", 6) == 0) {
         add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
                       "-m DIR --transformer FILE), configs and tokenizers (the same folder)");

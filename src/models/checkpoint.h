@@ -32,6 +32,8 @@ typedef struct df_checkpoint_parts {
      * "SD3.5-medium", "SD3.5-large", or "" when the file holds no transformer diffuse knows */
     const char *model;
     bool transformer, vae, clip_l, clip_g, t5;
+    bool t5_llamacpp;    /* the T5 is in llama.cpp's names (enc.blk.N.attn_q, ...) */
+    bool gguf_tokenizer; /* a GGUF carrying llama.cpp's tokenizer (tokenizer.ggml.model) */
     char transformer_prefix[64]; /* "", "model.diffusion_model." */
 } df_checkpoint_parts;
 

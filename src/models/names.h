@@ -71,5 +71,9 @@ bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_clip_probe(void);
 const char *df_names_clip_bare_probe(void);
 const char *df_names_t5_probe(void);
+/* A T5 encoder in llama.cpp's names (token_embd, enc.blk.N.attn_q, ..., enc.output_norm), as
+ * llama.cpp's and city96's T5 GGUFs hold it, and a name every such file holds. */
+bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_t5_llamacpp_probe(void);
 
 #endif
