@@ -18,10 +18,12 @@
 #include <diffuse/diffuse.h>
 
 #include "core/alloc.h"
+#include "core/quant_blocks.h"
 #include "models/checkpoint.h"
 #include "models/names.h"
 #include "models/residency.h"
 #include "models/single_file.h"
+#include "unit/gguf_bytes.h"
 #include "unit/io_files.h"
 
 static void test_name_map(void **state)
@@ -415,6 +417,127 @@ static void test_clip_prefix_hint(void **state)
     }
 }
 
+/* Q8_0 blocks of 32 int8 codes q = i % 32 - 16 under scales 1, 0.5, 1, 0.5, ... (f16 0x3C00,
+ * 0x3800): value i is its code times its block's scale. */
+static void q8_0_blocks(buf *f, int nblocks)
+{
+    for (int b = 0; b < nblocks; b++) {
+        uint8_t scale[2] = {0x00, (uint8_t)(b % 2 ? 0x38 : 0x3C)};
+        put(f, scale, 2);
+        for (int i = 0; i < 32; i++) {
+            int8_t q = (int8_t)(i - 16);
+            put(f, &q, 1);
+        }
+    }
+}
+
+static float q8_0_value(int i)
+{
+    return (float)(i % 32 - 16) * (i / 32 % 2 ? 0.5f : 1.0f);
+}
+
+/*
+ * A T5 encoder GGUF in llama.cpp's names under stable-diffusion.cpp's prefix: the
+ * transformers map finds nothing, the llama.cpp map finds the prefix, a 1-D Q8_0 norm (as
+ * sd.cpp writes norms whose width is a multiple of 32) binds through it on two threads with
+ * every value right (its rows are single values, so the chunks must be whole blocks), and a
+ * name the map does not have is reported as such.
+ */
+static void test_t5_llamacpp_gguf(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-t5-gguf", dir, sizeof dir);
+    path_in(dir, "t5.gguf", path, sizeof path);
+    buf f;
+    header(&f, 3, 2, 0);
+    tinfo(&f, "text_encoders.t5xxl.transformer.enc.blk.0.attn_norm.weight", 1,
+          (uint64_t[]){96}, DF_GGML_Q8_0, 0);
+    tinfo(&f, "text_encoders.t5xxl.transformer.enc.blk.0.attn_q.weight", 2,
+          (uint64_t[]){32, 2}, DF_GGML_Q8_0, 128);
+    data(&f, 32, 0);
+    q8_0_blocks(&f, 3); /* 102 bytes, then padding to 128 */
+    put(&f, (uint8_t[26]){0}, 26);
+    q8_0_blocks(&f, 2);
+    assert_int_equal(write_file(path, f.b, f.n), 0);
+
+    df_ctx *ctx;
+    assert_int_equal(
+        df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = DF_DTYPE_F32}, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(df_single_file_open(path, "text_encoder_2", df_names_same, 0,
+                                         df_names_t5_probe(), &sf),
+                     DF_OK);
+    assert_false(df_single_file_mapped(sf));
+    assert_true(df_single_file_try_map(sf, df_names_t5_llamacpp, 0,
+                                       df_names_t5_llamacpp_probe(), NULL));
+    assert_string_equal(df_single_file_prefix(sf), "text_encoders.t5xxl.transformer.");
+    assert_true(df_single_file_has(sf, "encoder.block.0.layer.0.SelfAttention.q.weight"));
+    assert_false(df_single_file_has(sf, "encoder.embed_tokens.weight"));
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.0.layer_norm.weight", 1,
+                                         (int64_t[]){96}, &t, &d, &bytes),
+                     DF_OK);
+    float got[96];
+    read_all(ctx, t, got, 96);
+    for (int i = 0; i < 96; i++)
+        if (got[i] != q8_0_value(i))
+            fail_msg("value %d: %g, expected %g", i, got[i], q8_0_value(i));
+    df_tensor_free(t);
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.1.layer_norm.weight", 1,
+                                         (int64_t[]){96}, &t, &d, &bytes),
+                     DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(),
+                           "missing tensor 'text_encoders.t5xxl.transformer.enc.blk.0.ffn_norm."
+                           "weight'"));
+    df_ctx_reset_error(ctx);
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
+/* A file holding the same T5 tensor in both transformers' and llama.cpp's names: the
+ * transformers layout is taken, and the llama.cpp copy is reported unused, never bound
+ * for the same weight. */
+static void test_t5_both_layouts(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-t5-both", dir, sizeof dir);
+    path_in(dir, "both.gguf", path, sizeof path);
+    buf f;
+    header(&f, 3, 2, 0);
+    tinfo(&f, "enc.blk.0.attn_q.weight", 2, (uint64_t[]){2, 2}, DF_GGML_F32, 0);
+    tinfo(&f, "encoder.block.0.layer.0.SelfAttention.q.weight", 2, (uint64_t[]){2, 2},
+          DF_GGML_F32, 32);
+    data(&f, 32, 48);
+    assert_int_equal(write_file(path, f.b, f.n), 0);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(df_single_file_open(path, "text_encoder_2", df_names_same, 0,
+                                         df_names_t5_probe(), &sf),
+                     DF_OK);
+    assert_false(df_single_file_try_map(sf, df_names_t5_llamacpp, 0,
+                                        df_names_t5_llamacpp_probe(), NULL));
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.0.SelfAttention.q.weight",
+                                         2, (int64_t[]){2, 2}, &t, &d, &bytes),
+                     DF_OK);
+    df_tensor_free(t);
+    const char *unused = NULL;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        if (df_single_file_unused(sf, i))
+            unused = df_single_file_unused(sf, i);
+    assert_non_null(unused);
+    assert_string_equal(unused, "enc.blk.0.attn_q.weight");
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
 #define CASES       DF_GOLDEN_DIR "/../cases"
 #define FLUX_CONFIG DF_GOLDEN_DIR "/flux-transformer/model"
 
@@ -703,6 +826,8 @@ int main(void)
         cmocka_unit_test(test_vae_file_squeezes_and_prefix),
         cmocka_unit_test(test_recognise_known_models),
         cmocka_unit_test(test_clip_prefix_hint),
+        cmocka_unit_test(test_t5_llamacpp_gguf),
+        cmocka_unit_test(test_t5_both_layouts),
         cmocka_unit_test(test_load_out_of_memory_sweep),
         cmocka_unit_test(test_compact_residency),
         cmocka_unit_test(test_compact_offload),
