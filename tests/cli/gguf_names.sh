@@ -1,0 +1,45 @@
+#!/bin/sh
+# GGUF files in other programs' names through `diffuse generate`: a T5 encoder GGUF in
+# llama.cpp's names as --text-encoder-2 runs; when the folder has no T5 tokenizer, the
+# refusal is one line saying that the GGUF's own tokenizer is not read and how to give one;
+# a FLUX.1 model whose transformer and VAE come from stable-diffusion.cpp's one-file GGUF
+# (-m FILE --config DIR) is refused without DIR, saying how to give it.
+# Usage: gguf_names.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
+set -u
+bin=$1 golden=$2 cases=$3
+work=$4/gguf-names-$$
+rm -rf "$work" && mkdir -p "$work" || exit 1
+flux=$golden/t2i-flux-schnell/pipeline
+t5=$cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf
+args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+"$bin" generate -m "$flux" $args -o "$work/t5.png" --text-encoder-2 "$t5" 2>"$work/err" ||
+    fail "llama.cpp T5 GGUF: $(cat "$work/err")"
+[ -s "$work/t5.png" ] || fail "llama.cpp T5 GGUF: no image"
+
+# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
+expect() {
+    word=$1
+    shift
+    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
+    got=$?
+    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
+        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
+    elif [ -e "$work/bad.png" ]; then
+        fail "generate $*: left bad.png"
+    else
+        echo "ok   $(cat "$work/err")"
+    fi
+}
+cp -r "$flux" "$work/no-tok" && rm -f "$work/no-tok/tokenizer_2/"* || exit 1
+expect "carries llama.cpp's tokenizer (tokenizer.ggml.\*), which diffuse does not read: give a diffusers folder with tokenizer_2/" \
+    -m "$work/no-tok" --text-encoder-2 "$t5"
+expect "no tokenizer files" -m "$work/no-tok" \
+    --text-encoder-2 "$flux/text_encoder_2/model.safetensors"
+expect "--config DIR" -m "$cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf"
+
+rm -rf "$work"
+[ "$failures" -eq 0 ] && echo "all ok"
+[ "$failures" -eq 0 ]
