@@ -7,11 +7,12 @@
 # with diffusers' single-file loading as the reference, run by diffuse-check in every mode
 # and with bf16 and int8 compute.
 # GGUF files in other programs' names (tools/refgen/gguf_names.py): stable-diffusion.cpp's
-# one-file GGUF (transformer under model.diffusion_model., VAE under first_stage_model.)
-# and a T5 encoder in llama.cpp's names.
+# one-file GGUFs (transformer under model.diffusion_model., VAE under first_stage_model. or
+# vae., CLIP-L and a llama.cpp-named T5 under text_encoders.*.transformer.) and a T5 encoder
+# in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
-    flux-gguf-sdcpp vae-gguf-sdcpp te-gguf-t5-llamacpp)
+    flux-gguf-sdcpp vae-gguf-sdcpp te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}
@@ -58,6 +59,10 @@ add_test(NAME single-files/inspect-gguf-sdcpp
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf)
 set_tests_properties(single-files/inspect-gguf-sdcpp PROPERTIES PASS_REGULAR_EXPRESSION
   "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n")
+add_test(NAME single-files/inspect-gguf-sdcpp-all
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-all-q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-sdcpp-all PROPERTIES PASS_REGULAR_EXPRESSION
+  "holds: transformer, VAE \\(LDM names\\), CLIP-L, T5 \\(llama.cpp names\\)\n  missing: configs and tokenizers")
 add_test(NAME single-files/inspect-gguf-t5-llamacpp
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf)
 set_tests_properties(single-files/inspect-gguf-t5-llamacpp PROPERTIES PASS_REGULAR_EXPRESSION

@@ -12,6 +12,14 @@ diffusers' own loading of the exact dequantised weights as the reference.
                         the source's type (bf16 for the transformer, f16 for the VAE).
                         The case runs the transformer (model_forward).
   vae-gguf-sdcpp        the VAE of the same file (vae_decode).
+  pipe-flux-gguf-sdcpp  one GGUF as sd.cpp's `convert --diffusion-model --vae --clip_l
+                        --t5xxl --type q8_0` writes it without --convert-name: the golden
+                        t2i-flux-schnell pipeline's transformer under "model.diffusion_model."
+                        (BFL names), VAE under "vae." (LDM names), CLIP-L under
+                        "text_encoders.clip_l.transformer." (transformers' names) and T5 under
+                        "text_encoders.t5xxl.transformer." in llama.cpp's names (a city96 T5
+                        GGUF given as --t5xxl keeps them); the same type rules. FluxPipeline,
+                        `-m FILE --config DIR` with every model from the file.
   te-gguf-t5-llamacpp   t2i-flux-schnell's T5 encoder in llama.cpp's names (architecture
                         t5encoder: token_embd, enc.blk.N.attn_q ..., enc.output_norm), as
                         city96's t5-v1_1-xxl-encoder GGUFs hold it: Q8_0 where the inner size
@@ -21,7 +29,9 @@ References: the file is dequantised by gguf.quants.dequantize (ggml's rule, exac
 the transformer and the VAE are then loaded by diffusers' from_single_file (the
 transformer's conversion re-created with the tiny width, as flux_single_file.py does), the
 T5 encoder by transformers' own GGUF loader, T5EncoderModel.from_pretrained(dir,
-gguf_file=...), checked to hold the same dequantised weights. All run in float64 (out.*);
+gguf_file=...), checked to hold the same dequantised weights; the pipeline case's CLIP-L
+and T5 are transformers' classes holding the file's dequantised tensors (prefix stripped,
+llama.cpp's T5 names mapped back as transformers' GGUF loader maps them). All run in float64 (out.*);
 tolerances follow the golden rule against the float32 run.
 
 Usage: python tools/refgen/gguf_names.py
@@ -295,6 +305,114 @@ def t5_case():
     }, tensors)
 
 
+def pipe_case():
+    import refcase
+    refcase.patch_randn_float32()
+    from diffusers import FluxPipeline
+    from transformers import CLIPTextModel, CLIPTokenizer
+    name = "pipe-flux-gguf-sdcpp"
+    out_dir = os.path.join(CASES, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    conf = json.load(open(os.path.join(PIPE, "transformer", "config.json")))
+    fsf.use_inner_dim(conf["num_attention_heads"] * conf["attention_head_dim"])
+    tr = FluxTransformer2DModel.from_pretrained(os.path.join(PIPE, "transformer"))
+    vae = AutoencoderKL.from_pretrained(os.path.join(PIPE, "vae"))
+    clip = CLIPTextModel.from_pretrained(os.path.join(PIPE, "text_encoder"))
+    t5 = T5EncoderModel.from_pretrained(os.path.join(PIPE, "text_encoder_2"))
+    tensors = []  # (name, float32 numpy, the source file's type)
+    for k, v in fsf.to_bfl(tr.state_dict(), conf["num_layers"],
+                           conf["num_single_layers"]).items():
+        tensors.append(("model.diffusion_model." + k, v, Q.BF16))
+    for k, v in to_ldm_vae(vae.state_dict(), len(vae.config.block_out_channels)).items():
+        tensors.append(("vae." + k, v, Q.F16))
+    for k, v in clip.state_dict().items():  # clip_l.safetensors' names: "text_model." + ...
+        if not k.endswith("position_ids"):
+            k = k if k.startswith("text_model.") else "text_model." + k
+            tensors.append(("text_encoders.clip_l.transformer." + k, v, Q.F16))
+    for k, v in t5.state_dict().items():
+        if k != "encoder.embed_tokens.weight":  # city96's types: F32 1-D, Q8_0 / F16 2-D
+            src = Q.F32 if v.ndim == 1 else Q.Q8_0 if v.shape[-1] % 32 == 0 else Q.F16
+            tensors.append(("text_encoders.t5xxl.transformer." + to_llamacpp_t5(k), v, src))
+    single = "flux1-tiny-sdcpp-all-q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="flux")
+    counts = {}
+    for k, v, source in sorted(tensors, key=lambda t: t[0]):
+        v = v.to(torch.float32).contiguous().numpy()
+        qt = sdcpp_type(k, v) or source
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, k, v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    exact = dequantised(path)
+    upcast = os.path.join(tempfile.mkdtemp(), "tr-vae-f32.safetensors")
+    save_file({k: v for k, v in exact.items()
+               if k.startswith("model.diffusion_model.") or k.startswith("vae.")}, upcast)
+    cp, tp = "text_encoders.clip_l.transformer.", "text_encoders.t5xxl.transformer."
+    level = "" if any(k.startswith("text_model.") for k in clip.state_dict()) else "text_model."
+    clip_sd = {k[len(cp + level):]: v for k, v in exact.items() if k.startswith(cp)}
+    t5_sd = {k: exact[tp + ("token_embd.weight" if k == "encoder.embed_tokens.weight"
+                            else to_llamacpp_t5(k))] for k in t5.state_dict()}
+
+    g = torch.Generator().manual_seed(7)
+    latents = torch.randn(1, 4, 64, generator=g)  # 32x32: (32/16)^2 tokens of 16*4
+    args = dict(prompt="a red fox in the snow", height=32, width=32, num_inference_steps=2,
+                guidance_scale=0.0, max_sequence_length=32)
+    res = {}
+    for dt in (torch.float64, torch.float32):
+        te = CLIPTextModel.from_pretrained(os.path.join(PIPE, "text_encoder"), torch_dtype=dt)
+        missing, unexpected = te.load_state_dict({k: v.to(dt) for k, v in clip_sd.items()},
+                                                 strict=False)
+        assert not unexpected and all("position_ids" in k for k in missing), (missing,
+                                                                              unexpected)
+        te2 = T5EncoderModel.from_pretrained(os.path.join(PIPE, "text_encoder_2"),
+                                             torch_dtype=dt)
+        te2.load_state_dict({k: v.to(dt) for k, v in t5_sd.items()})
+        pipe = FluxPipeline.from_single_file(
+            upcast, config=PIPE, torch_dtype=dt, text_encoder=te, text_encoder_2=te2,
+            tokenizer=CLIPTokenizer.from_pretrained(os.path.join(PIPE, "tokenizer")),
+            tokenizer_2=T5TokenizerFast.from_pretrained(os.path.join(PIPE, "tokenizer_2")))
+        with torch.no_grad():
+            img = pipe(latents=latents.to(dt), output_type="np", **args).images
+            lat = pipe(latents=latents.to(dt), output_type="latent", **args).images
+        res[dt] = (np.asarray(img, np.float64), lat.double().numpy())
+    img64, lat64 = res[torch.float64]
+    img32, lat32 = res[torch.float32]
+    u8 = (img64 * 255).round().astype(np.uint8)
+    write_case(name, {
+        "kind": "pipeline",
+        "covers": "FluxPipeline from stable-diffusion.cpp's one-file GGUF (transformer, VAE, "
+                  "CLIP-L and a llama.cpp-named T5 under sd.cpp's prefixes, q8_0 rules: "
+                  f"{counts}), the folder's configs and tokenizers (-m FILE --config DIR), "
+                  "32x32, 2 steps",
+        "class": "FluxPipeline",
+        "dir": "../../golden/t2i-flux-schnell/pipeline",
+        "single_file": single,
+        "call": "FluxPipeline.from_single_file(<the transformer and VAE dequantised>, "
+                "config=dir, text_encoder*=<dir's classes holding the file's dequantised "
+                "CLIP-L and T5>, tokenizer* from dir)(latents=in.latents, **args)",
+        "args": dict(args, latents="in.latents", output_type="np"),
+        "outputs": {"latents_final": "out.latents_final", "image": "out.image",
+                    "image_uint8": "out.image_uint8"},
+        "tolerance": {
+            "latents_final": tolerance(lat64, lat32, 1e-4, 1e-5),
+            "image": tolerance(img64, img32, 1e-4, 1e-5),
+            "image_uint8": {"max_abs": 1, "rel_l2": 1.0}},
+        "exact": [],
+        "notes": ["out.* = every model in float64 from the file's values dequantised by "
+                  "gguf.quants.dequantize; tolerances 20x the float32 run's difference, "
+                  "floors 1e-4 / 1e-5"],
+        "provenance": {"diffusers": diffusers.__version__,
+                       "transformers": transformers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, {"in.latents": latents.numpy(), "out.latents_final": lat64,
+        "out.image": img64.astype(np.float32), "out.image_uint8": u8})
+
+
 def main():
     out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -303,6 +421,7 @@ def main():
     flux_case(path, single, counts, cfg)
     vae_case(path, single)
     t5_case()
+    pipe_case()
 
 
 if __name__ == "__main__":
