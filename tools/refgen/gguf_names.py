@@ -12,6 +12,11 @@ diffusers' own loading of the exact dequantised weights as the reference.
                         the source's type (bf16 for the transformer, f16 for the VAE).
                         The case runs the transformer (model_forward).
   vae-gguf-sdcpp        the VAE of the same file (vae_decode).
+  sd3-gguf-sdcpp        the golden sd3-transformer (SD3.5-medium shaped) as sd.cpp's
+                        `convert --type q8_0` writes an SD3 checkpoint: model.diffusion_model.
+                        + the original MMDiT names, pos_embed / x_embedder / t_embedder /
+                        y_embedder / context_embedder, biases and 1-D tensors kept in the
+                        source's f16 (model_forward).
   pipe-flux-gguf-sdcpp  one GGUF as sd.cpp's `convert --diffusion-model --vae --clip_l
                         --t5xxl --type q8_0` writes it without --convert-name: the golden
                         t2i-flux-schnell pipeline's transformer under "model.diffusion_model."
@@ -413,6 +418,62 @@ def pipe_case():
         "out.image": img64.astype(np.float32), "out.image_uint8": u8})
 
 
+def sd3_case():
+    from diffusers import SD3Transformer2DModel
+    from sd3_single_file import to_mmdit
+    name = "sd3-gguf-sdcpp"
+    golden = os.path.join(GOLDEN, "sd3-transformer")
+    cfg = os.path.join(golden, "model")
+    conf = json.load(open(os.path.join(cfg, "config.json")))
+    sd = load_file(os.path.join(cfg, "diffusion_pytorch_model.safetensors"))
+    mm = to_mmdit(sd, conf["num_layers"])
+    out_dir = os.path.join(CASES, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    single = "sd3-tiny-sdcpp-q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="sd3")
+    counts = {}
+    for k in sorted(mm):
+        v = mm[k].to(torch.float32).contiguous().numpy()
+        qt = sdcpp_type("model.diffusion_model." + k, v) or Q.F16
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, "model.diffusion_model." + k, v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp = os.path.join(tempfile.mkdtemp(), "exact.safetensors")
+    save_file(dequantised(path), tmp)
+    st = load_file(os.path.join(golden, "case.safetensors"))
+    gcase = json.load(open(os.path.join(golden, "case.json")))
+    ins = {k: v for k, v in st.items() if k.startswith("in.")}
+    res = {}
+    for dt in (torch.float64, torch.float32):
+        m = SD3Transformer2DModel.from_single_file(tmp, config=cfg, torch_dtype=dt)
+        args = {k: (ins[v].to(dt) if isinstance(v, str) and v.startswith("in.") else v)
+                for k, v in gcase["args"].items()}
+        with torch.no_grad():
+            res[dt] = m(**args)[0].double().numpy()
+    write_case(name, {
+        "kind": "model_forward",
+        "covers": "SD3Transformer2DModel from a stable-diffusion.cpp GGUF (model.diffusion_model. "
+                  f"+ MMDiT names, sd.cpp's q8_0 rules: {counts})",
+        "class": "SD3Transformer2DModel",
+        "dir": "../../golden/sd3-transformer/model",
+        "single_file": single,
+        "call": "SD3Transformer2DModel.from_single_file(<the file dequantised by "
+                "gguf.quants.dequantize>, config=dir)(**args)[0]",
+        "args": gcase["args"],
+        "outputs": {"sample": "out.sample"},
+        "tolerance": {"sample": tolerance(res[torch.float64], res[torch.float32], 1e-5, 1e-6)},
+        "exact": [],
+        "notes": ["inputs are the golden sd3-transformer case's; 'dir' gives the config only"],
+        "provenance": {"diffusers": diffusers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, dict({k: v.numpy() for k, v in ins.items()}, **{"out.sample": res[torch.float64]}))
+
+
 def main():
     out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -422,6 +483,7 @@ def main():
     vae_case(path, single)
     t5_case()
     pipe_case()
+    sd3_case()
 
 
 if __name__ == "__main__":
