@@ -12,7 +12,8 @@
 # in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
-    flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
+    flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp te-gguf-clip-sdcpp te-gguf-t5-llamacpp
+    pipe-flux-gguf-sdcpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}

@@ -25,6 +25,10 @@ diffusers' own loading of the exact dequantised weights as the reference.
                         "text_encoders.t5xxl.transformer." in llama.cpp's names (a city96 T5
                         GGUF given as --t5xxl keeps them); the same type rules. FluxPipeline,
                         `-m FILE --config DIR` with every model from the file.
+  te-gguf-clip-sdcpp    t2i-sd3's CLIP-G as sd.cpp's `convert --convert-name --type q8_0`
+                        writes it: "text_encoders.clip_g.transformer.text_model.*", the
+                        projection renamed "text_model.text_projection" (no ".weight", same
+                        tensor), 1-D norms and 2-D weights Q8_0 where the width allows.
   te-gguf-t5-llamacpp   t2i-flux-schnell's T5 encoder in llama.cpp's names (architecture
                         t5encoder: token_embd, enc.blk.N.attn_q ..., enc.output_norm), as
                         city96's t5-v1_1-xxl-encoder GGUFs hold it: Q8_0 where the inner size
@@ -474,6 +478,76 @@ def sd3_case():
     }, dict({k: v.numpy() for k, v in ins.items()}, **{"out.sample": res[torch.float64]}))
 
 
+def clip_case():
+    from transformers import CLIPTextModelWithProjection, CLIPTokenizer
+    name = "te-gguf-clip-sdcpp"
+    sd3 = os.path.join(GOLDEN, "t2i-sd3", "pipeline")
+    te_dir = os.path.join(sd3, "text_encoder_2")
+    out_dir = os.path.join(CASES, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    src = CLIPTextModelWithProjection.from_pretrained(te_dir)
+    pre = "text_encoders.clip_g.transformer."
+    single = "clip_g-sdcpp-q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="clip")
+    counts, names = {}, {}
+    for k, v in src.state_dict().items():
+        if k.endswith("position_ids"):
+            continue
+        n = "text_model.text_projection" if k == "text_projection.weight" else (
+            k if k.startswith("text_model.") else "text_model." + k)
+        names[pre + n] = k
+    for n in sorted(names):
+        v = src.state_dict()[names[n]].float().contiguous().numpy()
+        qt = sdcpp_type(n, v) or Q.F16
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, n, v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    exact = dequantised(path)
+    sd = {names[n]: v for n, v in exact.items()}
+    tok = CLIPTokenizer.from_pretrained(os.path.join(sd3, "tokenizer_2"))
+    ids = tok(["a photo of a cat"], padding="max_length", max_length=77, truncation=True,
+              return_tensors="pt").input_ids
+    res = {}
+    for tag, dt in (("out", torch.float64), ("out_f32", torch.float32)):
+        m = CLIPTextModelWithProjection.from_pretrained(te_dir, torch_dtype=dt)
+        missing, unexpected = m.load_state_dict({k: v.to(dt) for k, v in sd.items()},
+                                                strict=False)
+        assert not unexpected and all("position_ids" in k for k in missing), (missing,
+                                                                              unexpected)
+        with torch.no_grad():
+            o = m(input_ids=ids)
+        res[tag] = {"last_hidden_state": o.last_hidden_state.numpy(),
+                    "text_embeds": o.text_embeds.numpy()}
+    tensors = {"in.input_ids": ids.numpy().astype(np.int64)}
+    for k in res["out"]:
+        tensors[f"out.{k}"] = res["out"][k]
+    write_case(name, {
+        "kind": "text_encoder",
+        "covers": "CLIPTextModelWithProjection (SD3's CLIP-G) from a stable-diffusion.cpp GGUF "
+                  "(text_encoders.clip_g.transformer. + text_model.*, the projection as "
+                  f"text_model.text_projection), sd.cpp's q8_0 rules: {counts}",
+        "class": "CLIPTextModelWithProjection",
+        "dir": "../../golden/t2i-sd3/pipeline/text_encoder_2",
+        "single_file": single,
+        "call": "m = CLIPTextModelWithProjection(config of dir) holding the file's tensors "
+                "dequantised, prefix stripped, text_model.text_projection as "
+                "text_projection.weight; o = m(input_ids)",
+        "args": {"input_ids": "in.input_ids"},
+        "outputs": {k: f"out.{k}" for k in res["out"]},
+        "tolerance": {k: tolerance(res["out"][k], res["out_f32"][k], 1e-5, 1e-6)
+                      for k in res["out"]},
+        "exact": [],
+        "notes": ["dir gives the config only"],
+        "provenance": {"transformers": transformers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, tensors)
+
+
 def main():
     out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -484,6 +558,7 @@ def main():
     t5_case()
     pipe_case()
     sd3_case()
+    clip_case()
 
 
 if __name__ == "__main__":
