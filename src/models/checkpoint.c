@@ -78,6 +78,18 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
      * what diffusers could not name, diffuse still reads with a config. */
     if (!*out->model && find(keys, n, "joint_blocks.0.x_block.attn.qkv.weight", &prefix))
         out->model = "SD3-like (MMDiT names, no released size)";
+    /* diffusers' own names (stable-diffusion.cpp's convert copies them under its prefix
+     * without --convert-name); diffusers' rules do not name these, the classes' keys do. */
+    if (!*out->model && find(keys, n, "transformer_blocks.0.attn.to_q.weight", &prefix)) {
+        if (find(keys, n, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", NULL))
+            out->model = "FLUX.2 (diffusers names)";
+        else if (find(keys, n, "single_transformer_blocks.0.proj_mlp.weight", NULL))
+            out->model = find(keys, n, "time_text_embed.guidance_embedder.linear_1.weight", NULL)
+                             ? "FLUX.1-dev (diffusers names)"
+                             : "FLUX.1-schnell (diffusers names)";
+        else if (find(keys, n, "pos_embed.proj.weight", NULL))
+            out->model = "SD3 (diffusers names)";
+    }
     out->transformer = *out->model != '\0';
     snprintf(out->transformer_prefix, sizeof out->transformer_prefix, "%s", prefix);
 }
@@ -90,6 +102,8 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
         const char *name = keys[i].name;
         if (ends_with(name, df_names_vae_probe()))
             out->vae = true;
+        if (ends_with(name, df_names_diffusers_vae_probe()))
+            out->vae = out->vae_diffusers = true;
         if (ends_with(name, df_names_t5_probe()))
             out->t5 = true;
         if (ends_with(name, df_names_t5_llamacpp_probe()))
@@ -168,7 +182,8 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
         bool has;
         const char *name;
     } parts[] = {{c.transformer, " transformer"},
-                 {c.vae, " VAE (LDM names)"},
+                 {c.vae && !c.vae_diffusers, " VAE (LDM names)"},
+                 {c.vae_diffusers, " VAE (diffusers names)"},
                  {c.clip_l, " CLIP-L"},
                  {c.clip_g, " CLIP-G"},
                  {c.t5 && !c.t5_llamacpp, " T5"},

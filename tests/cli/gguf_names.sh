@@ -2,8 +2,10 @@
 # GGUF files in other programs' names through `diffuse generate`: a T5 encoder GGUF in
 # llama.cpp's names as --text-encoder-2 runs; when the folder has no T5 tokenizer, the
 # refusal is one line saying that the GGUF's own tokenizer is not read and how to give one;
-# a FLUX.1 model whose transformer and VAE come from stable-diffusion.cpp's one-file GGUF
-# (-m FILE --config DIR) is refused without DIR, saying how to give it.
+# stable-diffusion.cpp's GGUF of a diffusers folder's transformer and VAE in diffusers' own
+# names under its prefixes (float32) runs as -m FILE --config DIR and gives the folder's
+# image bit for bit as --transformer FILE --vae FILE; such a file is refused without DIR,
+# saying how to give it.
 # Usage: gguf_names.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -18,6 +20,17 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 "$bin" generate -m "$flux" $args -o "$work/t5.png" --text-encoder-2 "$t5" 2>"$work/err" ||
     fail "llama.cpp T5 GGUF: $(cat "$work/err")"
 [ -s "$work/t5.png" ] || fail "llama.cpp T5 GGUF: no image"
+
+"$bin" generate -m "$flux" $args -o "$work/flux.png" 2>"$work/err" || fail "flux folder: $(cat "$work/err")"
+sdd=$cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-diffusers-f32.gguf
+"$bin" generate -m "$sdd" --config "$flux" $args -o "$work/sdd.png" 2>"$work/err" ||
+    fail "sd.cpp GGUF, diffusers names, -m FILE --config DIR: $(cat "$work/err")"
+[ -s "$work/sdd.png" ] || fail "sd.cpp GGUF, diffusers names, -m FILE --config DIR: no image"
+# (Its PNG names the file as the model, so the bytes are compared on the same -m below:
+# -m FILE --config DIR sets the same two component files.)
+"$bin" generate -m "$flux" --transformer "$sdd" --vae "$sdd" $args -o "$work/sdd2.png" \
+    2>"$work/err" || fail "sd.cpp GGUF, diffusers names, --transformer --vae: $(cat "$work/err")"
+cmp -s "$work/flux.png" "$work/sdd2.png" || fail "sd.cpp GGUF (--transformer --vae): the image differs"
 
 # expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
 expect() {

@@ -374,6 +374,26 @@ static void test_recognise_known_models(void **state)
     df_checkpoint_key flux2_dev[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
                                      {"guidance_in.in_layer.weight", 2, {6144, 256}}};
     assert_string_equal(model_of(flux2_dev, 2, &c), "FLUX.2-dev");
+    /* diffusers' names under stable-diffusion.cpp's prefixes; llama.cpp's T5 */
+    df_checkpoint_key dn[] = {
+        {"model.diffusion_model.transformer_blocks.0.attn.to_q.weight", 2, {3072, 3072}},
+        {"model.diffusion_model.single_transformer_blocks.0.proj_mlp.weight", 2, {12288, 3072}},
+        {"vae.decoder.mid_block.resnets.0.conv1.weight", 4, {512, 512, 3, 3}},
+        {"text_encoders.t5xxl.transformer.enc.blk.0.attn_q.weight", 2, {4096, 4096}},
+        {"model.diffusion_model.time_text_embed.guidance_embedder.linear_1.weight", 2,
+         {3072, 256}},
+    };
+    assert_string_equal(model_of(dn, 4, &c), "FLUX.1-schnell (diffusers names)");
+    assert_string_equal(c.transformer_prefix, "model.diffusion_model.");
+    assert_true(c.transformer && c.vae && c.vae_diffusers && c.t5 && c.t5_llamacpp);
+    assert_string_equal(model_of(dn, 5, &c), "FLUX.1-dev (diffusers names)");
+    df_checkpoint_key dn_sd3[] = {{"transformer_blocks.0.attn.to_q.weight", 2, {1536, 1536}},
+                                  {"pos_embed.proj.weight", 4, {1536, 16, 2, 2}}};
+    assert_string_equal(model_of(dn_sd3, 2, &c), "SD3 (diffusers names)");
+    assert_false(c.vae || c.t5_llamacpp);
+    df_checkpoint_key dn_none[] = {{"transformer_blocks.0.attn.to_q.weight", 2, {8, 8}}};
+    assert_string_equal(model_of(dn_none, 1, &c), "");
+    assert_false(c.transformer);
     /* a lone CLIP: CLIP-G by its width */
     df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
     model_of(clip, 1, &c);

@@ -25,6 +25,12 @@ diffusers' own loading of the exact dequantised weights as the reference.
                         "text_encoders.t5xxl.transformer." in llama.cpp's names (a city96 T5
                         GGUF given as --t5xxl keeps them); the same type rules. FluxPipeline,
                         `-m FILE --config DIR` with every model from the file.
+  pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-diffusers-f32.gguf
+                        (no case of its own: tests/cli/gguf_names.sh) the t2i-flux-schnell
+                        pipeline's transformer and VAE as `convert --diffusion-model --vae
+                        --type f32` writes a diffusers folder's files without --convert-name:
+                        diffusers' names under "model.diffusion_model." and "vae.", the
+                        folder's float32 values, so the image must equal the folder's.
   te-gguf-clip-sdcpp    t2i-sd3's CLIP-G as sd.cpp's `convert --convert-name --type q8_0`
                         writes it: "text_encoders.clip_g.transformer.text_model.*", the
                         projection renamed "text_model.text_projection" (no ".weight", same
@@ -548,6 +554,22 @@ def clip_case():
     }, tensors)
 
 
+def sdcpp_diffusers_file():
+    tr = load_file(os.path.join(PIPE, "transformer", "diffusion_pytorch_model.safetensors"))
+    vae = load_file(os.path.join(PIPE, "vae", "diffusion_pytorch_model.safetensors"))
+    tensors = {"model.diffusion_model." + k: v for k, v in tr.items()}
+    tensors.update({"vae." + k: v for k, v in vae.items()})
+    path = os.path.join(CASES, "pipe-flux-gguf-sdcpp", "flux1-tiny-sdcpp-diffusers-f32.gguf")
+    w = gguf.GGUFWriter(path, arch="flux")
+    for k in sorted(tensors):
+        assert tensors[k].dtype == torch.float32, k
+        add(w, k, tensors[k].contiguous().numpy(), Q.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def main():
     out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -557,6 +579,7 @@ def main():
     vae_case(path, single)
     t5_case()
     pipe_case()
+    sdcpp_diffusers_file()
     sd3_case()
     clip_case()
 
