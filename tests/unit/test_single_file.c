@@ -776,6 +776,10 @@ static df_status load_vae(df_ctx *c, const char *d, const char *f, void **o)
 {
     return df_vae_load_file(c, d, f, (df_vae **)o);
 }
+static df_status load_t5(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_t5_load_file(c, d, f, (df_t5 **)o);
+}
 static df_status load_clip(df_ctx *c, const char *d, const char *f, void **o)
 {
     return df_clip_load_file(c, d, f, (df_clip **)o);
@@ -824,6 +828,10 @@ static void free_clip(void *m)
 {
     df_clip_free(m);
 }
+static void free_t5(void *m)
+{
+    df_t5_free(m);
+}
 static void free_sd3(void *m)
 {
     df_sd3_free(m);
@@ -838,6 +846,11 @@ static void test_component_load_out_of_memory_sweep(void **state)
                     CASES "/te-single-clip-comfy/clip_l-comfy-fp8.safetensors");
     sweep_component(load_sd3, free_sd3, DF_GOLDEN_DIR "/sd3-transformer/model",
                     CASES "/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors");
+    /* llama.cpp's names (the second map tried), and sd.cpp's CLIP projection name */
+    sweep_component(load_t5, free_t5, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/text_encoder_2",
+                    CASES "/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf");
+    sweep_component(load_clip, free_clip, DF_GOLDEN_DIR "/t2i-sd3/pipeline/text_encoder_2",
+                    CASES "/te-gguf-clip-sdcpp/clip_g-sdcpp-q8_0.gguf");
 }
 
 int main(void)
