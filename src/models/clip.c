@@ -9,8 +9,9 @@
  * - The class is the checkpoint's: `text_projection.weight` present means the projection
  *   class. stable-diffusion.cpp's `convert --convert-name` names it
  *   `text_model.text_projection` (no ".weight"), holding transformers' tensor unchanged (its
- *   CLIP multiplies by it as a linear weight), and is read under that name too. `position_ids` buffers some checkpoints carry are accepted and ignored (positions
- *   are always 0..S-1).
+ *   CLIP multiplies by it as a linear weight), and is read under that name too.
+ *   `position_ids` buffers some checkpoints carry are accepted and ignored (positions are
+ *   always 0..S-1).
  * - The EOS position is found on the device from the ids (df_token_rows: the first EOS
  *   token, or the first largest id when eos_token_id is 2, as transformers does) and the
  *   pooled rows are gathered from last_hidden_state viewed as [B*S, D], so the ids are
@@ -142,11 +143,11 @@ static df_status bind_weights(df_clip *m)
     DF_TRY(
         df_ws_tensor(ws, &m->final_ln_w, 1, (int64_t[]){d}, "text_model.final_layer_norm.weight"));
     DF_TRY(df_ws_tensor(ws, &m->final_ln_b, 1, (int64_t[]){d}, "text_model.final_layer_norm.bias"));
-    const char *proj = projection_name(ws);
-    if (c->with_projection && strcmp(proj, "text_projection.weight") == 0)
+    const char *proj = c->with_projection ? projection_name(ws) : NULL;
+    if (proj && strcmp(proj, "text_projection.weight") == 0)
         DF_TRY(
             df_ws_linear(ws, &m->text_projection, c->projection_dim, d, false, "text_projection"));
-    else if (c->with_projection)
+    else if (proj) /* stable-diffusion.cpp's name: the weight alone, no bias */
         DF_TRY(df_ws_tensor(ws, &m->text_projection.weight, 2,
                             (int64_t[]){c->projection_dim, d}, "%s", proj));
     /* A buffer of 0..P-1 in older checkpoints; the forward makes its own positions. */
