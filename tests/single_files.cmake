@@ -7,13 +7,13 @@
 # with diffusers' single-file loading as the reference, run by diffuse-check in every mode
 # and with bf16 and int8 compute.
 # GGUF files in other programs' names (tools/refgen/gguf_names.py): stable-diffusion.cpp's
-# one-file GGUFs (transformer under model.diffusion_model., VAE under first_stage_model. or
-# vae., CLIP-L and a llama.cpp-named T5 under text_encoders.*.transformer.) and a T5 encoder
-# in llama.cpp's names.
+# GGUFs (FLUX.1 / FLUX.2 / SD3 transformers under model.diffusion_model., the VAE under
+# first_stage_model. or vae., CLIP-L / CLIP-G and a llama.cpp-named T5 under
+# text_encoders.*.transformer.) and a T5 encoder in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
-    flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp te-gguf-clip-sdcpp te-gguf-t5-llamacpp
-    pipe-flux-gguf-sdcpp)
+    flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp flux2-gguf-sdcpp te-gguf-clip-sdcpp
+    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}

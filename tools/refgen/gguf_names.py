@@ -31,6 +31,9 @@ diffusers' own loading of the exact dequantised weights as the reference.
                         --type f32` writes a diffusers folder's files without --convert-name:
                         diffusers' names under "model.diffusion_model." and "vae.", the
                         folder's float32 values, so the image must equal the folder's.
+  flux2-gguf-sdcpp      the golden flux2-transformer as sd.cpp's `convert --type q8_0` writes a
+                        FLUX.2 checkpoint: model.diffusion_model. + BFL's FLUX.2 names, the
+                        kept layers in the source's bf16 (model_forward).
   te-gguf-clip-sdcpp    t2i-sd3's CLIP-G as sd.cpp's `convert --convert-name --type q8_0`
                         writes it: "text_encoders.clip_g.transformer.text_model.*", the
                         projection renamed "text_model.text_projection" (no ".weight", same
@@ -570,6 +573,66 @@ def sdcpp_diffusers_file():
     w.close()
 
 
+def flux2_case():
+    from diffusers import Flux2Transformer2DModel
+    from flux2_single_file import to_bfl2
+    name = "flux2-gguf-sdcpp"
+    golden = os.path.join(GOLDEN, "flux2-transformer")
+    cfg = os.path.join(golden, "model")
+    conf = json.load(open(os.path.join(cfg, "config.json")))
+    sd = load_file(os.path.join(cfg, "diffusion_pytorch_model.safetensors"))
+    bfl = to_bfl2(sd, conf["num_layers"], conf["num_single_layers"])
+    out_dir = os.path.join(CASES, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    single = "flux2-tiny-sdcpp-q8_0.gguf"
+    path = os.path.join(out_dir, single)
+    w = gguf.GGUFWriter(path, arch="flux2")
+    counts = {}
+    for k in sorted(bfl):
+        v = bfl[k].to(torch.float32).contiguous().numpy()
+        qt = sdcpp_type("model.diffusion_model." + k, v) or Q.BF16
+        counts[qt.name] = counts.get(qt.name, 0) + 1
+        add(w, "model.diffusion_model." + k, v, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # diffusers 0.42's FLUX.2 conversion does not strip the prefix: its reference reads the
+    # same dequantised values under BFL's own names (as flux2_single_file.py does)
+    pre = "model.diffusion_model."
+    tmp = os.path.join(tempfile.mkdtemp(), "exact.safetensors")
+    save_file({k[len(pre):]: v for k, v in dequantised(path).items()}, tmp)
+    st = load_file(os.path.join(golden, "case.safetensors"))
+    gcase = json.load(open(os.path.join(golden, "case.json")))
+    ins = {k: v for k, v in st.items() if k.startswith("in.")}
+    res = {}
+    for dt in (torch.float64, torch.float32):
+        m = Flux2Transformer2DModel.from_single_file(tmp, config=cfg, torch_dtype=dt)
+        assert set(m.state_dict()) == set(sd), set(m.state_dict()) ^ set(sd)
+        args = {k: (ins[v].to(dt) if isinstance(v, str) and v.startswith("in.") else v)
+                for k, v in gcase["args"].items()}
+        with torch.no_grad():
+            res[dt] = m(**args)[0].double().numpy()
+    write_case(name, {
+        "kind": "model_forward",
+        "covers": "Flux2Transformer2DModel from a stable-diffusion.cpp GGUF "
+                  f"(model.diffusion_model. + BFL FLUX.2 names, sd.cpp's q8_0 rules: {counts})",
+        "class": "Flux2Transformer2DModel",
+        "dir": "../../golden/flux2-transformer/model",
+        "single_file": single,
+        "call": "Flux2Transformer2DModel.from_single_file(<the file dequantised by "
+                "gguf.quants.dequantize, prefix stripped>, config=dir)(**args)[0]",
+        "args": gcase["args"],
+        "outputs": {"sample": "out.sample"},
+        "tolerance": {"sample": tolerance(res[torch.float64], res[torch.float32], 1e-5, 1e-6)},
+        "exact": [],
+        "notes": ["inputs are the golden flux2-transformer case's; 'dir' gives the config only"],
+        "provenance": {"diffusers": diffusers.__version__, "torch": torch.__version__,
+                       "gguf": getattr(gguf, "__version__", "unknown")},
+    }, dict({k: v.numpy() for k, v in ins.items()}, **{"out.sample": res[torch.float64]}))
+
+
 def main():
     out_dir = os.path.join(CASES, "flux-gguf-sdcpp")
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -581,6 +644,7 @@ def main():
     pipe_case()
     sdcpp_diffusers_file()
     sd3_case()
+    flux2_case()
     clip_case()
 
 
