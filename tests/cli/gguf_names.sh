@@ -1,7 +1,8 @@
 #!/bin/sh
 # GGUF files in other programs' names through `diffuse generate`: a T5 encoder GGUF in
-# llama.cpp's names as --text-encoder-2 runs; when the folder has no T5 tokenizer, the
-# refusal is one line saying that the GGUF's own tokenizer is not read and how to give one;
+# llama.cpp's names as --text-encoder-2 runs; when the folder has no T5 tokenizer (FLUX.1's
+# tokenizer_2, SD3's tokenizer_3), the refusal is one line saying that the GGUF's own
+# tokenizer is not read and how to give one;
 # stable-diffusion.cpp's GGUF of a diffusers folder's transformer and VAE in diffusers' own
 # names under its prefixes (float32) runs as -m FILE --config DIR and gives the folder's
 # image bit for bit as --transformer FILE --vae FILE; such a file is refused without DIR,
@@ -49,6 +50,10 @@ expect() {
 cp -r "$flux" "$work/no-tok" && rm -f "$work/no-tok/tokenizer_2/"* || exit 1
 expect "carries llama.cpp's tokenizer (tokenizer.ggml.\*), which diffuse does not read: give a diffusers folder with tokenizer_2/" \
     -m "$work/no-tok" --text-encoder-2 "$t5"
+sd3=$golden/t2i-sd3/pipeline
+cp -r "$sd3" "$work/sd3-no-tok" && rm -f "$work/sd3-no-tok/tokenizer_3/"* || exit 1
+expect "does not read: give a diffusers folder with tokenizer_3/" -m "$work/sd3-no-tok" \
+    --guidance 2 --text-encoder-3 "$t5"
 expect "no tokenizer files" -m "$work/no-tok" \
     --text-encoder-2 "$flux/text_encoder_2/model.safetensors"
 expect "--config DIR" -m "$cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf"
