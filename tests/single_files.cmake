@@ -6,8 +6,14 @@
 # FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
 # with diffusers' single-file loading as the reference, run by diffuse-check in every mode
 # and with bf16 and int8 compute.
+# GGUF files in other programs' names (tools/refgen/gguf_names.py): stable-diffusion.cpp's
+# GGUFs (FLUX.1 / FLUX.2 / SD3 transformers under model.diffusion_model., the VAE under
+# first_stage_model. or vae., CLIP-L / CLIP-G and a llama.cpp-named T5 under
+# text_encoders.*.transformer.) and a T5 encoder in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
-    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy)
+    pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
+    flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp flux2-gguf-sdcpp te-gguf-clip-sdcpp
+    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}
@@ -53,3 +59,30 @@ add_test(NAME single-files/cli-convert
                  $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases
                  ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-convert PROPERTIES TIMEOUT 300)
+
+# `diffuse inspect` on stable-diffusion.cpp's one-file GGUF and on a llama.cpp T5 encoder GGUF
+# that carries its tokenizer.
+add_test(NAME single-files/inspect-gguf-sdcpp
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-sdcpp PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.1-schnell \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(LDM names\\)\n")
+add_test(NAME single-files/inspect-gguf-sdcpp-all
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-all-q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-sdcpp-all PROPERTIES PASS_REGULAR_EXPRESSION
+  "holds: transformer, VAE \\(LDM names\\), CLIP-L, T5 \\(llama.cpp names\\)\n  missing: configs and tokenizers")
+add_test(NAME single-files/inspect-gguf-sdcpp-diffusers
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-diffusers-f32.gguf)
+set_tests_properties(single-files/inspect-gguf-sdcpp-diffusers PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.1-schnell \\(diffusers names\\) \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(diffusers names\\)\n")
+add_test(NAME single-files/inspect-gguf-t5-llamacpp
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf)
+set_tests_properties(single-files/inspect-gguf-t5-llamacpp PROPERTIES PASS_REGULAR_EXPRESSION
+  "holds: T5 \\(llama.cpp names\\)\n  tokenizer: llama.cpp's \\(tokenizer.ggml.\\*\\), not read")
+
+# llama.cpp's T5 GGUF through `diffuse generate`, its tokenizer's refusal, an sd.cpp GGUF in
+# diffusers' names giving the folder's image, and one without --config
+# (tests/cli/gguf_names.sh).
+add_test(NAME single-files/cli-gguf-names
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/gguf_names.sh $<TARGET_FILE:diffuse>
+                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-gguf-names PROPERTIES TIMEOUT 300)

@@ -108,8 +108,8 @@ DF_API df_status df_gguf_get_array_number(const df_gguf *g, const char *key, uin
  * Reads rows [r0, r1) along the first dimension of tensor `name` (a row is the product of
  * the other dimensions) dequantised into dst as `as` (F32, BF16 or F16); r0 = 0, r1 = -1
  * reads the whole tensor. Dequantises a few blocks at a time, never the whole range to f32.
- * DF_E_ARG for a bad range, a destination smaller than (r1 - r0) * row * size(as) or
- * another `as`; DF_E_FORMAT when the tensor is absent; DF_E_UNSUPPORTED for a type with no
+ * DF_E_ARG for a bad range (of a 1-D block type, one that does not start and end on a
+ * block), a destination smaller than (r1 - r0) * row * size(as) or another `as`; DF_E_FORMAT when the tensor is absent; DF_E_UNSUPPORTED for a type with no
  * dequantiser (the message names it).
  */
 DF_API df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int64_t r1,

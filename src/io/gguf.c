@@ -828,8 +828,14 @@ df_status df_gguf_read_rows(const df_gguf *g, const char *name, int64_t r0, int6
                          g->path, name, dst ? dst_bytes : 0, need);
     const int block = t->info->block;
     const size_t bbytes = (size_t)t->info->bytes;
-    /* A row is a whole number of blocks: the innermost dimension is, and a row is a
-     * product that includes it. */
+    /* A row of two or more dimensions is a whole number of blocks (the innermost dimension
+     * is, and a row is a product that includes it); a 1-D tensor's rows are single values,
+     * so its row ranges must start and end on a block. */
+    if ((r0 * row) % block != 0 || n % block != 0)
+        return df_errorf(DF_E_ARG,
+                         "%s: tensor '%s': rows [%lld, %lld) do not start and end on a %s "
+                         "block (%d values)",
+                         g->path, name, (long long)r0, (long long)r1, t->info->name, block);
     const uint8_t *src = g->base + g->data_start + t->offset + (size_t)(r0 * row / block) * bbytes;
     if (as == DF_DTYPE_F32)
         return df_qblock_dequant(t->type, src, n / block, dst);

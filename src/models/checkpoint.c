@@ -86,6 +86,18 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
      * what diffusers could not name, diffuse still reads with a config. */
     if (!*out->model && find(keys, n, "joint_blocks.0.x_block.attn.qkv.weight", &prefix))
         out->model = "SD3-like (MMDiT names, no released size)";
+    /* diffusers' own names (stable-diffusion.cpp's convert copies them under its prefix
+     * without --convert-name); diffusers' rules do not name these, the classes' keys do. */
+    if (!*out->model && find(keys, n, "transformer_blocks.0.attn.to_q.weight", &prefix)) {
+        if (find(keys, n, "single_transformer_blocks.0.attn.to_qkv_mlp_proj.weight", NULL))
+            out->model = "FLUX.2 (diffusers names)";
+        else if (find(keys, n, "single_transformer_blocks.0.proj_mlp.weight", NULL))
+            out->model = find(keys, n, "time_text_embed.guidance_embedder.linear_1.weight", NULL)
+                             ? "FLUX.1-dev (diffusers names)"
+                             : "FLUX.1-schnell (diffusers names)";
+        else if (find(keys, n, "pos_embed.proj.weight", NULL))
+            out->model = "SD3 (diffusers names)";
+    }
     out->transformer = *out->model != '\0';
     snprintf(out->transformer_prefix, sizeof out->transformer_prefix, "%s", prefix);
 }
@@ -98,8 +110,12 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
         const char *name = keys[i].name;
         if (ends_with(name, df_names_vae_probe()))
             out->vae = true;
+        if (ends_with(name, df_names_diffusers_vae_probe()))
+            out->vae = out->vae_diffusers = true;
         if (ends_with(name, df_names_t5_probe()))
             out->t5 = true;
+        if (ends_with(name, df_names_t5_llamacpp_probe()))
+            out->t5 = out->t5_llamacpp = true;
         if (ends_with(name, df_names_clip_bare_probe())) {
             bool g =
                 strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
@@ -141,8 +157,10 @@ df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
             }
         }
     }
-    if (s == DF_OK)
+    if (s == DF_OK) {
         df_checkpoint_recognise_keys(keys, (int)n, out);
+        out->gguf_tokenizer = g && df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
+    }
     df_free(keys);
     df_gguf_free(g);
     df_weights_free(w);
@@ -176,10 +194,12 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
         bool has;
         const char *name;
     } parts[] = {{c.transformer, " transformer"},
-                 {c.vae, " VAE (LDM names)"},
+                 {c.vae && !c.vae_diffusers, " VAE (LDM names)"},
+                 {c.vae_diffusers, " VAE (diffusers names)"},
                  {c.clip_l, " CLIP-L"},
                  {c.clip_g, " CLIP-G"},
-                 {c.t5, " T5"}};
+                 {c.t5 && !c.t5_llamacpp, " T5"},
+                 {c.t5_llamacpp, " T5 (llama.cpp names)"}};
     bool any = false;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         if (parts[i].has) {
@@ -193,6 +213,9 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
     else
         snprintf(line, sizeof line, "config: %s; give --config DIR\n", c.shipped_why);
     add(out, cap, line);
+    if (c.gguf_tokenizer)
+        add(out, cap, "tokenizer: llama.cpp's (tokenizer.ggml.*), not read: diffuse reads "
+                      "tokenizers from a diffusers folder (--config DIR or -m DIR)\n");
     if (strncmp(c.model, "FLUX.2", 6) == 0) {
         add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
                       "-m DIR --transformer FILE), configs and tokenizers (the same folder)");

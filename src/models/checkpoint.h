@@ -29,9 +29,13 @@ typedef struct df_checkpoint_key {
 typedef struct df_checkpoint_parts {
     /* "FLUX.1-dev", "FLUX.1-schnell", "FLUX.1-fill", "FLUX.1-depth", "FLUX.2-dev",
      * "FLUX.2-klein", "SD3-medium",
-     * "SD3.5-medium", "SD3.5-large", or "" when the file holds no transformer diffuse knows */
+     * "SD3.5-medium", "SD3.5-large", "SD3-like ...", "FLUX.1-dev (diffusers names)", ...,
+     * or "" when the file holds no transformer diffuse knows */
     const char *model;
     bool transformer, vae, clip_l, clip_g, t5;
+    bool vae_diffusers;  /* the VAE is in diffusers' names, not LDM's */
+    bool t5_llamacpp;    /* the T5 is in llama.cpp's names (enc.blk.N.attn_q, ...) */
+    bool gguf_tokenizer; /* a GGUF carrying llama.cpp's tokenizer (tokenizer.ggml.model) */
     char transformer_prefix[64]; /* "", "model.diffusion_model." */
     /* The shipped config set for the file (shipped.h: its model and sizes), or "" with
      * shipped_why saying why there is none. */

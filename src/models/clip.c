@@ -7,8 +7,11 @@
  *
  * Choices:
  * - The class is the checkpoint's: `text_projection.weight` present means the projection
- *   class. `position_ids` buffers some checkpoints carry are accepted and ignored (positions
- *   are always 0..S-1).
+ *   class. stable-diffusion.cpp's `convert --convert-name` names it
+ *   `text_model.text_projection` (no ".weight"), holding transformers' tensor unchanged (its
+ *   CLIP multiplies by it as a linear weight), and is read under that name too.
+ *   `position_ids` buffers some checkpoints carry are accepted and ignored (positions are
+ *   always 0..S-1).
  * - The EOS position is found on the device from the ids (df_token_rows: the first EOS
  *   token, or the first largest id when eos_token_id is 2, as transformers does) and the
  *   pooled rows are gathered from last_hidden_state viewed as [B*S, D], so the ids are
@@ -116,6 +119,16 @@ static df_status bind_layer(df_weight_set *ws, const df_clip_config *c, int i, c
     return DF_OK;
 }
 
+/* The projection's name in the checkpoint, or NULL for the class without one. */
+static const char *projection_name(df_weight_set *ws)
+{
+    if (df_ws_has(ws, "text_projection.weight"))
+        return "text_projection.weight";
+    if (df_ws_has(ws, "text_model.text_projection")) /* stable-diffusion.cpp's name */
+        return "text_model.text_projection";
+    return NULL;
+}
+
 static df_status bind_weights(df_clip *m)
 {
     const df_clip_config *c = &m->cfg;
@@ -130,9 +143,13 @@ static df_status bind_weights(df_clip *m)
     DF_TRY(
         df_ws_tensor(ws, &m->final_ln_w, 1, (int64_t[]){d}, "text_model.final_layer_norm.weight"));
     DF_TRY(df_ws_tensor(ws, &m->final_ln_b, 1, (int64_t[]){d}, "text_model.final_layer_norm.bias"));
-    if (c->with_projection)
+    const char *proj = c->with_projection ? projection_name(ws) : NULL;
+    if (proj && strcmp(proj, "text_projection.weight") == 0)
         DF_TRY(
             df_ws_linear(ws, &m->text_projection, c->projection_dim, d, false, "text_projection"));
+    else if (proj) /* stable-diffusion.cpp's name: the weight alone, no bias */
+        DF_TRY(df_ws_tensor(ws, &m->text_projection.weight, 2,
+                            (int64_t[]){c->projection_dim, d}, "%s", proj));
     /* A buffer of 0..P-1 in older checkpoints; the forward makes its own positions. */
     df_ws_ignore_prefix(ws, "text_model.embeddings.position_ids");
     df_ws_ignore_prefix(ws, "embeddings.position_ids"); /* a file without "text_model." */
@@ -170,7 +187,7 @@ df_status df_clip_load_file(df_ctx *ctx, const char *dir, const char *file, df_c
     if (s == DF_OK)
         s = df_weight_set_config(m->ws, &cfg);
     if (s == DF_OK)
-        s = read_config(cfg, df_ws_has(m->ws, "text_projection.weight"), &m->cfg);
+        s = read_config(cfg, projection_name(m->ws) != NULL, &m->cfg);
     if (s == DF_OK) {
         m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
         if (!m->layers)

@@ -41,6 +41,12 @@ typedef struct df_name_rule {
 #define DF_NAME_THIRD(i) 3, 1, {{i, i + 1}}
 /* clang-format on */
 
+/* Names every diffusers-named FLUX.1 / FLUX.2 / SD3 transformer and AutoencoderKL holds:
+ * with df_names_same they find the prefix a file puts before diffusers' own names
+ * (stable-diffusion.cpp's convert without --convert-name: "model.diffusion_model.", "vae."). */
+const char *df_names_diffusers_transformer_probe(void);
+const char *df_names_diffusers_vae_probe(void);
+
 /* Fills *out from the first rule matching `diffusers`; false when none does. */
 bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers, df_name_src *out);
 
@@ -71,5 +77,9 @@ bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_clip_probe(void);
 const char *df_names_clip_bare_probe(void);
 const char *df_names_t5_probe(void);
+/* A T5 encoder in llama.cpp's names (token_embd, enc.blk.N.attn_q, ..., enc.output_norm), as
+ * llama.cpp's and city96's T5 GGUFs hold it, and a name every such file holds. */
+bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_t5_llamacpp_probe(void);
 
 #endif

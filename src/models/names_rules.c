@@ -1,7 +1,8 @@
 /*
  * Name-map tables (names.h): a diffusers name matched against each rule's pattern, the
  * block index and the last word carried over into the original's name. The FLUX.1 and
- * SD3 maps are such tables; the VAE's, which counts blocks the other way, is code.
+ * SD3 maps are such tables; the VAE's, which counts blocks the other way, is code. The
+ * probes of diffusers' own names under a prefix live here too.
  */
 #include "models/names.h"
 
@@ -70,4 +71,16 @@ bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers,
         return true;
     }
     return false;
+}
+
+/* "single_transformer_blocks.0.attn.to_q.weight" does not end in it: a probe matches after
+ * a '.' or at the start of a name. */
+const char *df_names_diffusers_transformer_probe(void)
+{
+    return "transformer_blocks.0.attn.to_q.weight";
+}
+
+const char *df_names_diffusers_vae_probe(void)
+{
+    return "decoder.mid_block.resnets.0.conv1.weight";
 }

@@ -7,6 +7,15 @@
  * into the transformers class). Some CLIP-L files drop the "text_model." level; the bare map
  * takes it off every name but text_projection.
  *
+ * T5 encoder GGUFs converted by llama.cpp (city96's t5-v1_1-xxl-encoder-*.gguf, and the same
+ * names under stable-diffusion.cpp's "text_encoders.t5xxl.transformer." when its convert
+ * copies such a file) use llama.cpp's tensor names for the t5encoder architecture (gguf-py's
+ * MODEL_ARCH.T5ENCODER, which transformers' GGUF loader maps back the same way): one
+ * llama.cpp tensor per transformers tensor, same shape, no fused or split rows. The
+ * relative attention bias lives in block 0 only, as in transformers; the embedding is
+ * token_embd (transformers' shared.weight; encoder.embed_tokens is its tied copy and has
+ * no tensor of its own).
+ *
  * OpenCLIP's own layout (transformer.resblocks.N...) is not read: such a file has no name
  * ending in either probe, and the loader says so.
  */
@@ -50,4 +59,33 @@ const char *df_names_clip_bare_probe(void)
 const char *df_names_t5_probe(void)
 {
     return "encoder.block.0.layer.0.SelfAttention.q.weight";
+}
+
+/* clang-format off */
+static const df_name_rule t5_llamacpp[] = {
+    {"shared.weight",                                    "token_embd.weight",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.SelfAttention.q.",         "enc.blk.*.attn_q.",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.SelfAttention.k.",         "enc.blk.*.attn_k.",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.SelfAttention.v.",         "enc.blk.*.attn_v.",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.SelfAttention.o.",         "enc.blk.*.attn_o.",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.SelfAttention.relative_attention_bias.",
+                                                         "enc.blk.*.attn_rel_b.",   DF_NAME_WHOLE},
+    {"encoder.block.*.layer.0.layer_norm.",              "enc.blk.*.attn_norm.",    DF_NAME_WHOLE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_0.",     "enc.blk.*.ffn_gate.",     DF_NAME_WHOLE},
+    {"encoder.block.*.layer.1.DenseReluDense.wi_1.",     "enc.blk.*.ffn_up.",       DF_NAME_WHOLE},
+    {"encoder.block.*.layer.1.DenseReluDense.wo.",       "enc.blk.*.ffn_down.",     DF_NAME_WHOLE},
+    {"encoder.block.*.layer.1.layer_norm.",              "enc.blk.*.ffn_norm.",     DF_NAME_WHOLE},
+    {"encoder.final_layer_norm.",                        "enc.output_norm.",        DF_NAME_WHOLE},
+};
+/* clang-format on */
+
+bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out)
+{
+    (void)arg;
+    return df_names_lookup(t5_llamacpp, sizeof t5_llamacpp / sizeof *t5_llamacpp, diffusers, out);
+}
+
+const char *df_names_t5_llamacpp_probe(void)
+{
+    return "enc.blk.0.attn_q.weight";
 }

@@ -360,6 +360,19 @@ static df_status read_rows_threaded(const df_single_file *sf, const src_info *in
     int64_t per = rows / (threads > 1 ? 4 * threads : 1);
     if (per < 1)
         per = 1;
+    /* A chunk starts on a block of the GGUF type: a row of a 1-D tensor is one value (sd.cpp
+     * quantizes 1-D norm weights), so chunks of it are whole blocks of rows. */
+    const df_qblock_info *q = sf->gguf && info->upcast ? df_qblock_info_of(info->block_type) : NULL;
+    int64_t row = info->shape[0] ? info->numel / info->shape[0] : 0;
+    if (q && row > 0 && row % q->block != 0) {
+        int64_t g = row, b = q->block; /* g = gcd(row, block) */
+        while (b) {
+            int64_t t = g % b;
+            g = b, b = t;
+        }
+        int64_t align = q->block / g; /* the fewest rows that make whole blocks */
+        per = (per + align - 1) / align * align;
+    }
     int64_t chunks = (rows + per - 1) / per;
     int64_t failed = -1;
 #pragma omp parallel for num_threads(threads > 1 && chunks > 1 ? threads : 1) schedule(dynamic)

@@ -194,6 +194,9 @@ df_status df_t5_load_file(df_ctx *ctx, const char *dir, const char *file, df_t5 
     df_status s = file ? df_weight_set_open_single(ctx, dir, file, name, df_names_same, 0,
                                                    df_names_t5_probe(), &m->ws)
                        : df_weight_set_open(ctx, dir, name, &m->ws);
+    /* A file without transformers' names may hold llama.cpp's (a T5 encoder GGUF). */
+    if (s == DF_OK && file)
+        df_ws_try_map(m->ws, df_names_t5_llamacpp, 0, df_names_t5_llamacpp_probe(), NULL);
     if (s == DF_OK)
         s = df_weight_set_config(m->ws, &cfg);
     if (s == DF_OK)

@@ -27,8 +27,11 @@ static df_status open_weights(df_transformer *t, const char *dir, const char *fi
     if (!file)
         return df_weight_set_open(t->ctx, dir, "transformer", &t->ws);
     int arg = k->names_arg ? k->names_arg(t) : 0;
-    return df_weight_set_open_single(t->ctx, dir, file, "transformer", k->names, arg,
-                                     k->names_probe(), &t->ws);
+    DF_TRY(df_weight_set_open_single(t->ctx, dir, file, "transformer", k->names, arg,
+                                     k->names_probe(), &t->ws));
+    /* Not the original layout: diffusers' names, maybe under a prefix. */
+    df_ws_try_map(t->ws, df_names_same, 0, df_names_diffusers_transformer_probe(), NULL);
+    return DF_OK;
 }
 
 /* Splits the model over the context's ranks when it has several and the model can. */

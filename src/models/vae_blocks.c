@@ -152,6 +152,9 @@ df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,
     df_status s = df_vae_read_config(cfg, &info);
     df_json_free(cfg);
     DF_TRY(s);
-    return df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm, info.n_blocks,
-                                     df_names_vae_probe(), out);
+    DF_TRY(df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm, info.n_blocks,
+                                     df_names_vae_probe(), out));
+    /* Not the LDM layout: diffusers' names, maybe under a prefix. */
+    df_ws_try_map(*out, df_names_same, 0, df_names_diffusers_vae_probe(), NULL);
+    return DF_OK;
 }

@@ -157,8 +157,8 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
         if (df_pipeline_lead(p)) {
             DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
             DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_clip), "%s", dir);
-            DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer_2", dir, sizeof dir));
-            DF_TRY_CTX(df_tokenizer_load(dir, &f->tok_t5), "%s", dir);
+            DF_TRY(df_pipeline_load_t5_tokenizer(p, idx, "tokenizer_2",
+                                                 p->opts.text_encoder_2_file, &f->tok_t5));
             DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
             DF_TRY_CTX(df_clip_load_file(p->ctx, dir, p->opts.text_encoder_file, &f->clip), "%s",
                        dir);

@@ -14,6 +14,7 @@
 
 #include <diffuse/cpu.h>
 #include <diffuse/dist.h>
+#include <diffuse/gguf.h>
 #include <diffuse/layout.h>
 #include <diffuse/rng.h>
 #include <diffuse/weights.h>
@@ -138,6 +139,31 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
     bool tokenizer = strncmp(name, "tokenizer", 9) == 0;
     return df_layout_component_dir(tokenizer && p->tokenizer_dir[0] ? p->tokenizer_dir : p->dir,
                                    name, buf, cap);
+}
+
+df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_index *idx,
+                                        const char *name, const char *t5_file,
+                                        df_tokenizer **out)
+{
+    char dir[DF_PATH_MAX];
+    df_status s = df_pipeline_component_dir(p, idx, name, dir, sizeof dir);
+    if (s == DF_OK && (s = df_tokenizer_load(dir, out)) != DF_OK)
+        s = df_error_context(s, "%s", dir);
+    if (s == DF_OK || !t5_file || !df_str_ends_with(t5_file, ".gguf"))
+        return s;
+    char why[512];
+    snprintf(why, sizeof why, "%s", df_error_message());
+    df_gguf *g = NULL;
+    bool carries = df_gguf_open(t5_file, &g) == DF_OK &&
+                   df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
+    df_gguf_free(g);
+    if (!carries)
+        return df_errorf(s, "%s", why);
+    return df_errorf(DF_E_UNSUPPORTED,
+                     "%s; the T5 file %s carries llama.cpp's tokenizer (tokenizer.ggml.*), "
+                     "which diffuse does not read: give a diffusers folder with %s/ "
+                     "(spiece.model) as --config DIR or -m DIR",
+                     why, t5_file, name);
 }
 
 bool df_pipeline_lead(const df_pipeline *p)

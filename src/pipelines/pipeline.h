@@ -4,6 +4,7 @@
 
 #include <diffuse/layout.h>
 #include <diffuse/pipeline.h>
+#include <diffuse/tokenizer.h>
 
 struct df_weight_set;
 
@@ -74,6 +75,13 @@ extern const df_pipeline_kind df_flux2_klein_pipeline_class; /* Flux2KleinPipeli
  * lists it as null or the folder is missing. */
 df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *idx,
                                     const char *name, char *buf, size_t cap);
+/* Loads the T5 tokenizer from component `name` (tokenizer_2 of FLUX.1, tokenizer_3 of SD3).
+ * When that fails and `t5_file` (the T5 encoder's single file, or NULL) is a GGUF carrying
+ * llama.cpp's tokenizer (tokenizer.ggml.*), the error is DF_E_UNSUPPORTED saying that such a
+ * tokenizer is not read and where to put one, after the folder's own message. */
+df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_index *idx,
+                                        const char *name, const char *t5_file,
+                                        df_tokenizer **out);
 /* Whether the index names the component (not [null, null]). */
 bool df_pipeline_has_component(const df_model_index *idx, const char *name);
 

@@ -153,7 +153,8 @@ static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *id
                          p->dir, (long long)s->clip_len, (long long)l->max_position_embeddings,
                          (long long)g->max_position_embeddings);
     if (df_pipeline_has_component(idx, "text_encoder_3")) {
-        DF_TRY(load_tokenizer(p, idx, "tokenizer_3", &s->tok_t5));
+        DF_TRY(df_pipeline_load_t5_tokenizer(p, idx, "tokenizer_3", p->opts.text_encoder_3_file,
+                                             &s->tok_t5));
         char dir[DF_PATH_MAX];
         DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_3", dir, sizeof dir));
         DF_TRY_CTX(df_t5_load_file(p->ctx, dir, p->opts.text_encoder_3_file, &s->t5), "%s", dir);

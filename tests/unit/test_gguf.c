@@ -18,72 +18,9 @@
 
 #include "core/alloc.h"
 #include "core/quant_blocks.h"
+#include "unit/gguf_bytes.h"
 
 #define CASE_DIR DF_GOLDEN_DIR "/../cases/gguf-dequant"
-
-/* ---- a byte builder for GGUF files ------------------------------------------------- */
-
-typedef struct buf {
-    uint8_t b[8192];
-    size_t n;
-} buf;
-
-static void put(buf *f, const void *p, size_t n)
-{
-    assert_true(f->n + n <= sizeof f->b);
-    memcpy(f->b + f->n, p, n);
-    f->n += n;
-}
-
-static void u32(buf *f, uint32_t v)
-{
-    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-    put(f, b, 4);
-}
-
-static void u64(buf *f, uint64_t v)
-{
-    u32(f, (uint32_t)v);
-    u32(f, (uint32_t)(v >> 32));
-}
-
-static void str(buf *f, const char *s)
-{
-    u64(f, strlen(s));
-    put(f, s, strlen(s));
-}
-
-static void header(buf *f, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
-{
-    f->n = 0;
-    put(f, "GGUF", 4);
-    u32(f, version);
-    u64(f, n_tensors);
-    u64(f, n_kv);
-}
-
-/* A tensor description: name, dims (innermost first, as ggml writes them), type, offset. */
-static void tinfo(buf *f, const char *name, int ndim, const uint64_t *ne, uint32_t type,
-                  uint64_t offset)
-{
-    str(f, name);
-    u32(f, (uint32_t)ndim);
-    for (int i = 0; i < ndim; i++)
-        u64(f, ne[i]);
-    u32(f, type);
-    u64(f, offset);
-}
-
-/* Pads to `align` with zeros, then appends n data bytes of a pattern. */
-static void data(buf *f, size_t align, size_t n)
-{
-    while (f->n % align)
-        put(f, "", 1);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t v = (uint8_t)(i * 37 + 11);
-        put(f, &v, 1);
-    }
-}
 
 /* Two F32 tensors: "a" [2, 3] at 0 and "b" [4] at 32; one string key. */
 static void good_file(buf *f)
@@ -330,6 +267,35 @@ static void test_unsupported_type_is_listed_but_not_read(void **state)
 
 /* ---- the gguf package's own file --------------------------------------------------- */
 
+/* A 1-D block type's rows are single values: a row range must start and end on a block,
+ * or the read is refused (never a silent partial read); whole blocks read right. */
+static void test_rows_of_1d_blocks(void **state)
+{
+    (void)state;
+    buf f;
+    header(&f, 3, 1, 0);
+    tinfo(&f, "n", 1, (uint64_t[]){64}, DF_GGML_Q8_0, 0);
+    data(&f, 32, 0);
+    for (int b = 0; b < 2; b++) {
+        put(&f, (uint8_t[2]){0x00, 0x3C}, 2); /* scale 1.0 */
+        for (int i = 0; i < 32; i++)
+            put(&f, &(int8_t){(int8_t)(b * 32 + i - 20)}, 1);
+    }
+    df_gguf *g;
+    assert_int_equal(open_buf(&f, &g), DF_OK);
+    float out[64];
+    assert_int_equal(df_gguf_read_rows(g, "n", 0, 16, DF_DTYPE_F32, out, sizeof out), DF_E_ARG);
+    assert_non_null(strstr(df_error_message(), "Q8_0 block"));
+    assert_int_equal(df_gguf_read_rows(g, "n", 32, 48, DF_DTYPE_BF16, out, sizeof out), DF_E_ARG);
+    assert_int_equal(df_gguf_read_rows(g, "n", 32, 64, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    for (int i = 0; i < 32; i++)
+        assert_true(out[i] == (float)(32 + i - 20));
+    assert_int_equal(df_gguf_read_rows(g, "n", 0, -1, DF_DTYPE_F32, out, sizeof out), DF_OK);
+    for (int i = 0; i < 64; i++)
+        assert_true(out[i] == (float)(i - 20));
+    df_gguf_free(g);
+}
+
 static void test_metadata_of_every_type(void **state)
 {
     (void)state;
@@ -458,6 +424,7 @@ int main(void)
         cmocka_unit_test(test_bad_alignment),
         cmocka_unit_test(test_bad_tensors),
         cmocka_unit_test(test_unsupported_type_is_listed_but_not_read),
+        cmocka_unit_test(test_rows_of_1d_blocks),
         cmocka_unit_test(test_metadata_of_every_type),
         cmocka_unit_test(test_dequant_matches_gguf_package),
         cmocka_unit_test(test_out_of_memory),

@@ -18,10 +18,12 @@
 #include <diffuse/diffuse.h>
 
 #include "core/alloc.h"
+#include "core/quant_blocks.h"
 #include "models/checkpoint.h"
 #include "models/names.h"
 #include "models/residency.h"
 #include "models/single_file.h"
+#include "unit/gguf_bytes.h"
 #include "unit/io_files.h"
 
 static void test_name_map(void **state)
@@ -372,6 +374,26 @@ static void test_recognise_known_models(void **state)
     df_checkpoint_key flux2_dev[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
                                      {"guidance_in.in_layer.weight", 2, {6144, 256}}};
     assert_string_equal(model_of(flux2_dev, 2, &c), "FLUX.2-dev");
+    /* diffusers' names under stable-diffusion.cpp's prefixes; llama.cpp's T5 */
+    df_checkpoint_key dn[] = {
+        {"model.diffusion_model.transformer_blocks.0.attn.to_q.weight", 2, {3072, 3072}},
+        {"model.diffusion_model.single_transformer_blocks.0.proj_mlp.weight", 2, {12288, 3072}},
+        {"vae.decoder.mid_block.resnets.0.conv1.weight", 4, {512, 512, 3, 3}},
+        {"text_encoders.t5xxl.transformer.enc.blk.0.attn_q.weight", 2, {4096, 4096}},
+        {"model.diffusion_model.time_text_embed.guidance_embedder.linear_1.weight", 2,
+         {3072, 256}},
+    };
+    assert_string_equal(model_of(dn, 4, &c), "FLUX.1-schnell (diffusers names)");
+    assert_string_equal(c.transformer_prefix, "model.diffusion_model.");
+    assert_true(c.transformer && c.vae && c.vae_diffusers && c.t5 && c.t5_llamacpp);
+    assert_string_equal(model_of(dn, 5, &c), "FLUX.1-dev (diffusers names)");
+    df_checkpoint_key dn_sd3[] = {{"transformer_blocks.0.attn.to_q.weight", 2, {1536, 1536}},
+                                  {"pos_embed.proj.weight", 4, {1536, 16, 2, 2}}};
+    assert_string_equal(model_of(dn_sd3, 2, &c), "SD3 (diffusers names)");
+    assert_false(c.vae || c.t5_llamacpp);
+    df_checkpoint_key dn_none[] = {{"transformer_blocks.0.attn.to_q.weight", 2, {8, 8}}};
+    assert_string_equal(model_of(dn_none, 1, &c), "");
+    assert_false(c.transformer);
     /* a lone CLIP: CLIP-G by its width */
     df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
     model_of(clip, 1, &c);
@@ -413,6 +435,127 @@ static void test_clip_prefix_hint(void **state)
                                             df_names_clip_bare_probe(), NULL));
         df_single_file_free(sf);
     }
+}
+
+/* Q8_0 blocks of 32 int8 codes q = i % 32 - 16 under scales 1, 0.5, 1, 0.5, ... (f16 0x3C00,
+ * 0x3800): value i is its code times its block's scale. */
+static void q8_0_blocks(buf *f, int nblocks)
+{
+    for (int b = 0; b < nblocks; b++) {
+        uint8_t scale[2] = {0x00, (uint8_t)(b % 2 ? 0x38 : 0x3C)};
+        put(f, scale, 2);
+        for (int i = 0; i < 32; i++) {
+            int8_t q = (int8_t)(i - 16);
+            put(f, &q, 1);
+        }
+    }
+}
+
+static float q8_0_value(int i)
+{
+    return (float)(i % 32 - 16) * (i / 32 % 2 ? 0.5f : 1.0f);
+}
+
+/*
+ * A T5 encoder GGUF in llama.cpp's names under stable-diffusion.cpp's prefix: the
+ * transformers map finds nothing, the llama.cpp map finds the prefix, a 1-D Q8_0 norm (as
+ * sd.cpp writes norms whose width is a multiple of 32) binds through it on two threads with
+ * every value right (its rows are single values, so the chunks must be whole blocks), and a
+ * name the map does not have is reported as such.
+ */
+static void test_t5_llamacpp_gguf(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-t5-gguf", dir, sizeof dir);
+    path_in(dir, "t5.gguf", path, sizeof path);
+    buf f;
+    header(&f, 3, 2, 0);
+    tinfo(&f, "text_encoders.t5xxl.transformer.enc.blk.0.attn_norm.weight", 1,
+          (uint64_t[]){96}, DF_GGML_Q8_0, 0);
+    tinfo(&f, "text_encoders.t5xxl.transformer.enc.blk.0.attn_q.weight", 2,
+          (uint64_t[]){32, 2}, DF_GGML_Q8_0, 128);
+    data(&f, 32, 0);
+    q8_0_blocks(&f, 3); /* 102 bytes, then padding to 128 */
+    put(&f, (uint8_t[26]){0}, 26);
+    q8_0_blocks(&f, 2);
+    assert_int_equal(write_file(path, f.b, f.n), 0);
+
+    df_ctx *ctx;
+    assert_int_equal(
+        df_ctx_create(&(df_ctx_opts){.threads = 2, .compute = DF_DTYPE_F32}, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(df_single_file_open(path, "text_encoder_2", df_names_same, 0,
+                                         df_names_t5_probe(), &sf),
+                     DF_OK);
+    assert_false(df_single_file_mapped(sf));
+    assert_true(df_single_file_try_map(sf, df_names_t5_llamacpp, 0,
+                                       df_names_t5_llamacpp_probe(), NULL));
+    assert_string_equal(df_single_file_prefix(sf), "text_encoders.t5xxl.transformer.");
+    assert_true(df_single_file_has(sf, "encoder.block.0.layer.0.SelfAttention.q.weight"));
+    assert_false(df_single_file_has(sf, "encoder.embed_tokens.weight"));
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.0.layer_norm.weight", 1,
+                                         (int64_t[]){96}, &t, &d, &bytes),
+                     DF_OK);
+    float got[96];
+    read_all(ctx, t, got, 96);
+    for (int i = 0; i < 96; i++)
+        if (got[i] != q8_0_value(i))
+            fail_msg("value %d: %g, expected %g", i, got[i], q8_0_value(i));
+    df_tensor_free(t);
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.1.layer_norm.weight", 1,
+                                         (int64_t[]){96}, &t, &d, &bytes),
+                     DF_E_FORMAT);
+    assert_non_null(strstr(df_error_message(),
+                           "missing tensor 'text_encoders.t5xxl.transformer.enc.blk.0.ffn_norm."
+                           "weight'"));
+    df_ctx_reset_error(ctx);
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
+}
+
+/* A file holding the same T5 tensor in both transformers' and llama.cpp's names: the
+ * transformers layout is taken, and the llama.cpp copy is reported unused, never bound
+ * for the same weight. */
+static void test_t5_both_layouts(void **state)
+{
+    (void)state;
+    char dir[512], path[600];
+    test_dir("single-file-t5-both", dir, sizeof dir);
+    path_in(dir, "both.gguf", path, sizeof path);
+    buf f;
+    header(&f, 3, 2, 0);
+    tinfo(&f, "enc.blk.0.attn_q.weight", 2, (uint64_t[]){2, 2}, DF_GGML_F32, 0);
+    tinfo(&f, "encoder.block.0.layer.0.SelfAttention.q.weight", 2, (uint64_t[]){2, 2},
+          DF_GGML_F32, 32);
+    data(&f, 32, 48);
+    assert_int_equal(write_file(path, f.b, f.n), 0);
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(NULL, &ctx), DF_OK);
+    df_single_file *sf;
+    assert_int_equal(df_single_file_open(path, "text_encoder_2", df_names_same, 0,
+                                         df_names_t5_probe(), &sf),
+                     DF_OK);
+    assert_false(df_single_file_try_map(sf, df_names_t5_llamacpp, 0,
+                                        df_names_t5_llamacpp_probe(), NULL));
+    df_tensor *t;
+    const void *d;
+    size_t bytes;
+    assert_int_equal(df_single_file_bind(sf, ctx, "encoder.block.0.layer.0.SelfAttention.q.weight",
+                                         2, (int64_t[]){2, 2}, &t, &d, &bytes),
+                     DF_OK);
+    df_tensor_free(t);
+    const char *unused = NULL;
+    for (int64_t i = 0; i < df_single_file_count(sf); i++)
+        if (df_single_file_unused(sf, i))
+            unused = df_single_file_unused(sf, i);
+    assert_non_null(unused);
+    assert_string_equal(unused, "enc.blk.0.attn_q.weight");
+    df_single_file_free(sf);
+    df_ctx_free(ctx);
 }
 
 #define CASES       DF_GOLDEN_DIR "/../cases"
@@ -496,14 +639,16 @@ static int64_t expected_resident(const char *name, bool quantized, int ndim, int
 
 /* Under int8 compute, GGUF block types and fp8 weights stay in the file's bytes: the
  * resident weight bytes after loading are those of the file's tensors (plus the kept
- * layers' bf16 upcast), not of a bf16 copy. */
+ * layers' bf16 upcast), not of a bf16 copy; in stable-diffusion.cpp's file the kept
+ * layers are BF16 already and stay as stored. */
 static void test_compact_residency(void **state)
 {
     (void)state;
     const char *files[] = {CASES "/flux-gguf-q8_0/flux1-tiny-q8_0.gguf",
                            CASES "/flux-gguf-q4_k/flux1-tiny-q4_k.gguf",
-                           CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors"};
-    for (int f = 0; f < 3; f++) {
+                           CASES "/flux-single-comfy/flux1-tiny-comfy-fp8.safetensors",
+                           CASES "/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf"};
+    for (int f = 0; f < 4; f++) {
         int64_t expect = 0, compact = 0;
         if (strstr(files[f], ".gguf")) {
             df_gguf *g;
@@ -511,6 +656,8 @@ static void test_compact_residency(void **state)
             for (int64_t i = 0; i < df_gguf_count(g); i++) {
                 df_gguf_tensor t;
                 assert_int_equal(df_gguf_at(g, i, &t), DF_OK);
+                if (strncmp(t.name, "first_stage_model.", 18) == 0)
+                    continue; /* the sd.cpp file's VAE: not the transformer's */
                 bool q = t.type != 0 && t.type != 1 && t.type != 30; /* F32, F16, BF16 */
                 int64_t k = t.ndim ? t.shape[t.ndim - 1] : 1;
                 int64_t r = expected_resident(t.name, q, t.ndim, k, t.numel, t.nbytes);
@@ -629,6 +776,10 @@ static df_status load_vae(df_ctx *c, const char *d, const char *f, void **o)
 {
     return df_vae_load_file(c, d, f, (df_vae **)o);
 }
+static df_status load_t5(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_t5_load_file(c, d, f, (df_t5 **)o);
+}
 static df_status load_clip(df_ctx *c, const char *d, const char *f, void **o)
 {
     return df_clip_load_file(c, d, f, (df_clip **)o);
@@ -677,6 +828,10 @@ static void free_clip(void *m)
 {
     df_clip_free(m);
 }
+static void free_t5(void *m)
+{
+    df_t5_free(m);
+}
 static void free_sd3(void *m)
 {
     df_sd3_free(m);
@@ -691,6 +846,11 @@ static void test_component_load_out_of_memory_sweep(void **state)
                     CASES "/te-single-clip-comfy/clip_l-comfy-fp8.safetensors");
     sweep_component(load_sd3, free_sd3, DF_GOLDEN_DIR "/sd3-transformer/model",
                     CASES "/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors");
+    /* llama.cpp's names (the second map tried), and sd.cpp's CLIP projection name */
+    sweep_component(load_t5, free_t5, DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline/text_encoder_2",
+                    CASES "/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf");
+    sweep_component(load_clip, free_clip, DF_GOLDEN_DIR "/t2i-sd3/pipeline/text_encoder_2",
+                    CASES "/te-gguf-clip-sdcpp/clip_g-sdcpp-q8_0.gguf");
 }
 
 int main(void)
@@ -703,6 +863,8 @@ int main(void)
         cmocka_unit_test(test_vae_file_squeezes_and_prefix),
         cmocka_unit_test(test_recognise_known_models),
         cmocka_unit_test(test_clip_prefix_hint),
+        cmocka_unit_test(test_t5_llamacpp_gguf),
+        cmocka_unit_test(test_t5_both_layouts),
         cmocka_unit_test(test_load_out_of_memory_sweep),
         cmocka_unit_test(test_compact_residency),
         cmocka_unit_test(test_compact_offload),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Seed inputs for tests/fuzz/fuzz_gguf.c, written by the gguf package's own writer:
-small files with metadata of every value type and one tensor of each ggml type that
-diffuse dequantises (random blocks with finite scales, as tools/refgen/gguf_dequant.py).
+small files with metadata of every value type, one tensor of each ggml type that diffuse
+dequantises (random blocks with finite scales, as tools/refgen/gguf_dequant.py), and a 1-D
+Q8_0 tensor.
 Usage: python tools/refgen/gguf_fuzz_corpus.py tests/fuzz/corpus/gguf
 """
 import os
@@ -39,6 +40,15 @@ def main(out_dir):
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+    # a 1-D block tensor (stable-diffusion.cpp's Q8_0 norm weights): its rows are single
+    # values, so a row range must fall on blocks
+    w = gguf.GGUFWriter(os.path.join(out_dir, "q8_0_1d.gguf"), arch="flux")
+    w.add_tensor("model.diffusion_model.norm.weight", random_blocks(rng, Q.Q8_0, (96,)),
+                 raw_dtype=Q.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 if __name__ == "__main__":

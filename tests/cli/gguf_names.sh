@@ -1,0 +1,63 @@
+#!/bin/sh
+# GGUF files in other programs' names through `diffuse generate`: a T5 encoder GGUF in
+# llama.cpp's names as --text-encoder-2 runs; when the folder has no T5 tokenizer (FLUX.1's
+# tokenizer_2, SD3's tokenizer_3), the refusal is one line saying that the GGUF's own
+# tokenizer is not read and how to give one;
+# stable-diffusion.cpp's GGUF of a diffusers folder's transformer and VAE in diffusers' own
+# names under its prefixes (float32) runs as -m FILE --config DIR and gives the folder's
+# image bit for bit as --transformer FILE --vae FILE; such a file is refused without DIR,
+# saying how to give it.
+# Usage: gguf_names.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
+set -u
+bin=$1 golden=$2 cases=$3
+work=$4/gguf-names-$$
+rm -rf "$work" && mkdir -p "$work" || exit 1
+flux=$golden/t2i-flux-schnell/pipeline
+t5=$cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf
+args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
+failures=0
+fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+
+"$bin" generate -m "$flux" $args -o "$work/t5.png" --text-encoder-2 "$t5" 2>"$work/err" ||
+    fail "llama.cpp T5 GGUF: $(cat "$work/err")"
+[ -s "$work/t5.png" ] || fail "llama.cpp T5 GGUF: no image"
+
+"$bin" generate -m "$flux" $args -o "$work/flux.png" 2>"$work/err" || fail "flux folder: $(cat "$work/err")"
+sdd=$cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-diffusers-f32.gguf
+"$bin" generate -m "$sdd" --config "$flux" $args -o "$work/sdd.png" 2>"$work/err" ||
+    fail "sd.cpp GGUF, diffusers names, -m FILE --config DIR: $(cat "$work/err")"
+[ -s "$work/sdd.png" ] || fail "sd.cpp GGUF, diffusers names, -m FILE --config DIR: no image"
+# (Its PNG names the file as the model, so the bytes are compared on the same -m below:
+# -m FILE --config DIR sets the same two component files.)
+"$bin" generate -m "$flux" --transformer "$sdd" --vae "$sdd" $args -o "$work/sdd2.png" \
+    2>"$work/err" || fail "sd.cpp GGUF, diffusers names, --transformer --vae: $(cat "$work/err")"
+cmp -s "$work/flux.png" "$work/sdd2.png" || fail "sd.cpp GGUF (--transformer --vae): the image differs"
+
+# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
+expect() {
+    word=$1
+    shift
+    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
+    got=$?
+    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
+        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
+    elif [ -e "$work/bad.png" ]; then
+        fail "generate $*: left bad.png"
+    else
+        echo "ok   $(cat "$work/err")"
+    fi
+}
+cp -r "$flux" "$work/no-tok" && rm -f "$work/no-tok/tokenizer_2/"* || exit 1
+expect "carries llama.cpp's tokenizer (tokenizer.ggml.\*), which diffuse does not read: give a diffusers folder with tokenizer_2/" \
+    -m "$work/no-tok" --text-encoder-2 "$t5"
+sd3=$golden/t2i-sd3/pipeline
+cp -r "$sd3" "$work/sd3-no-tok" && rm -f "$work/sd3-no-tok/tokenizer_3/"* || exit 1
+expect "does not read: give a diffusers folder with tokenizer_3/" -m "$work/sd3-no-tok" \
+    --guidance 2 --text-encoder-3 "$t5"
+expect "no tokenizer files" -m "$work/no-tok" \
+    --text-encoder-2 "$flux/text_encoder_2/model.safetensors"
+expect "--config DIR" -m "$cases/flux-gguf-sdcpp/flux1-tiny-sdcpp-q8_0.gguf"
+
+rm -rf "$work"
+[ "$failures" -eq 0 ] && echo "all ok"
+[ "$failures" -eq 0 ]
