@@ -208,14 +208,14 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             any = true;
         }
     add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
+    if (c.gguf_tokenizer)
+        add(out, cap, "tokenizer: llama.cpp's (tokenizer.ggml.*), not read: diffuse reads "
+                      "tokenizers from a diffusers folder (--config DIR or -m DIR)\n");
     if (*c.shipped)
         snprintf(line, sizeof line, "config: shipped %s\n", c.shipped);
     else
         snprintf(line, sizeof line, "config: %s; give --config DIR\n", c.shipped_why);
     add(out, cap, line);
-    if (c.gguf_tokenizer)
-        add(out, cap, "tokenizer: llama.cpp's (tokenizer.ggml.*), not read: diffuse reads "
-                      "tokenizers from a diffusers folder (--config DIR or -m DIR)\n");
     if (strncmp(c.model, "FLUX.2", 6) == 0) {
         add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
                       "-m DIR --transformer FILE), configs and tokenizers (the same folder)");
