@@ -50,6 +50,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/decoder_lm.h"
+#include "models/names.h"
 #include "models/residency.h"
 #include "models/text_config.h"
 
@@ -241,10 +242,16 @@ static df_status shard(df_decoder_lm *m, df_ctx *ctx)
     return DF_OK;
 }
 
-static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir)
+static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, const char *file)
 {
     const df_json *cfg;
-    DF_TRY(df_weight_set_open(ctx, dir, m->component, &m->ws));
+    /* A single file: the prefix is whatever precedes the embedding there, so the class's
+     * own candidates then find it under "". */
+    if (file)
+        DF_TRY(df_weight_set_open_single(ctx, dir, file, m->component, df_names_same, 0,
+                                         df_names_lm_probe(), &m->ws));
+    else
+        DF_TRY(df_weight_set_open(ctx, dir, m->component, &m->ws));
     DF_TRY(df_weight_set_config(m->ws, &cfg));
     DF_TRY(m->cls->read_config(cfg, &m->cfg, &m->sliding_window));
     m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
@@ -260,13 +267,19 @@ static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir)
 df_status df_decoder_lm_load(df_ctx *ctx, const char *dir, const df_decoder_lm_class *cls,
                              df_decoder_lm **out)
 {
+    return df_decoder_lm_load_file(ctx, dir, NULL, cls, out);
+}
+
+df_status df_decoder_lm_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                  const df_decoder_lm_class *cls, df_decoder_lm **out)
+{
     *out = NULL;
     df_decoder_lm *m = df_calloc(1, sizeof *m);
     if (!m)
         return df_errorf(DF_E_OOM, "%s: out of memory", cls->name);
     m->cls = cls;
     df_text_component_name(dir, "text_encoder", m->component, sizeof m->component);
-    df_status s = load_parts(m, ctx, dir);
+    df_status s = load_parts(m, ctx, dir, file);
     if (s != DF_OK) {
         df_decoder_lm_free(m);
         return s;

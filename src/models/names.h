@@ -58,9 +58,13 @@ bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux2_probe(void);
 
 /* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
- * blocks (len(block_out_channels)). names_vae.c. */
+ * blocks (len(block_out_channels)), with DF_NAMES_VAE_NESTED_QUANT added for FLUX.2's
+ * ae.safetensors (encoder.quant_conv / decoder.post_quant_conv). names_vae.c. */
+#define DF_NAMES_VAE_NESTED_QUANT 0x10000
 bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_vae_probe(void);
+/* A name only AutoencoderKLFlux2 files hold (the latent batch norm), in every layout. */
+const char *df_names_vae_flux2_probe(void);
 
 /* Text encoders (names_text.c). transformers' own names under a prefix (ComfyUI's
  * "text_encoders.clip_l.transformer.", or none): the identity. */
@@ -71,5 +75,10 @@ bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_clip_probe(void);
 const char *df_names_clip_bare_probe(void);
 const char *df_names_t5_probe(void);
+/* A name every Mistral / Qwen3 language model file holds and CLIP / T5 files do not
+ * (under "model.", ComfyUI's "text_encoders.<name>.transformer.model." or none), and one
+ * only Qwen3 holds (its per-head q norm). */
+const char *df_names_lm_probe(void);
+const char *df_names_qwen3_probe(void);
 
 #endif

@@ -51,3 +51,13 @@ const char *df_names_t5_probe(void)
 {
     return "encoder.block.0.layer.0.SelfAttention.q.weight";
 }
+
+const char *df_names_lm_probe(void)
+{
+    return "layers.0.post_attention_layernorm.weight";
+}
+
+const char *df_names_qwen3_probe(void)
+{
+    return "layers.0.self_attn.q_norm.weight";
+}
