@@ -257,7 +257,10 @@ static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, cons
     m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers)
         return df_errorf(DF_E_OOM, "%s: out of memory", m->component);
-    DF_TRY(find_prefix(m));
+    if (file)
+        DF_TRY_CTX(find_prefix(m), "%s", file);
+    else
+        DF_TRY(find_prefix(m));
     for (const char *const *p = m->cls->skipped; p && *p; p++)
         df_ws_ignore_prefix(m->ws, *p);
     DF_TRY(shard(m, ctx));

@@ -219,6 +219,17 @@ static void test_vae_and_text_name_maps(void **state)
     assert_false(df_names_vae_ldm("decoder.up_blocks.-1.resnets.0.conv1.weight", 4, &s));
     assert_false(df_names_vae_ldm("decoder.mid_block.attentions.1.to_q.weight", 4, &s));
     assert_false(df_names_vae_ldm("encoder.down_blocks.0.resnets.0.conv9.weight", 4, &s));
+    /* BFL's FLUX.2 ae.safetensors: the quant convs nested in their halves, bn.* as is */
+    int nested = 4 | DF_NAMES_VAE_NESTED_QUANT;
+    assert_true(df_names_vae_ldm("post_quant_conv.bias", nested, &s));
+    assert_string_equal(s.name, "decoder.post_quant_conv.bias");
+    assert_true(df_names_vae_ldm("quant_conv.weight", nested, &s));
+    assert_string_equal(s.name, "encoder.quant_conv.weight");
+    assert_true(df_names_vae_ldm("bn.running_var", nested, &s));
+    assert_string_equal(s.name, "bn.running_var");
+    assert_true(df_names_vae_ldm("decoder.up_blocks.0.resnets.2.conv1.weight", nested, &s));
+    assert_string_equal(s.name, "decoder.up.3.block.2.conv1.weight");
+    assert_false(df_names_vae_ldm("decoder.up_blocks.4.resnets.0.conv1.weight", nested, &s));
 
     /* SD3's MMDiT names: thirds of qkv; the last block's context modulation swapped */
     assert_true(df_names_sd3_mmdit("transformer_blocks.1.attn.add_v_proj.bias", 3, &s));
@@ -372,6 +383,29 @@ static void test_recognise_known_models(void **state)
     df_checkpoint_key flux2_dev[] = {{"single_stream_modulation.lin.weight", 2, {18432, 6144}},
                                      {"guidance_in.in_layer.weight", 2, {6144, 256}}};
     assert_string_equal(model_of(flux2_dev, 2, &c), "FLUX.2-dev");
+    /* FLUX.2 klein all-in-one: BFL's FLUX.2 VAE (its batch norm beside the LDM names) and
+     * Qwen3 (its q_norm beside the layer) under ComfyUI's prefixes */
+    df_checkpoint_key klein[] = {
+        {"model.diffusion_model.single_stream_modulation.lin.weight", 2, {9216, 3072}},
+        {"vae.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+        {"vae.bn.running_mean", 1, {128}},
+        {"text_encoders.qwen3_4b.transformer.model.layers.0.post_attention_layernorm.weight", 1,
+         {2560}},
+        {"text_encoders.qwen3_4b.transformer.model.layers.0.self_attn.q_norm.weight", 1, {128}},
+    };
+    assert_string_equal(model_of(klein, 5, &c), "FLUX.2-klein");
+    assert_true(c.vae && c.vae_flux2 && c.qwen3 && !c.mistral && !c.clip_l && !c.t5);
+    /* ComfyUI's mistral_3_small_flux2 file: no q_norm, a vision tower beside */
+    df_checkpoint_key mistral[] = {
+        {"model.layers.0.post_attention_layernorm.weight", 1, {5120}},
+        {"model.layers.1.self_attn.q_norm.weight", 1, {128}}, /* not layer 0's: no sibling */
+        {"vision_tower.transformer.layers.0.attention_norm.weight", 1, {1024}},
+    };
+    assert_string_equal(model_of(mistral, 3, &c), "");
+    assert_true(c.mistral && !c.qwen3 && !c.vae && !c.transformer);
+    /* FLUX.1's VAE is not FLUX.2's; CLIP and T5 are not language models */
+    model_of(dev, 6, &c);
+    assert_true(c.vae && !c.vae_flux2 && c.clip_l && c.t5 && !c.qwen3 && !c.mistral);
     /* a lone CLIP: CLIP-G by its width */
     df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
     model_of(clip, 1, &c);
