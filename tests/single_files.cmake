@@ -33,11 +33,11 @@ add_test(NAME single-files/cli-component-files
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
 
-# FLUX.2's VAE and text encoder files, and an all-in-one FLUX.2-dev file
+# FLUX.2's VAE and text encoder files, an all-in-one FLUX.2-dev file and its conversion
 # (tests/cli/flux2_component_files.sh).
 add_test(NAME single-files/cli-flux2-component-files
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/flux2_component_files.sh $<TARGET_FILE:diffuse>
-                 ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-flux2-component-files PROPERTIES TIMEOUT 300)
 
 # `diffuse inspect FILE`: the model, the components and what is missing, for an all-in-one

@@ -242,18 +242,34 @@ static df_status shard(df_decoder_lm *m, df_ctx *ctx)
     return DF_OK;
 }
 
+/* Where the config's class keeps its language model (names.h's DF_NAMES_LM_*): under
+ * "model.language_model." for Mistral3ForConditionalGeneration (a text_config), "model." for
+ * *ForCausalLM, at the root for MistralModel / Qwen3Model. */
+static int class_layout(const df_json *cfg)
+{
+    if (!df_json_is_null(df_json_get(cfg, "text_config")))
+        return DF_NAMES_LM_LANGUAGE_MODEL;
+    const df_json *arch = df_json_get(cfg, "architectures");
+    const char *cls = df_json_is_null(arch) ? NULL : df_json_string(df_json_array_get(arch, 0));
+    size_t n = cls ? strlen(cls) : 0;
+    return n >= 11 && strcmp(cls + n - 11, "ForCausalLM") == 0 ? DF_NAMES_LM_MODEL
+                                                                : DF_NAMES_LM_ROOT;
+}
+
 static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, const char *file)
 {
     const df_json *cfg;
-    /* A single file: the prefix is whatever precedes the embedding there, so the class's
-     * own candidates then find it under "". */
     if (file)
-        DF_TRY(df_weight_set_open_single(ctx, dir, file, m->component, df_names_same, 0,
-                                         df_names_lm_probe(), &m->ws));
+        DF_TRY(df_weight_set_open_single(ctx, dir, file, m->component, NULL, 0, NULL, &m->ws));
     else
         DF_TRY(df_weight_set_open(ctx, dir, m->component, &m->ws));
     DF_TRY(df_weight_set_config(m->ws, &cfg));
     DF_TRY(m->cls->read_config(cfg, &m->cfg, &m->sliding_window));
+    /* A single file: its own prefix is whatever precedes the first layer there ("model.",
+     * ComfyUI's "text_encoders.<name>.transformer.model."), and the model is bound under
+     * the names transformers gives the config's class, as a folder of it holds them. */
+    if (file)
+        df_ws_try_map(m->ws, df_names_lm, class_layout(cfg), df_names_lm_probe(), NULL);
     m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers)
         return df_errorf(DF_E_OOM, "%s: out of memory", m->component);

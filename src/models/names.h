@@ -79,6 +79,14 @@ const char *df_names_t5_probe(void);
  * (under "model.", ComfyUI's "text_encoders.<name>.transformer.model." or none), and one
  * only Qwen3 holds (its per-head q norm). */
 const char *df_names_lm_probe(void);
+/* A Mistral / Qwen3 file whose language model sits under some prefix, read with
+ * transformers' names for the config's class: arg picks the class's own prefix, which the
+ * map takes off (DF_NAMES_LM_ROOT: MistralModel / Qwen3Model, DF_NAMES_LM_MODEL: *ForCausalLM,
+ * DF_NAMES_LM_LANGUAGE_MODEL: Mistral3ForConditionalGeneration); a name without it is not
+ * in the file. */
+enum { DF_NAMES_LM_ROOT, DF_NAMES_LM_MODEL, DF_NAMES_LM_LANGUAGE_MODEL };
+bool df_names_lm(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_lm_class_prefix(int arg);
 const char *df_names_qwen3_probe(void);
 
 #endif

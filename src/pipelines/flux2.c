@@ -766,11 +766,27 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     return s;
 }
 
+/* What `diffuse convert` writes (pipeline_save.c): each loaded component's bound weights. */
+static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    flux2_pipe *f = p->impl;
+    df_weight_set *all[] = {df_flux2_weight_set(f->transformer),
+                            f->vae ? df_vae_weight_set(f->vae) : NULL,
+                            f->te ? df_decoder_lm_weight_set(f->te) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder"};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_flux2_pipeline_class = {
     .name = "Flux2Pipeline",
     .load = flux2_load,
     .run = flux2_run,
     .free = flux2_free,
+    .weight_sets = flux2_weight_sets,
 };
 
 const df_pipeline_kind df_flux2_klein_pipeline_class = {
@@ -778,4 +794,5 @@ const df_pipeline_kind df_flux2_klein_pipeline_class = {
     .load = flux2_load,
     .run = flux2_run,
     .free = flux2_free,
+    .weight_sets = flux2_weight_sets,
 };

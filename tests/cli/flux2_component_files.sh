@@ -3,12 +3,14 @@
 # --text-encoder FILE`, `-m FILE --config DIR`): files in diffusers' / transformers' names
 # give the folder's image bit for bit (Flux2KleinPipeline and Flux2Pipeline); BFL's FLUX.2
 # ae.safetensors, ComfyUI's Mistral and Qwen3 files and an all-in-one FLUX.2-dev file load
-# and run; a file of the wrong model, --text-encoder-2 and an all-in-one file without
-# --config are refused with one line.
-# Usage: flux2_component_files.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
+# and run; `diffuse convert` writes the all-in-one file as a diffusers folder that passes the
+# file's case (pipe-flux2-all-in-one) in eager and compile mode; a file of the wrong model,
+# --text-encoder-2 and an all-in-one file without --config are refused with one line.
+# Usage: flux2_component_files.sh PATH/TO/diffuse PATH/TO/diffuse-check GOLDEN_DIR CASES_DIR
+#        WORK_DIR
 set -u
-bin=$1 golden=$2 cases=$3
-work=$4/flux2-component-files-$$
+bin=$1 check=$2 golden=$3 cases=$4
+work=$5/flux2-component-files-$$
 rm -rf "$work" && mkdir -p "$work" || exit 1
 dev=$golden/t2i-flux2/pipeline
 klein=$golden/t2i-flux2-klein/pipeline
@@ -43,6 +45,21 @@ aio=$cases/pipe-flux2-all-in-one/flux2-tiny-aio-fp8.safetensors
     --vae "$dev/vae/diffusion_pytorch_model.safetensors" 2>"$work/err" ||
     fail "-m FILE --config DIR --vae FILE: $(cat "$work/err")"
 cmp -s "$work/aio.png" "$work/aio-vae.png" && fail "--vae beside an all-in-one file was not used"
+
+# convert: the folder holds the file's weights under diffusers' / transformers' names.
+"$bin" convert "$aio" --config "$dev" -o "$work/out/pipeline" --threads 2 >/dev/null 2>"$work/err" ||
+    fail "convert: $(cat "$work/err")"
+for f in transformer/diffusion_pytorch_model.safetensors vae/diffusion_pytorch_model.safetensors \
+         text_encoder/model.safetensors tokenizer/tokenizer.json; do
+    [ -s "$work/out/pipeline/$f" ] || fail "convert wrote no $f"
+done
+mkdir "$work/case" && cp "$cases/pipe-flux2-all-in-one/case.safetensors" "$work/case/" &&
+    sed -e 's|"dir": "[^"]*"|"dir": "../out/pipeline"|' -e '/"single_file"/d' \
+        "$cases/pipe-flux2-all-in-one/case.json" > "$work/case/case.json" || fail "rewriting the case"
+for mode in eager compile; do
+    "$check" --mode $mode --threads 2 "$work/case" > "$work/check" 2>&1 ||
+        fail "the converted folder ($mode): $(tail -3 "$work/check")"
+done
 
 # expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
 expect() {
