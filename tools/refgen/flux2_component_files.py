@@ -9,6 +9,7 @@ the layouts people download, with diffusers' / transformers' own models on the f
                             decoder.post_quant_conv), bn.running_mean / running_var /
                             num_batches_tracked; bf16 weights, f32 batch-norm statistics.
                             Decode of the golden case's packed latents.
+  vae-encode-single-flux2   the same file's encoder half on vae-encode-flux2's picture.
   te-single-qwen3-comfy     a tiny Qwen3 (its config in the case folder: a 512-token
                             vocabulary keeps the file small) as ComfyUI's qwen_3_4b.safetensors
                             holds it: "model." + transformers' names, lm_head.weight beside;
@@ -149,6 +150,58 @@ def vae_case():
         "provenance": refcase.provenance(),
     }, tensors)
     print(name, "done", os.path.getsize(os.path.join(out, file)), "bytes")
+
+
+def vae_encode_case():
+    """The encoder half of vae-single-flux2's file: vae-encode-flux2's picture and call on
+    the folder's model with the file's values (a temporary diffusers folder of them)."""
+    import shutil
+    import tempfile
+    from vae_encode import run
+    name = "vae-encode-single-flux2"
+    golden_case = os.path.join(refcase.CASES, "vae-encode-flux2")
+    meta = json.load(open(os.path.join(golden_case, "case.json")))
+    vae_dir = os.path.join(GOLDEN, "vae-decode-flux2", "vae")
+    ref = AutoencoderKLFlux2.from_pretrained(vae_dir)
+    sd = ref.state_dict()
+    inv = {v: k for k, v in zip(sd.keys(), to_bfl2_vae({k: torch.zeros(1) for k in sd},
+                                                       len(ref.config.block_out_channels)))}
+    file = os.path.join(refcase.CASES, "vae-single-flux2", "flux2-ae.safetensors")
+    back = from_bfl2_vae(load_file(file), inv)
+    tmp = os.path.join(tempfile.mkdtemp(), "flux2-vae")
+    ref.load_state_dict({k: (v.float() if v.is_floating_point() else v) for k, v in back.items()},
+                        strict=True)
+    ref.save_pretrained(tmp)
+    out = os.path.join(refcase.CASES, name)
+    os.makedirs(out, exist_ok=True)
+    shutil.copy(os.path.join(golden_case, "image0.png"), out)
+    args = meta["args"]
+    from PIL import Image
+    pictures = [Image.open(os.path.join(out, f)) for f in args["images"]]
+    r = {dt: run(tmp, pictures, args["vae_scale_factor"], args["height"], args["width"], None,
+                 args["sample_mode"], dt) for dt in (torch.float64, torch.float32)}
+    shutil.rmtree(os.path.dirname(tmp))
+    names = ["preprocessed", "moments", "latents", "latents_scaled"]
+    tensors, tol = {}, {}
+    for n, a, b in zip(names, r[torch.float64], r[torch.float32]):
+        tensors["out." + n] = a.numpy().astype(np.float32 if n == "preprocessed" else np.float64)
+        tol[n] = refcase.tolerance(a.numpy(), b.numpy(), 1e-5, 1e-6)
+    tol["preprocessed"] = {"max_abs": 1e-7, "rel_l2": 1e-7}
+    meta.pop("case", None)
+    meta.pop("format", None)
+    meta.pop("tensors", None)
+    meta.update({
+        "covers": "AutoencoderKLFlux2's encoder from BFL's FLUX.2 ae.safetensors (vae-single-"
+                  "flux2's file: encoder.quant_conv nested, bn.*) -> preprocess, encode, "
+                  "argmax, patchify, batch-norm normalise",
+        "single_file": "../vae-single-flux2/flux2-ae.safetensors",
+        "tolerance": tol,
+        "notes": meta["notes"] + ["dir gives the config only; the weights are the file's, "
+                                  "upcast into the folder's model (strict) for the reference"],
+        "provenance": refcase.provenance(),
+    })
+    refcase.write_case(name, meta, tensors)
+    print(name, "done")
 
 
 def stacked(hidden, layers):
@@ -401,6 +454,7 @@ def all_in_one_case():
 
 if __name__ == "__main__":
     vae_case()
+    vae_encode_case()
     qwen3_case()
     mistral_case()
     all_in_one_case()
