@@ -11,7 +11,7 @@
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
     vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-mistral-comfy
-    pipe-flux2-all-in-one)
+    te-single-mistral-pruned-comfy pipe-flux2-all-in-one)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}

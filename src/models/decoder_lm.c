@@ -30,7 +30,10 @@
  * - Positions are 0..S-1 in every row, whatever the padding: the pipelines pass no
  *   position_ids and transformers then uses cache_position.
  * - Only layers up to the deepest requested hidden state run; the final norm runs only when
- *   hidden_states[num_hidden_layers] or last_hidden_state is asked for.
+ *   hidden_states[num_hidden_layers] or last_hidden_state is asked for. So a single file
+ *   pruned after the deepest layer a pipeline reads (ComfyUI's pruned FLUX.2 Mistral: 30 of
+ *   40 layers, no final norm) serves that pipeline: binding stops at its first missing
+ *   layer when the final norm is missing too, and a deeper request is DF_E_UNSUPPORTED.
  * - Tensor parallelism: with a communicator of N > 1 ranks, q, k, v (with their biases),
  *   gate and up are split colwise and o and down rowwise (an all-reduce after each), so a
  *   rank runs num_attention_heads / N heads over num_key_value_heads / N KV heads, which are
@@ -75,7 +78,11 @@ struct df_decoder_lm {
     df_weight_set *ws;
     df_tensor *embed; /* [V, D] */
     lm_layer *layers;
-    df_tensor *norm; /* [D] */
+    df_tensor *norm; /* [D]; NULL in a pruned file */
+    /* Layers bound: num_hidden_layers, or fewer for a single file pruned after the last
+     * layer its pipeline reads (ComfyUI's pruned FLUX.2 Mistral: 30 of 40, no final norm). */
+    int n_bound;
+    bool from_file;
     /* the plan, spelled with this checkpoint's prefix (borrowed by ws, so it lives here) */
     char rule_names[N_TP_RULES][128];
     df_tp_rule rules[N_TP_RULES];
@@ -183,10 +190,20 @@ static df_status bind_weights(df_decoder_lm *m)
     const df_decoder_lm_config *c = &m->cfg;
     DF_TRY(df_ws_tensor(m->ws, &m->embed, 2, (int64_t[]){c->vocab_size, c->hidden_size},
                         "%sembed_tokens.weight", m->prefix));
-    for (int i = 0; i < c->num_hidden_layers; i++)
+    m->n_bound = (int)c->num_hidden_layers;
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        /* a single file may end after some layer, without the final norm: a pruned file */
+        if (m->from_file && i > 0 &&
+            !df_ws_has(m->ws, "%slayers.%d.input_layernorm.weight", m->prefix, i) &&
+            !df_ws_has(m->ws, "%snorm.weight", m->prefix)) {
+            m->n_bound = i;
+            break;
+        }
         DF_TRY(bind_layer(m, i, &m->layers[i]));
-    DF_TRY(
-        df_ws_tensor(m->ws, &m->norm, 1, (int64_t[]){c->hidden_size}, "%snorm.weight", m->prefix));
+    }
+    if (m->n_bound == c->num_hidden_layers)
+        DF_TRY(df_ws_tensor(m->ws, &m->norm, 1, (int64_t[]){c->hidden_size}, "%snorm.weight",
+                            m->prefix));
     return df_ws_check_all_used(m->ws);
 }
 
@@ -297,6 +314,7 @@ df_status df_decoder_lm_load_file(df_ctx *ctx, const char *dir, const char *file
     if (!m)
         return df_errorf(DF_E_OOM, "%s: out of memory", cls->name);
     m->cls = cls;
+    m->from_file = file != NULL;
     df_text_component_name(dir, "text_encoder", m->component, sizeof m->component);
     df_status s = load_parts(m, ctx, dir, file);
     if (s != DF_OK) {
@@ -507,6 +525,15 @@ static df_status resolve(const df_decoder_lm *m, const df_decoder_lm_request *re
         if (idx[i] > *deepest)
             *deepest = idx[i];
     }
+    if (*deepest > m->n_bound || (*deepest == L && !m->norm))
+        return df_errorf(DF_E_UNSUPPORTED,
+                         "%s: the checkpoint holds %d of the config's %" PRId64 " layers and no "
+                         "final norm (a pruned file); %s %d needs %s",
+                         m->component, m->n_bound, L,
+                         req->last_hidden_state ? "last_hidden_state, hidden state"
+                                                : "hidden state",
+                         *deepest, *deepest == L ? "every layer and the final norm"
+                                                 : "the layers before it");
     return DF_OK;
 }
 

@@ -703,6 +703,14 @@ static void sweep_component(load_fn load, void (*free_fn)(void *), const char *d
     df_ctx_free(ctx);
 }
 
+static df_status load_mistral(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_mistral_load_file(c, d, f, (df_decoder_lm **)o);
+}
+static void free_lm(void *m)
+{
+    df_decoder_lm_free(m);
+}
 static void free_vae(void *m)
 {
     df_vae_free(m);
@@ -725,6 +733,44 @@ static void test_component_load_out_of_memory_sweep(void **state)
                     CASES "/te-single-clip-comfy/clip_l-comfy-fp8.safetensors");
     sweep_component(load_sd3, free_sd3, DF_GOLDEN_DIR "/sd3-transformer/model",
                     CASES "/sd3-single-comfy/sd3-tiny-comfy-fp8.safetensors");
+    /* FLUX.2: BFL's ae.safetensors (nested quant convs: the first try's set is freed) and
+     * a pruned ComfyUI Mistral */
+    sweep_component(load_vae, free_vae, DF_GOLDEN_DIR "/vae-decode-flux2/vae",
+                    CASES "/vae-single-flux2/flux2-ae.safetensors");
+    sweep_component(load_mistral, free_lm, DF_GOLDEN_DIR "/t2i-flux2/pipeline/text_encoder",
+                    CASES "/te-single-mistral-pruned-comfy/"
+                          "mistral_3_small_flux2-tiny-pruned-fp8.safetensors");
+}
+
+/* A pruned Mistral file (layers 0-29 of 31, no final norm) gives hidden states up to 30;
+ * a deeper one, or last_hidden_state, is refused naming the pruning. */
+static void test_pruned_language_model(void **state)
+{
+    (void)state;
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    df_decoder_lm *m;
+    assert_int_equal(df_mistral_load_file(ctx, DF_GOLDEN_DIR "/t2i-flux2/pipeline/text_encoder",
+                                          CASES "/te-single-mistral-pruned-comfy/"
+                                                "mistral_3_small_flux2-tiny-pruned-fp8.safetensors",
+                                          &m),
+                     DF_OK);
+    int64_t ids[4] = {1, 40, 41, 42};
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(1, 4), ids);
+    assert_non_null(t);
+    df_decoder_lm_output o;
+    df_decoder_lm_request ok = {.n_hidden_states = 2, .hidden_states = {10, 30}};
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL, &ok, &o), DF_OK);
+    assert_non_null(o.hidden_states[1]);
+    df_decoder_lm_request deeper = {.n_hidden_states = 1, .hidden_states = {31}};
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL, &deeper, &o), DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "30 of the config's 31 layers"));
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL,
+                                           &(df_decoder_lm_request){.last_hidden_state = true}, &o),
+                     DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "pruned"));
+    df_decoder_lm_free(m);
+    df_ctx_free(ctx);
 }
 
 int main(void)
@@ -741,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_compact_residency),
         cmocka_unit_test(test_compact_offload),
         cmocka_unit_test(test_component_load_out_of_memory_sweep),
+        cmocka_unit_test(test_pruned_language_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

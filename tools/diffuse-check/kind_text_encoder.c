@@ -182,7 +182,9 @@ static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
         rc = int_arg(c, ctx, "attention_mask", &mask, &mask_host);
     df_decoder_lm_output out = {0};
     df_tensor *stacked = NULL;
-    if (rc == 0 &&
+    /* last_hidden_state when the case lists it (a pruned file's case does not) */
+    bool last = !df_json_is_null(df_json_get(df_json_get(c->root, "outputs"), "last_hidden_state"));
+    if (rc == 0 && last &&
         df_decoder_lm_forward(ctx, m, ids, mask,
                               &(df_decoder_lm_request){.last_hidden_state = true}, &out) != DF_OK)
         rc = check_fail(c, "%s", df_error_message());

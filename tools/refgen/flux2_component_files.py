@@ -18,6 +18,9 @@ the layouts people download, with diffusers' / transformers' own models on the f
                             mistral_3_small_flux2_bf16.safetensors holds it: the language
                             model under "model.", vision_tower.* / multi_modal_projector.* at
                             the top, a uint8 tekken_model (the tokenizer) beside; bf16.
+  te-single-mistral-pruned-comfy  the same encoder pruned as ComfyUI's pruned FLUX.2 Mistral
+                            files are: layers 0-29 (of 31) and no final norm, fp8 linears;
+                            hidden states 10, 20, 30 only.
   pipe-flux2-all-in-one     Flux2Pipeline (golden t2i-flux2) from one file holding the
                             transformer (model.diffusion_model. + BFL FLUX.2 names), the VAE
                             (vae. + BFL FLUX.2 names) and the Mistral text encoder
@@ -211,7 +214,8 @@ def stacked(hidden, layers):
     return h.permute(0, 2, 1, 3).reshape(b, length, n * d)
 
 
-def lm_case(name, cls, te_dir, file, tensors_file, lm_of, ids, mask, layers, covers, notes):
+def lm_case(name, cls, te_dir, file, tensors_file, lm_of, ids, mask, layers, covers, notes,
+            outputs=("last_hidden_state", "prompt_embeds")):
     """A text-encoder case: the language model `lm_of(model)` with the file's values."""
     sd = {}
     for k, v in tensors_file.items():
@@ -229,6 +233,7 @@ def lm_case(name, cls, te_dir, file, tensors_file, lm_of, ids, mask, layers, cov
                    use_cache=False)
         res[tag] = {"last_hidden_state": o.last_hidden_state.numpy(),
                     "prompt_embeds": stacked(o.hidden_states, layers).numpy()}
+        res[tag] = {k: res[tag][k] for k in outputs}
     tensors = {"in.input_ids": ids.numpy().astype(np.int64),
                "in.attention_mask": mask.numpy().astype(np.int64)}
     for k in res["out"]:
@@ -350,6 +355,50 @@ def mistral_case():
     print(name, "done", os.path.getsize(os.path.join(out, file)), "bytes")
 
 
+def mistral_pruned_case():
+    """ComfyUI's pruned FLUX.2 Mistral: only the layers up to the deepest hidden state the
+    pipeline reads (here 30 of the golden encoder's 31), no final norm, fp8 linears. The
+    reference is the full model with the file's values; the layer and norm the file lacks
+    keep the folder's weights, which no requested hidden state reads."""
+    name, file = "te-single-mistral-pruned-comfy", "mistral_3_small_flux2-tiny-pruned-fp8.safetensors"
+    te_dir = os.path.join(GOLDEN, "t2i-flux2", "pipeline", "text_encoder")
+    out = os.path.join(refcase.CASES, name)
+    os.makedirs(out, exist_ok=True)
+    full = mistral_comfy_tensors(te_dir)
+    keep = 30
+    file_sd = {}
+    for k, v in full.items():
+        if not k.startswith("model."):
+            continue  # the vision tower stays in the unpruned case
+        parts = k.split(".")
+        if k == "model.norm.weight" or (parts[1] == "layers" and int(parts[2]) >= keep):
+            continue
+        linear = v.ndim == 2 and "proj" in k
+        file_sd[k] = (v.to(torch.float8_e4m3fn) if linear else v.to(torch.bfloat16)).contiguous()
+    save_file(file_sd, os.path.join(out, file))
+    st = load_file(os.path.join(out, file))
+    lm_sd = {k[len("model."):]: v.float() for k, v in full.items() if k.startswith("model.")}
+    lm_sd.update({k[len("model."):]: v.float() for k, v in st.items()})
+
+    def lm_of(dt):
+        return Mistral3ForConditionalGeneration.from_pretrained(te_dir, torch_dtype=dt) \
+            .model.language_model
+
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(12, 4256, (1, 14), generator=g)
+    ids[:, 0] = 1
+    mask = torch.ones_like(ids)
+    lm_case(name, "Mistral3ForConditionalGeneration", "../../golden/t2i-flux2/pipeline/"
+            "text_encoder", file, lm_sd, lm_of, ids, mask, [10, 20, 30],
+            "Mistral from a pruned ComfyUI-style file (model. + transformers' names, layers "
+            "0-29 of 31, no final norm; fp8 e4m3 linears, bf16 the rest): hidden states 10, "
+            "20, 30 as Flux2Pipeline stacks them",
+            ["dir gives the config only; hidden_states[30] is layer 29's output, before the "
+             "final norm, so the pruned file gives what the full model gives",
+             "input_ids are synthetic (bos 1)"], outputs=("prompt_embeds",))
+    print(name, "done", os.path.getsize(os.path.join(out, file)), "bytes")
+
+
 def squeeze(t):
     if not t.is_floating_point():
         return t
@@ -457,4 +506,5 @@ if __name__ == "__main__":
     vae_encode_case()
     qwen3_case()
     mistral_case()
+    mistral_pruned_case()
     all_in_one_case()
