@@ -10,7 +10,8 @@
 # run by diffuse-check in every mode and with bf16 and int8 compute.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
-    vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-mistral-comfy
+    vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-qwen3-aio
+    te-single-mistral-comfy
     te-single-mistral-pruned-comfy pipe-flux2-all-in-one)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)

@@ -14,6 +14,9 @@ the layouts people download, with diffusers' / transformers' own models on the f
                             vocabulary keeps the file small) as ComfyUI's qwen_3_4b.safetensors
                             holds it: "model." + transformers' names, lm_head.weight beside;
                             fp8 e4m3 linear weights, bf16 the rest.
+  te-single-qwen3-aio       the same under ComfyUI's all-in-one prefix
+                            (text_encoders.qwen3_4b.transformer.model.) beside a transformer
+                            tensor.
   te-single-mistral-comfy   the golden t2i-flux2 Mistral3 text encoder as ComfyUI's
                             mistral_3_small_flux2_bf16.safetensors holds it: the language
                             model under "model.", vision_tower.* / multi_modal_projector.* at
@@ -301,6 +304,22 @@ def qwen3_case():
             ["dir gives the config only (a 4-layer, 512-token Qwen3 made for this case, "
              "seeded random weights)", "input_ids are synthetic, right padding"])
     print(name, "done", os.path.getsize(os.path.join(out, file)), "bytes")
+
+    # The same model as ComfyUI's klein all-in-one files hold it, beside another component
+    name2, file2 = "te-single-qwen3-aio", "klein-tiny-aio-te.safetensors"
+    out2 = os.path.join(refcase.CASES, name2)
+    os.makedirs(out2, exist_ok=True)
+    aio = {"text_encoders.qwen3_4b.transformer." + k: v for k, v in file_sd.items()
+           if k.startswith("model.")}
+    aio["model.diffusion_model.single_stream_modulation.lin.weight"] = torch.zeros(
+        6, 2, dtype=torch.bfloat16)
+    save_file(aio, os.path.join(out2, file2))
+    lm_case(name2, "Qwen3ForCausalLM", "../te-single-qwen3-comfy/text_encoder", file2, lm_sd,
+            lm_of, ids, mask, [1, 2, 3],
+            "Qwen3 under ComfyUI's all-in-one prefix text_encoders.qwen3_4b.transformer.model. "
+            "beside a transformer tensor (the te-single-qwen3-comfy model and values)",
+            ["dir gives the config only", "input_ids are synthetic, right padding"])
+    print(name2, "done", os.path.getsize(os.path.join(out2, file2)), "bytes")
 
 
 def mistral_comfy_tensors(model_dir):
