@@ -1,7 +1,8 @@
 #!/bin/sh
 # FLUX.2's VAE and text encoder from single files (`diffuse generate --vae FILE
 # --text-encoder FILE`, `-m FILE --config DIR`): files in diffusers' / transformers' names
-# give the folder's image bit for bit (Flux2KleinPipeline and Flux2Pipeline); BFL's FLUX.2
+# give the folder's image bit for bit (Flux2KleinPipeline and Flux2Pipeline, and klein with a
+# reference image, whose encoder the VAE file gives too); BFL's FLUX.2
 # ae.safetensors, ComfyUI's Mistral and Qwen3 files and an all-in-one FLUX.2-dev file load
 # and run; `diffuse convert` writes the all-in-one file as a diffusers folder that passes the
 # file's case (pipe-flux2-all-in-one) in eager and compile mode; a file of the wrong model,
@@ -29,6 +30,20 @@ for name in klein dev; do
     [ -s "$work/$name.png" ] && cmp -s "$work/$name.png" "$work/$name-files.png" ||
         fail "$name: the single files' image differs from the folder's"
 done
+
+# A reference image: its encoder comes from the --vae file too.
+img=$cases/vae-encode-flux2/image0.png
+"$bin" generate -m "$klein" $args --image "$img" -o "$work/edit.png" 2>"$work/err" ||
+    fail "klein edit, folder: $(cat "$work/err")"
+"$bin" generate -m "$klein" $args --image "$img" -o "$work/edit-file.png" \
+    --vae "$klein/vae/diffusion_pytorch_model.safetensors" 2>"$work/err" ||
+    fail "klein edit, --vae file: $(cat "$work/err")"
+[ -s "$work/edit.png" ] && cmp -s "$work/edit.png" "$work/edit-file.png" ||
+    fail "klein edit: the --vae file's image differs from the folder's"
+"$bin" generate -m "$klein" $args --image "$img" -o "$work/edit-bfl.png" \
+    --vae "$cases/vae-single-flux2/flux2-ae.safetensors" 2>"$work/err" ||
+    fail "klein edit, BFL ae.safetensors: $(cat "$work/err")"
+[ -s "$work/edit-bfl.png" ] || fail "klein edit, BFL ae.safetensors: no image"
 
 # The original layouts (bf16 / fp8 copies: a close image, not an equal one).
 "$bin" generate -m "$dev" $args -o "$work/bfl.png" \
