@@ -270,7 +270,7 @@ static int class_layout(const df_json *cfg)
     const char *cls = df_json_is_null(arch) ? NULL : df_json_string(df_json_array_get(arch, 0));
     size_t n = cls ? strlen(cls) : 0;
     return n >= 11 && strcmp(cls + n - 11, "ForCausalLM") == 0 ? DF_NAMES_LM_MODEL
-                                                                : DF_NAMES_LM_ROOT;
+                                                               : DF_NAMES_LM_ROOT;
 }
 
 static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, const char *file)
@@ -526,14 +526,13 @@ static df_status resolve(const df_decoder_lm *m, const df_decoder_lm_request *re
             *deepest = idx[i];
     }
     if (*deepest > m->n_bound || (*deepest == L && !m->norm))
-        return df_errorf(DF_E_UNSUPPORTED,
-                         "%s: the checkpoint holds %d of the config's %" PRId64 " layers and no "
-                         "final norm (a pruned file); %s %d needs %s",
-                         m->component, m->n_bound, L,
-                         req->last_hidden_state ? "last_hidden_state, hidden state"
-                                                : "hidden state",
-                         *deepest, *deepest == L ? "every layer and the final norm"
-                                                 : "the layers before it");
+        return df_errorf(
+            DF_E_UNSUPPORTED,
+            "%s: the checkpoint holds %d of the config's %" PRId64 " layers and no "
+            "final norm (a pruned file); %s %d needs %s",
+            m->component, m->n_bound, L,
+            req->last_hidden_state ? "last_hidden_state, hidden state" : "hidden state", *deepest,
+            *deepest == L ? "every layer and the final norm" : "the layers before it");
     return DF_OK;
 }
 

@@ -27,7 +27,8 @@ typedef struct df_decoder_lm_class {
 df_status df_decoder_lm_load(df_ctx *ctx, const char *dir, const df_decoder_lm_class *cls,
                              df_decoder_lm **out);
 /* The same with the weights from the single file `file` (NULL: the folder's): transformers'
- * names under whatever precedes df_names_lm_probe()'s layer name there (see df_mistral_load_file). */
+ * names under whatever precedes df_names_lm_probe()'s layer name there (see
+ * df_mistral_load_file). */
 df_status df_decoder_lm_load_file(df_ctx *ctx, const char *dir, const char *file,
                                   const df_decoder_lm_class *cls, df_decoder_lm **out);
 

@@ -389,7 +389,8 @@ static void test_recognise_known_models(void **state)
         {"model.diffusion_model.single_stream_modulation.lin.weight", 2, {9216, 3072}},
         {"vae.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
         {"vae.bn.running_mean", 1, {128}},
-        {"text_encoders.qwen3_4b.transformer.model.layers.0.post_attention_layernorm.weight", 1,
+        {"text_encoders.qwen3_4b.transformer.model.layers.0.post_attention_layernorm.weight",
+         1,
          {2560}},
         {"text_encoders.qwen3_4b.transformer.model.layers.0.self_attn.q_norm.weight", 1, {128}},
     };
