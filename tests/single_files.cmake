@@ -12,7 +12,7 @@ set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-com
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
     vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-qwen3-aio
     te-single-mistral-comfy
-    te-single-mistral-pruned-comfy pipe-flux2-all-in-one)
+    te-single-mistral-pruned-comfy pipe-flux2-all-in-one pipe-flux2-klein-all-in-one)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}
@@ -59,6 +59,10 @@ add_test(NAME single-files/inspect-flux2-all-in-one
 set_tests_properties(single-files/inspect-flux2-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
   "model: FLUX.2-dev \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\), Mistral [^\n]*\n  missing: configs and tokenizers"
   FAIL_REGULAR_EXPRESSION "FLUX.1 transformer")
+add_test(NAME single-files/inspect-flux2-klein-all-in-one
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux2-klein-all-in-one/flux2-klein-tiny-aio-fp8.safetensors)
+set_tests_properties(single-files/inspect-flux2-klein-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.2-klein [^\n]*\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\)\n  missing: Qwen3 \\(--text-encoder FILE")
 add_test(NAME single-files/inspect-qwen3
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-qwen3-comfy/qwen_3-tiny-comfy-fp8.safetensors)
 set_tests_properties(single-files/inspect-qwen3 PROPERTIES PASS_REGULAR_EXPRESSION

@@ -30,6 +30,9 @@ the layouts people download, with diffusers' / transformers' own models on the f
                             (text_encoders.mistral3_24b.transformer.model.), fp8 e4m3 2-D /
                             4-D weights and bf16 the rest; the folder gives configs and the
                             tokenizer (-m FILE --config DIR).
+  pipe-flux2-klein-all-in-one  Flux2KleinPipeline (golden t2i-flux2-klein) from a file
+                            holding its transformer (no guidance_in) and VAE, the folder's
+                            Qwen3 (its 151669-token embedding would not keep the case small).
 
 diffusers 0.42 reads none of these files itself (no single-file loader for
 AutoencoderKLFlux2, and the text encoders are transformers models), so each reference is the
@@ -53,7 +56,8 @@ from flux2_single_file import to_bfl2
 refcase.patch_randn_float32()
 import diffusers  # noqa: E402
 import transformers  # noqa: E402
-from diffusers import AutoencoderKLFlux2, Flux2Pipeline, Flux2Transformer2DModel  # noqa: E402
+from diffusers import (AutoencoderKLFlux2, Flux2KleinPipeline, Flux2Pipeline,  # noqa: E402
+                       Flux2Transformer2DModel)
 from diffusers.pipelines.flux2.image_processor import Flux2ImageProcessor  # noqa: E402
 from transformers import (AutoTokenizer, Mistral3ForConditionalGeneration,  # noqa: E402
                           Qwen3Config, Qwen3ForCausalLM)
@@ -424,9 +428,17 @@ def squeeze(t):
     return t.to(torch.float8_e4m3fn) if t.ndim >= 2 else t.to(torch.bfloat16)
 
 
-def all_in_one_case():
-    name, file = "pipe-flux2-all-in-one", "flux2-tiny-aio-fp8.safetensors"
-    pipe_dir = os.path.join(GOLDEN, "t2i-flux2", "pipeline")
+def all_in_one_case(klein=False):
+    """klein: Flux2KleinPipeline (t2i-flux2-klein), the file without its text encoder (the
+    golden Qwen3's 151669-token embedding would not keep the case small)."""
+    if klein:
+        name, file = "pipe-flux2-klein-all-in-one", "flux2-klein-tiny-aio-fp8.safetensors"
+        golden = "t2i-flux2-klein"
+    else:
+        name, file = "pipe-flux2-all-in-one", "flux2-tiny-aio-fp8.safetensors"
+        golden = "t2i-flux2"
+    pipe_dir = os.path.join(GOLDEN, golden, "pipeline")
+    cls = Flux2KleinPipeline if klein else Flux2Pipeline
     conf = json.load(open(os.path.join(pipe_dir, "transformer", "config.json")))
     tr_sd = load_file(os.path.join(pipe_dir, "transformer", "diffusion_pytorch_model.safetensors"))
     vae = AutoencoderKLFlux2.from_pretrained(os.path.join(pipe_dir, "vae"))
@@ -442,7 +454,8 @@ def all_in_one_case():
         aio["vae." + k] = (v.float() if k.startswith("bn.") and v.is_floating_point()
                            else squeeze(v)).contiguous()
     te_prefix = "text_encoders.mistral3_24b.transformer."
-    for k, v in mistral_comfy_tensors(os.path.join(pipe_dir, "text_encoder")).items():
+    for k, v in ({} if klein else mistral_comfy_tensors(os.path.join(pipe_dir,
+                                                                      "text_encoder"))).items():
         if k.startswith("model."):
             aio[te_prefix + k] = squeeze(v).contiguous()
     out = os.path.join(refcase.CASES, name)
@@ -468,20 +481,22 @@ def all_in_one_case():
     g = torch.Generator().manual_seed(9)
     latents = torch.randn(1, 128, 2, 2, generator=g)  # 32x32: a 2x2 grid of patchified latents
     args = dict(prompt="a small wooden cabin by a frozen lake", height=32, width=32,
-                num_inference_steps=2, guidance_scale=4.0, max_sequence_length=32)
+                num_inference_steps=2, guidance_scale=1.0 if klein else 4.0,
+                max_sequence_length=32)
     res = {}
     for dt in (torch.float64, torch.float32):
-        pipe = Flux2Pipeline.from_pretrained(pipe_dir, torch_dtype=dt)
+        pipe = cls.from_pretrained(pipe_dir, torch_dtype=dt)
         tr = Flux2Transformer2DModel.from_single_file(upcast, config=os.path.join(
             pipe_dir, "transformer"), torch_dtype=dt)
         assert set(tr.state_dict()) == set(tr_sd)
         pipe.transformer = tr
         pipe.vae.load_state_dict({k: (v.to(dt) if v.is_floating_point() else v)
                                   for k, v in vae_back.items()}, strict=True)
-        lm = pipe.text_encoder.model.language_model
-        want = set(lm.state_dict())
-        assert set(te_back) == want, want ^ set(te_back)
-        lm.load_state_dict({k: v.to(dt) for k, v in te_back.items()}, strict=True)
+        if not klein:
+            lm = pipe.text_encoder.model.language_model
+            want = set(lm.state_dict())
+            assert set(te_back) == want, want ^ set(te_back)
+            lm.load_state_dict({k: v.to(dt) for k, v in te_back.items()}, strict=True)
         with torch.no_grad():
             img = pipe(latents=latents.to(dt), output_type="np", **args).images
             lat = pipe(latents=latents.to(dt), output_type="latent", **args).images
@@ -491,19 +506,25 @@ def all_in_one_case():
     img64, lat64 = res[torch.float64]
     img32, lat32 = res[torch.float32]
     u8 = (img64 * 255).round().astype(np.uint8)
+    covers = ("Flux2KleinPipeline from an all-in-one file (model.diffusion_model. + BFL FLUX.2 "
+              "names, no guidance_in; vae. + BFL's FLUX.2 VAE names; fp8 e4m3 / bf16) with the "
+              "folder's Qwen3, configs and tokenizer (-m FILE --config DIR), 32x32, 2 steps"
+              if klein else
+              "Flux2Pipeline from an all-in-one file (model.diffusion_model. + BFL FLUX.2 "
+              "names, vae. + BFL's FLUX.2 VAE names, text_encoders.mistral3_24b."
+              "transformer.model. + transformers' names; fp8 e4m3 / bf16) with the "
+              "folder's configs and tokenizer (-m FILE --config DIR), 32x32, 2 steps")
     refcase.write_case(name, {
         "kind": "pipeline",
-        "covers": "Flux2Pipeline from an all-in-one file (model.diffusion_model. + BFL FLUX.2 "
-                  "names, vae. + BFL's FLUX.2 VAE names, text_encoders.mistral3_24b."
-                  "transformer.model. + transformers' names; fp8 e4m3 / bf16) with the "
-                  "folder's configs and tokenizer (-m FILE --config DIR), 32x32, 2 steps",
-        "class": "Flux2Pipeline",
-        "dir": "../../golden/t2i-flux2/pipeline",
+        "covers": covers,
+        "class": cls.__name__,
+        "dir": f"../../golden/{golden}/pipeline",
         "single_file": file,
-        "call": "pipe = Flux2Pipeline.from_pretrained(dir); transformer = "
+        "call": f"pipe = {cls.__name__}.from_pretrained(dir); transformer = "
                 "Flux2Transformer2DModel.from_single_file(<its part upcast>, config=dir/"
-                "transformer); vae and text_encoder.model.language_model load the file's "
-                "values renamed back (strict); pipe(latents=in.latents, **args)",
+                "transformer); vae (and Flux2Pipeline's text_encoder.model.language_model) "
+                "load the file's values renamed back (strict); pipe(latents=in.latents, "
+                "**args)",
         "args": dict(args, latents="in.latents", output_type="np"),
         "outputs": {"latents_final": "out.latents_final", "image": "out.image",
                     "image_uint8": "out.image_uint8"},
@@ -527,3 +548,4 @@ if __name__ == "__main__":
     mistral_case()
     mistral_pruned_case()
     all_in_one_case()
+    all_in_one_case(klein=True)
