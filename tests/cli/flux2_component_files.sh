@@ -60,6 +60,15 @@ aio=$cases/pipe-flux2-all-in-one/flux2-tiny-aio-fp8.safetensors
     --vae "$dev/vae/diffusion_pytorch_model.safetensors" 2>"$work/err" ||
     fail "-m FILE --config DIR --vae FILE: $(cat "$work/err")"
 cmp -s "$work/aio.png" "$work/aio-vae.png" && fail "--vae beside an all-in-one file was not used"
+# klein's all-in-one file has no text encoder: the folder's, or the same one as a file
+kaio=$cases/pipe-flux2-klein-all-in-one/flux2-klein-tiny-aio-fp8.safetensors
+"$bin" generate -m "$kaio" --config "$klein" $args -o "$work/kaio.png" 2>"$work/err" ||
+    fail "klein -m FILE --config DIR: $(cat "$work/err")"
+"$bin" generate -m "$kaio" --config "$klein" $args -o "$work/kaio-te.png" \
+    --text-encoder "$klein/text_encoder/model.safetensors" 2>"$work/err" ||
+    fail "klein -m FILE --config DIR --text-encoder FILE: $(cat "$work/err")"
+[ -s "$work/kaio.png" ] && cmp -s "$work/kaio.png" "$work/kaio-te.png" ||
+    fail "klein all-in-one: --text-encoder FILE's image differs from the folder encoder's"
 
 # convert: the folder holds the file's weights under diffusers' / transformers' names.
 "$bin" convert "$aio" --config "$dev" -o "$work/out/pipeline" --threads 2 >/dev/null 2>"$work/err" ||
