@@ -11,6 +11,7 @@
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
     vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-qwen3-aio
+    te-single-qwen3-gguf
     te-single-mistral-comfy
     te-single-mistral-pruned-comfy pipe-flux2-all-in-one pipe-flux2-klein-all-in-one)
 foreach(case ${DF_SINGLE_FILE_CASES})

@@ -17,6 +17,8 @@ the layouts people download, with diffusers' / transformers' own models on the f
   te-single-qwen3-aio       the same under ComfyUI's all-in-one prefix
                             (text_encoders.qwen3_4b.transformer.model.) beside a transformer
                             tensor.
+  te-single-qwen3-gguf      a 32-wide Qwen3 (its config in the case) as a GGUF file in
+                            transformers' names, Q8_0 2-D weights.
   te-single-mistral-comfy   the golden t2i-flux2 Mistral3 text encoder as ComfyUI's
                             mistral_3_small_flux2_bf16.safetensors holds it: the language
                             model under "model.", vision_tower.* / multi_modal_projector.* at
@@ -326,6 +328,63 @@ def qwen3_case():
     print(name2, "done", os.path.getsize(os.path.join(out2, file2)), "bytes")
 
 
+def qwen3_gguf_case():
+    """A Qwen3 text encoder as a GGUF file in transformers' names ("model." prefix, as
+    ComfyUI's GGUF loader reads such files): Q8_0 for the 2-D weights (a 32-wide model so
+    every row splits into Q8_0 blocks), F32 norms. Reference: ggml's exact dequantisation
+    (gguf.quants.dequantize) in the folder's class, float64."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    name, file = "te-single-qwen3-gguf", "qwen3-tiny-q8_0.gguf"
+    out = os.path.join(refcase.CASES, name)
+    te = os.path.join(out, "text_encoder")
+    os.makedirs(te, exist_ok=True)
+    cfg = Qwen3Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                      rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+                      max_position_embeddings=256)
+    cfg.architectures = ["Qwen3ForCausalLM"]
+    torch.manual_seed(12)
+    model = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.ndim == 2 else 0.2) + (1.0 if p.ndim == 1
+                                                                            else 0.0))
+    cfg.save_pretrained(te)
+    path = os.path.join(out, file)
+    w = gguf.GGUFWriter(path, arch="qwen3")
+    for k, v in sorted(model.model.state_dict().items()):
+        a = v.float().numpy()
+        k = "model." + k
+        if a.ndim == 2:
+            w.add_tensor(k, gguf.quants.quantize(a, Q.Q8_0), raw_dtype=Q.Q8_0)
+        else:
+            w.add_tensor(k, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    lm_sd = {}
+    for t in gguf.GGUFReader(path).tensors:
+        v = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        lm_sd[t.name[len("model."):]] = torch.from_numpy(
+            v.reshape([int(d) for d in reversed(t.shape)]))
+
+    def lm_of(dt):
+        return Qwen3ForCausalLM(cfg).to(dt).model
+
+    g = torch.Generator().manual_seed(13)
+    ids = torch.randint(1, 256, (1, 10), generator=g)
+    mask = torch.ones_like(ids)
+    lm_case(name, "Qwen3ForCausalLM", "text_encoder", file, lm_sd, lm_of, ids, mask, [1, 2, 3],
+            "Qwen3 from a GGUF file in transformers' names (model. prefix), Q8_0 2-D weights, "
+            "F32 norms; hidden states as Flux2KleinPipeline stacks them (layers 1, 2, 3)",
+            ["dir gives the config only (a 3-layer, 32-wide Qwen3 made for this case, seeded "
+             "random weights)", "the reference uses ggml's exact Q8_0 dequantisation "
+             "(gguf.quants.dequantize)"])
+    print(name, "done", os.path.getsize(path), "bytes")
+
+
 def mistral_comfy_tensors(model_dir):
     """The golden Mistral3 checkpoint in ComfyUI's layout (bf16)."""
     sd = load_file(os.path.join(model_dir, "model.safetensors"))
@@ -545,6 +604,7 @@ if __name__ == "__main__":
     vae_case()
     vae_encode_case()
     qwen3_case()
+    qwen3_gguf_case()
     mistral_case()
     mistral_pruned_case()
     all_in_one_case()
