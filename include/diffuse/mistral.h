@@ -47,7 +47,10 @@ DF_API df_status df_mistral_load(df_ctx *ctx, const char *dir, df_decoder_lm **o
  * (ComfyUI's mistral_3_small_flux2_*.safetensors: "model."; its all-in-one files:
  * "text_encoders.mistral3_24b.transformer.model."; transformers' own prefixes). Tensors
  * outside that prefix (the vision tower, the projector, ComfyUI's tekken_model) are not
- * read. file NULL is df_mistral_load. Errors as df_mistral_load.
+ * read. A file that ends after some layer without the final norm (ComfyUI's pruned FLUX.2
+ * Mistral) binds the layers it holds; a forward asking for a deeper hidden state, or for
+ * last_hidden_state, is then DF_E_UNSUPPORTED. file NULL is df_mistral_load. Errors as
+ * df_mistral_load.
  */
 DF_API df_status df_mistral_load_file(df_ctx *ctx, const char *dir, const char *file,
                                       df_decoder_lm **out);
