@@ -4,14 +4,19 @@
 # (transformer + VAE, the folder's text encoders: -m FILE --config DIR) by all_in_one.py,
 # an SD3.5-medium-shaped transformer in the original MMDiT names (sd3_single_file.py) and a
 # FLUX.2 transformer in BFL's FLUX.2 names (flux2_single_file.py),
-# with diffusers' single-file loading as the reference, run by diffuse-check in every mode
-# and with bf16 and int8 compute.
+# with diffusers' single-file loading as the reference, and FLUX.2's VAE in BFL's names, its
+# Qwen3 / Mistral text encoders in ComfyUI's layouts and a FLUX.2-dev all-in-one file
+# (flux2_component_files.py, the folder's classes on the file's values as the reference),
+# run by diffuse-check in every mode and with bf16 and int8 compute.
 # GGUF files in other programs' names (tools/refgen/gguf_names.py): stable-diffusion.cpp's
 # GGUFs (FLUX.1 / FLUX.2 / SD3 transformers under model.diffusion_model., the VAE under
 # first_stage_model. or vae., CLIP-L / CLIP-G and a llama.cpp-named T5 under
 # text_encoders.*.transformer.) and a T5 encoder in llama.cpp's names.
 set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-comfy
     pipe-flux-all-in-one sd3-single-comfy flux2-single-comfy
+    vae-single-flux2 vae-encode-single-flux2 te-single-qwen3-comfy te-single-qwen3-aio
+    te-single-qwen3-gguf te-single-mistral-comfy te-single-mistral-pruned-comfy
+    pipe-flux2-all-in-one pipe-flux2-klein-all-in-one
     flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp flux2-gguf-sdcpp te-gguf-clip-sdcpp
     te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
 foreach(case ${DF_SINGLE_FILE_CASES})
@@ -36,6 +41,13 @@ add_test(NAME single-files/cli-component-files
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-component-files PROPERTIES TIMEOUT 300)
 
+# FLUX.2's VAE and text encoder files, an all-in-one FLUX.2-dev file and its conversion
+# (tests/cli/flux2_component_files.sh).
+add_test(NAME single-files/cli-flux2-component-files
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/flux2_component_files.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-flux2-component-files PROPERTIES TIMEOUT 300)
+
 # `diffuse inspect FILE`: the model, the components and what is missing, for an all-in-one
 # FLUX.1 file and a lone CLIP-L.
 add_test(NAME single-files/inspect-all-in-one
@@ -52,6 +64,21 @@ set_tests_properties(single-files/inspect-clip PROPERTIES PASS_REGULAR_EXPRESSIO
 add_test(NAME single-files/cli-shipped-configs
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/shipped_configs.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
+
+# FLUX.2: an all-in-one FLUX.2-dev file (transformer, VAE, Mistral) and a lone Qwen3.
+add_test(NAME single-files/inspect-flux2-all-in-one
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux2-all-in-one/flux2-tiny-aio-fp8.safetensors)
+set_tests_properties(single-files/inspect-flux2-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.2-dev \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\), Mistral [^\n]*\n  missing: configs and tokenizers"
+  FAIL_REGULAR_EXPRESSION "FLUX.1 transformer")
+add_test(NAME single-files/inspect-flux2-klein-all-in-one
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux2-klein-all-in-one/flux2-klein-tiny-aio-fp8.safetensors)
+set_tests_properties(single-files/inspect-flux2-klein-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: FLUX.2-klein [^\n]*\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\)\n  missing: Qwen3 \\(--text-encoder FILE")
+add_test(NAME single-files/inspect-qwen3
+         COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-qwen3-comfy/qwen_3-tiny-comfy-fp8.safetensors)
+set_tests_properties(single-files/inspect-qwen3 PROPERTIES PASS_REGULAR_EXPRESSION
+  "model: no transformer\n  holds: Qwen3 [^\n]*\n  missing: transformer [^\n]*VAE ")
 
 # `diffuse convert FILE --config DIR -o OUT` (tests/cli/convert.sh).
 add_test(NAME single-files/cli-convert

@@ -41,6 +41,20 @@ extern "C" {
  */
 DF_API df_status df_mistral_load(df_ctx *ctx, const char *dir, df_decoder_lm **out);
 
+/*
+ * The same with the weights from one file (.safetensors or .gguf) and the config from
+ * `dir`/config.json: transformers' names under whatever precedes `embed_tokens.weight`
+ * (ComfyUI's mistral_3_small_flux2_*.safetensors: "model."; its all-in-one files:
+ * "text_encoders.mistral3_24b.transformer.model."; transformers' own prefixes). Tensors
+ * outside that prefix (the vision tower, the projector, ComfyUI's tekken_model) are not
+ * read. A file that ends after some layer without the final norm (ComfyUI's pruned FLUX.2
+ * Mistral) binds the layers it holds; a forward asking for a deeper hidden state, or for
+ * last_hidden_state, is then DF_E_UNSUPPORTED. file NULL is df_mistral_load. Errors as
+ * df_mistral_load.
+ */
+DF_API df_status df_mistral_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                      df_decoder_lm **out);
+
 /* Whether a Mistral3ForConditionalGeneration checkpoint tensor is one the text encoder
  * skips (vision tower, multimodal projector, lm_head). */
 DF_API bool df_mistral_skips_tensor(const char *name);

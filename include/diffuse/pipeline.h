@@ -100,14 +100,17 @@ typedef struct df_load_opts {
      * pipeline, or A / B shapes that do not fit it, fail the load with DF_E_FORMAT. */
     const df_lora_spec *loras;
     int n_loras;
-    /* FluxPipeline and StableDiffusion3Pipeline (and their Img2Img classes): a component's
-     * weights from one single file instead of the folder's, whose config.json is still the
-     * config (docs/io.md). vae_file: AutoencoderKL in diffusers' or the original LDM names
-     * (ae.safetensors), also under "vae." / "first_stage_model."; text_encoder_file: CLIP-L
-     * (clip_l.safetensors); text_encoder_2_file: FLUX.1's T5 (t5xxl_fp16.safetensors) or
-     * SD3's CLIP-G; text_encoder_3_file: SD3's T5. Text encoders in transformers' names,
-     * also under ComfyUI's "text_encoders.<name>.transformer.". NULL: the folder's. Other
-     * pipelines: DF_E_UNSUPPORTED. */
+    /* FluxPipeline, StableDiffusion3Pipeline, Flux2Pipeline and Flux2KleinPipeline (and
+     * their image-input classes): a component's weights from one single file instead of the
+     * folder's, whose config.json is still the config (docs/io.md). vae_file:
+     * AutoencoderKL / AutoencoderKLFlux2 in diffusers' or the original LDM names
+     * (ae.safetensors, FLUX.2's with encoder.quant_conv / decoder.post_quant_conv and bn.*),
+     * also under "vae." / "first_stage_model."; text_encoder_file: CLIP-L
+     * (clip_l.safetensors), or FLUX.2's Qwen3 / Mistral (qwen_3_4b.safetensors,
+     * mistral_3_small_flux2_*.safetensors); text_encoder_2_file: FLUX.1's T5
+     * (t5xxl_fp16.safetensors) or SD3's CLIP-G (FLUX.2: DF_E_ARG, it has one encoder);
+     * text_encoder_3_file: SD3's T5. Text encoders in transformers' names, also under
+     * ComfyUI's "text_encoders.<name>.transformer.". NULL: the folder's. */
     const char *vae_file;
     const char *text_encoder_file;
     const char *text_encoder_2_file;

@@ -30,6 +30,12 @@ extern "C" {
  */
 DF_API df_status df_qwen3_load(df_ctx *ctx, const char *dir, df_decoder_lm **out);
 
+/* The same with the weights from one file (ComfyUI's qwen_3_4b.safetensors: "model.", with
+ * lm_head.weight beside it; its all-in-one files: "text_encoders.qwen3_4b.transformer.model."),
+ * read as df_mistral_load_file reads a file. */
+DF_API df_status df_qwen3_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                    df_decoder_lm **out);
+
 #ifdef __cplusplus
 }
 #endif

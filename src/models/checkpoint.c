@@ -102,20 +102,42 @@ static void transformer(const df_checkpoint_key *keys, int n, df_checkpoint_part
     snprintf(out->transformer_prefix, sizeof out->transformer_prefix, "%s", prefix);
 }
 
+/* Whether the key `name` (which ends in `suffix`) has a sibling: the same prefix followed by
+ * `other`. */
+static bool has_sibling(const df_checkpoint_key *keys, int n, const char *name,
+                        const char *suffix, const char *other)
+{
+    size_t pl = strlen(name) - strlen(suffix), ol = strlen(other);
+    for (int i = 0; i < n; i++)
+        if (strlen(keys[i].name) == pl + ol && strncmp(keys[i].name, name, pl) == 0 &&
+            strcmp(keys[i].name + pl, other) == 0)
+            return true;
+    return false;
+}
+
 void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_checkpoint_parts *out)
 {
     memset(out, 0, sizeof *out);
     transformer(keys, n, out);
     for (int i = 0; i < n; i++) {
         const char *name = keys[i].name;
-        if (ends_with(name, df_names_vae_probe()))
+        if (ends_with(name, df_names_vae_probe())) {
             out->vae = true;
+            if (has_sibling(keys, n, name, df_names_vae_probe(), df_names_vae_flux2_probe()))
+                out->vae_flux2 = true;
+        }
         if (ends_with(name, df_names_diffusers_vae_probe()))
             out->vae = out->vae_diffusers = true;
         if (ends_with(name, df_names_t5_probe()))
             out->t5 = true;
         if (ends_with(name, df_names_t5_llamacpp_probe()))
             out->t5 = out->t5_llamacpp = true;
+        if (ends_with(name, df_names_lm_probe())) {
+            if (has_sibling(keys, n, name, df_names_lm_probe(), df_names_qwen3_probe()))
+                out->qwen3 = true;
+            else
+                out->mistral = true;
+        }
         if (ends_with(name, df_names_clip_bare_probe())) {
             bool g =
                 strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
@@ -194,12 +216,15 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
         bool has;
         const char *name;
     } parts[] = {{c.transformer, " transformer"},
-                 {c.vae && !c.vae_diffusers, " VAE (LDM names)"},
+                 {c.vae && !c.vae_diffusers && !c.vae_flux2, " VAE (LDM names)"},
                  {c.vae_diffusers, " VAE (diffusers names)"},
+                 {c.vae_flux2, " VAE (FLUX.2's AutoencoderKLFlux2, LDM names)"},
                  {c.clip_l, " CLIP-L"},
                  {c.clip_g, " CLIP-G"},
                  {c.t5 && !c.t5_llamacpp, " T5"},
-                 {c.t5_llamacpp, " T5 (llama.cpp names)"}};
+                 {c.t5_llamacpp, " T5 (llama.cpp names)"},
+                 {c.qwen3, " Qwen3 (FLUX.2 klein's text encoder)"},
+                 {c.mistral, " Mistral (FLUX.2 dev's text encoder)"}};
     bool any = false;
     for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
         if (parts[i].has) {
@@ -216,9 +241,22 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
     else
         snprintf(line, sizeof line, "config: %s; give --config DIR\n", c.shipped_why);
     add(out, cap, line);
-    if (strncmp(c.model, "FLUX.2", 6) == 0) {
-        add(out, cap, "missing: the VAE and text encoder (FLUX.2's are read from a folder only: "
-                      "-m DIR --transformer FILE), configs and tokenizers (the same folder)");
+    if (strncmp(c.model, "FLUX.2", 6) == 0 || c.vae_flux2 || c.qwen3 || c.mistral) {
+        bool klein = strcmp(c.model, "FLUX.2-klein") == 0 || (!c.transformer && c.qwen3);
+        bool dev = strcmp(c.model, "FLUX.2-dev") == 0 || (!c.transformer && c.mistral);
+        add(out, cap, "missing:");
+        if (!c.transformer)
+            add(out, cap, " transformer (--transformer FILE or -m DIR),");
+        if (!c.vae_flux2)
+            add(out, cap, " VAE (--vae FILE or the folder's vae/),");
+        if ((klein && !c.qwen3) || (dev && !c.mistral) || (!klein && !dev))
+            add(out, cap,
+                klein ? " Qwen3 (--text-encoder FILE or the folder's text_encoder/),"
+                : dev ? " Mistral (--text-encoder FILE or the folder's text_encoder/),"
+                      : " text encoder (--text-encoder FILE or the folder's text_encoder/),");
+        add(out, cap,
+            " configs and tokenizers (none shipped for FLUX.2: -m FILE --config DIR, a "
+            "diffusers folder of the model, or -m DIR with the component options)");
         return DF_OK;
     }
     add(out, cap, "missing:");

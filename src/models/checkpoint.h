@@ -8,8 +8,10 @@
  * joint_blocks.0.context_block.adaLN_modulation.1.bias of width 9216 and pos_embed's
  * length (36864: SD3 medium, 147456: SD3.5 medium), SD3.5 large by joint_blocks.37; each
  * under no prefix or ComfyUI's "model.diffusion_model.". The other components by the names
- * their maps probe (names.h), anywhere in the file: the LDM VAE, CLIP-L / CLIP-G (by
- * ComfyUI's "clip_l" / "clip_g" prefixes, else by width: 1280 is CLIP-G) and T5.
+ * their maps probe (names.h), anywhere in the file: the LDM VAE (FLUX.2's by its
+ * bn.running_mean beside it), CLIP-L / CLIP-G (by ComfyUI's "clip_l" / "clip_g" prefixes,
+ * else by width: 1280 is CLIP-G), T5, and a Mistral / Qwen3 language model (by
+ * layers.0.post_attention_layernorm; Qwen3 by its q_norm under the same prefix).
  */
 #ifndef DF_MODELS_CHECKPOINT_H
 #define DF_MODELS_CHECKPOINT_H
@@ -36,6 +38,8 @@ typedef struct df_checkpoint_parts {
     bool vae_diffusers;  /* the VAE is in diffusers' names, not LDM's */
     bool t5_llamacpp;    /* the T5 is in llama.cpp's names (enc.blk.N.attn_q, ...) */
     bool gguf_tokenizer; /* a GGUF carrying llama.cpp's tokenizer (tokenizer.ggml.model) */
+    bool vae_flux2;      /* the VAE is AutoencoderKLFlux2 (it holds the latent batch norm) */
+    bool qwen3, mistral; /* FLUX.2 klein's / dev's text encoder (transformers' names) */
     char transformer_prefix[64]; /* "", "model.diffusion_model." */
     /* The shipped config set for the file (shipped.h: its model and sizes), or "" with
      * shipped_why saying why there is none. */

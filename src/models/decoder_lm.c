@@ -30,7 +30,10 @@
  * - Positions are 0..S-1 in every row, whatever the padding: the pipelines pass no
  *   position_ids and transformers then uses cache_position.
  * - Only layers up to the deepest requested hidden state run; the final norm runs only when
- *   hidden_states[num_hidden_layers] or last_hidden_state is asked for.
+ *   hidden_states[num_hidden_layers] or last_hidden_state is asked for. So a single file
+ *   pruned after the deepest layer a pipeline reads (ComfyUI's pruned FLUX.2 Mistral: 30 of
+ *   40 layers, no final norm) serves that pipeline: binding stops at its first missing
+ *   layer when the final norm is missing too, and a deeper request is DF_E_UNSUPPORTED.
  * - Tensor parallelism: with a communicator of N > 1 ranks, q, k, v (with their biases),
  *   gate and up are split colwise and o and down rowwise (an all-reduce after each), so a
  *   rank runs num_attention_heads / N heads over num_key_value_heads / N KV heads, which are
@@ -50,6 +53,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/decoder_lm.h"
+#include "models/names.h"
 #include "models/residency.h"
 #include "models/text_config.h"
 
@@ -74,7 +78,11 @@ struct df_decoder_lm {
     df_weight_set *ws;
     df_tensor *embed; /* [V, D] */
     lm_layer *layers;
-    df_tensor *norm; /* [D] */
+    df_tensor *norm; /* [D]; NULL in a pruned file */
+    /* Layers bound: num_hidden_layers, or fewer for a single file pruned after the last
+     * layer its pipeline reads (ComfyUI's pruned FLUX.2 Mistral: 30 of 40, no final norm). */
+    int n_bound;
+    bool from_file;
     /* the plan, spelled with this checkpoint's prefix (borrowed by ws, so it lives here) */
     char rule_names[N_TP_RULES][128];
     df_tp_rule rules[N_TP_RULES];
@@ -182,10 +190,20 @@ static df_status bind_weights(df_decoder_lm *m)
     const df_decoder_lm_config *c = &m->cfg;
     DF_TRY(df_ws_tensor(m->ws, &m->embed, 2, (int64_t[]){c->vocab_size, c->hidden_size},
                         "%sembed_tokens.weight", m->prefix));
-    for (int i = 0; i < c->num_hidden_layers; i++)
+    m->n_bound = (int)c->num_hidden_layers;
+    for (int i = 0; i < c->num_hidden_layers; i++) {
+        /* a single file may end after some layer, without the final norm: a pruned file */
+        if (m->from_file && i > 0 &&
+            !df_ws_has(m->ws, "%slayers.%d.input_layernorm.weight", m->prefix, i) &&
+            !df_ws_has(m->ws, "%snorm.weight", m->prefix)) {
+            m->n_bound = i;
+            break;
+        }
         DF_TRY(bind_layer(m, i, &m->layers[i]));
-    DF_TRY(
-        df_ws_tensor(m->ws, &m->norm, 1, (int64_t[]){c->hidden_size}, "%snorm.weight", m->prefix));
+    }
+    if (m->n_bound == c->num_hidden_layers)
+        DF_TRY(df_ws_tensor(m->ws, &m->norm, 1, (int64_t[]){c->hidden_size}, "%snorm.weight",
+                            m->prefix));
     return df_ws_check_all_used(m->ws);
 }
 
@@ -241,16 +259,41 @@ static df_status shard(df_decoder_lm *m, df_ctx *ctx)
     return DF_OK;
 }
 
-static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir)
+/* Where the config's class keeps its language model (names.h's DF_NAMES_LM_*): under
+ * "model.language_model." for Mistral3ForConditionalGeneration (a text_config), "model." for
+ * *ForCausalLM, at the root for MistralModel / Qwen3Model. */
+static int class_layout(const df_json *cfg)
+{
+    if (!df_json_is_null(df_json_get(cfg, "text_config")))
+        return DF_NAMES_LM_LANGUAGE_MODEL;
+    const df_json *arch = df_json_get(cfg, "architectures");
+    const char *cls = df_json_is_null(arch) ? NULL : df_json_string(df_json_array_get(arch, 0));
+    size_t n = cls ? strlen(cls) : 0;
+    return n >= 11 && strcmp(cls + n - 11, "ForCausalLM") == 0 ? DF_NAMES_LM_MODEL
+                                                               : DF_NAMES_LM_ROOT;
+}
+
+static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, const char *file)
 {
     const df_json *cfg;
-    DF_TRY(df_weight_set_open(ctx, dir, m->component, &m->ws));
+    if (file)
+        DF_TRY(df_weight_set_open_single(ctx, dir, file, m->component, NULL, 0, NULL, &m->ws));
+    else
+        DF_TRY(df_weight_set_open(ctx, dir, m->component, &m->ws));
     DF_TRY(df_weight_set_config(m->ws, &cfg));
     DF_TRY(m->cls->read_config(cfg, &m->cfg, &m->sliding_window));
+    /* A single file: its own prefix is whatever precedes the first layer there ("model.",
+     * ComfyUI's "text_encoders.<name>.transformer.model."), and the model is bound under
+     * the names transformers gives the config's class, as a folder of it holds them. */
+    if (file)
+        df_ws_try_map(m->ws, df_names_lm, class_layout(cfg), df_names_lm_probe(), NULL);
     m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers)
         return df_errorf(DF_E_OOM, "%s: out of memory", m->component);
-    DF_TRY(find_prefix(m));
+    if (file)
+        DF_TRY_CTX(find_prefix(m), "%s", file);
+    else
+        DF_TRY(find_prefix(m));
     for (const char *const *p = m->cls->skipped; p && *p; p++)
         df_ws_ignore_prefix(m->ws, *p);
     DF_TRY(shard(m, ctx));
@@ -260,13 +303,20 @@ static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir)
 df_status df_decoder_lm_load(df_ctx *ctx, const char *dir, const df_decoder_lm_class *cls,
                              df_decoder_lm **out)
 {
+    return df_decoder_lm_load_file(ctx, dir, NULL, cls, out);
+}
+
+df_status df_decoder_lm_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                  const df_decoder_lm_class *cls, df_decoder_lm **out)
+{
     *out = NULL;
     df_decoder_lm *m = df_calloc(1, sizeof *m);
     if (!m)
         return df_errorf(DF_E_OOM, "%s: out of memory", cls->name);
     m->cls = cls;
+    m->from_file = file != NULL;
     df_text_component_name(dir, "text_encoder", m->component, sizeof m->component);
-    df_status s = load_parts(m, ctx, dir);
+    df_status s = load_parts(m, ctx, dir, file);
     if (s != DF_OK) {
         df_decoder_lm_free(m);
         return s;
@@ -475,6 +525,14 @@ static df_status resolve(const df_decoder_lm *m, const df_decoder_lm_request *re
         if (idx[i] > *deepest)
             *deepest = idx[i];
     }
+    if (*deepest > m->n_bound || (*deepest == L && !m->norm))
+        return df_errorf(
+            DF_E_UNSUPPORTED,
+            "%s: the checkpoint holds %d of the config's %" PRId64 " layers and no "
+            "final norm (a pruned file); %s %d needs %s",
+            m->component, m->n_bound, L,
+            req->last_hidden_state ? "last_hidden_state, hidden state" : "hidden state", *deepest,
+            *deepest == L ? "every layer and the final norm" : "the layers before it");
     return DF_OK;
 }
 

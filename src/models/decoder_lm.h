@@ -26,6 +26,11 @@ typedef struct df_decoder_lm_class {
 /* Loads `dir` as a model of class `cls` (see df_mistral_load for the errors). */
 df_status df_decoder_lm_load(df_ctx *ctx, const char *dir, const df_decoder_lm_class *cls,
                              df_decoder_lm **out);
+/* The same with the weights from the single file `file` (NULL: the folder's): transformers'
+ * names under whatever precedes df_names_lm_probe()'s layer name there (see
+ * df_mistral_load_file). */
+df_status df_decoder_lm_load_file(df_ctx *ctx, const char *dir, const char *file,
+                                  const df_decoder_lm_class *cls, df_decoder_lm **out);
 
 /*
  * The keys both classes share, from `j` (the root, or Mistral3's text_config): sizes,

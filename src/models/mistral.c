@@ -63,6 +63,11 @@ df_status df_mistral_load(df_ctx *ctx, const char *dir, df_decoder_lm **out)
     return df_decoder_lm_load(ctx, dir, &mistral, out);
 }
 
+df_status df_mistral_load_file(df_ctx *ctx, const char *dir, const char *file, df_decoder_lm **out)
+{
+    return df_decoder_lm_load_file(ctx, dir, file, &mistral, out);
+}
+
 bool df_mistral_skips_tensor(const char *name)
 {
     for (const char *const *p = skipped; *p; p++)

@@ -64,9 +64,13 @@ bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux2_probe(void);
 
 /* AutoencoderKL in the original (LDM / BFL ae.safetensors) layout; arg = the number of up
- * blocks (len(block_out_channels)). names_vae.c. */
+ * blocks (len(block_out_channels)), with DF_NAMES_VAE_NESTED_QUANT added for FLUX.2's
+ * ae.safetensors (encoder.quant_conv / decoder.post_quant_conv). names_vae.c. */
+#define DF_NAMES_VAE_NESTED_QUANT 0x10000
 bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_vae_probe(void);
+/* A name only AutoencoderKLFlux2 files hold (the latent batch norm), in every layout. */
+const char *df_names_vae_flux2_probe(void);
 
 /* Text encoders (names_text.c). transformers' own names under a prefix (ComfyUI's
  * "text_encoders.clip_l.transformer.", or none): the identity. */
@@ -81,5 +85,18 @@ const char *df_names_t5_probe(void);
  * llama.cpp's and city96's T5 GGUFs hold it, and a name every such file holds. */
 bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_t5_llamacpp_probe(void);
+/* A name every Mistral / Qwen3 language model file holds and CLIP / T5 files do not
+ * (under "model.", ComfyUI's "text_encoders.<name>.transformer.model." or none), and one
+ * only Qwen3 holds (its per-head q norm). */
+const char *df_names_lm_probe(void);
+/* A Mistral / Qwen3 file whose language model sits under some prefix, read with
+ * transformers' names for the config's class: arg picks the class's own prefix, which the
+ * map takes off (DF_NAMES_LM_ROOT: MistralModel / Qwen3Model, DF_NAMES_LM_MODEL: *ForCausalLM,
+ * DF_NAMES_LM_LANGUAGE_MODEL: Mistral3ForConditionalGeneration); a name without it is not
+ * in the file. */
+enum { DF_NAMES_LM_ROOT, DF_NAMES_LM_MODEL, DF_NAMES_LM_LANGUAGE_MODEL };
+bool df_names_lm(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_lm_class_prefix(int arg);
+const char *df_names_qwen3_probe(void);
 
 #endif

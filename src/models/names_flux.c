@@ -114,6 +114,14 @@ df_status df_flux_describe_file(const char *path, char *out, size_t cap, bool *f
     bool dev = df_single_file_has(sf, "time_text_embed.guidance_embedder.linear_1.weight");
     int nd = count_blocks(sf, "transformer_blocks.%d.norm1.linear.weight");
     int ns = count_blocks(sf, "single_transformer_blocks.%d.norm.linear.weight");
+    if (nd == 0 && ns == 0) { /* FLUX.2's blocks share FLUX.1's names but not its modulation */
+        snprintf(out, cap,
+                 "not a FLUX.1 transformer (BFL's block names under '%s', but no block "
+                 "modulation: FLUX.2's layout)",
+                 prefix);
+        df_single_file_free(sf);
+        return DF_OK;
+    }
     snprintf(out, cap,
              "FLUX.1 transformer in Black Forest Labs' layout (%s%s%s), %s, %d "
              "double + %d single blocks",

@@ -89,3 +89,26 @@ const char *df_names_t5_llamacpp_probe(void)
 {
     return "enc.blk.0.attn_q.weight";
 }
+
+const char *df_names_lm_probe(void)
+{
+    return "layers.0.post_attention_layernorm.weight";
+}
+
+const char *df_names_qwen3_probe(void)
+{
+    return "layers.0.self_attn.q_norm.weight";
+}
+
+const char *df_names_lm_class_prefix(int arg)
+{
+    static const char *const prefixes[] = {"", "model.", "model.language_model."};
+    return arg >= 0 && arg < 3 ? prefixes[arg] : "";
+}
+
+bool df_names_lm(const char *diffusers, int arg, df_name_src *out)
+{
+    const char *prefix = df_names_lm_class_prefix(arg);
+    size_t n = strlen(prefix);
+    return strncmp(diffusers, prefix, n) == 0 && whole(diffusers + n, out);
+}

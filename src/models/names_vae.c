@@ -13,7 +13,11 @@
  *                                      *.mid.attn_1.norm / q / k / v / proj_out
  *   *.conv_norm_out                    *.norm_out
  *
- * conv_in, conv_out, quant_conv and post_quant_conv keep their names. The attention's
+ * conv_in, conv_out, quant_conv and post_quant_conv keep their names, except in Black Forest
+ * Labs' FLUX.2 ae.safetensors (AutoencoderKLFlux2), which nests them in their halves
+ * (encoder.quant_conv, decoder.post_quant_conv: arg carries DF_NAMES_VAE_NESTED_QUANT) and
+ * adds the latent batch norm under diffusers' own names (bn.running_mean, bn.running_var,
+ * bn.num_batches_tracked). The attention's
  * projections are 1x1 convolutions there ([C, C, 1, 1]); the loader takes them as the
  * [C, C] linears diffusers squeezes them into (single_file.c accepts trailing 1s).
  */
@@ -97,7 +101,13 @@ bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out)
     const char *half = strncmp(diffusers, "encoder.", 8) == 0   ? "encoder"
                        : strncmp(diffusers, "decoder.", 8) == 0 ? "decoder"
                                                                 : NULL;
-    if (!half) /* quant_conv, post_quant_conv */
+    bool nested = (arg & DF_NAMES_VAE_NESTED_QUANT) != 0;
+    arg &= ~DF_NAMES_VAE_NESTED_QUANT;
+    if (nested && strncmp(diffusers, "quant_conv.", 11) == 0)
+        return (size_t)snprintf(dst, cap, "encoder.%s", diffusers) < cap;
+    if (nested && strncmp(diffusers, "post_quant_conv.", 16) == 0)
+        return (size_t)snprintf(dst, cap, "decoder.%s", diffusers) < cap;
+    if (!half) /* quant_conv, post_quant_conv, FLUX.2's bn.* */
         return (size_t)snprintf(dst, cap, "%s", diffusers) < cap;
     const char *p = diffusers + 8;
     int i, j;
@@ -134,4 +144,9 @@ bool df_names_vae_ldm(const char *diffusers, int arg, df_name_src *out)
 const char *df_names_vae_probe(void)
 {
     return "decoder.mid.block_1.conv1.weight";
+}
+
+const char *df_names_vae_flux2_probe(void)
+{
+    return "bn.running_mean";
 }

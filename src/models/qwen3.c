@@ -70,3 +70,8 @@ df_status df_qwen3_load(df_ctx *ctx, const char *dir, df_decoder_lm **out)
 {
     return df_decoder_lm_load(ctx, dir, &qwen3, out);
 }
+
+df_status df_qwen3_load_file(df_ctx *ctx, const char *dir, const char *file, df_decoder_lm **out)
+{
+    return df_decoder_lm_load_file(ctx, dir, file, &qwen3, out);
+}

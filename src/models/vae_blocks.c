@@ -152,7 +152,19 @@ df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,
     df_status s = df_vae_read_config(cfg, &info);
     df_json_free(cfg);
     DF_TRY(s);
-    DF_TRY(df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm, info.n_blocks,
+    /* BFL's FLUX.2 ae.safetensors nests the quant convolutions in their halves; other files
+     * (ComfyUI's re-saved ones, SD's VAEs) keep them at the top. */
+    int arg = info.n_blocks;
+    if (info.flux2 && info.use_post_quant_conv) {
+        DF_TRY(df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm,
+                                         arg | DF_NAMES_VAE_NESTED_QUANT, df_names_vae_probe(),
+                                         out));
+        if (df_ws_has(*out, "post_quant_conv.weight"))
+            return DF_OK;
+        df_weight_set_free(*out);
+        *out = NULL;
+    }
+    DF_TRY(df_weight_set_open_single(ctx, dir, file, "vae", df_names_vae_ldm, arg,
                                      df_names_vae_probe(), out));
     /* Not the LDM layout: diffusers' names, maybe under a prefix. */
     df_ws_try_map(*out, df_names_same, 0, df_names_diffusers_vae_probe(), NULL);

@@ -122,7 +122,9 @@ static df_status load_text(df_pipeline *p, flux2_pipe *f, const df_model_index *
                          "tokenizer)", dir, p->cls->name,
                          df_tokenizer_type_name(df_tokenizer_kind(f->tok)));
     DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder", dir, sizeof dir));
-    DF_TRY_CTX(f->klein ? df_qwen3_load(p->ctx, dir, &f->te) : df_mistral_load(p->ctx, dir, &f->te),
+    const char *file = p->opts.text_encoder_file;
+    DF_TRY_CTX(f->klein ? df_qwen3_load_file(p->ctx, dir, file, &f->te)
+                        : df_mistral_load_file(p->ctx, dir, file, &f->te),
                "%s", dir);
     int64_t hidden = df_decoder_lm_get_config(f->te)->hidden_size;
     int64_t joint = df_flux2_config(f->transformer)->joint_attention_dim;
@@ -155,7 +157,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
     const df_flux2_cfg *c = df_flux2_config(f->transformer);
     if (df_pipeline_lead(p)) {
-        DF_TRY_CTX(df_vae_load(p->ctx, dir, &f->vae), "%s", dir);
+        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->vae), "%s", dir);
         if (!df_vae_config(f->vae)->flux2 ||
             c->in_channels != df_vae_config(f->vae)->bn_channels)
             return df_errorf(DF_E_FORMAT,
@@ -764,11 +766,27 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
     return s;
 }
 
+/* What `diffuse convert` writes (pipeline_save.c): each loaded component's bound weights. */
+static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
+{
+    flux2_pipe *f = p->impl;
+    df_weight_set *all[] = {df_flux2_weight_set(f->transformer),
+                            f->vae ? df_vae_weight_set(f->vae) : NULL,
+                            f->te ? df_decoder_lm_weight_set(f->te) : NULL};
+    static const char *const name[] = {"transformer", "vae", "text_encoder"};
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (all[i] && n < cap)
+            names[n] = name[i], sets[n++] = all[i];
+    return n;
+}
+
 const df_pipeline_kind df_flux2_pipeline_class = {
     .name = "Flux2Pipeline",
     .load = flux2_load,
     .run = flux2_run,
     .free = flux2_free,
+    .weight_sets = flux2_weight_sets,
 };
 
 const df_pipeline_kind df_flux2_klein_pipeline_class = {
@@ -776,4 +794,5 @@ const df_pipeline_kind df_flux2_klein_pipeline_class = {
     .load = flux2_load,
     .run = flux2_run,
     .free = flux2_free,
+    .weight_sets = flux2_weight_sets,
 };

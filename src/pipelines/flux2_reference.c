@@ -126,7 +126,7 @@ df_status df_flux2_reference_make(df_pipeline *p, const char *vae_dir, df_vae_en
         total += (int64_t)(h / multiple) * (w / multiple);
     }
     if (!*enc)
-        DF_TRY_CTX(df_vae_encoder_load(p->ctx, vae_dir, enc), "%s", vae_dir);
+        DF_TRY_CTX(df_vae_encoder_load_file(p->ctx, vae_dir, p->opts.vae_file, enc), "%s", vae_dir);
     int64_t C = 4 * df_vae_encoder_config(*enc)->latent_channels;
     out->tokens = df_malloc((size_t)(C * total) * sizeof *out->tokens);
     out->ids = df_malloc((size_t)(4 * total) * sizeof *out->ids);

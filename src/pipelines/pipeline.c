@@ -380,14 +380,9 @@ static df_status load_parts(df_pipeline *p)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: a single-file transformer (%s) is read for "
                       "FLUX.1 (FluxPipeline, FluxKontextPipeline), SD3 and FLUX.2 only, not %s",
                       p->dir, p->opts.transformer_file, p->cls->name);
-    const char *component_file = p->opts.vae_file            ? p->opts.vae_file
-                                 : p->opts.text_encoder_file ? p->opts.text_encoder_file
-                                 : p->opts.text_encoder_2_file
-                                     ? p->opts.text_encoder_2_file
-                                     : p->opts.text_encoder_3_file;
-    if (s == DF_OK && component_file && !sd3 && flux2)
-        s = df_errorf(DF_E_UNSUPPORTED, "%s: single-file VAE and text encoders (%s) are read "
-                      "for FLUX.1 and SD3 pipelines, not %s", p->dir, component_file,
+    if (s == DF_OK && p->opts.text_encoder_2_file && flux2)
+        s = df_errorf(DF_E_ARG, "%s: --text-encoder-2 (%s): %s has one text encoder "
+                      "(--text-encoder FILE)", p->dir, p->opts.text_encoder_2_file,
                       p->cls->name);
     if (s == DF_OK && p->opts.text_encoder_3_file && !sd3)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: --text-encoder-3 (%s) is SD3's T5; %s has no "
@@ -551,10 +546,12 @@ static df_status use_checkpoint(df_pipeline *p, const char *path)
 {
     df_checkpoint_parts parts;
     DF_TRY(df_checkpoint_recognise(path, &parts));
-    if (!parts.transformer && !parts.vae && !parts.clip_l && !parts.clip_g && !parts.t5)
+    if (!parts.transformer && !parts.vae && !parts.clip_l && !parts.clip_g && !parts.t5 &&
+        !parts.qwen3 && !parts.mistral)
         return df_errorf(DF_E_FORMAT,
-                         "%s: no component diffuse recognises (a FLUX.1 / SD3 transformer in "
-                         "the original names, an LDM VAE, CLIP-L, CLIP-G or T5)",
+                         "%s: no component diffuse recognises (a FLUX.1 / SD3 / FLUX.2 "
+                         "transformer in the original names, an LDM VAE, CLIP-L, CLIP-G, T5, "
+                         "Qwen3 or Mistral)",
                          path);
     DF_TRY(choose_configs(p, path, &parts));
     snprintf(p->checkpoint, sizeof p->checkpoint, "%s", path);
@@ -573,6 +570,8 @@ static df_status use_checkpoint(df_pipeline *p, const char *path)
         o->text_encoder_3_file = f;
     if (parts.t5 && !sd3 && !o->text_encoder_2_file)
         o->text_encoder_2_file = f;
+    if ((parts.qwen3 || parts.mistral) && !o->text_encoder_file) /* FLUX.2's one encoder */
+        o->text_encoder_file = f;
     return DF_OK;
 }
 

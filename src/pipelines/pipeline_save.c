@@ -88,12 +88,27 @@ static df_status copy_folder(const char *from, const char *to, bool skip_weights
     return s;
 }
 
-/* Adds every tensor `ws` bound to the writer, in its own dtype. */
-static df_status add_bound(df_ctx *ctx, df_weight_set *ws, df_st_writer *w)
+/* Whether `other` (NULL: none) bound a tensor named `name`. */
+static bool bound_by(df_weight_set *other, const char *name)
+{
+    for (int i = 0; other && i < df_ws_bound_count(other); i++) {
+        const char *n;
+        df_ws_bound(other, i, &n);
+        if (strcmp(n, name) == 0)
+            return true;
+    }
+    return false;
+}
+
+/* Adds every tensor `ws` bound to the writer, in its own dtype, but those `skip` bound
+ * (FLUX.2's batch-norm statistics, which both halves of its VAE read). */
+static df_status add_bound(df_ctx *ctx, df_weight_set *ws, df_weight_set *skip, df_st_writer *w)
 {
     for (int i = 0; i < df_ws_bound_count(ws); i++) {
         const char *name;
         df_tensor *t = df_ws_bound(ws, i, &name);
+        if (bound_by(skip, name))
+            continue;
         df_dtype dt = df_tensor_dtype(t);
         size_t bytes = (size_t)df_tensor_numel(t) * df_dtype_size(dt);
         void *buf = df_malloc(bytes ? bytes : 1);
@@ -114,14 +129,14 @@ static df_status write_component(df_pipeline *p, const char *name, df_weight_set
 {
     df_st_writer *w;
     DF_TRY(df_st_writer_create(&w));
-    df_status s = add_bound(p->ctx, ws, w);
+    df_status s = add_bound(p->ctx, ws, NULL, w);
     df_vae_encoder *enc = NULL;
     if (s == DF_OK && strcmp(name, "vae") == 0) {
         char dir[4096];
         snprintf(dir, sizeof dir, "%s/vae", p->dir);
         /* A VAE file without its encoder converts to a folder without one. */
         if (df_vae_encoder_load_file(p->ctx, dir, p->opts.vae_file, &enc) == DF_OK)
-            s = add_bound(p->ctx, df_vae_encoder_weight_set(enc), w);
+            s = add_bound(p->ctx, df_vae_encoder_weight_set(enc), ws, w);
     }
     if (s == DF_OK)
         s = df_st_writer_finish(w, path);

@@ -3,7 +3,8 @@
 # FILE]`: components' weights from single files, the folder's configs. Files in diffusers' /
 # transformers' names give the same image, bit for bit, as the folder (FLUX.1 and SD3); the
 # original LDM VAE and a ComfyUI-prefixed fp8 CLIP-L load and run; a file that is not the
-# component, a FLUX.2 folder and --text-encoder-3 on FLUX.1 are refused with one line; an
+# component (FLUX.1's VAE in a FLUX.2 folder too) and --text-encoder-3 on FLUX.1 are refused
+# with one line (FLUX.2's own files: flux2_component_files.sh); an
 # all-in-one file runs with --config DIR and is refused without, saying how to give it.
 # Usage: component_files.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
@@ -59,7 +60,7 @@ expect() {
 }
 expect "decoder.conv_in.weight" -m "$flux" --vae "$cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors"
 expect "token_embedding" -m "$flux" --text-encoder "$cases/vae-single-flux/ae.safetensors"
-expect "Flux2" -m "$golden/t2i-flux2/pipeline" --vae "$cases/vae-single-flux/ae.safetensors"
+expect "post_quant_conv" -m "$golden/t2i-flux2/pipeline" --vae "$cases/vae-single-flux/ae.safetensors"
 expect "text_encoder_3" -m "$flux" --text-encoder-3 "$sd3/text_encoder_3/model.safetensors"
 expect "no-such.safetensors" -m "$flux" --vae "$work/no-such.safetensors"
 

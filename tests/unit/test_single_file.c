@@ -221,6 +221,17 @@ static void test_vae_and_text_name_maps(void **state)
     assert_false(df_names_vae_ldm("decoder.up_blocks.-1.resnets.0.conv1.weight", 4, &s));
     assert_false(df_names_vae_ldm("decoder.mid_block.attentions.1.to_q.weight", 4, &s));
     assert_false(df_names_vae_ldm("encoder.down_blocks.0.resnets.0.conv9.weight", 4, &s));
+    /* BFL's FLUX.2 ae.safetensors: the quant convs nested in their halves, bn.* as is */
+    int nested = 4 | DF_NAMES_VAE_NESTED_QUANT;
+    assert_true(df_names_vae_ldm("post_quant_conv.bias", nested, &s));
+    assert_string_equal(s.name, "decoder.post_quant_conv.bias");
+    assert_true(df_names_vae_ldm("quant_conv.weight", nested, &s));
+    assert_string_equal(s.name, "encoder.quant_conv.weight");
+    assert_true(df_names_vae_ldm("bn.running_var", nested, &s));
+    assert_string_equal(s.name, "bn.running_var");
+    assert_true(df_names_vae_ldm("decoder.up_blocks.0.resnets.2.conv1.weight", nested, &s));
+    assert_string_equal(s.name, "decoder.up.3.block.2.conv1.weight");
+    assert_false(df_names_vae_ldm("decoder.up_blocks.4.resnets.0.conv1.weight", nested, &s));
 
     /* SD3's MMDiT names: thirds of qkv; the last block's context modulation swapped */
     assert_true(df_names_sd3_mmdit("transformer_blocks.1.attn.add_v_proj.bias", 3, &s));
@@ -394,6 +405,30 @@ static void test_recognise_known_models(void **state)
     df_checkpoint_key dn_none[] = {{"transformer_blocks.0.attn.to_q.weight", 2, {8, 8}}};
     assert_string_equal(model_of(dn_none, 1, &c), "");
     assert_false(c.transformer);
+    /* FLUX.2 klein all-in-one: BFL's FLUX.2 VAE (its batch norm beside the LDM names) and
+     * Qwen3 (its q_norm beside the layer) under ComfyUI's prefixes */
+    df_checkpoint_key klein[] = {
+        {"model.diffusion_model.single_stream_modulation.lin.weight", 2, {9216, 3072}},
+        {"vae.decoder.mid.block_1.conv1.weight", 4, {512, 512, 3, 3}},
+        {"vae.bn.running_mean", 1, {128}},
+        {"text_encoders.qwen3_4b.transformer.model.layers.0.post_attention_layernorm.weight",
+         1,
+         {2560}},
+        {"text_encoders.qwen3_4b.transformer.model.layers.0.self_attn.q_norm.weight", 1, {128}},
+    };
+    assert_string_equal(model_of(klein, 5, &c), "FLUX.2-klein");
+    assert_true(c.vae && c.vae_flux2 && c.qwen3 && !c.mistral && !c.clip_l && !c.t5);
+    /* ComfyUI's mistral_3_small_flux2 file: no q_norm, a vision tower beside */
+    df_checkpoint_key mistral[] = {
+        {"model.layers.0.post_attention_layernorm.weight", 1, {5120}},
+        {"model.layers.1.self_attn.q_norm.weight", 1, {128}}, /* not layer 0's: no sibling */
+        {"vision_tower.transformer.layers.0.attention_norm.weight", 1, {1024}},
+    };
+    assert_string_equal(model_of(mistral, 3, &c), "");
+    assert_true(c.mistral && !c.qwen3 && !c.vae && !c.transformer);
+    /* FLUX.1's VAE is not FLUX.2's; CLIP and T5 are not language models */
+    model_of(dev, 6, &c);
+    assert_true(c.vae && !c.vae_flux2 && c.clip_l && c.t5 && !c.qwen3 && !c.mistral);
     /* a lone CLIP: CLIP-G by its width */
     df_checkpoint_key clip[] = {{"text_model.embeddings.token_embedding.weight", 2, {49408, 1280}}};
     model_of(clip, 1, &c);
@@ -820,6 +855,14 @@ static void sweep_component(load_fn load, void (*free_fn)(void *), const char *d
     df_ctx_free(ctx);
 }
 
+static df_status load_mistral(df_ctx *c, const char *d, const char *f, void **o)
+{
+    return df_mistral_load_file(c, d, f, (df_decoder_lm **)o);
+}
+static void free_lm(void *m)
+{
+    df_decoder_lm_free(m);
+}
 static void free_vae(void *m)
 {
     df_vae_free(m);
@@ -851,6 +894,44 @@ static void test_component_load_out_of_memory_sweep(void **state)
                     CASES "/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf");
     sweep_component(load_clip, free_clip, DF_GOLDEN_DIR "/t2i-sd3/pipeline/text_encoder_2",
                     CASES "/te-gguf-clip-sdcpp/clip_g-sdcpp-q8_0.gguf");
+    /* FLUX.2: BFL's ae.safetensors (nested quant convs: the first try's set is freed) and
+     * a pruned ComfyUI Mistral */
+    sweep_component(load_vae, free_vae, DF_GOLDEN_DIR "/vae-decode-flux2/vae",
+                    CASES "/vae-single-flux2/flux2-ae.safetensors");
+    sweep_component(load_mistral, free_lm, DF_GOLDEN_DIR "/t2i-flux2/pipeline/text_encoder",
+                    CASES "/te-single-mistral-pruned-comfy/"
+                          "mistral_3_small_flux2-tiny-pruned-fp8.safetensors");
+}
+
+/* A pruned Mistral file (layers 0-29 of 31, no final norm) gives hidden states up to 30;
+ * a deeper one, or last_hidden_state, is refused naming the pruning. */
+static void test_pruned_language_model(void **state)
+{
+    (void)state;
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    df_decoder_lm *m;
+    assert_int_equal(df_mistral_load_file(ctx, DF_GOLDEN_DIR "/t2i-flux2/pipeline/text_encoder",
+                                          CASES "/te-single-mistral-pruned-comfy/"
+                                                "mistral_3_small_flux2-tiny-pruned-fp8.safetensors",
+                                          &m),
+                     DF_OK);
+    int64_t ids[4] = {1, 40, 41, 42};
+    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(1, 4), ids);
+    assert_non_null(t);
+    df_decoder_lm_output o;
+    df_decoder_lm_request ok = {.n_hidden_states = 2, .hidden_states = {10, 30}};
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL, &ok, &o), DF_OK);
+    assert_non_null(o.hidden_states[1]);
+    df_decoder_lm_request deeper = {.n_hidden_states = 1, .hidden_states = {31}};
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL, &deeper, &o), DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "30 of the config's 31 layers"));
+    assert_int_equal(df_decoder_lm_forward(ctx, m, t, NULL,
+                                           &(df_decoder_lm_request){.last_hidden_state = true}, &o),
+                     DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "pruned"));
+    df_decoder_lm_free(m);
+    df_ctx_free(ctx);
 }
 
 int main(void)
@@ -869,6 +950,7 @@ int main(void)
         cmocka_unit_test(test_compact_residency),
         cmocka_unit_test(test_compact_offload),
         cmocka_unit_test(test_component_load_out_of_memory_sweep),
+        cmocka_unit_test(test_pruned_language_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

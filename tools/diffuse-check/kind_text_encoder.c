@@ -158,8 +158,11 @@ static bool is_decoder_lm(const char *cls)
 static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
 {
     df_decoder_lm *m;
-    df_status s = strncmp(c->cls, "Qwen3", 5) == 0 ? df_qwen3_load(ctx, c->model_dir, &m)
-                                                   : df_mistral_load(ctx, c->model_dir, &m);
+    char file[4096];
+    const char *single = check_single_file(c, file, sizeof file);
+    df_status s = strncmp(c->cls, "Qwen3", 5) == 0
+                      ? df_qwen3_load_file(ctx, c->model_dir, single, &m)
+                      : df_mistral_load_file(ctx, c->model_dir, single, &m);
     if (s != DF_OK)
         return check_fail(c, "%s", df_error_message());
     int64_t l64[DF_DECODER_LM_MAX_OUTPUTS], n_layers = 0;
@@ -179,7 +182,9 @@ static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
         rc = int_arg(c, ctx, "attention_mask", &mask, &mask_host);
     df_decoder_lm_output out = {0};
     df_tensor *stacked = NULL;
-    if (rc == 0 &&
+    /* last_hidden_state when the case lists it (a pruned file's case does not) */
+    bool last = !df_json_is_null(df_json_get(df_json_get(c->root, "outputs"), "last_hidden_state"));
+    if (rc == 0 && last &&
         df_decoder_lm_forward(ctx, m, ids, mask,
                               &(df_decoder_lm_request){.last_hidden_state = true}, &out) != DF_OK)
         rc = check_fail(c, "%s", df_error_message());

@@ -168,7 +168,9 @@ int check_kind_vae_encode(check_case *c)
                           c->device ? c->device : "the default device", df_error_message());
     df_vae_encoder *enc = NULL;
     int rc;
-    if (df_vae_encoder_load(ctx, c->model_dir, &enc) != DF_OK)
+    char file[4096]; /* "single_file": the weights from that file, the config from dir */
+    if (df_vae_encoder_load_file(ctx, c->model_dir, check_single_file(c, file, sizeof file),
+                                 &enc) != DF_OK)
         rc = check_fail(c, "loading %s: %s", c->model_dir, df_error_message());
     else
         rc = run(c, ctx, enc);
