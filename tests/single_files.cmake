@@ -69,16 +69,16 @@ add_test(NAME single-files/cli-shipped-configs
 add_test(NAME single-files/inspect-flux2-all-in-one
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux2-all-in-one/flux2-tiny-aio-fp8.safetensors)
 set_tests_properties(single-files/inspect-flux2-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
-  "model: FLUX.2-dev \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\), Mistral [^\n]*\n  missing: configs and tokenizers"
+  "model: FLUX.2-dev \\(transformer under model.diffusion_model.\\)\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\), Mistral [^\n]*\n  config: none shipped for FLUX.2-dev[^\n]*\n  missing: configs and tokenizers"
   FAIL_REGULAR_EXPRESSION "FLUX.1 transformer")
 add_test(NAME single-files/inspect-flux2-klein-all-in-one
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/pipe-flux2-klein-all-in-one/flux2-klein-tiny-aio-fp8.safetensors)
 set_tests_properties(single-files/inspect-flux2-klein-all-in-one PROPERTIES PASS_REGULAR_EXPRESSION
-  "model: FLUX.2-klein [^\n]*\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\)\n  missing: Qwen3 \\(--text-encoder FILE")
+  "model: FLUX.2-klein [^\n]*\n  holds: transformer, VAE \\(FLUX.2's AutoencoderKLFlux2, LDM names\\)\n  config: none shipped for FLUX.2-klein[^\n]*\n  missing: Qwen3 \\(--text-encoder FILE")
 add_test(NAME single-files/inspect-qwen3
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-single-qwen3-comfy/qwen_3-tiny-comfy-fp8.safetensors)
 set_tests_properties(single-files/inspect-qwen3 PROPERTIES PASS_REGULAR_EXPRESSION
-  "model: no transformer\n  holds: Qwen3 [^\n]*\n  missing: transformer [^\n]*VAE ")
+  "model: no transformer\n  holds: Qwen3 [^\n]*\n  config: the file holds no transformer[^\n]*\n  missing: transformer [^\n]*VAE ")
 
 # `diffuse convert FILE --config DIR -o OUT` (tests/cli/convert.sh).
 add_test(NAME single-files/cli-convert
