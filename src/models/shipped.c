@@ -26,23 +26,18 @@
 
 #include "core/status.h"
 
+/* FLUX.1-dev and schnell share their released sizes (dev adds guidance_in, which
+ * checkpoint.c's model name already tells) and their tokenizers. */
+#define FLUX1_RELEASED                                                                             \
+    .tokenizers = "tokenizer/ (CLIP: vocab.json and merges.txt) and tokenizer_2/ (T5: "            \
+                  "spiece.model or tokenizer.json)",                                               \
+    .width_key = "img_in.weight", .width_rows = 3072, .width_cols = 64,                            \
+    .last_key = {"double_blocks.18.img_attn.qkv.weight", "single_blocks.37.linear1.weight"},       \
+    .past_key = {"double_blocks.19.img_attn.qkv.weight", "single_blocks.38.linear1.weight"}
+
 static const df_shipped_config sets[] = {
-    {.name = "FLUX.1-dev",
-     .tokenizers = "tokenizer/ (CLIP: vocab.json and merges.txt) and tokenizer_2/ (T5: "
-                   "spiece.model or tokenizer.json)",
-     .width_key = "img_in.weight",
-     .width_rows = 3072,
-     .width_cols = 64,
-     .last_key = {"double_blocks.18.img_attn.qkv.weight", "single_blocks.37.linear1.weight"},
-     .past_key = {"double_blocks.19.img_attn.qkv.weight", "single_blocks.38.linear1.weight"}},
-    {.name = "FLUX.1-schnell",
-     .tokenizers = "tokenizer/ (CLIP: vocab.json and merges.txt) and tokenizer_2/ (T5: "
-                   "spiece.model or tokenizer.json)",
-     .width_key = "img_in.weight",
-     .width_rows = 3072,
-     .width_cols = 64,
-     .last_key = {"double_blocks.18.img_attn.qkv.weight", "single_blocks.37.linear1.weight"},
-     .past_key = {"double_blocks.19.img_attn.qkv.weight", "single_blocks.38.linear1.weight"}},
+    {.name = "FLUX.1-dev", FLUX1_RELEASED},
+    {.name = "FLUX.1-schnell", FLUX1_RELEASED},
 };
 
 /* Every model checkpoint.c names that has no set, and why. */
