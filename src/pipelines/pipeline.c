@@ -165,7 +165,7 @@ df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_ind
     s = df_tokenizer_load_gguf(t5_file, out);
     if (s != DF_OK)
         return df_error_context(s, "%s; the T5 file's own tokenizer (tokenizer.ggml.*)", why);
-    df_logf(2, "%s: the T5 file's tokenizer (llama.cpp's tokenizer.ggml.*) from %s; the folder "
+    df_logf(1, "%s: the T5 file's tokenizer (llama.cpp's tokenizer.ggml.*) from %s; the folder "
             "has none", name, t5_file);
     return DF_OK;
 }
