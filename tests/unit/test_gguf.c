@@ -426,7 +426,7 @@ typedef enum tok_break {
 } tok_break;
 
 #define TOK_N 9
-static const char *const tok_pieces[TOK_N] = {"<pad>", "</s>", "<unk>", "\xe2\x96\x81" "a", "a",
+static const char *const tok_pieces[TOK_N] = {"<pad>", "</s>", "<unk>", "\xe2\x96\x81\x61", "a",
                                               "b", "\xe2\x96\x81", "[PAD1]", "[PAD2]"};
 
 static void kv_str(buf *f, const char *key, const char *v)
