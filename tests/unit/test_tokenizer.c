@@ -1079,6 +1079,22 @@ static df_status load_and_encode(void *arg)
     return s;
 }
 
+/* The same from a GGUF's tokenizer.ggml.* (arg: the file). */
+static df_status load_gguf_and_encode(void *arg)
+{
+    df_tokenizer *t;
+    df_status s = df_tokenizer_load_gguf((const char *)arg, &t);
+    if (s != DF_OK)
+        return s;
+    df_tokens tk;
+    df_tokenize_opts o = {.max_length = 20, .pad = true, .truncate = true};
+    const char *text = "Caf\xC3\xA9 \xE6\x9D\xB1 photo </s>!! <extra_id_0>";
+    s = df_tokenizer_encode(t, text, strlen(text), &o, &tk);
+    df_tokens_deinit(&tk);
+    df_tokenizer_free(t);
+    return s;
+}
+
 static void test_out_of_memory(void **state)
 {
     (void)state;
@@ -1087,6 +1103,9 @@ static void test_out_of_memory(void **state)
     oom_sweep(load_and_encode, dir);
     golden_dir(dir, sizeof dir, "tok-t5-512", "tokenizer_2");
     oom_sweep(load_and_encode, dir);
+    snprintf(dir, sizeof dir, "%s/../cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf",
+             DF_GOLDEN_DIR);
+    oom_sweep(load_gguf_and_encode, dir);
 }
 
 /* ---- golden cases ---------------------------------------------------------------------------- */
