@@ -570,7 +570,7 @@ static df_status gguf_array(const df_gguf *g, const char *key, bool (*ok)(df_ggu
 
 static bool is_string(df_gguf_value_type t) { return t == DF_GGUF_STRING; }
 static bool is_float(df_gguf_value_type t) { return t == DF_GGUF_FLOAT32 || t == DF_GGUF_FLOAT64; }
-static bool is_byte(df_gguf_value_type t) { return t == DF_GGUF_UINT8 || t == DF_GGUF_INT8; }
+static bool is_byte(df_gguf_value_type t) { return t == DF_GGUF_UINT8; }
 
 /* A boolean key, `def` when absent. */
 static df_status gguf_bool(const df_gguf *g, const char *key, bool def, bool *out)
@@ -664,12 +664,17 @@ static df_status gguf_t5_model(df_tokenizer *t, const df_gguf *g, uint64_t *out_
     for (uint64_t i = 0; s == DF_OK && i < ncharsmap; i++) {
         double b = 0;
         s = df_gguf_get_array_number(g, GGML_KEY("precompiled_charsmap"), i, &b);
-        if (s == DF_OK && (b < 0 || b > 255))
-            s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("precompiled_charsmap") "': byte "
-                          "%llu is %g", path, (unsigned long long)i, b);
         if (s == DF_OK)
             charsmap[i] = (uint8_t)b;
     }
+    /* sentencepiece's layout: a little-endian trie size, the trie, the replacements. */
+    uint64_t trie = ncharsmap > 4 ? (uint64_t)charsmap[0] | (uint64_t)charsmap[1] << 8 |
+                                        (uint64_t)charsmap[2] << 16 | (uint64_t)charsmap[3] << 24
+                                  : 0;
+    if (s == DF_OK && ncharsmap > 0 && (ncharsmap <= 4 || trie > ncharsmap - 4))
+        s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("precompiled_charsmap") "': %llu bytes "
+                      "do not hold the trie they announce (%llu bytes after the first 4)", path,
+                      (unsigned long long)ncharsmap, (unsigned long long)trie);
     char name[4200];
     snprintf(name, sizeof name, "%s: key '" GGML_KEY("tokens") "'", path);
     if (s == DF_OK)

@@ -422,7 +422,8 @@ static void test_out_of_memory(void **state)
 typedef enum tok_break {
     TB_NONE, TB_TOKENS_NOT_STRINGS, TB_SCORES_SHORT, TB_TYPE_OUT_OF_RANGE, TB_EOS_OUT_OF_RANGE,
     TB_EOS_STRING, TB_MODEL_LLAMA, TB_PREFIX_NOT_BOOL, TB_CHARSMAP_STRINGS, TB_NO_TYPES,
-    TB_DUPLICATE, TB_NO_UNKNOWN, TB_CHARSMAP_SHORT, TB_NO_EOS, TB_PAD_NEGATIVE,
+    TB_DUPLICATE, TB_NO_UNKNOWN, TB_CHARSMAP_SHORT, TB_CHARSMAP_TRIE, TB_NO_EOS,
+    TB_PAD_NEGATIVE,
 } tok_break;
 
 #define TOK_N 9
@@ -457,7 +458,8 @@ static void tok_file(buf *f, tok_break b)
 {
     int nkv = 10;
     header(f, 3, 0, (uint64_t)(nkv - (b == TB_NO_TYPES) - (b == TB_NO_EOS) +
-                               (b == TB_CHARSMAP_STRINGS || b == TB_CHARSMAP_SHORT)));
+                               (b == TB_CHARSMAP_STRINGS || b == TB_CHARSMAP_SHORT ||
+                                b == TB_CHARSMAP_TRIE)));
     kv_str(f, "general.architecture", "t5encoder");
     kv_u32(f, "t5encoder.context_length", 8);
     kv_str(f, "tokenizer.ggml.model", b == TB_MODEL_LLAMA ? "llama" : "t5");
@@ -501,6 +503,9 @@ static void tok_file(buf *f, tok_break b)
     } else if (b == TB_CHARSMAP_SHORT) {
         array_head(f, "tokenizer.ggml.precompiled_charsmap", DF_GGUF_UINT8, 3);
         put(f, "\x01\x02\x03", 3);
+    } else if (b == TB_CHARSMAP_TRIE) { /* announces 3 trie bytes where 2 follow */
+        array_head(f, "tokenizer.ggml.precompiled_charsmap", DF_GGUF_UINT8, 6);
+        put(f, "\x03\x00\x00\x00\x00\x00", 6);
     }
     if (b == TB_EOS_STRING)
         kv_str(f, "tokenizer.ggml.eos_token_id", "</s>");
@@ -587,7 +592,10 @@ static void test_t5_tokenizer_metadata_refused(void **state)
          "key 'tokenizer.ggml.add_space_prefix': expected a bool, found uint8"},
         {TB_CHARSMAP_STRINGS, DF_E_FORMAT,
          "key 'tokenizer.ggml.precompiled_charsmap': expected an array of uint8"},
-        {TB_CHARSMAP_SHORT, DF_E_FORMAT, "precompiled_charsmap is broken (3 bytes)"},
+        {TB_CHARSMAP_SHORT, DF_E_FORMAT,
+         "key 'tokenizer.ggml.precompiled_charsmap': 3 bytes do not hold the trie"},
+        {TB_CHARSMAP_TRIE, DF_E_FORMAT,
+         "precompiled_charsmap': 6 bytes do not hold the trie they announce (3 bytes after"},
         {TB_NO_TYPES, DF_E_FORMAT, "key 'tokenizer.ggml.token_type' is missing"},
         {TB_DUPLICATE, DF_E_FORMAT, "key 'tokenizer.ggml.tokens': piece 5 'a' is already defined"},
         {TB_NO_UNKNOWN, DF_E_FORMAT,
