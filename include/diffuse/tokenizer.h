@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -94,6 +95,9 @@ DF_API df_status df_tokenizer_load(const char *dir, df_tokenizer **out);
  * spiece.model), DF_E_UNSUPPORTED for another tokenizer.ggml.model.
  */
 DF_API df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out);
+
+/* The same from an open GGUF, which may be freed afterwards. */
+DF_API df_status df_tokenizer_from_gguf(const df_gguf *g, df_tokenizer **out);
 
 /* Which kind of tokenizer this is. */
 DF_API df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok);

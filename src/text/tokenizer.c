@@ -714,18 +714,15 @@ static df_status gguf_t5_added(df_tokenizer *t, uint64_t n)
     return rebuild_added_map(t);
 }
 
-df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out)
+df_status df_tokenizer_from_gguf(const df_gguf *g, df_tokenizer **out)
 {
     *out = NULL;
-    if (!path)
-        return df_errorf(DF_E_ARG, "df_tokenizer_load_gguf: path is NULL");
-    df_gguf *g;
-    DF_TRY(df_gguf_open(path, &g));
+    if (!g)
+        return df_errorf(DF_E_ARG, "df_tokenizer_from_gguf: g is NULL");
+    const char *path = df_gguf_path(g);
     df_tokenizer *t = df_calloc(1, sizeof *t);
-    if (!t) {
-        df_gguf_free(g);
+    if (!t)
         return df_errorf(DF_E_OOM, "%s: out of memory", path);
-    }
     df_str_map_init(&t->added_map);
     t->type = DF_TOKENIZER_T5_UNIGRAM;
     t->bos_id = -1;
@@ -763,13 +760,24 @@ df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out)
             t->model_max_length = ctx;
         t->vocab_size = (int64_t)n;
     }
-    df_gguf_free(g);
     if (s != DF_OK) {
         df_tokenizer_free(t);
         return s;
     }
     *out = t;
     return DF_OK;
+}
+
+df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out)
+{
+    *out = NULL;
+    if (!path)
+        return df_errorf(DF_E_ARG, "df_tokenizer_load_gguf: path is NULL");
+    df_gguf *g;
+    DF_TRY(df_gguf_open(path, &g));
+    df_status s = df_tokenizer_from_gguf(g, out);
+    df_gguf_free(g);
+    return s;
 }
 
 void df_tokenizer_free(df_tokenizer *tok)
