@@ -70,6 +70,15 @@ same_image() {
 same_image flux tokenizer_2 "$flux" --text-encoder-2 "$t5"
 same_image flux-special tokenizer_2 "$flux" --text-encoder-2 "$t5" \
     -p "a <extra_id_0> fox </s> Ｆｏｘ  ①"
+# `diffuse tokenize -m FILE.gguf` gives the folder's ids.
+for text in "a photo of a cat" "cat <extra_id_0>dog </s> Ｆｕｌｌ ①"; do
+    "$bin" tokenize -m "$t5" -n 16 "$text" >"$work/tok-gguf" 2>"$work/err" ||
+        fail "tokenize -m FILE.gguf: $(cat "$work/err")"
+    "$bin" tokenize -m "$flux" -c tokenizer_2 -n 16 "$text" >"$work/tok-dir" 2>"$work/err" ||
+        fail "tokenize -m DIR: $(cat "$work/err")"
+    grep -q "input_ids: \[" "$work/tok-gguf" && cmp -s "$work/tok-gguf" "$work/tok-dir" ||
+        fail "tokenize '$text': the GGUF gives $(cat "$work/tok-gguf"), the folder $(cat "$work/tok-dir")"
+done
 sd3=$golden/t2i-sd3/pipeline
 # The case's T5 is FLUX's tiny one: SD3's tokenizer_3 (the same vocabulary) comes from it,
 # and then its weights are refused by shape.
