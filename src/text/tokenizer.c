@@ -649,8 +649,12 @@ static df_status gguf_t5_model(df_tokenizer *t, const df_gguf *g, uint64_t *out_
     df_status s = pieces && charsmap ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory", path);
     for (uint64_t i = 0; s == DF_OK && i < n; i++) {
         const char *str = NULL;
+        size_t len = 0;
         double score = 0, type = 0;
-        s = df_gguf_get_array_string(g, GGML_KEY("tokens"), i, &str);
+        s = df_gguf_get_array_bytes(g, GGML_KEY("tokens"), i, &str, &len);
+        if (s == DF_OK && memchr(str, 0, len))
+            s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("tokens") "': token %llu holds a NUL "
+                          "byte", path, (unsigned long long)i);
         if (s == DF_OK)
             s = df_gguf_get_array_number(g, GGML_KEY("scores"), i, &score);
         if (s == DF_OK)
@@ -659,7 +663,7 @@ static df_status gguf_t5_model(df_tokenizer *t, const df_gguf *g, uint64_t *out_
             s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("token_type") "': token %llu has type "
                           "%g; expected 1 (normal) to 6 (byte)", path, (unsigned long long)i, type);
         if (s == DF_OK)
-            pieces[i] = (df_sp_piece){str, strlen(str), (float)score, (int32_t)type};
+            pieces[i] = (df_sp_piece){str, len, (float)score, (int32_t)type};
     }
     for (uint64_t i = 0; s == DF_OK && i < ncharsmap; i++) {
         double b = 0;

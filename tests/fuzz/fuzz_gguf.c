@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <diffuse/gguf.h>
 #include <diffuse/tokenizer.h>
@@ -49,6 +50,9 @@ static void exercise(const df_gguf *g)
         df_gguf_get_string(g, key, &s);
         if (type == DF_GGUF_ARRAY && count > 0) {
             df_gguf_get_array_string(g, key, count - 1, &s);
+            size_t len;
+            if (df_gguf_get_array_bytes(g, key, 0, &s, &len) == DF_OK && (s[len] || strlen(s) > len))
+                abort(); /* the length must end at the NUL that follows the bytes */
             df_gguf_get_array_number(g, key, count - 1, &d);
         }
     }

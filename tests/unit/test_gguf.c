@@ -331,6 +331,14 @@ static void test_metadata_of_every_type(void **state)
     assert_int_equal(df_gguf_get_array_string(g, "test.strs", 1, &s), DF_OK);
     assert_string_equal(s, "");
     assert_int_equal(df_gguf_get_array_string(g, "test.strs", 3, &s), DF_E_ARG);
+    size_t len = 9;
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 2, &s, &len), DF_OK);
+    assert_int_equal(len, 3); /* the last element: its length from the end of the strings */
+    assert_memory_equal(s, "ccc", 4);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 1, &s, &len), DF_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 3, &s, &len), DF_E_ARG);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.ints", 0, &s, &len), DF_E_FORMAT);
     assert_int_equal(df_gguf_get_array_number(g, "test.ints", 1, &d), DF_OK);
     assert_true(d == -2);
     assert_int_equal(df_gguf_get_int(g, "test.str", &i), DF_E_FORMAT);
@@ -423,7 +431,7 @@ typedef enum tok_break {
     TB_NONE, TB_TOKENS_NOT_STRINGS, TB_SCORES_SHORT, TB_TYPE_OUT_OF_RANGE, TB_EOS_OUT_OF_RANGE,
     TB_EOS_STRING, TB_MODEL_LLAMA, TB_PREFIX_NOT_BOOL, TB_CHARSMAP_STRINGS, TB_NO_TYPES,
     TB_DUPLICATE, TB_NO_UNKNOWN, TB_CHARSMAP_SHORT, TB_CHARSMAP_TRIE, TB_NO_EOS,
-    TB_PAD_NEGATIVE,
+    TB_PAD_NEGATIVE, TB_TOKEN_NUL,
 } tok_break;
 
 #define TOK_N 9
@@ -470,7 +478,12 @@ static void tok_file(buf *f, tok_break b)
     } else {
         array_head(f, "tokenizer.ggml.tokens", DF_GGUF_STRING, TOK_N);
         for (int i = 0; i < TOK_N; i++)
-            str(f, b == TB_DUPLICATE && i == 5 ? "a" : tok_pieces[i]);
+            if (b == TB_TOKEN_NUL && i == 5) { /* "b\0a": a NUL inside a token */
+                u64(f, 3);
+                put(f, "b\0a", 3);
+            } else {
+                str(f, b == TB_DUPLICATE && i == 5 ? "a" : tok_pieces[i]);
+            }
     }
     static const float scores[TOK_N] = {0, 0, 0, -1, -2, -2, -3, -1000, -1000};
     int nscores = b == TB_SCORES_SHORT ? TOK_N - 1 : TOK_N;
@@ -597,6 +610,7 @@ static void test_t5_tokenizer_metadata_refused(void **state)
         {TB_CHARSMAP_TRIE, DF_E_FORMAT,
          "precompiled_charsmap': 6 bytes do not hold the trie they announce (3 bytes after"},
         {TB_NO_TYPES, DF_E_FORMAT, "key 'tokenizer.ggml.token_type' is missing"},
+        {TB_TOKEN_NUL, DF_E_FORMAT, "key 'tokenizer.ggml.tokens': token 5 holds a NUL byte"},
         {TB_DUPLICATE, DF_E_FORMAT, "key 'tokenizer.ggml.tokens': piece 5 'a' is already defined"},
         {TB_NO_UNKNOWN, DF_E_FORMAT,
          "key 'tokenizer.ggml.tokens': the model defines no unknown piece"},
