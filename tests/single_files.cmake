@@ -104,11 +104,11 @@ set_tests_properties(single-files/inspect-gguf-sdcpp-diffusers PROPERTIES PASS_R
 add_test(NAME single-files/inspect-gguf-t5-llamacpp
          COMMAND diffuse inspect -s ${CMAKE_SOURCE_DIR}/tests/cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf)
 set_tests_properties(single-files/inspect-gguf-t5-llamacpp PROPERTIES PASS_REGULAR_EXPRESSION
-  "holds: T5 \\(llama.cpp names\\)\n  tokenizer: llama.cpp's \\(tokenizer.ggml.\\*\\), not read")
+  "holds: T5 \\(llama.cpp names\\)\n  tokenizer: llama.cpp's T5 \\(tokenizer.ggml.\\*\\), used when the folder")
 
-# llama.cpp's T5 GGUF through `diffuse generate`, its tokenizer's refusal, an sd.cpp GGUF in
-# diffusers' names giving the folder's image, and one without --config
-# (tests/cli/gguf_names.sh).
+# llama.cpp's T5 GGUF through `diffuse generate` and `diffuse tokenize` with its own
+# tokenizer, an sd.cpp GGUF in diffusers' names giving the folder's image, and one without
+# --config (tests/cli/gguf_names.sh).
 add_test(NAME single-files/cli-gguf-names
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/gguf_names.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)

@@ -103,6 +103,10 @@ DF_API df_status df_gguf_get_array_string(const df_gguf *g, const char *key, uin
                                           const char **out);
 DF_API df_status df_gguf_get_array_number(const df_gguf *g, const char *key, uint64_t i,
                                           double *out);
+/* Element i of an array of strings with its length in bytes (it may hold NUL bytes; a NUL
+ * follows it). */
+DF_API df_status df_gguf_get_array_bytes(const df_gguf *g, const char *key, uint64_t i,
+                                         const char **out, size_t *len);
 
 /*
  * Reads rows [r0, r1) along the first dimension of tensor `name` (a row is the product of

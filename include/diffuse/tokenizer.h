@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -80,6 +81,23 @@ typedef struct df_tokenizer_info {
  * tokenizer.json component diffuse does not implement (the message names it).
  */
 DF_API df_status df_tokenizer_load(const char *dir, df_tokenizer **out);
+
+/*
+ * Loads the T5 tokenizer a GGUF carries as llama.cpp's metadata (tokenizer.ggml.model "t5":
+ * tokens, scores, token_type, precompiled_charsmap, add_space_prefix,
+ * remove_extra_whitespaces, eos/padding/unknown_token_id), as city96's T5 encoder GGUFs
+ * hold it. It behaves as the T5Tokenizer of the folder the file was converted from: control
+ * and unknown pieces and user-defined ones are added tokens, and when no piece is
+ * <extra_id_0> the first 100 [PADn] rows are the extra ids (the last one <extra_id_0>).
+ * model_max_length is the file's <architecture>.context_length. Fails with DF_E_FORMAT
+ * naming the file and key for malformed metadata (a missing or mistyped key, arrays whose
+ * lengths disagree, a type or token id out of range, what df_tokenizer_load refuses in a
+ * spiece.model), DF_E_UNSUPPORTED for another tokenizer.ggml.model.
+ */
+DF_API df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out);
+
+/* The same from an open GGUF, which may be freed afterwards. */
+DF_API df_status df_tokenizer_from_gguf(const df_gguf *g, df_tokenizer **out);
 
 /* Which kind of tokenizer this is. */
 DF_API df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok);

@@ -48,6 +48,7 @@ typedef struct gg_kv {
     const uint8_t *arr;    /* a numeric array's first element in the mapping */
     char *arr_strings;     /* a string array's elements, each NUL-terminated */
     uint64_t *arr_offsets; /* ... and where each begins in arr_strings */
+    size_t arr_strings_end; /* where the last one's NUL ends */
 } gg_kv;
 
 typedef struct gg_tensor {
@@ -278,6 +279,7 @@ static df_status read_array(cursor *c, gg_kv *kv)
         c->p += 8 + n;
         c->left -= 8 + (size_t)n;
     }
+    kv->arr_strings_end = at;
     return DF_OK;
 }
 
@@ -777,6 +779,17 @@ df_status df_gguf_get_array_string(const df_gguf *g, const char *key, uint64_t i
     const gg_kv *kv;
     DF_TRY(array_elem(g, key, i, true, &kv));
     *out = kv->arr_strings + kv->arr_offsets[i];
+    return DF_OK;
+}
+
+df_status df_gguf_get_array_bytes(const df_gguf *g, const char *key, uint64_t i,
+                                  const char **out, size_t *len)
+{
+    const gg_kv *kv;
+    DF_TRY(array_elem(g, key, i, true, &kv));
+    uint64_t end = i + 1 < kv->count ? kv->arr_offsets[i + 1] : kv->arr_strings_end;
+    *out = kv->arr_strings + kv->arr_offsets[i];
+    *len = (size_t)(end - kv->arr_offsets[i] - 1);
     return DF_OK;
 }
 

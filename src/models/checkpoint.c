@@ -182,6 +182,10 @@ df_status df_checkpoint_recognise(const char *path, df_checkpoint_parts *out)
     if (s == DF_OK) {
         df_checkpoint_recognise_keys(keys, (int)n, out);
         out->gguf_tokenizer = g && df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
+        const char *model = NULL;
+        out->gguf_tokenizer_t5 = out->gguf_tokenizer &&
+                                 df_gguf_get_string(g, "tokenizer.ggml.model", &model) == DF_OK &&
+                                 strcmp(model, "t5") == 0;
     }
     df_free(keys);
     df_gguf_free(g);
@@ -233,7 +237,10 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
             any = true;
         }
     add(out, cap, any ? "\n" : " nothing diffuse recognises\n");
-    if (c.gguf_tokenizer)
+    if (c.gguf_tokenizer_t5)
+        add(out, cap, "tokenizer: llama.cpp's T5 (tokenizer.ggml.*), used when the folder "
+                      "(--config DIR or -m DIR) has no T5 tokenizer\n");
+    else if (c.gguf_tokenizer)
         add(out, cap, "tokenizer: llama.cpp's (tokenizer.ggml.*), not read: diffuse reads "
                       "tokenizers from a diffusers folder (--config DIR or -m DIR)\n");
     if (*c.shipped)

@@ -38,6 +38,7 @@ typedef struct df_checkpoint_parts {
     bool vae_diffusers;  /* the VAE is in diffusers' names, not LDM's */
     bool t5_llamacpp;    /* the T5 is in llama.cpp's names (enc.blk.N.attn_q, ...) */
     bool gguf_tokenizer; /* a GGUF carrying llama.cpp's tokenizer (tokenizer.ggml.model) */
+    bool gguf_tokenizer_t5; /* ... and it is T5's ("t5"), which diffuse reads */
     bool vae_flux2;      /* the VAE is AutoencoderKLFlux2 (it holds the latent batch norm) */
     bool qwen3, mistral; /* FLUX.2 klein's / dev's text encoder (transformers' names) */
     char transformer_prefix[64]; /* "", "model.diffusion_model." */

@@ -147,9 +147,12 @@ df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_ind
 {
     char dir[DF_PATH_MAX];
     df_status s = df_pipeline_component_dir(p, idx, name, dir, sizeof dir);
-    if (s == DF_OK && (s = df_tokenizer_load(dir, out)) != DF_OK)
+    bool absent = s != DF_OK; /* no such component: the folder cannot hold it */
+    if (s == DF_OK && (s = df_tokenizer_load(dir, out)) != DF_OK) {
+        absent = s == DF_E_IO; /* no tokenizer files (a broken one is reported as it is) */
         s = df_error_context(s, "%s", dir);
-    if (s == DF_OK || !t5_file || !df_str_ends_with(t5_file, ".gguf"))
+    }
+    if (s == DF_OK || !absent || !t5_file || !df_str_ends_with(t5_file, ".gguf"))
         return s;
     char why[512];
     snprintf(why, sizeof why, "%s", df_error_message());
@@ -159,11 +162,12 @@ df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_ind
     df_gguf_free(g);
     if (!carries)
         return df_errorf(s, "%s", why);
-    return df_errorf(DF_E_UNSUPPORTED,
-                     "%s; the T5 file %s carries llama.cpp's tokenizer (tokenizer.ggml.*), "
-                     "which diffuse does not read: give a diffusers folder with %s/ "
-                     "(spiece.model) as --config DIR or -m DIR",
-                     why, t5_file, name);
+    s = df_tokenizer_load_gguf(t5_file, out);
+    if (s != DF_OK)
+        return df_error_context(s, "%s; the T5 file's own tokenizer (tokenizer.ggml.*)", why);
+    df_logf(1, "%s: the T5 file's tokenizer (llama.cpp's tokenizer.ggml.*) from %s; the folder "
+            "has none", name, t5_file);
+    return DF_OK;
 }
 
 bool df_pipeline_lead(const df_pipeline *p)

@@ -71,6 +71,8 @@ typedef struct raw_piece {
     int32_t type;
 } raw_piece;
 
+/* parse_state.raw holds pieces as parsed or as df_t5_unigram_create_from_pieces gets them. */
+
 typedef struct parse_state {
     df_t5_unigram *m;
     raw_piece *raw;
@@ -347,6 +349,44 @@ df_status df_t5_unigram_create(const void *data, size_t len, const char *name, d
     if (s == DF_OK)
         s = add_charsmap(&ps);
     df_free(ps.raw);
+    if (s != DF_OK) {
+        df_t5_unigram_free(m);
+        return s;
+    }
+    *out = m;
+    return DF_OK;
+}
+
+df_status df_t5_unigram_create_from_pieces(const df_sp_piece *pieces, size_t n,
+                                           const void *charsmap, size_t charsmap_len,
+                                           bool add_dummy_prefix, bool remove_extra_ws,
+                                           const char *name, df_t5_unigram **out)
+{
+    *out = NULL;
+    df_t5_unigram *m = df_calloc(1, sizeof *m);
+    raw_piece *raw = df_malloc((n ? n : 1) * sizeof *raw);
+    if (!m || !raw || !(m->name = df_strdup(name ? name : "tokenizer"))) {
+        df_free(m);
+        df_free(raw);
+        return df_errorf(DF_E_OOM, "%s: out of memory", name ? name : "tokenizer");
+    }
+    m->add_dummy_prefix = add_dummy_prefix;
+    m->remove_extra_ws = remove_extra_ws;
+    m->escape_ws = true;
+    df_str_map_init(&m->pieces);
+    df_str_map_init(&m->reserved);
+    df_str_map_init(&m->prefixes);
+    for (size_t i = 0; i < n; i++) {
+        raw[i] = (raw_piece){(const uint8_t *)pieces[i].str, pieces[i].len, pieces[i].score,
+                             pieces[i].type};
+        m->byte_fallback |= pieces[i].type == DF_SP_BYTE;
+    }
+    parse_state ps = {.m = m, .raw = raw, .nraw = n, .raw_cap = n,
+                      .charsmap = charsmap, .charsmap_len = charsmap_len, .model_type = 1};
+    df_status s = add_pieces(&ps);
+    if (s == DF_OK)
+        s = add_charsmap(&ps);
+    df_free(raw);
     if (s != DF_OK) {
         df_t5_unigram_free(m);
         return s;

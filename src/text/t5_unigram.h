@@ -35,6 +35,23 @@ typedef enum df_sp_type {
  * for model types other than unigram. *out is owned by the caller. */
 df_status df_t5_unigram_create(const void *data, size_t len, const char *name, df_t5_unigram **out);
 
+/* One piece as a vocabulary lists it: bytes (not NUL-terminated), score, type. */
+typedef struct df_sp_piece {
+    const char *str;
+    size_t len;
+    float score;
+    int32_t type; /* df_sp_type */
+} df_sp_piece;
+
+/* Builds the same model from arrays, as llama.cpp's GGUF metadata holds it (the pieces,
+ * the normalizer's precompiled_charsmap, which may be empty, and its two flags; spaces
+ * are always escaped, and byte_fallback holds when a piece has type DF_SP_BYTE). The
+ * checks and messages are df_t5_unigram_create's; `name` prefixes them. */
+df_status df_t5_unigram_create_from_pieces(const df_sp_piece *pieces, size_t n,
+                                           const void *charsmap, size_t charsmap_len,
+                                           bool add_dummy_prefix, bool remove_extra_ws,
+                                           const char *name, df_t5_unigram **out);
+
 /* Reads a spiece.model file. */
 df_status df_t5_unigram_load(const char *path, df_t5_unigram **out);
 

@@ -29,6 +29,7 @@
  * Where transformers would only log an error (truncation that cannot fit the special
  * tokens), we return DF_E_ARG instead.
  */
+#include <diffuse/gguf.h>
 #include <diffuse/json.h>
 #include <diffuse/tokenizer.h>
 
@@ -526,6 +527,261 @@ df_status df_tokenizer_load(const char *dir, df_tokenizer **out)
     }
     *out = t;
     return DF_OK;
+}
+
+/* ---- llama.cpp's tokenizer in a GGUF (tokenizer.ggml.*) ------------------------------------ */
+
+#define GGML_KEY(k) "tokenizer.ggml." k
+
+static const char *gguf_type_name(df_gguf_value_type t)
+{
+    static const char *const names[] = {"uint8",  "int8",   "uint16", "int16", "uint32",
+                                        "int32",  "float32", "bool",  "string", "array",
+                                        "uint64", "int64",  "float64"};
+    return (unsigned)t < sizeof names / sizeof *names ? names[t] : "unknown";
+}
+
+static bool gguf_type_is_int(df_gguf_value_type t)
+{
+    return t <= DF_GGUF_INT32 || t == DF_GGUF_UINT64 || t == DF_GGUF_INT64;
+}
+
+/* The array `key` holds: *count elements, each of a type `ok` accepts. Absent: *count = 0
+ * when `optional`, else DF_E_FORMAT. */
+static df_status gguf_array(const df_gguf *g, const char *key, bool (*ok)(df_gguf_value_type),
+                            const char *expected, bool optional, uint64_t *count)
+{
+    *count = 0;
+    int64_t i = df_gguf_kv_find(g, key);
+    if (i < 0)
+        return optional ? DF_OK
+                        : df_errorf(DF_E_FORMAT, "%s: key '%s' is missing", df_gguf_path(g), key);
+    df_gguf_value_type type, elem = DF_GGUF_UINT8;
+    uint64_t n = 0;
+    df_gguf_kv_key(g, i, &type, &elem, &n);
+    if (type != DF_GGUF_ARRAY || !ok(elem))
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': expected an array of %s, found %s%s",
+                         df_gguf_path(g), key, expected,
+                         type == DF_GGUF_ARRAY ? "an array of " : "",
+                         gguf_type_name(type == DF_GGUF_ARRAY ? elem : type));
+    *count = n;
+    return DF_OK;
+}
+
+static bool is_string(df_gguf_value_type t) { return t == DF_GGUF_STRING; }
+static bool is_float(df_gguf_value_type t) { return t == DF_GGUF_FLOAT32 || t == DF_GGUF_FLOAT64; }
+static bool is_byte(df_gguf_value_type t) { return t == DF_GGUF_UINT8; }
+
+/* A boolean key, `def` when absent. */
+static df_status gguf_bool(const df_gguf *g, const char *key, bool def, bool *out)
+{
+    *out = def;
+    int64_t i = df_gguf_kv_find(g, key);
+    if (i < 0)
+        return DF_OK;
+    df_gguf_value_type type;
+    df_gguf_kv_key(g, i, &type, NULL, NULL);
+    int64_t v = 0;
+    if (type != DF_GGUF_BOOL || df_gguf_get_int(g, key, &v) != DF_OK)
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': expected a bool, found %s", df_gguf_path(g),
+                         key, gguf_type_name(type));
+    *out = v != 0;
+    return DF_OK;
+}
+
+/* A token id key: an integer in [0, n); -1 when absent and `optional`. */
+static df_status gguf_token_id(const df_gguf *g, const char *key, uint64_t n, bool optional,
+                               int64_t *out)
+{
+    *out = -1;
+    int64_t i = df_gguf_kv_find(g, key);
+    if (i < 0)
+        return optional ? DF_OK
+                        : df_errorf(DF_E_FORMAT, "%s: key '%s' is missing", df_gguf_path(g), key);
+    df_gguf_value_type type;
+    df_gguf_kv_key(g, i, &type, NULL, NULL);
+    int64_t v = -1;
+    if (!gguf_type_is_int(type) || df_gguf_get_int(g, key, &v) != DF_OK)
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': expected a token id (an integer), found %s",
+                         df_gguf_path(g), key, gguf_type_name(type));
+    if (v < 0 || (uint64_t)v >= n)
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': token id %lld is outside the %llu tokens",
+                         df_gguf_path(g), key, (long long)v, (unsigned long long)n);
+    *out = v;
+    return DF_OK;
+}
+
+/* "[PAD123]": the rows llama.cpp's converter pads the vocabulary with. */
+static bool is_placeholder(const char *s)
+{
+    size_t len = strlen(s);
+    if (len < 6 || memcmp(s, "[PAD", 4) != 0 || s[len - 1] != ']')
+        return false;
+    for (size_t k = 4; k + 1 < len; k++)
+        if (s[k] < '0' || s[k] > '9')
+            return false;
+    return true;
+}
+
+/* The pieces, the normalizer and the model. */
+static df_status gguf_t5_model(df_tokenizer *t, const df_gguf *g, uint64_t *out_n)
+{
+    const char *path = df_gguf_path(g);
+    uint64_t n, nscores, ntypes, ncharsmap;
+    DF_TRY(gguf_array(g, GGML_KEY("tokens"), is_string, "strings", false, &n));
+    DF_TRY(gguf_array(g, GGML_KEY("scores"), is_float, "float32", false, &nscores));
+    DF_TRY(gguf_array(g, GGML_KEY("token_type"), gguf_type_is_int, "integers", false, &ntypes));
+    DF_TRY(gguf_array(g, GGML_KEY("precompiled_charsmap"), is_byte, "uint8", true, &ncharsmap));
+    if (n == 0 || n > INT32_MAX / 2)
+        return df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("tokens") "': %llu tokens; expected "
+                         "1 to 2^30", path, (unsigned long long)n);
+    if (nscores != n || ntypes != n)
+        return df_errorf(DF_E_FORMAT, "%s: key '%s': %llu values for %llu tokens", path,
+                         nscores != n ? GGML_KEY("scores") : GGML_KEY("token_type"),
+                         (unsigned long long)(nscores != n ? nscores : ntypes),
+                         (unsigned long long)n);
+    bool prefix, remove_ws;
+    DF_TRY(gguf_bool(g, GGML_KEY("add_space_prefix"), true, &prefix));
+    DF_TRY(gguf_bool(g, GGML_KEY("remove_extra_whitespaces"), true, &remove_ws));
+
+    df_sp_piece *pieces = df_malloc(n * sizeof *pieces);
+    uint8_t *charsmap = df_malloc(ncharsmap ? ncharsmap : 1);
+    df_status s = pieces && charsmap ? DF_OK : df_errorf(DF_E_OOM, "%s: out of memory", path);
+    for (uint64_t i = 0; s == DF_OK && i < n; i++) {
+        const char *str = NULL;
+        size_t len = 0;
+        double score = 0, type = 0;
+        s = df_gguf_get_array_bytes(g, GGML_KEY("tokens"), i, &str, &len);
+        if (s == DF_OK && memchr(str, 0, len))
+            s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("tokens") "': token %llu holds a NUL "
+                          "byte", path, (unsigned long long)i);
+        if (s == DF_OK)
+            s = df_gguf_get_array_number(g, GGML_KEY("scores"), i, &score);
+        if (s == DF_OK)
+            s = df_gguf_get_array_number(g, GGML_KEY("token_type"), i, &type);
+        if (s == DF_OK && (type < DF_SP_NORMAL || type > DF_SP_BYTE))
+            s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("token_type") "': token %llu has type "
+                          "%g; expected 1 (normal) to 6 (byte)", path, (unsigned long long)i, type);
+        if (s == DF_OK)
+            pieces[i] = (df_sp_piece){str, len, (float)score, (int32_t)type};
+    }
+    for (uint64_t i = 0; s == DF_OK && i < ncharsmap; i++) {
+        double b = 0;
+        s = df_gguf_get_array_number(g, GGML_KEY("precompiled_charsmap"), i, &b);
+        if (s == DF_OK)
+            charsmap[i] = (uint8_t)b;
+    }
+    /* sentencepiece's layout: a little-endian trie size, the trie, the replacements. */
+    uint64_t trie = ncharsmap > 4 ? (uint64_t)charsmap[0] | (uint64_t)charsmap[1] << 8 |
+                                        (uint64_t)charsmap[2] << 16 | (uint64_t)charsmap[3] << 24
+                                  : 0;
+    if (s == DF_OK && ncharsmap > 0 && (ncharsmap <= 4 || trie > ncharsmap - 4))
+        s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("precompiled_charsmap") "': %llu bytes "
+                      "do not hold the trie they announce (%llu bytes after the first 4)", path,
+                      (unsigned long long)ncharsmap, (unsigned long long)trie);
+    char name[4200];
+    snprintf(name, sizeof name, "%s: key '" GGML_KEY("tokens") "'", path);
+    if (s == DF_OK)
+        s = df_t5_unigram_create_from_pieces(pieces, n, charsmap, ncharsmap, prefix, remove_ws,
+                                             name, &t->t5);
+    df_free(pieces);
+    df_free(charsmap);
+    *out_n = n;
+    return s;
+}
+
+/* The added tokens T5Tokenizer has over this vocabulary: control and unknown pieces
+ * (<pad>, </s>, <unk>), user-defined ones (added_tokens.json's, which llama.cpp's converter
+ * writes so) and, when no piece is <extra_id_0>, the extra ids in the first 100 [PADn]
+ * rows, the last id being <extra_id_0> (transformers' GGUF conversion names them so). The
+ * extra ids strip whitespace on both sides, as T5Tokenizer makes them. */
+static df_status gguf_t5_added(df_tokenizer *t, uint64_t n)
+{
+    bool named = df_t5_unigram_piece_to_id(t->t5, "<extra_id_0>", 12) !=
+                 df_t5_unigram_unk_id(t->t5);
+    int64_t blanks[100];
+    int nblanks = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const char *piece = df_t5_unigram_piece(t->t5, (int64_t)i);
+        df_sp_type type = df_t5_unigram_piece_type(t->t5, (int32_t)i);
+        bool extra = strncmp(piece, "<extra_id_", 10) == 0;
+        if (type == DF_SP_CONTROL || type == DF_SP_UNKNOWN || type == DF_SP_USER_DEFINED)
+            DF_TRY(add_token(t, piece, (int64_t)i, extra, extra));
+        else if (!named && type == DF_SP_UNUSED && nblanks < 100 && is_placeholder(piece))
+            blanks[nblanks++] = (int64_t)i;
+    }
+    for (int k = 0; k < nblanks; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "<extra_id_%d>", nblanks - 1 - k);
+        DF_TRY(add_token(t, name, blanks[k], true, true));
+    }
+    return rebuild_added_map(t);
+}
+
+df_status df_tokenizer_from_gguf(const df_gguf *g, df_tokenizer **out)
+{
+    *out = NULL;
+    if (!g)
+        return df_errorf(DF_E_ARG, "df_tokenizer_from_gguf: g is NULL");
+    const char *path = df_gguf_path(g);
+    df_tokenizer *t = df_calloc(1, sizeof *t);
+    if (!t)
+        return df_errorf(DF_E_OOM, "%s: out of memory", path);
+    df_str_map_init(&t->added_map);
+    t->type = DF_TOKENIZER_T5_UNIGRAM;
+    t->bos_id = -1;
+    const char *model = NULL;
+    df_status s = df_gguf_kv_find(g, GGML_KEY("model")) < 0
+                      ? df_errorf(DF_E_FORMAT, "%s: no tokenizer (no key '" GGML_KEY("model")
+                                  "')", path)
+                      : df_gguf_get_string(g, GGML_KEY("model"), &model);
+    if (s == DF_OK && strcmp(model, "t5") != 0)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: key '" GGML_KEY("model") "' is '%.32s'; diffuse "
+                      "reads only llama.cpp's T5 tokenizer ('t5') from a GGUF", path, model);
+    uint64_t n = 0;
+    if (s == DF_OK)
+        s = gguf_t5_model(t, g, &n);
+    if (s == DF_OK)
+        s = gguf_t5_added(t, n);
+    if (s == DF_OK)
+        s = gguf_token_id(g, GGML_KEY("eos_token_id"), n, false, &t->eos_id);
+    if (s == DF_OK)
+        s = gguf_token_id(g, GGML_KEY("padding_token_id"), n, true, &t->pad_id);
+    if (s == DF_OK)
+        s = gguf_token_id(g, GGML_KEY("unknown_token_id"), n, true, &t->unk_id);
+    if (s == DF_OK && t->unk_id < 0)
+        t->unk_id = df_t5_unigram_unk_id(t->t5);
+    if (s == DF_OK && t->pad_id < 0)
+        t->pad_id = special_id(t, "<pad>");
+    if (s == DF_OK) { /* the encoder's context (llama.cpp writes T5's n_positions there) */
+        const char *arch = NULL;
+        char key[160];
+        int64_t ctx = 0;
+        if (df_gguf_kv_find(g, "general.architecture") >= 0 &&
+            df_gguf_get_string(g, "general.architecture", &arch) == DF_OK &&
+            snprintf(key, sizeof key, "%.100s.context_length", arch) > 0 &&
+            df_gguf_kv_find(g, key) >= 0 && df_gguf_get_int(g, key, &ctx) == DF_OK && ctx > 0)
+            t->model_max_length = ctx;
+        t->vocab_size = (int64_t)n;
+    }
+    if (s != DF_OK) {
+        df_tokenizer_free(t);
+        return s;
+    }
+    *out = t;
+    return DF_OK;
+}
+
+df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out)
+{
+    *out = NULL;
+    if (!path)
+        return df_errorf(DF_E_ARG, "df_tokenizer_load_gguf: path is NULL");
+    df_gguf *g;
+    DF_TRY(df_gguf_open(path, &g));
+    df_status s = df_tokenizer_from_gguf(g, out);
+    df_gguf_free(g);
+    return s;
 }
 
 void df_tokenizer_free(df_tokenizer *tok)

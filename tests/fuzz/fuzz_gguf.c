@@ -5,12 +5,16 @@
  * by name, every readable tensor up to 1 MB of f32 is read whole and by its last row (to
  * f32 and to bf16), and every metadata key is read through each getter, so that a header
  * the validator wrongly accepts shows up as an out-of-bounds read under AddressSanitizer.
+ * A file carrying llama.cpp's tokenizer metadata also builds the T5 tokenizer and encodes a
+ * prompt with it.
  */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <diffuse/gguf.h>
+#include <diffuse/tokenizer.h>
 
 static void exercise(const df_gguf *g)
 {
@@ -46,6 +50,9 @@ static void exercise(const df_gguf *g)
         df_gguf_get_string(g, key, &s);
         if (type == DF_GGUF_ARRAY && count > 0) {
             df_gguf_get_array_string(g, key, count - 1, &s);
+            size_t len;
+            if (df_gguf_get_array_bytes(g, key, 0, &s, &len) == DF_OK && (s[len] || strlen(s) > len))
+                abort(); /* the length must end at the NUL that follows the bytes */
             df_gguf_get_array_number(g, key, count - 1, &d);
         }
     }
@@ -56,6 +63,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     df_gguf *g;
     if (df_gguf_open_memory(data, size, "fuzz.gguf", &g) == DF_OK) {
         exercise(g);
+        df_tokenizer *t;
+        if (df_tokenizer_from_gguf(g, &t) == DF_OK) {
+            static const char prompt[] = "a <extra_id_0> photo </s> of \xC3\xA9 \xEF\xBC\xA6";
+            df_tokens tk;
+            df_tokenize_opts o = {.max_length = 16, .pad = true, .truncate = true};
+            if (df_tokenizer_encode(t, prompt, sizeof prompt - 1, NULL, &tk) == DF_OK)
+                df_tokens_deinit(&tk);
+            if (df_tokenizer_encode(t, prompt, sizeof prompt - 1, &o, &tk) == DF_OK)
+                df_tokens_deinit(&tk);
+            df_tokenizer_free(t);
+        }
         df_gguf_free(g);
     }
     return 0;

@@ -1,7 +1,9 @@
 /*
  * GGUF reader: hand-made files (good ones, and one hostile file per check), the file the
  * `gguf` package writes in tests/cases/gguf-dequant (its metadata of every type), and
- * dequantisation of every supported type against gguf.quants.dequantize.
+ * dequantisation of every supported type against gguf.quants.dequantize. Then llama.cpp's
+ * T5 tokenizer metadata (tokenizer.ggml.*) read by df_tokenizer_load_gguf: a hand-made
+ * vocabulary, and one broken key at a time.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,11 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
 #include <diffuse/gguf.h>
 #include <diffuse/safetensors.h>
+#include <diffuse/tokenizer.h>
 
 #include "core/alloc.h"
 #include "core/quant_blocks.h"
@@ -327,6 +331,14 @@ static void test_metadata_of_every_type(void **state)
     assert_int_equal(df_gguf_get_array_string(g, "test.strs", 1, &s), DF_OK);
     assert_string_equal(s, "");
     assert_int_equal(df_gguf_get_array_string(g, "test.strs", 3, &s), DF_E_ARG);
+    size_t len = 9;
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 2, &s, &len), DF_OK);
+    assert_int_equal(len, 3); /* the last element: its length from the end of the strings */
+    assert_memory_equal(s, "ccc", 4);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 1, &s, &len), DF_OK);
+    assert_int_equal(len, 0);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.strs", 3, &s, &len), DF_E_ARG);
+    assert_int_equal(df_gguf_get_array_bytes(g, "test.ints", 0, &s, &len), DF_E_FORMAT);
     assert_int_equal(df_gguf_get_array_number(g, "test.ints", 1, &d), DF_OK);
     assert_true(d == -2);
     assert_int_equal(df_gguf_get_int(g, "test.str", &i), DF_E_FORMAT);
@@ -412,6 +424,208 @@ static void test_out_of_memory(void **state)
     assert_int_equal(df_alloc_live(), live);
 }
 
+/* ---- llama.cpp's T5 tokenizer metadata -------------------------------------------------- */
+
+/* What tok_file breaks: one key at a time. */
+typedef enum tok_break {
+    TB_NONE, TB_TOKENS_NOT_STRINGS, TB_SCORES_SHORT, TB_TYPE_OUT_OF_RANGE, TB_EOS_OUT_OF_RANGE,
+    TB_EOS_STRING, TB_MODEL_LLAMA, TB_PREFIX_NOT_BOOL, TB_CHARSMAP_STRINGS, TB_NO_TYPES,
+    TB_DUPLICATE, TB_NO_UNKNOWN, TB_CHARSMAP_SHORT, TB_CHARSMAP_TRIE, TB_NO_EOS,
+    TB_PAD_NEGATIVE, TB_TOKEN_NUL,
+} tok_break;
+
+#define TOK_N 9
+static const char *const tok_pieces[TOK_N] = {"<pad>", "</s>", "<unk>", "\xe2\x96\x81\x61", "a",
+                                              "b", "\xe2\x96\x81", "[PAD1]", "[PAD2]"};
+
+static void kv_str(buf *f, const char *key, const char *v)
+{
+    str(f, key);
+    u32(f, DF_GGUF_STRING);
+    str(f, v);
+}
+
+static void kv_u32(buf *f, const char *key, uint32_t v)
+{
+    str(f, key);
+    u32(f, DF_GGUF_UINT32);
+    u32(f, v);
+}
+
+static void array_head(buf *f, const char *key, df_gguf_value_type elem, uint64_t n)
+{
+    str(f, key);
+    u32(f, DF_GGUF_ARRAY);
+    u32(f, elem);
+    u64(f, n);
+}
+
+/* A GGUF with no tensors holding a 9-piece T5 vocabulary as llama.cpp writes one (no
+ * charsmap: no normalisation), broken as `b` says. */
+static void tok_file(buf *f, tok_break b)
+{
+    int nkv = 10;
+    header(f, 3, 0, (uint64_t)(nkv - (b == TB_NO_TYPES) - (b == TB_NO_EOS) +
+                               (b == TB_CHARSMAP_STRINGS || b == TB_CHARSMAP_SHORT ||
+                                b == TB_CHARSMAP_TRIE)));
+    kv_str(f, "general.architecture", "t5encoder");
+    kv_u32(f, "t5encoder.context_length", 8);
+    kv_str(f, "tokenizer.ggml.model", b == TB_MODEL_LLAMA ? "llama" : "t5");
+    if (b == TB_TOKENS_NOT_STRINGS) {
+        array_head(f, "tokenizer.ggml.tokens", DF_GGUF_INT32, TOK_N);
+        for (int i = 0; i < TOK_N; i++)
+            u32(f, (uint32_t)i);
+    } else {
+        array_head(f, "tokenizer.ggml.tokens", DF_GGUF_STRING, TOK_N);
+        for (int i = 0; i < TOK_N; i++)
+            if (b == TB_TOKEN_NUL && i == 5) { /* "b\0a": a NUL inside a token */
+                u64(f, 3);
+                put(f, "b\0a", 3);
+            } else {
+                str(f, b == TB_DUPLICATE && i == 5 ? "a" : tok_pieces[i]);
+            }
+    }
+    static const float scores[TOK_N] = {0, 0, 0, -1, -2, -2, -3, -1000, -1000};
+    int nscores = b == TB_SCORES_SHORT ? TOK_N - 1 : TOK_N;
+    array_head(f, "tokenizer.ggml.scores", DF_GGUF_FLOAT32, (uint64_t)nscores);
+    for (int i = 0; i < nscores; i++) {
+        uint32_t bits;
+        memcpy(&bits, &scores[i], 4);
+        u32(f, bits);
+    }
+    if (b != TB_NO_TYPES) {
+        static const int32_t types[TOK_N] = {3, 3, 2, 1, 1, 1, 1, 5, 5};
+        array_head(f, "tokenizer.ggml.token_type", DF_GGUF_INT32, TOK_N);
+        for (int i = 0; i < TOK_N; i++)
+            u32(f, (uint32_t)(b == TB_TYPE_OUT_OF_RANGE && i == 4 ? 9
+                              : b == TB_NO_UNKNOWN && i == 2   ? 1
+                                                               : types[i]));
+    }
+    if (b == TB_PREFIX_NOT_BOOL) {
+        str(f, "tokenizer.ggml.add_space_prefix");
+        u32(f, DF_GGUF_UINT8);
+        put(f, "\x01", 1);
+    } else {
+        str(f, "tokenizer.ggml.add_space_prefix");
+        u32(f, DF_GGUF_BOOL);
+        put(f, "\x01", 1);
+    }
+    if (b == TB_CHARSMAP_STRINGS) {
+        array_head(f, "tokenizer.ggml.precompiled_charsmap", DF_GGUF_STRING, 1);
+        str(f, "x");
+    } else if (b == TB_CHARSMAP_SHORT) {
+        array_head(f, "tokenizer.ggml.precompiled_charsmap", DF_GGUF_UINT8, 3);
+        put(f, "\x01\x02\x03", 3);
+    } else if (b == TB_CHARSMAP_TRIE) { /* announces 3 trie bytes where 2 follow */
+        array_head(f, "tokenizer.ggml.precompiled_charsmap", DF_GGUF_UINT8, 6);
+        put(f, "\x03\x00\x00\x00\x00\x00", 6);
+    }
+    if (b == TB_EOS_STRING)
+        kv_str(f, "tokenizer.ggml.eos_token_id", "</s>");
+    else if (b != TB_NO_EOS)
+        kv_u32(f, "tokenizer.ggml.eos_token_id", b == TB_EOS_OUT_OF_RANGE ? 99 : 1);
+    str(f, "tokenizer.ggml.padding_token_id");
+    u32(f, DF_GGUF_INT32);
+    u32(f, b == TB_PAD_NEGATIVE ? 0xffffffffu : 0);
+    kv_u32(f, "tokenizer.ggml.unknown_token_id", 2);
+    data(f, 32, 0);
+}
+
+static const char *tok_path(void)
+{
+    static char path[1024];
+    mkdir(DF_TEST_TMP, 0755);
+    snprintf(path, sizeof path, "%s/gguf-tokenizer.gguf", DF_TEST_TMP);
+    return path;
+}
+
+static df_status load_tok_file(tok_break b, df_tokenizer **t)
+{
+    buf f;
+    tok_file(&f, b);
+    FILE *fp = fopen(tok_path(), "wb");
+    assert_non_null(fp);
+    assert_int_equal(fwrite(f.b, 1, f.n, fp), f.n);
+    assert_int_equal(fclose(fp), 0);
+    *t = (df_tokenizer *)1; /* must come back NULL on failure */
+    return df_tokenizer_load_gguf(tok_path(), t);
+}
+
+static void test_t5_tokenizer_from_metadata(void **state)
+{
+    (void)state;
+    df_tokenizer *t;
+    if (load_tok_file(TB_NONE, &t) != DF_OK)
+        fail_msg("%s", df_error_message());
+    df_tokenizer_info info;
+    df_tokenizer_get_info(t, &info);
+    assert_int_equal(info.type, DF_TOKENIZER_T5_UNIGRAM);
+    assert_int_equal(info.vocab_size, TOK_N);
+    assert_int_equal(info.eos_id, 1);
+    assert_int_equal(info.pad_id, 0);
+    assert_int_equal(info.unk_id, 2);
+    assert_int_equal(info.bos_id, -1);
+    assert_int_equal(info.model_max_length, 8); /* t5encoder.context_length */
+    /* "a b" -> "\u2581a\u2581b": "\u2581a" (-1) beats "\u2581" + "a" (-5); no "\u2581b".
+     * The two [PADn] rows are the extra ids, the last one <extra_id_0>; </s> is special. */
+    static const char text[] = "a b<extra_id_0> <extra_id_1></s>";
+    static const int64_t want[] = {3, 6, 5, 8, 7, 1, 0, 0};
+    df_tokens tk;
+    df_tokenize_opts o = {.pad = true, .truncate = true}; /* to model_max_length */
+    assert_int_equal(df_tokenizer_encode(t, text, strlen(text), &o, &tk), DF_OK);
+    assert_int_equal(tk.count, 8);
+    assert_memory_equal(tk.ids, want, sizeof want);
+    df_tokens_deinit(&tk);
+    df_tokenizer_free(t);
+}
+
+static void test_t5_tokenizer_metadata_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        tok_break b;
+        df_status want;
+        const char *needle;
+    } cases[] = {
+        {TB_TOKENS_NOT_STRINGS, DF_E_FORMAT,
+         "key 'tokenizer.ggml.tokens': expected an array of strings, found an array of int32"},
+        {TB_SCORES_SHORT, DF_E_FORMAT, "key 'tokenizer.ggml.scores': 8 values for 9 tokens"},
+        {TB_TYPE_OUT_OF_RANGE, DF_E_FORMAT,
+         "key 'tokenizer.ggml.token_type': token 4 has type 9; expected 1 (normal) to 6"},
+        {TB_EOS_OUT_OF_RANGE, DF_E_FORMAT,
+         "key 'tokenizer.ggml.eos_token_id': token id 99 is outside the 9 tokens"},
+        {TB_EOS_STRING, DF_E_FORMAT,
+         "key 'tokenizer.ggml.eos_token_id': expected a token id (an integer), found string"},
+        {TB_NO_EOS, DF_E_FORMAT, "key 'tokenizer.ggml.eos_token_id' is missing"},
+        {TB_PAD_NEGATIVE, DF_E_FORMAT,
+         "key 'tokenizer.ggml.padding_token_id': token id -1 is outside the 9 tokens"},
+        {TB_MODEL_LLAMA, DF_E_UNSUPPORTED,
+         "key 'tokenizer.ggml.model' is 'llama'; diffuse reads only llama.cpp's T5 tokenizer"},
+        {TB_PREFIX_NOT_BOOL, DF_E_FORMAT,
+         "key 'tokenizer.ggml.add_space_prefix': expected a bool, found uint8"},
+        {TB_CHARSMAP_STRINGS, DF_E_FORMAT,
+         "key 'tokenizer.ggml.precompiled_charsmap': expected an array of uint8"},
+        {TB_CHARSMAP_SHORT, DF_E_FORMAT,
+         "key 'tokenizer.ggml.precompiled_charsmap': 3 bytes do not hold the trie"},
+        {TB_CHARSMAP_TRIE, DF_E_FORMAT,
+         "precompiled_charsmap': 6 bytes do not hold the trie they announce (3 bytes after"},
+        {TB_NO_TYPES, DF_E_FORMAT, "key 'tokenizer.ggml.token_type' is missing"},
+        {TB_TOKEN_NUL, DF_E_FORMAT, "key 'tokenizer.ggml.tokens': token 5 holds a NUL byte"},
+        {TB_DUPLICATE, DF_E_FORMAT, "key 'tokenizer.ggml.tokens': piece 5 'a' is already defined"},
+        {TB_NO_UNKNOWN, DF_E_FORMAT,
+         "key 'tokenizer.ggml.tokens': the model defines no unknown piece"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        df_tokenizer *t;
+        df_status s = load_tok_file(cases[i].b, &t);
+        if (s != cases[i].want || !strstr(df_error_message(), cases[i].needle) ||
+            !strstr(df_error_message(), tok_path()))
+            fail_msg("case %zu: status %d, message '%s'; wanted %d and '%s' naming the file", i,
+                     s, df_error_message(), cases[i].want, cases[i].needle);
+        assert_null(t);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +642,8 @@ int main(void)
         cmocka_unit_test(test_metadata_of_every_type),
         cmocka_unit_test(test_dequant_matches_gguf_package),
         cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_t5_tokenizer_from_metadata),
+        cmocka_unit_test(test_t5_tokenizer_metadata_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1079,6 +1079,22 @@ static df_status load_and_encode(void *arg)
     return s;
 }
 
+/* The same from a GGUF's tokenizer.ggml.* (arg: the file). */
+static df_status load_gguf_and_encode(void *arg)
+{
+    df_tokenizer *t;
+    df_status s = df_tokenizer_load_gguf((const char *)arg, &t);
+    if (s != DF_OK)
+        return s;
+    df_tokens tk;
+    df_tokenize_opts o = {.max_length = 20, .pad = true, .truncate = true};
+    const char *text = "Caf\xC3\xA9 \xE6\x9D\xB1 photo </s>!! <extra_id_0>";
+    s = df_tokenizer_encode(t, text, strlen(text), &o, &tk);
+    df_tokens_deinit(&tk);
+    df_tokenizer_free(t);
+    return s;
+}
+
 static void test_out_of_memory(void **state)
 {
     (void)state;
@@ -1087,6 +1103,9 @@ static void test_out_of_memory(void **state)
     oom_sweep(load_and_encode, dir);
     golden_dir(dir, sizeof dir, "tok-t5-512", "tokenizer_2");
     oom_sweep(load_and_encode, dir);
+    snprintf(dir, sizeof dir, "%s/../cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf",
+             DF_GOLDEN_DIR);
+    oom_sweep(load_gguf_and_encode, dir);
 }
 
 /* ---- golden cases ---------------------------------------------------------------------------- */
@@ -1112,7 +1131,9 @@ static int64_t i64_at(case_tensor t, int64_t i)
     return v;
 }
 
-static void check_golden(const char *case_name, const char *sub)
+/* The golden case's ids from tokenizer `t`, or from the case's folder `sub` when t is NULL
+ * (t is freed either way). */
+static void check_golden_with(const char *case_name, const char *sub, df_tokenizer *t)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s/case.json", DF_GOLDEN_DIR, case_name);
@@ -1135,7 +1156,8 @@ static void check_golden(const char *case_name, const char *sub)
     assert_int_equal(n, df_json_array_size(prompts));
     assert_int_equal(ids.numel, n * max_length);
 
-    df_tokenizer *t = golden_tokenizer(case_name, sub);
+    if (!t)
+        t = golden_tokenizer(case_name, sub);
     for (int64_t p = 0; p < n; p++) {
         const char *text = (const char *)utf8.data + i64_at(offs, p);
         size_t len = (size_t)(i64_at(offs, p + 1) - i64_at(offs, p));
@@ -1173,6 +1195,11 @@ static void check_golden(const char *case_name, const char *sub)
     df_tokenizer_free(t);
     df_safetensors_free(st);
     df_json_free(cj);
+}
+
+static void check_golden(const char *case_name, const char *sub)
+{
+    check_golden_with(case_name, sub, NULL);
 }
 
 static void test_golden_clip_l(void **state)
@@ -1214,6 +1241,77 @@ static void test_golden_t5(void **state)
     df_tokenizer_free(t);
 }
 
+/* ---- the T5 tokenizer a GGUF carries (llama.cpp's tokenizer.ggml.*) -------------------- */
+
+#define T5_GGUF DF_GOLDEN_DIR "/../cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf"
+
+static df_tokenizer *load_gguf(const char *path)
+{
+    df_tokenizer *t = NULL;
+    if (df_tokenizer_load_gguf(path, &t) != DF_OK)
+        fail_msg("loading %s: %s", path, df_error_message());
+    return t;
+}
+
+/* Both give the same ids and mask for `text`, unpadded and padded to max_length. */
+static void expect_same_ids(const df_tokenizer *a, const df_tokenizer *b, const char *text,
+                            int64_t max_length)
+{
+    df_tokenize_opts opts[2] = {{0}, {.max_length = max_length, .pad = true, .truncate = true}};
+    for (int k = 0; k < 2; k++) {
+        df_tokens x, y;
+        assert_int_equal(df_tokenizer_encode(a, text, strlen(text), &opts[k], &x), DF_OK);
+        assert_int_equal(df_tokenizer_encode(b, text, strlen(text), &opts[k], &y), DF_OK);
+        if (x.count != y.count || memcmp(x.ids, y.ids, (size_t)x.count * sizeof *x.ids) != 0 ||
+            memcmp(x.attention_mask, y.attention_mask, (size_t)x.count * sizeof *x.ids) != 0)
+            fail_msg("'%.60s' (max_length %lld): %lld ids from the folder, %lld from the GGUF, "
+                     "or the ids differ", text, (long long)opts[k].max_length,
+                     (long long)x.count, (long long)y.count);
+        df_tokens_deinit(&x);
+        df_tokens_deinit(&y);
+    }
+}
+
+/* The case's GGUF holds the golden pipeline's tokenizer_2 as llama.cpp's converter writes it:
+ * the tokenizer built from it gives the golden T5Tokenizer ids, and the folder's ids on the
+ * golden prompts and on special tokens, extra ids, spacing and normalisation. */
+static void test_t5_gguf_matches_folder(void **state)
+{
+    (void)state;
+    check_golden_with("tok-t5-512", "tokenizer_2", load_gguf(T5_GGUF));
+
+    char dir[1024];
+    golden_dir(dir, sizeof dir, "tok-t5-512", "tokenizer_2");
+    df_tokenizer *folder = load(dir), *file = load_gguf(T5_GGUF);
+    df_tokenizer_info fi, gi;
+    df_tokenizer_get_info(folder, &fi);
+    df_tokenizer_get_info(file, &gi);
+    assert_int_equal(gi.type, DF_TOKENIZER_T5_UNIGRAM);
+    assert_int_equal(gi.eos_id, fi.eos_id);
+    assert_int_equal(gi.pad_id, fi.pad_id);
+    assert_int_equal(gi.unk_id, fi.unk_id);
+    assert_int_equal(gi.bos_id, -1);
+    assert_int_equal(gi.model_max_length, fi.model_max_length);
+    assert_true(gi.vocab_size >= fi.vocab_size); /* the embedding's rows, [PADn] included */
+    for (int64_t id = 0; id < fi.vocab_size; id++) {
+        const char *a = df_tokenizer_id_to_piece(folder, id), *b = df_tokenizer_id_to_piece(file, id);
+        if (!a || !b || strcmp(a, b) != 0)
+            fail_msg("id %lld: '%s' in the folder, '%s' in the GGUF", (long long)id,
+                     a ? a : "(none)", b ? b : "(none)");
+    }
+    static const char *const prompts[] = {
+        "", "a photo of a cat", "cat <extra_id_0> dog", "cat<extra_id_0>dog<extra_id_99>",
+        "<pad></s><unk> x </s>", "a </s>", "  leading and   inner\tspaces  ",
+        "Ｆｕｌｌｗｉｄｔｈ ①②③ ﬁ ™ ½", "東京の夜景 and a 🐱 emoji", "<extra_id_100> [PAD1] <0x41>",
+        "Café crème brûlée, naïve façade — Ünïcödé", "\xe2\x80\x8bzero\xc2\xa0width"};
+    for (size_t i = 0; i < sizeof prompts / sizeof *prompts; i++) {
+        expect_same_ids(folder, file, prompts[i], 16);
+        expect_same_ids(folder, file, prompts[i], 512);
+    }
+    df_tokenizer_free(folder);
+    df_tokenizer_free(file);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1238,6 +1336,7 @@ int main(void)
         cmocka_unit_test(test_golden_clip_l),
         cmocka_unit_test(test_golden_clip_g),
         cmocka_unit_test(test_golden_t5),
+        cmocka_unit_test(test_t5_gguf_matches_folder),
         cmocka_unit_test(test_special_tokens_map_of_a_tokenizer_json_folder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -230,6 +230,72 @@ def to_llamacpp_t5(name):
     return f"enc.blk.{parts[2]}.{T5_BLOCK[inner]}.{parts[-1]}"
 
 
+def llamacpp_t5_vocab(w, tok_dir, vocab_size):
+    """llama.cpp's convert_hf_to_gguf.py T5EncoderModel.set_vocab: the sentencepiece
+    pieces with their scores and types, added_tokens.json's tokens as USER_DEFINED (score
+    -1000), [PAD1]... UNUSED rows up to the embedding's vocab_size, the normalizer_spec's
+    flags and charsmap, and gguf.SpecialVocab's special ids."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+    T = gguf.TokenType
+    path = os.path.join(tok_dir, "spiece.model")
+    proto = spm_pb2.ModelProto()
+    with open(path, "rb") as f:
+        proto.ParseFromString(f.read())
+    assert proto.trainer_spec.model_type == 1
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.LoadFromFile(path)
+    tokens = [f"[PAD{i}]".encode() for i in range(vocab_size)]
+    scores = [-10000.0] * vocab_size
+    types = [T.UNUSED] * vocab_size
+    for i in range(sp.vocab_size()):
+        t = T.NORMAL
+        if sp.IsUnknown(i):
+            t = T.UNKNOWN
+        elif sp.IsControl(i):
+            t = T.CONTROL
+        elif sp.IsUnused(i):
+            t = T.UNUSED
+        elif sp.IsByte(i):
+            t = T.BYTE
+        tokens[i], scores[i], types[i] = sp.IdToPiece(i).encode(), sp.GetScore(i), t
+    added = os.path.join(tok_dir, "added_tokens.json")
+    if os.path.isfile(added):
+        with open(added, encoding="utf-8") as f:
+            for key, i in json.load(f).items():
+                if i < vocab_size:
+                    tokens[i], scores[i], types[i] = key.encode(), -1000.0, T.USER_DEFINED
+    norm = proto.normalizer_spec
+    w.add_tokenizer_model("t5")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_add_space_prefix(norm.add_dummy_prefix)
+    w.add_remove_extra_whitespaces(norm.remove_extra_whitespaces)
+    if norm.precompiled_charsmap:
+        w.add_precompiled_charsmap(norm.precompiled_charsmap)
+    gguf.SpecialVocab(tok_dir, n_vocab=len(tokens)).add_to_gguf(w)
+
+
+def gguf_tokenizer_check(out_dir, single):
+    """transformers' own GGUF tokenizer conversion (AutoTokenizer with gguf_file) against
+    the folder's T5Tokenizer on the golden tokenizer prompts: the file's vocabulary must
+    give the folder's ids."""
+    from transformers import AutoTokenizer, T5Tokenizer
+    with open(os.path.join(GOLDEN, "tok-t5-512", "case.json"), encoding="utf-8") as f:
+        prompts = json.load(f)["args"]["prompts"]
+    prompts = prompts + ["a <extra_id_0> b <extra_id_99>c", "<pad></s><unk> x"]
+    folder = T5Tokenizer.from_pretrained(os.path.join(PIPE, "tokenizer_2"))
+    from_file = AutoTokenizer.from_pretrained(out_dir, gguf_file=single)
+    same = [folder(p).input_ids == from_file(p).input_ids for p in prompts]
+    return (f"the file's tokenizer.ggml.* vocabulary is the folder's tokenizer_2 as llama.cpp "
+            f"writes it; transformers {transformers.__version__}'s GGUF tokenizer "
+            f"({type(from_file).__name__}) gives the folder T5Tokenizer's ids on "
+            f"{sum(same)} of {len(prompts)} prompts (tok-t5-512's and two with special tokens)"
+            + ("" if all(same) else f"; differing: {[i for i, x in enumerate(same) if not x]}"))
+
+
 def t5_case():
     name = "te-gguf-t5-llamacpp"
     te_dir = os.path.join(PIPE, "text_encoder_2")
@@ -253,13 +319,10 @@ def t5_case():
     w.add_relative_attn_buckets_count(c.relative_attention_num_buckets)
     w.add_decoder_start_token_id(c.decoder_start_token_id)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
-    # city96's files carry llama.cpp's tokenizer metadata; diffuse reads the tokenizer
-    # folder instead. Placeholder tokens (as many as the
-    # embedding has rows) mark the file as carrying one.
-    w.add_tokenizer_model("t5")
-    w.add_vocab_size(c.vocab_size)
-    w.add_token_list(["<pad>", "</s>", "<unk>"] + [f"<t{i}>" for i in range(c.vocab_size - 3)])
-    w.add_token_scores([0.0] * c.vocab_size)
+    # city96's files carry llama.cpp's tokenizer metadata, written as llama.cpp's
+    # convert_hf_to_gguf.py T5EncoderModel.set_vocab writes it from the folder's
+    # tokenizer_2 (spiece.model, added_tokens.json, special tokens).
+    llamacpp_t5_vocab(w, os.path.join(PIPE, "tokenizer_2"), c.vocab_size)
     counts = {}
     for k, v in sorted(src.state_dict().items()):
         if k == "encoder.embed_tokens.weight":  # tied to shared.weight
@@ -289,6 +352,7 @@ def t5_case():
         want = exact["token_embd.weight" if k == "encoder.embed_tokens.weight"
                      else to_llamacpp_t5(k)]
         assert torch.equal(got[k], want), k
+    tok_note = gguf_tokenizer_check(out_dir, single)
     res = {}
     for tag, dt in (("out", torch.float64), ("out_f32", torch.float32)):
         m = T5EncoderModel(c).to(dt).eval()
@@ -317,7 +381,7 @@ def t5_case():
         "notes": ["dir gives the config only; transformers' GGUF loader maps the names and "
                   "dequantises (checked equal to gguf.quants.dequantize), but the config it "
                   "builds from t5encoder.* metadata says dense_act_fn 'relu' where T5 v1.1 "
-                  "has 'gelu_new', so dir's config is passed to it"],
+                  "has 'gelu_new', so dir's config is passed to it", tok_note],
         "provenance": {"transformers": transformers.__version__, "torch": torch.__version__,
                        "gguf": getattr(gguf, "__version__", "unknown")},
     }, tensors)
