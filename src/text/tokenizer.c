@@ -672,9 +672,10 @@ static df_status gguf_t5_model(df_tokenizer *t, const df_gguf *g, uint64_t *out_
             charsmap[i] = (uint8_t)b;
     }
     /* sentencepiece's layout: a little-endian trie size, the trie, the replacements. */
-    uint64_t trie = ncharsmap > 4 ? (uint64_t)charsmap[0] | (uint64_t)charsmap[1] << 8 |
-                                        (uint64_t)charsmap[2] << 16 | (uint64_t)charsmap[3] << 24
-                                  : 0;
+    uint64_t trie = s == DF_OK && ncharsmap > 4
+                        ? (uint64_t)charsmap[0] | (uint64_t)charsmap[1] << 8 |
+                              (uint64_t)charsmap[2] << 16 | (uint64_t)charsmap[3] << 24
+                        : 0; /* charsmap is NULL when its allocation failed */
     if (s == DF_OK && ncharsmap > 0 && (ncharsmap <= 4 || trie > ncharsmap - 4))
         s = df_errorf(DF_E_FORMAT, "%s: key '" GGML_KEY("precompiled_charsmap") "': %llu bytes "
                       "do not hold the trie they announce (%llu bytes after the first 4)", path,
