@@ -141,6 +141,19 @@ df_status df_pipeline_component_dir(const df_pipeline *p, const df_model_index *
                                    name, buf, cap);
 }
 
+/* Whether `file` is a GGUF file that carries its own tokenizer (llama.cpp's
+ * tokenizer.ggml.*, as city96's and llama.cpp's T5 files do). */
+static bool gguf_carries_tokenizer(const char *file)
+{
+    if (!file || !df_str_ends_with(file, ".gguf"))
+        return false;
+    df_gguf *g = NULL;
+    bool carries = df_gguf_open(file, &g) == DF_OK &&
+                   df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
+    df_gguf_free(g);
+    return carries;
+}
+
 df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_index *idx,
                                         const char *name, const char *t5_file,
                                         df_tokenizer **out)
@@ -152,15 +165,11 @@ df_status df_pipeline_load_t5_tokenizer(const df_pipeline *p, const df_model_ind
         absent = s == DF_E_IO; /* no tokenizer files (a broken one is reported as it is) */
         s = df_error_context(s, "%s", dir);
     }
-    if (s == DF_OK || !absent || !t5_file || !df_str_ends_with(t5_file, ".gguf"))
+    if (s == DF_OK || !absent || !t5_file)
         return s;
     char why[512];
     snprintf(why, sizeof why, "%s", df_error_message());
-    df_gguf *g = NULL;
-    bool carries = df_gguf_open(t5_file, &g) == DF_OK &&
-                   df_gguf_kv_find(g, "tokenizer.ggml.model") >= 0;
-    df_gguf_free(g);
-    if (!carries)
+    if (!gguf_carries_tokenizer(t5_file))
         return df_errorf(s, "%s", why);
     s = df_tokenizer_load_gguf(t5_file, out);
     if (s != DF_OK)
@@ -460,10 +469,24 @@ static const char *component_option(const char *component)
                                                       : "--text-encoder-3 FILE";
 }
 
-/* What the shipped set `idx` still needs for this load, appended to `need` (cap bytes):
- * each tokenizer folder config_dir lacks (all of them without one), then each component
- * whose weights neither the file nor an option gives. */
-static void shipped_needs(const df_pipeline *p, const df_checkpoint_parts *c,
+/* Whether the T5 tokenizer `tokenizer` (tokenizer_2 of FLUX.1, tokenizer_3 of SD3) comes
+ * with the T5's weights: their file, an option's or the checkpoint `path` itself, is a GGUF
+ * file that carries one (df_pipeline_load_t5_tokenizer reads it there). */
+static bool t5_tokenizer_in_weights(const df_load_opts *o, const df_checkpoint_parts *c,
+                                    const char *path, const char *tokenizer)
+{
+    bool sd3 = strncmp(c->model, "SD3", 3) == 0 || c->clip_g;
+    if (strcmp(tokenizer, sd3 ? "tokenizer_3" : "tokenizer_2") != 0)
+        return false;
+    const char *file = sd3 ? o->text_encoder_3_file : o->text_encoder_2_file;
+    return gguf_carries_tokenizer(file ? file : c->t5 ? path : NULL);
+}
+
+/* What the shipped set `idx` still needs for this load of the checkpoint `path`, appended
+ * to `need` (cap bytes): each tokenizer folder config_dir lacks (all of them without one,
+ * but for a T5 tokenizer its GGUF weights carry), then each component whose weights
+ * neither the file nor an option gives. */
+static void shipped_needs(const df_pipeline *p, const char *path, const df_checkpoint_parts *c,
                           const df_model_index *idx, char *need, size_t cap)
 {
     const char *cfg = p->opts.config_dir;
@@ -476,7 +499,8 @@ static void shipped_needs(const df_pipeline *p, const df_checkpoint_parts *c,
             if (!comp->cls || tokenizer != (pass == 0))
                 continue;
             if (tokenizer && (!cfg || df_layout_component_dir(cfg, comp->name, dir,
-                                                              sizeof dir) != DF_OK))
+                                                              sizeof dir) != DF_OK) &&
+                !t5_tokenizer_in_weights(&p->opts, c, path, comp->name))
                 snprintf(need + n, cap - n, "%s%s/ (in --config DIR%s%s)", n ? ", " : "",
                          comp->name, cfg ? ": not in " : "", cfg ? cfg : "");
             else if (!tokenizer && !component_given(&p->opts, c, comp->name))
@@ -515,7 +539,7 @@ static df_status choose_configs(df_pipeline *p, const char *path, const df_check
     df_status s = df_model_index_from_json(index, &idx);
     char need[1024] = "";
     if (s == DF_OK)
-        shipped_needs(p, c, idx, need, sizeof need);
+        shipped_needs(p, path, c, idx, need, sizeof need);
     df_model_index_free(idx);
     df_json_free(index);
     bool tokenizers = strstr(need, "tokenizer") != NULL;

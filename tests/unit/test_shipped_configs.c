@@ -29,6 +29,7 @@
 
 #define SOURCE_ROOT DF_GOLDEN_DIR "/../.."
 #define TOKENIZERS  DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"
+#define T5_GGUF     DF_GOLDEN_DIR "/../cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf"
 
 /* ---- sparse safetensors ------------------------------------------------------------- */
 
@@ -453,6 +454,25 @@ static void test_single_file_load_asks_for_the_tokenizers(void **state)
     assert_non_null(strstr(m, "still needed: tokenizer_2/ (in --config DIR: not in"));
     assert_non_null(strstr(m, "vae (--vae FILE)"));
     assert_non_null(strstr(m, "text_encoder_2 (--text-encoder-2 FILE)"));
+
+    /* a T5 GGUF that carries its tokenizer (llama.cpp's tokenizer.ggml.*) as the second
+     * encoder: tokenizer_2/ is not asked for, with or without a folder */
+    assert_int_equal(df_pipeline_load(file,
+                                      &(df_load_opts){.threads = 1,
+                                                      .config_dir = half,
+                                                      .text_encoder_2_file = T5_GGUF},
+                                      &p),
+                     DF_E_ARG);
+    m = df_error_message();
+    assert_null(strstr(m, "tokenizer_2/"));
+    assert_non_null(strstr(m, "still needed: text_encoder (--text-encoder FILE), vae (--vae FILE)"));
+    assert_null(strstr(m, "text_encoder_2"));
+    assert_int_equal(
+        df_pipeline_load(file, &(df_load_opts){.threads = 1, .text_encoder_2_file = T5_GGUF}, &p),
+        DF_E_ARG);
+    m = df_error_message();
+    assert_non_null(strstr(m, "still needed: tokenizer/ (in --config DIR), text_encoder "));
+    assert_null(strstr(m, "tokenizer_2/ (in --config DIR"));
 
     /* both tokenizers: only the weights */
     assert_int_equal(df_pipeline_load(file, &(df_load_opts){.threads = 1, .config_dir = toks}, &p),
