@@ -148,9 +148,10 @@ static int list_weights(inspect *in, const df_weights *w)
     return 0;
 }
 
-/* For a single file: what the FLUX.1 name map recognises in it, when it does, and which
+/* For a single file: what the FLUX.1 name map recognises in it, when it does (a file it
+ * does not recognise is described by the lines after, not by what it is not), and which
  * model and components the file holds. */
-static int describe_single_file(const char *path, bool always)
+static int describe_single_file(const char *path)
 {
     char line[512];
     bool found;
@@ -166,7 +167,7 @@ static int describe_single_file(const char *path, bool always)
     }
     if (df_flux_describe_file(path, line, sizeof line, &found) != DF_OK)
         return fail();
-    if (found || always) {
+    if (found) {
         printf("  recognised: ");
         put_clean(stdout, line);
         printf("\n");
@@ -191,7 +192,7 @@ static int inspect_weights_file(inspect *in, const char *path)
     int rc = list_weights(in, w);
     df_weights_free(w);
     if (rc == 0 && ends_with(path, ".safetensors"))
-        rc = describe_single_file(path, false);
+        rc = describe_single_file(path);
     return rc;
 }
 
@@ -273,7 +274,7 @@ static int inspect_gguf_file(inspect *in, const char *path)
     in->files++;
     in->tensors += count;
     in->bytes += bytes;
-    return describe_single_file(path, true);
+    return describe_single_file(path);
 }
 
 static int by_str(const void *a, const void *b)
