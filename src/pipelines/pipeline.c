@@ -603,6 +603,15 @@ static df_status use_checkpoint(df_pipeline *p, const char *path)
     return DF_OK;
 }
 
+/* Whether a load's error is about a config or tokenizer file (which a checkpoint file does
+ * not hold), rather than about weights: the file names, not the word "config", which a
+ * folder's path may hold. */
+static bool names_config_or_tokenizer(const char *message)
+{
+    return strstr(message, "config.json") || strstr(message, "model_index.json") ||
+           strstr(message, "tokenizer");
+}
+
 df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipeline **out)
 {
     *out = NULL;
@@ -628,8 +637,7 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         s = df_errorf(s, "%s (loading on the shipped %s configs, which describe the released "
                       "model: %s and the component files given must hold its weights)", why,
                       p->shipped->name, p->checkpoint);
-    } else if (s != DF_OK && p->checkpoint[0] && (strstr(df_error_message(), "tokenizer") ||
-                                                  strstr(df_error_message(), "config"))) {
+    } else if (s != DF_OK && p->checkpoint[0] && names_config_or_tokenizer(df_error_message())) {
         char why[1024];
         snprintf(why, sizeof why, "%s", df_error_message());
         s = df_errorf(s, "%s (%s holds weights only: the configs and tokenizers come from the "
