@@ -58,6 +58,27 @@ size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group)
     return layout_of(n, k, group).bytes;
 }
 
+/* A zeroed packed weight of [n, k] laid out as l says, in one allocation (free with
+ * df_i8_weight_free), or NULL when out of memory. */
+static df_i8_weight *weight_new(int64_t n, int64_t k, const layout *l)
+{
+    char *mem = df_aligned_alloc(l->bytes);
+    if (!mem)
+        return NULL;
+    memset(mem, 0, l->bytes);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l->kp,
+                        .group = l->group,
+                        .n_groups = l->n_groups,
+                        .n_blocks = l->n_blocks,
+                        .q = (int8_t *)(mem + l->q_at),
+                        .scale = (float *)(mem + l->scale_at),
+                        .corr = (int32_t *)(mem + l->corr_at)};
+    return w;
+}
+
 void df_i8_weight_free(void *p)
 {
     df_i8_weight *w = p;
@@ -96,21 +117,10 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
         return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
                          df_dtype_name(type));
     layout l = layout_of(n, k, group);
-    char *mem = df_aligned_alloc(l.bytes);
-    if (!mem)
+    df_i8_weight *w = weight_new(n, k, &l);
+    if (!w)
         return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
                          (long long)n, (long long)k);
-    memset(mem, 0, l.bytes);
-    df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n,
-                        .k = k,
-                        .kp = l.kp,
-                        .group = l.group,
-                        .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks,
-                        .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at),
-                        .corr = (int32_t *)(mem + l.corr_at)};
     size_t es = df_dtype_size(type);
     bool failed = false;
 #pragma omp parallel if (l.n_blocks > 1 && !omp_in_parallel())
@@ -136,7 +146,7 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
         df_free(row);
     }
     if (failed) {
-        df_aligned_free(mem);
+        df_aligned_free(w);
         return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
                          (long long)n, (long long)k);
     }
@@ -149,26 +159,14 @@ df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n
 {
     *out = NULL;
     layout l = layout_of(n, k, group);
-    char *mem = df_aligned_alloc(l.bytes);
-    int8_t *row = df_malloc((size_t)l.kp);
-    if (!mem || !row) {
-        df_aligned_free(mem);
+    df_i8_weight *w = weight_new(n, k, &l);
+    int8_t *row = df_calloc(1, (size_t)l.kp);
+    if (!w || !row) {
+        df_aligned_free(w);
         df_free(row);
         return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
                          (long long)n, (long long)k);
     }
-    memset(mem, 0, l.bytes);
-    memset(row, 0, (size_t)l.kp);
-    df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n,
-                        .k = k,
-                        .kp = l.kp,
-                        .group = l.group,
-                        .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks,
-                        .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at),
-                        .corr = (int32_t *)(mem + l.corr_at)};
     for (int64_t j = 0; j < n; j++) {
         memcpy(row, q + j * k, (size_t)k);
         df_i8_place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);

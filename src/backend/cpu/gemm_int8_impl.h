@@ -41,8 +41,12 @@ void df_i8_dnnl_free(void *form);
 /* Whether oneDNN runs AMX-INT8 on this CPU (gemm.c). */
 bool df_cpu_has_amx_int8(void);
 
-/* gemm.c's oneDNN engine and this thread's stream; its error message for a dnnl status. */
+/* gemm.c's oneDNN engine and this thread's stream; its error message for a dnnl status; its
+ * reorder of src (laid out as the dnnl_memory_desc_t src_md) into dst (dst_md) on that
+ * stream, waited for. */
 df_status df_gemm_dnnl_handles(void **engine, void **stream);
 df_status df_gemm_dnnl_failed(int status, const char *what);
+df_status df_gemm_dnnl_reorder(const void *src_md, const void *src, const void *dst_md, void *dst,
+                               const char *what);
 
 #endif
