@@ -75,9 +75,8 @@ typedef struct df_i8_act {
 size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group);
 
 /* Quantizes (df_i8_quantize_channel) and packs w [n, k] (rows ldw elements apart, dtype f32,
- * bf16 or f16; `group` as df_i8_groups_of takes it) into one
- * allocation of df_i8_weight_bytes; free with df_i8_weight_free. Uses the calling thread's
- * OpenMP team. */
+ * bf16 or f16; `group` as df_i8_groups_of takes it) into one allocation of
+ * df_i8_weight_bytes; free with df_i8_weight_free. Uses the calling thread's OpenMP team. */
 df_status df_i8_weight_pack(const void *w, df_dtype type, int64_t n, int64_t k, int64_t ldw,
                             int64_t group, df_i8_weight **out);
 void df_i8_weight_free(void *w);
