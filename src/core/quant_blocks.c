@@ -179,16 +179,20 @@ static void q3_k(const uint8_t *b, float *y)
     }
 }
 
-/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block. */
-static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+/* The scale d * sc and the min dmin * m of sub-block j (0..7) of a Q4_K / Q5_K super-block,
+ * from its 6-bit sc and m packed in q, each rounded to f32 as ggml forms them. */
+static void scale_min_k4(int j, const uint8_t *q, float d, float dmin, float *dj, float *mj)
 {
+    int sc, m;
     if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
     } else {
-        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+    *dj = d * (float)sc;
+    *mj = dmin * (float)m;
 }
 
 static void q4_k(const uint8_t *b, float *y)
@@ -196,11 +200,9 @@ static void q4_k(const uint8_t *b, float *y)
     float d = half(b), dmin = half(b + 2);
     const uint8_t *scales = b + 4, *q = b + 16;
     for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, q += 32) {
-        int sc, m;
-        scale_min_k4(is, scales, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        scale_min_k4(is + 1, scales, &sc, &m);
-        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        float d1, m1, d2, m2;
+        scale_min_k4(is, scales, d, dmin, &d1, &m1);
+        scale_min_k4(is + 1, scales, d, dmin, &d2, &m2);
         for (int l = 0; l < 32; l++)
             *y++ = d1 * (float)(q[l] & 0x0f) - m1;
         for (int l = 0; l < 32; l++)
@@ -214,11 +216,9 @@ static void q5_k(const uint8_t *b, float *y)
     const uint8_t *scales = b + 4, *qh = b + 16, *ql = b + 48;
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0, is = 0; j < QK_K; j += 64, is += 2, ql += 32) {
-        int sc, m;
-        scale_min_k4(is, scales, &sc, &m);
-        float d1 = d * (float)sc, m1 = dmin * (float)m;
-        scale_min_k4(is + 1, scales, &sc, &m);
-        float d2 = d * (float)sc, m2 = dmin * (float)m;
+        float d1, m1, d2, m2;
+        scale_min_k4(is, scales, d, dmin, &d1, &m1);
+        scale_min_k4(is + 1, scales, d, dmin, &d2, &m2);
         for (int l = 0; l < 32; l++)
             *y++ = d1 * (float)((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
         for (int l = 0; l < 32; l++)

@@ -86,6 +86,7 @@ static df_status dnnl_failed(dnnl_status_t r, const char *what)
 
 static df_status thread_stream(dnnl_stream_t *out)
 {
+    *out = NULL;
     dnnl_stream_t s = pthread_getspecific(stream_key);
     if (!s) {
         dnnl_status_t r = dnnl_stream_create(&s, engine, dnnl_stream_default_flags);
@@ -617,6 +618,39 @@ static uint64_t md_hash(const dnnl_memory_desc_t *md)
     return h;
 }
 
+/* Copies src, laid out as src_md, into dst laid out as dst_md (oneDNN's reorder, on this
+ * thread's stream, waited for); `what` names the work in a failure's message. */
+static df_status reorder(const dnnl_memory_desc_t *src_md, const void *src,
+                         const dnnl_memory_desc_t *dst_md, void *dst, const char *what)
+{
+    dnnl_stream_t s;
+    DF_TRY(thread_stream(&s));
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_status_t r = dnnl_reorder_primitive_desc_create(&pd, src_md, engine, dst_md, engine, NULL);
+    if (r == dnnl_success)
+        r = dnnl_primitive_create(&prim, pd);
+    if (r == dnnl_success)
+        r = dnnl_memory_create(&ms, src_md, engine, (void *)src);
+    if (r == dnnl_success)
+        r = dnnl_memory_create(&md, dst_md, engine, dst);
+    if (r == dnnl_success)
+        r = dnnl_primitive_execute(prim, s, 2,
+                                   (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}});
+    if (r == dnnl_success)
+        r = dnnl_stream_wait(s);
+    if (ms)
+        dnnl_memory_destroy(ms);
+    if (md)
+        dnnl_memory_destroy(md);
+    if (prim)
+        dnnl_primitive_destroy(prim);
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return r == dnnl_success ? DF_OK : dnnl_failed(r, what);
+}
+
 /* Reorders w [n, k] (the [k, n] B operand, transposed) into `md`, the plan's layout. */
 static df_status pack(const df_view *w, const dnnl_memory_desc_t *md, void *dst)
 {
@@ -637,36 +671,7 @@ static df_status pack(const df_view *w, const dnnl_memory_desc_t *md, void *dst)
     dnnl_memory_desc_init_by_strides(&src_md, 2, (dnnl_dims_t){k, n},
                                      st == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32,
                                      (dnnl_dims_t){1, k});
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_primitive_t prim = NULL;
-    dnnl_memory_t ms = NULL, md_mem = NULL;
-    dnnl_stream_t s;
-    df_status status = thread_stream(&s);
-    dnnl_status_t r = dnnl_success;
-    if (status == DF_OK) {
-        r = dnnl_reorder_primitive_desc_create(&pd, &src_md, engine, md, engine, NULL);
-        if (r == dnnl_success)
-            r = dnnl_primitive_create(&prim, pd);
-        if (r == dnnl_success)
-            r = dnnl_memory_create(&ms, &src_md, engine, (void *)src);
-        if (r == dnnl_success)
-            r = dnnl_memory_create(&md_mem, md, engine, dst);
-        if (r == dnnl_success)
-            r = dnnl_primitive_execute(
-                prim, s, 2, (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md_mem}});
-        if (r == dnnl_success)
-            r = dnnl_stream_wait(s);
-        if (r != dnnl_success)
-            status = dnnl_failed(r, "packing a weight");
-    }
-    if (ms)
-        dnnl_memory_destroy(ms);
-    if (md_mem)
-        dnnl_memory_destroy(md_mem);
-    if (prim)
-        dnnl_primitive_destroy(prim);
-    if (pd)
-        dnnl_primitive_desc_destroy(pd);
+    df_status status = reorder(&src_md, src, md, dst, "packing a weight");
     df_aligned_free(tmp);
     return status;
 }
@@ -900,6 +905,13 @@ df_status df_gemm_dnnl_handles(void **out_engine, void **out_stream)
 df_status df_gemm_dnnl_failed(int status, const char *what)
 {
     return dnnl_failed((dnnl_status_t)status, what);
+}
+
+df_status df_gemm_dnnl_reorder(const void *src_md, const void *src, const void *dst_md, void *dst,
+                               const char *what)
+{
+    DF_TRY(provider_ready());
+    return reorder(src_md, src, dst_md, dst, what);
 }
 
 bool df_cpu_has_amx_int8(void)

@@ -1,11 +1,12 @@
 /*
- * 8-bit products with K-grouped scales (gemm_int8.h): quantization, packing, the portable
- * micro-kernel, the epilogue and the dispatch. The x86 micro-kernels live in
+ * 8-bit products with K-grouped scales (gemm_int8.h): packing, activation quantization,
+ * the portable micro-kernel, the epilogue and the dispatch. The x86 micro-kernels live in
  * gemm_int8_x86.c.
  *
  * Choices:
- * - Rounding is to nearest even (nearbyintf) of x * (127 / max|x|), clamped to +-127, for
- *   weights and activations alike; a group of zeros has scale 0.
+ * - Weights and activations are quantized by the one rule of the int8 format
+ *   (core/int8_quant.h): df_i8_quantize_channel for a weight's channels, df_i8_round inline
+ *   in the activations' loop.
  * - Work is split over (a chunk of up to DF_I8_MC rows, a block of DF_I8_NR channels): a
  *   block's packed weights (NR * kp bytes) stay in cache while its chunk's tiles run, and
  *   the chunk's activations (at most DF_I8_CHUNK_BYTES) are shared by the threads working
@@ -18,13 +19,13 @@
 #include <string.h>
 
 #include <diffuse/cpu.h>
-#include <diffuse/quantize.h>
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "backend/cpu/gemm_int8_impl.h"
 #include "backend/cpu/k_common.h"
 #include "core/alloc.h"
+#include "core/int8_quant.h"
 
 #define DF_I8_MC          128    /* rows per chunk of work, at most */
 #define DF_I8_CHUNK_BYTES 262144 /* ... and a chunk's activations fit in L2 beside a block */
@@ -34,15 +35,6 @@ static size_t round64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
-int64_t df_i8_group_for(int64_t k, int64_t group)
-{
-    if (group <= 0)
-        group = 128;
-    if (group % 4 == 0 && group < k && k % group == 0)
-        return group;
-    return (k + 3) / 4 * 4; /* the whole k, padded to whole quads */
-}
-
 typedef struct layout {
     int64_t group, kp, n_groups, n_blocks;
     size_t q_at, scale_at, corr_at, bytes;
@@ -50,10 +42,8 @@ typedef struct layout {
 
 static layout layout_of(int64_t n, int64_t k, int64_t group)
 {
-    layout l;
-    l.group = df_i8_group_for(k, group);
-    l.kp = (k + l.group - 1) / l.group * l.group;
-    l.n_groups = l.kp / l.group;
+    df_i8_groups g = df_i8_groups_of(k, group);
+    layout l = {.group = g.group, .kp = g.kp, .n_groups = g.n_groups};
     l.n_blocks = (n + DF_I8_NR - 1) / DF_I8_NR;
     size_t per_block = (size_t)(l.n_groups * DF_I8_NR);
     l.q_at = round64(sizeof(df_i8_weight));
@@ -68,41 +58,33 @@ size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group)
     return layout_of(n, k, group).bytes;
 }
 
+/* A zeroed packed weight of [n, k] laid out as l says, in one allocation (free with
+ * df_i8_weight_free), or NULL when out of memory. */
+static df_i8_weight *weight_new(int64_t n, int64_t k, const layout *l)
+{
+    char *mem = df_aligned_alloc(l->bytes);
+    if (!mem)
+        return NULL;
+    memset(mem, 0, l->bytes);
+    df_i8_weight *w = (df_i8_weight *)mem;
+    *w = (df_i8_weight){.n = n,
+                        .k = k,
+                        .kp = l->kp,
+                        .group = l->group,
+                        .n_groups = l->n_groups,
+                        .n_blocks = l->n_blocks,
+                        .q = (int8_t *)(mem + l->q_at),
+                        .scale = (float *)(mem + l->scale_at),
+                        .corr = (int32_t *)(mem + l->corr_at)};
+    return w;
+}
+
 void df_i8_weight_free(void *p)
 {
     df_i8_weight *w = p;
     if (w)
         df_i8_dnnl_free(w->dnnl);
     df_aligned_free(w);
-}
-
-/* 127 / max|x| over n values (0 when all are zero), and the scale max|x| / 127. */
-static float group_inverse(const float *x, int64_t n, float *scale)
-{
-    float amax = 0;
-    for (int64_t i = 0; i < n; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
-    *scale = amax / 127.0f;
-    return amax > 0 ? 127.0f / amax : 0.0f;
-}
-
-static int quantize_one(float x, float inv)
-{
-    float q = nearbyintf(x * inv);
-    q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
-    return (int)q;
-}
-
-/* One channel: row (f32, kp values, zero past k) into q (kp values) and its group scales. */
-void df_i8_quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
-                            float *scale)
-{
-    for (int64_t g = 0; g < n_groups; g++) {
-        const float *x = row + g * group;
-        float inv = group_inverse(x, group, &scale[g]);
-        for (int64_t i = 0; i < group; i++)
-            q[g * group + i] = (int8_t)quantize_one(x[i], inv);
-    }
 }
 
 /* Channel c of block b from its quantized values (kp of them) and group scales. */
@@ -135,21 +117,10 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
         return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
                          df_dtype_name(type));
     layout l = layout_of(n, k, group);
-    char *mem = df_aligned_alloc(l.bytes);
-    if (!mem)
+    df_i8_weight *w = weight_new(n, k, &l);
+    if (!w)
         return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
                          (long long)n, (long long)k);
-    memset(mem, 0, l.bytes);
-    df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n,
-                        .k = k,
-                        .kp = l.kp,
-                        .group = l.group,
-                        .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks,
-                        .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at),
-                        .corr = (int32_t *)(mem + l.corr_at)};
     size_t es = df_dtype_size(type);
     bool failed = false;
 #pragma omp parallel if (l.n_blocks > 1 && !omp_in_parallel())
@@ -175,7 +146,7 @@ df_status df_i8_weight_pack(const void *src, df_dtype type, int64_t n, int64_t k
         df_free(row);
     }
     if (failed) {
-        df_aligned_free(mem);
+        df_aligned_free(w);
         return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
                          (long long)n, (long long)k);
     }
@@ -188,26 +159,14 @@ df_status df_i8_weight_from_plain(const int8_t *q, const float *scale, int64_t n
 {
     *out = NULL;
     layout l = layout_of(n, k, group);
-    char *mem = df_aligned_alloc(l.bytes);
-    int8_t *row = df_malloc((size_t)l.kp);
-    if (!mem || !row) {
-        df_aligned_free(mem);
+    df_i8_weight *w = weight_new(n, k, &l);
+    int8_t *row = df_calloc(1, (size_t)l.kp);
+    if (!w || !row) {
+        df_aligned_free(w);
         df_free(row);
         return df_errorf(DF_E_OOM, "int8: out of memory for a quantized [%lld, %lld] weight",
                          (long long)n, (long long)k);
     }
-    memset(mem, 0, l.bytes);
-    memset(row, 0, (size_t)l.kp);
-    df_i8_weight *w = (df_i8_weight *)mem;
-    *w = (df_i8_weight){.n = n,
-                        .k = k,
-                        .kp = l.kp,
-                        .group = l.group,
-                        .n_groups = l.n_groups,
-                        .n_blocks = l.n_blocks,
-                        .q = (int8_t *)(mem + l.q_at),
-                        .scale = (float *)(mem + l.scale_at),
-                        .corr = (int32_t *)(mem + l.corr_at)};
     for (int64_t j = 0; j < n; j++) {
         memcpy(row, q + j * k, (size_t)k);
         df_i8_place_channel(w, j / DF_I8_NR, (int)(j % DF_I8_NR), row, scale + j * l.n_groups);
@@ -273,44 +232,6 @@ df_status df_i8_weight_from_tiles(const int8_t *q, const float *scale, int64_t n
     return DF_OK;
 }
 
-/* The public functions' group (0: the whole k) as layout_of takes it. */
-static int64_t public_group(int64_t group)
-{
-    return group <= 0 ? INT64_MAX / 2 : group;
-}
-
-int64_t df_int8_weight_groups(int64_t k, int64_t group)
-{
-    return layout_of(1, k, public_group(group)).n_groups;
-}
-
-df_status df_int8_quantize(const void *w, df_dtype type, int64_t n, int64_t k, int64_t group,
-                           int8_t *q, float *scale)
-{
-    if (type != DF_DTYPE_F32 && type != DF_DTYPE_BF16 && type != DF_DTYPE_F16)
-        return df_errorf(DF_E_UNSUPPORTED, "int8: cannot quantize a %s weight",
-                         df_dtype_name(type));
-    layout l = layout_of(1, k, public_group(group));
-    float *row = df_malloc((size_t)l.kp * sizeof(float));
-    int8_t *qr = df_malloc((size_t)l.kp);
-    if (!row || !qr) {
-        df_free(row);
-        df_free(qr);
-        return df_errorf(DF_E_OOM, "int8: out of memory quantizing a [%lld, %lld] weight",
-                         (long long)n, (long long)k);
-    }
-    memset(row, 0, (size_t)l.kp * sizeof(float));
-    for (int64_t j = 0; j < n; j++) {
-        df_convert((const char *)w + (size_t)(j * k) * df_dtype_size(type), type, row, DF_DTYPE_F32,
-                   k);
-        df_i8_quantize_channel(row, l.group, l.n_groups, qr, scale + j * l.n_groups);
-        memcpy(q + j * k, qr, (size_t)k);
-    }
-    df_free(row);
-    df_free(qr);
-    return DF_OK;
-}
-
 /* --- activations ------------------------------------------------------------------------ */
 
 size_t df_i8_act_bytes(const df_i8_weight *w, int64_t m)
@@ -341,7 +262,7 @@ quantize_row(const void *x, bool bf16, int64_t k, const df_i8_weight *w, uint8_t
                                  : ((const float *)x)[kk];
             }
             for (int64_t i = 0; i < pl; i++)
-                q[p + i] = (uint8_t)(quantize_one(buf[i], inv) + 128);
+                q[p + i] = (uint8_t)(df_i8_round(buf[i], inv) + 128);
         }
     }
 }

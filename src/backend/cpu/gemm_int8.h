@@ -37,6 +37,7 @@
 #include <diffuse/dtype.h>
 
 #include "backend/cpu/cpu_device.h"
+#include "core/int8_quant.h"
 #include "core/int8_tiles.h"
 #include "core/status.h"
 
@@ -70,16 +71,12 @@ typedef struct df_i8_act {
     float *scale;
 } df_i8_act;
 
-/* The group size used for a k and a requested group (0: the default, 128): `group` when it
- * divides k and is a multiple of 4, else the whole k (rounded up to a multiple of 4). */
-int64_t df_i8_group_for(int64_t k, int64_t group);
-
 /* Bytes of a packed weight of [n, k] with that group (what df_i8_weight_pack allocates). */
 size_t df_i8_weight_bytes(int64_t n, int64_t k, int64_t group);
 
-/* Quantizes and packs w [n, k] (rows ldw elements apart, dtype f32, bf16 or f16) into one
- * allocation of df_i8_weight_bytes; free with df_i8_weight_free. Uses the calling thread's
- * OpenMP team. */
+/* Quantizes (df_i8_quantize_channel) and packs w [n, k] (rows ldw elements apart, dtype f32,
+ * bf16 or f16; `group` as df_i8_groups_of takes it) into one allocation of
+ * df_i8_weight_bytes; free with df_i8_weight_free. Uses the calling thread's OpenMP team. */
 df_status df_i8_weight_pack(const void *w, df_dtype type, int64_t n, int64_t k, int64_t ldw,
                             int64_t group, df_i8_weight **out);
 void df_i8_weight_free(void *w);
@@ -186,12 +183,11 @@ int64_t df_i8_products(df_i8_path path);
  * group, and dropped with the other derived forms when the weight is released), drops the
  * file's pages of w, quantizes x per call into env's scratch, and runs the product with
  * the epilogue. The group is env's int8_group (df_ctx_opts.int8_group), else
- * DIFFUSE_INT8_GROUP (32 to 256, or "k" for the whole k; default 128), read once; the
+ * df_i8_default_group (core/int8_quant.h: DIFFUSE_INT8_GROUP, default 128); the
  * path is env's int8_path, else as df_i8_gemm's AUTO dispatches.
  */
 bool df_i8_linear_applies(const df_view *w);
 df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df_view *w,
                        const df_view *bias, const df_i8_epilogue *e);
-int64_t df_i8_default_group(void);
 
 #endif

@@ -71,12 +71,13 @@ static int64_t group_of(uint32_t type)
 
 df_i8_weight df_i8_blocks_shape(const df_i8_blocks *w)
 {
-    df_i8_weight s = {.n = w->n, .k = w->k};
-    s.group = df_i8_group_for(w->k, group_of(w->type));
-    s.kp = (w->k + s.group - 1) / s.group * s.group;
-    s.n_groups = s.kp / s.group;
-    s.n_blocks = (w->n + DF_I8_NR - 1) / DF_I8_NR;
-    return s;
+    df_i8_groups g = df_i8_groups_of(w->k, group_of(w->type));
+    return (df_i8_weight){.n = w->n,
+                          .k = w->k,
+                          .kp = g.kp,
+                          .group = g.group,
+                          .n_groups = g.n_groups,
+                          .n_blocks = (w->n + DF_I8_NR - 1) / DF_I8_NR};
 }
 
 /* Where each array of a packed block (and a row's working space) sits in the scratch. */

@@ -112,7 +112,7 @@ static df_status make_plan(dnnl_form *f, const df_i8_weight *w, int64_t m, int64
 }
 
 /* Reorders the weight's s8 values (from the driver's packed layout) into f->b_md. */
-static df_status pack_weights(dnnl_form *f, const df_i8_weight *w, void *engine, void *stream)
+static df_status pack_weights(dnnl_form *f, const df_i8_weight *w)
 {
     int64_t n = w->n, kp = w->kp;
     int8_t *plain = df_aligned_alloc((size_t)(n * kp)); /* [k, n] with n innermost */
@@ -129,35 +129,12 @@ static df_status pack_weights(dnnl_form *f, const df_i8_weight *w, void *engine,
     dnnl_memory_desc_t src_md;
     dnnl_memory_desc_init_by_strides(&src_md, 2, (dnnl_dims_t){kp, n}, dnnl_s8,
                                      (dnnl_dims_t){n, 1});
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_primitive_t prim = NULL;
-    dnnl_memory_t ms = NULL, md = NULL;
-    dnnl_status_t r =
-        dnnl_reorder_primitive_desc_create(&pd, &src_md, engine, &f->b_md, engine, NULL);
-    if (r == dnnl_success)
-        r = dnnl_primitive_create(&prim, pd);
-    if (r == dnnl_success)
-        r = dnnl_memory_create(&ms, &src_md, engine, plain);
-    if (r == dnnl_success)
-        r = dnnl_memory_create(&md, &f->b_md, engine, f->b);
-    if (r == dnnl_success)
-        r = dnnl_primitive_execute(prim, stream, 2,
-                                   (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}});
-    if (r == dnnl_success)
-        r = dnnl_stream_wait(stream);
-    if (ms)
-        dnnl_memory_destroy(ms);
-    if (md)
-        dnnl_memory_destroy(md);
-    if (prim)
-        dnnl_primitive_destroy(prim);
-    if (pd)
-        dnnl_primitive_desc_destroy(pd);
+    df_status s = df_gemm_dnnl_reorder(&src_md, plain, &f->b_md, f->b, "packing an int8 weight");
     df_aligned_free(plain);
-    return r == dnnl_success ? DF_OK : df_gemm_dnnl_failed(r, "packing an int8 weight");
+    return s;
 }
 
-static df_status form_of(df_i8_weight *w, void *engine, void *stream, dnnl_form **out)
+static df_status form_of(df_i8_weight *w, void *engine, dnnl_form **out)
 {
     if (w->dnnl) {
         *out = w->dnnl;
@@ -180,7 +157,7 @@ static df_status form_of(df_i8_weight *w, void *engine, void *stream, dnnl_form 
     df_status s = make_plan(f, w, 1, w->n, engine, &f->plans[0]); /* fixes the layout */
     if (s == DF_OK) {
         f->n_plans = 1;
-        s = pack_weights(f, w, engine, stream);
+        s = pack_weights(f, w);
     }
     if (s != DF_OK) {
         df_i8_dnnl_free(f);
@@ -201,7 +178,7 @@ df_status df_i8_gemm_dnnl(const df_i8_act *a, df_i8_weight *w, float *out, int64
     void *engine = NULL, *stream = NULL;
     DF_TRY(df_gemm_dnnl_handles(&engine, &stream));
     dnnl_form *f = NULL;
-    DF_TRY(form_of(w, engine, stream, &f));
+    DF_TRY(form_of(w, engine, &f));
     form_plan *p = NULL;
     int threads = omp_get_max_threads();
     for (int i = 0; i < f->n_plans && !p; i++)

@@ -27,10 +27,8 @@ df_i8_tile_fn df_i8_tile_avx512vnni_fn(void);
 df_i8_tile_fn df_i8_tile_avx2_fn(void);
 df_i8_tile_fn df_i8_tile_avxvnni_fn(void);
 
-/* gemm_int8.c's quantization rule for one channel (kp f32 values, zero past k): q and
- * the group scales; and the placing of such a channel as channel c of block b. */
-void df_i8_quantize_channel(const float *row, int64_t group, int64_t n_groups, int8_t *q,
-                            float *scale);
+/* The placing of a channel quantized by df_i8_quantize_channel (core/int8_quant.h: kp
+ * values and its group scales) as channel c of block b. */
 void df_i8_place_channel(df_i8_weight *w, int64_t b, int c, const int8_t *q, const float *scale);
 
 /* The oneDNN path (gemm_int8_dnnl.c): whole-k groups only (per-channel weight scales, as
@@ -43,8 +41,12 @@ void df_i8_dnnl_free(void *form);
 /* Whether oneDNN runs AMX-INT8 on this CPU (gemm.c). */
 bool df_cpu_has_amx_int8(void);
 
-/* gemm.c's oneDNN engine and this thread's stream; its error message for a dnnl status. */
+/* gemm.c's oneDNN engine and this thread's stream; its error message for a dnnl status; its
+ * reorder of src (laid out as the dnnl_memory_desc_t src_md) into dst (dst_md) on that
+ * stream, waited for. */
 df_status df_gemm_dnnl_handles(void **engine, void **stream);
 df_status df_gemm_dnnl_failed(int status, const char *what);
+df_status df_gemm_dnnl_reorder(const void *src_md, const void *src, const void *dst_md, void *dst,
+                               const char *what);
 
 #endif

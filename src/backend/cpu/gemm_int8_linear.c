@@ -4,38 +4,9 @@
  * one saved in the kernels' tiles, used where it is mapped with only its group sums made),
  * the activations quantized per call (gemm_int8.h).
  */
-#include <stdatomic.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "core/alloc.h"
-#include <diffuse/quantize.h>
-
-int64_t df_int8_default_group(void)
-{
-    int64_t g = df_i8_default_group();
-    return g >= INT64_MAX / 2 ? 0 : g;
-}
-
-int64_t df_i8_default_group(void)
-{
-    static _Atomic int64_t group = -1;
-    if (group < 0) {
-        const char *env = getenv("DIFFUSE_INT8_GROUP");
-        int64_t g = 128;
-        if (env && strcmp(env, "k") == 0)
-            g = 0;
-        else if (env && *env) {
-            long v = strtol(env, NULL, 10);
-            if (v >= 32 && v <= 256 && v % 4 == 0)
-                g = v;
-        }
-        group = g;
-    }
-    return group == 0 ? INT64_MAX / 2 : group; /* larger than any k: the whole k */
-}
 
 bool df_i8_linear_applies(const df_view *w)
 {
@@ -56,7 +27,7 @@ static df_status from_saved(const df_view *w, df_i8_weight **out)
                          "int8: an I8 [%lld, %lld] weight without its scales "
                          "(only whole weights saved by df_quantize_model are read)",
                          (long long)n, (long long)k);
-    int64_t group = groups == 1 ? INT64_MAX / 2 : k / groups;
+    int64_t group = groups == 1 ? DF_I8_WHOLE_K : k / groups;
     const float *scale = (const float *)((char *)w->scale_buf->ptr + w->scale_offset);
     if (w->block_type == DF_QBLOCK_I8_TILES) { /* already the kernels' layout: in place */
         df_cpu_read_ahead(w, df_view_ptr(w), (size_t)(n * k));
@@ -126,7 +97,7 @@ df_status df_i8_linear(df_kernel_env *env, const df_view *x, int64_t m, const df
         q = &shape;
     } else {
         int64_t group = env->int8_group > 0   ? env->int8_group
-                        : env->int8_group < 0 ? INT64_MAX / 2 /* the whole k */
+                        : env->int8_group < 0 ? DF_I8_WHOLE_K
                                               : df_i8_default_group();
         DF_TRY(quantized_weight_of(w, group, &q));
     }
