@@ -2,10 +2,10 @@
  * An unmerged LoRA's side product in the GEMM epilogue (runtime/ops.c, df_linear):
  * y + (x down^T) up^T runs as the main product, the small down product and an up product
  * that adds y on its way out, with no add kernel, in strict eager, defer-and-fuse and
- * compiled mode, in f32, bf16 and int8 compute; on a device without the epilogue (the
- * sim with DIFFUSE_SIM_CAPS=-epilogue-gated-residual) it is a product and an add, with the
- * same result. Each case is checked against a float64 reference and proved by the
- * per-op profile, which counts the kernels of each op that ran.
+ * compiled mode, in f32, bf16 and int8 compute, on the CPU and on Vulkan; on a device
+ * without the epilogue (the sim with DIFFUSE_SIM_CAPS=-epilogue-gated-residual) it is a
+ * product and an add, with the same result. Each case is checked against a float64
+ * reference and proved by the per-op profile, which counts the kernels of each op that ran.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -220,12 +220,30 @@ static void test_device_without_epilogue_adds(void **state)
     unsetenv("DIFFUSE_SIM_CAPS");
 }
 
+/* The Vulkan backend has the epilogue too (lavapipe in CI, where tests/vulkan.cmake runs
+ * this program with the plugin's folder; skipped without the plugin or a driver). */
+static void test_vulkan_runs_no_add(void **state)
+{
+    (void)state;
+    df_ctx *probe = NULL;
+    if (df_ctx_create(&(df_ctx_opts){.device = "vulkan:0", .threads = 1}, &probe) != DF_OK) {
+        printf("no vulkan device: %s\n", df_error_message());
+        return;
+    }
+    df_ctx_free(probe);
+    for (run_mode m = RUN_EAGER; m <= RUN_COMPILE; m++)
+        assert_int_equal(run_case("vulkan:0", DF_DTYPE_F32, m, 1e-5, "add"), 0);
+    /* the profile sees this device's kernels: two calls of three products in eager */
+    assert_int_equal(run_case("vulkan:0", DF_DTYPE_F32, RUN_EAGER, 1e-5, "linear"), 6);
+}
+
 int main(void)
 {
     make_data();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_runs_no_add),
         cmocka_unit_test(test_device_without_epilogue_adds),
+        cmocka_unit_test(test_vulkan_runs_no_add),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,9 @@
  *   - fused: df_linear with lora_down / lora_up, whose up product adds y on its way out
  *     on a device with the gated residual epilogue.
  * The three alternate call by call and each keeps its best wall and CPU time (--quick: M =
- * 512, 2 rounds; else 4), so a busy machine slows them alike. Reported: ms of each,
+ * 512, 2 rounds; else --reps N rounds, 6 by default), so a busy machine slows them alike.
+ * The add a fusion saves is one pass over [M, N] against a 2 M N K product: a few percent
+ * at this width, so only the best of several rounds shows it. Reported: ms of each,
  * fused / unfused and each one's time over plain, from wall and from CPU time.
  * W is a bf16 weight (packed once; quantized once under int8); the factors are f32 and are
  * not bound as weights (the public API has no way to keep a weight at full precision under
@@ -73,11 +75,11 @@ static double time_way(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw, i
     return t;
 }
 
-static int lora_config(const bench_opts *o, df_dtype compute, int threads, const char *mode)
+static int lora_config(const bench_opts *o, df_dtype compute, int threads, const char *mode,
+                       int reps)
 {
     int64_t M = o->quick ? 512 : 4096, K = 3072, N = 3072;
     static const int64_t ranks[] = {16, 64};
-    int reps = o->quick ? 2 : 4;
     df_ctx *ctx;
     df_ctx_opts opts = {.device = bench_device_name, .threads = threads, .compute = compute,
                         .mode = strcmp(mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER};
@@ -156,12 +158,16 @@ int bench_lora(const bench_opts *o)
         fprintf(stderr, "lora: --mode eager or fuse\n");
         return 2;
     }
+    int reps = o->quick ? 2 : 6;
+    for (int i = 0; i < o->argc; i++)
+        if (strcmp(o->argv[i], "--reps") == 0 && i + 1 < o->argc && atoi(o->argv[i + 1]) > 0)
+            reps = atoi(o->argv[++i]);
     int failures = 0;
     for (int di = 0; di < 3; di++) {
         /* f32 and int8 unless --dtype names one (bf16 only when named) */
         bool wanted = o->dtype ? bench_dtype_wanted(o, dtypes[di]) : dtypes[di] != DF_DTYPE_BF16;
         if (wanted)
-            failures += lora_config(o, dtypes[di], o->threads, mode);
+            failures += lora_config(o, dtypes[di], o->threads, mode, reps);
     }
     return failures ? 1 : 0;
 }

@@ -87,7 +87,7 @@ static const bench_workload workloads[] = {
     {"lora",
      "an unmerged LoRA on a FLUX-width linear (M = 4096, K = N = 3072, rank 16 and 64): the "
      "plain linear, the side product as products and an add, and df_linear's fused form; "
-     "f32 and int8",
+     "f32 and int8 [--reps N]",
      bench_lora},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
