@@ -304,7 +304,8 @@ static void plan_gated_residuals(planner *pl)
     for (int l = 0; l < n; l++) {
         const df_gnode *lin = nodes[l];
         if (p->node[l].kind != K_SINGLE || lin->op != DF_OP_LINEAR || lin->a.gated ||
-            pl->t[l].uses != 1 || p->node[l].fold >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
+            pl->t[l].uses != 1 || p->node[l].fold >= 0 || lin->out.st->handles > 0 ||
+            lin->out.dtype != DF_DTYPE_F32)
             continue;
         int m = reader_of(nodes, n, l);
         if (m < 0 || nodes[m]->op != DF_OP_MUL || p->node[m].kind != K_SINGLE || pl->t[m].uses != 1 ||
@@ -558,8 +559,8 @@ static void pass_activation_epilogues(planner *pl)
     lz_node *node = pl->p->node;
     for (int i = 0; i < pl->n; i++) {
         const df_gnode *l = nodes[i];
-        if (node[i].kind != K_SINGLE || l->op != DF_OP_LINEAR || l->a.gated ||
-            pl->t[i].uses != 1 || l->out.st->handles > 0 || rounds_to_bf16(l, 0, pl->dev))
+        if (node[i].kind != K_SINGLE || l->op != DF_OP_LINEAR || l->a.gated || pl->t[i].uses != 1 ||
+            l->out.st->handles > 0 || rounds_to_bf16(l, 0, pl->dev))
             continue;
         int j = reader_of(nodes, pl->n, i);
         if (j < 0)

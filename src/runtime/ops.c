@@ -13,8 +13,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/alloc.h"
 #include "backend/registry.h"
+#include "core/alloc.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
 
@@ -501,8 +501,7 @@ static df_gnode *linear_node(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor 
 static df_tensor *lora_up(df_ctx *ctx, df_tensor *h, df_tensor *up, df_tensor *y)
 {
     df_linear_weights uw = {.weight = up};
-    if (!df_dev_has(ctx->dev, DF_CAP_EPI_GATED_RESIDUAL) || !h || !y ||
-        y->v.dtype != DF_DTYPE_F32)
+    if (!df_dev_has(ctx->dev, DF_CAP_EPI_GATED_RESIDUAL) || !h || !y || y->v.dtype != DF_DTYPE_F32)
         return df_add(ctx, y, df_linear(ctx, h, &uw));
     if (!ready(ctx, "linear", 1, up))
         return NULL;

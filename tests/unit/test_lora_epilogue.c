@@ -69,13 +69,16 @@ static void reference(double *out)
 
 static lora_layer make_layer(df_ctx *ctx)
 {
-    lora_layer l = {.lw = {
-        .weight = df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N, K), w_h)),
-        .bias = df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N), b_h)),
-        .lora_down =
-            df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, K), down_h)),
-        .lora_up = df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N, R), up_h)),
-    }};
+    lora_layer l = {
+        .lw = {
+            .weight =
+                df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N, K), w_h)),
+            .bias = df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N), b_h)),
+            .lora_down =
+                df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(R, K), down_h)),
+            .lora_up =
+                df_tensor_persist(df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(N, R), up_h)),
+        }};
     assert_int_equal(df_ctx_status(ctx), DF_OK);
     /* as models/loader.c binds them: int8 compute keeps the factors in f32 */
     l.lw.lora_down->v.st->keep_precision = l.lw.lora_up->v.st->keep_precision = true;
@@ -106,9 +109,11 @@ static int layer_weights(void *self, df_tensor **out)
     return 4;
 }
 
-static const df_module layer_module = {
-    .name = "lora_linear", .n_in = 1, .n_out = 1, .forward = layer_forward,
-    .weights = layer_weights};
+static const df_module layer_module = {.name = "lora_linear",
+                                       .n_in = 1,
+                                       .n_out = 1,
+                                       .forward = layer_forward,
+                                       .weights = layer_weights};
 
 /* Kernels of op `name` that ran since profiling was turned on. */
 static int64_t kernels_of(df_ctx *ctx, const char *name)
@@ -135,7 +140,9 @@ static int64_t run_case(const char *device, df_dtype compute, run_mode mode, dou
                         const char *count)
 {
     df_ctx *ctx = NULL;
-    df_ctx_opts o = {.device = device, .threads = 2, .compute = compute,
+    df_ctx_opts o = {.device = device,
+                     .threads = 2,
+                     .compute = compute,
                      .mode = mode == RUN_FUSE ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER};
     if (df_ctx_create(&o, &ctx) != DF_OK)
         fail_msg("%s: %s", device, df_error_message());
@@ -180,8 +187,10 @@ static int64_t run_case(const char *device, df_dtype compute, run_mode mode, dou
 static void test_cpu_runs_no_add(void **state)
 {
     (void)state;
-    const struct { df_dtype compute; double tol; } dt[] = {
-        {DF_DTYPE_F32, 1e-6}, {DF_DTYPE_BF16, 2e-2}, {DF_DTYPE_I8, 3e-2}};
+    const struct {
+        df_dtype compute;
+        double tol;
+    } dt[] = {{DF_DTYPE_F32, 1e-6}, {DF_DTYPE_BF16, 2e-2}, {DF_DTYPE_I8, 3e-2}};
     for (size_t d = 0; d < sizeof dt / sizeof dt[0]; d++)
         for (run_mode m = RUN_EAGER; m <= RUN_COMPILE; m++) {
             int64_t adds = run_case("cpu", dt[d].compute, m, dt[d].tol, "add");
@@ -214,8 +223,8 @@ static void test_device_without_epilogue_adds(void **state)
         int64_t adds = run_case("sim", DF_DTYPE_F32, m, 1e-6, "add");
         int64_t fused = run_case("sim", DF_DTYPE_F32, m, 1e-6, "fused");
         if (adds + fused < 1) /* the add runs alone, or in a fused kernel */
-            fail_msg("sim without the epilogue, %s: %lld add and %lld fused kernels",
-                     mode_name(m), (long long)adds, (long long)fused);
+            fail_msg("sim without the epilogue, %s: %lld add and %lld fused kernels", mode_name(m),
+                     (long long)adds, (long long)fused);
     }
     unsetenv("DIFFUSE_SIM_CAPS");
 }

@@ -48,8 +48,7 @@ static const char *const way_name[N_WAYS] = {"plain", "unfused", "fused"};
 
 /* One call of `way`, synchronised: its seconds, or < 0 on failure; *cpu gets the CPU
  * seconds of the whole process during the call. */
-static double time_way(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw, int way,
-                       double *cpu)
+static double time_way(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw, int way, double *cpu)
 {
     df_scope mark = df_scope_begin(ctx);
     double t0 = bench_now(), c0 = bench_cpu_now();
@@ -58,8 +57,8 @@ static double time_way(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw, i
         y = df_linear(ctx, x, &(df_linear_weights){.weight = lw->weight, .bias = lw->bias});
     } else if (way == UNFUSED) {
         df_tensor *h = df_linear(ctx, x, &(df_linear_weights){.weight = lw->lora_down});
-        y = df_add(ctx, df_linear(ctx, x, &(df_linear_weights){.weight = lw->weight,
-                                                               .bias = lw->bias}),
+        y = df_add(ctx,
+                   df_linear(ctx, x, &(df_linear_weights){.weight = lw->weight, .bias = lw->bias}),
                    df_linear(ctx, h, &(df_linear_weights){.weight = lw->lora_up}));
     } else {
         y = df_linear(ctx, x, lw);
@@ -81,7 +80,9 @@ static int lora_config(const bench_opts *o, df_dtype compute, int threads, const
     int64_t M = o->quick ? 512 : 4096, K = 3072, N = 3072;
     static const int64_t ranks[] = {16, 64};
     df_ctx *ctx;
-    df_ctx_opts opts = {.device = bench_device_name, .threads = threads, .compute = compute,
+    df_ctx_opts opts = {.device = bench_device_name,
+                        .threads = threads,
+                        .compute = compute,
                         .mode = strcmp(mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER};
     if (df_ctx_create(&opts, &ctx) != DF_OK) {
         fprintf(stderr, "lora: %s: %s\n", df_dtype_name(compute), df_error_message());
@@ -95,7 +96,8 @@ static int lora_config(const bench_opts *o, df_dtype compute, int threads, const
         int64_t R = ranks[ri];
         df_scope mark = df_scope_begin(ctx);
         df_linear_weights lw = {
-            .weight = w, .bias = b,
+            .weight = w,
+            .bias = b,
             .lora_down = random_tensor(ctx, DF_DTYPE_F32, DF_SHAPE(R, K), 0.02f, 4),
             .lora_up = random_tensor(ctx, DF_DTYPE_F32, DF_SHAPE(N, R), 0.02f, 5)};
         if (!w || !b || !x || !lw.lora_down || !lw.lora_up) {
@@ -121,28 +123,26 @@ static int lora_config(const bench_opts *o, df_dtype compute, int threads, const
         double lora_flop = 2.0 * (double)M * (double)R * (double)(K + N);
         for (int k = 0; k < N_WAYS; k++) {
             char shape[80], extra[320];
-            snprintf(shape, sizeof shape, "M=%lld K=%lld N=%lld R=%lld", (long long)M,
-                     (long long)K, (long long)N, (long long)R);
+            snprintf(shape, sizeof shape, "M=%lld K=%lld N=%lld R=%lld", (long long)M, (long long)K,
+                     (long long)N, (long long)R);
             snprintf(extra, sizeof extra,
                      ",\"way\":\"%s\",\"rank\":%lld,\"over_plain\":%.3f,"
                      "\"fused_over_unfused\":%.3f,\"cpu_ms\":%.1f,\"cpu_over_plain\":%.3f,"
                      "\"cpu_fused_over_unfused\":%.3f",
-                     way_name[k], (long long)R, best[k] / best[PLAIN],
-                     best[FUSED] / best[UNFUSED], cpu[k] * 1e3, cpu[k] / cpu[PLAIN],
-                     cpu[FUSED] / cpu[UNFUSED]);
+                     way_name[k], (long long)R, best[k] / best[PLAIN], best[FUSED] / best[UNFUSED],
+                     cpu[k] * 1e3, cpu[k] / cpu[PLAIN], cpu[FUSED] / cpu[UNFUSED]);
             double f = k == PLAIN ? flop : flop + lora_flop;
             char way_mode[48];
             snprintf(way_mode, sizeof way_mode, "%s/%s", mode, way_name[k]);
-            bench_report(o, "lora", shape, threads, df_dtype_name(compute), way_mode,
-                         best[k] * 1e3, 1e-9 * f / best[k], 0, 0, extra);
+            bench_report(o, "lora", shape, threads, df_dtype_name(compute), way_mode, best[k] * 1e3,
+                         1e-9 * f / best[k], 0, 0, extra);
         }
         if (!o->json)
             printf("# rank %lld, %s, %s: fused / unfused = %.3f wall, %.3f CPU; over the "
                    "plain linear: unfused %.3f / %.3f, fused %.3f / %.3f\n",
                    (long long)R, df_dtype_name(compute), mode, best[FUSED] / best[UNFUSED],
                    cpu[FUSED] / cpu[UNFUSED], best[UNFUSED] / best[PLAIN],
-                   cpu[UNFUSED] / cpu[PLAIN], best[FUSED] / best[PLAIN],
-                   cpu[FUSED] / cpu[PLAIN]);
+                   cpu[UNFUSED] / cpu[PLAIN], best[FUSED] / best[PLAIN], cpu[FUSED] / cpu[PLAIN]);
     }
     df_tensor_free(w);
     df_tensor_free(b);
