@@ -14,3 +14,6 @@ add_test(NAME bench/flux2-quick-blocks COMMAND diffuse-bench --quick --mode bloc
 add_test(NAME bench/cache-quick
          COMMAND diffuse-bench --quick cache ${DF_GOLDEN_DIR}/t2i-flux-schnell/pipeline)
 set_tests_properties(bench/cache-quick PROPERTIES PASS_REGULAR_EXPRESSION "taylorseer")
+# The unmerged-LoRA workload at its quick shape (M = 512), f32 and int8.
+add_test(NAME bench/lora-quick COMMAND diffuse-bench --quick --threads 2 lora --reps 1)
+set_tests_properties(bench/lora-quick PROPERTIES PASS_REGULAR_EXPRESSION "fused / unfused")

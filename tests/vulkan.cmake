@@ -39,7 +39,7 @@ if(DIFFUSE_VULKAN_BUILT)
   # Vulkan device alone: the library's plugin, named, so that lavapipe is used; test_ops
   # skips (77) without a driver.
   if(CMOCKA_FOUND)
-    foreach(t test_ops test_ops_matmul)
+    foreach(t test_ops test_ops_matmul test_lora_epilogue)
       add_test(NAME vulkan/unit/${t} COMMAND ${t})
       set_tests_properties(vulkan/unit/${t} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77
                            ENVIRONMENT "${VK_TEST_ENV};DIFFUSE_DEVICE=vulkan:0;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin")

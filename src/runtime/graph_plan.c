@@ -11,7 +11,9 @@
  *        feeding such a chain becomes its "head" (normalisation + AdaLN modulation in one
  *        pass);
  *      - an activation right after a matrix product, and the gated residual
- *        x + gate * linear(h), are applied by the product itself (GEMM post-ops);
+ *        x + gate * linear(h), are applied by the product itself (GEMM post-ops); a
+ *        product that ops.c already made gated (an unmerged LoRA's y + h up^T) keeps its
+ *        epilogue: no activation folds into it and it writes f32;
  *      - RMS norm -> [concat ->] permute -> RoPE (q and k before attention) is one pass per
  *        part that writes the rotated rows where attention reads them;
  *      - a concat whose inputs nobody else reads has their producers write into it;
@@ -301,8 +303,9 @@ static void plan_gated_residuals(planner *pl)
     lz_program *p = pl->p;
     for (int l = 0; l < n; l++) {
         const df_gnode *lin = nodes[l];
-        if (p->node[l].kind != K_SINGLE || lin->op != DF_OP_LINEAR || pl->t[l].uses != 1 ||
-            p->node[l].fold >= 0 || lin->out.st->handles > 0 || lin->out.dtype != DF_DTYPE_F32)
+        if (p->node[l].kind != K_SINGLE || lin->op != DF_OP_LINEAR || lin->a.gated ||
+            pl->t[l].uses != 1 || p->node[l].fold >= 0 || lin->out.st->handles > 0 ||
+            lin->out.dtype != DF_DTYPE_F32)
             continue;
         int m = reader_of(nodes, n, l);
         if (m < 0 || nodes[m]->op != DF_OP_MUL || p->node[m].kind != K_SINGLE || pl->t[m].uses != 1 ||
@@ -470,7 +473,8 @@ static bool writes_bf16(df_gnode *const *nodes, const lz_program *p, int i)
 {
     df_op op = nodes[i]->op;
     return p->node[i].kind == K_ROOT || (p->node[i].kind == K_SINGLE && op == DF_OP_ATTENTION) ||
-           (p->node[i].kind == K_SINGLE && op == DF_OP_LINEAR && p->node[i].gate_mul < 0);
+           (p->node[i].kind == K_SINGLE && op == DF_OP_LINEAR && p->node[i].gate_mul < 0 &&
+            !nodes[i]->a.gated);
 }
 
 /* A result that only bf16 products read, as operands they would round to bf16 anyway, is
@@ -555,7 +559,7 @@ static void pass_activation_epilogues(planner *pl)
     lz_node *node = pl->p->node;
     for (int i = 0; i < pl->n; i++) {
         const df_gnode *l = nodes[i];
-        if (node[i].kind != K_SINGLE || l->op != DF_OP_LINEAR || pl->t[i].uses != 1 ||
+        if (node[i].kind != K_SINGLE || l->op != DF_OP_LINEAR || l->a.gated || pl->t[i].uses != 1 ||
             l->out.st->handles > 0 || rounds_to_bf16(l, 0, pl->dev))
             continue;
         int j = reader_of(nodes, pl->n, i);

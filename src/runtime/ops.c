@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend/registry.h"
 #include "core/alloc.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
@@ -51,6 +52,9 @@ df_tensor *df_emit(df_ctx *ctx, df_gnode *n)
         return df_ctx_fail(ctx, df_errorf(DF_E_OOM, "%s: out of memory", name));
     }
     n->n_in = df_op_inputs(n->op);
+    for (int i = n->n_in; i < DF_NODE_MAX_IN; i++)
+        if (n->in[i].st)
+            n->n_in = i + 1; /* slots past the op's own: a linear's gated residual epilogue */
     for (int i = 0; i < n->n_in; i++)
         if (n->in[i].st)
             df_storage_retain(n->in[i].st);
@@ -469,28 +473,63 @@ df_tensor *df_rope(df_ctx *ctx, df_tensor *x, df_tensor *table)
 
 /* --- matrix products ---------------------------------------------------------------------- */
 
-df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
+/* A LINEAR node for x w^T (+ b), not yet emitted; NULL (and the context failed) when the
+ * shapes do not fit. */
+static df_gnode *linear_node(df_ctx *ctx, df_tensor *x, df_tensor *w, df_tensor *b)
 {
-    if (!ready(ctx, "linear", 2, x, lw ? lw->weight : NULL))
-        return NULL;
-    df_tensor *w = lw->weight, *b = lw->bias;
     char dx[96], dw[96];
     int64_t k = df_tensor_dim(x, -1);
     if (x->v.ndim < 1 || w->v.ndim != 2 || w->v.shape[1] != k ||
-        !(is_float(w->v.dtype) || w->v.dtype == DF_DTYPE_I8) || !param_ok(b, w->v.shape[0]))
-        return fail_shape(ctx, NULL, "linear", "x %s and weight %s (bias %s)", desc(x, dx),
-                          desc(w, dw), b ? "given" : "none");
+        !(is_float(w->v.dtype) || w->v.dtype == DF_DTYPE_I8) || !param_ok(b, w->v.shape[0])) {
+        fail_shape(ctx, NULL, "linear", "x %s and weight %s (bias %s)", desc(x, dx), desc(w, dw),
+                   b ? "given" : "none");
+        return NULL;
+    }
     df_gnode *n = dense_node(ctx, DF_OP_LINEAR, x, w, b);
     if (!n)
         return NULL;
     n->a.compute = ctx->compute;
     set_out(n, DF_DTYPE_F32, x->v.ndim, x->v.shape);
     n->out.shape[x->v.ndim - 1] = w->v.shape[0];
-    df_tensor *y = df_emit(ctx, n);
-    if (!lw->lora_down && !lw->lora_up)
+    return n;
+}
+
+/* y + h up^T, the second half of an unmerged LoRA's side product. Where the device's
+ * products have the gated residual epilogue (out = in[4] + in[3] * (x w^T + b)), it is one
+ * product that adds y on its way out, with a gate row of ones: no add pass over [.., N]
+ * and no [.., N] temporary. Elsewhere a product and an add. */
+static df_tensor *lora_up(df_ctx *ctx, df_tensor *h, df_tensor *up, df_tensor *y)
+{
+    df_linear_weights uw = {.weight = up};
+    if (!df_dev_has(ctx->dev, DF_CAP_EPI_GATED_RESIDUAL) || !h || !y || y->v.dtype != DF_DTYPE_F32)
+        return df_add(ctx, y, df_linear(ctx, h, &uw));
+    if (!ready(ctx, "linear", 1, up))
+        return NULL;
+    df_tensor *ones = df_full(ctx, DF_DTYPE_F32, (int64_t[]){up->v.shape[0]}, 1, 1.0); /* [N] */
+    df_gnode *n = ones ? linear_node(ctx, h, up, NULL) : NULL;
+    if (!n)
+        return NULL;
+    char dh[96], du[96], dy[96];
+    if (y->v.ndim != n->out.ndim ||
+        memcmp(y->v.shape, n->out.shape, (size_t)y->v.ndim * sizeof y->v.shape[0]) != 0)
+        return fail_shape(ctx, n, "linear", "the LoRA update %s x %s^T does not fit the output %s",
+                          desc(h, dh), desc(up, du), desc(y, dy));
+    n->in[3] = ones->v;
+    n->in[4] = y->v; /* a product's own output: dense */
+    n->a.gated = 1;
+    return df_emit(ctx, n);
+}
+
+df_tensor *df_linear(df_ctx *ctx, df_tensor *x, const df_linear_weights *lw)
+{
+    if (!ready(ctx, "linear", 2, x, lw ? lw->weight : NULL))
+        return NULL;
+    df_gnode *n = linear_node(ctx, x, lw->weight, lw->bias);
+    df_tensor *y = n ? df_emit(ctx, n) : NULL;
+    if (!y || (!lw->lora_down && !lw->lora_up))
         return y;
     df_tensor *h = df_linear(ctx, x, &(df_linear_weights){.weight = lw->lora_down}); /* [.., R] */
-    return df_add(ctx, y, df_linear(ctx, h, &(df_linear_weights){.weight = lw->lora_up}));
+    return lora_up(ctx, h, lw->lora_up, y);
 }
 
 /* A [.., K, N] operand is either dense or the transpose of a dense [.., N, K]. */

@@ -27,6 +27,7 @@ int bench_compile(const bench_opts *o);
 int bench_sd3(const bench_opts *o);
 int bench_tp(const bench_opts *o);
 int bench_cache(const bench_opts *o);
+int bench_lora(const bench_opts *o);
 
 static const bench_workload workloads[] = {
     {"ceiling", "best GEMM rate of the provider (oneDNN), f32 and bf16, 1 and 2 threads",
@@ -83,6 +84,11 @@ static const bench_workload workloads[] = {
      "Flux2KleinPipeline folder: s/step, speed-up, trace, PSNR DIR [--steps 28] [--size 512] "
      "[--guidance 3.5] [--cache SPEC]...",
      bench_cache},
+    {"lora",
+     "an unmerged LoRA on a FLUX-width linear (M = 4096, K = N = 3072, rank 16 and 64): the "
+     "plain linear, the side product as products and an add, and df_linear's fused form; "
+     "f32 and int8 [--reps N]",
+     bench_lora},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 
