@@ -1,7 +1,7 @@
 /*
  * The offload hint that the runtime's residency layer decides (runtime/residency.c): which
  * weights are transient (used in place, not packed) from how the models acquire and
- * release them, on a storage of its own (the rule reads only the step count).
+ * release them, on a weight record of its own (the rule reads only the step count).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,7 +20,7 @@ static void test_sequential_blocks_are_transient(void **state)
 {
     (void)state;
     df_ctx *ctx = fixture_ctx(1);
-    df_storage st = {0};
+    df_weight st = {0};
     df_residency_note_release(ctx, &st, false); /* df_blocks_set_sequential(on) */
     assert_true(st.transient);
     for (int step = 0; step < 3; step++) {
@@ -41,7 +41,7 @@ static void test_whole_models_are_not_transient(void **state)
 {
     (void)state;
     df_ctx *ctx = fixture_ctx(1);
-    df_storage encoder = {0}, transformer = {0};
+    df_weight encoder = {0}, transformer = {0};
     for (int run = 0; run < 2; run++) {
         df_residency_note_acquire(ctx, &encoder, false);
         df_residency_note_release(ctx, &encoder, false); /* within one step */
@@ -60,7 +60,7 @@ static void test_part_resident_across_steps_is_not_transient(void **state)
 {
     (void)state;
     df_ctx *ctx = fixture_ctx(1);
-    df_storage st = {.transient = true};
+    df_weight st = {.transient = true};
     df_residency_note_acquire(ctx, &st, true);
     assert_int_equal(df_mark_step(ctx), DF_OK);
     df_residency_note_release(ctx, &st, true);
