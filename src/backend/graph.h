@@ -45,8 +45,9 @@ typedef struct df_storage {
     bool owns_buf;          /* the storage frees buf itself (a wrapped host mapping) */
     bool is_weight;         /* long-lived: the device may keep derived forms of it */
     void *host;             /* host memory this storage mirrors (a mapped weight), or NULL */
-    struct df_weight *weight; /* a weight's residency, precision and int8 state (below);
-                                 NULL for activations. Freed with the storage. */
+    /* A weight's residency, precision and int8 state (df_weight, below); NULL for
+     * activations. Freed with the storage. */
+    struct df_weight *weight;
     struct df_storage *base; /* the storage whose buffer this one is a part of (a concat's
                                part that the planner has its producer write in place):
                                held until this one is freed */
