@@ -64,10 +64,10 @@ typedef struct df_storage {
  * view's flags, scales and block type. Models reach it through runtime/weight.h.
  */
 typedef struct df_weight {
-    /* residency (runtime/residency.c) */
-    bool file_backed;       /* host is a read-only file mapping: its pages can be dropped
-                               and will be read again from the file */
-    const void *pages;      /* the bytes in the file mapping whose pages come and go */
+    /* residency (runtime/weight.c, runtime/residency.c) */
+    bool file_backed;  /* host is a read-only file mapping: its pages can be dropped
+                          and will be read again from the file */
+    const void *pages; /* the bytes in the file mapping whose pages come and go */
     size_t page_bytes;
     bool resident;          /* acquired: counted in df_stats' resident_weight_bytes */
     size_t resident_bytes;  /* what it holds resident: its bytes, or its 8-bit form */
@@ -76,12 +76,12 @@ typedef struct df_weight {
                                its last release */
     uint64_t ready_at;      /* its upload on the copy stream ends there */
     /* precision */
-    bool keep_precision;    /* int8 compute keeps it in f32 (models/quant_policy.c) */
+    bool keep_precision; /* int8 compute keeps it in f32 (models/quant_policy.c) */
     /* int8 form */
     struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
     uint64_t i8_scale_offset;
     int64_t i8_groups;
-    uint32_t block_type;    /* an I8 weight in a compact file format (df_view.block_type) */
+    uint32_t block_type; /* an I8 weight in a compact file format (df_view.block_type) */
     float block_scale;
 } df_weight;
 
