@@ -212,7 +212,8 @@ void df_storage_release(df_storage *st)
         df_dev_buffer_free(st->dev, st->buf);
     else if (st->buf && !st->external)
         df_buffer_cache_release(st->dev->cache, st->buf, st->bytes);
-    df_storage *base = st->base, *scale = st->i8_scale;
+    df_storage *base = st->base, *scale = st->weight ? st->weight->i8_scale : NULL;
+    df_free(st->weight);
     df_free(st);
     df_storage_release(base);
     df_storage_release(scale);
@@ -241,20 +242,25 @@ void df_gview_lower(const df_gview *v, df_view *out)
     out->ndim = v->ndim;
     memcpy(out->shape, v->shape, sizeof out->shape);
     memcpy(out->stride, v->stride, sizeof out->stride);
-    out->flags = (st->is_weight ? DF_VIEW_CONST : 0) | (st->transient ? DF_VIEW_STREAMED : 0) |
-                 (st->keep_precision ? DF_VIEW_KEEP_PRECISION : 0) |
-                 (st->file_backed && st->owns_buf ? DF_VIEW_FILE_PAGES : 0);
-    if (st->i8_scale) {
-        out->scale_buf = st->i8_scale->buf;
-        out->scale_offset = st->i8_scale->offset + st->i8_scale_offset;
-        out->scale_groups = st->i8_groups;
-    } else {
-        out->scale_buf = NULL;
-        out->scale_offset = 0;
-        out->scale_groups = 0;
+    const df_weight *w = st->weight;
+    out->flags = st->is_weight ? DF_VIEW_CONST : 0;
+    out->scale_buf = NULL;
+    out->scale_offset = 0;
+    out->scale_groups = 0;
+    out->block_type = 0;
+    out->block_scale = 0;
+    if (!w)
+        return;
+    out->flags |= (w->transient ? DF_VIEW_STREAMED : 0) |
+                  (w->keep_precision ? DF_VIEW_KEEP_PRECISION : 0) |
+                  (w->file_backed && st->owns_buf ? DF_VIEW_FILE_PAGES : 0);
+    if (w->i8_scale) {
+        out->scale_buf = w->i8_scale->buf;
+        out->scale_offset = w->i8_scale->offset + w->i8_scale_offset;
+        out->scale_groups = w->i8_groups;
     }
-    out->block_type = st->block_type;
-    out->block_scale = st->block_scale;
+    out->block_type = w->block_type;
+    out->block_scale = w->block_scale;
 }
 
 void df_gnode_lower(const df_gnode *n, df_node *out)

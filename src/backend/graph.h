@@ -45,27 +45,45 @@ typedef struct df_storage {
     bool owns_buf;          /* the storage frees buf itself (a wrapped host mapping) */
     bool is_weight;         /* long-lived: the device may keep derived forms of it */
     void *host;             /* host memory this storage mirrors (a mapped weight), or NULL */
-    bool file_backed;       /* host is a read-only file mapping: its pages can be dropped
-                               and will be read again from the file */
-    bool transient;         /* a weight resident for one pass at a time: used in place, not
-                               packed (decided by runtime/residency.c) */
-    int64_t resident_since; /* residency.c: 1 + the step count when last acquired; 0: not
-                               acquired since its last release */
-    bool keep_precision;    /* a weight that int8 compute keeps in f32 (models/quant_policy.c) */
+    /* A weight's residency, precision and int8 state (df_weight, below); NULL for
+     * activations. Freed with the storage. */
+    struct df_weight *weight;
+    struct df_storage *base; /* the storage whose buffer this one is a part of (a concat's
+                               part that the planner has its producer write in place):
+                               held until this one is freed */
+    df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
+    uint64_t written_at;    /* strict eager: the compute stream position after the launch
+                               that wrote it (and the launch's release); 0: unknown */
+    atomic_bool write_failed; /* that launch's release ran on a failed stream */
+} df_storage;
+
+/*
+ * What a weight storage holds beyond its memory: how it comes and goes (residency), the
+ * precision int8 compute keeps it in, and its int8 form. Only the runtime writes it
+ * (runtime/weight.c, runtime/residency.c); df_gview_lower hands it to the device as the
+ * view's flags, scales and block type. Models reach it through runtime/weight.h.
+ */
+typedef struct df_weight {
+    /* residency (runtime/weight.c, runtime/residency.c) */
+    bool file_backed;  /* host is a read-only file mapping: its pages can be dropped
+                          and will be read again from the file */
+    const void *pages; /* the bytes in the file mapping whose pages come and go */
+    size_t page_bytes;
+    bool resident;          /* acquired: counted in df_stats' resident_weight_bytes */
+    size_t resident_bytes;  /* what it holds resident: its bytes, or its 8-bit form */
+    bool transient;         /* resident for one pass at a time: used in place, not packed */
+    int64_t resident_since; /* 1 + the step count when last acquired; 0: not acquired since
+                               its last release */
+    uint64_t ready_at;      /* its upload on the copy stream ends there */
+    /* precision */
+    bool keep_precision; /* int8 compute keeps it in f32 (models/quant_policy.c) */
+    /* int8 form */
     struct df_storage *i8_scale; /* an I8 weight saved quantized: its scales [rows, groups] */
     uint64_t i8_scale_offset;
     int64_t i8_groups;
     uint32_t block_type; /* an I8 weight in a compact file format (df_view.block_type) */
     float block_scale;
-    struct df_storage *base; /* the storage whose buffer this one is a part of (a concat's
-                               part that the planner has its producer write in place):
-                               held until this one is freed */
-    df_gnode *producer;     /* the pending node that will produce it (defer-and-fuse) */
-    uint64_t ready_at;      /* a weight's upload on the copy stream ends there (residency.c) */
-    uint64_t written_at;    /* strict eager: the compute stream position after the launch
-                               that wrote it (and the launch's release); 0: unknown */
-    atomic_bool write_failed; /* that launch's release ran on a failed stream */
-} df_storage;
+} df_weight;
 
 /* A view of a storage, as the runtime keeps it. Strides and offset are in elements. */
 typedef struct df_gview {

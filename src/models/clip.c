@@ -35,7 +35,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/text_config.h"
 
 typedef struct clip_layer {

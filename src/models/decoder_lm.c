@@ -54,7 +54,7 @@
 #include "core/status.h"
 #include "models/decoder_lm.h"
 #include "models/names.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/text_config.h"
 
 typedef struct lm_layer {

@@ -41,7 +41,7 @@
 #include "models/embeddings.h"
 #include "models/loader.h"
 #include "models/model_config.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/transformer_base.h"
 #include "runtime/runtime.h" /* df_ctx_fail: input errors fail the context like an op */
 

@@ -16,8 +16,6 @@
  * Bytes read are counted per slice, so df_stats shows what this rank touched.
  */
 #include <stdarg.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -33,15 +31,7 @@
 #include "models/quant_policy.h"
 #include "models/single_file.h"
 #include "runtime/runtime.h"
-
-typedef struct bound {
-    char *name;
-    df_tensor *t;
-    const void *data; /* the bytes in the mapping */
-    size_t bytes;
-    size_t resident_bytes; /* what it holds resident: bytes, or its 8-bit form (int8) */
-    bool resident;
-} bound;
+#include "runtime/weight.h"
 
 struct df_weight_set {
     df_ctx *ctx;
@@ -50,7 +40,7 @@ struct df_weight_set {
     df_json *config;
     char dir[1024];
     char component[64];
-    bound *tensors;
+    df_weight_ref *tensors; /* the bound weights, in binding order */
     int n, cap;
     uint8_t *used; /* per tensor of the checkpoint, in df_weights_at order */
     int64_t count;
@@ -119,8 +109,7 @@ void df_weight_set_free(df_weight_set *ws)
     if (ws->n)
         df_sync(ws->ctx); /* queued kernels may still read the mapping */
     for (int i = 0; i < ws->n; i++) {
-        if (ws->tensors[i].resident)
-            df_stats_add_weights(ws->ctx, 0, -(int64_t)ws->tensors[i].bytes);
+        df_weight_unbind(ws->ctx, ws->tensors[i].t);
         df_tensor_free(ws->tensors[i].t);
         df_free(ws->tensors[i].name);
     }
@@ -220,7 +209,7 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
         return df_error_context(df_ctx_status(ws->ctx), "%s: tensor '%s'", ws->component, name);
     if (ws->n == ws->cap) {
         int cap = ws->cap ? 2 * ws->cap : 256;
-        bound *b = df_realloc(ws->tensors, (size_t)cap * sizeof *b);
+        df_weight_ref *b = df_realloc(ws->tensors, (size_t)cap * sizeof *b);
         if (!b) {
             df_tensor_free(t);
             return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
@@ -233,14 +222,17 @@ static df_status keep(df_weight_set *ws, const char *name, df_tensor *t, const v
         df_tensor_free(t);
         return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
     }
-    /* Wrapped tensors point into the file mapping df_weights_open made: their pages can be
-     * dropped and read again (offloading, and after a backend packed its own copy). */
-    t->v.st->file_backed = t->v.st->host != NULL;
-    size_t resident = df_quant_bind(ws->ctx, ws->component, name, t, bytes);
-    ws->tensors[ws->n++] = (bound){.name = copy, .t = df_tensor_persist(t), .data = data,
-                                   .bytes = bytes, .resident_bytes = resident, .resident = true};
+    size_t resident;
+    df_status s = df_quant_bind(ws->ctx, ws->component, name, t, bytes, &resident);
+    if (s == DF_OK)
+        s = df_weight_bind(ws->ctx, t, data, bytes, read, resident);
+    if (s != DF_OK) {
+        df_free(copy);
+        df_tensor_free(t);
+        return df_error_context(s, "%s: tensor '%s'", ws->component, name);
+    }
+    ws->tensors[ws->n++] = (df_weight_ref){.name = copy, .t = df_tensor_persist(t)};
     ws->bytes += (int64_t)bytes;
-    df_stats_add_weights(ws->ctx, (int64_t)read, (int64_t)resident);
     mark_used(ws, name);
     return DF_OK;
 }
@@ -320,7 +312,8 @@ static df_status attach_lora(df_weight_set *ws, const char *base, df_linear_weig
     else
         df_tensor_free(tu);
     DF_TRY(s);
-    td->v.st->keep_precision = tu->v.st->keep_precision = true;
+    DF_TRY(df_weight_keep_precision(td, true));
+    DF_TRY(df_weight_keep_precision(tu, true));
     lw->lora_down = td;
     lw->lora_up = tu;
     return DF_OK;
@@ -985,104 +978,19 @@ void df_ws_ignore_prefix(df_weight_set *ws, const char *prefix)
     }
 }
 
-/* ---- residency ------------------------------------------------------------------------- */
-
-static bool matches(const bound *b, const char *prefix)
-{
-    return !prefix || strncmp(b->name, prefix, strlen(prefix)) == 0;
-}
-
-static void advise(const void *data, size_t bytes, int advice)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (uintptr_t)data / page * page;
-    uintptr_t end = ((uintptr_t)data + bytes + page - 1) / page * page;
-    if (end > begin)
-        madvise((void *)begin, end - begin, advice); /* advice only: failure changes nothing */
-}
-
-typedef struct release_job {
-    df_weight_set *ws;
-    char prefix[256];
-    bool all;
-} release_job;
-
-/* Runs once the stream has passed every kernel queued before the release: the file's
- * pages of the released weights go (they are read again when next used). */
-static void release_pages(void *arg, df_status s)
-{
-    (void)s;
-    release_job *j = arg;
-    for (int i = 0; i < j->ws->n; i++) {
-        bound *b = &j->ws->tensors[i];
-        if (matches(b, j->all ? NULL : j->prefix) && b->t->v.st->file_backed &&
-            df_storage_host_ptr(b->t->v.st))
-            advise(b->data, b->bytes, MADV_DONTNEED);
-    }
-    df_free(j);
-}
+/* ---- residency (runtime/weight.h) ------------------------------------------------------ */
 
 df_status df_ws_release(df_weight_set *ws, const char *prefix)
 {
-    df_ctx *ctx = ws->ctx;
-    release_job *j = df_calloc(1, sizeof *j);
-    if (!j)
-        return df_errorf(DF_E_OOM, "%s: out of memory", ws->component);
-    j->ws = ws;
-    j->all = prefix == NULL;
-    if (prefix)
-        snprintf(j->prefix, sizeof j->prefix, "%s", prefix);
-    /* After every kernel already asked for: flush pending graphs, then, in stream order,
-     * drop the forms the device derived (packed, converted) and the file's pages. */
-    df_status s = ctx->exec->flush(ctx);
-    for (int i = 0; s == DF_OK && i < ws->n; i++) {
-        bound *b = &ws->tensors[i];
-        if (matches(b, prefix) && b->t->v.st->buf)
-            s = df_dev_drop_cache(ctx->dev, ctx->stream, b->t->v.st->buf);
-        if (s == DF_OK && matches(b, prefix)) {
-            df_residency_note_release(ctx, b->t->v.st, prefix != NULL);
-            s = df_residency_evict(ctx, b->t->v.st); /* a device copy of the file's bytes */
-        }
-    }
-    if (s == DF_OK)
-        s = df_dev_callback(ctx->dev, ctx->stream, release_pages, j);
-    if (s != DF_OK) {
-        df_free(j);
-        return s;
-    }
-    for (int i = 0; i < ws->n; i++) {
-        bound *b = &ws->tensors[i];
-        if (b->resident && matches(b, prefix)) {
-            b->resident = false;
-            df_stats_add_weights(ctx, 0, -(int64_t)b->resident_bytes);
-        }
-    }
-    return DF_OK;
+    return df_weight_release(ws->ctx, ws->tensors, ws->n, prefix);
 }
 
 void df_ws_acquire(df_weight_set *ws, const char *prefix)
 {
-    for (int i = 0; i < ws->n; i++) {
-        bound *b = &ws->tensors[i];
-        if (!matches(b, prefix))
-            continue;
-        if (b->t->v.st->file_backed)
-            advise(b->data, b->bytes, MADV_WILLNEED); /* read ahead while other work runs */
-        df_residency_note_acquire(ws->ctx, b->t->v.st, prefix != NULL);
-        df_status s = df_residency_restore(ws->ctx, b->t->v.st); /* on the copy stream */
-        if (s != DF_OK)
-            df_ctx_fail(ws->ctx, s);
-        if (!b->resident) {
-            b->resident = true;
-            df_stats_add_weights(ws->ctx, (int64_t)b->bytes, (int64_t)b->resident_bytes);
-        }
-    }
+    df_weight_acquire(ws->ctx, ws->tensors, ws->n, prefix);
 }
 
 int64_t df_ws_resident_bytes(const df_weight_set *ws)
 {
-    int64_t n = 0;
-    for (int i = 0; i < ws->n; i++)
-        n += ws->tensors[i].resident ? (int64_t)ws->tensors[i].resident_bytes : 0;
-    return n;
+    return df_weight_resident_bytes(ws->tensors, ws->n);
 }

@@ -137,12 +137,13 @@ typedef struct df_tp_rule {
 void df_ws_set_tp_plan(df_weight_set *ws, const df_tp_rule *rules, int n, int rank, int world);
 
 /*
- * Residency, for offloading. A bound weight is resident: its pages are mapped and backends
- * may keep packed forms of it. df_ws_release() (after all work already queued) drops the
- * packed forms and the mapping's pages of every tensor whose name starts with `prefix`
- * (NULL: all); the file stays mapped, so the next use faults the pages back in.
- * df_ws_acquire() marks them resident again and asks the kernel to read them ahead.
- * df_stats' resident_weight_bytes follows both.
+ * Residency, for offloading: the set's weights by name prefix, as the runtime's
+ * df_weight_release / df_weight_acquire do them (runtime/weight.h). A bound weight is
+ * resident: its pages are mapped and backends may keep packed forms of it. df_ws_release()
+ * (after all work already queued) drops the packed forms and the mapping's pages of every
+ * tensor whose name starts with `prefix` (NULL: all); the file stays mapped, so the next
+ * use faults the pages back in. df_ws_acquire() marks them resident again and asks the
+ * kernel to read them ahead. df_stats' resident_weight_bytes follows both.
  */
 df_status df_ws_release(df_weight_set *ws, const char *prefix);
 void df_ws_acquire(df_weight_set *ws, const char *prefix);

@@ -9,11 +9,11 @@
 #include <diffuse/models.h>
 #include <diffuse/quantize.h>
 
-#include "core/int8_tiles.h"
 #include "core/status.h"
 #include "models/loader.h"
 #include "models/quant_policy.h"
 #include "runtime/runtime.h"
+#include "runtime/weight.h"
 
 static bool starts(const char *s, const char *prefix)
 {
@@ -61,20 +61,22 @@ bool df_int8_quantizes(const char *component, const char *name, int ndim)
     return quantizes(component, name, ndim, 0);
 }
 
-size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
-                     size_t bytes)
+df_status df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
+                        size_t bytes, size_t *resident)
 {
+    *resident = bytes;
     bool keeps = df_quant_keeps_precision(component, name, ctx->int8_keep);
-    t->v.st->keep_precision = keeps;
+    DF_TRY(df_weight_keep_precision(t, keeps));
     if (df_ctx_compute_dtype(ctx) != DF_DTYPE_I8 || t->v.dtype == DF_DTYPE_I8 ||
         !quantizes(component, name, t->v.ndim, ctx->int8_keep))
-        return bytes;
+        return DF_OK;
     /* int8 values, and per group an f32 scale and an int32 sum */
     int64_t n = t->v.shape[0], k = t->v.shape[1];
     int64_t group = ctx->int8_group > 0   ? ctx->int8_group /* as the device quantizes it */
                     : ctx->int8_group < 0 ? 0               /* the whole k */
                                           : df_int8_default_group();
-    return (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, group)) * 8;
+    *resident = (size_t)(n * k) + (size_t)(n * df_int8_weight_groups(k, group)) * 8;
+    return DF_OK;
 }
 
 df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale, bool tiled)
@@ -88,12 +90,5 @@ df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale,
                          "the int8 groups of a row of %lld",
                          name, (long long)scale->v.shape[1], df_dtype_name(scale->v.dtype),
                          (long long)t->v.shape[1]);
-    df_storage_retain(scale->v.st);
-    df_storage_release(t->v.st->i8_scale);
-    t->v.st->i8_scale = scale->v.st;
-    t->v.st->i8_scale_offset = (uint64_t)scale->v.offset * sizeof(float);
-    t->v.st->i8_groups = scale->v.shape[1];
-    /* in the kernels' tiles (core/int8_tiles.h): the product reads them where they are */
-    t->v.st->block_type = tiled ? DF_QBLOCK_I8_TILES : 0;
-    return DF_OK;
+    return df_weight_attach_scales(t, scale, tiled);
 }

@@ -23,17 +23,18 @@
  * DIFFUSE_INT8_KEEP decides). */
 bool df_quant_keeps_precision(const char *component, const char *name, int keep);
 
-/* Marks t (the bound tensor `name`, `bytes` in the file) for the policy and returns the
- * bytes it will hold resident under ctx's compute dtype: the 8-bit form and its scales for
- * a quantized linear weight, else `bytes`. */
-size_t df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
-                     size_t bytes);
+/* Tells the runtime the precision t (the bound tensor `name`, `bytes` in the file) keeps
+ * under the policy, and gives in *resident the bytes it will hold resident under ctx's
+ * compute dtype: the 8-bit form and its scales for a quantized linear weight, else
+ * `bytes`. DF_E_OOM when the weight's record cannot be made. */
+df_status df_quant_bind(df_ctx *ctx, const char *component, const char *name, df_tensor *t,
+                        size_t bytes, size_t *resident);
 
 /* For a weight saved quantized (I8, from df_quantize_model) bound as t (the whole tensor,
  * or a rank's part): hands `scale`, its bound "<name>_scale" (or the part that goes with
  * t), to the weight's storage for the int8 products; `tiled`: both are in the kernels'
  * tiles (core/int8_tiles.h), which the products read in place. DF_E_FORMAT when the scales
- * do not fit t's rows and groups. */
+ * do not fit t's rows and groups, DF_E_OOM when the weight's record cannot be made. */
 df_status df_quant_attach_int8(const char *name, df_tensor *t, df_tensor *scale, bool tiled);
 
 #endif

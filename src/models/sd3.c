@@ -42,7 +42,7 @@
 #include "models/embeddings.h"
 #include "models/loader.h"
 #include "models/model_config.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/transformer_base.h"
 
 #define SD3_EPS           1e-6f              /* every LayerNorm and RMSNorm of the model */

@@ -38,7 +38,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/text_config.h"
 
 /* The tensor-parallel plan (see the top of the file); T5 has no biases to place. */

@@ -56,7 +56,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/vae_blocks.h"
 
 #define MAX_LAYERS_PER_BLOCK 64

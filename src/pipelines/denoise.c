@@ -18,7 +18,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "pipelines/inpaint.h"
 #include "pipelines/pipeline.h"
 #include "runtime/runtime.h"

@@ -48,7 +48,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/step_cache.h"
 #include "pipelines/denoise.h"
 #include "pipelines/img2img.h"

@@ -61,7 +61,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/step_cache.h"
 #include "pipelines/denoise.h"
 #include "pipelines/flux2_reference.h"

@@ -20,7 +20,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "pipelines/pipeline.h"
 
 #define REFERENCE_MAX_AREA (1024 * 1024)

@@ -17,7 +17,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "pipelines/pipeline.h"
 
 df_status df_img2img_first_step(const df_gen_params *g, int steps, int *first)

@@ -22,7 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "pipelines/img2img.h"
 #include "pipelines/pipeline.h"
 

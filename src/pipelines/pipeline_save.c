@@ -27,7 +27,7 @@
 #include "core/status.h"
 #include "io/path.h"
 #include "models/loader.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "pipelines/pipeline.h"
 
 static df_status make_dir(const char *path)

@@ -195,9 +195,10 @@ static int bound_storages(const program *p, const binding *b, df_storage **out)
     int n = 0;
     for (int k = 0; k < b->n_w; k++)
         if (p->w_used[k] && b->w[k]) {
+            const df_weight *w = b->w[k]->v.st->weight;
             out[n++] = b->w[k]->v.st;
-            if (b->w[k]->v.st->i8_scale)
-                out[n++] = b->w[k]->v.st->i8_scale;
+            if (w && w->i8_scale)
+                out[n++] = w->i8_scale;
         }
     for (int i = 0; i < p->n_consts; i++)
         out[n++] = p->consts[i];
@@ -366,7 +367,7 @@ static df_status replay_captured(df_ctx *ctx, program *p, const binding *b, df_t
     int n_bound = bound_storages(p, b, bst);
     bool usable = true;
     for (int i = 0; i < n_bound && usable; i++)
-        usable = !bst[i]->transient;
+        usable = !(bst[i]->weight && bst[i]->weight->transient);
     df_status s = DF_OK;
     for (int i = 0; usable && s == DF_OK && i < n_bound; i++)
         s = df_residency_ready(ctx, bst[i]);

@@ -2,8 +2,9 @@
  * Residency of weights on a device that cannot read host memory in place.
  *
  * A weight's host form is the mapped file (df_storage.host); its device form is a buffer
- * from the caching allocator that the weight was uploaded into. Offload (models/loader.c
- * df_ws_release / df_ws_acquire say when) evicts and restores the device form here:
+ * from the caching allocator that the weight was uploaded into. Offload (weight.c:
+ * df_weight_release / df_weight_acquire, which the models call by name prefix, say when)
+ * evicts and restores the device form here:
  * evicting hands the buffer back to the allocator once the compute stream has passed its
  * last use; restoring uploads the host form again on the context's copy stream, and the
  * compute stream waits for that upload only when a kernel that reads the weight is
@@ -11,7 +12,7 @@
  * that reads host memory in place (the CPU) a weight's buffer wraps the mapping: there is
  * nothing to evict or restore, and none of this runs.
  *
- * The offload hint (df_storage.transient, DF_VIEW_STREAMED) is decided here too, on every
+ * The offload hint (df_weight.transient, DF_VIEW_STREAMED) is decided here too, on every
  * device: a weight that comes and goes once per pass (sequential offload's blocks) is used
  * in place, because a packed form would be dropped again at its release; a model that
  * stays resident across steps (no offload, model offload) keeps its packed forms.
@@ -19,6 +20,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
+#include "runtime/weight.h"
 
 static bool device_form(const df_storage *st)
 {
@@ -36,6 +38,8 @@ df_status df_residency_restore(df_ctx *ctx, df_storage *st)
 {
     if (!device_form(st) || st->buf)
         return DF_OK;
+    df_weight *w;
+    DF_TRY(df_weight_of(st, &w));
     DF_TRY(copy_stream(ctx));
     /* Memory of what was evicted last returns to the allocator once the compute stream
      * has passed it: wait for that before taking memory for more, so that sequential
@@ -49,7 +53,7 @@ df_status df_residency_restore(df_ctx *ctx, df_storage *st)
     DF_TRY(df_dev_copy_h2d(ctx->dev, ctx->copy_stream, st->buf, st->offset, st->host,
                            st->bytes));
     atomic_fetch_add(&ctx->dev->bytes_uploaded, (int64_t)st->bytes);
-    st->ready_at = df_dev_record(ctx->dev, ctx->copy_stream);
+    w->ready_at = df_dev_record(ctx->dev, ctx->copy_stream);
     return DF_OK;
 }
 
@@ -72,9 +76,10 @@ df_status df_residency_evict(df_ctx *ctx, df_storage *st)
     if (!device_form(st) || !st->buf)
         return DF_OK;
     /* An upload never waited for (restored, then dropped unused) must end first. */
-    if (st->ready_at > ctx->copy_waited) {
-        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, st->ready_at));
-        ctx->copy_waited = st->ready_at;
+    uint64_t ready_at = st->weight ? st->weight->ready_at : 0;
+    if (ready_at > ctx->copy_waited) {
+        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, ready_at));
+        ctx->copy_waited = ready_at;
     }
     evicted *e = df_malloc(sizeof *e);
     if (!e)
@@ -86,7 +91,8 @@ df_status df_residency_evict(df_ctx *ctx, df_storage *st)
         return s;
     }
     st->buf = NULL;
-    st->ready_at = 0;
+    if (st->weight)
+        st->weight->ready_at = 0;
     ctx->evicted_at = df_dev_record(ctx->dev, ctx->stream);
     return DF_OK;
 }
@@ -95,9 +101,10 @@ static df_status ready_one(df_ctx *ctx, df_storage *st)
 {
     if (!st->buf)
         DF_TRY(df_residency_restore(ctx, st)); /* used without being acquired: upload now */
-    if (st->ready_at > ctx->copy_waited) {
-        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, st->ready_at));
-        ctx->copy_waited = st->ready_at;
+    uint64_t ready_at = st->weight ? st->weight->ready_at : 0;
+    if (ready_at > ctx->copy_waited) {
+        DF_TRY(df_dev_wait(ctx->dev, ctx->stream, ctx->copy_stream, ready_at));
+        ctx->copy_waited = ready_at;
     }
     return DF_OK;
 }
@@ -107,21 +114,22 @@ df_status df_residency_ready(df_ctx *ctx, df_storage *st)
     if (!st || !device_form(st))
         return DF_OK;
     DF_TRY(ready_one(ctx, st));
-    return st->i8_scale && device_form(st->i8_scale) ? ready_one(ctx, st->i8_scale) : DF_OK;
+    df_storage *scale = st->weight ? st->weight->i8_scale : NULL;
+    return scale && device_form(scale) ? ready_one(ctx, scale) : DF_OK;
 }
 
-void df_residency_note_acquire(df_ctx *ctx, df_storage *st, bool part)
+void df_residency_note_acquire(df_ctx *ctx, df_weight *w, bool part)
 {
-    st->resident_since = ctx->stats.steps + 1;
+    w->resident_since = ctx->stats.steps + 1;
     if (!part)
-        st->transient = false; /* the whole model, resident until it is released whole */
+        w->transient = false; /* the whole model, resident until it is released whole */
 }
 
-void df_residency_note_release(df_ctx *ctx, df_storage *st, bool part)
+void df_residency_note_release(df_ctx *ctx, df_weight *w, bool part)
 {
-    if (st->resident_since == 0) /* never acquired: it will be, once per pass */
-        st->transient = true;
+    if (w->resident_since == 0) /* never acquired: it will be, once per pass */
+        w->transient = true;
     else if (part)
-        st->transient = st->resident_since == ctx->stats.steps + 1; /* within one step */
-    st->resident_since = 0;
+        w->transient = w->resident_since == ctx->stats.steps + 1; /* within one step */
+    w->resident_since = 0;
 }

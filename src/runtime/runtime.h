@@ -106,14 +106,14 @@ df_status df_download(df_ctx *ctx, const df_gview *v, void *dst, size_t bytes);
 df_status df_residency_restore(df_ctx *ctx, df_storage *st);
 df_status df_residency_evict(df_ctx *ctx, df_storage *st);
 /* The offload hint, decided here from how a weight comes and goes (every device, the CPU
- * included): acquire and release are the models' calls (models/loader.c), `part` when
+ * included): acquire and release are the models' calls (weight.h), `part` when
  * they name a part of a model (a block, its outer weights) rather than all of it. A weight
  * released before it was ever acquired (sequential offload releases everything up front),
  * or a part released within the step it was acquired in, is transient: resident for one
  * pass, so kernels use it in place (DF_VIEW_STREAMED) instead of deriving a packed form
  * that the next release would drop. Acquiring a whole model makes it resident for good. */
-void df_residency_note_acquire(df_ctx *ctx, df_storage *st, bool part);
-void df_residency_note_release(df_ctx *ctx, df_storage *st, bool part);
+void df_residency_note_acquire(df_ctx *ctx, df_weight *w, bool part);
+void df_residency_note_release(df_ctx *ctx, df_weight *w, bool part);
 df_status df_residency_ready(df_ctx *ctx, df_storage *st);
 
 /* Strict eager: queue a node's kernel on the stream. */

@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "runtime/runtime.h"
+#include "runtime/weight.h"
 
 static void dense_strides(df_gview *v)
 {
@@ -191,8 +192,14 @@ df_tensor *df_tensor_wrap_blocks(df_ctx *ctx, int64_t rows, int64_t k, const voi
     if (s != DF_OK)
         return df_ctx_fail(ctx, df_error_context(s, "tensor_wrap_blocks"));
     v.st->is_weight = true;
-    v.st->block_type = block_type;
-    v.st->block_scale = block_scale;
+    df_weight *w;
+    s = df_weight_of(v.st, &w);
+    if (s != DF_OK) {
+        df_storage_release(v.st);
+        return df_ctx_fail(ctx, df_error_context(s, "tensor_wrap_blocks"));
+    }
+    w->block_type = block_type;
+    w->block_scale = block_scale;
     return df_handle_new(ctx, &v);
 }
 

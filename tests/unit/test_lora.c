@@ -23,7 +23,7 @@
 #include "models/loader.h"
 #include "core/alloc.h"
 #include "models/lora.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "runtime/runtime.h"
 
 #define FLUX_DIR  DF_GOLDEN_DIR "/t2i-flux-schnell/pipeline"

@@ -17,7 +17,7 @@
 
 #include "core/alloc.h"
 #include "models/loader.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 
 static const char *model_dir;
 

@@ -21,7 +21,7 @@
 #include "core/quant_blocks.h"
 #include "models/checkpoint.h"
 #include "models/names.h"
-#include "models/residency.h"
+#include "models/weight_sets.h"
 #include "models/single_file.h"
 #include "unit/gguf_bytes.h"
 #include "unit/io_files.h"

@@ -1,9 +1,10 @@
 /*
- * Each model's weight set, for the pipelines' offload hooks (loader.h: df_ws_release,
- * df_ws_acquire). Borrowed pointers, valid while the model lives.
+ * Each model's weight set, for the pipelines' offload hooks and for writing weights out
+ * (loader.h: df_ws_release, df_ws_acquire, df_ws_bound). Borrowed pointers, valid while
+ * the model lives. (Residency itself is the runtime's: runtime/weight.h.)
  */
-#ifndef DF_MODELS_RESIDENCY_H
-#define DF_MODELS_RESIDENCY_H
+#ifndef DF_MODELS_WEIGHT_SETS_H
+#define DF_MODELS_WEIGHT_SETS_H
 
 #include <diffuse/clip.h>
 #include <diffuse/decoder_lm.h>
