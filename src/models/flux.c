@@ -253,9 +253,20 @@ static void free_blocks(void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_flux_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
+    return df_flux_forward(ctx, m, &fi);
+}
+
 static const df_transformer_kind flux_kind = {
     .name = "flux",
+    .cls = "FluxTransformer2DModel",
     .size = sizeof(df_flux),
+    .n_in = 7,
+    .forward = forward_in,
+    .step_caches = true,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_flux_bfl,
@@ -517,16 +528,6 @@ static bool first_block_head(df_ctx *ctx, df_flux *m, df_tensor *x0, df_tensor *
     *h = df_step_cache_skip(ctx, m->t.cache, head);
     df_blocks_skip_rest(ctx, &m->t.rep);
     return false;
-}
-
-void df_flux_set_step_cache(df_flux *m, df_step_cache *c)
-{
-    df_transformer_set_step_cache(&m->t, c);
-}
-
-int df_flux_attention_modules(const df_flux *m)
-{
-    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
 }
 
 df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)

@@ -302,9 +302,20 @@ static void free_blocks(void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_flux2_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_flux2_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5]};
+    return df_flux2_forward(ctx, m, &fi);
+}
+
 static const df_transformer_kind flux2_kind = {
     .name = "flux2",
+    .cls = "Flux2Transformer2DModel",
     .size = sizeof(df_flux2),
+    .n_in = 6,
+    .forward = forward_in,
+    .step_caches = true,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_flux2_bfl,
@@ -602,16 +613,6 @@ static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tenso
     *img = df_slice(ctx, all, 1, 0, 6 * D);          /* [B, 6D] */
     *txt = df_slice(ctx, all, 1, 6 * D, 12 * D);     /* [B, 6D] */
     *single = df_slice(ctx, all, 1, 12 * D, 15 * D); /* [B, 3D] */
-}
-
-void df_flux2_set_step_cache(df_flux2 *m, df_step_cache *c)
-{
-    df_transformer_set_step_cache(&m->t, c);
-}
-
-int df_flux2_attention_modules(const df_flux2 *m)
-{
-    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
 }
 
 df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)

@@ -273,9 +273,22 @@ static int names_arg(const void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_sd3_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_sd3_inputs si = {.hidden_states = in[0],
+                        .encoder_hidden_states = in[1],
+                        .pooled_projections = in[2],
+                        .timestep = in[3]};
+    return df_sd3_forward(ctx, m, &si);
+}
+
 static const df_transformer_kind sd3_kind = {
     .name = "sd3",
+    .cls = "SD3Transformer2DModel",
     .size = sizeof(df_sd3),
+    .n_in = 4,
+    .forward = forward_in,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_sd3_mmdit,

@@ -163,19 +163,79 @@ int df_transformer_compiled_programs(const df_transformer *t)
     return t ? df_blocks_programs(&t->rep) : 0;
 }
 
-void df_transformer_set_step_cache(df_transformer *t, df_step_cache *c)
-{
-    t->cache = c;
-}
-
 void df_transformer_free(df_transformer *t)
 {
     if (!t)
         return;
+    df_transformer_disable_cache(t);
+    df_compiled_free(t->compiled);
     df_blocks_deinit(&t->rep);
     df_weight_set_free(t->ws);
     t->kind->free_parts(t);
     df_free(t);
+}
+
+/* --- the whole forward, and step caches -------------------------------------------------- */
+
+/* The forward as a module's (df_module.forward), on the model `self`. */
+static df_status module_forward(df_ctx *ctx, void *self, df_tensor *const *in, df_tensor **out)
+{
+    df_transformer *t = self;
+    out[0] = t->kind->forward(ctx, t, in);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+df_status df_transformer_compile(df_transformer *t)
+{
+    df_module m = {
+        .name = t->kind->cls, .n_in = t->kind->n_in, .n_out = 1, .forward = module_forward};
+    df_compiled_free(t->compiled);
+    t->compiled = NULL;
+    return df_compile(&m, &(df_compile_opts){.fullgraph = true}, &t->compiled);
+}
+
+df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in,
+                              df_tensor **out)
+{
+    return t->compiled ? df_compiled_call(ctx, t->compiled, t, in, out)
+                       : module_forward(ctx, t, in, out);
+}
+
+df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg, int contexts)
+{
+    df_transformer_disable_cache(t);
+    if (!cfg || cfg->kind == DF_CACHE_NONE)
+        return DF_OK;
+    if (!t->kind->step_caches)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache: %s takes no step cache", t->kind->cls);
+    for (int k = 0; k < (contexts > 1 ? 2 : 1); k++) {
+        df_status s = df_step_cache_create(cfg, t->kind->cls, t->rep.n, &t->caches[k]);
+        if (s != DF_OK) {
+            df_transformer_disable_cache(t);
+            return s;
+        }
+    }
+    t->cache = t->caches[0];
+    return DF_OK;
+}
+
+void df_transformer_cache_context(df_transformer *t, int k)
+{
+    t->cache = k >= 0 && k < 2 ? t->caches[k] : NULL;
+}
+
+const df_step_cache *df_transformer_step_cache(const df_transformer *t)
+{
+    return t->caches[0];
+}
+
+void df_transformer_disable_cache(df_transformer *t)
+{
+    for (int k = 0; k < 2; k++) {
+        df_step_cache_free(t->caches[k]);
+        t->caches[k] = NULL;
+    }
+    t->cache = NULL;
 }
 
 /* --- inputs ------------------------------------------------------------------------------ */

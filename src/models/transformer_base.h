@@ -11,6 +11,11 @@
  * the load every model has: argument checks, config, weights from the folder or from a
  * single file, shard, bind, blocks, and one cleanup on failure.
  *
+ * The kind also names the model's diffusers class and orders its forward's inputs, so the
+ * base runs what a pipeline asks of any transformer: its forward compiled whole
+ * (df_transformer_compile, df_transformer_call) and a run's step caches (diffusers'
+ * enable_cache and cache_context), made with the class name and the attention modules.
+ *
  * The input checks that several forwards make (sequences, per-batch scalars, position ids,
  * guidance) are here too, with the model's name in their messages.
  */
@@ -36,16 +41,26 @@ typedef struct df_transformer {
     df_ctx *ctx;
     df_weight_set *ws;
     df_blocks rep;        /* the repeated blocks in forward order (blocks.h) */
-    df_step_cache *cache; /* a run's step cache (step_cache.h), or NULL */
-    int tp, rank;         /* tensor-parallel ranks the model is split over, and this one */
+    df_step_cache *cache;     /* the step cache the forward uses (step_cache.h), or NULL */
+    df_step_cache *caches[2]; /* a run's caches, one per cache context, or NULL */
+    df_compiled *compiled;    /* the whole forward compiled (df_transformer_compile), or NULL */
+    int tp, rank;             /* tensor-parallel ranks the model is split over, and this one */
 } df_transformer;
 
 /* One transformer class, as its model file describes it to df_transformer_load. Each
  * function gets the model (its df_transformer first); `dir` names the config folder in
  * messages. */
 struct df_transformer_kind {
-    const char *name; /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
-    size_t size;      /* of the model struct */
+    const char *name;  /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
+    const char *cls;   /* diffusers' class, "FluxTransformer2DModel": the compiled module's name */
+    size_t size;       /* of the model struct */
+    /* The forward on in[0..n_in), the model's inputs struct in its order (NULL entries for
+     * inputs not given), as a module's forward calls it. */
+    int n_in;
+    df_tensor *(*forward)(df_ctx *ctx, void *m, df_tensor *const *in);
+    /* Whether the model takes step caches; a TaylorSeer cache's attention modules are then
+     * its repeated blocks, one each. */
+    bool step_caches;
     /* Reads config.json into the model, refusing what it cannot run. */
     df_status (*configure)(void *m, const df_json *cfg);
     /* The per-block arrays, sized by the config. */
@@ -81,8 +96,31 @@ df_status df_transformer_set_sequential_offload(const df_transformer_kind *kind,
 df_status df_transformer_compile_repeated_blocks(const df_transformer_kind *kind, df_transformer *t,
                                                  const df_compile_opts *opts);
 int df_transformer_compiled_programs(const df_transformer *t);
-void df_transformer_set_step_cache(df_transformer *t, df_step_cache *c);
 void df_transformer_free(df_transformer *t);
+
+/* --- the whole forward, and step caches -------------------------------------------------- */
+
+/* Compiles the whole forward (fullgraph; df_compile with the kind's class name): later
+ * df_transformer_call runs the compiled program. */
+df_status df_transformer_compile(df_transformer *t);
+/* One forward on in[0..kind->n_in): compiled where df_transformer_compile ran, else eager.
+ * The output [B, S_img, out] in *out. */
+df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in,
+                              df_tensor **out);
+
+/* diffusers' transformer.enable_cache(cfg) for one run: `contexts` caches (0 or 1: one; 2 for
+ * the cache contexts "cond" and "uncond"), each made with the class name and the attention
+ * modules, context 0 in use. NULL cfg or DF_CACHE_NONE: none (nothing to do).
+ * DF_E_UNSUPPORTED where the model takes no step cache. */
+df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg,
+                                      int contexts);
+/* diffusers' cache_context: the forwards from now on use context k's cache (0 "cond",
+ * 1 "uncond"); a context without a cache, or k outside 0..1, runs uncached. */
+void df_transformer_cache_context(df_transformer *t, int k);
+/* Context 0's cache, for its trace (NULL when none is enabled). */
+const df_step_cache *df_transformer_step_cache(const df_transformer *t);
+/* Frees the run's caches: the forwards run uncached again. */
+void df_transformer_disable_cache(df_transformer *t);
 
 /* q, k, v projections of one attention stream with their per-head RMS norms. */
 typedef struct df_qkv_weights {

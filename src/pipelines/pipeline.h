@@ -151,9 +151,5 @@ void df_image_tokens_deinit(df_image_tokens *t);
 /* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
  * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */
 df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g);
-/* After the loop: the cache's trace and measured changes into the output, then the cache
- * freed (c may be NULL). */
-struct df_step_cache;
-void df_pipeline_end_cache(struct df_step_cache *c, df_gen_output *out);
 
 #endif
