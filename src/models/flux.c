@@ -567,21 +567,11 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
             rest = first_block_head(ctx, m, x0, x, c, &h);
     }
     if (rest) {
-        h = df_concat(ctx, c, x, 1);
-        mark = df_scope_begin(ctx);
-        for (int i = 0; i < m->cfg.num_single_layers; i++) {
-            df_blocks_run(ctx, &m->t.rep, (int)m->cfg.num_layers + i, mark,
-                          (df_tensor *[]){h, temb, pe}, &h);
-        }
+        h = df_transformer_single_stream(ctx, &m->t, m->cfg.num_layers,
+                                         m->cfg.num_single_layers, c, x, temb, pe);
         if (first_block)
             df_step_cache_tail(ctx, m->t.cache, h);
-        if (df_step_cache_mag(m->t.cache))
-            df_step_cache_mag_tail(ctx, m->t.cache, df_slice(ctx, h, 1, d.s_txt, d.S));
     }
-    df_step_cache_end(m->t.cache);
-    x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
-    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
-    df_tensor *out = df_linear(ctx, x, &m->proj_out);                     /* [B, S_img, out] */
-    df_blocks_end(ctx, &m->t.rep);
-    return df_scope_end(ctx, outer, out);
+    return df_transformer_two_stream_out(ctx, &m->t, outer, h, d.s_txt, temb, &m->norm_out,
+                                         &m->proj_out, FLUX_EPS);
 }

@@ -623,7 +623,6 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
     int64_t s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
-    int64_t S = s_txt + df_tensor_dim(in->hidden_states, 1);
 
     df_scope outer = df_scope_begin(ctx);
     df_blocks_begin(ctx, &m->t.rep);
@@ -653,19 +652,9 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
             df_blocks_run(ctx, &m->t.rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
             x = io[0], c = io[1];
         }
-        h = df_concat(ctx, c, x, 1);
-        mark = df_scope_begin(ctx);
-        for (int i = 0; i < m->cfg.num_single_layers; i++) {
-            df_blocks_run(ctx, &m->t.rep, (int)m->cfg.num_layers + i, mark,
-                          (df_tensor *[]){h, mod_single, pe}, &h);
-        }
-        if (df_step_cache_mag(m->t.cache))
-            df_step_cache_mag_tail(ctx, m->t.cache, df_slice(ctx, h, 1, s_txt, S));
+        h = df_transformer_single_stream(ctx, &m->t, m->cfg.num_layers,
+                                         m->cfg.num_single_layers, c, x, mod_single, pe);
     }
-    df_step_cache_end(m->t.cache);
-    x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */
-    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, (float)m->cfg.eps); /* [B,S,D] */
-    df_tensor *out = df_linear(ctx, x, &m->proj_out); /* [B, S_img, out] */
-    df_blocks_end(ctx, &m->t.rep);
-    return df_scope_end(ctx, outer, out);
+    return df_transformer_two_stream_out(ctx, &m->t, outer, h, s_txt, temb, &m->norm_out,
+                                         &m->proj_out, (float)m->cfg.eps);
 }

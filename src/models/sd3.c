@@ -353,16 +353,8 @@ static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
     DF_TRY(df_transformer_check_input(t, "pooled_projections", in->pooled_projections, 2,
                                       (int64_t[]){d->B, c->pooled_projection_dim}, false));
     DF_TRY(df_transformer_check_per_batch(t, "timestep", in->timestep, d->B));
-    if (in->n_skip_layers < 0 || (in->n_skip_layers > 0 && !in->skip_layers))
-        return df_errorf(DF_E_ARG, "sd3 forward: %d skip layers given without a list",
-                         in->n_skip_layers);
-    for (int i = 0; i < in->n_skip_layers; i++)
-        if (in->skip_layers[i] < 0 || in->skip_layers[i] >= c->num_layers)
-            return df_errorf(DF_E_ARG,
-                             "sd3 forward: skip layer %d is not a block of this "
-                             "model (num_layers %lld)",
-                             in->skip_layers[i], (long long)c->num_layers);
-    return DF_OK;
+    return df_transformer_check_layers("sd3 forward: skip layer", in->skip_layers,
+                                       in->n_skip_layers, c->num_layers);
 }
 
 /* --- blocks ------------------------------------------------------------------------------ */

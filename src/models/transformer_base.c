@@ -310,6 +310,19 @@ df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
 
 /* --- forward pieces ---------------------------------------------------------------------- */
 
+df_status df_transformer_check_layers(const char *what, const int *layers, int n,
+                                      int64_t num_layers)
+{
+    if (n < 0 || (n > 0 && !layers))
+        return df_errorf(DF_E_ARG, "%ss: %d given without a list", what, n);
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= num_layers)
+            return df_errorf(DF_E_ARG,
+                             "%s %d is not a block of this transformer (num_layers %lld)", what,
+                             layers[i], (long long)num_layers);
+    return DF_OK;
+}
+
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids)
 {
     if (df_tensor_ndim(ids) == 2)
@@ -350,4 +363,32 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
     df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* [B, H, S, Dh], 1/sqrt(Dh) */
     o = df_transpose(ctx, o, 1, 2);                               /* [B, S, H, Dh] dense */
     return df_reshape(ctx, o, DF_SHAPE(B, S, -1));                /* [B, S, H*Dh] */
+}
+
+df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t n_double,
+                                        int64_t n_single, df_tensor *c, df_tensor *x,
+                                        df_tensor *mod, df_tensor *pe)
+{
+    int64_t s_txt = df_tensor_dim(c, 1);
+    df_tensor *h = df_concat(ctx, c, x, 1);
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
+    df_scope mark = df_scope_begin(ctx);
+    for (int64_t i = 0; i < n_single; i++)
+        df_blocks_run(ctx, &t->rep, (int)(n_double + i), mark, (df_tensor *[]){h, mod, pe}, &h);
+    if (df_step_cache_mag(t->cache))
+        df_step_cache_mag_tail(ctx, t->cache, df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)));
+    return h;
+}
+
+df_tensor *df_transformer_two_stream_out(df_ctx *ctx, df_transformer *t, df_scope outer,
+                                         df_tensor *h, int64_t s_txt, df_tensor *temb,
+                                         const df_linear_weights *norm_out,
+                                         const df_linear_weights *proj_out, float eps)
+{
+    df_step_cache_end(t->cache);
+    df_tensor *x = df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1));  /* [B, S_img, D] */
+    x = df_emb_ada_norm_continuous(ctx, norm_out, x, temb, eps); /* [B, S_img, D] */
+    df_tensor *out = df_linear(ctx, x, proj_out);                /* [B, S_img, out] */
+    df_blocks_end(ctx, &t->rep);
+    return df_scope_end(ctx, outer, out);
 }

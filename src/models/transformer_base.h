@@ -172,6 +172,12 @@ df_status df_transformer_check_ids(const df_transformer *t, const char *name, co
 df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
                                         const df_tensor *guidance, int64_t B);
 
+/* A list of n block indices (skip-layer guidance's) of a model with num_layers blocks:
+ * DF_E_ARG naming `what` ("sd3 forward: skip layer") when the list is missing or an index
+ * is not a block. */
+df_status df_transformer_check_layers(const char *what, const int *layers, int n,
+                                      int64_t num_layers);
+
 /* [S, A] view of ids given as [S, A] or [N, S, A]. */
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids);
 /* The sum over the ranks of a rowwise product's partial results (x itself on one rank). */
@@ -184,5 +190,21 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
  * (NULL: none) -> [B, S, H*Dh]. */
 df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                     df_tensor *pe);
+
+
+/* The FLUX models' single-stream blocks: the joint sequence [c, x] (text first, s_txt tokens)
+ * through the n_single blocks that follow the n_double double ones, each given `mod` (its
+ * conditioning) and pe; MagCache's tail then takes the image part. -> [B, S, D]. */
+df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t n_double,
+                                        int64_t n_single, df_tensor *c, df_tensor *x,
+                                        df_tensor *mod, df_tensor *pe);
+/* The end of a FLUX forward on the joint sequence h [B, S, D]: the step cache's call ends;
+ * the image part (after s_txt text tokens) through AdaLayerNormContinuous (norm_out with
+ * temb, eps) and proj_out, the blocks ended, kept past the forward's scope `outer`
+ * -> [B, S_img, out]. */
+df_tensor *df_transformer_two_stream_out(df_ctx *ctx, df_transformer *t, df_scope outer,
+                                         df_tensor *h, int64_t s_txt, df_tensor *temb,
+                                         const df_linear_weights *norm_out,
+                                         const df_linear_weights *proj_out, float eps);
 
 #endif

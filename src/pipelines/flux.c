@@ -740,11 +740,7 @@ static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **
                             f->clip ? df_clip_weight_set(f->clip) : NULL,
                             f->t5 ? df_t5_weight_set(f->t5) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
-    int n = 0;
-    for (int i = 0; i < 4; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 4, names, sets, cap);
 }
 
 const df_pipeline_kind df_flux_pipeline_class = {

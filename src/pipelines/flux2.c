@@ -750,11 +750,7 @@ static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set *
                             f->vae ? df_vae_weight_set(f->vae) : NULL,
                             f->te ? df_decoder_lm_weight_set(f->te) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder"};
-    int n = 0;
-    for (int i = 0; i < 3; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 3, names, sets, cap);
 }
 
 const df_pipeline_kind df_flux2_pipeline_class = {

@@ -678,6 +678,16 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     return s;
 }
 
+int df_pipeline_list_weight_sets(const char *const *name, df_weight_set *const *all,
+                                 int n, const char **names, df_weight_set **sets, int cap)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (all[i] && k < cap)
+            names[k] = name[i], sets[k++] = all[i];
+    return k;
+}
+
 df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g)
 {
     if (!g->cache || g->cache->kind == DF_CACHE_NONE)

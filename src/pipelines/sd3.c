@@ -368,15 +368,8 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
         DF_TRY(df_img2img_first_step(g, r->steps, &r->first));
     if (g->clip_skip < 0)
         return df_errorf(DF_E_ARG, "clip_skip must be >= 0, not %d", g->clip_skip);
-    if (g->n_slg_layers < 0 || (g->n_slg_layers > 0 && !g->slg_layers))
-        return df_errorf(DF_E_ARG, "%d skip-layer guidance layers given without a list",
-                         g->n_slg_layers);
-    for (int i = 0; i < g->n_slg_layers; i++)
-        if (g->slg_layers[i] < 0 || g->slg_layers[i] >= c->num_layers)
-            return df_errorf(DF_E_ARG,
-                             "skip-layer guidance layer %d is not a block of this "
-                             "transformer (num_layers %lld)",
-                             g->slg_layers[i], (long long)c->num_layers);
+    DF_TRY(df_transformer_check_layers("skip-layer guidance layer", g->slg_layers,
+                                       g->n_slg_layers, c->num_layers));
 
     r->prompts = g->prompts;
     int np = g->n_prompts;
@@ -727,11 +720,7 @@ static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **s
                             s->t5 ? df_t5_weight_set(s->t5) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2",
                                        "text_encoder_3"};
-    int n = 0;
-    for (int i = 0; i < 5; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 5, names, sets, cap);
 }
 
 const df_pipeline_kind df_sd3_pipeline_class = {
