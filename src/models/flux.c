@@ -549,15 +549,11 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
         m->cfg.axes_dims_rope, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
 
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);
-    bool first_block = df_step_cache_first_block(m->t.cache), rest = true;
-    df_tensor *h = NULL; /* [B, S, D] joint sequence, text first */
-    if (df_step_cache_mag(m->t.cache)) {
-        df_tensor *xs = df_step_cache_mag_head(ctx, m->t.cache, x); /* the blocks skipped? */
-        if (xs)
-            h = df_concat(ctx, c, xs, 1), rest = false;
-    }
+    bool first_block = df_step_cache_first_block(m->t.cache);
+    df_tensor *h = df_transformer_mag_skip(ctx, &m->t, c, x); /* [B, S, D] joint, text first */
+    bool rest = !h;
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers && rest; i++) {
         df_tensor *x0 = x, *io[2];

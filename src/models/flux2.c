@@ -638,14 +638,11 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
         ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
         m->cfg.axes_dims_rope, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);
-    df_tensor *skip = df_step_cache_mag(m->t.cache) ? df_step_cache_mag_head(ctx, m->t.cache, x)
-                                                    : NULL; /* MagCache: the blocks skipped? */
-    df_tensor *h = NULL;                                  /* [B, S, D] joint, text first */
-    if (skip) {
-        h = df_concat(ctx, c, skip, 1);
-    } else {
+    df_tensor *h = df_transformer_mag_skip(ctx, &m->t, c, x); /* [B, S, D] joint, text first */
+    if (!h) {
+        /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's
+         * outputs. */
         df_scope mark = df_scope_begin(ctx);
         for (int i = 0; i < m->cfg.num_layers; i++) {
             df_tensor *io[2];

@@ -365,6 +365,12 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
     return df_reshape(ctx, o, DF_SHAPE(B, S, -1));                /* [B, S, H*Dh] */
 }
 
+df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x)
+{
+    df_tensor *xs = df_step_cache_mag(t->cache) ? df_step_cache_mag_head(ctx, t->cache, x) : NULL;
+    return xs ? df_concat(ctx, c, xs, 1) : NULL;
+}
+
 df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t n_double,
                                         int64_t n_single, df_tensor *c, df_tensor *x,
                                         df_tensor *mod, df_tensor *pe)

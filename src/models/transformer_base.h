@@ -192,6 +192,10 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
                                     df_tensor *pe);
 
 
+/* MagCache before the FLUX models' first block, on the streams c [B, S_txt, D] and
+ * x [B, S_img, D]: the joint sequence [c, x'] the skipped blocks are taken to make
+ * (x' the image stream they would give), or NULL when the blocks run. */
+df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x);
 /* The FLUX models' single-stream blocks: the joint sequence [c, x] (text first, s_txt tokens)
  * through the n_single blocks that follow the n_double double ones, each given `mod` (its
  * conditioning) and pe; MagCache's tail then takes the image part. -> [B, S, D]. */
