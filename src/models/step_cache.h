@@ -2,8 +2,9 @@
  * Step caches inside a transformer's forward (include/diffuse/step_cache.h has the configs).
  *
  * The transformer base makes the caches of a run (df_transformer_enable_cache, from the
- * model's class and attention modules) and frees them after the loop. The transformer's forward brackets each call with df_step_cache_begin /
- * df_step_cache_end and asks, at the places diffusers hooks:
+ * model's class and attention modules) and frees them after the loop. The transformer's
+ * forward brackets each call with df_step_cache_begin / df_step_cache_end and asks, at the
+ * places diffusers hooks:
  *
  * - FirstBlockCache, around the repeated blocks (diffusers' FBCHeadBlockHook and the tail's
  *   FBCBlockHook): df_step_cache_head after the first block says whether the rest run; if

@@ -194,8 +194,7 @@ df_status df_transformer_compile(df_transformer *t)
     return df_compile(&m, &(df_compile_opts){.fullgraph = true}, &t->compiled);
 }
 
-df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in,
-                              df_tensor **out)
+df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in, df_tensor **out)
 {
     return t->compiled ? df_compiled_call(ctx, t->compiled, t, in, out)
                        : module_forward(ctx, t, in, out);
@@ -317,9 +316,8 @@ df_status df_transformer_check_layers(const char *what, const int *layers, int n
         return df_errorf(DF_E_ARG, "%ss: %d given without a list", what, n);
     for (int i = 0; i < n; i++)
         if (layers[i] < 0 || layers[i] >= num_layers)
-            return df_errorf(DF_E_ARG,
-                             "%s %d is not a block of this transformer (num_layers %lld)", what,
-                             layers[i], (long long)num_layers);
+            return df_errorf(DF_E_ARG, "%s %d is not a block of this transformer (num_layers %lld)",
+                             what, layers[i], (long long)num_layers);
     return DF_OK;
 }
 
@@ -392,9 +390,9 @@ df_tensor *df_transformer_two_stream_out(df_ctx *ctx, df_transformer *t, df_scop
                                          const df_linear_weights *proj_out, float eps)
 {
     df_step_cache_end(t->cache);
-    df_tensor *x = df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1));  /* [B, S_img, D] */
-    x = df_emb_ada_norm_continuous(ctx, norm_out, x, temb, eps); /* [B, S_img, D] */
-    df_tensor *out = df_linear(ctx, x, proj_out);                /* [B, S_img, out] */
+    df_tensor *x = df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)); /* [B, S_img, D] */
+    x = df_emb_ada_norm_continuous(ctx, norm_out, x, temb, eps);    /* [B, S_img, D] */
+    df_tensor *out = df_linear(ctx, x, proj_out);                   /* [B, S_img, out] */
     df_blocks_end(ctx, &t->rep);
     return df_scope_end(ctx, outer, out);
 }

@@ -40,7 +40,7 @@ typedef struct df_transformer {
     const df_transformer_kind *kind;
     df_ctx *ctx;
     df_weight_set *ws;
-    df_blocks rep;        /* the repeated blocks in forward order (blocks.h) */
+    df_blocks rep;            /* the repeated blocks in forward order (blocks.h) */
     df_step_cache *cache;     /* the step cache the forward uses (step_cache.h), or NULL */
     df_step_cache *caches[2]; /* a run's caches, one per cache context, or NULL */
     df_compiled *compiled;    /* the whole forward compiled (df_transformer_compile), or NULL */
@@ -51,9 +51,9 @@ typedef struct df_transformer {
  * function gets the model (its df_transformer first); `dir` names the config folder in
  * messages. */
 struct df_transformer_kind {
-    const char *name;  /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
-    const char *cls;   /* diffusers' class, "FluxTransformer2DModel": the compiled module's name */
-    size_t size;       /* of the model struct */
+    const char *name; /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
+    const char *cls;  /* diffusers' class, "FluxTransformer2DModel": the compiled module's name */
+    size_t size;      /* of the model struct */
     /* The forward on in[0..n_in), the model's inputs struct in its order (NULL entries for
      * inputs not given), as a module's forward calls it. */
     int n_in;
@@ -112,8 +112,7 @@ df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *
  * the cache contexts "cond" and "uncond"), each made with the class name and the attention
  * modules, context 0 in use. NULL cfg or DF_CACHE_NONE: none (nothing to do).
  * DF_E_UNSUPPORTED where the model takes no step cache. */
-df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg,
-                                      int contexts);
+df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg, int contexts);
 /* diffusers' cache_context: the forwards from now on use context k's cache (0 "cond",
  * 1 "uncond"); a context without a cache, or k outside 0..1, runs uncached. */
 void df_transformer_cache_context(df_transformer *t, int k);
@@ -190,7 +189,6 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
  * (NULL: none) -> [B, S, H*Dh]. */
 df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                     df_tensor *pe);
-
 
 /* MagCache before the FLUX models' first block, on the streams c [B, S_txt, D] and
  * x [B, S_img, D]: the joint sequence [c, x'] the skipped blocks are taken to make

@@ -678,8 +678,8 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     return s;
 }
 
-int df_pipeline_list_weight_sets(const char *const *name, df_weight_set *const *all,
-                                 int n, const char **names, df_weight_set **sets, int cap)
+int df_pipeline_list_weight_sets(const char *const *name, df_weight_set *const *all, int n,
+                                 const char **names, df_weight_set **sets, int cap)
 {
     int k = 0;
     for (int i = 0; i < n; i++)

@@ -150,8 +150,8 @@ void df_image_tokens_deinit(df_image_tokens *t);
 
 /* For df_pipeline_kind.weight_sets: the loaded ones of the n components name[i] with weights
  * all[i] (NULL: not loaded), in order, at most cap into names and sets; returns how many. */
-int df_pipeline_list_weight_sets(const char *const *name, struct df_weight_set *const *all,
-                                 int n, const char **names, struct df_weight_set **sets, int cap);
+int df_pipeline_list_weight_sets(const char *const *name, struct df_weight_set *const *all, int n,
+                                 const char **names, struct df_weight_set **sets, int cap);
 
 /* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
  * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */

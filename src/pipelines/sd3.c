@@ -368,8 +368,8 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
         DF_TRY(df_img2img_first_step(g, r->steps, &r->first));
     if (g->clip_skip < 0)
         return df_errorf(DF_E_ARG, "clip_skip must be >= 0, not %d", g->clip_skip);
-    DF_TRY(df_transformer_check_layers("skip-layer guidance layer", g->slg_layers,
-                                       g->n_slg_layers, c->num_layers));
+    DF_TRY(df_transformer_check_layers("skip-layer guidance layer", g->slg_layers, g->n_slg_layers,
+                                       c->num_layers));
 
     r->prompts = g->prompts;
     int np = g->n_prompts;
