@@ -307,8 +307,6 @@ df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
     return DF_OK;
 }
 
-/* --- forward pieces ---------------------------------------------------------------------- */
-
 df_status df_transformer_check_layers(const char *what, const int *layers, int n,
                                       int64_t num_layers)
 {
@@ -320,6 +318,8 @@ df_status df_transformer_check_layers(const char *what, const int *layers, int n
                              what, layers[i], (long long)num_layers);
     return DF_OK;
 }
+
+/* --- forward pieces ---------------------------------------------------------------------- */
 
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids)
 {
