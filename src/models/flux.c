@@ -253,9 +253,20 @@ static void free_blocks(void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_flux_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
+    return df_flux_forward(ctx, m, &fi);
+}
+
 static const df_transformer_kind flux_kind = {
     .name = "flux",
+    .cls = "FluxTransformer2DModel",
     .size = sizeof(df_flux),
+    .n_in = 7,
+    .forward = forward_in,
+    .step_caches = true,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_flux_bfl,
@@ -519,16 +530,6 @@ static bool first_block_head(df_ctx *ctx, df_flux *m, df_tensor *x0, df_tensor *
     return false;
 }
 
-void df_flux_set_step_cache(df_flux *m, df_step_cache *c)
-{
-    df_transformer_set_step_cache(&m->t, c);
-}
-
-int df_flux_attention_modules(const df_flux *m)
-{
-    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
-}
-
 df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
 {
     if (!df_transformer_forward_ok(&flux_kind, ctx, (const df_transformer *)m, in))
@@ -548,15 +549,11 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
         ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
         m->cfg.axes_dims_rope, m->cfg.n_axes, FLUX_ROPE_THETA); /* [S, Dh/2, 2] */
 
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);
-    bool first_block = df_step_cache_first_block(m->t.cache), rest = true;
-    df_tensor *h = NULL; /* [B, S, D] joint sequence, text first */
-    if (df_step_cache_mag(m->t.cache)) {
-        df_tensor *xs = df_step_cache_mag_head(ctx, m->t.cache, x); /* the blocks skipped? */
-        if (xs)
-            h = df_concat(ctx, c, xs, 1), rest = false;
-    }
+    bool first_block = df_step_cache_first_block(m->t.cache);
+    df_tensor *h = df_transformer_mag_skip(ctx, &m->t, c, x); /* [B, S, D] joint, text first */
+    bool rest = !h;
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
     for (int i = 0; i < m->cfg.num_layers && rest; i++) {
         df_tensor *x0 = x, *io[2];
@@ -566,21 +563,11 @@ df_tensor *df_flux_forward(df_ctx *ctx, df_flux *m, const df_flux_inputs *in)
             rest = first_block_head(ctx, m, x0, x, c, &h);
     }
     if (rest) {
-        h = df_concat(ctx, c, x, 1);
-        mark = df_scope_begin(ctx);
-        for (int i = 0; i < m->cfg.num_single_layers; i++) {
-            df_blocks_run(ctx, &m->t.rep, (int)m->cfg.num_layers + i, mark,
-                          (df_tensor *[]){h, temb, pe}, &h);
-        }
+        h = df_transformer_single_stream(ctx, &m->t, m->cfg.num_layers,
+                                         m->cfg.num_single_layers, c, x, temb, pe);
         if (first_block)
             df_step_cache_tail(ctx, m->t.cache, h);
-        if (df_step_cache_mag(m->t.cache))
-            df_step_cache_mag_tail(ctx, m->t.cache, df_slice(ctx, h, 1, d.s_txt, d.S));
     }
-    df_step_cache_end(m->t.cache);
-    x = df_slice(ctx, h, 1, d.s_txt, d.S);                                /* [B, S_img, D] */
-    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, FLUX_EPS); /* [B, S_img, D] */
-    df_tensor *out = df_linear(ctx, x, &m->proj_out);                     /* [B, S_img, out] */
-    df_blocks_end(ctx, &m->t.rep);
-    return df_scope_end(ctx, outer, out);
+    return df_transformer_two_stream_out(ctx, &m->t, outer, h, d.s_txt, temb, &m->norm_out,
+                                         &m->proj_out, FLUX_EPS);
 }

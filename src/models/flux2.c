@@ -302,9 +302,20 @@ static void free_blocks(void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_flux2_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_flux2_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5]};
+    return df_flux2_forward(ctx, m, &fi);
+}
+
 static const df_transformer_kind flux2_kind = {
     .name = "flux2",
+    .cls = "Flux2Transformer2DModel",
     .size = sizeof(df_flux2),
+    .n_in = 6,
+    .forward = forward_in,
+    .step_caches = true,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_flux2_bfl,
@@ -604,16 +615,6 @@ static void modulations(df_ctx *ctx, const df_flux2 *m, df_tensor *act, df_tenso
     *single = df_slice(ctx, all, 1, 12 * D, 15 * D); /* [B, 3D] */
 }
 
-void df_flux2_set_step_cache(df_flux2 *m, df_step_cache *c)
-{
-    df_transformer_set_step_cache(&m->t, c);
-}
-
-int df_flux2_attention_modules(const df_flux2 *m)
-{
-    return (int)(m->cfg.num_layers + m->cfg.num_single_layers);
-}
-
 df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
 {
     if (!df_transformer_forward_ok(&flux2_kind, ctx, (const df_transformer *)m, in))
@@ -622,7 +623,6 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
     if (s != DF_OK)
         return df_ctx_fail(ctx, s);
     int64_t s_txt = df_tensor_dim(in->encoder_hidden_states, 1);
-    int64_t S = s_txt + df_tensor_dim(in->hidden_states, 1);
 
     df_scope outer = df_scope_begin(ctx);
     df_blocks_begin(ctx, &m->t.rep);
@@ -638,33 +638,20 @@ df_tensor *df_flux2_forward(df_ctx *ctx, df_flux2 *m, const df_flux2_inputs *in)
         ctx, df_transformer_ids_2d(ctx, in->txt_ids), df_transformer_ids_2d(ctx, in->img_ids),
         m->cfg.axes_dims_rope, m->cfg.n_axes, m->cfg.rope_theta); /* [S,Dh/2,2] */
 
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_step_cache_begin(m->t.cache);
-    df_tensor *skip = df_step_cache_mag(m->t.cache) ? df_step_cache_mag_head(ctx, m->t.cache, x)
-                                                    : NULL; /* MagCache: the blocks skipped? */
-    df_tensor *h = NULL;                                  /* [B, S, D] joint, text first */
-    if (skip) {
-        h = df_concat(ctx, c, skip, 1);
-    } else {
+    df_tensor *h = df_transformer_mag_skip(ctx, &m->t, c, x); /* [B, S, D] joint, text first */
+    if (!h) {
+        /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's
+         * outputs. */
         df_scope mark = df_scope_begin(ctx);
         for (int i = 0; i < m->cfg.num_layers; i++) {
             df_tensor *io[2];
             df_blocks_run(ctx, &m->t.rep, i, mark, (df_tensor *[]){x, c, mod_img, mod_txt, pe}, io);
             x = io[0], c = io[1];
         }
-        h = df_concat(ctx, c, x, 1);
-        mark = df_scope_begin(ctx);
-        for (int i = 0; i < m->cfg.num_single_layers; i++) {
-            df_blocks_run(ctx, &m->t.rep, (int)m->cfg.num_layers + i, mark,
-                          (df_tensor *[]){h, mod_single, pe}, &h);
-        }
-        if (df_step_cache_mag(m->t.cache))
-            df_step_cache_mag_tail(ctx, m->t.cache, df_slice(ctx, h, 1, s_txt, S));
+        h = df_transformer_single_stream(ctx, &m->t, m->cfg.num_layers,
+                                         m->cfg.num_single_layers, c, x, mod_single, pe);
     }
-    df_step_cache_end(m->t.cache);
-    x = df_slice(ctx, h, 1, s_txt, S);                                             /* image */
-    x = df_emb_ada_norm_continuous(ctx, &m->norm_out, x, temb, (float)m->cfg.eps); /* [B,S,D] */
-    df_tensor *out = df_linear(ctx, x, &m->proj_out); /* [B, S_img, out] */
-    df_blocks_end(ctx, &m->t.rep);
-    return df_scope_end(ctx, outer, out);
+    return df_transformer_two_stream_out(ctx, &m->t, outer, h, s_txt, temb, &m->norm_out,
+                                         &m->proj_out, (float)m->cfg.eps);
 }

@@ -273,9 +273,22 @@ static int names_arg(const void *model)
 
 static df_status list_blocks(void *model);
 
+/* The forward on the inputs in df_sd3_inputs order (the compiled module's). */
+static df_tensor *forward_in(df_ctx *ctx, void *m, df_tensor *const *in)
+{
+    df_sd3_inputs si = {.hidden_states = in[0],
+                        .encoder_hidden_states = in[1],
+                        .pooled_projections = in[2],
+                        .timestep = in[3]};
+    return df_sd3_forward(ctx, m, &si);
+}
+
 static const df_transformer_kind sd3_kind = {
     .name = "sd3",
+    .cls = "SD3Transformer2DModel",
     .size = sizeof(df_sd3),
+    .n_in = 4,
+    .forward = forward_in,
     .configure = configure,
     .alloc = alloc_blocks,
     .names = df_names_sd3_mmdit,
@@ -340,16 +353,8 @@ static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
     DF_TRY(df_transformer_check_input(t, "pooled_projections", in->pooled_projections, 2,
                                       (int64_t[]){d->B, c->pooled_projection_dim}, false));
     DF_TRY(df_transformer_check_per_batch(t, "timestep", in->timestep, d->B));
-    if (in->n_skip_layers < 0 || (in->n_skip_layers > 0 && !in->skip_layers))
-        return df_errorf(DF_E_ARG, "sd3 forward: %d skip layers given without a list",
-                         in->n_skip_layers);
-    for (int i = 0; i < in->n_skip_layers; i++)
-        if (in->skip_layers[i] < 0 || in->skip_layers[i] >= c->num_layers)
-            return df_errorf(DF_E_ARG,
-                             "sd3 forward: skip layer %d is not a block of this "
-                             "model (num_layers %lld)",
-                             in->skip_layers[i], (long long)c->num_layers);
-    return DF_OK;
+    return df_transformer_check_layers("sd3 forward: skip layer", in->skip_layers,
+                                       in->n_skip_layers, c->num_layers);
 }
 
 /* --- blocks ------------------------------------------------------------------------------ */

@@ -1,9 +1,10 @@
 /*
  * Step caches inside a transformer's forward (include/diffuse/step_cache.h has the configs).
  *
- * A pipeline makes one df_step_cache per run, hands it to its transformer, and frees it
- * after the loop. The transformer's forward brackets each call with df_step_cache_begin /
- * df_step_cache_end and asks, at the places diffusers hooks:
+ * The transformer base makes the caches of a run (df_transformer_enable_cache, from the
+ * model's class and attention modules) and frees them after the loop. The transformer's
+ * forward brackets each call with df_step_cache_begin / df_step_cache_end and asks, at the
+ * places diffusers hooks:
  *
  * - FirstBlockCache, around the repeated blocks (diffusers' FBCHeadBlockHook and the tail's
  *   FBCBlockHook): df_step_cache_head after the first block says whether the rest run; if
@@ -68,15 +69,5 @@ bool df_step_cache_predict(df_ctx *ctx, df_step_cache *c, int module, df_tensor 
 void df_step_cache_update(df_ctx *ctx, df_step_cache *c, int module, df_tensor *const *out, int n);
 
 void df_step_cache_free(df_step_cache *c);
-
-/* The models that take a cache (NULL detaches it). */
-struct df_flux;
-void df_flux_set_step_cache(struct df_flux *m, df_step_cache *c);
-/* Attention modules of a FLUX.1 transformer (double and single blocks). */
-int df_flux_attention_modules(const struct df_flux *m);
-
-struct df_flux2;
-void df_flux2_set_step_cache(struct df_flux2 *m, df_step_cache *c);
-int df_flux2_attention_modules(const struct df_flux2 *m);
 
 #endif

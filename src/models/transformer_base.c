@@ -163,19 +163,78 @@ int df_transformer_compiled_programs(const df_transformer *t)
     return t ? df_blocks_programs(&t->rep) : 0;
 }
 
-void df_transformer_set_step_cache(df_transformer *t, df_step_cache *c)
-{
-    t->cache = c;
-}
-
 void df_transformer_free(df_transformer *t)
 {
     if (!t)
         return;
+    df_transformer_disable_cache(t);
+    df_compiled_free(t->compiled);
     df_blocks_deinit(&t->rep);
     df_weight_set_free(t->ws);
     t->kind->free_parts(t);
     df_free(t);
+}
+
+/* --- the whole forward, and step caches -------------------------------------------------- */
+
+/* The forward as a module's (df_module.forward), on the model `self`. */
+static df_status module_forward(df_ctx *ctx, void *self, df_tensor *const *in, df_tensor **out)
+{
+    df_transformer *t = self;
+    out[0] = t->kind->forward(ctx, t, in);
+    return out[0] ? DF_OK : df_ctx_status(ctx);
+}
+
+df_status df_transformer_compile(df_transformer *t)
+{
+    df_module m = {
+        .name = t->kind->cls, .n_in = t->kind->n_in, .n_out = 1, .forward = module_forward};
+    df_compiled_free(t->compiled);
+    t->compiled = NULL;
+    return df_compile(&m, &(df_compile_opts){.fullgraph = true}, &t->compiled);
+}
+
+df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in, df_tensor **out)
+{
+    return t->compiled ? df_compiled_call(ctx, t->compiled, t, in, out)
+                       : module_forward(ctx, t, in, out);
+}
+
+df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg, int contexts)
+{
+    df_transformer_disable_cache(t);
+    if (!cfg || cfg->kind == DF_CACHE_NONE)
+        return DF_OK;
+    if (!t->kind->step_caches)
+        return df_errorf(DF_E_UNSUPPORTED, "--cache: %s takes no step cache", t->kind->cls);
+    for (int k = 0; k < (contexts > 1 ? 2 : 1); k++) {
+        df_status s = df_step_cache_create(cfg, t->kind->cls, t->rep.n, &t->caches[k]);
+        if (s != DF_OK) {
+            df_transformer_disable_cache(t);
+            return s;
+        }
+    }
+    t->cache = t->caches[0];
+    return DF_OK;
+}
+
+void df_transformer_cache_context(df_transformer *t, int k)
+{
+    t->cache = k >= 0 && k < 2 ? t->caches[k] : NULL;
+}
+
+const df_step_cache *df_transformer_step_cache(const df_transformer *t)
+{
+    return t->caches[0];
+}
+
+void df_transformer_disable_cache(df_transformer *t)
+{
+    for (int k = 0; k < 2; k++) {
+        df_step_cache_free(t->caches[k]);
+        t->caches[k] = NULL;
+    }
+    t->cache = NULL;
 }
 
 /* --- inputs ------------------------------------------------------------------------------ */
@@ -248,6 +307,18 @@ df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
     return DF_OK;
 }
 
+df_status df_transformer_check_layers(const char *what, const int *layers, int n,
+                                      int64_t num_layers)
+{
+    if (n < 0 || (n > 0 && !layers))
+        return df_errorf(DF_E_ARG, "%ss: %d given without a list", what, n);
+    for (int i = 0; i < n; i++)
+        if (layers[i] < 0 || layers[i] >= num_layers)
+            return df_errorf(DF_E_ARG, "%s %d is not a block of this transformer (num_layers %lld)",
+                             what, layers[i], (long long)num_layers);
+    return DF_OK;
+}
+
 /* --- forward pieces ---------------------------------------------------------------------- */
 
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids)
@@ -290,4 +361,38 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
     df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* [B, H, S, Dh], 1/sqrt(Dh) */
     o = df_transpose(ctx, o, 1, 2);                               /* [B, S, H, Dh] dense */
     return df_reshape(ctx, o, DF_SHAPE(B, S, -1));                /* [B, S, H*Dh] */
+}
+
+df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x)
+{
+    df_tensor *xs = df_step_cache_mag(t->cache) ? df_step_cache_mag_head(ctx, t->cache, x) : NULL;
+    return xs ? df_concat(ctx, c, xs, 1) : NULL;
+}
+
+df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t n_double,
+                                        int64_t n_single, df_tensor *c, df_tensor *x,
+                                        df_tensor *mod, df_tensor *pe)
+{
+    int64_t s_txt = df_tensor_dim(c, 1);
+    df_tensor *h = df_concat(ctx, c, x, 1);
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
+    df_scope mark = df_scope_begin(ctx);
+    for (int64_t i = 0; i < n_single; i++)
+        df_blocks_run(ctx, &t->rep, (int)(n_double + i), mark, (df_tensor *[]){h, mod, pe}, &h);
+    if (df_step_cache_mag(t->cache))
+        df_step_cache_mag_tail(ctx, t->cache, df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)));
+    return h;
+}
+
+df_tensor *df_transformer_two_stream_out(df_ctx *ctx, df_transformer *t, df_scope outer,
+                                         df_tensor *h, int64_t s_txt, df_tensor *temb,
+                                         const df_linear_weights *norm_out,
+                                         const df_linear_weights *proj_out, float eps)
+{
+    df_step_cache_end(t->cache);
+    df_tensor *x = df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)); /* [B, S_img, D] */
+    x = df_emb_ada_norm_continuous(ctx, norm_out, x, temb, eps);    /* [B, S_img, D] */
+    df_tensor *out = df_linear(ctx, x, proj_out);                   /* [B, S_img, out] */
+    df_blocks_end(ctx, &t->rep);
+    return df_scope_end(ctx, outer, out);
 }

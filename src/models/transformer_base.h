@@ -11,6 +11,11 @@
  * the load every model has: argument checks, config, weights from the folder or from a
  * single file, shard, bind, blocks, and one cleanup on failure.
  *
+ * The kind also names the model's diffusers class and orders its forward's inputs, so the
+ * base runs what a pipeline asks of any transformer: its forward compiled whole
+ * (df_transformer_compile, df_transformer_call) and a run's step caches (diffusers'
+ * enable_cache and cache_context), made with the class name and the attention modules.
+ *
  * The input checks that several forwards make (sequences, per-batch scalars, position ids,
  * guidance) are here too, with the model's name in their messages.
  */
@@ -35,9 +40,11 @@ typedef struct df_transformer {
     const df_transformer_kind *kind;
     df_ctx *ctx;
     df_weight_set *ws;
-    df_blocks rep;        /* the repeated blocks in forward order (blocks.h) */
-    df_step_cache *cache; /* a run's step cache (step_cache.h), or NULL */
-    int tp, rank;         /* tensor-parallel ranks the model is split over, and this one */
+    df_blocks rep;            /* the repeated blocks in forward order (blocks.h) */
+    df_step_cache *cache;     /* the step cache the forward uses (step_cache.h), or NULL */
+    df_step_cache *caches[2]; /* a run's caches, one per cache context, or NULL */
+    df_compiled *compiled;    /* the whole forward compiled (df_transformer_compile), or NULL */
+    int tp, rank;             /* tensor-parallel ranks the model is split over, and this one */
 } df_transformer;
 
 /* One transformer class, as its model file describes it to df_transformer_load. Each
@@ -45,7 +52,15 @@ typedef struct df_transformer {
  * messages. */
 struct df_transformer_kind {
     const char *name; /* "flux": messages say "df_flux_load: ..." and "flux forward: ..." */
+    const char *cls;  /* diffusers' class, "FluxTransformer2DModel": the compiled module's name */
     size_t size;      /* of the model struct */
+    /* The forward on in[0..n_in), the model's inputs struct in its order (NULL entries for
+     * inputs not given), as a module's forward calls it. */
+    int n_in;
+    df_tensor *(*forward)(df_ctx *ctx, void *m, df_tensor *const *in);
+    /* Whether the model takes step caches; a TaylorSeer cache's attention modules are then
+     * its repeated blocks, one each. */
+    bool step_caches;
     /* Reads config.json into the model, refusing what it cannot run. */
     df_status (*configure)(void *m, const df_json *cfg);
     /* The per-block arrays, sized by the config. */
@@ -81,8 +96,30 @@ df_status df_transformer_set_sequential_offload(const df_transformer_kind *kind,
 df_status df_transformer_compile_repeated_blocks(const df_transformer_kind *kind, df_transformer *t,
                                                  const df_compile_opts *opts);
 int df_transformer_compiled_programs(const df_transformer *t);
-void df_transformer_set_step_cache(df_transformer *t, df_step_cache *c);
 void df_transformer_free(df_transformer *t);
+
+/* --- the whole forward, and step caches -------------------------------------------------- */
+
+/* Compiles the whole forward (fullgraph; df_compile with the kind's class name): later
+ * df_transformer_call runs the compiled program. */
+df_status df_transformer_compile(df_transformer *t);
+/* One forward on in[0..kind->n_in): compiled where df_transformer_compile ran, else eager.
+ * The output [B, S_img, out] in *out. */
+df_status df_transformer_call(df_ctx *ctx, df_transformer *t, df_tensor *const *in,
+                              df_tensor **out);
+
+/* diffusers' transformer.enable_cache(cfg) for one run: `contexts` caches (0 or 1: one; 2 for
+ * the cache contexts "cond" and "uncond"), each made with the class name and the attention
+ * modules, context 0 in use. NULL cfg or DF_CACHE_NONE: none (nothing to do).
+ * DF_E_UNSUPPORTED where the model takes no step cache. */
+df_status df_transformer_enable_cache(df_transformer *t, const df_cache_config *cfg, int contexts);
+/* diffusers' cache_context: the forwards from now on use context k's cache (0 "cond",
+ * 1 "uncond"); a context without a cache, or k outside 0..1, runs uncached. */
+void df_transformer_cache_context(df_transformer *t, int k);
+/* Context 0's cache, for its trace (NULL when none is enabled). */
+const df_step_cache *df_transformer_step_cache(const df_transformer *t);
+/* Frees the run's caches: the forwards run uncached again. */
+void df_transformer_disable_cache(df_transformer *t);
 
 /* q, k, v projections of one attention stream with their per-head RMS norms. */
 typedef struct df_qkv_weights {
@@ -134,6 +171,12 @@ df_status df_transformer_check_ids(const df_transformer *t, const char *name, co
 df_status df_transformer_check_guidance(const df_transformer *t, bool embeds,
                                         const df_tensor *guidance, int64_t B);
 
+/* A list of n block indices (skip-layer guidance's) of a model with num_layers blocks:
+ * DF_E_ARG naming `what` ("sd3 forward: skip layer") when the list is missing or an index
+ * is not a block. */
+df_status df_transformer_check_layers(const char *what, const int *layers, int n,
+                                      int64_t num_layers);
+
 /* [S, A] view of ids given as [S, A] or [N, S, A]. */
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids);
 /* The sum over the ranks of a rowwise product's partial results (x itself on one rank). */
@@ -146,5 +189,24 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
  * (NULL: none) -> [B, S, H*Dh]. */
 df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                     df_tensor *pe);
+
+/* MagCache before the FLUX models' first block, on the streams c [B, S_txt, D] and
+ * x [B, S_img, D]: the joint sequence [c, x'] the skipped blocks are taken to make
+ * (x' the image stream they would give), or NULL when the blocks run. */
+df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x);
+/* The FLUX models' single-stream blocks: the joint sequence [c, x] (text first, s_txt tokens)
+ * through the n_single blocks that follow the n_double double ones, each given `mod` (its
+ * conditioning) and pe; MagCache's tail then takes the image part. -> [B, S, D]. */
+df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t n_double,
+                                        int64_t n_single, df_tensor *c, df_tensor *x,
+                                        df_tensor *mod, df_tensor *pe);
+/* The end of a FLUX forward on the joint sequence h [B, S, D]: the step cache's call ends;
+ * the image part (after s_txt text tokens) through AdaLayerNormContinuous (norm_out with
+ * temb, eps) and proj_out, the blocks ended, kept past the forward's scope `outer`
+ * -> [B, S_img, out]. */
+df_tensor *df_transformer_two_stream_out(df_ctx *ctx, df_transformer *t, df_scope outer,
+                                         df_tensor *h, int64_t s_txt, df_tensor *temb,
+                                         const df_linear_weights *norm_out,
+                                         const df_linear_weights *proj_out, float eps);
 
 #endif

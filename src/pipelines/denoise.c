@@ -9,9 +9,11 @@
  * inpainting); df_mark_step marks the step (FLUX.2's hook marks each forward instead, which
  * keeps its graphs as they were); a rank whose sharded forward failed stops every rank; the
  * inpaint blend and rank 0's latents broadcast run on the host copy; then the preview, the
- * step's tensors released and the callbacks. Step caches are attached by the pipelines, as
- * each transformer has its own setter and FLUX.2 switches between two per step.
+ * step's tensors released and the callbacks. The run's step caches are made, attached to
+ * the transformer and freed here, through the transformer base; FLUX.2's hook switches
+ * between its two cache contexts per step.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "pipelines/denoise.h"
@@ -57,10 +59,16 @@ df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool l
     return s;
 }
 
-df_status df_denoise_forward(df_ctx *ctx, const df_module *module, df_compiled *c, void *model,
-                             df_tensor *const *in, df_tensor **out)
+/* The step cache's trace and measured changes into the output (c, out may be NULL). */
+static void cache_trace(const df_step_cache *c, df_gen_output *out)
 {
-    return c ? df_compiled_call(ctx, c, model, in, out) : module->forward(ctx, model, in, out);
+    if (!c || !out)
+        return;
+    snprintf(out->cache_trace, sizeof out->cache_trace, "%s", df_step_cache_trace(c));
+    int n;
+    const double *d = df_step_cache_diffs(c, &n);
+    for (int i = 0; i < 1000; i++)
+        out->cache_diff[i] = i < n ? d[i] : NAN;
 }
 
 /* g->preview after a step: the first image's denoised estimate, decoded by the model. */
@@ -88,12 +96,22 @@ df_status df_denoise_run(df_pipeline *p, const df_gen_params *g, const df_denois
     float *v_host = on_device ? NULL : df_malloc((size_t)n * sizeof *v_host);
     if (!on_device && !v_host)
         return df_errorf(DF_E_OOM, "out of memory for %lld latents", (long long)n);
-    if (d->resident)
-        df_pipeline_onload(p, d->resident);
+    df_status s = df_transformer_enable_cache(d->transformer, g->cache, d->cache_contexts);
+    if (s != DF_OK) {
+        df_free(v_host);
+        return s;
+    }
+    /* Offloading: the transformer stays resident for the loop, unless its blocks come and go
+     * one by one (sequential offload). */
+    df_weight_set *resident = p->opts.offload != DF_OFFLOAD_NONE && !d->transformer->rep.sequential
+                                  ? d->transformer->ws
+                                  : NULL;
+    if (resident)
+        df_pipeline_onload(p, resident);
     df_scope mark = df_scope_begin(ctx);
     df_tensor *x =
         on_device ? df_tensor_from_host(ctx, DF_DTYPE_F32, d->shape, d->ndim, lat) : NULL;
-    df_status s = df_ctx_status(ctx);
+    s = df_ctx_status(ctx);
     double t0 = df_now();
     for (int i = d->first; i < d->steps && s == DF_OK; i++) {
         df_denoise_step st = {
@@ -129,8 +147,10 @@ df_status df_denoise_run(df_pipeline *p, const df_gen_params *g, const df_denois
     if (s == DF_OK && on_device)
         s = df_tensor_read(ctx, x, DF_DTYPE_F32, lat, (size_t)n * sizeof *lat);
     df_scope_end(ctx, mark, NULL);
-    if (s == DF_OK && d->resident)
-        s = df_pipeline_offload(p, d->resident);
+    if (s == DF_OK && resident)
+        s = df_pipeline_offload(p, resident);
+    cache_trace(df_transformer_step_cache(d->transformer), d->out);
+    df_transformer_disable_cache(d->transformer);
     df_free(v_host);
     return s;
 }

@@ -5,7 +5,8 @@
  * the loop a df_denoise: the latents' shape and hooks for what differs per model (the
  * transformer call with its guidance, the host read of a prediction, the decode of a
  * preview). The loop owns the steps: device or host step, df_mark_step, the inpaint blend,
- * the tensor-parallel checks and broadcasts, previews, progress and cancellation.
+ * the tensor-parallel checks and broadcasts, previews, progress and cancellation, and the
+ * run's step caches on the transformer (g->cache).
  */
 #ifndef DF_PIPELINES_DENOISE_H
 #define DF_PIPELINES_DENOISE_H
@@ -15,6 +16,8 @@
 #include <diffuse/pipeline.h>
 #include <diffuse/scheduler.h>
 #include <diffuse/vae.h>
+
+#include "models/transformer_base.h"
 
 struct df_inpaint;
 struct df_weight_set;
@@ -31,11 +34,6 @@ df_status df_denoise_scheduler_config(const df_pipeline *p, const df_model_index
  */
 df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool linear,
                                const double *mu, int first, df_scheduler **out);
-
-/* One transformer forward: the compiled program `c` where the pipeline compiled the
- * transformer, else `module`'s forward on `model`; inputs in the module's order. */
-df_status df_denoise_forward(df_ctx *ctx, const df_module *module, df_compiled *c, void *model,
-                             df_tensor *const *in, df_tensor **out);
 
 /* What a model's hook sees of one step. */
 typedef struct df_denoise_step {
@@ -60,7 +58,13 @@ typedef struct df_denoise {
     df_status (*decode)(void *model, const float *lat, df_gen_output *out);
     bool marks_step;                /* predict calls df_mark_step itself (after each forward) */
     const struct df_inpaint *blend; /* inpainting: the picture blended in after each step */
-    struct df_weight_set *resident; /* made resident for the loop, released after, or NULL */
+    /* The transformer the hooks call: resident for the loop when the pipeline offloads (and
+     * its blocks are not offloaded one by one), and given g->cache's step caches for the
+     * loop, `cache_contexts` of them (0 or 1: one; 2: "cond" and "uncond", which predict
+     * picks with df_transformer_cache_context). Their trace goes into `out`. */
+    df_transformer *transformer;
+    int cache_contexts;
+    df_gen_output *out;
 } df_denoise;
 
 /*
@@ -69,7 +73,7 @@ typedef struct df_denoise {
  * or DIFFUSE_HOST_STEP (the reference path), tensor parallelism (rank 0's latents are
  * shared after every step, so the ranks stay identical), or an inpaint blend (on the host).
  * Fails with the first failing hook's or step's status; DF_E_CANCELLED when g->on_step asks
- * to stop.
+ * to stop. The step caches' checks (df_pipeline_check_cache) are the pipeline's, before.
  */
 df_status df_denoise_run(df_pipeline *p, const df_gen_params *g, const df_denoise *d, float *lat);
 

@@ -49,7 +49,6 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/weight_sets.h"
-#include "models/step_cache.h"
 #include "pipelines/denoise.h"
 #include "pipelines/img2img.h"
 #include "pipelines/inpaint.h"
@@ -67,20 +66,7 @@ typedef struct flux_pipe {
     df_vae_encoder *vae_enc; /* image to image: loaded on first use */
     char vae_dir[4096];
     df_scheduler_config sched;
-    df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux_pipe;
-
-/* The transformer's forward as a module, for df_compile. Inputs in df_flux_inputs order. */
-static df_status transformer_forward(df_ctx *ctx, void *self, df_tensor *const *in,
-                                     df_tensor **out)
-{
-    df_flux_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5], in[6]};
-    out[0] = df_flux_forward(ctx, self, &fi);
-    return out[0] ? DF_OK : df_ctx_status(ctx);
-}
-
-static const df_module transformer_module = {
-    .name = "FluxTransformer2DModel", .n_in = 7, .n_out = 1, .forward = transformer_forward};
 
 static void flux_free(void *impl)
 {
@@ -92,7 +78,6 @@ static void flux_free(void *impl)
     df_flux_free(f->transformer);
     df_vae_free(f->vae);
     df_vae_encoder_free(f->vae_enc);
-    df_compiled_free(f->compiled);
     df_free(f);
 }
 
@@ -176,8 +161,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
                              (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
     }
     if (p->opts.compile)
-        DF_TRY(df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true},
-                          &f->compiled));
+        DF_TRY(df_transformer_compile((df_transformer *)f->transformer));
     if (p->opts.compile_blocks)
         DF_TRY(df_flux_compile_repeated_blocks(f->transformer,
                                                &(df_compile_opts){.fullgraph = true}));
@@ -478,8 +462,7 @@ static df_status predict(df_ctx *ctx, flux_pipe *f, const df_flux_inputs *in, in
     df_tensor *args[7] = {in->hidden_states, in->encoder_hidden_states, in->pooled_projections,
                           in->timestep, in->img_ids, in->txt_ids, in->guidance};
     *v = NULL;
-    df_status s =
-        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, v);
+    df_status s = df_transformer_call(ctx, (df_transformer *)f->transformer, args, v);
     if (s == DF_OK && S > 0 && *v) /* noise_pred[:, :S] */
         *v = df_contiguous(ctx, df_slice(ctx, *v, 1, 0, S));
     return s;
@@ -574,13 +557,8 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
         memcpy(ids + S * 3, ki->ids, (size_t)Si * 3 * sizeof *ids);
     if (s == DF_OK)
         s = make_scheduler(f, r->steps, r->first, S, &sched);
-    df_step_cache *cache = NULL; /* `transformer.enable_cache(g->cache)` for this run */
     if (s == DF_OK)
         s = df_pipeline_check_cache(p, g);
-    if (s == DF_OK)
-        s = df_step_cache_create(g->cache, "FluxTransformer2DModel",
-                                 df_flux_attention_modules(f->transformer), &cache);
-    df_flux_set_step_cache(f->transformer, cache);
     if (s == DF_OK)
         l.img_ids = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(S + Si, 3), ids);
     if (s == DF_OK && ki && ki->channels != Ci)
@@ -610,14 +588,11 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
                                .predict = loop_predict,
                                .decode = loop_decode,
                                .blend = ip,
-                               .resident = p->opts.offload == DF_OFFLOAD_MODEL
-                                               ? df_flux_weight_set(f->transformer)
-                                               : NULL,
+                               .transformer = (df_transformer *)f->transformer,
+                               .out = out,
                            },
                            lat);
     df_scheduler_free(sched);
-    df_pipeline_end_cache(cache, out);
-    df_flux_set_step_cache(f->transformer, NULL);
     df_free(ids);
     df_free(txt);
     df_free(l.ts);
@@ -765,11 +740,7 @@ static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **
                             f->clip ? df_clip_weight_set(f->clip) : NULL,
                             f->t5 ? df_t5_weight_set(f->t5) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
-    int n = 0;
-    for (int i = 0; i < 4; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 4, names, sets, cap);
 }
 
 const df_pipeline_kind df_flux_pipeline_class = {

@@ -62,7 +62,6 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/weight_sets.h"
-#include "models/step_cache.h"
 #include "pipelines/denoise.h"
 #include "pipelines/flux2_reference.h"
 #include "pipelines/pipeline.h"
@@ -80,20 +79,7 @@ typedef struct flux2_pipe {
     df_vae_encoder *vae_enc; /* reference images: loaded on first use */
     char vae_dir[4096];
     df_scheduler_config sched;
-    df_compiled *compiled; /* the transformer's forward, when compiled */
 } flux2_pipe;
-
-/* The transformer's forward as a module, for df_compile. Inputs in df_flux2_inputs order. */
-static df_status transformer_forward(df_ctx *ctx, void *self, df_tensor *const *in,
-                                     df_tensor **out)
-{
-    df_flux2_inputs fi = {in[0], in[1], in[2], in[3], in[4], in[5]};
-    out[0] = df_flux2_forward(ctx, self, &fi);
-    return out[0] ? DF_OK : df_ctx_status(ctx);
-}
-
-static const df_module transformer_module = {
-    .name = "Flux2Transformer2DModel", .n_in = 6, .n_out = 1, .forward = transformer_forward};
 
 static void flux2_free(void *impl)
 {
@@ -103,7 +89,6 @@ static void flux2_free(void *impl)
     df_flux2_free(f->transformer);
     df_vae_free(f->vae);
     df_vae_encoder_free(f->vae_enc);
-    df_compiled_free(f->compiled);
     df_free(f);
 }
 
@@ -169,8 +154,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(load_text(p, f, idx));
 
     if (p->opts.compile)
-        DF_TRY(df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true},
-                          &f->compiled));
+        DF_TRY(df_transformer_compile((df_transformer *)f->transformer));
     if (p->opts.compile_blocks)
         DF_TRY(df_flux2_compile_repeated_blocks(f->transformer,
                                                 &(df_compile_opts){.fullgraph = true}));
@@ -436,23 +420,20 @@ static df_status predict(df_pipeline *p, flux2_pipe *f, const run_sizes *r, df_t
     df_tensor *args[6] = {in.hidden_states, in.encoder_hidden_states, in.timestep,
                           in.img_ids, in.txt_ids, in.guidance};
     *out = NULL;
-    df_status s =
-        df_denoise_forward(ctx, &transformer_module, f->compiled, f->transformer, args, out);
+    df_status s = df_transformer_call(ctx, (df_transformer *)f->transformer, args, out);
     if (s == DF_OK && ref && *out) /* noise_pred[:, :S]: the latents' tokens only */
         *out = df_contiguous(ctx, df_slice(ctx, *out, 1, 0, r->S));
     return s == DF_OK ? df_mark_step(ctx) : s;
 }
 
-/* The step caches of a run (g->cache), as Flux2KleinPipeline enables them: one state per
- * cache context, "cond" (cache[0]) and, with CFG, "uncond" (cache[1]). diffusers 0.42 runs
- * no first-block or TaylorSeer cache on Flux2Pipeline (it calls the transformer outside any
- * cache context, which those hooks refuse; MagCache's sets one) and no first-block cache on
- * FLUX.2 (its hook subtracts the double block's output pair from the single block's joint
+/* The step caches a run may take (g->cache), as Flux2KleinPipeline enables them: one state
+ * per cache context, "cond" and, with CFG, "uncond" (the loop makes them). diffusers 0.42
+ * runs no first-block or TaylorSeer cache on Flux2Pipeline (it calls the transformer outside
+ * any cache context, which those hooks refuse; MagCache's sets one) and no first-block cache
+ * on FLUX.2 (its hook subtracts the double block's output pair from the single block's joint
  * output): both are refused here too. */
-static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
-                             const run_sizes *r, df_step_cache **cache)
+static df_status check_cache(df_pipeline *p, const flux2_pipe *f, const df_gen_params *g)
 {
-    cache[0] = cache[1] = NULL;
     if (!g->cache || g->cache->kind == DF_CACHE_NONE)
         return DF_OK;
     DF_TRY(df_pipeline_check_cache(p, g));
@@ -465,9 +446,6 @@ static df_status make_caches(df_pipeline *p, flux2_pipe *f, const df_gen_params 
         return df_errorf(DF_E_UNSUPPORTED, "--cache first-block: diffusers 0.42's first-block "
                          "cache fails on Flux2Transformer2DModel (its single blocks return the "
                          "joint sequence, not the image and text streams); use taylorseer");
-    int n = df_flux2_attention_modules(f->transformer);
-    for (int k = 0; k < (r->cfg ? 2 : 1); k++)
-        DF_TRY(df_step_cache_create(g->cache, "Flux2Transformer2DModel", n, &cache[k]));
     return DF_OK;
 }
 
@@ -524,7 +502,6 @@ typedef struct flux2_loop {
     df_tensor *embeds, *neg;       /* the prompts' and, with CFG, the negative text */
     df_tensor *img_ids, *txt_ids;  /* [S (+ Sr), 4], [L, 4] */
     df_tensor *ref;                /* reference tokens [B, Sr, C], or NULL */
-    df_step_cache *cache[2];       /* "cond", "uncond" */
 } flux2_loop;
 
 /* The loop's model call: the velocity for the latents x [B, S, C], with CFG's second
@@ -533,13 +510,14 @@ static df_status loop_predict(void *self, const df_denoise_step *st, df_tensor *
 {
     flux2_loop *l = self;
     df_tensor *vt = NULL, *vnt = NULL;
-    df_flux2_set_step_cache(l->f->transformer, l->cache[0]);
+    df_transformer *t = (df_transformer *)l->f->transformer;
+    df_transformer_cache_context(t, 0); /* "cond" */
     df_status s = predict(l->p, l->f, l->r, st->x, st->t, l->embeds, l->img_ids, l->txt_ids,
                           l->ref, &vt);
-    df_flux2_set_step_cache(l->f->transformer, l->cache[1]);
+    df_transformer_cache_context(t, 1); /* "uncond" */
     if (s == DF_OK && l->r->cfg)
         s = predict(l->p, l->f, l->r, st->x, st->t, l->neg, l->img_ids, l->txt_ids, l->ref, &vnt);
-    df_flux2_set_step_cache(l->f->transformer, NULL);
+    df_transformer_cache_context(t, -1);
     if (s == DF_OK && l->r->cfg) /* neg + scale * (cond - neg), each op in float32 */
         vt = df_add(l->p->ctx, vnt,
                     df_scale(l->p->ctx, df_sub(l->p->ctx, vt, vnt), l->r->guidance, -0.0f));
@@ -568,7 +546,7 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
     if (s == DF_OK)
         s = make_ids(ctx, r, &l.img_ids, &l.txt_ids);
     if (s == DF_OK)
-        s = make_caches(p, f, g, r, l.cache);
+        s = check_cache(p, f, g);
     if (s == DF_OK && refs && refs->n_tokens > 0) /* their ids after the latents' */
         s = reference_inputs(ctx, r, refs, &l.ref, &l.img_ids);
     if (s == DF_OK)
@@ -585,14 +563,12 @@ static df_status denoise(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                                .predict = loop_predict,
                                .decode = loop_decode,
                                .marks_step = true, /* predict marks each forward */
-                               .resident = p->opts.offload == DF_OFFLOAD_MODEL
-                                               ? df_flux2_weight_set(f->transformer)
-                                               : NULL,
+                               .transformer = (df_transformer *)f->transformer,
+                               .cache_contexts = r->cfg ? 2 : 1,
+                               .out = out,
                            },
                            lat);
     df_scheduler_free(sched);
-    df_pipeline_end_cache(l.cache[0], out); /* the trace of the "cond" calls */
-    df_step_cache_free(l.cache[1]);
     return s;
 }
 
@@ -774,11 +750,7 @@ static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set *
                             f->vae ? df_vae_weight_set(f->vae) : NULL,
                             f->te ? df_decoder_lm_weight_set(f->te) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder"};
-    int n = 0;
-    for (int i = 0; i < 3; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 3, names, sets, cap);
 }
 
 const df_pipeline_kind df_flux2_pipeline_class = {

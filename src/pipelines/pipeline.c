@@ -26,7 +26,6 @@
 #include "models/checkpoint.h"
 #include "models/loader.h"
 #include "models/shipped.h"
-#include "models/step_cache.h"
 #include "pipelines/inpaint.h"
 #include "models/lora.h"
 #include "pipelines/pipeline.h"
@@ -711,6 +710,16 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     return s;
 }
 
+int df_pipeline_list_weight_sets(const char *const *name, df_weight_set *const *all, int n,
+                                 const char **names, df_weight_set **sets, int cap)
+{
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (all[i] && k < cap)
+            names[k] = name[i], sets[k++] = all[i];
+    return k;
+}
+
 df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g)
 {
     if (!g->cache || g->cache->kind == DF_CACHE_NONE)
@@ -728,18 +737,6 @@ df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g)
                          "blocks, which compiled blocks (--compile-blocks) trace once; use "
                          "first-block or leave the blocks uncompiled");
     return DF_OK;
-}
-
-void df_pipeline_end_cache(df_step_cache *c, df_gen_output *out)
-{
-    if (!c)
-        return;
-    snprintf(out->cache_trace, sizeof out->cache_trace, "%s", df_step_cache_trace(c));
-    int n;
-    const double *d = df_step_cache_diffs(c, &n);
-    for (int i = 0; i < 1000; i++)
-        out->cache_diff[i] = i < n ? d[i] : NAN;
-    df_step_cache_free(c);
 }
 
 void df_gen_output_free(df_gen_output *out)

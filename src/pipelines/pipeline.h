@@ -148,12 +148,13 @@ df_status df_image_tokens_share(df_pipeline *p, df_image_tokens *t, int id_width
                                 const char *what);
 void df_image_tokens_deinit(df_image_tokens *t);
 
+/* For df_pipeline_kind.weight_sets: the loaded ones of the n components name[i] with weights
+ * all[i] (NULL: not loaded), in order, at most cap into names and sets; returns how many. */
+int df_pipeline_list_weight_sets(const char *const *name, struct df_weight_set *const *all, int n,
+                                 const char **names, struct df_weight_set **sets, int cap);
+
 /* Step caches (g->cache): DF_E_UNSUPPORTED where the run cannot take one (a transformer
  * compiled whole, tensor parallelism, TaylorSeer with compiled blocks), naming why. */
 df_status df_pipeline_check_cache(const df_pipeline *p, const df_gen_params *g);
-/* After the loop: the cache's trace and measured changes into the output, then the cache
- * freed (c may be NULL). */
-struct df_step_cache;
-void df_pipeline_end_cache(struct df_step_cache *c, df_gen_output *out);
 
 #endif

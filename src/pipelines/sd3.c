@@ -66,25 +66,8 @@ typedef struct sd3_pipe {
     df_vae_encoder *vae_enc; /* image to image: loaded on first use */
     char vae_dir[4096];
     df_scheduler_config sched;
-    int64_t clip_len;      /* the CLIP tokenizer's model_max_length (77) */
-    df_compiled *compiled; /* the transformer's forward, when compiled */
+    int64_t clip_len; /* the CLIP tokenizer's model_max_length (77) */
 } sd3_pipe;
-
-/* The transformer's forward as a module, for df_compile: hidden_states,
- * encoder_hidden_states, pooled_projections, timestep. (The skip-layer forward of
- * skip-layer guidance runs uncompiled: it is a different graph, and runs in few steps.) */
-static df_status transformer_forward(df_ctx *ctx, void *self, df_tensor *const *in, df_tensor **out)
-{
-    df_sd3_inputs si = {.hidden_states = in[0],
-                        .encoder_hidden_states = in[1],
-                        .pooled_projections = in[2],
-                        .timestep = in[3]};
-    out[0] = df_sd3_forward(ctx, self, &si);
-    return out[0] ? DF_OK : df_ctx_status(ctx);
-}
-
-static const df_module transformer_module = {
-    .name = "SD3Transformer2DModel", .n_in = 4, .n_out = 1, .forward = transformer_forward};
 
 static void sd3_free(void *impl)
 {
@@ -98,7 +81,6 @@ static void sd3_free(void *impl)
     df_sd3_free(s->transformer);
     df_vae_free(s->vae);
     df_vae_encoder_free(s->vae_enc);
-    df_compiled_free(s->compiled);
     df_free(s);
 }
 
@@ -207,9 +189,10 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
                          p->dir, (long long)vi->latent_channels, (long long)c->in_channels,
                          (long long)c->out_channels);
     DF_TRY(load_text(p, s, idx));
+    /* The skip-layer forward of skip-layer guidance runs uncompiled: it is a different graph,
+     * and runs in few steps. */
     if (p->opts.compile)
-        DF_TRY(
-            df_compile(&transformer_module, &(df_compile_opts){.fullgraph = true}, &s->compiled));
+        DF_TRY(df_transformer_compile((df_transformer *)s->transformer));
     if (p->opts.compile_blocks)
         DF_TRY(
             df_sd3_compile_repeated_blocks(s->transformer, &(df_compile_opts){.fullgraph = true}));
@@ -385,15 +368,8 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
         DF_TRY(df_img2img_first_step(g, r->steps, &r->first));
     if (g->clip_skip < 0)
         return df_errorf(DF_E_ARG, "clip_skip must be >= 0, not %d", g->clip_skip);
-    if (g->n_slg_layers < 0 || (g->n_slg_layers > 0 && !g->slg_layers))
-        return df_errorf(DF_E_ARG, "%d skip-layer guidance layers given without a list",
-                         g->n_slg_layers);
-    for (int i = 0; i < g->n_slg_layers; i++)
-        if (g->slg_layers[i] < 0 || g->slg_layers[i] >= c->num_layers)
-            return df_errorf(DF_E_ARG,
-                             "skip-layer guidance layer %d is not a block of this "
-                             "transformer (num_layers %lld)",
-                             g->slg_layers[i], (long long)c->num_layers);
+    DF_TRY(df_transformer_check_layers("skip-layer guidance layer", g->slg_layers, g->n_slg_layers,
+                                       c->num_layers));
 
     r->prompts = g->prompts;
     int np = g->n_prompts;
@@ -542,8 +518,7 @@ static df_status loop_predict(void *self, const df_denoise_step *step, df_tensor
     df_tensor *ts = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(1), &step->t);
     df_tensor *args[4] = {r->cfg ? df_concat(ctx, x, x, 0) : x, l->embeds, l->pooled, ts};
     df_tensor *v = NULL;
-    df_status st =
-        df_denoise_forward(ctx, &transformer_module, l->s->compiled, l->s->transformer, args, &v);
+    df_status st = df_transformer_call(ctx, (df_transformer *)l->s->transformer, args, &v);
     int i = step->i;
     bool slg = l->skip && (double)i > r->steps * r->slg_start && (double)i < r->steps * r->slg_stop;
     l->vs = slg ? df_sd3_forward(ctx, l->s->transformer,
@@ -626,6 +601,7 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
                                 .read = loop_read,
                                 .decode = loop_decode,
                                 .blend = ip,
+                                .transformer = (df_transformer *)s->transformer,
                             },
                             lat);
     df_scheduler_free(sched);
@@ -709,11 +685,8 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     } else if (st == DF_OK) {
         st = df_pipeline_draw_noise(g, r.B, C * h * w, lat);
     }
-    df_pipeline_onload(p, df_sd3_weight_set(s->transformer));
     if (st == DF_OK)
         st = denoise(p, s, g, &r, embeds, pooled, pe, pp, g->mask ? &ip : NULL, lat, C, h, w);
-    if (st == DF_OK)
-        st = df_pipeline_offload(p, df_sd3_weight_set(s->transformer));
     df_pipeline_note_phase(p, out, "denoise");
     df_pipeline_onload(p, df_vae_weight_set(s->vae));
     if (st == DF_OK)
@@ -747,11 +720,7 @@ static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **s
                             s->t5 ? df_t5_weight_set(s->t5) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2",
                                        "text_encoder_3"};
-    int n = 0;
-    for (int i = 0; i < 5; i++)
-        if (all[i] && n < cap)
-            names[n] = name[i], sets[n++] = all[i];
-    return n;
+    return df_pipeline_list_weight_sets(name, all, 5, names, sets, cap);
 }
 
 const df_pipeline_kind df_sd3_pipeline_class = {

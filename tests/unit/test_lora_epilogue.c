@@ -22,6 +22,7 @@
 #include <diffuse/diffuse.h>
 
 #include "runtime/runtime.h"
+#include "runtime/weight.h"
 
 enum { B = 2, S = 5, K = 24, N = 20, R = 6 };
 
@@ -81,7 +82,8 @@ static lora_layer make_layer(df_ctx *ctx)
         }};
     assert_int_equal(df_ctx_status(ctx), DF_OK);
     /* as models/loader.c binds them: int8 compute keeps the factors in f32 */
-    l.lw.lora_down->v.st->keep_precision = l.lw.lora_up->v.st->keep_precision = true;
+    assert_int_equal(df_weight_keep_precision(l.lw.lora_down, true), DF_OK);
+    assert_int_equal(df_weight_keep_precision(l.lw.lora_up, true), DF_OK);
     return l;
 }
 

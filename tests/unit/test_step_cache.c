@@ -17,6 +17,7 @@
 #include <diffuse/diffuse.h>
 
 #include "models/step_cache.h"
+#include "models/transformer_base.h"
 
 static void test_specs_take_the_configs_fields_and_defaults(void **state)
 {
@@ -217,6 +218,51 @@ static void test_pipelines_without_caches_say_why(void **state)
     }
 }
 
+/* The transformer base makes a run's caches (one per cache context), switches between them
+ * and frees them; a model without step caches refuses one by its class name. */
+static void test_the_base_makes_a_cache_per_context(void **state)
+{
+    (void)state;
+    df_ctx *ctx;
+    assert_int_equal(df_ctx_create(&(df_ctx_opts){.threads = 1}, &ctx), DF_OK);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/t2i-flux-schnell/pipeline/transformer", DF_GOLDEN_DIR);
+    df_flux *m = NULL;
+    assert_int_equal(df_flux_load(ctx, dir, &m), DF_OK);
+    df_transformer *t = (df_transformer *)m;
+    df_cache_config cfg;
+    assert_int_equal(df_cache_config_parse("taylorseer", &cfg), DF_OK);
+
+    assert_int_equal(df_transformer_enable_cache(t, NULL, 2), DF_OK); /* none asked */
+    assert_null(t->cache);
+    assert_null(df_transformer_step_cache(t));
+    assert_int_equal(df_transformer_enable_cache(t, &cfg, 2), DF_OK); /* "cond", "uncond" */
+    assert_non_null(t->caches[0]);
+    assert_non_null(t->caches[1]);
+    assert_ptr_equal(t->cache, t->caches[0]);
+    assert_ptr_equal(df_transformer_step_cache(t), t->caches[0]);
+    df_transformer_cache_context(t, 1);
+    assert_ptr_equal(t->cache, t->caches[1]);
+    df_transformer_cache_context(t, -1);
+    assert_null(t->cache);
+    df_transformer_disable_cache(t);
+    assert_null(t->caches[0]);
+    assert_null(t->caches[1]);
+    assert_int_equal(df_transformer_enable_cache(t, &cfg, 1), DF_OK); /* one context */
+    assert_non_null(t->caches[0]);
+    assert_null(t->caches[1]);
+    df_flux_free(m); /* frees the caches too */
+
+    snprintf(dir, sizeof dir, "%s/t2i-sd3/pipeline/transformer", DF_GOLDEN_DIR);
+    df_sd3 *s = NULL;
+    assert_int_equal(df_sd3_load(ctx, dir, &s), DF_OK);
+    assert_int_equal(df_transformer_enable_cache((df_transformer *)s, &cfg, 1), DF_E_UNSUPPORTED);
+    assert_non_null(strstr(df_error_message(), "SD3Transformer2DModel takes no step cache"));
+    assert_null(((df_transformer *)s)->cache);
+    df_sd3_free(s);
+    df_ctx_free(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -226,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_taylorseer_schedule_is_diffusers),
         cmocka_unit_test(test_first_block_cache_skips_only_when_told),
         cmocka_unit_test(test_pipelines_without_caches_say_why),
+        cmocka_unit_test(test_the_base_makes_a_cache_per_context),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
