@@ -13,7 +13,7 @@
 
 #include "core/alloc.h"
 
-static bool grow(void **data, size_t *cap, size_t need, size_t elem)
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return true;
@@ -36,7 +36,7 @@ static bool grow(void **data, size_t *cap, size_t need, size_t elem)
 
 bool df_i64_vec_push(df_i64_vec *v, int64_t x)
 {
-    if (!grow((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
+    if (!df_array_reserve((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
         return false;
     v->data[v->len++] = x;
     return true;
@@ -47,12 +47,12 @@ bool df_cp_vec_reserve(df_cp_vec *v, size_t n)
     size_t need;
     if (!df_size_add(v->len, n, &need))
         return false;
-    return grow((void **)&v->data, &v->cap, need, sizeof *v->data);
+    return df_array_reserve((void **)&v->data, &v->cap, need, sizeof *v->data);
 }
 
 bool df_cp_vec_push(df_cp_vec *v, int32_t cp)
 {
-    if (!grow((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
+    if (!df_array_reserve((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
         return false;
     v->data[v->len++] = cp;
     return true;
@@ -61,7 +61,8 @@ bool df_cp_vec_push(df_cp_vec *v, int32_t cp)
 bool df_byte_buf_append(df_byte_buf *b, const void *p, size_t n)
 {
     size_t need;
-    if (!df_size_add(b->len, n + 1, &need) || !grow((void **)&b->data, &b->cap, need, 1))
+    if (!df_size_add(b->len, n + 1, &need) ||
+        !df_array_reserve((void **)&b->data, &b->cap, need, 1))
         return false;
     if (n)
         memcpy(b->data + b->len, p, n);
