@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <utf8proc.h>
 
 #include "core/alloc.h"
@@ -196,10 +195,4 @@ df_status df_read_file(const char *path, char **out, size_t *out_len)
     *out = b.data;
     *out_len = b.len;
     return DF_OK;
-}
-
-bool df_file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }

@@ -61,7 +61,4 @@ bool df_py_isspace(int32_t cp);
 /* Reads a whole file into a df_malloc'd, NUL-terminated buffer. DF_E_IO when it cannot. */
 df_status df_read_file(const char *path, char **out, size_t *out_len);
 
-/* True when path names an existing regular file. */
-bool df_file_exists(const char *path);
-
 #endif
