@@ -95,6 +95,16 @@ int bench_encoder_measure(const bench_opts *o, const bench_encoder *e, const cha
                           df_dtype dtype, const char *mode, int64_t s, const char *shape,
                           double gflop);
 
+/* A model folder `dir` holding the n tensors as model.safetensors (bench_write_checkpoint)
+ * and `config` as config.json. Returns 0 on success. bench_remove_model removes both files
+ * and the folder. */
+int bench_write_model(const char *dir, const bench_weight *w, int n, const char *config);
+void bench_remove_model(const char *dir);
+
+/* A new empty folder "$TMPDIR/diffuse-bench-<workload>-XXXXXX" (/tmp without TMPDIR) in
+ * dir[cap]. Returns 0 on success; otherwise says why on stderr and returns 1. */
+int bench_temp_dir(const char *workload, char *dir, size_t cap);
+
 /* The compute dtypes a workload is asked for: --dtype names f32, bf16 or int8 (i8). */
 bool bench_dtype_wanted(const bench_opts *o, df_dtype t);
 

@@ -71,32 +71,16 @@ static int write_model(const char *dir, const lm_width *wd)
 {
     bench_weight w[64];
     int n = weight_list(wd, w);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int bad = bench_write_checkpoint(path, w, n);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = bad ? NULL : fopen(path, "w");
-    if (!f)
-        return 1;
-    fprintf(f,
-            "{\n  \"architectures\": [\"%s\"],\n  \"hidden_size\": %" PRId64 ",\n"
-            "  \"intermediate_size\": %" PRId64 ",\n  \"num_hidden_layers\": %d,\n"
-            "  \"num_attention_heads\": %" PRId64 ",\n  \"num_key_value_heads\": %" PRId64 ",\n"
-            "  \"head_dim\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n"
-            "  \"rope_theta\": 1000000.0,\n  \"hidden_act\": \"silu\",\n"
-            "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\"\n}\n",
-            wd->arch, wd->hidden, wd->mlp, LAYERS, wd->heads, wd->kv_heads, HEAD_DIM, VOCAB);
-    return fclose(f) != 0;
-}
-
-static void remove_model(const char *dir)
-{
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\n  \"architectures\": [\"%s\"],\n  \"hidden_size\": %" PRId64 ",\n"
+             "  \"intermediate_size\": %" PRId64 ",\n  \"num_hidden_layers\": %d,\n"
+             "  \"num_attention_heads\": %" PRId64 ",\n  \"num_key_value_heads\": %" PRId64 ",\n"
+             "  \"head_dim\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n"
+             "  \"rope_theta\": 1000000.0,\n  \"hidden_act\": \"silu\",\n"
+             "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\"\n}\n",
+             wd->arch, wd->hidden, wd->mlp, LAYERS, wd->heads, wd->kv_heads, HEAD_DIM, VOCAB);
+    return bench_write_model(dir, w, n, config);
 }
 
 static double lm_gflop(const lm_width *wd, int64_t s)
@@ -173,16 +157,12 @@ int bench_decoder_lm(const bench_opts *o)
         threads[1] = 2;
         n_threads = 2;
     }
-    const char *tmp = getenv("TMPDIR");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/diffuse-bench-lm-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "decoder-lm: cannot create a folder from %s\n", dir);
+    if (bench_temp_dir("decoder-lm", dir, sizeof dir))
         return 1;
-    }
     if (write_model(dir, wd) != 0) {
         fprintf(stderr, "decoder-lm: cannot write the random checkpoint in %s\n", dir);
-        remove_model(dir);
+        bench_remove_model(dir);
         return 1;
     }
     const int64_t s = o->quick ? 128 : 512;
@@ -197,6 +177,6 @@ int bench_decoder_lm(const bench_opts *o)
                 failures += measure(o, dir, wd, threads[ti], dtypes[di], modes[mi], s);
         }
     }
-    remove_model(dir);
+    bench_remove_model(dir);
     return failures ? 1 : 0;
 }

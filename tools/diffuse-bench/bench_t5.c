@@ -74,32 +74,16 @@ static int write_checkpoint(const char *dir)
 {
     bench_weight w[64];
     int n = weight_list(w);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int bad = bench_write_checkpoint(path, w, n);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = bad ? NULL : fopen(path, "w");
-    if (!f)
-        return 1;
-    fprintf(f,
-            "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_model\": %d,\n"
-            "  \"d_kv\": %d,\n  \"d_ff\": %d,\n  \"num_layers\": %d,\n  \"num_heads\": %d,\n"
-            "  \"relative_attention_num_buckets\": %d,\n"
-            "  \"relative_attention_max_distance\": 128,\n  \"layer_norm_epsilon\": 1e-06,\n"
-            "  \"feed_forward_proj\": \"gated-gelu\",\n  \"vocab_size\": %d,\n"
-            "  \"torch_dtype\": \"bfloat16\"\n}\n",
-            D_MODEL, D_KV, D_FF, LAYERS, HEADS, BUCKETS, VOCAB);
-    return fclose(f) != 0;
-}
-
-static void remove_checkpoint(const char *dir)
-{
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_model\": %d,\n"
+             "  \"d_kv\": %d,\n  \"d_ff\": %d,\n  \"num_layers\": %d,\n  \"num_heads\": %d,\n"
+             "  \"relative_attention_num_buckets\": %d,\n"
+             "  \"relative_attention_max_distance\": 128,\n  \"layer_norm_epsilon\": 1e-06,\n"
+             "  \"feed_forward_proj\": \"gated-gelu\",\n  \"vocab_size\": %d,\n"
+             "  \"torch_dtype\": \"bfloat16\"\n}\n",
+             D_MODEL, D_KV, D_FF, LAYERS, HEADS, BUCKETS, VOCAB);
+    return bench_write_model(dir, w, n, config);
 }
 
 /* ---- the measurement ------------------------------------------------------------------- */
@@ -156,16 +140,12 @@ int bench_t5(const bench_opts *o)
         n_threads = 2;
     }
 
-    const char *tmp = getenv("TMPDIR");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/diffuse-bench-t5-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "t5: cannot create a folder from %s\n", dir);
+    if (bench_temp_dir("t5", dir, sizeof dir))
         return 1;
-    }
     if (write_checkpoint(dir) != 0) {
         fprintf(stderr, "t5: cannot write the random checkpoint in %s\n", dir);
-        remove_checkpoint(dir);
+        bench_remove_model(dir);
         return 1;
     }
     int failures = 0;
@@ -182,6 +162,6 @@ int bench_t5(const bench_opts *o)
                 }
             }
         }
-    remove_checkpoint(dir);
+    bench_remove_model(dir);
     return failures ? 1 : 0;
 }
