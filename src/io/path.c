@@ -6,7 +6,8 @@
  * that fstat does not call a regular file. Names read from files (shard names in an index,
  * component names in model_index.json) pass df_path_check_inside before they are joined to
  * a folder; symbolic links inside the folder are followed, as a Hugging Face cache snapshot
- * is made of them.
+ * is made of them. The readers of large files (safetensors, GGUF) map them read-only and
+ * give the pages of a tensor back once it has been copied out (df_map_release_pages).
  */
 #include "io/path.h"
 

@@ -1,6 +1,7 @@
 /*
- * Files and paths for the io layer: opening only regular files, reading a whole file, and
- * joining a folder with a name read from a file without letting the name escape the folder.
+ * Files and paths for the io layer: opening only regular files, reading or mapping a whole
+ * file, copying one, and joining a folder with a name read from a file without letting the
+ * name escape the folder.
  */
 #ifndef DF_IO_PATH_H
 #define DF_IO_PATH_H
