@@ -869,14 +869,8 @@ typedef struct seg_list {
 
 static bool seg_push(seg_list *l, segment s)
 {
-    if (l->len == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16, bytes;
-        segment *d = df_size_mul(cap, sizeof *d, &bytes) ? df_realloc(l->data, bytes) : NULL;
-        if (!d)
-            return false;
-        l->data = d;
-        l->cap = cap;
-    }
+    if (!df_array_reserve((void **)&l->data, &l->cap, l->len + 1, sizeof *l->data))
+        return false;
     l->data[l->len++] = s;
     return true;
 }
