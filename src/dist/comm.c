@@ -128,20 +128,24 @@ static void t_abort(df_comm *c)
     pthread_mutex_unlock(&h->bar_mu);
 }
 
+static void hub_free(hub *h)
+{
+    pthread_cond_destroy(&h->bar_cv);
+    pthread_mutex_destroy(&h->bar_mu);
+    pthread_mutex_destroy(&h->mu);
+    df_free(h->slot);
+    df_free(h->value);
+    df_free(h);
+}
+
 static void t_free(df_comm *c)
 {
     hub *h = hub_of(c);
     pthread_mutex_lock(&h->mu);
     int left = --h->refs;
     pthread_mutex_unlock(&h->mu);
-    if (left == 0) {
-        pthread_cond_destroy(&h->bar_cv);
-        pthread_mutex_destroy(&h->bar_mu);
-        pthread_mutex_destroy(&h->mu);
-        df_free(h->slot);
-        df_free(h->value);
-        df_free(h);
-    }
+    if (left == 0)
+        hub_free(h);
     df_free(c);
 }
 
@@ -183,12 +187,7 @@ df_status df_comm_create_threads(int n, df_comm **out)
         if (!out[i]) {
             for (int j = 0; j < i; j++)
                 df_free(out[j]);
-            pthread_cond_destroy(&h->bar_cv);
-            pthread_mutex_destroy(&h->bar_mu);
-            pthread_mutex_destroy(&h->mu);
-            df_free(h->slot);
-            df_free(h->value);
-            df_free(h);
+            hub_free(h);
             return df_errorf(DF_E_OOM, "thread communicator: out of memory");
         }
         *out[i] = (df_comm){.ops = &thread_ops, .rank = i, .size = n, .impl = h};

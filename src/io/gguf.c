@@ -19,7 +19,6 @@
  */
 #include <diffuse/gguf.h>
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -539,28 +538,16 @@ df_status df_gguf_open(const char *path, df_gguf **out)
         return df_errorf(DF_E_ARG, "df_gguf_open: NULL argument");
     *out = NULL;
     int fd;
-    uint64_t size;
-    DF_TRY(df_file_open_regular(path, &fd, &size));
-    if (size > SIZE_MAX / 2) {
-        close(fd);
-        return df_errorf(DF_E_IO, "%s: file too large to map", path);
-    }
+    size_t size;
+    DF_TRY(df_file_open_mappable(path, &fd, &size));
     df_gguf *g = new_handle(path);
     if (!g) {
         close(fd);
         return DF_E_OOM;
     }
-    g->size = (size_t)size;
-    df_status s = DF_OK;
-    if (size > 0) {
-        void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            s = df_errorf(DF_E_IO, "%s: cannot map %zu bytes: %s", path, g->size, strerror(errno));
-        } else {
-            g->base = m;
-            g->mapped = true;
-        }
-    }
+    g->size = size;
+    df_status s = size > 0 ? df_file_map(fd, size, path, &g->base) : DF_OK;
+    g->mapped = s == DF_OK && size > 0;
     close(fd);
     if (s == DF_OK)
         s = parse(g);
@@ -871,10 +858,8 @@ df_status df_gguf_release_pages(const df_gguf *g, const char *name)
                          name ? name : "(null)");
     if (!g->mapped || t->nbytes == 0)
         return DF_OK;
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t begin = (g->data_start + t->offset) / page * page;
-    uint64_t end = (g->data_start + t->offset + t->nbytes + page - 1) / page * page;
-    if (madvise((void *)(g->base + begin), (size_t)(end - begin), MADV_DONTNEED) != 0)
+    uint64_t begin = g->data_start + t->offset;
+    if (!df_map_release_pages(g->base, g->size, begin, begin + t->nbytes))
         return df_errorf(DF_E_IO, "%s: cannot release the pages of '%s'", g->path, name);
     return DF_OK;
 }

@@ -27,6 +27,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "io/path.h"
+#include "io/spng_alloc.h"
 
 /* The largest input file read whole: a PNG of DF_IMAGE_MAX_PIXELS stored uncompressed
  * with alpha is about 256 MiB. */
@@ -48,31 +49,9 @@ static df_status check_size(const char *name, uint32_t width, uint32_t height)
 
 /* ---- PNG ---------------------------------------------------------------------------------- */
 
-/* zlib reports a failed allocation inside inflate as a broken stream: this note tells the
- * two apart. */
-static _Thread_local bool alloc_failed;
-
-static void *note_null(void *p)
-{
-    alloc_failed = alloc_failed || !p;
-    return p;
-}
-static void *spng_malloc(size_t n)
-{
-    return note_null(df_malloc(n));
-}
-static void *spng_realloc(void *p, size_t n)
-{
-    return note_null(df_realloc(p, n));
-}
-static void *spng_calloc(size_t c, size_t n)
-{
-    return note_null(df_calloc(c, n));
-}
-
 static df_status png_error(int err, const char *name, const char *what)
 {
-    if (err == SPNG_EMEM || alloc_failed)
+    if (df_spng_out_of_memory(err))
         return df_errorf(DF_E_OOM, "%s: out of memory %s", name, what);
     return df_errorf(DF_E_FORMAT, "%s: %s: %s (a truncated or corrupt PNG)", name, what,
                      spng_strerror(err));
@@ -117,14 +96,7 @@ static df_status png_decode(spng_ctx *ctx, const void *data, size_t len, const c
 
 static df_status decode_png(const void *data, size_t len, const char *name, df_image **out)
 {
-    struct spng_alloc alloc = {
-        .malloc_fn = spng_malloc,
-        .realloc_fn = spng_realloc,
-        .calloc_fn = spng_calloc,
-        .free_fn = df_free,
-    };
-    alloc_failed = false;
-    spng_ctx *ctx = spng_ctx_new2(&alloc, 0);
+    spng_ctx *ctx = df_spng_ctx_new(0);
     if (!ctx)
         return df_errorf(DF_E_OOM, "%s: out of memory", name);
     spng_set_chunk_limits(ctx, (size_t)64 << 20, (size_t)64 << 20);

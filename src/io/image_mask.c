@@ -17,6 +17,14 @@
 
 #include "core/status.h"
 
+/* ITU-R 601 luma as PIL's convert("L") rounds it. */
+static uint8_t grey_of(const uint8_t *rgb)
+{
+    return (uint8_t)(((uint32_t)rgb[0] * 19595 + (uint32_t)rgb[1] * 38470 +
+                      (uint32_t)rgb[2] * 7471 + 0x8000) >>
+                     16);
+}
+
 df_status df_image_mask_preprocess(const df_image *mask, int height, int width, int multiple,
                                    df_resample filter, float *out)
 {
@@ -32,11 +40,7 @@ df_status df_image_mask_preprocess(const df_image *mask, int height, int width, 
     }
     size_t plane = (size_t)h * (size_t)w;
     for (size_t i = 0; i < plane; i++) {
-        const uint8_t *rgb = src->pixels + i * 3;
-        uint32_t grey = ((uint32_t)rgb[0] * 19595 + (uint32_t)rgb[1] * 38470 +
-                         (uint32_t)rgb[2] * 7471 + 0x8000) >>
-                        16;
-        float x = (float)grey / 255.0f;
+        float x = (float)grey_of(src->pixels + i * 3) / 255.0f;
         out[i] = x < 0.5f ? 0.0f : 1.0f;
     }
     df_image_free(sized);
@@ -44,13 +48,6 @@ df_status df_image_mask_preprocess(const df_image *mask, int height, int width, 
 }
 
 /* --- padding_mask_crop ------------------------------------------------------------------- */
-
-static uint8_t grey_of(const uint8_t *rgb)
-{
-    return (uint8_t)(((uint32_t)rgb[0] * 19595 + (uint32_t)rgb[1] * 38470 +
-                      (uint32_t)rgb[2] * 7471 + 0x8000) >>
-                     16);
-}
 
 static bool column_empty(const df_image *m, int x)
 {

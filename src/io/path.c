@@ -6,13 +6,16 @@
  * that fstat does not call a regular file. Names read from files (shard names in an index,
  * component names in model_index.json) pass df_path_check_inside before they are joined to
  * a folder; symbolic links inside the folder are followed, as a Hugging Face cache snapshot
- * is made of them.
+ * is made of them. The readers of large files (safetensors, GGUF) map them read-only and
+ * give the pages of a tensor back once it has been copied out (df_map_release_pages).
  */
 #include "io/path.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -43,6 +46,40 @@ df_status df_file_open_regular(const char *path, int *out_fd, uint64_t *out_size
     *out_fd = fd;
     *out_size = (uint64_t)sb.st_size;
     return DF_OK;
+}
+
+df_status df_file_open_mappable(const char *path, int *out_fd, size_t *out_size)
+{
+    *out_size = 0;
+    uint64_t size;
+    DF_TRY(df_file_open_regular(path, out_fd, &size));
+    if (size > SIZE_MAX / 2) {
+        close(*out_fd);
+        *out_fd = -1;
+        return df_errorf(DF_E_IO, "%s: file too large to map", path);
+    }
+    *out_size = (size_t)size;
+    return DF_OK;
+}
+
+df_status df_file_map(int fd, size_t size, const char *path, const uint8_t **out)
+{
+    void *m = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED)
+        return df_errorf(DF_E_IO, "%s: cannot map %zu bytes: %s", path, size, strerror(errno));
+    *out = m;
+    return DF_OK;
+}
+
+bool df_map_release_pages(const uint8_t *base, size_t size, uint64_t begin, uint64_t end)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t last = ((uint64_t)size + page - 1) / page * page;
+    begin = begin / page * page;
+    end = (end + page - 1) / page * page;
+    if (end > last)
+        end = last;
+    return madvise((void *)(base + begin), (size_t)(end - begin), MADV_DONTNEED) == 0;
 }
 
 df_status df_file_read_all(const char *path, size_t max, char **out, size_t *out_len)
@@ -82,6 +119,34 @@ df_status df_file_read_all(const char *path, size_t max, char **out, size_t *out
     buf[got] = '\0';
     *out = buf;
     *out_len = got;
+    return DF_OK;
+}
+
+df_status df_file_copy(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb");
+    if (!in)
+        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
+    FILE *out = fopen(to, "wb");
+    if (!out) {
+        fclose(in);
+        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
+    }
+    char buf[65536];
+    size_t n;
+    bool ok = true;
+    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    ok = ok && !ferror(in);
+    fclose(in);
+    ok = fclose(out) == 0 && ok;
+    return ok ? DF_OK : df_errorf(DF_E_IO, "copying %s to %s failed", from, to);
+}
+
+df_status df_dir_make(const char *path)
+{
+    if (mkdir(path, 0755) != 0 && errno != EEXIST)
+        return df_errorf(DF_E_IO, "%s: cannot create the folder: %s", path, strerror(errno));
     return DF_OK;
 }
 

@@ -24,6 +24,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "io/spng_alloc.h"
 
 /* ---- the image ------------------------------------------------------------------------ */
 
@@ -144,44 +145,10 @@ static char *latin1_to_utf8(const char *text, size_t len)
 
 /* ---- saving -------------------------------------------------------------------------- */
 
-/* libspng and zlib allocate through these, which note a failure: zlib reports a failed
- * allocation inside inflate as a broken stream, and the note tells the two apart. */
-static _Thread_local bool alloc_failed;
-
-static void *note_null(void *p)
-{
-    alloc_failed = alloc_failed || !p;
-    return p;
-}
-static void *spng_malloc(size_t n)
-{
-    return note_null(df_malloc(n));
-}
-static void *spng_realloc(void *p, size_t n)
-{
-    return note_null(df_realloc(p, n));
-}
-static void *spng_calloc(size_t c, size_t n)
-{
-    return note_null(df_calloc(c, n));
-}
-
-static spng_ctx *new_ctx(int flags)
-{
-    struct spng_alloc alloc = {
-        .malloc_fn = spng_malloc,
-        .realloc_fn = spng_realloc,
-        .calloc_fn = spng_calloc,
-        .free_fn = df_free,
-    };
-    alloc_failed = false;
-    return spng_ctx_new2(&alloc, flags);
-}
-
 /* `bad` is the status of a failure that is not for want of memory. */
 static df_status spng_failure(int err, df_status bad, const char *path, const char *what)
 {
-    if (err == SPNG_EMEM || alloc_failed)
+    if (df_spng_out_of_memory(err))
         return df_errorf(DF_E_OOM, "%s: out of memory %s", path, what);
     return df_errorf(bad, "%s: %s: %s", path, what, spng_strerror(err));
 }
@@ -197,7 +164,7 @@ static df_status encode_png(const df_image *img, const char *path, const char *p
         return df_errorf(DF_E_ARG, "%s: the parameters text is not valid UTF-8 (byte %zu)", path,
                          bad_at);
 
-    spng_ctx *ctx = new_ctx(SPNG_CTX_ENCODER);
+    spng_ctx *ctx = df_spng_ctx_new(SPNG_CTX_ENCODER);
     if (!ctx)
         return df_errorf(DF_E_OOM, "%s: out of memory encoding the image", path);
     char *text = NULL;
@@ -409,7 +376,7 @@ df_status df_image_load_png(const char *path, df_image **out, char **parameters_
     FILE *f = fopen(path, "rb");
     if (!f)
         return df_errorf(DF_E_IO, "cannot open '%s': %s", path, strerror(errno));
-    spng_ctx *ctx = new_ctx(0);
+    spng_ctx *ctx = df_spng_ctx_new(0);
     df_status st;
     if (!ctx) {
         st = df_errorf(DF_E_OOM, "%s: out of memory", path);

@@ -424,18 +424,13 @@ static df_status open_fd(df_safetensors *st, int fd)
         return df_errorf(DF_E_OOM, "%s: out of memory for a %llu-byte header", st->path,
                          (unsigned long long)n);
     df_status s = read_at(fd, st->path, text, (size_t)n, 8);
+    if (s == DF_OK)
+        s = df_file_map(fd, st->size, st->path, &st->base);
     if (s == DF_OK) {
-        void *m = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            s = df_errorf(DF_E_IO, "%s: cannot map %zu bytes: %s", st->path, st->size,
-                          strerror(errno));
-        } else {
-            st->base = m;
-            st->mapped = true;
-            st->data = st->base + 8 + n;
-            st->data_size = st->size - 8 - n;
-            s = parse_header(st, text, n);
-        }
+        st->mapped = true;
+        st->data = st->base + 8 + n;
+        st->data_size = st->size - 8 - n;
+        s = parse_header(st, text, n);
     }
     df_free(text);
     return s;
@@ -447,18 +442,14 @@ df_status df_safetensors_open(const char *path, df_safetensors **out)
         return df_errorf(DF_E_ARG, "df_safetensors_open: NULL argument");
     *out = NULL;
     int fd;
-    uint64_t size;
-    DF_TRY(df_file_open_regular(path, &fd, &size));
-    if (size > SIZE_MAX / 2) {
-        close(fd);
-        return df_errorf(DF_E_IO, "%s: file too large to map", path);
-    }
+    size_t size;
+    DF_TRY(df_file_open_mappable(path, &fd, &size));
     df_safetensors *st = new_handle(path);
     if (!st) {
         close(fd);
         return DF_E_OOM;
     }
-    st->size = (size_t)size;
+    st->size = size;
     df_status s = open_fd(st, fd);
     close(fd);
     if (s != DF_OK) {

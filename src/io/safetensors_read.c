@@ -18,11 +18,10 @@
  */
 #include <math.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "io/path.h"
 #include "io/safetensors.h"
 
 #define STAGE_BYTES 8192
@@ -313,12 +312,7 @@ df_status df_safetensors_release_pages(const df_safetensors *st, const char *nam
     }
     if (!st->mapped || end <= begin)
         return DF_OK; /* the caller's memory is not ours to drop */
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    begin = begin / page * page;
-    end = (end + page - 1) / page * page;
-    if (end > ((uint64_t)st->size + page - 1) / page * page)
-        end = ((uint64_t)st->size + page - 1) / page * page;
-    if (madvise((void *)(st->base + begin), (size_t)(end - begin), MADV_DONTNEED) != 0)
+    if (!df_map_release_pages(st->base, st->size, begin, end))
         return df_errorf(DF_E_IO, "%s: cannot release pages of '%s'", st->path,
                          name ? name : "the file");
     return DF_OK;

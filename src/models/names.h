@@ -53,6 +53,8 @@ bool df_names_lookup(const df_name_rule *rules, size_t n, const char *diffusers,
 /* FLUX.1 (FluxTransformer2DModel) in BFL's layout, and a name every such file holds. */
 bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_flux_probe(void);
+/* The part of that map FLUX.2's BFL layout shares (attention, QK norms, final layer). */
+bool df_names_flux_bfl_shared(const char *diffusers, df_name_src *out);
 
 /* SD3 / SD3.5 (SD3Transformer2DModel) in the original MMDiT layout (joint_blocks.N.x_block /
  * context_block); arg = num_layers (the last block's context modulation is swapped). */

@@ -25,6 +25,34 @@
 #include <stdio.h>
 #include <string.h>
 
+/* What FLUX.2's layout keeps of FLUX.1's: the double blocks' fused qkv (thirds), QK norms and
+ * output projections, the single blocks' QK norms and the final layer. */
+static const df_name_rule shared_rules[] = {
+    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(0)},
+    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(1)},
+    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(2)},
+    {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
+     DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",
+     DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_added_q.weight",
+     "double_blocks.*.txt_attn.norm.query_norm.scale", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.norm_added_k.weight",
+     "double_blocks.*.txt_attn.norm.key_norm.scale", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", DF_NAME_WHOLE},
+    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
+     DF_NAME_WHOLE},
+    {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
+     DF_NAME_WHOLE},
+    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", DF_NAME_SWAPPED},
+    {"proj_out.", "final_layer.linear.", DF_NAME_WHOLE},
+};
+
+/* FLUX.1's own: biases, the separate modulations and MLPs, linear1 in sevenths. */
 static const df_name_rule rules[] = {
     {"x_embedder.weight", "img_in.weight", DF_NAME_WHOLE},
     {"x_embedder.bias", "img_in.bias", DF_NAME_WHOLE},
@@ -38,22 +66,6 @@ static const df_name_rule rules[] = {
     {"time_text_embed.text_embedder.linear_2.", "vector_in.out_layer.", DF_NAME_WHOLE},
     {"transformer_blocks.*.norm1.linear.", "double_blocks.*.img_mod.lin.", DF_NAME_WHOLE},
     {"transformer_blocks.*.norm1_context.linear.", "double_blocks.*.txt_mod.lin.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", 3, 1, {{0, 1}}},
-    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", 3, 1, {{1, 2}}},
-    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", 3, 1, {{2, 3}}},
-    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", 3, 1, {{0, 1}}},
-    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", 3, 1, {{1, 2}}},
-    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", 3, 1, {{2, 3}}},
-    {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
-     DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",
-     DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_added_q.weight",
-     "double_blocks.*.txt_attn.norm.query_norm.scale", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_added_k.weight",
-     "double_blocks.*.txt_attn.norm.key_norm.scale", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff.net.0.proj.", "double_blocks.*.img_mlp.0.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff.net.2.", "double_blocks.*.img_mlp.2.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff_context.net.0.proj.", "double_blocks.*.txt_mlp.0.", DF_NAME_WHOLE},
@@ -64,18 +76,19 @@ static const df_name_rule rules[] = {
     {"single_transformer_blocks.*.attn.to_v.", "single_blocks.*.linear1.", 7, 1, {{2, 3}}},
     {"single_transformer_blocks.*.proj_mlp.", "single_blocks.*.linear1.", 7, 1, {{3, 7}}},
     {"single_transformer_blocks.*.proj_out.", "single_blocks.*.linear2.", DF_NAME_WHOLE},
-    {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
-     DF_NAME_WHOLE},
-    {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
-     DF_NAME_WHOLE},
-    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", DF_NAME_SWAPPED},
-    {"proj_out.", "final_layer.linear.", DF_NAME_WHOLE},
 };
 
 bool df_names_flux_bfl(const char *diffusers, int arg, df_name_src *out)
 {
     (void)arg;
-    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out);
+    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out) ||
+           df_names_flux_bfl_shared(diffusers, out);
+}
+
+bool df_names_flux_bfl_shared(const char *diffusers, df_name_src *out)
+{
+    return df_names_lookup(shared_rules, sizeof shared_rules / sizeof shared_rules[0], diffusers,
+                           out);
 }
 
 const char *df_names_flux_probe(void)

@@ -12,6 +12,7 @@
  */
 #include "models/names.h"
 
+/* FLUX.2's own rules; the rest are FLUX.1's (df_names_flux_bfl_shared). */
 static const df_name_rule rules[] = {
     {"x_embedder.", "img_in.", DF_NAME_WHOLE},
     {"context_embedder.", "txt_in.", DF_NAME_WHOLE},
@@ -22,22 +23,6 @@ static const df_name_rule rules[] = {
     {"double_stream_modulation_img.linear.", "double_stream_modulation_img.lin.", DF_NAME_WHOLE},
     {"double_stream_modulation_txt.linear.", "double_stream_modulation_txt.lin.", DF_NAME_WHOLE},
     {"single_stream_modulation.linear.", "single_stream_modulation.lin.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_q.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(0)},
-    {"transformer_blocks.*.attn.to_k.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(1)},
-    {"transformer_blocks.*.attn.to_v.", "double_blocks.*.img_attn.qkv.", DF_NAME_THIRD(2)},
-    {"transformer_blocks.*.attn.add_q_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(0)},
-    {"transformer_blocks.*.attn.add_k_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(1)},
-    {"transformer_blocks.*.attn.add_v_proj.", "double_blocks.*.txt_attn.qkv.", DF_NAME_THIRD(2)},
-    {"transformer_blocks.*.attn.norm_q.weight", "double_blocks.*.img_attn.norm.query_norm.scale",
-     DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_k.weight", "double_blocks.*.img_attn.norm.key_norm.scale",
-     DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_added_q.weight",
-     "double_blocks.*.txt_attn.norm.query_norm.scale", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.norm_added_k.weight",
-     "double_blocks.*.txt_attn.norm.key_norm.scale", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_out.0.", "double_blocks.*.img_attn.proj.", DF_NAME_WHOLE},
-    {"transformer_blocks.*.attn.to_add_out.", "double_blocks.*.txt_attn.proj.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff.linear_in.", "double_blocks.*.img_mlp.0.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff.linear_out.", "double_blocks.*.img_mlp.2.", DF_NAME_WHOLE},
     {"transformer_blocks.*.ff_context.linear_in.", "double_blocks.*.txt_mlp.0.", DF_NAME_WHOLE},
@@ -45,18 +30,13 @@ static const df_name_rule rules[] = {
     {"single_transformer_blocks.*.attn.to_qkv_mlp_proj.", "single_blocks.*.linear1.",
      DF_NAME_WHOLE},
     {"single_transformer_blocks.*.attn.to_out.", "single_blocks.*.linear2.", DF_NAME_WHOLE},
-    {"single_transformer_blocks.*.attn.norm_q.weight", "single_blocks.*.norm.query_norm.scale",
-     DF_NAME_WHOLE},
-    {"single_transformer_blocks.*.attn.norm_k.weight", "single_blocks.*.norm.key_norm.scale",
-     DF_NAME_WHOLE},
-    {"norm_out.linear.", "final_layer.adaLN_modulation.1.", DF_NAME_SWAPPED},
-    {"proj_out.", "final_layer.linear.", DF_NAME_WHOLE},
 };
 
 bool df_names_flux2_bfl(const char *diffusers, int arg, df_name_src *out)
 {
     (void)arg;
-    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out);
+    return df_names_lookup(rules, sizeof rules / sizeof rules[0], diffusers, out) ||
+           df_names_flux_bfl_shared(diffusers, out);
 }
 
 const char *df_names_flux2_probe(void)

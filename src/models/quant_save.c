@@ -37,53 +37,13 @@
 #include "core/alloc.h"
 #include "core/int8_tiles.h"
 #include "core/status.h"
-
-static df_status copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb");
-    if (!in)
-        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
-    FILE *out = fopen(to, "wb");
-    if (!out) {
-        fclose(in);
-        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
-    }
-    static char buf[1 << 16];
-    size_t n;
-    bool ok = true;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        ok = fwrite(buf, 1, n, out) == n;
-    ok = ok && !ferror(in);
-    fclose(in);
-    if (fclose(out) != 0)
-        ok = false;
-    return ok ? DF_OK : df_errorf(DF_E_IO, "copying %s to %s failed", from, to);
-}
-
-static df_status make_dir(const char *path)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return df_errorf(DF_E_IO, "%s: cannot create the folder: %s", path, strerror(errno));
-    return DF_OK;
-}
-
-static bool ends_with(const char *s, const char *tail)
-{
-    size_t a = strlen(s), b = strlen(tail);
-    return a >= b && strcmp(s + a - b, tail) == 0;
-}
-
-static bool is_dir(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
+#include "io/path.h"
 
 /* Copies folder `from` into `to`, skipping the weights files when skip_weights. */
 static df_status copy_tree(const char *from, const char *to, bool skip_weights,
                            const char *skip_name)
 {
-    DF_TRY(make_dir(to));
+    DF_TRY(df_dir_make(to));
     DIR *d = opendir(from);
     if (!d)
         return df_errorf(DF_E_IO, "%s: cannot read the folder: %s", from, strerror(errno));
@@ -92,15 +52,15 @@ static df_status copy_tree(const char *from, const char *to, bool skip_weights,
     while (s == DF_OK && (e = readdir(d))) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
-        if (skip_weights && (ends_with(e->d_name, ".safetensors") ||
-                             ends_with(e->d_name, ".safetensors.index.json")))
+        if (skip_weights && (df_str_ends_with(e->d_name, ".safetensors") ||
+                             df_str_ends_with(e->d_name, ".safetensors.index.json")))
             continue;
         if (skip_name && strcmp(e->d_name, skip_name) == 0)
             continue;
         char a[4096], b[4096];
         snprintf(a, sizeof a, "%s/%s", from, e->d_name);
         snprintf(b, sizeof b, "%s/%s", to, e->d_name);
-        s = is_dir(a) ? copy_tree(a, b, false, NULL) : copy_file(a, b);
+        s = df_path_is_dir(a) ? copy_tree(a, b, false, NULL) : df_file_copy(a, b);
     }
     closedir(d);
     return s;
@@ -317,9 +277,9 @@ df_status df_quantize_model_layout(const char *in, const char *out, int64_t grou
                          "int8 group %lld: must be 32 to 256 (a multiple of 4), or 0 "
                          "for the whole k",
                          (long long)group);
-    if (!is_dir(in))
+    if (!df_path_is_dir(in))
         return df_errorf(DF_E_IO, "%s: not a model folder", in);
-    DF_TRY(make_dir(out));
+    DF_TRY(df_dir_make(out));
     DIR *d = opendir(in);
     if (!d)
         return df_errorf(DF_E_IO, "%s: cannot read the folder: %s", in, strerror(errno));
@@ -333,8 +293,8 @@ df_status df_quantize_model_layout(const char *in, const char *out, int64_t grou
         snprintf(b, sizeof b, "%s/%s", out, e->d_name);
         snprintf(cfg, sizeof cfg, "%s/config.json", a);
         struct stat st;
-        if (!is_dir(a))
-            s = copy_file(a, b);
+        if (!df_path_is_dir(a))
+            s = df_file_copy(a, b);
         else if (stat(cfg, &st) == 0 && df_layout_find_weights(a, wpath, sizeof wpath) == DF_OK)
             s = quantize_component(a, b, e->d_name, group, layout, shard_bytes);
         else

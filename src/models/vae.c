@@ -236,29 +236,8 @@ df_status df_vae_read_config(const df_json *cfg, df_vae_info *info)
  * step counter bn.num_batches_tracked is not used. */
 static df_status bind_batch_norm(df_ctx *ctx, df_vae *vae)
 {
-    df_weight_set *ws = vae->ws;
-    int64_t n = vae->info.bn_channels;
-    df_tensor *mean, *var;
-    DF_TRY(df_ws_tensor(ws, &mean, 1, (int64_t[]){n}, "bn.running_mean"));
-    DF_TRY(df_ws_tensor(ws, &var, 1, (int64_t[]){n}, "bn.running_var"));
-    df_ws_ignore_prefix(ws, "bn.num_batches_tracked");
-    vae->bn_mean = df_malloc((size_t)n * sizeof *vae->bn_mean);
-    vae->bn_std = df_malloc((size_t)n * sizeof *vae->bn_std);
-    if (!vae->bn_mean || !vae->bn_std)
-        return df_errorf(DF_E_OOM, "vae: out of memory");
-    DF_TRY(df_tensor_read(ctx, mean, DF_DTYPE_F32, vae->bn_mean, (size_t)n * sizeof(float)));
-    DF_TRY(df_tensor_read(ctx, var, DF_DTYPE_F32, vae->bn_std, (size_t)n * sizeof(float)));
-    float eps = (float)vae->info.batch_norm_eps;
-    for (int64_t i = 0; i < n; i++) {
-        float v = vae->bn_std[i] + eps;
-        if (!(v >= 0.0f))
-            return df_errorf(DF_E_FORMAT,
-                             "vae: bn.running_var[%lld] + batch_norm_eps is %g (a variance "
-                             "cannot be negative)",
-                             (long long)i, (double)v);
-        vae->bn_std[i] = sqrtf(v);
-    }
-    return DF_OK;
+    return df_vae_read_batch_norm(ctx, vae->ws, &vae->info, false, "vae", &vae->bn_mean,
+                                  &vae->bn_std);
 }
 
 static df_status bind_weights(df_ctx *ctx, df_vae *vae)

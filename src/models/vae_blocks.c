@@ -4,10 +4,12 @@
  * where it changes the channel count; the attention is one head of width C over the H*W
  * positions with a residual.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include <diffuse/layout.h>
 
+#include "core/alloc.h"
 #include "core/status.h"
 #include "models/vae_blocks.h"
 
@@ -138,6 +140,33 @@ df_status df_vae_finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
         s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
     *out = s == DF_OK ? result : NULL;
     return s;
+}
+
+df_status df_vae_read_batch_norm(df_ctx *ctx, df_weight_set *ws, const df_vae_info *info,
+                                 bool divides, const char *who, float **mean, float **std)
+{
+    int64_t n = info->bn_channels;
+    df_tensor *m, *var;
+    DF_TRY(df_ws_tensor(ws, &m, 1, (int64_t[]){n}, "bn.running_mean"));
+    DF_TRY(df_ws_tensor(ws, &var, 1, (int64_t[]){n}, "bn.running_var"));
+    df_ws_ignore_prefix(ws, "bn.num_batches_tracked");
+    *mean = df_malloc((size_t)n * sizeof **mean);
+    *std = df_malloc((size_t)n * sizeof **std);
+    if (!*mean || !*std)
+        return df_errorf(DF_E_OOM, "%s: out of memory", who);
+    DF_TRY(df_tensor_read(ctx, m, DF_DTYPE_F32, *mean, (size_t)n * sizeof(float)));
+    DF_TRY(df_tensor_read(ctx, var, DF_DTYPE_F32, *std, (size_t)n * sizeof(float)));
+    float eps = (float)info->batch_norm_eps;
+    for (int64_t i = 0; i < n; i++) {
+        float v = (*std)[i] + eps;
+        if (divides ? !(v > 0.0f) : !(v >= 0.0f))
+            return df_errorf(DF_E_FORMAT, "vae: bn.running_var[%lld] + batch_norm_eps is %g (%s)",
+                             (long long)i, (double)v,
+                             divides ? "the encoder divides by its square root"
+                                     : "a variance cannot be negative");
+        (*std)[i] = sqrtf(v);
+    }
+    return DF_OK;
 }
 
 df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,

@@ -47,6 +47,14 @@ df_status df_vae_read_config(const df_json *cfg, df_vae_info *info);
 df_status df_vae_open_weights(df_ctx *ctx, const char *dir, const char *file,
                               df_weight_set **out);
 
+/* AutoencoderKLFlux2's bn.running_mean and bn.running_var [info->bn_channels], read to the
+ * host once: *mean, and *std = sqrt(var + batch_norm_eps) in float32 (both df_malloc'd into
+ * the model's fields, which free them, also after a failure). DF_E_FORMAT when var + eps is
+ * negative, or not positive when `divides` (the encoder divides by it). `who` names the
+ * model in messages ("vae", "vae encoder"). bn.num_batches_tracked is marked as unused. */
+df_status df_vae_read_batch_norm(df_ctx *ctx, df_weight_set *ws, const df_vae_info *info,
+                                 bool divides, const char *who, float **mean, float **std);
+
 /* Binding "<name>.weight" / ".bias" (and a block's parts under "<prefix>.") with the
  * shapes the config implies; errors name the tensor (loader.c). */
 df_status df_vae_bind_conv(df_weight_set *ws, df_vae_conv *c, int64_t out_c, int64_t in_c,

@@ -152,28 +152,8 @@ static df_status bind_weights(df_vae_encoder *e)
 /* AutoencoderKLFlux2's bn.running_mean / running_var to the host (see struct df_vae_encoder). */
 static df_status bind_batch_norm(df_ctx *ctx, df_vae_encoder *e)
 {
-    int64_t n = e->info.bn_channels;
-    df_tensor *mean, *var;
-    DF_TRY(df_ws_tensor(e->ws, &mean, 1, (int64_t[]){n}, "bn.running_mean"));
-    DF_TRY(df_ws_tensor(e->ws, &var, 1, (int64_t[]){n}, "bn.running_var"));
-    df_ws_ignore_prefix(e->ws, "bn.num_batches_tracked");
-    e->bn_mean = df_malloc((size_t)n * sizeof *e->bn_mean);
-    e->bn_std = df_malloc((size_t)n * sizeof *e->bn_std);
-    if (!e->bn_mean || !e->bn_std)
-        return df_errorf(DF_E_OOM, "vae encoder: out of memory");
-    DF_TRY(df_tensor_read(ctx, mean, DF_DTYPE_F32, e->bn_mean, (size_t)n * sizeof(float)));
-    DF_TRY(df_tensor_read(ctx, var, DF_DTYPE_F32, e->bn_std, (size_t)n * sizeof(float)));
-    float eps = (float)e->info.batch_norm_eps;
-    for (int64_t i = 0; i < n; i++) {
-        float v = e->bn_std[i] + eps;
-        if (!(v > 0.0f))
-            return df_errorf(DF_E_FORMAT,
-                             "vae: bn.running_var[%lld] + batch_norm_eps is %g (the encoder "
-                             "divides by its square root)",
-                             (long long)i, (double)v);
-        e->bn_std[i] = sqrtf(v);
-    }
-    return DF_OK;
+    return df_vae_read_batch_norm(ctx, e->ws, &e->info, true, "vae encoder", &e->bn_mean,
+                                  &e->bn_std);
 }
 
 df_status df_vae_encoder_load(df_ctx *ctx, const char *dir, df_vae_encoder **out)

@@ -19,16 +19,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
-
-/* The status of the work queued so far, and the result on success. */
-static df_status finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
-{
-    df_status s = df_ctx_status(ctx);
-    if (s == DF_OK && !result)
-        s = df_errorf(DF_E_INTERNAL, "vae: an op returned no tensor without an error");
-    *out = s == DF_OK ? result : NULL;
-    return s;
-}
+#include "models/vae_blocks.h"
 
 /* The grid H x W the ids of every sample span (max + 1), checked to be one for all. */
 static df_status grid_size(const int64_t *ids, int64_t B, int64_t S, int64_t *H, int64_t *W)
@@ -147,7 +138,7 @@ df_status df_vae_unpack_latents_with_ids(df_ctx *ctx, df_tensor *packed, const i
     }
     df_free(rows);
     x = df_scope_end(ctx, mark, x);
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 df_status df_vae_unpatchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
@@ -166,7 +157,7 @@ df_status df_vae_unpatchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor *
     df_tensor *x = df_reshape(ctx, latents, DF_SHAPE(B, C, 2, 2, h, w));
     x = df_permute(ctx, x, DF_SHAPE(0, 1, 4, 2, 5, 3)); /* [B, C, h, 2, w, 2] */
     x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, C, 2 * h, 2 * w)));
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }
 
 df_status df_vae_patchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
@@ -187,5 +178,5 @@ df_status df_vae_patchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **o
     df_tensor *x = df_reshape(ctx, latents, DF_SHAPE(B, C, h / 2, 2, w / 2, 2));
     x = df_permute(ctx, x, DF_SHAPE(0, 1, 3, 5, 2, 4)); /* [B, C, 2, 2, h/2, w/2] */
     x = df_scope_end(ctx, mark, df_reshape(ctx, x, DF_SHAPE(B, C * 4, h / 2, w / 2)));
-    return finish(ctx, x, out);
+    return df_vae_finish(ctx, x, out);
 }

@@ -341,24 +341,6 @@ typedef struct bpe_work {
     size_t ntouched, touched_cap;
 } bpe_work;
 
-static bool reserve(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap : 32;
-    while (n < need)
-        n *= 2;
-    size_t bytes;
-    if (!df_size_mul(n, elem, &bytes))
-        return false;
-    void *q = df_realloc(*p, bytes);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = n;
-    return true;
-}
-
 static void work_free(bpe_work *wk)
 {
     df_byte_buf_free(&wk->word);
@@ -375,7 +357,7 @@ static bool pair_less(const bpe_pair *a, const bpe_pair *b)
 
 static bool heap_push(bpe_work *wk, bpe_pair p)
 {
-    if (!reserve((void **)&wk->heap, &wk->heap_cap, wk->nheap + 1, sizeof p))
+    if (!df_array_reserve((void **)&wk->heap, &wk->heap_cap, wk->nheap + 1, sizeof p))
         return false;
     size_t i = wk->nheap++;
     while (i > 0 && pair_less(&p, &wk->heap[(i - 1) / 2])) {
@@ -482,7 +464,7 @@ static df_status bpe_match(const df_clip_bpe *m, bpe_work *wk, const uint8_t *by
     const df_status oom = DF_E_OOM;
     wk->word.len = 0;
     wk->nheap = 0;
-    if (!reserve((void **)&wk->sym, &wk->sym_cap, n, sizeof *wk->sym))
+    if (!df_array_reserve((void **)&wk->sym, &wk->sym_cap, n, sizeof *wk->sym))
         return df_errorf(oom, "clip tokenizer: out of memory");
     for (size_t i = 0; i < n; i++) {
         bpe_sym *s = &wk->sym[i];
@@ -512,8 +494,8 @@ static df_status bpe_match(const df_clip_bpe *m, bpe_work *wk, const uint8_t *by
             if (!pair_valid(wk, &p))
                 continue;
             merge(wk, &p);
-            if (!reserve((void **)&wk->touched, &wk->touched_cap, wk->ntouched + 1,
-                         sizeof *wk->touched))
+            if (!df_array_reserve((void **)&wk->touched, &wk->touched_cap, wk->ntouched + 1,
+                                  sizeof *wk->touched))
                 return df_errorf(oom, "clip tokenizer: out of memory");
             wk->touched[wk->ntouched++] = p.left;
         }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "text/text_util.h"
 
 void df_str_map_init(df_str_map *m)
 {
@@ -67,24 +68,6 @@ static bool grow_slots(df_str_map *m)
     return true;
 }
 
-static bool reserve(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap : 64;
-    while (n < need)
-        n *= 2;
-    size_t bytes;
-    if (!df_size_mul(n, elem, &bytes))
-        return false;
-    void *q = df_realloc(*p, bytes);
-    if (!q)
-        return false;
-    *p = q;
-    *cap = n;
-    return true;
-}
-
 bool df_str_map_put(df_str_map *m, const char *key, size_t len, int32_t value, size_t *out_index)
 {
     uint32_t hash = df_str_hash(key, len);
@@ -100,9 +83,9 @@ bool df_str_map_put(df_str_map *m, const char *key, size_t len, int32_t value, s
         return false;
     if ((m->count + 1) * 2 > m->nslots && !grow_slots(m))
         return false;
-    if (!reserve((void **)&m->entries, &m->entries_cap, m->count + 1, sizeof *m->entries))
+    if (!df_array_reserve((void **)&m->entries, &m->entries_cap, m->count + 1, sizeof *m->entries))
         return false;
-    if (!reserve((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1))
+    if (!df_array_reserve((void **)&m->arena, &m->arena_cap, m->arena_len + len + 1, 1))
         return false;
 
     df_str_map_entry *e = &m->entries[m->count];

@@ -110,15 +110,8 @@ static df_status parse_piece(parse_state *ps, const uint8_t *data, size_t len)
     }
     if (got < 0)
         return malformed(ps->m, &r, "a piece");
-    size_t bytes;
-    if (ps->nraw == ps->raw_cap) {
-        size_t cap = ps->raw_cap ? ps->raw_cap * 2 : 1024;
-        raw_piece *q = df_size_mul(cap, sizeof *q, &bytes) ? df_realloc(ps->raw, bytes) : NULL;
-        if (!q)
-            return df_errorf(DF_E_OOM, "%s: out of memory", ps->m->name);
-        ps->raw = q;
-        ps->raw_cap = cap;
-    }
+    if (!df_array_reserve((void **)&ps->raw, &ps->raw_cap, ps->nraw + 1, sizeof *ps->raw))
+        return df_errorf(DF_E_OOM, "%s: out of memory", ps->m->name);
     ps->raw[ps->nraw++] = p;
     return DF_OK;
 }

@@ -8,12 +8,11 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <utf8proc.h>
 
 #include "core/alloc.h"
 
-static bool grow(void **data, size_t *cap, size_t need, size_t elem)
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return true;
@@ -36,7 +35,7 @@ static bool grow(void **data, size_t *cap, size_t need, size_t elem)
 
 bool df_i64_vec_push(df_i64_vec *v, int64_t x)
 {
-    if (!grow((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
+    if (!df_array_reserve((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
         return false;
     v->data[v->len++] = x;
     return true;
@@ -47,12 +46,12 @@ bool df_cp_vec_reserve(df_cp_vec *v, size_t n)
     size_t need;
     if (!df_size_add(v->len, n, &need))
         return false;
-    return grow((void **)&v->data, &v->cap, need, sizeof *v->data);
+    return df_array_reserve((void **)&v->data, &v->cap, need, sizeof *v->data);
 }
 
 bool df_cp_vec_push(df_cp_vec *v, int32_t cp)
 {
-    if (!grow((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
+    if (!df_array_reserve((void **)&v->data, &v->cap, v->len + 1, sizeof *v->data))
         return false;
     v->data[v->len++] = cp;
     return true;
@@ -61,7 +60,8 @@ bool df_cp_vec_push(df_cp_vec *v, int32_t cp)
 bool df_byte_buf_append(df_byte_buf *b, const void *p, size_t n)
 {
     size_t need;
-    if (!df_size_add(b->len, n + 1, &need) || !grow((void **)&b->data, &b->cap, need, 1))
+    if (!df_size_add(b->len, n + 1, &need) ||
+        !df_array_reserve((void **)&b->data, &b->cap, need, 1))
         return false;
     if (n)
         memcpy(b->data + b->len, p, n);
@@ -195,10 +195,4 @@ df_status df_read_file(const char *path, char **out, size_t *out_len)
     *out = b.data;
     *out_len = b.len;
     return DF_OK;
-}
-
-bool df_file_exists(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }

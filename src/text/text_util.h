@@ -27,6 +27,14 @@ typedef struct df_byte_buf {
 } df_byte_buf;
 
 /* Each returns false when memory ran out (the array is unchanged then). */
+/* Makes room for `need` elements of `elem` bytes in *data (capacity *cap, doubled from 16
+ * until it is enough, with checked sizes). The check that there is room already is inline,
+ * as the tokenizers' inner loops call it for every element. */
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem);
+static inline bool df_array_reserve(void **data, size_t *cap, size_t need, size_t elem)
+{
+    return need <= *cap || df_array_grow(data, cap, need, elem);
+}
 bool df_i64_vec_push(df_i64_vec *v, int64_t x);
 bool df_cp_vec_push(df_cp_vec *v, int32_t cp);
 bool df_cp_vec_reserve(df_cp_vec *v, size_t n);
@@ -52,8 +60,5 @@ bool df_py_isspace(int32_t cp);
 
 /* Reads a whole file into a df_malloc'd, NUL-terminated buffer. DF_E_IO when it cannot. */
 df_status df_read_file(const char *path, char **out, size_t *out_len);
-
-/* True when path names an existing regular file. */
-bool df_file_exists(const char *path);
 
 #endif

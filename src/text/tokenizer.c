@@ -40,6 +40,7 @@
 
 #include "core/alloc.h"
 #include "core/status.h"
+#include "io/path.h"
 #include "text/clip_bpe.h"
 #include "text/str_map.h"
 #include "text/t5_unigram.h"
@@ -105,7 +106,7 @@ static df_status read_json(const char *dir, const char *file, df_json **out)
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    if (!df_file_exists(path))
+    if (!df_path_is_file(path))
         return DF_OK;
     DF_TRY(df_json_parse_file(path, out));
     if (df_json_type_of(*out) != DF_JSON_OBJECT) {
@@ -466,13 +467,13 @@ df_status df_tokenizer_load(const char *dir, df_tokenizer **out)
         return df_errorf(DF_E_OOM, "%s: out of memory", dir);
     df_str_map_init(&t->added_map);
     df_status s;
-    if (df_file_exists(vocab) && df_file_exists(merges)) {
+    if (df_path_is_file(vocab) && df_path_is_file(merges)) {
         t->type = DF_TOKENIZER_CLIP_BPE;
         s = df_clip_bpe_load(dir, &t->clip);
-    } else if (df_file_exists(spiece)) {
+    } else if (df_path_is_file(spiece)) {
         t->type = DF_TOKENIZER_T5_UNIGRAM;
         s = df_t5_unigram_load(spiece, &t->t5);
-    } else if (df_file_exists(fast)) {
+    } else if (df_path_is_file(fast)) {
         t->type = DF_TOKENIZER_BPE_JSON;
         s = df_tok_json_load(dir, &t->json);
         df_json *special_map = NULL; /* read and checked as the slow tokenizers read it */
@@ -868,14 +869,8 @@ typedef struct seg_list {
 
 static bool seg_push(seg_list *l, segment s)
 {
-    if (l->len == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 16, bytes;
-        segment *d = df_size_mul(cap, sizeof *d, &bytes) ? df_realloc(l->data, bytes) : NULL;
-        if (!d)
-            return false;
-        l->data = d;
-        l->cap = cap;
-    }
+    if (!df_array_reserve((void **)&l->data, &l->cap, l->len + 1, sizeof *l->data))
+        return false;
     l->data[l->len++] = s;
     return true;
 }

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "io/path.h"
 #include "text/tokenizer_json_impl.h"
 
 typedef struct added_token {
@@ -379,7 +380,7 @@ df_status df_tok_json_load(const char *dir, df_tok_json **out)
     size_t json_len = 0, cfg_len = 0;
     DF_TRY(df_read_file(path, &json, &json_len));
     df_status s = DF_OK;
-    if (df_file_exists(cfg_path))
+    if (df_path_is_file(cfg_path))
         s = df_read_file(cfg_path, &cfg, &cfg_len);
     if (s == DF_OK)
         s = df_tok_json_create(json, json_len, cfg, cfg_len, dir, out);

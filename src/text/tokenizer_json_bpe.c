@@ -233,14 +233,8 @@ static bool before(candidate a, candidate b)
 
 static bool heap_push(word *w, candidate c)
 {
-    if (w->nheap == w->heap_cap) {
-        size_t cap = w->heap_cap ? w->heap_cap * 2 : 64, bytes;
-        candidate *h = df_size_mul(cap, sizeof *h, &bytes) ? df_realloc(w->heap, bytes) : NULL;
-        if (!h)
-            return false;
-        w->heap = h;
-        w->heap_cap = cap;
-    }
+    if (!df_array_reserve((void **)&w->heap, &w->heap_cap, w->nheap + 1, sizeof *w->heap))
+        return false;
     size_t i = w->nheap++;
     while (i > 0 && before(c, w->heap[(i - 1) / 2])) {
         w->heap[i] = w->heap[(i - 1) / 2];
@@ -275,14 +269,8 @@ static candidate heap_pop(word *w)
 
 static bool sym_push(word *w, int32_t id)
 {
-    if (w->n == w->cap) {
-        size_t cap = w->cap ? w->cap * 2 : 32, bytes;
-        symbol *s = df_size_mul(cap, sizeof *s, &bytes) ? df_realloc(w->sym, bytes) : NULL;
-        if (!s || cap > INT32_MAX)
-            return false;
-        w->sym = s;
-        w->cap = cap;
-    }
+    if (w->n >= INT32_MAX || !df_array_reserve((void **)&w->sym, &w->cap, w->n + 1, sizeof *w->sym))
+        return false;
     int32_t i = (int32_t)w->n++;
     w->sym[i] = (symbol){id, i - 1, -1, true};
     if (i > 0)

@@ -36,14 +36,8 @@ static const char gpt2_pattern[] =
 
 bool tj_pieces_push(tj_pieces *p, size_t begin, size_t end)
 {
-    if (p->n == p->cap) {
-        size_t cap = p->cap ? p->cap * 2 : 32, bytes;
-        tj_span *s = df_size_mul(cap, sizeof *s, &bytes) ? df_realloc(p->spans, bytes) : NULL;
-        if (!s)
-            return false;
-        p->spans = s;
-        p->cap = cap;
-    }
+    if (!df_array_reserve((void **)&p->spans, &p->cap, p->n + 1, sizeof *p->spans))
+        return false;
     p->spans[p->n++] = (tj_span){begin, end};
     return true;
 }
@@ -275,14 +269,8 @@ static bool mark_push(mark_list *l, size_t begin, size_t end, bool match)
 {
     if (begin == end)
         return true;
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 32, bytes;
-        mark *d = df_size_mul(cap, sizeof *d, &bytes) ? df_realloc(l->data, bytes) : NULL;
-        if (!d)
-            return false;
-        l->data = d;
-        l->cap = cap;
-    }
+    if (!df_array_reserve((void **)&l->data, &l->cap, l->n + 1, sizeof *l->data))
+        return false;
     l->data[l->n++] = (mark){begin, end, match};
     return true;
 }

@@ -76,6 +76,35 @@ typedef struct bench_weight {
  * Returns 0 on success. */
 int bench_write_checkpoint(const char *path, const bench_weight *w, int n);
 
+/* A text encoder to time (bench_encoder.c): `load` opens the model in `dir` (`arg` is the
+ * workload's own), `encode` runs it on token ids [1, S] below `vocab` and gives its hidden
+ * states [1, S, D], `free` frees it. `workload` names the report rows and the errors. */
+typedef struct bench_encoder {
+    const char *workload;
+    int64_t vocab;
+    const void *arg;
+    df_status (*load)(df_ctx *ctx, const char *dir, const void *arg, void **out);
+    df_status (*encode)(df_ctx *ctx, void *model, df_tensor *ids, df_tensor **out);
+    void (*free)(void *model);
+} bench_encoder;
+
+/* Loads the encoder in a new context (threads, compute dtype, "eager" or "fuse"), runs it
+ * once to warm up, then reports the fastest of 1 (--quick) or 3 runs on s tokens as one row
+ * named `shape`, with rates from `gflop` per run. Returns 0 on success. */
+int bench_encoder_measure(const bench_opts *o, const bench_encoder *e, const char *dir, int threads,
+                          df_dtype dtype, const char *mode, int64_t s, const char *shape,
+                          double gflop);
+
+/* A model folder `dir` holding the n tensors as model.safetensors (bench_write_checkpoint)
+ * and `config` as config.json. Returns 0 on success. bench_remove_model removes both files
+ * and the folder. */
+int bench_write_model(const char *dir, const bench_weight *w, int n, const char *config);
+void bench_remove_model(const char *dir);
+
+/* A new empty folder "$TMPDIR/diffuse-bench-<workload>-XXXXXX" (/tmp without TMPDIR) in
+ * dir[cap]. Returns 0 on success; otherwise says why on stderr and returns 1. */
+int bench_temp_dir(const char *workload, char *dir, size_t cap);
+
 /* The compute dtypes a workload is asked for: --dtype names f32, bf16 or int8 (i8). */
 bool bench_dtype_wanted(const bench_opts *o, df_dtype t);
 

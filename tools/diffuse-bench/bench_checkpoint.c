@@ -1,5 +1,6 @@
 /*
- * Random bf16 checkpoints for the encoder workloads (bench_t5.c, bench_decoder_lm.c).
+ * Random bf16 checkpoints for the encoder workloads (bench_t5.c, bench_decoder_lm.c), and the
+ * model folders that hold them (model.safetensors beside config.json) in a temporary folder.
  *
  * The file is written streaming: the header first, then each tensor generated and written
  * in chunks, so the weights of a full-width layer (hundreds of MB) never sit in memory at
@@ -9,6 +10,8 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "bench.h"
 
@@ -83,4 +86,37 @@ int bench_write_checkpoint(const char *path, const bench_weight *w, int n)
         bad = 1;
     free(h);
     return bad;
+}
+
+int bench_write_model(const char *dir, const bench_weight *w, int n, const char *config)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    int bad = bench_write_checkpoint(path, w, n);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = bad ? NULL : fopen(path, "w");
+    if (!f)
+        return 1;
+    bad = fputs(config, f) < 0;
+    return fclose(f) != 0 || bad;
+}
+
+void bench_remove_model(const char *dir)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+int bench_temp_dir(const char *workload, char *dir, size_t cap)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, cap, "%s/diffuse-bench-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", workload);
+    if (mkdtemp(dir))
+        return 0;
+    fprintf(stderr, "%s: cannot create a folder from %s\n", workload, dir);
+    return 1;
 }

@@ -71,32 +71,16 @@ static int write_model(const char *dir, const lm_width *wd)
 {
     bench_weight w[64];
     int n = weight_list(wd, w);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int bad = bench_write_checkpoint(path, w, n);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = bad ? NULL : fopen(path, "w");
-    if (!f)
-        return 1;
-    fprintf(f,
-            "{\n  \"architectures\": [\"%s\"],\n  \"hidden_size\": %" PRId64 ",\n"
-            "  \"intermediate_size\": %" PRId64 ",\n  \"num_hidden_layers\": %d,\n"
-            "  \"num_attention_heads\": %" PRId64 ",\n  \"num_key_value_heads\": %" PRId64 ",\n"
-            "  \"head_dim\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n"
-            "  \"rope_theta\": 1000000.0,\n  \"hidden_act\": \"silu\",\n"
-            "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\"\n}\n",
-            wd->arch, wd->hidden, wd->mlp, LAYERS, wd->heads, wd->kv_heads, HEAD_DIM, VOCAB);
-    return fclose(f) != 0;
-}
-
-static void remove_model(const char *dir)
-{
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\n  \"architectures\": [\"%s\"],\n  \"hidden_size\": %" PRId64 ",\n"
+             "  \"intermediate_size\": %" PRId64 ",\n  \"num_hidden_layers\": %d,\n"
+             "  \"num_attention_heads\": %" PRId64 ",\n  \"num_key_value_heads\": %" PRId64 ",\n"
+             "  \"head_dim\": %d,\n  \"vocab_size\": %d,\n  \"rms_norm_eps\": 1e-06,\n"
+             "  \"rope_theta\": 1000000.0,\n  \"hidden_act\": \"silu\",\n"
+             "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\"\n}\n",
+             wd->arch, wd->hidden, wd->mlp, LAYERS, wd->heads, wd->kv_heads, HEAD_DIM, VOCAB);
+    return bench_write_model(dir, w, n, config);
 }
 
 static double lm_gflop(const lm_width *wd, int64_t s)
@@ -109,77 +93,40 @@ static double lm_gflop(const lm_width *wd, int64_t s)
     return LAYERS * per_layer / 1e9;
 }
 
-/* One forward to the last layer's hidden state; wall and CPU seconds until it is read. */
-static int run_once(df_ctx *ctx, const df_decoder_lm *m, int64_t s, double *seconds,
-                    double *cpu_seconds)
+static df_status load(df_ctx *ctx, const char *dir, const void *arg, void **out)
 {
-    int64_t *ids = malloc((size_t)s * sizeof *ids);
-    if (!ids)
-        return 1;
-    for (int64_t i = 0; i < s; i++)
-        ids[i] = (i * 37 + 11) % VOCAB;
-    float probe[4];
-    double t0 = bench_now(), c0 = bench_cpu_now();
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(1, s), ids);
+    const lm_width *wd = arg;
+    return strcmp(wd->arch, "Qwen3Model") == 0 ? df_qwen3_load(ctx, dir, (df_decoder_lm **)out)
+                                               : df_mistral_load(ctx, dir, (df_decoder_lm **)out);
+}
+
+/* One forward to the last layer's hidden state. */
+static df_status encode(df_ctx *ctx, void *model, df_tensor *ids, df_tensor **out)
+{
     df_decoder_lm_request req = {.hidden_states = {LAYERS}, .n_hidden_states = 1};
-    df_decoder_lm_output out = {0};
-    df_status st = df_decoder_lm_forward(ctx, m, t, NULL, &req, &out);
-    if (st == DF_OK)
-        st = df_tensor_read(ctx, df_slice(ctx, df_slice(ctx, out.hidden_states[0], 1, 0, 1), 2, 0, 4),
-                            DF_DTYPE_F32, probe, sizeof probe);
-    df_scope_end(ctx, mark, NULL);
-    *seconds = bench_now() - t0;
-    *cpu_seconds = bench_cpu_now() - c0;
-    free(ids);
-    if (st != DF_OK)
-        fprintf(stderr, "decoder-lm: %s\n", df_error_message());
-    return st != DF_OK;
+    df_decoder_lm_output lm = {0};
+    df_status st = df_decoder_lm_forward(ctx, model, ids, NULL, &req, &lm);
+    *out = lm.hidden_states[0];
+    return st;
+}
+
+static void free_lm(void *model)
+{
+    df_decoder_lm_free(model);
 }
 
 static int measure(const bench_opts *o, const char *dir, const lm_width *wd, int threads,
                    df_dtype dtype, const char *mode, int64_t s)
 {
-    df_ctx *ctx;
-    df_eager_mode em = strcmp(mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER;
-    if (df_ctx_create(&(df_ctx_opts){.threads = threads, .compute = dtype, .mode = em}, &ctx) !=
-        DF_OK) {
-        fprintf(stderr, "decoder-lm: %s\n", df_error_message());
-        return 1;
-    }
-    df_decoder_lm *m = NULL;
-    df_status st = strcmp(wd->arch, "Qwen3Model") == 0 ? df_qwen3_load(ctx, dir, &m)
-                                                        : df_mistral_load(ctx, dir, &m);
-    int bad = st != DF_OK;
-    if (bad)
-        fprintf(stderr, "decoder-lm: %s\n", df_error_message());
-    double best = 0, best_cpu = 0, sec, cpu;
-    bad = bad || run_once(ctx, m, s, &sec, &cpu); /* warm-up */
-    df_stats_reset(ctx);
-    int repeats = o->quick ? 1 : 3;
-    for (int r = 0; !bad && r < repeats; r++) {
-        bad = run_once(ctx, m, s, &sec, &cpu);
-        if (r == 0 || sec < best)
-            best = sec;
-        if (r == 0 || cpu < best_cpu)
-            best_cpu = cpu;
-    }
-    if (!bad) {
-        df_stats stats;
-        df_ctx_stats(ctx, &stats);
-        char shape[96];
-        snprintf(shape, sizeof shape, "%s B1xS%" PRId64 "xL%d", wd->name, s, LAYERS);
-        int nt = df_ctx_threads(ctx);
-        double gflop = lm_gflop(wd, s);
-        char extra[160];
-        snprintf(extra, sizeof extra, ",\"cpu_gflops\":%.1f,\"ceiling_cpu_gflops\":%.1f",
-                 best_cpu > 0 ? gflop * nt / best_cpu : 0.0, bench_ceiling_cpu_gflops(dtype, nt));
-        bench_report(o, "decoder-lm", shape, nt, df_dtype_name(dtype), mode, best * 1e3,
-                     gflop / best, bench_ceiling_gflops(dtype, nt), stats.peak_bytes, extra);
-    }
-    df_decoder_lm_free(m);
-    df_ctx_free(ctx);
-    return bad;
+    const bench_encoder lm = {.workload = "decoder-lm",
+                              .vocab = VOCAB,
+                              .arg = wd,
+                              .load = load,
+                              .encode = encode,
+                              .free = free_lm};
+    char shape[96];
+    snprintf(shape, sizeof shape, "%s B1xS%" PRId64 "xL%d", wd->name, s, LAYERS);
+    return bench_encoder_measure(o, &lm, dir, threads, dtype, mode, s, shape, lm_gflop(wd, s));
 }
 
 int bench_decoder_lm(const bench_opts *o)
@@ -210,16 +157,12 @@ int bench_decoder_lm(const bench_opts *o)
         threads[1] = 2;
         n_threads = 2;
     }
-    const char *tmp = getenv("TMPDIR");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/diffuse-bench-lm-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "decoder-lm: cannot create a folder from %s\n", dir);
+    if (bench_temp_dir("decoder-lm", dir, sizeof dir))
         return 1;
-    }
     if (write_model(dir, wd) != 0) {
         fprintf(stderr, "decoder-lm: cannot write the random checkpoint in %s\n", dir);
-        remove_model(dir);
+        bench_remove_model(dir);
         return 1;
     }
     const int64_t s = o->quick ? 128 : 512;
@@ -234,6 +177,6 @@ int bench_decoder_lm(const bench_opts *o)
                 failures += measure(o, dir, wd, threads[ti], dtypes[di], modes[mi], s);
         }
     }
-    remove_model(dir);
+    bench_remove_model(dir);
     return failures ? 1 : 0;
 }

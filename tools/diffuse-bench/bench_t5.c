@@ -74,32 +74,16 @@ static int write_checkpoint(const char *dir)
 {
     bench_weight w[64];
     int n = weight_list(w);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    int bad = bench_write_checkpoint(path, w, n);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = bad ? NULL : fopen(path, "w");
-    if (!f)
-        return 1;
-    fprintf(f,
-            "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_model\": %d,\n"
-            "  \"d_kv\": %d,\n  \"d_ff\": %d,\n  \"num_layers\": %d,\n  \"num_heads\": %d,\n"
-            "  \"relative_attention_num_buckets\": %d,\n"
-            "  \"relative_attention_max_distance\": 128,\n  \"layer_norm_epsilon\": 1e-06,\n"
-            "  \"feed_forward_proj\": \"gated-gelu\",\n  \"vocab_size\": %d,\n"
-            "  \"torch_dtype\": \"bfloat16\"\n}\n",
-            D_MODEL, D_KV, D_FF, LAYERS, HEADS, BUCKETS, VOCAB);
-    return fclose(f) != 0;
-}
-
-static void remove_checkpoint(const char *dir)
-{
-    char path[1100];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    unlink(path);
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    unlink(path);
-    rmdir(dir);
+    char config[1024];
+    snprintf(config, sizeof config,
+             "{\n  \"architectures\": [\"T5EncoderModel\"],\n  \"d_model\": %d,\n"
+             "  \"d_kv\": %d,\n  \"d_ff\": %d,\n  \"num_layers\": %d,\n  \"num_heads\": %d,\n"
+             "  \"relative_attention_num_buckets\": %d,\n"
+             "  \"relative_attention_max_distance\": 128,\n  \"layer_norm_epsilon\": 1e-06,\n"
+             "  \"feed_forward_proj\": \"gated-gelu\",\n  \"vocab_size\": %d,\n"
+             "  \"torch_dtype\": \"bfloat16\"\n}\n",
+             D_MODEL, D_KV, D_FF, LAYERS, HEADS, BUCKETS, VOCAB);
+    return bench_write_model(dir, w, n, config);
 }
 
 /* ---- the measurement ------------------------------------------------------------------- */
@@ -112,31 +96,20 @@ static double t5_gflop(int64_t s)
     return LAYERS * per_layer / 1e9;
 }
 
-/* One encoder run on s tokens; the wall and CPU seconds it took (until the result is on
- * the host). */
-static int run_once(df_ctx *ctx, df_t5 *m, int64_t s, double *seconds, double *cpu_seconds)
+static df_status load(df_ctx *ctx, const char *dir, const void *arg, void **out)
 {
-    int64_t *ids = malloc((size_t)s * sizeof *ids);
-    if (!ids)
-        return 1;
-    for (int64_t i = 0; i < s; i++)
-        ids[i] = (i * 37 + 11) % VOCAB;
-    float probe[4];
-    double t0 = bench_now(), c0 = bench_cpu_now();
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *t = df_tensor_from_host(ctx, DF_DTYPE_I64, DF_SHAPE(1, s), ids);
-    df_tensor *h;
-    df_status st = df_t5_encode(ctx, m, t, NULL, &h);
-    if (st == DF_OK)
-        st = df_tensor_read(ctx, df_slice(ctx, df_slice(ctx, h, 1, 0, 1), 2, 0, 4), DF_DTYPE_F32,
-                            probe, sizeof probe);
-    df_scope_end(ctx, mark, NULL);
-    *seconds = bench_now() - t0;
-    *cpu_seconds = bench_cpu_now() - c0;
-    free(ids);
-    if (st != DF_OK)
-        fprintf(stderr, "t5: %s\n", df_error_message());
-    return st != DF_OK;
+    (void)arg;
+    return df_t5_load(ctx, dir, (df_t5 **)out);
+}
+
+static df_status encode(df_ctx *ctx, void *model, df_tensor *ids, df_tensor **out)
+{
+    return df_t5_encode(ctx, model, ids, NULL, out);
+}
+
+static void free_t5(void *model)
+{
+    df_t5_free(model);
 }
 
 typedef struct setting {
@@ -147,48 +120,12 @@ typedef struct setting {
 
 static int measure(const bench_opts *o, const char *dir, const setting *set, int64_t s)
 {
-    df_ctx *ctx;
-    df_eager_mode mode = strcmp(set->mode, "fuse") == 0 ? DF_DEFER_AND_FUSE : DF_DEFER_NEVER;
-    if (df_ctx_create(&(df_ctx_opts){.threads = set->threads, .compute = set->dtype, .mode = mode},
-                      &ctx) != DF_OK) {
-        fprintf(stderr, "t5: %s\n", df_error_message());
-        return 1;
-    }
-    df_t5 *m = NULL;
-    int bad = df_t5_load(ctx, dir, &m) != DF_OK;
-    if (bad)
-        fprintf(stderr, "t5: %s\n", df_error_message());
-    double best = 0, best_cpu = 0, sec, cpu;
-    bad = bad || run_once(ctx, m, s, &sec, &cpu); /* warm-up: packing, page faults */
-    df_stats_reset(ctx);
-    int repeats = o->quick ? 1 : 3;
-    for (int r = 0; !bad && r < repeats; r++) {
-        bad = run_once(ctx, m, s, &sec, &cpu);
-        if (r == 0 || sec < best)
-            best = sec;
-        if (r == 0 || cpu < best_cpu)
-            best_cpu = cpu;
-    }
-    if (!bad) {
-        df_stats stats;
-        df_ctx_stats(ctx, &stats);
-        char shape[64];
-        snprintf(shape, sizeof shape, "B1xS%" PRId64 "xd%dxff%dxL%d", s, D_MODEL, D_FF, LAYERS);
-        int threads = df_ctx_threads(ctx);
-        double gflop = t5_gflop(s);
-        /* On a shared machine the rate from CPU time (flop * threads / CPU seconds) is the
-         * steadier one; it is reported beside the wall-clock rate. */
-        char extra[160];
-        snprintf(extra, sizeof extra, ",\"cpu_gflops\":%.1f,\"ceiling_cpu_gflops\":%.1f",
-                 best_cpu > 0 ? gflop * threads / best_cpu : 0.0,
-                 bench_ceiling_cpu_gflops(set->dtype, threads));
-        bench_report(o, "t5", shape, threads, df_dtype_name(set->dtype), set->mode, best * 1e3,
-                     gflop / best, bench_ceiling_gflops(set->dtype, threads), stats.peak_bytes,
-                     extra);
-    }
-    df_t5_free(m);
-    df_ctx_free(ctx);
-    return bad;
+    static const bench_encoder t5 = {
+        .workload = "t5", .vocab = VOCAB, .load = load, .encode = encode, .free = free_t5};
+    char shape[64];
+    snprintf(shape, sizeof shape, "B1xS%" PRId64 "xd%dxff%dxL%d", s, D_MODEL, D_FF, LAYERS);
+    return bench_encoder_measure(o, &t5, dir, set->threads, set->dtype, set->mode, s, shape,
+                                 t5_gflop(s));
 }
 
 int bench_t5(const bench_opts *o)
@@ -203,16 +140,12 @@ int bench_t5(const bench_opts *o)
         n_threads = 2;
     }
 
-    const char *tmp = getenv("TMPDIR");
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/diffuse-bench-t5-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "t5: cannot create a folder from %s\n", dir);
+    if (bench_temp_dir("t5", dir, sizeof dir))
         return 1;
-    }
     if (write_checkpoint(dir) != 0) {
         fprintf(stderr, "t5: cannot write the random checkpoint in %s\n", dir);
-        remove_checkpoint(dir);
+        bench_remove_model(dir);
         return 1;
     }
     int failures = 0;
@@ -229,6 +162,6 @@ int bench_t5(const bench_opts *o)
                 }
             }
         }
-    remove_checkpoint(dir);
+    bench_remove_model(dir);
     return failures ? 1 : 0;
 }
