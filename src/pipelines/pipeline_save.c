@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <diffuse/safetensors_writer.h>
 #include <diffuse/vae.h>
@@ -30,34 +29,6 @@
 #include "models/weight_sets.h"
 #include "pipelines/pipeline.h"
 
-static df_status make_dir(const char *path)
-{
-    if (mkdir(path, 0755) != 0 && errno != EEXIST)
-        return df_errorf(DF_E_IO, "%s: cannot create the folder: %s", path, strerror(errno));
-    return DF_OK;
-}
-
-static df_status copy_file(const char *from, const char *to)
-{
-    FILE *in = fopen(from, "rb");
-    if (!in)
-        return df_errorf(DF_E_IO, "%s: cannot open: %s", from, strerror(errno));
-    FILE *out = fopen(to, "wb");
-    if (!out) {
-        fclose(in);
-        return df_errorf(DF_E_IO, "%s: cannot create: %s", to, strerror(errno));
-    }
-    char buf[65536];
-    size_t n;
-    bool ok = true;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0)
-        ok = fwrite(buf, 1, n, out) == n;
-    ok = ok && !ferror(in);
-    fclose(in);
-    ok = fclose(out) == 0 && ok;
-    return ok ? DF_OK : df_errorf(DF_E_IO, "copying %s to %s failed", from, to);
-}
-
 static bool is_weights(const char *name)
 {
     return df_str_ends_with(name, ".safetensors") || df_str_ends_with(name, ".index.json") ||
@@ -67,7 +38,7 @@ static bool is_weights(const char *name)
 /* Copies the plain files of `from` into `to` (created); weight files too unless `skip`. */
 static df_status copy_folder(const char *from, const char *to, bool skip_weights)
 {
-    DF_TRY(make_dir(to));
+    DF_TRY(df_dir_make(to));
     DIR *d = opendir(from);
     if (!d)
         return df_errorf(DF_E_IO, "%s: cannot list: %s", from, strerror(errno));
@@ -82,7 +53,7 @@ static df_status copy_folder(const char *from, const char *to, bool skip_weights
         }
         if (e->d_name[0] == '.' || !df_path_is_file(a) || (skip_weights && is_weights(e->d_name)))
             continue;
-        s = copy_file(a, b);
+        s = df_file_copy(a, b);
     }
     closedir(d);
     return s;
@@ -154,10 +125,10 @@ static df_status make_dirs(const char *path)
     for (char *c = buf + 1; *c; c++)
         if (*c == '/') {
             *c = '\0';
-            DF_TRY(make_dir(buf));
+            DF_TRY(df_dir_make(buf));
             *c = '/';
         }
-    return make_dir(buf);
+    return df_dir_make(buf);
 }
 
 df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
@@ -187,7 +158,7 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
             if (strcmp(names[i], e->d_name) == 0)
                 k = i;
         if (df_path_is_file(from) && !is_weights(e->d_name))
-            s = copy_file(from, to);
+            s = df_file_copy(from, to);
         else if (df_path_is_dir(from))
             s = copy_folder(from, to, k >= 0);
         if (s == DF_OK && k >= 0) {
