@@ -35,9 +35,33 @@
     .last_key = {"double_blocks.18.img_attn.qkv.weight", "single_blocks.37.linear1.weight"},       \
     .past_key = {"double_blocks.19.img_attn.qkv.weight", "single_blocks.38.linear1.weight"}
 
+/* SD3 and SD3.5: one stack of joint blocks, whose last block's context half is "pre-only"
+ * but still has its attention's qkv; the width is the context embedder's output. */
+#define SD3_TOKENIZERS                                                                             \
+    .tokenizers = "tokenizer/ (CLIP-L: vocab.json and merges.txt), tokenizer_2/ (CLIP-G: "         \
+                  "vocab.json and merges.txt) and tokenizer_3/ (T5: spiece.model or "              \
+                  "tokenizer.json)"
+#define SD3_BLOCKS(last, past)                                                                     \
+    .last_key = {"joint_blocks." #last ".x_block.attn.qkv.weight",                                 \
+                 "joint_blocks." #last ".context_block.attn.qkv.weight"},                          \
+    .past_key = {"joint_blocks." #past ".x_block.attn.qkv.weight",                                 \
+                 "joint_blocks." #past ".context_block.attn.qkv.weight"}
+
 static const df_shipped_config sets[] = {
     {.name = "FLUX.1-dev", FLUX1_RELEASED},
     {.name = "FLUX.1-schnell", FLUX1_RELEASED},
+    {.name = "SD3-medium",
+     SD3_TOKENIZERS,
+     .width_key = "context_embedder.weight",
+     .width_rows = 1536,
+     .width_cols = 4096,
+     SD3_BLOCKS(23, 24)},
+    {.name = "SD3.5-large",
+     SD3_TOKENIZERS,
+     .width_key = "context_embedder.weight",
+     .width_rows = 2432,
+     .width_cols = 4096,
+     SD3_BLOCKS(37, 38)},
 };
 
 /* Every model checkpoint.c names that has no set, and why. */
@@ -48,14 +72,12 @@ static const struct {
     {"FLUX.1-depth", "FluxControlPipeline is not implemented"},
     {"FLUX.2-dev", "no complete public copy of its official configs was found to take the "
                    "values from"},
-    {"FLUX.2-klein", "no complete public copy of the official klein 4B / 9B configs was found "
-                     "to take the values from"},
-    {"SD3-medium", "no complete public copy of its official configs was found to take the "
-                   "values from"},
-    {"SD3.5-medium", "no complete public copy of its official configs was found to take the "
-                     "values from"},
-    {"SD3.5-large", "no complete public copy of its official configs was found to take the "
-                    "values from"},
+    {"FLUX.2-klein", "no faithful public copy of the official klein 4B / 9B configs was "
+                     "found to take the values from (the one found has a transformer config "
+                     "edited for another loader)"},
+    {"SD3.5-medium", "no public copy of its official configs was found to take the values "
+                     "from (its transformer's dual-attention layers and 384 positions are "
+                     "its own)"},
     {"SD3-like (MMDiT names, no released size)", "the file is of no released size"},
 };
 
