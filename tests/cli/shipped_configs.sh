@@ -3,7 +3,8 @@
 # and writes one as a folder skeleton; a file with a released FLUX.1-schnell transformer
 # (sparse: the header is real, the data a hole) is recognised with its shipped config, and
 # `generate -m FILE` names the tokenizer folders and the component files still needed in one
-# line; given them, it goes on to the weights. A file of another size (the tiny all-in-one case) still needs --config DIR.
+# line; given them, it goes on to the weights. The same for an SD3.5-large transformer file,
+# with SD3's three tokenizer folders and three encoders. A file of another size (the tiny all-in-one case) still needs --config DIR.
 # Usage: shipped_configs.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -36,12 +37,37 @@ for f in model_index.json transformer/config.json vae/config.json scheduler/sche
     [ -s "$work/skel/$f" ] || fail "config -o wrote no $f"
 done
 grep -q '"FluxPipeline"' "$work/skel/model_index.json" || fail "the skeleton's model_index.json"
+for set in SD3-medium SD3.5-large; do
+    grep -qx "$set" "$work/list" || fail "config does not list $set: $(cat "$work/list")"
+    "$bin" config "$set" -o "$work/$set" > "$work/out" 2>&1 || fail "config $set -o: $(cat "$work/out")"
+    for f in model_index.json transformer/config.json vae/config.json \
+        scheduler/scheduler_config.json text_encoder/config.json text_encoder_2/config.json \
+        text_encoder_3/config.json; do
+        [ -s "$work/$set/$f" ] || fail "config $set -o wrote no $f"
+    done
+    grep -q '"StableDiffusion3Pipeline"' "$work/$set/model_index.json" ||
+        fail "the $set skeleton's model_index.json"
+done
+grep -q '"num_layers": 38' "$work/SD3.5-large/transformer/config.json" ||
+    fail "the SD3.5-large transformer config"
+"$bin" config --help > "$work/help" 2>&1 && grep -q "shipped: .*SD3.5-large" "$work/help" ||
+    fail "config --help: $(cat "$work/help")"
 "$bin" config FLUX.9 -o "$work/bad" 2>"$work/err"
 [ $? -eq 1 ] && [ "$(wc -l < "$work/err")" -eq 1 ] && grep -q "FLUX.1-schnell" "$work/err" ||
     fail "config of an unknown set: $(cat "$work/err")"
 
 "$bin" inspect -s "$work/flux1-schnell.safetensors" > "$work/inspect" 2>&1
 grep -q "config: shipped FLUX.1-schnell" "$work/inspect" || fail "inspect: $(cat "$work/inspect")"
+
+# SD3.5-large's own file (the transformer alone, no prefix): context_embedder [2432, 4096],
+# joint block 37 (its MLP names SD3.5-large; its attention the depth), the context
+# modulation's width
+w=2432
+a=$((w * 4096 * 2)) b=$((a + 3 * w * w * 2)) c=$((b + 3 * w * w * 2)) d=$((c + 4 * w * w * 2))
+e=$((d + 6 * w * 2))
+sparse "$work/sd3.5_large.safetensors" "{\"context_embedder.weight\":{\"dtype\":\"BF16\",\"shape\":[$w,4096],\"data_offsets\":[0,$a]},\"joint_blocks.37.x_block.attn.qkv.weight\":{\"dtype\":\"BF16\",\"shape\":[$((3 * w)),$w],\"data_offsets\":[$a,$b]},\"joint_blocks.37.context_block.attn.qkv.weight\":{\"dtype\":\"BF16\",\"shape\":[$((3 * w)),$w],\"data_offsets\":[$b,$c]},\"joint_blocks.37.x_block.mlp.fc1.weight\":{\"dtype\":\"BF16\",\"shape\":[$((4 * w)),$w],\"data_offsets\":[$c,$d]},\"joint_blocks.0.context_block.adaLN_modulation.1.bias\":{\"dtype\":\"BF16\",\"shape\":[$((6 * w))],\"data_offsets\":[$d,$e]}}" $e
+"$bin" inspect -s "$work/sd3.5_large.safetensors" > "$work/inspect" 2>&1
+grep -q "config: shipped SD3.5-large" "$work/inspect" || fail "inspect SD3.5-large: $(cat "$work/inspect")"
 
 args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
 expect() { # expect REGEX generate-args...: status 1, one line matching REGEX, no image
@@ -67,6 +93,14 @@ expect "still needed: text_encoder (--text-encoder FILE), text_encoder_2 (--text
     -m "$sf" --config "$work/toks" --vae "$sf"
 expect "loading on the shipped FLUX.1-schnell configs" -m "$sf" --config "$work/toks" \
     --vae "$sf" --text-encoder "$sf" --text-encoder-2 "$sf"
+sd3=$golden/t2i-sd3/pipeline
+mkdir -p "$work/sd3toks" && cp -r "$sd3/tokenizer" "$sd3/tokenizer_2" "$sd3/tokenizer_3" \
+    "$work/sd3toks/" || fail "copying the SD3 tokenizers"
+l=$work/sd3.5_large.safetensors
+expect "is SD3.5-large: .*still needed: tokenizer/ .*tokenizer_2/ .*tokenizer_3/ .*text_encoder_3 (--text-encoder-3 FILE), vae (--vae FILE)" \
+    -m "$l"
+expect "loading on the shipped SD3.5-large configs" -m "$l" --config "$work/sd3toks" \
+    --vae "$l" --text-encoder "$l" --text-encoder-2 "$l" --text-encoder-3 "$l"
 expect "none shipped for this size.*--config DIR" \
     -m "$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors" --config "$work/toks"
 [ -z "$(ls "$work/tmp")" ] || fail "temporary config folders left: $(ls "$work/tmp")"

@@ -18,7 +18,13 @@ static void usage(FILE *f)
                "skeleton\n"
                "  a single checkpoint file of a shipped model (-m FILE) uses its set by "
                "itself;\n"
-               "  tokenizers are not shipped: give them with --config DIR\n");
+               "  tokenizers are not shipped: give them with --config DIR (FLUX.1: "
+               "tokenizer/, tokenizer_2/;\n"
+               "  SD3: tokenizer/, tokenizer_2/, tokenizer_3/)\n"
+               "  shipped:");
+    for (int i = 0; df_shipped_config_name(i); i++)
+        fprintf(f, "%s %s", i ? "," : "", df_shipped_config_name(i));
+    fprintf(f, "\n");
 }
 
 int cmd_config(int argc, char **argv)
