@@ -719,6 +719,66 @@ static void test_single_file_loads_on_the_shipped_configs(void **state)
     remove_tree(dir);
 }
 
+/* The same for SD3-medium and SD3.5-large: the transformer file (-m) and the VAE and three
+ * encoders as files of their own, the three tokenizer folders in --config DIR: the whole
+ * StableDiffusion3Pipeline loads on each shipped set. */
+static void test_sd3_single_file_loads_on_the_shipped_configs(void **state)
+{
+    (void)state;
+    static const char *const names[] = {"transformer", "vae", "text_encoder", "text_encoder_2",
+                                        "text_encoder_3"};
+    static const struct {
+        const char *set;
+        int width, blocks;
+    } sets[] = {{"SD3-medium", 1536, 24}, {"SD3.5-large", 2432, 38}};
+    enum { CAP = 2048 };
+    tensor *t = malloc(CAP * sizeof *t);
+    char(*tn)[160] = malloc(CAP * sizeof *tn);
+    assert_non_null(t);
+    assert_non_null(tn);
+    for (size_t s = 0; s < sizeof sets / sizeof sets[0]; s++) {
+        char dir[512], file[600], tmp[600], toks[600], parts[5][600];
+        test_dir("shipped-full-sd3", dir, sizeof dir);
+        path_in(dir, "sd3.safetensors", file, sizeof file);
+        path_in(dir, "tmp", tmp, sizeof tmp);
+        path_in(dir, "toks", toks, sizeof toks);
+        mkdir(tmp, 0755);
+        mkdir(toks, 0755);
+        copy_tree(SD3_TOKENIZERS "/tokenizer", toks);
+        copy_tree(SD3_TOKENIZERS "/tokenizer_2", toks);
+        copy_tree(SD3_TOKENIZERS "/tokenizer_3", toks);
+        setenv("TMPDIR", tmp, 1);
+        write_sd3(file, "model.diffusion_model.", sets[s].width, sets[s].blocks, 36864);
+        for (int i = 0; i < 5; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s.safetensors", names[i]);
+            path_in(dir, name, parts[i], sizeof parts[i]);
+            write_sparse(parts[i], t, read_shapes(sets[s].set, names[i], t, CAP, tn));
+        }
+        df_pipeline *p = NULL;
+        df_status st = df_pipeline_load(file,
+                                        &(df_load_opts){.threads = 1,
+                                                        .config_dir = toks,
+                                                        .transformer_file = parts[0],
+                                                        .vae_file = parts[1],
+                                                        .text_encoder_file = parts[2],
+                                                        .text_encoder_2_file = parts[3],
+                                                        .text_encoder_3_file = parts[4]},
+                                        &p);
+        if (st != DF_OK)
+            fail_msg("%s: %s", sets[s].set, df_error_message());
+        assert_string_equal(df_pipeline_class(p), "StableDiffusion3Pipeline");
+        assert_string_equal(df_pipeline_shipped_config(p), sets[s].set);
+        assert_int_equal(leftovers(tmp), 1);
+        df_pipeline_free(p);
+        assert_int_equal(leftovers(tmp), 0);
+        unsetenv("TMPDIR");
+        remove_tree(dir);
+    }
+    free(tn);
+    free(t);
+}
+
 static void test_config_write_by_name(void **state)
 {
     (void)state;
@@ -758,6 +818,7 @@ int main(void)
         cmocka_unit_test(test_single_file_load_asks_for_the_tokenizers),
         cmocka_unit_test(test_sd3_single_file_load_asks_for_what_is_missing),
         cmocka_unit_test(test_single_file_loads_on_the_shipped_configs),
+        cmocka_unit_test(test_sd3_single_file_loads_on_the_shipped_configs),
         cmocka_unit_test(test_config_write_by_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
