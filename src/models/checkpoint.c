@@ -275,11 +275,12 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
         add(out, cap, " CLIP-L (--text-encoder FILE or the folder's text_encoder/),");
     if (sd3 && !c.clip_g)
         add(out, cap, " CLIP-G (--text-encoder-2 FILE or the folder's text_encoder_2/),");
-    if (!c.t5)
+    if (!c.t5) /* the shipped SD3 sets name T5, as the official folders do */
         add(out, cap,
-            sd3 ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
-                  "text_encoder_3/),"
-                : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
+            sd3 && *c.shipped ? " T5 (--text-encoder-3 FILE: the shipped configs name it),"
+            : sd3             ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
+                                "text_encoder_3/),"
+                              : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
     if (*c.shipped) {
         add(out, cap, " tokenizers (--config DIR holding ");
         add(out, cap, df_shipped_find(c.shipped)->tokenizers);

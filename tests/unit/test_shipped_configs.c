@@ -196,6 +196,7 @@ static void test_recognition_picks_the_sd3_sets(void **state)
     assert_int_equal(df_checkpoint_describe(path, text, sizeof text), DF_OK);
     assert_non_null(strstr(text, "config: shipped SD3-medium\n"));
     assert_non_null(strstr(text, "tokenizer_3/ (T5"));
+    assert_non_null(strstr(text, " T5 (--text-encoder-3 FILE: the shipped configs name it)"));
 
     /* SD3.5-large (and its turbo), with and without the prefix */
     write_sd3(path, "model.diffusion_model.", 2432, 38, 36864);
