@@ -283,6 +283,17 @@ static void test_gguf_file_gets_the_set(void **state)
     assert_int_equal(df_checkpoint_recognise(path, &c), DF_OK);
     assert_string_equal(c.model, "FLUX.1-schnell");
     assert_string_equal(c.shipped, "FLUX.1-schnell");
+
+    /* city96's SD3.5-large GGUF: the same names, no prefix */
+    const tensor l[] = {{"context_embedder.weight", 2, {2432, 4096}},
+                        {"joint_blocks.37.x_block.attn.qkv.weight", 2, {7296, 2432}},
+                        {"joint_blocks.37.context_block.attn.qkv.weight", 2, {7296, 2432}},
+                        {"joint_blocks.37.x_block.mlp.fc1.weight", 2, {9728, 2432}}};
+    path_in(dir, "sd3.5_large-F16.gguf", path, sizeof path);
+    write_sparse_gguf(path, l, 4);
+    assert_int_equal(df_checkpoint_recognise(path, &c), DF_OK);
+    assert_string_equal(c.model, "SD3.5-large");
+    assert_string_equal(c.shipped, "SD3.5-large");
     remove_tree(dir);
 }
 
