@@ -356,8 +356,12 @@ static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x, const dims *d)
 {
-    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D/tp] */
-    return tp_sum(ctx, d, df_linear(ctx, h, out));           /* [B, S, D]  */
+    df_tensor *up = df_linear(ctx, x, in);                /* [B, S, 4D/tp] */
+    df_tensor *h = df_gelu_tanh(ctx, up);                 /* [B, S, 4D/tp] */
+    df_tensor_free(up);
+    df_tensor *y = tp_sum(ctx, d, df_linear(ctx, h, out)); /* [B, S, D]  */
+    df_tensor_free(h);
+    return y;
 }
 
 /* FluxAttention of a double block (diffusers' `attn` module, what TaylorSeer hooks): the
@@ -372,13 +376,20 @@ static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, 
     df_transformer_project_qkv(ctx, &b->txt, nc, d->H, FLUX_EPS, &qc, &kc,
                                &vc);                           /* [B, S_txt, H, Dh] */
     df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
+    df_tensor_free(qc), df_tensor_free(qx);
     df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
+    df_tensor_free(kc), df_tensor_free(kx);
     df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
+    df_tensor_free(vc), df_tensor_free(vx);
     df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
+    df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, H*Dh] */
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
+    df_tensor_free(o);                                         /* the slices hold it */
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
+    df_tensor_free(ox);
     a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+    df_tensor_free(oc);
 }
 
 /* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -399,16 +410,23 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
         double_attention(ctx, b, nx, nc, pe, d, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
+    df_tensor_free(nx), df_tensor_free(nc);
     df_tensor *ax = a[0], *ac = a[1];
-    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));      /* [B, S_img, D] */
-    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);        /* [B, S_img, D] */
+    df_tensor *hx = df_transformer_gated_add(ctx, *x, mx[2], ax);   /* [B, S_img, D] */
+    df_tensor_free(ax);
+    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);          /* [B, S_img, D] */
     df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d); /* [B, S_img, D] */
-    *x = df_add(ctx, hx, df_mul(ctx, mx[5], fx));                 /* [B, S_img, D] */
+    df_tensor_free(nx);
+    *x = df_transformer_gated_add(ctx, hx, mx[5], fx);              /* [B, S_img, D] */
+    df_tensor_free(hx), df_tensor_free(fx);
 
-    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));              /* [B, S_txt, D] */
-    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                /* [B, S_txt, D] */
+    df_tensor *hc = df_transformer_gated_add(ctx, *c, mc[2], ac);           /* [B, S_txt, D] */
+    df_tensor_free(ac);
+    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                  /* [B, S_txt, D] */
     df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d); /* [B, S_txt, D] */
-    *c = df_add(ctx, hc, df_mul(ctx, mc[5], fc));                         /* [B, S_txt, D] */
+    df_tensor_free(nc);
+    *c = df_transformer_gated_add(ctx, hc, mc[5], fc);                      /* [B, S_txt, D] */
+    df_tensor_free(hc), df_tensor_free(fc);
 }
 
 /* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
@@ -418,19 +436,29 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
 {
     df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
     df_emb_modulation(ctx, &b->norm, temb, 3, mod);
-    df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS);    /* [B, S, D]  */
-    df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D/tp] */
+    df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS); /* [B, S, D]  */
+    df_tensor *up = df_linear(ctx, n, &b->proj_mlp);                  /* [B, S, 4D/tp] */
+    df_tensor *mlp = df_gelu_tanh(ctx, up);                           /* [B, S, 4D/tp] */
+    df_tensor_free(up);
     df_tensor *attn; /* the `attn` module's output (TaylorSeer's unit): [B, S, D/tp] */
-    if (!df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
+    if (df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
+        df_tensor_free(n);
+    } else {
         df_tensor *q, *k, *v;
         df_transformer_project_qkv(ctx, &b->attn, n, d->H, FLUX_EPS, &q, &k,
                                    &v);                    /* [B, S, H, Dh] */
+        df_tensor_free(n);
         attn = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, D/tp] */
+        df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
         df_step_cache_update(ctx, cache, slot, &attn, 1);
     }
-    df_tensor *h = df_concat(ctx, attn, mlp, 2);                 /* [B, S, 5D/tp] */
-    h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));         /* [B, S, D] */
-    return df_add(ctx, x, df_mul(ctx, mod[2], h));               /* residual */
+    df_tensor *h = df_concat(ctx, attn, mlp, 2);                   /* [B, S, 5D/tp] */
+    df_tensor_free(attn), df_tensor_free(mlp);
+    df_tensor *p = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out)); /* [B, S, D] */
+    df_tensor_free(h);
+    df_tensor *y = df_transformer_gated_add(ctx, x, mod[2], p);     /* residual */
+    df_tensor_free(p);
+    return y;
 }
 
 /* --- repeated blocks --------------------------------------------------------------------- */

@@ -402,24 +402,33 @@ static df_tensor *heads(df_ctx *ctx, df_tensor *x, df_tensor *norm, const dims *
 static df_tensor *swiglu(df_ctx *ctx, df_tensor *h)
 {
     int64_t n = df_tensor_dim(h, 2) / 2;
-    return df_mul(ctx, df_silu(ctx, df_slice(ctx, h, 2, 0, n)), df_slice(ctx, h, 2, n, 2 * n));
+    df_scope mark = df_scope_begin(ctx); /* the halves and silu go at the end */
+    df_tensor *y =
+        df_mul(ctx, df_silu(ctx, df_slice(ctx, h, 2, 0, n)), df_slice(ctx, h, 2, n, 2 * n));
+    return df_scope_end(ctx, mark, y);
 }
 
 /* Flux2FeedForward: [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x, const dims *d)
 {
-    df_tensor *h = swiglu(ctx, df_linear(ctx, x, in)); /* [B, S, M/tp] */
-    return tp_sum(ctx, d, df_linear(ctx, h, out));     /* [B, S, D] */
+    df_tensor *up = df_linear(ctx, x, in);                 /* [B, S, 2M/tp] */
+    df_tensor *h = swiglu(ctx, up);                        /* [B, S, M/tp] */
+    df_tensor_free(up);
+    df_tensor *y = tp_sum(ctx, d, df_linear(ctx, h, out)); /* [B, S, D] */
+    df_tensor_free(h);
+    return y;
 }
 
 /* One stream's q, k, v heads [B, S, H, Dh] (q and k normed). */
 static void project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, const dims *d,
                         df_tensor **q, df_tensor **k, df_tensor **v)
 {
+    df_scope mark = df_scope_begin(ctx); /* the products before their norms go at the end */
     *q = heads(ctx, df_linear(ctx, x, &w->to_q), w->norm_q, d);
     *k = heads(ctx, df_linear(ctx, x, &w->to_k), w->norm_k, d);
     *v = heads(ctx, df_linear(ctx, x, &w->to_v), NULL, d);
+    df_scope_end_n(ctx, mark, (df_tensor *[]){*q, *k, *v}, 3);
 }
 
 /* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
@@ -435,13 +444,20 @@ static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, 
     project_qkv(ctx, &b->img, nx, d, &qx, &kx, &vx);    /* [B, S_img, H, Dh] */
     project_qkv(ctx, &b->txt, nc, d, &qc, &kc, &vc);    /* [B, S_txt, H, Dh] */
     df_tensor *q = df_concat(ctx, qc, qx, 1);           /* [B, S, H, Dh] text first */
+    df_tensor_free(qc), df_tensor_free(qx);
     df_tensor *k = df_concat(ctx, kc, kx, 1);
+    df_tensor_free(kc), df_tensor_free(kx);
     df_tensor *v = df_concat(ctx, vc, vx, 1);
+    df_tensor_free(vc), df_tensor_free(vx);
     df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
+    df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
+    df_tensor_free(o); /* the slices hold it */
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
+    df_tensor_free(ox);
     a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+    df_tensor_free(oc);
 }
 
 static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
@@ -459,15 +475,23 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
         double_attention(ctx, b, nx, nc, pe, d, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
+    df_tensor_free(nx), df_tensor_free(nc);
     df_tensor *ax = a[0], *ac = a[1];
-    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));
+    df_tensor *hx = df_transformer_gated_add(ctx, *x, mx[2], ax);
+    df_tensor_free(ax);
     nx = df_emb_modulate(ctx, hx, mx[3], mx[4], d->eps);
-    *x = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d)));
+    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d);
+    df_tensor_free(nx);
+    *x = df_transformer_gated_add(ctx, hx, mx[5], fx);
+    df_tensor_free(hx), df_tensor_free(fx);
 
-    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));
+    df_tensor *hc = df_transformer_gated_add(ctx, *c, mc[2], ac);
+    df_tensor_free(ac);
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], d->eps);
-    *c = df_add(ctx, hc,
-                df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d)));
+    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d);
+    df_tensor_free(nc);
+    *c = df_transformer_gated_add(ctx, hc, mc[5], fc);
+    df_tensor_free(hc), df_tensor_free(fc);
 }
 
 /* Flux2ParallelSelfAttention (the single block's `attn` module, what TaylorSeer hooks): one
@@ -478,12 +502,20 @@ static df_tensor *parallel_attention(df_ctx *ctx, const single_block *b, df_tens
 {
     df_tensor *p = df_linear(ctx, n, &b->qkv_mlp);                /* [B, S, (3D + 2M)/tp] */
     int64_t Dl = d->H * (df_tensor_dim(b->norm_q, 0)), W = df_tensor_dim(p, 2);
+    df_scope mark = df_scope_begin(ctx); /* the slices of q and k go at the end */
     df_tensor *q = heads(ctx, df_slice(ctx, p, 2, 0, Dl), b->norm_q, d);
     df_tensor *k = heads(ctx, df_slice(ctx, p, 2, Dl, 2 * Dl), b->norm_k, d);
     df_tensor *v = heads(ctx, df_slice(ctx, p, 2, 2 * Dl, 3 * Dl), NULL, d);
+    df_scope_end_n(ctx, mark, (df_tensor *[]){q, k, v}, 3);
     df_tensor *attn = df_transformer_attention(ctx, q, k, v, pe);  /* [B, S, D/tp] */
-    df_tensor *mlp = swiglu(ctx, df_slice(ctx, p, 2, 3 * Dl, W));  /* [B, S, M/tp] */
-    df_tensor *o = df_linear(ctx, df_concat(ctx, attn, mlp, 2), &b->to_out);
+    df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
+    df_tensor *up = df_slice(ctx, p, 2, 3 * Dl, W);                /* [B, S, 2M/tp] */
+    df_tensor *mlp = swiglu(ctx, up);                              /* [B, S, M/tp] */
+    df_tensor_free(up), df_tensor_free(p);
+    df_tensor *h = df_concat(ctx, attn, mlp, 2);                   /* [B, S, (D + M)/tp] */
+    df_tensor_free(attn), df_tensor_free(mlp);
+    df_tensor *o = df_linear(ctx, h, &b->to_out);
+    df_tensor_free(h);
     return tp_sum(ctx, d, o);                                      /* [B, S, D] */
 }
 
@@ -500,7 +532,10 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
         o = parallel_attention(ctx, b, n, pe, d);
         df_step_cache_update(ctx, cache, slot, &o, 1);
     }
-    return df_add(ctx, h, df_mul(ctx, mod_part(ctx, mod, 3, 2), o)); /* residual */
+    df_tensor_free(n);
+    df_tensor *y = df_transformer_gated_add(ctx, h, mod_part(ctx, mod, 3, 2), o); /* residual */
+    df_tensor_free(o);
+    return y;
 }
 
 /* --- repeated blocks --------------------------------------------------------------------- */
