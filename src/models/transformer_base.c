@@ -386,8 +386,12 @@ df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t 
     df_tensor *h = df_concat(ctx, c, x, 1);
     /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
     df_scope mark = df_scope_begin(ctx);
-    for (int64_t i = 0; i < n_single; i++)
+    for (int64_t i = 0; i < n_single; i++) {
+        df_tensor *joined = h;
         df_blocks_run(ctx, &t->rep, (int)(n_double + i), mark, (df_tensor *[]){h, mod, pe}, &h);
+        if (i == 0)
+            df_tensor_free(joined); /* made before the mark: released once block 0 ran */
+    }
     if (df_step_cache_mag(t->cache))
         df_step_cache_mag_tail(ctx, t->cache, df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)));
     return h;
