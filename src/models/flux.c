@@ -352,16 +352,33 @@ static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
     return df_transformer_tp_sum(ctx, d->tp, x);
 }
 
+/*
+ * The block forwards open a scope for each part whose intermediates later parts do not read
+ * (the attention module, a stream's feed-forward half, the single block's inputs to its
+ * output projection) and keep only that part's results, so strict eager holds what the
+ * block's later ops still read rather than its whole working set (the block's own scope,
+ * df_blocks_run's, holds its inputs and outputs).
+ */
+
 /* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x, const dims *d)
 {
-    df_tensor *up = df_linear(ctx, x, in);                /* [B, S, 4D/tp] */
-    df_tensor *h = df_gelu_tanh(ctx, up);                 /* [B, S, 4D/tp] */
-    df_tensor_free(up);
-    df_tensor *y = tp_sum(ctx, d, df_linear(ctx, h, out)); /* [B, S, D]  */
-    df_tensor_free(h);
-    return y;
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D/tp] */
+    return df_scope_end(ctx, mark, tp_sum(ctx, d, df_linear(ctx, h, out))); /* [B, S, D] */
+}
+
+/* One stream's second half: h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with
+ * m the stream's six modulation vectors. */
+static df_tensor *stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                                      const df_linear_weights *out, df_tensor *x, df_tensor *a,
+                                      df_tensor *const *m, const dims *d)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a));                         /* [B, S, D] */
+    df_tensor *f = feed_forward(ctx, in, out, df_emb_modulate(ctx, h, m[3], m[4], FLUX_EPS), d);
+    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
 }
 
 /* FluxAttention of a double block (diffusers' `attn` module, what TaylorSeer hooks): the
@@ -370,26 +387,21 @@ static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
 static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
                              df_tensor *pe, const dims *d, df_tensor **a)
 {
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
     df_transformer_project_qkv(ctx, &b->img, nx, d->H, FLUX_EPS, &qx, &kx,
                                &vx); /* [B, S_img, H, Dh] */
     df_transformer_project_qkv(ctx, &b->txt, nc, d->H, FLUX_EPS, &qc, &kc,
                                &vc);                           /* [B, S_txt, H, Dh] */
     df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
-    df_tensor_free(qc), df_tensor_free(qx);
     df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
-    df_tensor_free(kc), df_tensor_free(kx);
     df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
-    df_tensor_free(vc), df_tensor_free(vx);
     df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
-    df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
     df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, H*Dh] */
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
-    df_tensor_free(o);                                         /* the slices hold it */
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
-    df_tensor_free(ox);
     a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
-    df_tensor_free(oc);
+    df_scope_end_n(ctx, mark, a, 2);
 }
 
 /* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -402,31 +414,18 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *mx[6], *mc[6];
     df_emb_modulation(ctx, &b->norm1, temb, 6, mx);
     df_emb_modulation(ctx, &b->norm1_context, temb, 6, mc);
-    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
-    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
 
     df_tensor *a[2]; /* the attention module's outputs: image [B, S_img, D], text [B, S_txt, D] */
+    df_scope mark = df_scope_begin(ctx); /* the modulated streams go once it has run */
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
     if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
         double_attention(ctx, b, nx, nc, pe, d, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
-    df_tensor_free(nx), df_tensor_free(nc);
-    df_tensor *ax = a[0], *ac = a[1];
-    df_tensor *hx = df_transformer_gated_add(ctx, *x, mx[2], ax);   /* [B, S_img, D] */
-    df_tensor_free(ax);
-    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);          /* [B, S_img, D] */
-    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d); /* [B, S_img, D] */
-    df_tensor_free(nx);
-    *x = df_transformer_gated_add(ctx, hx, mx[5], fx);              /* [B, S_img, D] */
-    df_tensor_free(hx), df_tensor_free(fx);
-
-    df_tensor *hc = df_transformer_gated_add(ctx, *c, mc[2], ac);           /* [B, S_txt, D] */
-    df_tensor_free(ac);
-    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                  /* [B, S_txt, D] */
-    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d); /* [B, S_txt, D] */
-    df_tensor_free(nc);
-    *c = df_transformer_gated_add(ctx, hc, mc[5], fc);                      /* [B, S_txt, D] */
-    df_tensor_free(hc), df_tensor_free(fc);
+    df_scope_end_n(ctx, mark, a, 2);
+    *x = stream_feed_forward(ctx, &b->ff_in, &b->ff_out, *x, a[0], mx, d);         /* image */
+    *c = stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, *c, a[1], mc, d); /* text */
 }
 
 /* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
@@ -436,29 +435,21 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
 {
     df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
     df_emb_modulation(ctx, &b->norm, temb, 3, mod);
+    df_scope mark = df_scope_begin(ctx); /* all but the joined [attn, mlp] go before proj_out */
     df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS); /* [B, S, D]  */
-    df_tensor *up = df_linear(ctx, n, &b->proj_mlp);                  /* [B, S, 4D/tp] */
-    df_tensor *mlp = df_gelu_tanh(ctx, up);                           /* [B, S, 4D/tp] */
-    df_tensor_free(up);
+    df_scope up = df_scope_begin(ctx);
+    df_tensor *mlp = df_scope_end(ctx, up, df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)));
     df_tensor *attn; /* the `attn` module's output (TaylorSeer's unit): [B, S, D/tp] */
-    if (df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
-        df_tensor_free(n);
-    } else {
+    if (!df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
         df_tensor *q, *k, *v;
         df_transformer_project_qkv(ctx, &b->attn, n, d->H, FLUX_EPS, &q, &k,
                                    &v);                    /* [B, S, H, Dh] */
-        df_tensor_free(n);
         attn = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, D/tp] */
-        df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
         df_step_cache_update(ctx, cache, slot, &attn, 1);
     }
-    df_tensor *h = df_concat(ctx, attn, mlp, 2);                   /* [B, S, 5D/tp] */
-    df_tensor_free(attn), df_tensor_free(mlp);
-    df_tensor *p = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out)); /* [B, S, D] */
-    df_tensor_free(h);
-    df_tensor *y = df_transformer_gated_add(ctx, x, mod[2], p);     /* residual */
-    df_tensor_free(p);
-    return y;
+    df_tensor *h = df_scope_end(ctx, mark, df_concat(ctx, attn, mlp, 2)); /* [B, S, 5D/tp] */
+    h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));                  /* [B, S, D] */
+    return df_add(ctx, x, df_mul(ctx, mod[2], h));                        /* residual */
 }
 
 /* --- repeated blocks --------------------------------------------------------------------- */

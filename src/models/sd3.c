@@ -362,21 +362,15 @@ static df_status check_inputs(const df_sd3 *m, const df_sd3_inputs *in, dims *d)
 /* A LayerNorm output modulated: n * (1 + scale) + shift. n [B, S, D], shift/scale [B, 1, D]. */
 static df_tensor *modulate(df_ctx *ctx, df_tensor *n, df_tensor *shift, df_tensor *scale)
 {
-    df_scope mark = df_scope_begin(ctx); /* the product goes at the end */
-    return df_scope_end(ctx, mark,
-                        df_add(ctx, df_mul(ctx, n, df_scale(ctx, scale, 1.0f, 1.0f)), shift));
+    return df_add(ctx, df_mul(ctx, n, df_scale(ctx, scale, 1.0f, 1.0f)), shift);
 }
 
 /* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x)
 {
-    df_tensor *up = df_linear(ctx, x, in); /* [B, S, 4D] */
-    df_tensor *h = df_gelu_tanh(ctx, up);
-    df_tensor_free(up);
-    df_tensor *y = df_linear(ctx, h, out); /* [B, S, D] */
-    df_tensor_free(h);
-    return y;
+    df_scope mark = df_scope_begin(ctx); /* the 4D-wide hidden goes at the end */
+    return df_scope_end(ctx, mark, df_linear(ctx, df_gelu_tanh(ctx, df_linear(ctx, x, in)), out));
 }
 
 /* JointTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -386,8 +380,12 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
 {
     /* norm1: shift, scale, gate (attention), shift, scale, gate (MLP)[, shift, scale, gate
      * (attn2)]: [B, 1, D] each */
-    df_tensor *mx[9], *mc[6];
+    df_tensor *mx[9], *mc[6] = {0};
     df_emb_modulation(ctx, &b->norm1, temb, b->dual ? 9 : 6, mx);
+    /* The attention part's scope: the normed and modulated streams, q, k, v and the image
+     * half of its output go at its end (as in flux.c, strict eager then holds what later ops
+     * still read, not the block's whole working set). */
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *lx = df_layer_norm(ctx, *x, NULL, NULL, SD3_EPS); /* [B, S_img, D] */
     df_tensor *nx = modulate(ctx, lx, mx[0], mx[1]);
     df_tensor *nc;
@@ -404,59 +402,39 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
                                &vx); /* [B, S_img, H, Dh] */
     df_transformer_project_qkv(ctx, &b->txt, nc, d->H, SD3_EPS, &qc, &kc,
                                &vc); /* [B, S_txt, H, Dh] */
-    df_tensor_free(nx), df_tensor_free(nc);
-    df_tensor *q = df_concat(ctx, qx, qc, 1); /* [B, S, H, Dh] image first */
-    df_tensor_free(qx), df_tensor_free(qc);
-    df_tensor *k = df_concat(ctx, kx, kc, 1);
-    df_tensor_free(kx), df_tensor_free(kc);
-    df_tensor *v = df_concat(ctx, vx, vc, 1);
-    df_tensor_free(vx), df_tensor_free(vc);
-    df_tensor *o = df_transformer_attention(ctx, q, k, v, NULL); /* [B, S, D] */
-    df_tensor_free(q), df_tensor_free(k), df_tensor_free(v);
+    df_tensor *o =
+        df_transformer_attention(ctx, df_concat(ctx, qx, qc, 1), df_concat(ctx, kx, kc, 1),
+                                 df_concat(ctx, vx, vc, 1), NULL); /* [B, S, D] */
     df_tensor *ox = df_slice(ctx, o, 1, 0, d->s_img);
     df_tensor *oc = df_slice(ctx, o, 1, d->s_img, d->S);
-    df_tensor_free(o); /* the slices hold it */
 
-    df_tensor *ax = df_linear(ctx, ox, &b->to_out); /* [B, S_img, D] */
-    df_tensor_free(ox);
-    df_tensor *hx = df_transformer_gated_add(ctx, *x, mx[2], ax);
-    df_tensor_free(ax);
+    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], df_linear(ctx, ox, &b->to_out)));
     if (b->dual) {
         df_tensor *nx2 = modulate(ctx, lx, mx[6], mx[7]);
         df_tensor *q2, *k2, *v2;
         df_transformer_project_qkv(ctx, &b->img2, nx2, d->H, SD3_EPS, &q2, &k2, &v2);
-        df_tensor_free(nx2);
-        df_tensor *o2 = df_transformer_attention(ctx, q2, k2, v2, NULL);
-        df_tensor_free(q2), df_tensor_free(k2), df_tensor_free(v2);
-        df_tensor *a2 = df_linear(ctx, o2, &b->to_out2);
-        df_tensor_free(o2);
-        df_tensor *h2 = df_transformer_gated_add(ctx, hx, mx[8], a2);
-        df_tensor_free(hx), df_tensor_free(a2);
-        hx = h2;
+        df_tensor *o2 =
+            df_linear(ctx, df_transformer_attention(ctx, q2, k2, v2, NULL), &b->to_out2);
+        hx = df_add(ctx, hx, df_mul(ctx, mx[8], o2));
     }
-    df_tensor_free(lx);
-    df_tensor *ln = df_layer_norm(ctx, hx, NULL, NULL, SD3_EPS);
-    nx = modulate(ctx, ln, mx[3], mx[4]);
-    df_tensor_free(ln);
-    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx);
-    df_tensor_free(nx);
-    *x = df_transformer_gated_add(ctx, hx, mx[5], fx);
-    df_tensor_free(hx), df_tensor_free(fx);
+    /* kept: the image stream, the text half of the attention and the text's modulation */
+    df_scope_end_n(ctx, mark, (df_tensor *[]){hx, oc, mc[2], mc[3], mc[4], mc[5]},
+                   b->pre_only ? 1 : 6);
+
+    mark = df_scope_begin(ctx);
+    nx = modulate(ctx, df_layer_norm(ctx, hx, NULL, NULL, SD3_EPS), mx[3], mx[4]);
+    hx = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx)));
+    *x = df_scope_end(ctx, mark, hx);
 
     if (b->pre_only) {
-        df_tensor_free(oc);
         *c = NULL;
         return;
     }
-    df_tensor *ac = df_linear(ctx, oc, &b->to_add_out); /* [B, S_txt, D] */
-    df_tensor_free(oc);
-    df_tensor *hc = df_transformer_gated_add(ctx, *c, mc[2], ac);
-    df_tensor_free(ac);
+    mark = df_scope_begin(ctx);
+    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], df_linear(ctx, oc, &b->to_add_out)));
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], SD3_EPS);
-    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc);
-    df_tensor_free(nc);
-    *c = df_transformer_gated_add(ctx, hc, mc[5], fc);
-    df_tensor_free(hc), df_tensor_free(fc);
+    hc = df_add(ctx, hc, df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc)));
+    *c = df_scope_end(ctx, mark, hc);
 }
 
 /* --- compiled repeated blocks ------------------------------------------------------------ */

@@ -334,12 +334,6 @@ df_tensor *df_transformer_tp_sum(df_ctx *ctx, int tp, df_tensor *x)
     return tp > 1 ? df_all_reduce(ctx, x) : x;
 }
 
-df_tensor *df_transformer_gated_add(df_ctx *ctx, df_tensor *x, df_tensor *gate, df_tensor *y)
-{
-    df_scope mark = df_scope_begin(ctx);
-    return df_scope_end(ctx, mark, df_add(ctx, x, df_mul(ctx, gate, y)));
-}
-
 void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, int64_t H,
                                 float eps, df_tensor **q, df_tensor **k, df_tensor **v)
 {
@@ -383,15 +377,12 @@ df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t 
                                         df_tensor *mod, df_tensor *pe)
 {
     int64_t s_txt = df_tensor_dim(c, 1);
-    df_tensor *h = df_concat(ctx, c, x, 1);
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs,
+     * and after block 0 the joined sequence, made inside it. */
     df_scope mark = df_scope_begin(ctx);
-    for (int64_t i = 0; i < n_single; i++) {
-        df_tensor *joined = h;
+    df_tensor *h = df_concat(ctx, c, x, 1);
+    for (int64_t i = 0; i < n_single; i++)
         df_blocks_run(ctx, &t->rep, (int)(n_double + i), mark, (df_tensor *[]){h, mod, pe}, &h);
-        if (i == 0)
-            df_tensor_free(joined); /* made before the mark: released once block 0 ran */
-    }
     if (df_step_cache_mag(t->cache))
         df_step_cache_mag_tail(ctx, t->cache, df_slice(ctx, h, 1, s_txt, df_tensor_dim(h, 1)));
     return h;

@@ -181,18 +181,6 @@ df_status df_transformer_check_layers(const char *what, const int *layers, int n
 df_tensor *df_transformer_ids_2d(df_ctx *ctx, df_tensor *ids);
 /* The sum over the ranks of a rowwise product's partial results (x itself on one rank). */
 df_tensor *df_transformer_tp_sum(df_ctx *ctx, int tp, df_tensor *x);
-/*
- * The block forwards release each intermediate at its last use (df_tensor_free once the last
- * op that reads it is queued; the helpers below end a scope of their own keeping only their
- * results) rather than at the end of the block's scope: strict eager mode then holds the
- * tensors later ops still read, not the whole block's working set. A queued kernel keeps its
- * inputs' storages until it has run, so an early free is safe; in the deferred modes it only
- * drops a handle, and every block's handles are gone by its graph cut either way, so the
- * plans (and the results) are the same. Inputs and outputs of a block are never freed here.
- */
-
-/* The gated residual x + gate * y (the temporary product is released). */
-df_tensor *df_transformer_gated_add(df_ctx *ctx, df_tensor *x, df_tensor *gate, df_tensor *y);
 /* One stream's q, k, v as H heads [B, S, H, Dh] of x [B, S, D]; q and k RMS-normed per head
  * (`eps`) when w has norms. */
 void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, int64_t H,
