@@ -51,9 +51,10 @@ void df_emb_modulation(df_ctx *ctx, const df_linear_weights *linear, df_tensor *
 
 df_tensor *df_emb_modulate(df_ctx *ctx, df_tensor *x, df_tensor *shift, df_tensor *scale, float eps)
 {
+    df_scope mark = df_scope_begin(ctx); /* the norm and the product go at the end */
     df_tensor *h = df_layer_norm(ctx, x, NULL, NULL, eps); /* [B, S, D] */
     h = df_mul(ctx, h, df_scale(ctx, scale, 1.0f, 1.0f));  /* * (1 + scale) */
-    return df_add(ctx, h, shift);                          /* + shift [B, S, D] */
+    return df_scope_end(ctx, mark, df_add(ctx, h, shift)); /* + shift [B, S, D] */
 }
 
 df_tensor *df_emb_ada_norm_continuous(df_ctx *ctx, const df_linear_weights *linear, df_tensor *x,

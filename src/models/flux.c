@@ -352,12 +352,33 @@ static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
     return df_transformer_tp_sum(ctx, d->tp, x);
 }
 
+/*
+ * The block forwards open a scope for each part whose intermediates later parts do not read
+ * (the attention module, a stream's feed-forward half, the single block's inputs to its
+ * output projection) and keep only that part's results, so strict eager holds what the
+ * block's later ops still read rather than its whole working set (the block's own scope,
+ * df_blocks_run's, holds its inputs and outputs).
+ */
+
 /* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x, const dims *d)
 {
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D/tp] */
-    return tp_sum(ctx, d, df_linear(ctx, h, out));           /* [B, S, D]  */
+    return df_scope_end(ctx, mark, tp_sum(ctx, d, df_linear(ctx, h, out))); /* [B, S, D] */
+}
+
+/* One stream's second half: h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with
+ * m the stream's six modulation vectors. */
+static df_tensor *stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                                      const df_linear_weights *out, df_tensor *x, df_tensor *a,
+                                      df_tensor *const *m, const dims *d)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a));                         /* [B, S, D] */
+    df_tensor *f = feed_forward(ctx, in, out, df_emb_modulate(ctx, h, m[3], m[4], FLUX_EPS), d);
+    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
 }
 
 /* FluxAttention of a double block (diffusers' `attn` module, what TaylorSeer hooks): the
@@ -366,6 +387,7 @@ static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
 static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
                              df_tensor *pe, const dims *d, df_tensor **a)
 {
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
     df_transformer_project_qkv(ctx, &b->img, nx, d->H, FLUX_EPS, &qx, &kx,
                                &vx); /* [B, S_img, H, Dh] */
@@ -379,6 +401,7 @@ static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, 
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
     a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+    df_scope_end_n(ctx, mark, a, 2);
 }
 
 /* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -391,24 +414,18 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *mx[6], *mc[6];
     df_emb_modulation(ctx, &b->norm1, temb, 6, mx);
     df_emb_modulation(ctx, &b->norm1_context, temb, 6, mc);
-    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
-    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
 
     df_tensor *a[2]; /* the attention module's outputs: image [B, S_img, D], text [B, S_txt, D] */
+    df_scope mark = df_scope_begin(ctx); /* the modulated streams go once it has run */
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
     if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
         double_attention(ctx, b, nx, nc, pe, d, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
-    df_tensor *ax = a[0], *ac = a[1];
-    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));      /* [B, S_img, D] */
-    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], FLUX_EPS);        /* [B, S_img, D] */
-    df_tensor *fx = feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d); /* [B, S_img, D] */
-    *x = df_add(ctx, hx, df_mul(ctx, mx[5], fx));                 /* [B, S_img, D] */
-
-    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));              /* [B, S_txt, D] */
-    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], FLUX_EPS);                /* [B, S_txt, D] */
-    df_tensor *fc = feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d); /* [B, S_txt, D] */
-    *c = df_add(ctx, hc, df_mul(ctx, mc[5], fc));                         /* [B, S_txt, D] */
+    df_scope_end_n(ctx, mark, a, 2);
+    *x = stream_feed_forward(ctx, &b->ff_in, &b->ff_out, *x, a[0], mx, d);         /* image */
+    *c = stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, *c, a[1], mc, d); /* text */
 }
 
 /* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
@@ -418,8 +435,10 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
 {
     df_tensor *mod[3]; /* shift, scale, gate: [B, 1, D] */
     df_emb_modulation(ctx, &b->norm, temb, 3, mod);
-    df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS);    /* [B, S, D]  */
-    df_tensor *mlp = df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)); /* [B, S, 4D/tp] */
+    df_scope mark = df_scope_begin(ctx); /* all but the joined [attn, mlp] go before proj_out */
+    df_tensor *n = df_emb_modulate(ctx, x, mod[0], mod[1], FLUX_EPS); /* [B, S, D]  */
+    df_scope up = df_scope_begin(ctx);
+    df_tensor *mlp = df_scope_end(ctx, up, df_gelu_tanh(ctx, df_linear(ctx, n, &b->proj_mlp)));
     df_tensor *attn; /* the `attn` module's output (TaylorSeer's unit): [B, S, D/tp] */
     if (!df_step_cache_predict(ctx, cache, slot, &attn, 1)) {
         df_tensor *q, *k, *v;
@@ -428,9 +447,9 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
         attn = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, D/tp] */
         df_step_cache_update(ctx, cache, slot, &attn, 1);
     }
-    df_tensor *h = df_concat(ctx, attn, mlp, 2);                 /* [B, S, 5D/tp] */
-    h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));         /* [B, S, D] */
-    return df_add(ctx, x, df_mul(ctx, mod[2], h));               /* residual */
+    df_tensor *h = df_scope_end(ctx, mark, df_concat(ctx, attn, mlp, 2)); /* [B, S, 5D/tp] */
+    h = tp_sum(ctx, d, df_linear(ctx, h, &b->proj_out));                  /* [B, S, D] */
+    return df_add(ctx, x, df_mul(ctx, mod[2], h));                        /* residual */
 }
 
 /* --- repeated blocks --------------------------------------------------------------------- */

@@ -405,12 +405,31 @@ static df_tensor *swiglu(df_ctx *ctx, df_tensor *h)
     return df_mul(ctx, df_silu(ctx, df_slice(ctx, h, 2, 0, n)), df_slice(ctx, h, 2, n, 2 * n));
 }
 
+/*
+ * As in flux.c, the block forwards open a scope for each part whose intermediates later parts
+ * do not read and keep only its results, so strict eager holds what the block's later ops
+ * still read rather than its whole working set.
+ */
+
 /* Flux2FeedForward: [B, S, D] -> [B, S, D]. */
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x, const dims *d)
 {
-    df_tensor *h = swiglu(ctx, df_linear(ctx, x, in)); /* [B, S, M/tp] */
-    return tp_sum(ctx, d, df_linear(ctx, h, out));     /* [B, S, D] */
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = swiglu(ctx, df_linear(ctx, x, in));                      /* [B, S, M/tp] */
+    return df_scope_end(ctx, mark, tp_sum(ctx, d, df_linear(ctx, h, out))); /* [B, S, D] */
+}
+
+/* One stream's second half: h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with
+ * m the stream's six modulation vectors. */
+static df_tensor *stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                                      const df_linear_weights *out, df_tensor *x, df_tensor *a,
+                                      df_tensor *const *m, const dims *d)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a));                         /* [B, S, D] */
+    df_tensor *f = feed_forward(ctx, in, out, df_emb_modulate(ctx, h, m[3], m[4], d->eps), d);
+    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
 }
 
 /* One stream's q, k, v heads [B, S, H, Dh] (q and k normed). */
@@ -422,15 +441,13 @@ static void project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, cons
     *v = heads(ctx, df_linear(ctx, x, &w->to_v), NULL, d);
 }
 
-/* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
- * [B, 6D] (shift, scale, gate of attention, then of the MLP); the new streams are written
- * back into *x and *c. */
 /* Flux2Attention of a double block (its `attn` module, what TaylorSeer hooks): the
  * modulated streams nx [B, S_img, D], nc [B, S_txt, D] -> a[0] image, a[1] text, after
  * to_out and to_add_out. */
 static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
                              df_tensor *pe, const dims *d, df_tensor **a)
 {
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
     project_qkv(ctx, &b->img, nx, d, &qx, &kx, &vx);    /* [B, S_img, H, Dh] */
     project_qkv(ctx, &b->txt, nc, d, &qc, &kc, &vc);    /* [B, S_txt, H, Dh] */
@@ -442,8 +459,12 @@ static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, 
     df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
     a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
     a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
+    df_scope_end_n(ctx, mark, a, 2);
 }
 
+/* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
+ * [B, 6D] (shift, scale, gate of attention, then of the MLP); the new streams are written
+ * back into *x and *c. */
 static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
                                  df_tensor *mod_img, df_tensor *mod_txt, df_tensor *pe,
                                  const dims *d, df_step_cache *cache, int slot)
@@ -451,23 +472,18 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *mx[6], *mc[6];
     for (int i = 0; i < 6; i++)
         mx[i] = mod_part(ctx, mod_img, 6, i), mc[i] = mod_part(ctx, mod_txt, 6, i);
-    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
-    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
 
     df_tensor *a[2]; /* the attention module's outputs: image, text */
+    df_scope mark = df_scope_begin(ctx); /* the modulated streams go once it has run */
+    df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
+    df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
     if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
         double_attention(ctx, b, nx, nc, pe, d, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
-    df_tensor *ax = a[0], *ac = a[1];
-    df_tensor *hx = df_add(ctx, *x, df_mul(ctx, mx[2], ax));
-    nx = df_emb_modulate(ctx, hx, mx[3], mx[4], d->eps);
-    *x = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx, d)));
-
-    df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], ac));
-    nc = df_emb_modulate(ctx, hc, mc[3], mc[4], d->eps);
-    *c = df_add(ctx, hc,
-                df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc, d)));
+    df_scope_end_n(ctx, mark, a, 2);
+    *x = stream_feed_forward(ctx, &b->ff_in, &b->ff_out, *x, a[0], mx, d);         /* image */
+    *c = stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, *c, a[1], mc, d); /* text */
 }
 
 /* Flux2ParallelSelfAttention (the single block's `attn` module, what TaylorSeer hooks): one
@@ -476,6 +492,7 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
 static df_tensor *parallel_attention(df_ctx *ctx, const single_block *b, df_tensor *n,
                                      df_tensor *pe, const dims *d)
 {
+    df_scope mark = df_scope_begin(ctx); /* all but the joined [attn, mlp] go before to_out */
     df_tensor *p = df_linear(ctx, n, &b->qkv_mlp);                /* [B, S, (3D + 2M)/tp] */
     int64_t Dl = d->H * (df_tensor_dim(b->norm_q, 0)), W = df_tensor_dim(p, 2);
     df_tensor *q = heads(ctx, df_slice(ctx, p, 2, 0, Dl), b->norm_q, d);
@@ -483,8 +500,8 @@ static df_tensor *parallel_attention(df_ctx *ctx, const single_block *b, df_tens
     df_tensor *v = heads(ctx, df_slice(ctx, p, 2, 2 * Dl, 3 * Dl), NULL, d);
     df_tensor *attn = df_transformer_attention(ctx, q, k, v, pe);  /* [B, S, D/tp] */
     df_tensor *mlp = swiglu(ctx, df_slice(ctx, p, 2, 3 * Dl, W));  /* [B, S, M/tp] */
-    df_tensor *o = df_linear(ctx, df_concat(ctx, attn, mlp, 2), &b->to_out);
-    return tp_sum(ctx, d, o);                                      /* [B, S, D] */
+    df_tensor *j = df_scope_end(ctx, mark, df_concat(ctx, attn, mlp, 2));
+    return tp_sum(ctx, d, df_linear(ctx, j, &b->to_out));          /* [B, S, D] */
 }
 
 /* Flux2SingleTransformerBlock.forward on the joint sequence: h [B, S, D], mod [B, 3D]
@@ -494,12 +511,14 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
                                        df_step_cache *cache, int slot)
 {
     df_tensor *shift = mod_part(ctx, mod, 3, 0), *scale = mod_part(ctx, mod, 3, 1);
+    df_scope mark = df_scope_begin(ctx); /* the modulated input goes once the module ran */
     df_tensor *n = df_emb_modulate(ctx, h, shift, scale, d->eps); /* [B, S, D] */
     df_tensor *o; /* Flux2ParallelSelfAttention (attention and MLP): [B, S, D] */
     if (!df_step_cache_predict(ctx, cache, slot, &o, 1)) {
         o = parallel_attention(ctx, b, n, pe, d);
         df_step_cache_update(ctx, cache, slot, &o, 1);
     }
+    o = df_scope_end(ctx, mark, o);
     return df_add(ctx, h, df_mul(ctx, mod_part(ctx, mod, 3, 2), o)); /* residual */
 }
 

@@ -369,7 +369,8 @@ static df_tensor *modulate(df_ctx *ctx, df_tensor *n, df_tensor *shift, df_tenso
 static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
                                const df_linear_weights *out, df_tensor *x)
 {
-    return df_linear(ctx, df_gelu_tanh(ctx, df_linear(ctx, x, in)), out);
+    df_scope mark = df_scope_begin(ctx); /* the 4D-wide hidden goes at the end */
+    return df_scope_end(ctx, mark, df_linear(ctx, df_gelu_tanh(ctx, df_linear(ctx, x, in)), out));
 }
 
 /* JointTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
@@ -379,8 +380,12 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
 {
     /* norm1: shift, scale, gate (attention), shift, scale, gate (MLP)[, shift, scale, gate
      * (attn2)]: [B, 1, D] each */
-    df_tensor *mx[9], *mc[6];
+    df_tensor *mx[9], *mc[6] = {0};
     df_emb_modulation(ctx, &b->norm1, temb, b->dual ? 9 : 6, mx);
+    /* The attention part's scope: the normed and modulated streams, q, k, v and the image
+     * half of its output go at its end (as in flux.c, strict eager then holds what later ops
+     * still read, not the block's whole working set). */
+    df_scope mark = df_scope_begin(ctx);
     df_tensor *lx = df_layer_norm(ctx, *x, NULL, NULL, SD3_EPS); /* [B, S_img, D] */
     df_tensor *nx = modulate(ctx, lx, mx[0], mx[1]);
     df_tensor *nc;
@@ -412,18 +417,24 @@ static void joint_block_forward(df_ctx *ctx, const joint_block *b, df_tensor **x
             df_linear(ctx, df_transformer_attention(ctx, q2, k2, v2, NULL), &b->to_out2);
         hx = df_add(ctx, hx, df_mul(ctx, mx[8], o2));
     }
+    /* kept: the image stream, the text half of the attention and the text's modulation */
+    df_scope_end_n(ctx, mark, (df_tensor *[]){hx, oc, mc[2], mc[3], mc[4], mc[5]},
+                   b->pre_only ? 1 : 6);
+
+    mark = df_scope_begin(ctx);
     nx = modulate(ctx, df_layer_norm(ctx, hx, NULL, NULL, SD3_EPS), mx[3], mx[4]);
     hx = df_add(ctx, hx, df_mul(ctx, mx[5], feed_forward(ctx, &b->ff_in, &b->ff_out, nx)));
-    *x = hx;
+    *x = df_scope_end(ctx, mark, hx);
 
     if (b->pre_only) {
         *c = NULL;
         return;
     }
+    mark = df_scope_begin(ctx);
     df_tensor *hc = df_add(ctx, *c, df_mul(ctx, mc[2], df_linear(ctx, oc, &b->to_add_out)));
     nc = df_emb_modulate(ctx, hc, mc[3], mc[4], SD3_EPS);
     hc = df_add(ctx, hc, df_mul(ctx, mc[5], feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, nc)));
-    *c = hc;
+    *c = df_scope_end(ctx, mark, hc);
 }
 
 /* --- compiled repeated blocks ------------------------------------------------------------ */

@@ -338,6 +338,7 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
                                 float eps, df_tensor **q, df_tensor **k, df_tensor **v)
 {
     int64_t B = df_tensor_dim(x, 0), S = df_tensor_dim(x, 1);
+    df_scope mark = df_scope_begin(ctx); /* the products before their norms go at the end */
     *q = df_reshape(ctx, df_linear(ctx, x, &w->to_q), DF_SHAPE(B, S, H, -1)); /* [B, S, H, Dh] */
     *k = df_reshape(ctx, df_linear(ctx, x, &w->to_k), DF_SHAPE(B, S, H, -1));
     *v = df_reshape(ctx, df_linear(ctx, x, &w->to_v), DF_SHAPE(B, S, H, -1));
@@ -345,12 +346,14 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
         *q = df_rms_norm(ctx, *q, w->norm_q, eps); /* per head */
         *k = df_rms_norm(ctx, *k, w->norm_k, eps);
     }
+    df_scope_end_n(ctx, mark, (df_tensor *[]){*q, *k, *v}, 3);
 }
 
 df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                     df_tensor *pe)
 {
     int64_t B = df_tensor_dim(q, 0), S = df_tensor_dim(q, 1);
+    df_scope mark = df_scope_begin(ctx); /* the rotated q and k go at the end */
     q = df_permute(ctx, q, DF_SHAPE(0, 2, 1, 3)); /* [B, H, S, Dh] view */
     if (pe)
         q = df_rope(ctx, q, pe);
@@ -360,7 +363,7 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
     v = df_permute(ctx, v, DF_SHAPE(0, 2, 1, 3));
     df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* [B, H, S, Dh], 1/sqrt(Dh) */
     o = df_transpose(ctx, o, 1, 2);                               /* [B, S, H, Dh] dense */
-    return df_reshape(ctx, o, DF_SHAPE(B, S, -1));                /* [B, S, H*Dh] */
+    return df_scope_end(ctx, mark, df_reshape(ctx, o, DF_SHAPE(B, S, -1))); /* [B, S, H*Dh] */
 }
 
 df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x)
@@ -374,9 +377,10 @@ df_tensor *df_transformer_single_stream(df_ctx *ctx, df_transformer *t, int64_t 
                                         df_tensor *mod, df_tensor *pe)
 {
     int64_t s_txt = df_tensor_dim(c, 1);
-    df_tensor *h = df_concat(ctx, c, x, 1);
-    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs. */
+    /* One fixed mark: df_blocks_run ends it after block i, releasing block i-1's outputs,
+     * and after block 0 the joined sequence, made inside it. */
     df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_concat(ctx, c, x, 1);
     for (int64_t i = 0; i < n_single; i++)
         df_blocks_run(ctx, &t->rep, (int)(n_double + i), mark, (df_tensor *[]){h, mod, pe}, &h);
     if (df_step_cache_mag(t->cache))

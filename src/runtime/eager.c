@@ -20,6 +20,8 @@
 
 /* Queue items a host may run ahead of the stream by: a launch and its release each. */
 #define DF_MAX_QUEUED_ITEMS 64
+/* Output bytes the launches queued behind the one running may hold (see bound_queued). */
+#define DF_MAX_QUEUED_BYTES ((size_t)32 << 20)
 
 void df_node_free(df_gnode *n)
 {
@@ -167,6 +169,40 @@ static df_status launch_reduce(df_ctx *ctx, const void *arg)
     return all_reduce(ctx, r->g, r->n);
 }
 
+static void queued_pop(df_ctx *ctx)
+{
+    ctx->queued_bytes -= ctx->queued[ctx->queued_first].bytes;
+    ctx->queued_first = (ctx->queued_first + 1) % DF_EAGER_QUEUE;
+    ctx->queued_n--;
+}
+
+/* Outputs are allocated when an op is queued, and the inputs it reads last are released
+ * only once it has run, so a host far ahead of the stream holds the memory of every queued
+ * op at once: with large activations (a FLUX block at 1024x1024 has dozens of 50-200 MB
+ * tensors) that is most of a block's working set however early the model code lets go of
+ * its tensors. So beyond the item count, the host waits while the launches queued before
+ * the newest one (`at`, `bytes`) hold more than DF_MAX_QUEUED_BYTES of outputs: large ops
+ * then run one behind the host (the next is prepared while one runs), small ones still
+ * run far ahead. */
+static void bound_queued(df_ctx *ctx, uint64_t at, size_t bytes)
+{
+    while (ctx->queued_n > 0 &&
+           df_dev_reached(ctx->dev, ctx->stream, ctx->queued[ctx->queued_first].at, false))
+        queued_pop(ctx);
+    if (ctx->queued_n == DF_EAGER_QUEUE) {
+        df_dev_reached(ctx->dev, ctx->stream, ctx->queued[ctx->queued_first].at, true);
+        queued_pop(ctx);
+    }
+    while (ctx->queued_n > 0 && ctx->queued_bytes > DF_MAX_QUEUED_BYTES) {
+        df_dev_reached(ctx->dev, ctx->stream, ctx->queued[ctx->queued_first].at, true);
+        queued_pop(ctx);
+    }
+    int last = (ctx->queued_first + ctx->queued_n++) % DF_EAGER_QUEUE;
+    ctx->queued[last].at = at;
+    ctx->queued[last].bytes = bytes;
+    ctx->queued_bytes += bytes;
+}
+
 df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
 {
     df_status s = df_storage_materialize(node->out.st);
@@ -189,8 +225,10 @@ df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
     df_storage *out = node->out.st; /* alive after the release: the handle holds it */
     if (s == DF_OK)
         s = df_dev_callback(ctx->dev, ctx->stream, release_node, node);
-    if (s == DF_OK && ctx->exec == &df_exec_eager && !out->base && !out->external)
-        out->written_at = df_dev_record(ctx->dev, ctx->stream); /* what a read waits for */
+    bool strict = ctx->exec == &df_exec_eager;
+    uint64_t at = s == DF_OK && strict ? df_dev_record(ctx->dev, ctx->stream) : 0;
+    if (s == DF_OK && strict && !out->base && !out->external)
+        out->written_at = at; /* what a read waits for */
     if (s != DF_OK) {
         /* Work already queued may still read the node's storages. */
         df_dev_sync(ctx->dev, ctx->stream);
@@ -202,8 +240,11 @@ df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
         return df_dev_sync(ctx->dev, ctx->stream);
     /* Outputs are allocated when an op is queued, so a host far ahead of the stream would
      * hold every queued op's memory at once. Like a GPU driver's launch queue, the queue
-     * has a bounded depth: past it the host waits for the oldest work to finish. */
+     * has a bounded depth: past it the host waits for the oldest work to finish; in strict
+     * eager mode also past a number of queued bytes. */
     df_dev_throttle(ctx->dev, ctx->stream, DF_MAX_QUEUED_ITEMS);
+    if (strict)
+        bound_queued(ctx, at, out->base || out->external ? 0 : out->bytes);
     return DF_OK;
 }
 

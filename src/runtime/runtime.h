@@ -17,6 +17,9 @@ struct df_tensor {
     int64_t slot;   /* index in ctx->live; -1 when persistent (owned by the caller) */
 };
 
+/* Strict eager: launches tracked for the bound on queued output bytes (eager.c). */
+#define DF_EAGER_QUEUE 64
+
 /* The hooks an execution mode provides. Strict eager is the default set. */
 typedef struct df_executor {
     /* Takes ownership of the node (its storages are already retained). */
@@ -46,6 +49,12 @@ struct df_ctx {
     void *exec_state;
     int64_t fuse_max_nodes;
     bool launch_blocking;   /* DIFFUSE_LAUNCH_BLOCKING=1: wait after every op */
+    /* Strict eager: the launches not yet known to have run, oldest first (a ring), each
+     * with the stream position after it and the bytes of the output it allocated; their
+     * sum is bounded (eager.c). */
+    struct { uint64_t at; size_t bytes; } queued[DF_EAGER_QUEUE];
+    int queued_first, queued_n;
+    size_t queued_bytes;
     /* The memory of planned graphs' intermediates (defer-and-fuse, compiled programs):
      * one arena that every graph reuses. Kernels run in stream order, so a graph's kernels
      * start only after the previous graph's are done with it. */
