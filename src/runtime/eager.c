@@ -203,7 +203,10 @@ static void bound_queued(df_ctx *ctx, uint64_t at, size_t bytes)
     ctx->queued_bytes += bytes;
 }
 
-df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
+/* Queues node's kernel; `bound`: an op of strict eager itself (not one of a planned graph's,
+ * whose memory the plan lays out and whose launches a device may be capturing), held to the
+ * queued-bytes bound. */
+static df_status submit(df_ctx *ctx, df_gnode *node, bool bound)
 {
     df_status s = df_storage_materialize(node->out.st);
     for (int i = 0; s == DF_OK && i < node->n_in; i++)
@@ -240,12 +243,22 @@ df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
         return df_dev_sync(ctx->dev, ctx->stream);
     /* Outputs are allocated when an op is queued, so a host far ahead of the stream would
      * hold every queued op's memory at once. Like a GPU driver's launch queue, the queue
-     * has a bounded depth: past it the host waits for the oldest work to finish; in strict
-     * eager mode also past a number of queued bytes. */
+     * has a bounded depth: past it the host waits for the oldest work to finish; strict
+     * eager's own ops also past a number of queued bytes. */
     df_dev_throttle(ctx->dev, ctx->stream, DF_MAX_QUEUED_ITEMS);
-    if (strict)
+    if (bound && strict)
         bound_queued(ctx, at, out->base || out->external ? 0 : out->bytes);
     return DF_OK;
+}
+
+df_status df_eager_submit(df_ctx *ctx, df_gnode *node)
+{
+    return submit(ctx, node, false);
+}
+
+static df_status eager_submit(df_ctx *ctx, df_gnode *node)
+{
+    return submit(ctx, node, true);
 }
 
 static df_status eager_flush(df_ctx *ctx)
@@ -255,6 +268,6 @@ static df_status eager_flush(df_ctx *ctx)
 }
 
 const df_executor df_exec_eager = {
-    .submit = df_eager_submit,
+    .submit = eager_submit,
     .flush = eager_flush,
 };

@@ -125,7 +125,9 @@ void df_residency_note_acquire(df_ctx *ctx, df_weight *w, bool part);
 void df_residency_note_release(df_ctx *ctx, df_weight *w, bool part);
 df_status df_residency_ready(df_ctx *ctx, df_storage *st);
 
-/* Strict eager: queue a node's kernel on the stream. */
+/* Strict eager (df_exec_eager); df_eager_submit queues one node of a planned graph on the
+ * stream (strict eager's own ops go through the executor, which also bounds the queued
+ * bytes). */
 extern const df_executor df_exec_eager;
 df_status df_eager_submit(df_ctx *ctx, df_gnode *node);
 /* Releases the references a node holds and frees it. */
