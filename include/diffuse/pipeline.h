@@ -115,6 +115,16 @@ typedef struct df_load_opts {
     const char *text_encoder_file;
     const char *text_encoder_2_file;
     const char *text_encoder_3_file;
+    /* SD3 (StableDiffusion3Pipeline and its image-input classes) without its T5, as
+     * diffusers' from_pretrained(..., text_encoder_3=None, tokenizer_3=None): text_encoder_3
+     * and tokenizer_3 are not read (the folder, the shipped configs' tokenizer folders or
+     * the checkpoint file may lack them, or hold them), and the T5 part of the prompt
+     * embeddings, the negative prompt's too, is zeros of [rows, the CLIP tokenizer's
+     * model_max_length (77), joint_attention_dim]. A folder whose model_index.json has
+     * "text_encoder_3": [null, null] (diffusers saves a pipeline without T5 so) runs the
+     * same way without it. DF_E_ARG with text_encoder_3_file, DF_E_UNSUPPORTED for another
+     * class. */
+    bool no_text_encoder_3;
     /* When df_pipeline_load's `dir` is one checkpoint file (ComfyUI's all-in-one files: a
      * transformer, VAE and text encoders recognised by their names), the diffusers folder
      * that gives model_index.json, the configs and the tokenizers; every component the file
@@ -323,6 +333,10 @@ DF_API const char *df_pipeline_class(const df_pipeline *p);
 /* The shipped config set a single-file load used ("FLUX.1-schnell"), or NULL when the
  * configs came from a folder. */
 DF_API const char *df_pipeline_shipped_config(const df_pipeline *p);
+/* Whether an SD3 pipeline runs without T5 (no_text_encoder_3, or text_encoder_3 null in
+ * model_index.json): the T5 part of its prompt embeddings is zeros. False for every other
+ * class. */
+DF_API bool df_pipeline_t5_off(const df_pipeline *p);
 DF_API df_ctx *df_pipeline_ctx(df_pipeline *p);
 /* The compute dtype the pipeline runs in and, in *why (may be NULL; valid while p lives),
  * the reason: "asked for", or with auto_dtype the measured rates and why they decided. */

@@ -277,9 +277,10 @@ df_status df_checkpoint_describe(const char *path, char *out, size_t cap)
         add(out, cap, " CLIP-G (--text-encoder-2 FILE or the folder's text_encoder_2/),");
     if (!c.t5) /* the shipped SD3 sets name T5, as the official folders do */
         add(out, cap,
-            sd3 && *c.shipped ? " T5 (--text-encoder-3 FILE: the shipped configs name it),"
-            : sd3             ? " T5 (optional for SD3: --text-encoder-3 FILE or the folder's "
-                                "text_encoder_3/),"
+            sd3 && *c.shipped ? " T5 (--text-encoder-3 FILE: the shipped configs name it; "
+                                "or --text-encoder-3 none to run without it),"
+            : sd3             ? " T5 (optional for SD3: --text-encoder-3 FILE, the folder's "
+                                "text_encoder_3/, or --text-encoder-3 none),"
                               : " T5 (--text-encoder-2 FILE or the folder's text_encoder_2/),");
     if (*c.shipped) {
         add(out, cap, " tokenizers (--config DIR holding ");

@@ -399,6 +399,9 @@ static df_status load_parts(df_pipeline *p)
     if (s == DF_OK && p->opts.text_encoder_3_file && !sd3)
         s = df_errorf(DF_E_UNSUPPORTED, "%s: --text-encoder-3 (%s) is SD3's T5; %s has no "
                       "text_encoder_3", p->dir, p->opts.text_encoder_3_file, p->cls->name);
+    if (s == DF_OK && p->opts.no_text_encoder_3 && !sd3)
+        s = df_errorf(DF_E_UNSUPPORTED, "%s: --text-encoder-3 none leaves out SD3's T5; %s "
+                      "has no text_encoder_3", p->dir, p->cls->name);
     if (s == DF_OK && df_comm_size(p->comm) > 1 &&
         (p->cls == &df_sd3_pipeline_class || p->cls == &df_sd3_img2img_pipeline_class ||
          p->cls == &df_sd3_inpaint_pipeline_class))
@@ -459,13 +462,22 @@ static bool component_given(const df_load_opts *o, const df_checkpoint_parts *c,
     return true; /* the scheduler: its config is all it needs */
 }
 
+/* Whether the load leaves `component` out: SD3's T5 and its tokenizer with
+ * no_text_encoder_3. */
+static bool component_left_out(const df_load_opts *o, const char *component)
+{
+    return o->no_text_encoder_3 &&
+           (strcmp(component, "text_encoder_3") == 0 || strcmp(component, "tokenizer_3") == 0);
+}
+
 static const char *component_option(const char *component)
 {
     return strcmp(component, "transformer") == 0      ? "--transformer FILE"
            : strcmp(component, "vae") == 0            ? "--vae FILE"
            : strcmp(component, "text_encoder") == 0   ? "--text-encoder FILE"
            : strcmp(component, "text_encoder_2") == 0 ? "--text-encoder-2 FILE"
-                                                      : "--text-encoder-3 FILE";
+                                                      : "--text-encoder-3 FILE, or none "
+                                                        "to run without T5";
 }
 
 /* Whether the T5 tokenizer `tokenizer` (tokenizer_2 of FLUX.1, tokenizer_3 of SD3) comes
@@ -495,7 +507,8 @@ static void shipped_needs(const df_pipeline *p, const char *path, const df_check
             bool tokenizer = strncmp(comp->name, "tokenizer", 9) == 0;
             char dir[DF_PATH_MAX];
             size_t n = strlen(need);
-            if (!comp->cls || tokenizer != (pass == 0))
+            if (!comp->cls || tokenizer != (pass == 0) ||
+                component_left_out(&p->opts, comp->name))
                 continue;
             if (tokenizer && (!cfg || df_layout_component_dir(cfg, comp->name, dir,
                                                               sizeof dir) != DF_OK) &&
@@ -593,7 +606,7 @@ static df_status use_checkpoint(df_pipeline *p, const char *path)
         o->text_encoder_file = f;
     if (parts.clip_g && !o->text_encoder_2_file)
         o->text_encoder_2_file = f;
-    if (parts.t5 && sd3 && !o->text_encoder_3_file)
+    if (parts.t5 && sd3 && !o->text_encoder_3_file && !o->no_text_encoder_3)
         o->text_encoder_3_file = f;
     if (parts.t5 && !sd3 && !o->text_encoder_2_file)
         o->text_encoder_2_file = f;
@@ -626,6 +639,9 @@ df_status df_pipeline_load(const char *dir, const df_load_opts *opts, df_pipelin
         p->opts.compile_blocks = true;
     }
     df_status s = tp_setup(p); /* first, so that a rank failing below still takes part: */
+    if (s == DF_OK && p->opts.no_text_encoder_3 && p->opts.text_encoder_3_file)
+        s = df_errorf(DF_E_ARG, "--text-encoder-3 none and --text-encoder-3 %s: SD3 runs "
+                      "without T5 or with that file, not both", p->opts.text_encoder_3_file);
     if (s == DF_OK && df_path_is_file(dir))
         s = use_checkpoint(p, dir);
     if (s == DF_OK)
@@ -766,6 +782,11 @@ const char *df_pipeline_class(const df_pipeline *p)
 const char *df_pipeline_shipped_config(const df_pipeline *p)
 {
     return p->shipped ? p->shipped->name : NULL;
+}
+
+bool df_pipeline_t5_off(const df_pipeline *p)
+{
+    return p->t5_off;
 }
 
 df_ctx *df_pipeline_ctx(df_pipeline *p)

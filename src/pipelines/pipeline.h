@@ -38,6 +38,7 @@ struct df_pipeline {
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
     float default_guidance;
+    bool t5_off; /* SD3 without text_encoder_3: df_pipeline_t5_off */
 };
 
 extern const df_pipeline_kind df_flux_pipeline_class;

@@ -5,8 +5,10 @@
  * (-(clip_skip + 2) with clip_skip; the negative prompt always uses -2, as diffusers passes
  * clip_skip=None for it), concatenated on features and zero-padded to joint_attention_dim;
  * T5's last hidden state (max_sequence_length tokens, no mask) follows on the sequence axis.
- * Without text_encoder_3 the T5 part is zeros of 77 tokens (the CLIP tokenizer's length),
- * as diffusers does. Pooled = cat(CLIP-L text_embeds, CLIP-G text_embeds).
+ * Without text_encoder_3 (null in model_index.json, or df_load_opts.no_text_encoder_3 as
+ * diffusers' text_encoder_3=None) the T5 part is zeros of 77 tokens (the CLIP tokenizer's
+ * model_max_length), for the negative prompt too, as diffusers' _get_t5_prompt_embeds
+ * gives; max_sequence_length then changes nothing. Pooled = cat(CLIP-L text_embeds, CLIP-G text_embeds).
  *
  * Guidance: with guidance > 1 the negative prompt ("" by default) is encoded too and the
  * transformer runs once per step on the batch [negative, positive];
@@ -110,15 +112,37 @@ static df_status load_clip(df_pipeline *p, const df_model_index *idx, const char
     return DF_OK;
 }
 
+/* T5 and its tokenizer. A folder that names them but lacks their files fails as it is;
+ * the message says how diffusers' text_encoder_3=None runs it instead. */
+static df_status load_t5(df_pipeline *p, sd3_pipe *s, const df_model_index *idx)
+{
+    const char *file = p->opts.text_encoder_3_file;
+    char dir[DF_PATH_MAX];
+    df_status st = df_pipeline_load_t5_tokenizer(p, idx, "tokenizer_3", file, &s->tok_t5);
+    if (st == DF_OK)
+        st = df_pipeline_component_dir(p, idx, "text_encoder_3", dir, sizeof dir);
+    if (st == DF_OK && (st = df_t5_load_file(p->ctx, dir, file, &s->t5)) != DF_OK)
+        st = df_error_context(st, "%s", dir);
+    if (st == DF_E_IO) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", df_error_message());
+        st = df_errorf(st, "%s (SD3 runs without T5, as diffusers' text_encoder_3=None, with "
+                       "--text-encoder-3 none)", why);
+    }
+    return st;
+}
+
 /* Tokenizers and text encoders; all optional together (prompt embeddings instead), T5 on
- * its own too. Widths must fit the transformer. */
+ * its own too (null in model_index.json, or left out by no_text_encoder_3). Widths must
+ * fit the transformer. */
 static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *idx)
 {
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
+    bool t5 = df_pipeline_has_component(idx, "text_encoder_3") && !p->opts.no_text_encoder_3;
+    p->t5_off = !t5;
     s->clip_len = 77;
     if (!df_pipeline_has_component(idx, "text_encoder") &&
-        !df_pipeline_has_component(idx, "text_encoder_2") &&
-        !df_pipeline_has_component(idx, "text_encoder_3"))
+        !df_pipeline_has_component(idx, "text_encoder_2") && !t5)
         return DF_OK;
     DF_TRY(load_tokenizer(p, idx, "tokenizer", &s->tok_l));
     DF_TRY(load_tokenizer(p, idx, "tokenizer_2", &s->tok_g));
@@ -134,12 +158,8 @@ static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *id
                          "CLIP encoders' max_position_embeddings (%lld, %lld)",
                          p->dir, (long long)s->clip_len, (long long)l->max_position_embeddings,
                          (long long)g->max_position_embeddings);
-    if (df_pipeline_has_component(idx, "text_encoder_3")) {
-        DF_TRY(df_pipeline_load_t5_tokenizer(p, idx, "tokenizer_3", p->opts.text_encoder_3_file,
-                                             &s->tok_t5));
-        char dir[DF_PATH_MAX];
-        DF_TRY(df_pipeline_component_dir(p, idx, "text_encoder_3", dir, sizeof dir));
-        DF_TRY_CTX(df_t5_load_file(p->ctx, dir, p->opts.text_encoder_3_file, &s->t5), "%s", dir);
+    if (t5) {
+        DF_TRY(load_t5(p, s, idx));
         if (df_t5_get_config(s->t5)->d_model != c->joint_attention_dim)
             return df_errorf(DF_E_FORMAT,
                              "%s: text_encoder_3 d_model %lld differs from the "

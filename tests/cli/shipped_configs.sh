@@ -4,7 +4,8 @@
 # (sparse: the header is real, the data a hole) is recognised with its shipped config, and
 # `generate -m FILE` names the tokenizer folders and the component files still needed in one
 # line; given them, it goes on to the weights. The same for an SD3.5-large transformer file,
-# with SD3's three tokenizer folders and three encoders. A file of another size (the tiny all-in-one case) still needs --config DIR.
+# with SD3's three tokenizer folders and three encoders, or two of each with
+# --text-encoder-3 none. A file of another size (the tiny all-in-one case) still needs --config DIR.
 # Usage: shipped_configs.sh PATH/TO/diffuse GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 golden=$2 cases=$3
@@ -97,10 +98,17 @@ sd3=$golden/t2i-sd3/pipeline
 mkdir -p "$work/sd3toks" && cp -r "$sd3/tokenizer" "$sd3/tokenizer_2" "$sd3/tokenizer_3" \
     "$work/sd3toks/" || fail "copying the SD3 tokenizers"
 l=$work/sd3.5_large.safetensors
-expect "is SD3.5-large: .*still needed: tokenizer/ .*tokenizer_2/ .*tokenizer_3/ .*text_encoder_3 (--text-encoder-3 FILE), vae (--vae FILE)" \
+expect "is SD3.5-large: .*still needed: tokenizer/ .*tokenizer_2/ .*tokenizer_3/ .*text_encoder_3 (--text-encoder-3 FILE, or none to run without T5), vae (--vae FILE)" \
     -m "$l"
 expect "loading on the shipped SD3.5-large configs" -m "$l" --config "$work/sd3toks" \
     --vae "$l" --text-encoder "$l" --text-encoder-2 "$l" --text-encoder-3 "$l"
+# Without T5 (--text-encoder-3 none) neither it nor tokenizer_3/ is asked for.
+mkdir -p "$work/cliptoks" && cp -r "$sd3/tokenizer" "$sd3/tokenizer_2" "$work/cliptoks/" ||
+    fail "copying the CLIP tokenizers"
+expect "still needed: text_encoder (--text-encoder FILE), text_encoder_2 (--text-encoder-2 FILE), vae (--vae FILE)$" \
+    -m "$l" --config "$work/cliptoks" --text-encoder-3 none
+expect "loading on the shipped SD3.5-large configs" -m "$l" --config "$work/cliptoks" \
+    --vae "$l" --text-encoder "$l" --text-encoder-2 "$l" --text-encoder-3 none
 expect "none shipped for this size.*--config DIR" \
     -m "$cases/pipe-flux-all-in-one/flux1-tiny-aio-fp8.safetensors" --config "$work/toks"
 [ -z "$(ls "$work/tmp")" ] || fail "temporary config folders left: $(ls "$work/tmp")"

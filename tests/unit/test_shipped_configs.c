@@ -196,7 +196,8 @@ static void test_recognition_picks_the_sd3_sets(void **state)
     assert_int_equal(df_checkpoint_describe(path, text, sizeof text), DF_OK);
     assert_non_null(strstr(text, "config: shipped SD3-medium\n"));
     assert_non_null(strstr(text, "tokenizer_3/ (T5"));
-    assert_non_null(strstr(text, " T5 (--text-encoder-3 FILE: the shipped configs name it)"));
+    assert_non_null(strstr(text, " T5 (--text-encoder-3 FILE: the shipped configs name it; "
+                                 "or --text-encoder-3 none to run without it)"));
 
     /* SD3.5-large (and its turbo), with and without the prefix */
     write_sd3(path, "model.diffusion_model.", 2432, 38, 36864);
@@ -639,7 +640,8 @@ static void test_sd3_single_file_load_asks_for_what_is_missing(void **state)
     assert_non_null(strstr(m, "still needed: tokenizer/ (in --config DIR), tokenizer_2/ (in "
                               "--config DIR), tokenizer_3/ (in --config DIR), text_encoder "
                               "(--text-encoder FILE), text_encoder_2 (--text-encoder-2 FILE), "
-                              "text_encoder_3 (--text-encoder-3 FILE), vae (--vae FILE)"));
+                              "text_encoder_3 (--text-encoder-3 FILE, or none to run "
+                              "without T5), vae (--vae FILE)"));
     assert_non_null(strstr(m, "tokenizer_2/ (CLIP-G"));
 
     /* the CLIP tokenizers and a T5 GGUF carrying its own: no tokenizer is asked for */
@@ -654,6 +656,33 @@ static void test_sd3_single_file_load_asks_for_what_is_missing(void **state)
     assert_null(strstr(m, "tokenizer_3/"));
     assert_non_null(strstr(m, "still needed: text_encoder (--text-encoder FILE), text_encoder_2 "
                               "(--text-encoder-2 FILE), vae (--vae FILE)"));
+
+    /* without T5 (--text-encoder-3 none): neither T5 nor tokenizer_3/ is asked for, and
+     * with the rest given the load goes on to the weights */
+    assert_int_equal(
+        df_pipeline_load(file,
+                         &(df_load_opts){.threads = 1, .config_dir = clips,
+                                         .no_text_encoder_3 = true},
+                         &p),
+        DF_E_ARG);
+    m = df_error_message();
+    assert_null(strstr(m, "tokenizer_3/"));
+    assert_non_null(strstr(m, "still needed: text_encoder (--text-encoder FILE), text_encoder_2 "
+                              "(--text-encoder-2 FILE), vae (--vae FILE)"));
+    df_status none = df_pipeline_load(file,
+                                      &(df_load_opts){.threads = 1,
+                                                      .config_dir = clips,
+                                                      .vae_file = file,
+                                                      .text_encoder_file = file,
+                                                      .text_encoder_2_file = file,
+                                                      .no_text_encoder_3 = true},
+                                      &p);
+    assert_int_not_equal(none, DF_OK);
+    m = df_error_message();
+    assert_null(strstr(m, "tokenizer"));
+    assert_null(strstr(m, "text_encoder_3"));
+    assert_non_null(strstr(m, "loading on the shipped SD3.5-large configs"));
+    assert_int_equal(leftovers(tmp), 0);
 
     /* all of it: the load goes on to the weights on the shipped configs */
     df_status s = df_pipeline_load(file,

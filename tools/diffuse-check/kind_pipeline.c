@@ -15,6 +15,8 @@
  * case folder, the same size as the picture) and args.padding_mask_crop.
  * args.loras lists LoRA adapter files of the case folder with their set_adapters weights
  * (df_load_opts.loras).
+ * "from_pretrained": {"text_encoder_3": null, "tokenizer_3": null} runs SD3 without T5, as
+ * diffusers' from_pretrained(dir, text_encoder_3=None, tokenizer_3=None) did.
  * FluxKontextPipeline: args.image is the picture to edit, args.max_area the output's area
  * (default 1024 * 1024) and args._auto_resize (default true) whether the picture takes the
  * preferred Kontext resolution nearest its aspect ratio.
@@ -270,6 +272,29 @@ static int get_loras(check_case *c, df_lora_spec *specs, char paths[][1200], int
     return 0;
 }
 
+/* "from_pretrained": the components diffusers' from_pretrained was given besides the
+ * folder. text_encoder_3 / tokenizer_3 null (SD3 without T5) is df_load_opts'
+ * no_text_encoder_3; nothing else is read. */
+static int get_from_pretrained(check_case *c, bool *no_t5)
+{
+    *no_t5 = false;
+    const df_json *kw = df_json_get(c->root, "from_pretrained");
+    if (!kw || df_json_is_null(kw))
+        return 0;
+    if (df_json_type_of(kw) != DF_JSON_OBJECT)
+        return check_fail(c, "from_pretrained: expected an object of arguments");
+    for (int64_t i = 0; i < df_json_object_size(kw); i++) {
+        const char *key;
+        const df_json *v = df_json_object_at(kw, i, &key);
+        if (!df_json_is_null(v) ||
+            (strcmp(key, "text_encoder_3") != 0 && strcmp(key, "tokenizer_3") != 0))
+            return check_fail(c, "from_pretrained.%s: only text_encoder_3 / tokenizer_3 "
+                              "null (SD3 without T5) can be given", key);
+        *no_t5 = true;
+    }
+    return 0;
+}
+
 int check_kind_pipeline(check_case *c)
 {
     bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
@@ -363,6 +388,8 @@ int check_kind_pipeline(check_case *c)
     static char lora_paths[MAX_LORAS][1200];
     int n_loras = 0;
     rc |= get_loras(c, loras, lora_paths, &n_loras);
+    bool no_t5;
+    rc |= get_from_pretrained(c, &no_t5);
     if (kontext) { /* diffusers' defaults: max_area 1024 ** 2, _auto_resize True */
         int64_t area = 1024 * 1024;
         bool auto_resize = true;
@@ -390,6 +417,7 @@ int check_kind_pipeline(check_case *c)
                                                        .compile_blocks = blocks,
                                                        .comm = c->comm, .loras = loras,
                                                        .n_loras = n_loras,
+                                                       .no_text_encoder_3 = no_t5,
                                                        .config_dir = single ? c->model_dir : NULL},
                                        &p);
         if (s == DF_OK)

@@ -75,6 +75,11 @@ int cmd_convert(int argc, char **argv)
             lo.text_encoder_2_file = optarg;
             break;
         case O_TE3:
+            if (!strcmp(optarg, "none")) { /* the folder written would still name T5 */
+                fprintf(stderr, "diffuse convert: --text-encoder-3 none is for generate: a "
+                                "converted folder keeps every component its configs name\n");
+                return 2;
+            }
             lo.text_encoder_3_file = optarg;
             break;
         case O_THREADS:

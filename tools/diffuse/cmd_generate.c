@@ -49,6 +49,9 @@ static void help(FILE *f)
         "      --text-encoder-2 FILE  FLUX.1: T5 (t5xxl_fp16.safetensors); SD3: CLIP-G\n"
         "      --text-encoder-3 FILE  SD3: T5; text encoders in transformers' names, also\n"
         "                             under 'text_encoders.NAME.transformer.'\n"
+        "      --text-encoder-3 none  SD3: run without T5, as diffusers' text_encoder_3=None\n"
+        "                             (its part of the prompt is zeros; no text_encoder_3/ or\n"
+        "                             tokenizer_3/ needed, a T5 in -m FILE is not read)\n"
         "  -p, --prompt TEXT          the prompt (UTF-8)\n"
         "      --prompt-file FILE     read the prompt from FILE (any length; one trailing\n"
         "                             newline is dropped)\n"
@@ -549,7 +552,12 @@ int cmd_generate(int argc, char **argv)
         case O_CONFIG: lo.config_dir = optarg; break;
         case O_TE1: lo.text_encoder_file = optarg; break;
         case O_TE2: lo.text_encoder_2_file = optarg; break;
-        case O_TE3: lo.text_encoder_3_file = optarg; break;
+        case O_TE3: /* "none": the library refuses it with a file (./none names one) */
+            if (!strcmp(optarg, "none"))
+                lo.no_text_encoder_3 = true;
+            else
+                lo.text_encoder_3_file = optarg;
+            break;
         case O_IMAGE:
             if (n_image_paths == MAX_IMAGES) {
                 fprintf(stderr, "diffuse generate: at most %d --image options\n", MAX_IMAGES);
@@ -667,6 +675,10 @@ int cmd_generate(int argc, char **argv)
         if (df_pipeline_shipped_config(p))
             fprintf(stderr, "config: shipped %s (tokenizers from %s)\n",
                     df_pipeline_shipped_config(p), lo.config_dir);
+        if (df_pipeline_t5_off(p))
+            fprintf(stderr, "T5: off (%s), its part of the prompt embeddings is zeros\n",
+                    lo.no_text_encoder_3 ? "--text-encoder-3 none"
+                                         : "text_encoder_3 is null in model_index.json");
     }
     /* FLUX.1 Kontext: an explicit -W / -H is the output size (the area diffusers fits the
      * size to is W x H) and the picture keeps its own size (_auto_resize=False); without

@@ -547,7 +547,12 @@ static int inspect_pipeline(inspect *in, const char *dir)
         if (!c->cls) {
             printf("component ");
             put_clean(stdout, c->name);
-            printf(": not included\n");
+            /* diffusers saves an SD3 pipeline loaded with text_encoder_3=None so */
+            bool sd3 = cls && strncmp(cls, "StableDiffusion3", 16) == 0;
+            printf(": not included%s\n",
+                   sd3 && strcmp(c->name, "text_encoder_3") == 0
+                       ? " (T5 off: its part of the prompt embeddings is zeros)"
+                       : "");
             continue;
         }
         char cdir[DF_PATH_MAX];
