@@ -33,6 +33,19 @@ endforeach()
 df_golden_tests(cases-blocks blocks DIR ${DF_CASES_DIR} CASES edit-flux2 edit-flux2-b2
                 edit-flux2-two edit-flux2-klein)
 
+# SD3 without T5 (tools/refgen/sd3_no_t5.py): diffusers' text_encoder_3=None on the golden
+# SD3 folder (df_load_opts.no_text_encoder_3), in every mode t2i-sd3 runs in; and the folder
+# diffusers saves without T5, `--text-encoder-3 none`, -v, inspect and the refusals
+# (tests/cli/sd3_no_t5.sh).
+foreach(mode eager fuse compile blocks)
+  df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES t2i-sd3-no-t5)
+endforeach()
+add_test(NAME cli/sd3_no_t5
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/sd3_no_t5.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/sd3_no_t5 PROPERTIES TIMEOUT 300)
+
 # `diffuse generate --image FILE --strength X`: metadata, effect and refusals.
 add_test(NAME cli/img2img_generate
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/img2img_generate.sh $<TARGET_FILE:diffuse>

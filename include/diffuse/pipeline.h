@@ -119,8 +119,8 @@ typedef struct df_load_opts {
      * diffusers' from_pretrained(..., text_encoder_3=None, tokenizer_3=None): text_encoder_3
      * and tokenizer_3 are not read (the folder, the shipped configs' tokenizer folders or
      * the checkpoint file may lack them, or hold them), and the T5 part of the prompt
-     * embeddings, the negative prompt's too, is zeros of [rows, the CLIP tokenizer's
-     * model_max_length (77), joint_attention_dim]. A folder whose model_index.json has
+     * embeddings, the negative prompt's too, is zeros of [rows, max_sequence_length,
+     * joint_attention_dim], as diffusers 0.42 makes it. A folder whose model_index.json has
      * "text_encoder_3": [null, null] (diffusers saves a pipeline without T5 so) runs the
      * same way without it. DF_E_ARG with text_encoder_3_file, DF_E_UNSUPPORTED for another
      * class. */

@@ -507,8 +507,7 @@ static void shipped_needs(const df_pipeline *p, const char *path, const df_check
             bool tokenizer = strncmp(comp->name, "tokenizer", 9) == 0;
             char dir[DF_PATH_MAX];
             size_t n = strlen(need);
-            if (!comp->cls || tokenizer != (pass == 0) ||
-                component_left_out(&p->opts, comp->name))
+            if (!comp->cls || tokenizer != (pass == 0) || component_left_out(&p->opts, comp->name))
                 continue;
             if (tokenizer && (!cfg || df_layout_component_dir(cfg, comp->name, dir,
                                                               sizeof dir) != DF_OK) &&

@@ -6,9 +6,10 @@
  * clip_skip=None for it), concatenated on features and zero-padded to joint_attention_dim;
  * T5's last hidden state (max_sequence_length tokens, no mask) follows on the sequence axis.
  * Without text_encoder_3 (null in model_index.json, or df_load_opts.no_text_encoder_3 as
- * diffusers' text_encoder_3=None) the T5 part is zeros of 77 tokens (the CLIP tokenizer's
- * model_max_length), for the negative prompt too, as diffusers' _get_t5_prompt_embeds
- * gives; max_sequence_length then changes nothing. Pooled = cat(CLIP-L text_embeds, CLIP-G text_embeds).
+ * diffusers' text_encoder_3=None) the T5 part is zeros of max_sequence_length tokens, for
+ * the negative prompt too, as diffusers 0.42's _get_t5_prompt_embeds gives (older releases
+ * took the CLIP tokenizer's 77).
+ * Pooled = cat(CLIP-L text_embeds, CLIP-G text_embeds).
  *
  * Guidance: with guidance > 1 the negative prompt ("" by default) is encoded too and the
  * transformer runs once per step on the batch [negative, positive];
@@ -112,8 +113,8 @@ static df_status load_clip(df_pipeline *p, const df_model_index *idx, const char
     return DF_OK;
 }
 
-/* T5 and its tokenizer. A folder that names them but lacks their files fails as it is;
- * the message says how diffusers' text_encoder_3=None runs it instead. */
+/* T5 and its tokenizer. Where their files are missing, the message says how to run
+ * without them, as diffusers' text_encoder_3=None does. */
 static df_status load_t5(df_pipeline *p, sd3_pipe *s, const df_model_index *idx)
 {
     const char *file = p->opts.text_encoder_3_file;
@@ -126,8 +127,10 @@ static df_status load_t5(df_pipeline *p, sd3_pipe *s, const df_model_index *idx)
     if (st == DF_E_IO) {
         char why[1024];
         snprintf(why, sizeof why, "%s", df_error_message());
-        st = df_errorf(st, "%s (SD3 runs without T5, as diffusers' text_encoder_3=None, with "
-                       "--text-encoder-3 none)", why);
+        st = df_errorf(st,
+                       "%s (SD3 runs without T5, as diffusers' text_encoder_3=None, with "
+                       "--text-encoder-3 none)",
+                       why);
     }
     return st;
 }
@@ -308,7 +311,7 @@ static df_status encode_texts(df_pipeline *p, sd3_pipe *s, const char *const *te
         df_free(ids);
         DF_TRY_CTX(st, "text_encoder_3");
     } else {
-        t5 = df_zeros(ctx, DF_DTYPE_F32, DF_SHAPE(R, s->clip_len, J));
+        t5 = df_zeros(ctx, DF_DTYPE_F32, DF_SHAPE(R, max_seq, J));
     }
     *embeds = df_concat(ctx, clip, t5, 1); /* [R, clip_len + L, J] */
     *pooled = df_concat(ctx, pl, pg, 1);   /* [R, Pl + Pg] */

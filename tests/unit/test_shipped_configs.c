@@ -660,10 +660,9 @@ static void test_sd3_single_file_load_asks_for_what_is_missing(void **state)
     /* without T5 (--text-encoder-3 none): neither T5 nor tokenizer_3/ is asked for, and
      * with the rest given the load goes on to the weights */
     assert_int_equal(
-        df_pipeline_load(file,
-                         &(df_load_opts){.threads = 1, .config_dir = clips,
-                                         .no_text_encoder_3 = true},
-                         &p),
+        df_pipeline_load(
+            file, &(df_load_opts){.threads = 1, .config_dir = clips, .no_text_encoder_3 = true},
+            &p),
         DF_E_ARG);
     m = df_error_message();
     assert_null(strstr(m, "tokenizer_3/"));

@@ -288,8 +288,10 @@ static int get_from_pretrained(check_case *c, bool *no_t5)
         const df_json *v = df_json_object_at(kw, i, &key);
         if (!df_json_is_null(v) ||
             (strcmp(key, "text_encoder_3") != 0 && strcmp(key, "tokenizer_3") != 0))
-            return check_fail(c, "from_pretrained.%s: only text_encoder_3 / tokenizer_3 "
-                              "null (SD3 without T5) can be given", key);
+            return check_fail(c,
+                              "from_pretrained.%s: only text_encoder_3 / tokenizer_3 "
+                              "null (SD3 without T5) can be given",
+                              key);
         *no_t5 = true;
     }
     return 0;
