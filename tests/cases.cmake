@@ -40,6 +40,18 @@ df_golden_tests(cases-blocks blocks DIR ${DF_CASES_DIR} CASES edit-flux2 edit-fl
 foreach(mode eager fuse compile blocks)
   df_golden_tests(cases-${mode} ${mode} DIR ${DF_CASES_DIR} CASES t2i-sd3-no-t5)
 endforeach()
+# bf16 and int8 compute within their bounds, as t2i-sd3 (tests/golden.cmake).
+df_golden_tests(cases-bf16 eager DIR ${DF_CASES_DIR} CASES t2i-sd3-no-t5 ARGS --dtype bf16)
+df_golden_tests(cases-int8-eager eager DIR ${DF_CASES_DIR} CASES t2i-sd3-no-t5
+                ARGS --dtype int8)
+# ... and on the sim device, in the Release pass as tests/sim.cmake's runs (under 5 s each;
+# on Vulkan, 10 to 15 s a run, it passes by hand in eager, fuse and compile).
+if(CMAKE_BUILD_TYPE STREQUAL "Release")
+  foreach(mode eager fuse compile)
+    df_golden_tests(sim-${mode} ${mode} DIR ${DF_CASES_DIR} CASES t2i-sd3-no-t5
+                    ARGS --device sim)
+  endforeach()
+endif()
 add_test(NAME cli/sd3_no_t5
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/sd3_no_t5.sh $<TARGET_FILE:diffuse>
                  $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
