@@ -741,7 +741,8 @@ static void test_tiny_pipeline_generates_end_to_end(void **state)
     df_pipeline_free(p);
 }
 
-/* A folder without T5 (text_encoder_3 / tokenizer_3 null) runs with zeros for it. */
+/* A folder without T5 (text_encoder_3 / tokenizer_3 null) runs with zeros for it, as the
+ * full folder does with no_text_encoder_3. */
 static void test_tiny_pipeline_without_t5(void **state)
 {
     (void)state;
@@ -781,12 +782,18 @@ static void test_tiny_pipeline_without_t5(void **state)
     write_text(path, out);
     free(idx);
 
-    df_pipeline *p, *full;
+    df_pipeline *p, *full, *none;
     if (df_pipeline_load(dir, &(df_load_opts){.threads = 2}, &p) != DF_OK)
         fail_msg("load %s: %s", dir, df_error_message());
     assert_int_equal(df_pipeline_load(src, &(df_load_opts){.threads = 2}, &full), DF_OK);
+    assert_int_equal(
+        df_pipeline_load(src, &(df_load_opts){.threads = 2, .no_text_encoder_3 = true}, &none),
+        DF_OK);
+    assert_true(df_pipeline_t5_off(p) && df_pipeline_t5_off(none));
+    assert_false(df_pipeline_t5_off(full));
     df_gen_params g = {.prompt = "a red fox", .height = 32, .width = 32, .steps = 2, .seed = 3};
-    df_gen_output a = generate(p, &g), b = generate(full, &g);
+    df_gen_output a = generate(p, &g), b = generate(full, &g), c = generate(none, &g);
+    assert_true(max_diff(a.image_f32, c.image_f32, 32 * 32 * 3) == 0);
     double lo = 1, hi = 0;
     for (int64_t i = 0; i < 32 * 32 * 3; i++)
         lo = fmin(lo, a.image_f32[i]), hi = fmax(hi, a.image_f32[i]);
@@ -796,8 +803,10 @@ static void test_tiny_pipeline_without_t5(void **state)
     assert_true(image_diff(&a, &b) > 1e-4);
     df_gen_output_free(&a);
     df_gen_output_free(&b);
+    df_gen_output_free(&c);
     df_pipeline_free(p);
     df_pipeline_free(full);
+    df_pipeline_free(none);
 }
 #endif
 
