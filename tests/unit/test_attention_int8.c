@@ -168,6 +168,7 @@ static void test_error_bound(void **state)
         for (int mi = 0; mi < 2; mi++) {
             double *got = run(modes[mi], &cases[i], &a);
             double e = rel_l2(got, a.ref, a.n_out);
+            print_message("case %zu, mode %d: relative L2 error %.3g\n", i, mi, e);
             if (!(e <= 1e-2)) {
                 print_error("case %zu, mode %d: relative L2 error %.3g > 1e-2\n", i, mi, e);
                 fail();

@@ -20,8 +20,11 @@
  * copies and each task converts its Q rows; P is converted to bf16 (accumulation, the
  * softmax and the output stay f32). Other dtypes or overlapping rows go through copies.
  *
- * Under int8 compute the scores come from k_attention_int8.c (Q and smoothed K in int8) and
- * P V runs in bf16 where the CPU has it.
+ * Under int8 compute both products come from k_attention_int8.c: the scores from Q and
+ * smoothed K in int8, and P V from the block's probabilities in 16-bit fixed point as two u8
+ * planes (quantized per row in softmax_block, whose denominator then sums the quantized
+ * values) and smoothed V in int8;
+ * V's mean is added back to each output row.
  *
  * Rows whose every key is masked (all -inf) come out as zeros. The exp, max and scaling
  * loops use AVX-512 where the CPU has it (checked at run time), plain C elsewhere. The
@@ -55,12 +58,16 @@ typedef struct attn {
     int64_t os[3];                                    /* its strides of b, i, h */
     const df_gemm_plan *s_plan[2][2], *pv_plan[2][2]; /* [query tail?][key tail?] */
     size_t gemm_scratch;                              /* the most any plan needs per thread */
-    const df_attn_i8_k *i8;                           /* int8 scores, or NULL */
+    const df_attn_i8_k *i8;                           /* int8 products, or NULL */
+    const df_attn_i8_v *v8;                           /* V's int8 form (with i8) */
+    int64_t ldu;                                      /* int8 P rows: 2 planes of bk to 4 */
 } attn;
 
 typedef struct task_buf {
     float *s;    /* [bq, bk] scores, then f32 probabilities */
     uint16_t *p; /* [bq, bk] bf16 probabilities (bf16 compute) */
+    uint8_t *u;  /* [bq, ldu] probabilities, two u8 planes (int8 compute) */
+    float *ps;   /* [bq] their scales */
     float *o;    /* [bq, Dv] accumulator */
     void *q;     /* [bq, D] Q rows (bf16, or f32 copies) */
     float *row;  /* [D] one Q row in f32 on its way to bf16 */
@@ -212,10 +219,14 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
                            : scale_max_plain(s, lim, a->scale, mrow, a->ms[3]);
         float m_new = mx > t->m[r] ? mx : t->m[r];
         float sum = 0;
-        if (m_new == -INFINITY) {
+        if (m_new == -INFINITY)
             lim = 0; /* every key so far is masked: nothing to add */
-        } else {
+        else
             sum = a->avx512 ? exp_sum_avx512(s, lim, m_new) : exp_sum_plain(s, lim, m_new);
+        if (a->i8) /* the denominator sums what P V multiplies */
+            sum = df_attn_i8_p_quantize(s, lim, (nk + 3) & ~(int64_t)3, t->u + r * a->ldu,
+                                        &t->ps[r], a->avx512);
+        if (m_new != -INFINITY) {
             float alpha = t->m[r] == -INFINITY ? 0.0f : expf(t->m[r] - m_new);
             if (alpha != 1.0f) {
                 if (a->avx512)
@@ -226,7 +237,9 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
             t->l[r] = t->l[r] * alpha + sum;
             t->m[r] = m_new;
         }
-        if (a->bf16) {
+        if (a->i8) {
+            continue;
+        } else if (a->bf16) {
             uint16_t *p = t->p + r * a->bk;
             df_gemm_f32_to_bf16(s, p, lim);
             memset(p + lim, 0, (size_t)(nk - lim) * sizeof *p);
@@ -265,12 +278,15 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
     for (int64_t j0 = 0; j0 < kend; j0 += a->bk) {
         int64_t nk = a->Sk - j0 < a->bk ? a->Sk - j0 : a->bk;
         int ksel = nk != a->bk;
+        if (a->i8) {
+            df_attn_i8_scores(a->i8, t->q, b, h, mq, j0, nk, t->s, a->bk);
+            softmax_block(a, t, b, h, i0, mq, j0, nk);
+            df_attn_i8_pv(a->i8, a->v8, b, h, t->u, a->ldu, t->ps, mq, j0, nk, t->o, a->Dv);
+            continue;
+        }
         const char *kp = (const char *)a->kd + (b * a->ks[0] + h * a->ks[1] + j0 * a->ks[2]) * qes;
         const char *vp = (const char *)a->vd + (b * a->vs[0] + h * a->vs[1] + j0 * a->vs[2]) * qes;
-        if (a->i8)
-            df_attn_i8_scores(a->i8, t->q, b, h, mq, j0, nk, t->s, a->bk);
-        else
-            DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
+        DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
         softmax_block(a, t, b, h, i0, mq, j0, nk);
         const void *p = a->bf16 ? (const void *)t->p : (const void *)t->s;
         DF_TRY(df_gemm_plan_run(a->pv_plan[qsel][ksel], p, vp, NULL, t->o, t->gemm));
@@ -283,6 +299,11 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
         const float *src = t->o + r * a->Dv;
         for (int64_t c = 0; c < a->Dv; c++)
             dst[c] = src[c] * inv;
+        if (a->i8 && t->l[r] > 0) {
+            const float *mean = a->v8->mean + (b * a->H + h) * a->Dv;
+            for (int64_t c = 0; c < a->Dv; c++)
+                dst[c] += mean[c];
+        }
         if (a->out_bf16) /* for bf16 products only (defer-and-fuse) */
             df_gemm_f32_to_bf16(dst, (uint16_t *)a->out + at, a->Dv);
     }
@@ -390,9 +411,11 @@ DF_CPU_KERNEL(attention)
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }
     df_attn_i8_k k8;
-    bool i8 = df_attn_i8_wanted((int)n->a.compute, a.D);
+    df_attn_i8_v v8;
+    bool i8 = df_attn_i8_wanted((int)n->a.compute, a.D, a.Dv);
     if (i8)
-        a.bf16 = df_gemm_compute_dtype(DF_DTYPE_BF16) == DF_DTYPE_BF16; /* for P V */
+        a.bf16 = false; /* no GEMM runs: Q, K and V go to their int8 forms */
+    a.ldu = 2 * ((a.bk + 3) & ~(int64_t)3);
     a.q_direct = in_place(q, a.bf16);
     bool k_direct = in_place(k, a.bf16), v_direct = in_place(v, a.bf16);
     size_t es = a.bf16 ? 2 : 4;
@@ -407,7 +430,8 @@ DF_CPU_KERNEL(attention)
     } else {
         a.vs[0] = a.H * a.Sk * a.Dv, a.vs[1] = a.Sk * a.Dv, a.vs[2] = a.Dv;
     }
-    DF_TRY_CTX(get_plans(&a), "attention q [%lld, %lld, %lld, %lld]", (long long)a.B,
+    if (!i8)
+        DF_TRY_CTX(get_plans(&a), "attention q [%lld, %lld, %lld, %lld]", (long long)a.B,
                (long long)a.H, (long long)a.Sq, (long long)a.D);
 
     /* Scratch: K and V copies (when needed), then one task_buf per thread. */
@@ -415,8 +439,12 @@ DF_CPU_KERNEL(attention)
     if (i8)
         kbytes = df_attn_i8_k_bytes(a.B, a.H, a.Sk, a.D);
     size_t vbytes = v_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.Dv) * es);
+    if (i8)
+        vbytes = df_attn_i8_v_bytes(a.B, a.H, a.Sk, a.Dv);
     size_t s_b = round64((size_t)(a.bq * a.bk) * sizeof(float));
     size_t p_b = a.bf16 ? round64((size_t)(a.bq * a.bk) * 2) : 0;
+    if (i8)
+        p_b = round64((size_t)(a.bq * a.ldu));
     size_t o_b = round64((size_t)(a.bq * a.Dv) * sizeof(float));
     size_t q_b = a.q_direct ? 0 : round64((size_t)(a.bq * a.D) * es);
     if (i8)
@@ -424,7 +452,7 @@ DF_CPU_KERNEL(attention)
     size_t ml_b = round64((size_t)a.bq * sizeof(float));
     size_t row_b = round64((size_t)(a.D > a.Dv ? a.D : a.Dv) * sizeof(float));
     size_t g_b = round64(a.gemm_scratch);
-    size_t per_thread = s_b + p_b + o_b + q_b + 2 * ml_b + row_b + g_b;
+    size_t per_thread = s_b + p_b + o_b + q_b + 3 * ml_b + row_b + g_b;
     size_t total = kbytes + vbytes + (size_t)threads * per_thread;
     char *scratch = df_env_scratch(env, total);
     if (!scratch)
@@ -433,12 +461,15 @@ DF_CPU_KERNEL(attention)
     a.vd = v_direct ? df_view_ptr(v) : scratch + kbytes;
     if (i8) {
         df_attn_i8_k_prepare(&k8, k, (df_i8_path)env->int8_path, scratch);
+        df_attn_i8_v_prepare(&v8, v, scratch + kbytes);
         a.i8 = &k8;
-    } else if (!k_direct) {
-        dense_copy(k, a.bf16, scratch);
+        a.v8 = &v8;
+    } else {
+        if (!k_direct)
+            dense_copy(k, a.bf16, scratch);
+        if (!v_direct)
+            dense_copy(v, a.bf16, scratch + kbytes);
     }
-    if (!v_direct)
-        dense_copy(v, a.bf16, scratch + kbytes);
 
     int64_t nqb = (a.Sq + a.bq - 1) / a.bq, tasks = a.B * a.H * nqb;
     df_status failed = DF_OK;
@@ -449,12 +480,14 @@ DF_CPU_KERNEL(attention)
         char *mine = bufs + (size_t)omp_get_thread_num() * per_thread;
         task_buf t = {.s = (float *)mine,
                       .p = (uint16_t *)(mine + s_b),
+                      .u = (uint8_t *)(mine + s_b),
                       .o = (float *)(mine + s_b + p_b),
                       .q = mine + s_b + p_b + o_b,
                       .m = (float *)(mine + s_b + p_b + o_b + q_b),
                       .l = (float *)(mine + s_b + p_b + o_b + q_b + ml_b),
-                      .row = (float *)(mine + s_b + p_b + o_b + q_b + 2 * ml_b),
-                      .gemm = mine + s_b + p_b + o_b + q_b + 2 * ml_b + row_b};
+                      .ps = (float *)(mine + s_b + p_b + o_b + q_b + 2 * ml_b),
+                      .row = (float *)(mine + s_b + p_b + o_b + q_b + 3 * ml_b),
+                      .gemm = mine + s_b + p_b + o_b + q_b + 3 * ml_b + row_b};
 #pragma omp for schedule(dynamic)
         for (int64_t ti = 0; ti < tasks; ti++) {
             df_status s;

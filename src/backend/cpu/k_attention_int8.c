@@ -1,7 +1,8 @@
 /*
- * The scores Q K^T of attention in 8-bit integers (SageAttention-style), for k_attention.c
- * under int8 compute.
+ * The two products of attention in 8-bit integers (SageAttention-style), for
+ * k_attention.c under int8 compute.
  *
+ * Scores Q K^T:
  * - K is smoothed: the mean key of each (batch, head) is subtracted from every key. That
  *   changes all the scores of a query row by the same amount (q . mean), so not its softmax,
  *   and it removes the offset that keys of a DiT share, which would otherwise take most of
@@ -18,7 +19,19 @@
  *   the same f32 operations in the same order, so the three agree bit for bit. The path
  *   follows gemm_int8's dispatch (DIFFUSE_INT8_PATH=portable forces the portable one here
  *   too, =avx2 the AVX2 one).
- * Softmax and P V stay in k_attention.c (f32 softmax; P V in bf16 where the CPU has it).
+ * P V:
+ * - V is smoothed per channel (the mean over the keys of each (batch, head) is subtracted;
+ *   k_attention.c adds it back to each normalised output row, exactly since the weights of
+ *   a row sum to one) and quantized symmetrically per channel, packed as quads of 4 keys x
+ *   the channels (one 64-byte load feeds 16 channels).
+ * - The softmax's probabilities of a block, in [0, 1], are quantized to u8 per row against
+ *   the row's max in the block; the row's sum for the softmax's denominator is taken from
+ *   the quantized values, so the weights that multiply V sum to one exactly.
+ * - The product is vpdpbusd again (u8 P x s8 V, no shift needed), int32 over the block, then
+ *   (acc * s_v) * s_p added to the f32 accumulator. The AVX512-VNNI kernel takes 6 rows x 64
+ *   channels; the AVX2 one widens to s16 and uses vpmaddwd, 2 rows x 16 channels; all three
+ *   give the same bits, as for the scores.
+ * The online softmax stays in k_attention.c (f32).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -31,17 +44,20 @@
 
 #define NR DF_ATTN_I8_NR
 #define MR 8 /* queries per micro-tile */
+#define NV DF_ATTN_I8_NV
+#define PR 3 /* rows per P V micro-tile (AVX512-VNNI) */
 
 static size_t round64(size_t n)
 {
     return (n + 63) & ~(size_t)63;
 }
 
-bool df_attn_i8_wanted(int requested, int64_t D)
+bool df_attn_i8_wanted(int requested, int64_t D, int64_t Dv)
 {
     /* DIFFUSE_INT8_ATTENTION=0 (or df_gen_params.int8_attention) made the op's compute f32
      * when it was recorded (df_ctx_attention_compute) */
-    return requested == DF_DTYPE_I8 && D >= 1 && D <= DF_ATTN_I8_MAX_D;
+    return requested == DF_DTYPE_I8 && D >= 1 && D <= DF_ATTN_I8_MAX_D && Dv >= 1 &&
+           Dv <= DF_ATTN_I8_MAX_D;
 }
 
 static int64_t padded_d(int64_t D)
@@ -163,6 +179,62 @@ void df_attn_i8_q_load(const df_attn_i8_k *k8, const df_view *q, int64_t b, int6
     }
 }
 
+size_t df_attn_i8_v_bytes(int64_t B, int64_t H, int64_t Sk, int64_t Dv)
+{
+    int64_t bh = B * H, Dvp = (Dv + NV - 1) / NV * NV, quads = (Sk + 3) / 4;
+    return round64((size_t)(bh * quads * 4 * Dvp)) + round64((size_t)(bh * Dvp) * sizeof(float)) +
+           round64((size_t)(bh * Dv) * sizeof(float));
+}
+
+void df_attn_i8_v_prepare(df_attn_i8_v *v8, const df_view *v, void *mem)
+{
+    int64_t B = v->shape[0], H = v->shape[1], Sk = v->shape[2], Dv = v->shape[3];
+    int64_t Dvp = (Dv + NV - 1) / NV * NV, quads = (Sk + 3) / 4;
+    char *p = mem;
+    *v8 = (df_attn_i8_v){.Sk = Sk, .Dv = Dv, .Dvp = Dvp, .quads = quads};
+    v8->q = (int8_t *)p;
+    p += round64((size_t)(B * H * quads * 4 * Dvp));
+    v8->scale = (float *)p;
+    p += round64((size_t)(B * H * Dvp) * sizeof(float));
+    v8->mean = (float *)p;
+
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        int64_t b = bh / H, h = bh % H;
+        float *mean = v8->mean + bh * Dv, *scale = v8->scale + bh * Dvp;
+        float row[Dv], inv[Dv]; /* Dv <= DF_ATTN_I8_MAX_D */
+        double sum[Dv];
+        memset(sum, 0, sizeof sum);
+        for (int64_t s = 0; s < Sk; s++) {
+            load_row(v, b, h, s, row);
+            for (int64_t c = 0; c < Dv; c++)
+                sum[c] += row[c];
+        }
+        for (int64_t c = 0; c < Dv; c++) {
+            mean[c] = Sk > 0 ? (float)(sum[c] / (double)Sk) : 0.0f;
+            inv[c] = 0;
+        }
+        for (int64_t s = 0; s < Sk; s++) { /* inv holds each channel's max |v - mean| */
+            load_row(v, b, h, s, row);
+            for (int64_t c = 0; c < Dv; c++)
+                inv[c] = fabsf(row[c] - mean[c]) > inv[c] ? fabsf(row[c] - mean[c]) : inv[c];
+        }
+        memset(scale, 0, (size_t)Dvp * sizeof *scale);
+        for (int64_t c = 0; c < Dv; c++) {
+            scale[c] = inv[c] / 127.0f;
+            inv[c] = inv[c] > 0 ? 127.0f / inv[c] : 0.0f;
+        }
+        int8_t *vq = v8->q + bh * quads * 4 * Dvp;
+        memset(vq, 0, (size_t)(quads * 4 * Dvp));
+        for (int64_t s = 0; s < Sk; s++) {
+            load_row(v, b, h, s, row);
+            int8_t *dst = vq + s / 4 * Dvp * 4 + s % 4; /* quad s / 4, channel c, byte s % 4 */
+            for (int64_t c = 0; c < Dv; c++)
+                dst[c * 4] = (int8_t)lrintf((row[c] - mean[c]) * inv[c]);
+        }
+    }
+}
+
 /* Portable: per (query, key) the int32 sum from the key's correction, then the scales. */
 static void scores_plain(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t bh,
                          int64_t mq, int64_t j0, int64_t nk, float *s, int64_t lds)
@@ -281,6 +353,148 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const df_attn_i8_k *
         }
     }
 }
+/* df_attn_i8_p_quantize with AVX-512: the same f32 operations, floor and round to nearest
+ * even as floorf and lrintf do. */
+__attribute__((target("avx512f"))) static void p_quantize_avx512(const float *p, int64_t n,
+                                                                 uint8_t *hi, uint8_t *lo,
+                                                                 float *mx_out, int64_t total[2])
+{
+    __m512 mx = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16)
+        mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(lanes(n - j), p + j));
+    float m = _mm512_reduce_max_ps(mx);
+    __m512 inv = _mm512_set1_ps(m > 0 ? 255.0f / m : 0.0f), c255 = _mm512_set1_ps(255.0f);
+    __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 k = lanes(n - j);
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), inv);
+        __m512 f = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+        __m512i h = _mm512_cvtps_epi32(f);
+        __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, f), c255));
+        _mm512_mask_cvtepi32_storeu_epi8(hi + j, k, h);
+        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, l);
+        sh = _mm512_add_epi32(sh, h); /* zero past n */
+        sl = _mm512_add_epi32(sl, l);
+    }
+    *mx_out = m;
+    total[0] = _mm512_reduce_add_epi32(sh);
+    total[1] = _mm512_reduce_add_epi32(sl);
+}
+
+/* P V with AVX512-VNNI: PR rows x 64 channels x both planes of P, per quad of keys one
+ * 64-byte load of V per 16 channels and two broadcasts of 4 u8 (hi, lo) per row. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+pv_avx512vnni(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu, const float *ps,
+              int64_t mq, int64_t q0, int64_t nq, float *o, int64_t ldo)
+{
+    int64_t Dvp = v8->Dvp, Dv = v8->Dv;
+    const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
+    const float *vs = v8->scale + bh * Dvp;
+    const __m512 lo_w = _mm512_set1_ps(1.0f / 255);
+    for (int64_t c0 = 0; c0 < Dvp; c0 += NV) {
+        for (int64_t r0 = 0; r0 < mq; r0 += PR) {
+            const uint8_t *a[PR];
+            for (int r = 0; r < PR; r++)
+                a[r] = u + (r0 + r < mq ? r0 + r : r0) * ldu; /* past mq: computed, not kept */
+            __m512i hs[PR][4], ls[PR][4];
+#pragma GCC unroll 3
+            for (int r = 0; r < PR; r++) {
+                hs[r][0] = hs[r][1] = hs[r][2] = hs[r][3] = _mm512_setzero_si512();
+                ls[r][0] = ls[r][1] = ls[r][2] = ls[r][3] = _mm512_setzero_si512();
+            }
+            for (int64_t q = 0; q < nq; q++) {
+                const int8_t *vq = vb + (q * Dvp + c0) * 4;
+                __m512i b0 = _mm512_loadu_si512(vq), b1 = _mm512_loadu_si512(vq + 64);
+                __m512i b2 = _mm512_loadu_si512(vq + 128), b3 = _mm512_loadu_si512(vq + 192);
+#pragma GCC unroll 3
+                for (int r = 0; r < PR; r++) {
+                    int32_t x, y;
+                    memcpy(&x, a[r] + q * 4, 4);
+                    memcpy(&y, a[r] + (nq + q) * 4, 4);
+                    __m512i w = _mm512_set1_epi32(x), z = _mm512_set1_epi32(y);
+                    hs[r][0] = _mm512_dpbusd_epi32(hs[r][0], w, b0);
+                    hs[r][1] = _mm512_dpbusd_epi32(hs[r][1], w, b1);
+                    hs[r][2] = _mm512_dpbusd_epi32(hs[r][2], w, b2);
+                    hs[r][3] = _mm512_dpbusd_epi32(hs[r][3], w, b3);
+                    ls[r][0] = _mm512_dpbusd_epi32(ls[r][0], z, b0);
+                    ls[r][1] = _mm512_dpbusd_epi32(ls[r][1], z, b1);
+                    ls[r][2] = _mm512_dpbusd_epi32(ls[r][2], z, b2);
+                    ls[r][3] = _mm512_dpbusd_epi32(ls[r][3], z, b3);
+                }
+            }
+            /* every index constant (unrolled), so that the sums stay in registers */
+#pragma GCC unroll 3
+            for (int r = 0; r < PR; r++) {
+                if (r0 + r >= mq)
+                    break;
+                __m512 sp = _mm512_set1_ps(ps[r0 + r]);
+                float *dst = o + (r0 + r) * ldo + c0;
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++) { /* V's scales from memory: no register left */
+                    __mmask16 cm = lanes(Dv - c0 - 16 * k);
+                    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ls[r][k]), lo_w);
+                    f = _mm512_add_ps(_mm512_cvtepi32_ps(hs[r][k]), f);
+                    f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_loadu_ps(vs + c0 + 16 * k)), sp);
+                    __m512 d = _mm512_maskz_loadu_ps(cm, dst + 16 * k);
+                    _mm512_mask_storeu_ps(dst + 16 * k, cm, _mm512_add_ps(d, f));
+                }
+            }
+        }
+    }
+}
+
+/* P V with AVX2: 16 bytes of V (4 channels x 4 keys) widened to s16, times a row's 4 P
+ * values of a plane as s16 with vpmaddwd (each product at most 255 x 128, a pair's sum
+ * fits): per channel two int32 partial sums, added pairwise at the end. One row x 16
+ * channels, both planes. */
+__attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int64_t bh,
+                                                   const uint8_t *u, int64_t ldu, const float *ps,
+                                                   int64_t mq, int64_t q0, int64_t nq, float *o,
+                                                   int64_t ldo)
+{
+    int64_t Dvp = v8->Dvp, Dv = v8->Dv;
+    const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
+    const float *vs = v8->scale + bh * Dvp;
+    const __m256 lo_w = _mm256_set1_ps(1.0f / 255);
+    for (int64_t c0 = 0; c0 < Dvp; c0 += 16) {
+        for (int64_t r = 0; r < mq; r++) {
+            const uint8_t *a = u + r * ldu;
+            __m256i acc[2][4];
+            for (int c = 0; c < 4; c++)
+                acc[0][c] = acc[1][c] = _mm256_setzero_si256();
+            for (int64_t q = 0; q < nq; q++) {
+                const int8_t *vq = vb + (q * Dvp + c0) * 4;
+                int32_t x[2];
+                memcpy(&x[0], a + q * 4, 4);
+                memcpy(&x[1], a + (nq + q) * 4, 4);
+                __m256i w[2];
+                for (int h = 0; h < 2; h++)
+                    w[h] = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x[h])));
+                for (int c = 0; c < 4; c++) {
+                    __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vq + 16 * c)));
+                    for (int h = 0; h < 2; h++)
+                        acc[h][c] = _mm256_add_epi32(acc[h][c], _mm256_madd_epi16(bv, w[h]));
+                }
+            }
+            __m256 sp = _mm256_set1_ps(ps[r]);
+            float *dst = o + r * ldo + c0;
+            for (int c = 0; c < 4; c += 2) {
+                /* hadd: channels 0 1 4 5 | 2 3 6 7 of the pair; the permute orders them */
+                __m256i hsum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[0][c], acc[0][c + 1]),
+                                                        0xd8);
+                __m256i lsum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[1][c], acc[1][c + 1]),
+                                                        0xd8);
+                __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(lsum), lo_w);
+                f = _mm256_add_ps(_mm256_cvtepi32_ps(hsum), f);
+                f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_loadu_ps(vs + c0 + 4 * c)), sp);
+                float t[8];
+                _mm256_storeu_ps(t, f);
+                for (int e = 0; e < 8 && c0 + 4 * c + e < Dv; e++)
+                    dst[4 * c + e] += t[e];
+            }
+        }
+    }
+}
 #endif
 
 void df_attn_i8_scores(const df_attn_i8_k *k8, const void *qbuf, int64_t b, int64_t h,
@@ -299,4 +513,73 @@ void df_attn_i8_scores(const df_attn_i8_k *k8, const void *qbuf, int64_t b, int6
     }
 #endif
     scores_plain(k8, qbuf, qs, bh, mq, j0, nk, s, lds);
+}
+
+/* Portable P V: per (row, channel) the int32 sums of both planes over the block's keys,
+ * then the same f32 operations as the vector kernels. */
+static void pv_plain(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu,
+                     const float *ps, int64_t mq, int64_t q0, int64_t nq, float *o, int64_t ldo)
+{
+    int64_t Dvp = v8->Dvp;
+    const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
+    const float *vs = v8->scale + bh * Dvp;
+    for (int64_t r = 0; r < mq; r++)
+        for (int64_t c = 0; c < v8->Dv; c++) {
+            int32_t hs = 0, ls = 0;
+            for (int64_t j = 0; j < nq * 4; j++) {
+                int32_t vv = vb[(j / 4 * Dvp + c) * 4 + j % 4];
+                hs += (int32_t)u[r * ldu + j] * vv;
+                ls += (int32_t)u[r * ldu + nq * 4 + j] * vv;
+            }
+            float f = (float)hs + (float)ls * (1.0f / 255);
+            o[r * ldo + c] += (f * vs[c]) * ps[r];
+        }
+}
+
+void df_attn_i8_pv(const df_attn_i8_k *k8, const df_attn_i8_v *v8, int64_t b, int64_t h,
+                   const uint8_t *u, int64_t ldu, const float *ps, int64_t mq, int64_t j0,
+                   int64_t nk, float *o, int64_t ldo)
+{
+    int64_t bh = b * k8->H + h, q0 = j0 / 4, nq = (nk + 3) / 4;
+#if defined(__x86_64__) || defined(__i386__)
+    if (k8->vnni) {
+        pv_avx512vnni(v8, bh, u, ldu, ps, mq, q0, nq, o, ldo);
+        return;
+    }
+    if (k8->avx2) {
+        pv_avx2(v8, bh, u, ldu, ps, mq, q0, nq, o, ldo);
+        return;
+    }
+#endif
+    pv_plain(v8, bh, u, ldu, ps, mq, q0, nq, o, ldo);
+}
+
+float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, uint8_t *u, float *scale,
+                            bool avx512)
+{
+    float mx = 0;
+    int64_t total[2] = {0, 0};
+    uint8_t *lo = u + n4;
+#if defined(__x86_64__) || defined(__i386__)
+    if (avx512)
+        p_quantize_avx512(p, n, u, lo, &mx, total);
+#else
+    avx512 = false;
+#endif
+    if (!avx512) {
+        for (int64_t j = 0; j < n; j++)
+            mx = p[j] > mx ? p[j] : mx;
+        float inv = mx > 0 ? 255.0f / mx : 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            float x = p[j] * inv, f = floorf(x);
+            u[j] = (uint8_t)f;
+            lo[j] = (uint8_t)lrintf((x - f) * 255.0f);
+            total[0] += u[j];
+            total[1] += lo[j];
+        }
+    }
+    memset(u + n, 0, (size_t)(n4 - n));
+    memset(lo + n, 0, (size_t)(n4 - n));
+    *scale = mx / 255.0f;
+    return ((float)total[0] + (float)total[1] * (1.0f / 255)) * *scale;
 }
