@@ -45,7 +45,6 @@
 #define NR DF_ATTN_I8_NR
 #define MR 8 /* queries per micro-tile */
 #define NV DF_ATTN_I8_NV
-#define PR 3 /* rows per P V micro-tile (AVX512-VNNI) */
 
 static size_t round64(size_t n)
 {
@@ -258,6 +257,16 @@ static inline __mmask16 lanes(int64_t left)
     return left >= 16 ? (__mmask16)0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
 }
 
+/* acc + a . b (vpdpbusd) with the accumulator tied to the instruction's destination: gcc 12
+ * expands the intrinsic with a register copy (and, with many accumulators, a store) per
+ * product. */
+__attribute__((target("avx512f,avx512vnni"), always_inline)) static inline __m512i
+dpbusd(__m512i acc, __m512i a, __m512i b)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
 scores_avx512vnni(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int64_t bh,
                   int64_t mq, int64_t j0, int64_t nk, float *s, int64_t lds)
@@ -287,8 +296,8 @@ scores_avx512vnni(const df_attn_i8_k *k8, const uint8_t *u, const float *qs, int
                     int32_t x;
                     memcpy(&x, a[r] + q * 4, 4);
                     __m512i v = _mm512_set1_epi32(x);
-                    acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], v, b0);
-                    acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], v, b1);
+                    acc[r][0] = dpbusd(acc[r][0], v, b0);
+                    acc[r][1] = dpbusd(acc[r][1], v, b1);
                 }
             }
             for (int r = 0; r < MR && r0 + r < mq; r++) {
@@ -381,8 +390,51 @@ __attribute__((target("avx512f"))) static void p_quantize_avx512(const float *p,
     total[1] = _mm512_reduce_add_epi32(sl);
 }
 
-/* P V with AVX512-VNNI: PR rows x 64 channels x both planes of P, per quad of keys one
- * 64-byte load of V per 16 channels and two broadcasts of 4 u8 (hi, lo) per row. */
+/* Row r of a P V tile: (hi + lo / 255) x V's scale x P's scale added to its 64 channels of
+ * o (left: channels of the row from c0 on). */
+__attribute__((target("avx512f"), always_inline)) static inline void
+pv_row_out(float *dst, const float *vs, int64_t left, float ps, __m512i h0, __m512i h1, __m512i h2,
+           __m512i h3, __m512i l0, __m512i l1, __m512i l2, __m512i l3)
+{
+    __m512i h[4] = {h0, h1, h2, h3}, l[4] = {l0, l1, l2, l3};
+    __m512 sp = _mm512_set1_ps(ps), lo_w = _mm512_set1_ps(1.0f / 255);
+    for (int k = 0; k < 4; k++) {
+        __mmask16 cm = lanes(left - 16 * k);
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(l[k]), lo_w);
+        f = _mm512_add_ps(_mm512_cvtepi32_ps(h[k]), f);
+        f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_loadu_ps(vs + 16 * k)), sp);
+        __m512 d = _mm512_maskz_loadu_ps(cm, dst + 16 * k);
+        _mm512_mask_storeu_ps(dst + 16 * k, cm, _mm512_add_ps(d, f));
+    }
+}
+
+/* The accumulators of a P V tile are named variables: an array of them is kept in memory by
+ * the compiler, which costs a store per product. */
+#define PV_ZERO(x) __m512i x##0 = _mm512_setzero_si512(), x##1 = x##0, x##2 = x##0, x##3 = x##0
+#define PV_DP(x, w)                                                                            \
+    do {                                                                                       \
+        x##0 = dpbusd(x##0, w, b0);                                               \
+        x##1 = dpbusd(x##1, w, b1);                                               \
+        x##2 = dpbusd(x##2, w, b2);                                               \
+        x##3 = dpbusd(x##3, w, b3);                                               \
+    } while (0)
+#define PV_ROW(a, h, l)                                                                        \
+    do {                                                                                       \
+        int32_t x_, y_;                                                                        \
+        memcpy(&x_, a + q * 4, 4);                                                             \
+        memcpy(&y_, a + (nq + q) * 4, 4);                                                      \
+        __m512i w_ = _mm512_set1_epi32(x_), z_ = _mm512_set1_epi32(y_);                        \
+        PV_DP(h, w_);                                                                          \
+        PV_DP(l, z_);                                                                          \
+    } while (0)
+#define PV_OUT(r, h, l)                                                                        \
+    if (r0 + r < mq)                                                                           \
+    pv_row_out(o + (r0 + r) * ldo + c0, vs + c0, Dv - c0, ps[r0 + r], h##0, h##1, h##2, h##3,  \
+               l##0, l##1, l##2, l##3)
+
+/* P V with AVX512-VNNI: 3 rows x 64 channels x both planes of P (24 accumulators), per
+ * quad of keys one 64-byte load of V per 16 channels and two broadcasts of 4 u8 (hi, lo)
+ * per row. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
 pv_avx512vnni(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu, const float *ps,
               int64_t mq, int64_t q0, int64_t nq, float *o, int64_t ldo)
@@ -390,58 +442,35 @@ pv_avx512vnni(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu,
     int64_t Dvp = v8->Dvp, Dv = v8->Dv;
     const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
     const float *vs = v8->scale + bh * Dvp;
-    const __m512 lo_w = _mm512_set1_ps(1.0f / 255);
     for (int64_t c0 = 0; c0 < Dvp; c0 += NV) {
-        for (int64_t r0 = 0; r0 < mq; r0 += PR) {
-            const uint8_t *a[PR];
-            for (int r = 0; r < PR; r++)
-                a[r] = u + (r0 + r < mq ? r0 + r : r0) * ldu; /* past mq: computed, not kept */
-            __m512i hs[PR][4], ls[PR][4];
-#pragma GCC unroll 3
-            for (int r = 0; r < PR; r++) {
-                hs[r][0] = hs[r][1] = hs[r][2] = hs[r][3] = _mm512_setzero_si512();
-                ls[r][0] = ls[r][1] = ls[r][2] = ls[r][3] = _mm512_setzero_si512();
-            }
+        for (int64_t r0 = 0; r0 < mq; r0 += 3) {
+            /* rows past mq: computed, not kept */
+            const uint8_t *a0 = u + r0 * ldu, *a1 = u + (r0 + 1 < mq ? r0 + 1 : r0) * ldu;
+            const uint8_t *a2 = u + (r0 + 2 < mq ? r0 + 2 : r0) * ldu;
+            PV_ZERO(h0_);
+            PV_ZERO(l0_);
+            PV_ZERO(h1_);
+            PV_ZERO(l1_);
+            PV_ZERO(h2_);
+            PV_ZERO(l2_);
             for (int64_t q = 0; q < nq; q++) {
                 const int8_t *vq = vb + (q * Dvp + c0) * 4;
                 __m512i b0 = _mm512_loadu_si512(vq), b1 = _mm512_loadu_si512(vq + 64);
                 __m512i b2 = _mm512_loadu_si512(vq + 128), b3 = _mm512_loadu_si512(vq + 192);
-#pragma GCC unroll 3
-                for (int r = 0; r < PR; r++) {
-                    int32_t x, y;
-                    memcpy(&x, a[r] + q * 4, 4);
-                    memcpy(&y, a[r] + (nq + q) * 4, 4);
-                    __m512i w = _mm512_set1_epi32(x), z = _mm512_set1_epi32(y);
-                    hs[r][0] = _mm512_dpbusd_epi32(hs[r][0], w, b0);
-                    hs[r][1] = _mm512_dpbusd_epi32(hs[r][1], w, b1);
-                    hs[r][2] = _mm512_dpbusd_epi32(hs[r][2], w, b2);
-                    hs[r][3] = _mm512_dpbusd_epi32(hs[r][3], w, b3);
-                    ls[r][0] = _mm512_dpbusd_epi32(ls[r][0], z, b0);
-                    ls[r][1] = _mm512_dpbusd_epi32(ls[r][1], z, b1);
-                    ls[r][2] = _mm512_dpbusd_epi32(ls[r][2], z, b2);
-                    ls[r][3] = _mm512_dpbusd_epi32(ls[r][3], z, b3);
-                }
+                PV_ROW(a0, h0_, l0_);
+                PV_ROW(a1, h1_, l1_);
+                PV_ROW(a2, h2_, l2_);
             }
-            /* every index constant (unrolled), so that the sums stay in registers */
-#pragma GCC unroll 3
-            for (int r = 0; r < PR; r++) {
-                if (r0 + r >= mq)
-                    break;
-                __m512 sp = _mm512_set1_ps(ps[r0 + r]);
-                float *dst = o + (r0 + r) * ldo + c0;
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++) { /* V's scales from memory: no register left */
-                    __mmask16 cm = lanes(Dv - c0 - 16 * k);
-                    __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(ls[r][k]), lo_w);
-                    f = _mm512_add_ps(_mm512_cvtepi32_ps(hs[r][k]), f);
-                    f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_loadu_ps(vs + c0 + 16 * k)), sp);
-                    __m512 d = _mm512_maskz_loadu_ps(cm, dst + 16 * k);
-                    _mm512_mask_storeu_ps(dst + 16 * k, cm, _mm512_add_ps(d, f));
-                }
-            }
+            PV_OUT(0, h0_, l0_);
+            PV_OUT(1, h1_, l1_);
+            PV_OUT(2, h2_, l2_);
         }
     }
 }
+#undef PV_ZERO
+#undef PV_DP
+#undef PV_ROW
+#undef PV_OUT
 
 /* P V with AVX2: 16 bytes of V (4 channels x 4 keys) widened to s16, times a row's 4 P
  * values of a plane as s16 with vpmaddwd (each product at most 255 x 128, a pair's sum
