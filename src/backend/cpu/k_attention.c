@@ -138,6 +138,33 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *s, int64_t
     return _mm512_reduce_add_ps(sum);
 }
 
+/* Int8 compute: p = exp(s[j] - m) for j < n written straight as P's two u8 planes, the
+ * quantization of df_attn_i8_p_quantize against pmax = exp(mx - m) (mx the row's largest
+ * s, its p computed the same way), so the probabilities never go back to memory as f32;
+ * returns the row's sum as they give it. */
+__attribute__((target("avx512f"))) static float exp_quantize_avx512(const float *s, int64_t n,
+                                                                    int64_t n4, float m, float mx,
+                                                                    uint8_t *u, float *scale)
+{
+    uint8_t *lo = u + n4;
+    float pmax = n > 0 ? _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - m))) : 0.0f;
+    __m512 vm = _mm512_set1_ps(m), inv = _mm512_set1_ps(pmax > 0 ? 65535.0f / pmax : 0.0f);
+    __m512 top = _mm512_set1_ps(65535.0f);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 k = tail_mask(n - j);
+        __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        __m512i z = _mm512_maskz_cvtps_epi32(k, _mm512_min_ps(_mm512_mul_ps(p, inv), top));
+        _mm512_mask_cvtepi32_storeu_epi8(u + j, k, _mm512_srli_epi32(z, 8));
+        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, z); /* the low byte: vpmovdb truncates */
+        sum = _mm512_add_epi32(sum, z);
+    }
+    memset(u + n, 0, (size_t)(n4 - n));
+    memset(lo + n, 0, (size_t)(n4 - n));
+    *scale = pmax / 65535.0f;
+    return (float)_mm512_reduce_add_epi32(sum) * *scale;
+}
+
 __attribute__((target("avx512f"))) static void scale_row_avx512(float *o, int64_t n, float a)
 {
     __m512 va = _mm512_set1_ps(a);
@@ -221,11 +248,20 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
         float sum = 0;
         if (m_new == -INFINITY)
             lim = 0; /* every key so far is masked: nothing to add */
-        else
+        if (a->i8) { /* the denominator sums what P V multiplies */
+            int64_t n4 = (nk + 3) & ~(int64_t)3;
+            uint8_t *u = t->u + r * a->ldu;
+            if (a->avx512) {
+                sum = exp_quantize_avx512(s, lim, n4, m_new, mx, u, &t->ps[r]);
+            } else {
+                if (lim > 0)
+                    exp_sum_plain(s, lim, m_new);
+                sum = df_attn_i8_p_quantize(s, lim, n4, lim > 0 ? expf(mx - m_new) : 0, u,
+                                            &t->ps[r]);
+            }
+        } else if (lim > 0) {
             sum = a->avx512 ? exp_sum_avx512(s, lim, m_new) : exp_sum_plain(s, lim, m_new);
-        if (a->i8) /* the denominator sums what P V multiplies */
-            sum = df_attn_i8_p_quantize(s, lim, (nk + 3) & ~(int64_t)3, t->u + r * a->ldu,
-                                        &t->ps[r], a->avx512);
+        }
         if (m_new != -INFINITY) {
             float alpha = t->m[r] == -INFINITY ? 0.0f : expf(t->m[r] - m_new);
             if (alpha != 1.0f) {

@@ -24,13 +24,16 @@
  *   k_attention.c adds it back to each normalised output row, exactly since the weights of
  *   a row sum to one) and quantized symmetrically per channel, packed as quads of 4 keys x
  *   the channels (one 64-byte load feeds 16 channels).
- * - The softmax's probabilities of a block, in [0, 1], are quantized to u8 per row against
- *   the row's max in the block; the row's sum for the softmax's denominator is taken from
- *   the quantized values, so the weights that multiply V sum to one exactly.
- * - The product is vpdpbusd again (u8 P x s8 V, no shift needed), int32 over the block, then
- *   (acc * s_v) * s_p added to the f32 accumulator. The AVX512-VNNI kernel takes 6 rows x 64
- *   channels; the AVX2 one widens to s16 and uses vpmaddwd, 2 rows x 16 channels; all three
- *   give the same bits, as for the scores.
+ * - The softmax's probabilities of a block, in [0, 1], are quantized per row against the
+ *   row's largest in the block to 16-bit fixed point, z = round(p * 65535 / max), kept as
+ *   two u8 planes (z >> 8 and z & 255): 8 bits alone lose the small probabilities that a
+ *   peaked row has many of. The row's sum for the softmax's denominator is taken from the
+ *   quantized values, so the weights that multiply V sum to one exactly.
+ * - The product is vpdpbusd again (u8 P x s8 V, no shift needed), an int32 sum per plane
+ *   over the block, then ((hi * 256 + lo) * s_v) * s_p added to the f32 accumulator. The
+ *   AVX512-VNNI kernel takes 3 rows x 64 channels x both planes; the AVX2 one widens to s16
+ *   and uses vpmaddwd, 1 row x 16 channels; all three give the same bits, as for the
+ *   scores.
  * The online softmax stays in k_attention.c (f32).
  */
 #include <immintrin.h>
@@ -83,6 +86,16 @@ static void load_row(const df_view *t, int64_t b, int64_t h, int64_t s, float *d
         dst[j] = df_load_f32(df_view_ptr(t), t->dtype, off + j);
 }
 
+/* lrintf without the call (the default rounding, to nearest even). */
+static inline int32_t round_even(float x)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return _mm_cvtss_si32(_mm_set_ss(x));
+#else
+    return (int32_t)lrintf(x);
+#endif
+}
+
 /* Quantizes x[0..n) symmetrically; returns the scale (0 for an all-zero row). */
 static float quantize_row(const float *x, int64_t n, int8_t *q)
 {
@@ -91,7 +104,7 @@ static float quantize_row(const float *x, int64_t n, int8_t *q)
         mx = fabsf(x[j]) > mx ? fabsf(x[j]) : mx;
     float inv = mx > 0 ? 127.0f / mx : 0.0f;
     for (int64_t j = 0; j < n; j++)
-        q[j] = (int8_t)lrintf(x[j] * inv);
+        q[j] = (int8_t)round_even(x[j] * inv);
     return mx / 127.0f;
 }
 
@@ -229,7 +242,7 @@ void df_attn_i8_v_prepare(df_attn_i8_v *v8, const df_view *v, void *mem)
             load_row(v, b, h, s, row);
             int8_t *dst = vq + s / 4 * Dvp * 4 + s % 4; /* quad s / 4, channel c, byte s % 4 */
             for (int64_t c = 0; c < Dv; c++)
-                dst[c * 4] = (int8_t)lrintf((row[c] - mean[c]) * inv[c]);
+                dst[c * 4] = (int8_t)round_even((row[c] - mean[c]) * inv[c]);
         }
     }
 }
@@ -362,46 +375,18 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const df_attn_i8_k *
         }
     }
 }
-/* df_attn_i8_p_quantize with AVX-512: the same f32 operations, floor and round to nearest
- * even as floorf and lrintf do. */
-__attribute__((target("avx512f"))) static void p_quantize_avx512(const float *p, int64_t n,
-                                                                 uint8_t *hi, uint8_t *lo,
-                                                                 float *mx_out, int64_t total[2])
-{
-    __m512 mx = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j += 16)
-        mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(lanes(n - j), p + j));
-    float m = _mm512_reduce_max_ps(mx);
-    __m512 inv = _mm512_set1_ps(m > 0 ? 255.0f / m : 0.0f), c255 = _mm512_set1_ps(255.0f);
-    __m512i sh = _mm512_setzero_si512(), sl = _mm512_setzero_si512();
-    for (int64_t j = 0; j < n; j += 16) {
-        __mmask16 k = lanes(n - j);
-        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, p + j), inv);
-        __m512 f = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-        __m512i h = _mm512_cvtps_epi32(f);
-        __m512i l = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_sub_ps(x, f), c255));
-        _mm512_mask_cvtepi32_storeu_epi8(hi + j, k, h);
-        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, l);
-        sh = _mm512_add_epi32(sh, h); /* zero past n */
-        sl = _mm512_add_epi32(sl, l);
-    }
-    *mx_out = m;
-    total[0] = _mm512_reduce_add_epi32(sh);
-    total[1] = _mm512_reduce_add_epi32(sl);
-}
-
-/* Row r of a P V tile: (hi + lo / 255) x V's scale x P's scale added to its 64 channels of
+/* Row r of a P V tile: (hi x 256 + lo) x V's scale x P's scale added to its 64 channels of
  * o (left: channels of the row from c0 on). */
 __attribute__((target("avx512f"), always_inline)) static inline void
 pv_row_out(float *dst, const float *vs, int64_t left, float ps, __m512i h0, __m512i h1, __m512i h2,
            __m512i h3, __m512i l0, __m512i l1, __m512i l2, __m512i l3)
 {
     __m512i h[4] = {h0, h1, h2, h3}, l[4] = {l0, l1, l2, l3};
-    __m512 sp = _mm512_set1_ps(ps), lo_w = _mm512_set1_ps(1.0f / 255);
+    __m512 sp = _mm512_set1_ps(ps), c256 = _mm512_set1_ps(256.0f);
     for (int k = 0; k < 4; k++) {
         __mmask16 cm = lanes(left - 16 * k);
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(l[k]), lo_w);
-        f = _mm512_add_ps(_mm512_cvtepi32_ps(h[k]), f);
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(h[k]), c256);
+        f = _mm512_add_ps(f, _mm512_cvtepi32_ps(l[k]));
         f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_loadu_ps(vs + 16 * k)), sp);
         __m512 d = _mm512_maskz_loadu_ps(cm, dst + 16 * k);
         _mm512_mask_storeu_ps(dst + 16 * k, cm, _mm512_add_ps(d, f));
@@ -484,7 +469,7 @@ __attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int6
     int64_t Dvp = v8->Dvp, Dv = v8->Dv;
     const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
     const float *vs = v8->scale + bh * Dvp;
-    const __m256 lo_w = _mm256_set1_ps(1.0f / 255);
+    const __m256 c256 = _mm256_set1_ps(256.0f);
     for (int64_t c0 = 0; c0 < Dvp; c0 += 16) {
         for (int64_t r = 0; r < mq; r++) {
             const uint8_t *a = u + r * ldu;
@@ -513,8 +498,8 @@ __attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int6
                                                         0xd8);
                 __m256i lsum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[1][c], acc[1][c + 1]),
                                                         0xd8);
-                __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(lsum), lo_w);
-                f = _mm256_add_ps(_mm256_cvtepi32_ps(hsum), f);
+                __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum), c256);
+                f = _mm256_add_ps(f, _mm256_cvtepi32_ps(lsum));
                 f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_loadu_ps(vs + c0 + 4 * c)), sp);
                 float t[8];
                 _mm256_storeu_ps(t, f);
@@ -560,7 +545,7 @@ static void pv_plain(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64
                 hs += (int32_t)u[r * ldu + j] * vv;
                 ls += (int32_t)u[r * ldu + nq * 4 + j] * vv;
             }
-            float f = (float)hs + (float)ls * (1.0f / 255);
+            float f = (float)hs * 256.0f + (float)ls;
             o[r * ldo + c] += (f * vs[c]) * ps[r];
         }
 }
@@ -583,32 +568,20 @@ void df_attn_i8_pv(const df_attn_i8_k *k8, const df_attn_i8_v *v8, int64_t b, in
     pv_plain(v8, bh, u, ldu, ps, mq, q0, nq, o, ldo);
 }
 
-float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, uint8_t *u, float *scale,
-                            bool avx512)
+float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, float pmax, uint8_t *u,
+                            float *scale)
 {
-    float mx = 0;
-    int64_t total[2] = {0, 0};
     uint8_t *lo = u + n4;
-#if defined(__x86_64__) || defined(__i386__)
-    if (avx512)
-        p_quantize_avx512(p, n, u, lo, &mx, total);
-#else
-    avx512 = false;
-#endif
-    if (!avx512) {
-        for (int64_t j = 0; j < n; j++)
-            mx = p[j] > mx ? p[j] : mx;
-        float inv = mx > 0 ? 255.0f / mx : 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            float x = p[j] * inv, f = floorf(x);
-            u[j] = (uint8_t)f;
-            lo[j] = (uint8_t)lrintf((x - f) * 255.0f);
-            total[0] += u[j];
-            total[1] += lo[j];
-        }
+    int64_t total = 0;
+    float inv = pmax > 0 ? 65535.0f / pmax : 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        int32_t z = round_even(p[j] * inv < 65535.0f ? p[j] * inv : 65535.0f);
+        u[j] = (uint8_t)(z >> 8);
+        lo[j] = (uint8_t)z;
+        total += z;
     }
     memset(u + n, 0, (size_t)(n4 - n));
     memset(lo + n, 0, (size_t)(n4 - n));
-    *scale = mx / 255.0f;
-    return ((float)total[0] + (float)total[1] * (1.0f / 255)) * *scale;
+    *scale = pmax / 65535.0f;
+    return (float)total * *scale;
 }

@@ -15,7 +15,7 @@
  *   df_attn_i8_v_prepare(&v8, v, vmem);             V [B, H, Sk, Dv] view; OpenMP inside
  *   per task: df_attn_i8_q_load(&k8, q, b, h, i0, mq, qbuf)   qbuf: df_attn_i8_q_bytes(bq, D)
  *             df_attn_i8_scores(&k8, qbuf, b, h, mq, j0, nk, s, lds)
- *             per row: sum = df_attn_i8_p_quantize(p, n, n4, u + r * ldu, &ps[r], avx512)
+ *             per row: sum = df_attn_i8_p_quantize(p, n, n4, pmax, u + r * ldu, &ps[r])
  *             df_attn_i8_pv(&k8, &v8, b, h, u, ldu, ps, mq, j0, nk, o, ldo)
  *   output row: o / l + v8.mean (V's mean, which the smoothing took out)
  */
@@ -85,15 +85,15 @@ size_t df_attn_i8_v_bytes(int64_t B, int64_t H, int64_t Sk, int64_t Dv);
  * call outside a parallel region. */
 void df_attn_i8_v_prepare(df_attn_i8_v *v8, const df_view *v, void *mem);
 
-/* Quantizes the probabilities p[0..n) (in [0, 1]) of one row of a block against their max
- * as 16-bit fixed point in two u8 planes: with x = p[j] * 255 / max, u[j] = floor(x) and
- * u[n4 + j] = round((x - floor(x)) * 255), zeros in [n, n4) of both; *scale = max / 255.
- * Returns the row's sum as the quantized values give it, for the softmax's denominator.
- * avx512: the AVX-512 loop (same results). */
-float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, uint8_t *u, float *scale,
-                            bool avx512);
+/* Quantizes the probabilities p[0..n) (in [0, pmax], pmax the largest) of one row of a
+ * block to 16-bit fixed point, z = round(min(p[j] * 65535 / pmax, 65535)), as two u8
+ * planes: u[j] = z >> 8, u[n4 + j] = z & 255, zeros in [n, n4) of both; *scale = pmax /
+ * 65535. Returns the row's sum as the quantized values give it, for the softmax's
+ * denominator. (k_attention.c's AVX-512 exp loop does the same in its pass.) */
+float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, float pmax, uint8_t *u,
+                            float *scale);
 
-/* o[r * ldo + c] += ((hi + lo / 255) * vscale[c]) * ps[r] for the mq rows and the Dv
+/* o[r * ldo + c] += ((hi * 256 + lo) * vscale[c]) * ps[r] for the mq rows and the Dv
  * channels, where hi and lo are the int32 sums over keys [j0, j0 + nk) of the two planes of
  * row r (u + r * ldu, as df_attn_i8_p_quantize wrote them with n4 = nk rounded up to 4)
  * times V's quantized (j, c). j0 is a multiple of 4. */
