@@ -41,6 +41,7 @@ typedef struct df_attn_i8_k {
     float *mean;     /* [B*H][D] the mean key that was subtracted */
     bool vnni;       /* the AVX512-VNNI micro-kernel, else the portable one (same results) */
     bool avx2;       /* else the AVX2 one (same results) */
+    bool avx512;     /* Q and K rows quantized with AVX-512 (same results; not portable) */
 } df_attn_i8_k;
 
 #define DF_ATTN_I8_NV 64 /* channels of V per P V micro-tile (V's rows padded to it) */
