@@ -1,6 +1,6 @@
 /*
  * Attention under int8 compute (backend/cpu/k_attention_int8.c: Q K^T in int8 with K
- * smoothed, P V in int8 with V smoothed and P as 16-bit fixed point), through the public op
+ * smoothed, P V in int8 with V smoothed and P as 14-bit fixed point), through the public op
  * API, against a float64 reference of the unquantized inputs: relative L2 error at most
  * 1e-2, in eager and defer-and-fuse mode. The cases cover ragged query and key blocks,
  * several key blocks, head dimensions that are not a multiple of 4, causal and additive
@@ -218,8 +218,8 @@ static void test_paths_agree(void **state)
         skip(); /* only the portable kernel on this CPU: nothing to compare */
 }
 
-/* P's two planes hold z = round(p * 65535 / pmax) (the largest p gives 65535), zeros past
- * n; the returned sum is the quantized values' (what P V multiplies). */
+/* P's two planes hold z = round(p * 16383 / pmax) (the largest p gives 16383), 7 bits
+ * each, zeros past n; the returned sum is the quantized values' (what P V multiplies). */
 static void test_p_quantize(void **state)
 {
     (void)state;
@@ -231,19 +231,19 @@ static void test_p_quantize(void **state)
         p[j] = (float)exp(-0.4 * j);
     p[5] = 0;
     float pmax = p[0], sum = df_attn_i8_p_quantize(p, n, n4, pmax, u, &scale);
-    assert_true(scale == pmax / 65535.0f);
+    assert_true(scale == pmax / 16383.0f);
     int64_t total = 0;
     for (int j = 0; j < n4; j++) {
-        long z = (long)u[j] * 256 + u[n4 + j];
-        long want = j < n ? lrintf(p[j] * (65535.0f / pmax)) : 0;
+        long z = (long)u[j] * 128 + u[n4 + j];
+        long want = j < n ? lrintf(p[j] * (16383.0f / pmax)) : 0;
         if (z != want) {
             print_error("p[%d] = %.9g: z %ld, want %ld\n", j, p[j], z, want);
             fail();
         }
         total += z;
     }
-    assert_int_equal(u[0], 255);
-    assert_int_equal(u[n4], 255);
+    assert_int_equal(u[0], 127); /* 7 bits per plane */
+    assert_int_equal(u[n4], 127);
     assert_true(sum == (float)total * scale);
     /* an all-zero (all masked) row: zeros and a zero sum */
     assert_true(df_attn_i8_p_quantize(p, 0, n4, 0, u, &scale) == 0);

@@ -21,7 +21,7 @@
  * softmax and the output stay f32). Other dtypes or overlapping rows go through copies.
  *
  * Under int8 compute both products come from k_attention_int8.c: the scores from Q and
- * smoothed K in int8, and P V from the block's probabilities in 16-bit fixed point as two u8
+ * smoothed K in int8, and P V from the block's probabilities in 14-bit fixed point as two u8
  * planes (quantized per row in softmax_block, whose denominator then sums the quantized
  * values) and smoothed V in int8;
  * V's mean is added back to each output row.
@@ -148,20 +148,21 @@ __attribute__((target("avx512f"))) static float exp_quantize_avx512(const float 
 {
     uint8_t *lo = u + n4;
     float pmax = n > 0 ? _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - m))) : 0.0f;
-    __m512 vm = _mm512_set1_ps(m), inv = _mm512_set1_ps(pmax > 0 ? 65535.0f / pmax : 0.0f);
-    __m512 top = _mm512_set1_ps(65535.0f);
+    __m512 vm = _mm512_set1_ps(m), inv = _mm512_set1_ps(pmax > 0 ? 16383.0f / pmax : 0.0f);
+    __m512 top = _mm512_set1_ps(16383.0f);
+    __m512i low = _mm512_set1_epi32(127);
     __m512i sum = _mm512_setzero_si512();
     for (int64_t j = 0; j < n; j += 16) {
         __mmask16 k = tail_mask(n - j);
         __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
         __m512i z = _mm512_maskz_cvtps_epi32(k, _mm512_min_ps(_mm512_mul_ps(p, inv), top));
-        _mm512_mask_cvtepi32_storeu_epi8(u + j, k, _mm512_srli_epi32(z, 8));
-        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, z); /* the low byte: vpmovdb truncates */
+        _mm512_mask_cvtepi32_storeu_epi8(u + j, k, _mm512_srli_epi32(z, 7));
+        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, _mm512_and_si512(z, low));
         sum = _mm512_add_epi32(sum, z);
     }
     memset(u + n, 0, (size_t)(n4 - n));
     memset(lo + n, 0, (size_t)(n4 - n));
-    *scale = pmax / 65535.0f;
+    *scale = pmax / 16383.0f;
     return (float)_mm512_reduce_add_epi32(sum) * *scale;
 }
 

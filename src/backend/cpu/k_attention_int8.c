@@ -25,15 +25,16 @@
  *   a row sum to one) and quantized symmetrically per channel, packed as quads of 4 keys x
  *   the channels (one 64-byte load feeds 16 channels).
  * - The softmax's probabilities of a block, in [0, 1], are quantized per row against the
- *   row's largest in the block to 16-bit fixed point, z = round(p * 65535 / max), kept as
- *   two u8 planes (z >> 8 and z & 255): 8 bits alone lose the small probabilities that a
- *   peaked row has many of. The row's sum for the softmax's denominator is taken from the
- *   quantized values, so the weights that multiply V sum to one exactly.
+ *   row's largest in the block to 14-bit fixed point, z = round(p * 16383 / max), kept as
+ *   two u8 planes of 7 bits (z >> 7 and z & 127): 8 bits alone lose the small
+ *   probabilities that a peaked row has many of, and 7-bit planes let the AVX2 kernel use
+ *   vpmaddubsw without saturating. The row's sum for the softmax's denominator is taken
+ *   from the quantized values, so the weights that multiply V sum to one exactly.
  * - The product is vpdpbusd again (u8 P x s8 V, no shift needed), an int32 sum per plane
- *   over the block, then ((hi * 256 + lo) * s_v) * s_p added to the f32 accumulator. The
- *   AVX512-VNNI kernel takes 3 rows x 64 channels x both planes; the AVX2 one widens to s16
- *   and uses vpmaddwd, 1 row x 16 channels; all three give the same bits, as for the
- *   scores.
+ *   over the block, then ((hi * 128 + lo) * s_v) * s_p added to the f32 accumulator. The
+ *   AVX512-VNNI kernel takes 3 rows x 64 channels x both planes; the AVX2 one 2 rows x 16
+ *   channels x both planes with vpmaddubsw and vpmaddwd; all three give the same bits, as
+ *   for the scores.
  * The online softmax stays in k_attention.c (f32).
  */
 #include <immintrin.h>
@@ -406,17 +407,17 @@ __attribute__((target("avx2,fma"))) static void scores_avx2(const df_attn_i8_k *
         }
     }
 }
-/* Row r of a P V tile: (hi x 256 + lo) x V's scale x P's scale added to its 64 channels of
+/* Row r of a P V tile: (hi x 128 + lo) x V's scale x P's scale added to its 64 channels of
  * o (left: channels of the row from c0 on). */
 __attribute__((target("avx512f"), always_inline)) static inline void
 pv_row_out(float *dst, const float *vs, int64_t left, float ps, __m512i h0, __m512i h1, __m512i h2,
            __m512i h3, __m512i l0, __m512i l1, __m512i l2, __m512i l3)
 {
     __m512i h[4] = {h0, h1, h2, h3}, l[4] = {l0, l1, l2, l3};
-    __m512 sp = _mm512_set1_ps(ps), c256 = _mm512_set1_ps(256.0f);
+    __m512 sp = _mm512_set1_ps(ps), c128 = _mm512_set1_ps(128.0f);
     for (int k = 0; k < 4; k++) {
         __mmask16 cm = lanes(left - 16 * k);
-        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(h[k]), c256);
+        __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(h[k]), c128);
         f = _mm512_add_ps(f, _mm512_cvtepi32_ps(l[k]));
         f = _mm512_mul_ps(_mm512_mul_ps(f, _mm512_loadu_ps(vs + 16 * k)), sp);
         __m512 d = _mm512_maskz_loadu_ps(cm, dst + 16 * k);
@@ -488,10 +489,10 @@ pv_avx512vnni(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu,
 #undef PV_ROW
 #undef PV_OUT
 
-/* P V with AVX2: 16 bytes of V (4 channels x 4 keys) widened to s16, times a row's 4 P
- * values of a plane as s16 with vpmaddwd (each product at most 255 x 128, a pair's sum
- * fits): per channel two int32 partial sums, added pairwise at the end. One row x 16
- * channels, both planes. */
+/* P V with AVX2, gemm_int8's AVX2 trick without its sign step (P's planes are u8 of at most
+ * 127): vpmaddubsw P x V into s16 pairs (at most 2 x 127 x 128, no saturation), vpmaddwd
+ * into each channel's int32 lane, the VNNI kernel's sums. 2 rows x 16 channels x both
+ * planes. */
 __attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int64_t bh,
                                                    const uint8_t *u, int64_t ldu, const float *ps,
                                                    int64_t mq, int64_t q0, int64_t nq, float *o,
@@ -500,42 +501,42 @@ __attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int6
     int64_t Dvp = v8->Dvp, Dv = v8->Dv;
     const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
     const float *vs = v8->scale + bh * Dvp;
-    const __m256 c256 = _mm256_set1_ps(256.0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 c128 = _mm256_set1_ps(128.0f);
     for (int64_t c0 = 0; c0 < Dvp; c0 += 16) {
-        for (int64_t r = 0; r < mq; r++) {
-            const uint8_t *a = u + r * ldu;
-            __m256i acc[2][4];
-            for (int c = 0; c < 4; c++)
-                acc[0][c] = acc[1][c] = _mm256_setzero_si256();
+        for (int64_t r0 = 0; r0 < mq; r0 += 2) {
+            const uint8_t *a[2] = {u + r0 * ldu, u + (r0 + 1 < mq ? r0 + 1 : r0) * ldu};
+            __m256i acc[2][2][2]; /* [row][plane][8 channels] */
+            for (int r = 0; r < 2; r++)
+                for (int p = 0; p < 2; p++)
+                    acc[r][p][0] = acc[r][p][1] = _mm256_setzero_si256();
             for (int64_t q = 0; q < nq; q++) {
                 const int8_t *vq = vb + (q * Dvp + c0) * 4;
-                int32_t x[2];
-                memcpy(&x[0], a + q * 4, 4);
-                memcpy(&x[1], a + (nq + q) * 4, 4);
-                __m256i w[2];
-                for (int h = 0; h < 2; h++)
-                    w[h] = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128(x[h])));
-                for (int c = 0; c < 4; c++) {
-                    __m256i bv = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(vq + 16 * c)));
-                    for (int h = 0; h < 2; h++)
-                        acc[h][c] = _mm256_add_epi32(acc[h][c], _mm256_madd_epi16(bv, w[h]));
-                }
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)vq);
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(vq + 32));
+                for (int r = 0; r < 2; r++)
+                    for (int p = 0; p < 2; p++) {
+                        int32_t x;
+                        memcpy(&x, a[r] + (p * nq + q) * 4, 4);
+                        __m256i w = _mm256_set1_epi32(x);
+                        acc[r][p][0] = _mm256_add_epi32(
+                            acc[r][p][0], _mm256_madd_epi16(_mm256_maddubs_epi16(w, b0), ones));
+                        acc[r][p][1] = _mm256_add_epi32(
+                            acc[r][p][1], _mm256_madd_epi16(_mm256_maddubs_epi16(w, b1), ones));
+                    }
             }
-            __m256 sp = _mm256_set1_ps(ps[r]);
-            float *dst = o + r * ldo + c0;
-            for (int c = 0; c < 4; c += 2) {
-                /* hadd: channels 0 1 4 5 | 2 3 6 7 of the pair; the permute orders them */
-                __m256i hsum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[0][c], acc[0][c + 1]),
-                                                        0xd8);
-                __m256i lsum = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[1][c], acc[1][c + 1]),
-                                                        0xd8);
-                __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum), c256);
-                f = _mm256_add_ps(f, _mm256_cvtepi32_ps(lsum));
-                f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_loadu_ps(vs + c0 + 4 * c)), sp);
-                float t[8];
-                _mm256_storeu_ps(t, f);
-                for (int e = 0; e < 8 && c0 + 4 * c + e < Dv; e++)
-                    dst[4 * c + e] += t[e];
+            for (int r = 0; r < 2 && r0 + r < mq; r++) {
+                __m256 sp = _mm256_set1_ps(ps[r0 + r]);
+                float *dst = o + (r0 + r) * ldo + c0;
+                for (int c = 0; c < 2; c++) {
+                    __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0][c]), c128);
+                    f = _mm256_add_ps(f, _mm256_cvtepi32_ps(acc[r][1][c]));
+                    f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_loadu_ps(vs + c0 + 8 * c)), sp);
+                    float t[8];
+                    _mm256_storeu_ps(t, f);
+                    for (int e = 0; e < 8 && c0 + 8 * c + e < Dv; e++)
+                        dst[8 * c + e] += t[e];
+                }
             }
         }
     }
@@ -576,7 +577,7 @@ static void pv_plain(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64
                 hs += (int32_t)u[r * ldu + j] * vv;
                 ls += (int32_t)u[r * ldu + nq * 4 + j] * vv;
             }
-            float f = (float)hs * 256.0f + (float)ls;
+            float f = (float)hs * 128.0f + (float)ls;
             o[r * ldo + c] += (f * vs[c]) * ps[r];
         }
 }
@@ -604,15 +605,15 @@ float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, float pmax, u
 {
     uint8_t *lo = u + n4;
     int64_t total = 0;
-    float inv = pmax > 0 ? 65535.0f / pmax : 0.0f;
+    float inv = pmax > 0 ? 16383.0f / pmax : 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        int32_t z = round_even(p[j] * inv < 65535.0f ? p[j] * inv : 65535.0f);
-        u[j] = (uint8_t)(z >> 8);
-        lo[j] = (uint8_t)z;
+        int32_t z = round_even(p[j] * inv < 16383.0f ? p[j] * inv : 16383.0f);
+        u[j] = (uint8_t)(z >> 7);
+        lo[j] = (uint8_t)(z & 127);
         total += z;
     }
     memset(u + n, 0, (size_t)(n4 - n));
     memset(lo + n, 0, (size_t)(n4 - n));
-    *scale = pmax / 65535.0f;
+    *scale = pmax / 16383.0f;
     return (float)total * *scale;
 }

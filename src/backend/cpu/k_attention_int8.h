@@ -5,7 +5,7 @@
  * K and V are prepared once per call (smoothed, quantized per key / per channel, packed);
  * each task quantizes its own Q rows per query; a block of scores is then an int32 product
  * per (query, key) times the two scales, written as f32 for k_attention.c's softmax. The
- * softmax's probabilities of a block are quantized per row to 16-bit fixed point in two u8
+ * softmax's probabilities of a block are quantized per row to 14-bit fixed point in two u8
  * planes, and P V adds the two int32 products per (query, channel), times the scales, to the
  * f32 accumulator.
  *
@@ -87,14 +87,14 @@ size_t df_attn_i8_v_bytes(int64_t B, int64_t H, int64_t Sk, int64_t Dv);
 void df_attn_i8_v_prepare(df_attn_i8_v *v8, const df_view *v, void *mem);
 
 /* Quantizes the probabilities p[0..n) (in [0, pmax], pmax the largest) of one row of a
- * block to 16-bit fixed point, z = round(min(p[j] * 65535 / pmax, 65535)), as two u8
- * planes: u[j] = z >> 8, u[n4 + j] = z & 255, zeros in [n, n4) of both; *scale = pmax /
- * 65535. Returns the row's sum as the quantized values give it, for the softmax's
+ * block to 14-bit fixed point, z = round(min(p[j] * 16383 / pmax, 16383)), as two u8
+ * planes of 7 bits: u[j] = z >> 7, u[n4 + j] = z & 127, zeros in [n, n4) of both; *scale =
+ * pmax / 16383. Returns the row's sum as the quantized values give it, for the softmax's
  * denominator. (k_attention.c's AVX-512 exp loop does the same in its pass.) */
 float df_attn_i8_p_quantize(const float *p, int64_t n, int64_t n4, float pmax, uint8_t *u,
                             float *scale);
 
-/* o[r * ldo + c] += ((hi * 256 + lo) * vscale[c]) * ps[r] for the mq rows and the Dv
+/* o[r * ldo + c] += ((hi * 128 + lo) * vscale[c]) * ps[r] for the mq rows and the Dv
  * channels, where hi and lo are the int32 sums over keys [j0, j0 + nk) of the two planes of
  * row r (u + r * ldu, as df_attn_i8_p_quantize wrote them with n4 = nk rounded up to 4)
  * times V's quantized (j, c). j0 is a multiple of 4. */
