@@ -43,7 +43,7 @@ static const attn_case cases[] = {
     {2, 3, 77, 1, 8, 8, false, false, false, true, 0},     /* a single key */
     {1, 1, 5, 9, 8, 8, false, true, true, false, 0},       /* a row with every key masked */
     {1, 4, 64, 300, 128, 128, false, false, false, true, 8.0}, /* keys far from zero */
-    {1, 2, 40, 700, 64, 64, false, false, false, false, 0, 4.0},  /* values far from zero */
+    {1, 2, 40, 700, 64, 64, false, false, false, false, 0, 4.0}, /* values far from zero */
     {1, 2, 64, 1500, 64, 64, false, false, false, false, 0, 0, 4.0}, /* a peaked softmax */
 };
 

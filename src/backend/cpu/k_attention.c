@@ -23,8 +23,7 @@
  * Under int8 compute both products come from k_attention_int8.c: the scores from Q and
  * smoothed K in int8, and P V from the block's probabilities in 14-bit fixed point as two u8
  * planes (quantized per row in softmax_block, whose denominator then sums the quantized
- * values) and smoothed V in int8;
- * V's mean is added back to each output row.
+ * values) and smoothed V in int8, whose mean is added back to each output row.
  *
  * Rows whose every key is masked (all -inf) come out as zeros. The exp, max and scaling
  * loops use AVX-512 where the CPU has it (checked at run time), plain C elsewhere. The
@@ -274,9 +273,9 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
             t->l[r] = t->l[r] * alpha + sum;
             t->m[r] = m_new;
         }
-        if (a->i8) {
-            continue;
-        } else if (a->bf16) {
+        if (a->i8)
+            continue; /* P is in t->u */
+        if (a->bf16) {
             uint16_t *p = t->p + r * a->bk;
             df_gemm_f32_to_bf16(s, p, lim);
             memset(p + lim, 0, (size_t)(nk - lim) * sizeof *p);
@@ -469,7 +468,7 @@ DF_CPU_KERNEL(attention)
     }
     if (!i8)
         DF_TRY_CTX(get_plans(&a), "attention q [%lld, %lld, %lld, %lld]", (long long)a.B,
-               (long long)a.H, (long long)a.Sq, (long long)a.D);
+                   (long long)a.H, (long long)a.Sq, (long long)a.D);
 
     /* Scratch: K and V copies (when needed), then one task_buf per thread. */
     size_t kbytes = k_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.D) * es);

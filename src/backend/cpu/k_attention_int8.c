@@ -430,10 +430,10 @@ pv_row_out(float *dst, const float *vs, int64_t left, float ps, __m512i h0, __m5
 #define PV_ZERO(x) __m512i x##0 = _mm512_setzero_si512(), x##1 = x##0, x##2 = x##0, x##3 = x##0
 #define PV_DP(x, w)                                                                            \
     do {                                                                                       \
-        x##0 = dpbusd(x##0, w, b0);                                               \
-        x##1 = dpbusd(x##1, w, b1);                                               \
-        x##2 = dpbusd(x##2, w, b2);                                               \
-        x##3 = dpbusd(x##3, w, b3);                                               \
+        x##0 = dpbusd(x##0, w, b0);                                                            \
+        x##1 = dpbusd(x##1, w, b1);                                                            \
+        x##2 = dpbusd(x##2, w, b2);                                                            \
+        x##3 = dpbusd(x##3, w, b3);                                                            \
     } while (0)
 #define PV_ROW(a, h, l)                                                                        \
     do {                                                                                       \
@@ -494,9 +494,9 @@ pv_avx512vnni(const df_attn_i8_v *v8, int64_t bh, const uint8_t *u, int64_t ldu,
  * into each channel's int32 lane, the VNNI kernel's sums. 2 rows x 16 channels x both
  * planes. */
 __attribute__((target("avx2"))) static void pv_avx2(const df_attn_i8_v *v8, int64_t bh,
-                                                   const uint8_t *u, int64_t ldu, const float *ps,
-                                                   int64_t mq, int64_t q0, int64_t nq, float *o,
-                                                   int64_t ldo)
+                                                    const uint8_t *u, int64_t ldu, const float *ps,
+                                                    int64_t mq, int64_t q0, int64_t nq, float *o,
+                                                    int64_t ldo)
 {
     int64_t Dvp = v8->Dvp, Dv = v8->Dv;
     const int8_t *vb = v8->q + (bh * v8->quads + q0) * Dvp * 4;
