@@ -1,12 +1,14 @@
 /*
  * Attention under int8 compute (backend/cpu/k_attention_int8.c: Q K^T in int8 with K
- * smoothed, P V in bf16 where the CPU has it), through the public op API, against a float64
- * reference of the unquantized inputs: relative L2 error at most 1e-2, in eager and
- * defer-and-fuse mode. The cases cover ragged query and key blocks, several key blocks,
- * head dimensions that are not a multiple of 4, causal and additive masks, rows with every
- * key masked, permuted views, and keys that share a large offset (which the smoothing
- * removes). The portable kernel and the AVX512-VNNI one (where the CPU has it) give the
- * same bits, and DIFFUSE_INT8_ATTENTION=0 gives int8 compute f32 attention (1e-5).
+ * smoothed, P V in int8 with V smoothed and P as 14-bit fixed point), through the public op
+ * API, against a float64 reference of the unquantized inputs: relative L2 error at most
+ * 1e-2, in eager and defer-and-fuse mode. The cases cover ragged query and key blocks,
+ * several key blocks, head dimensions that are not a multiple of 4, causal and additive
+ * masks, rows with every key masked, permuted views, keys and values that share a large
+ * offset (which the smoothing removes) and a peaked softmax (many small probabilities,
+ * which an 8-bit P would lose). The portable kernels and the AVX2 and AVX512-VNNI ones
+ * (where the CPU has them) give the same bits, P's quantization is checked on its own, and
+ * DIFFUSE_INT8_ATTENTION=0 gives int8 compute f32 attention (1e-5).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,11 +24,14 @@
 #include <diffuse/diffuse.h>
 
 #include "backend/cpu/gemm_int8.h"
+#include "backend/cpu/k_attention_int8.h"
 
 typedef struct attn_case {
     int64_t B, H, Sq, Sk, D, Dv;
     bool causal, mask, dead_row, permuted;
     double k_offset; /* added to every key */
+    double v_offset; /* added to every value */
+    double q_range;  /* queries uniform in [-q_range, q_range) (0: 3) */
 } attn_case;
 
 static const attn_case cases[] = {
@@ -38,6 +43,8 @@ static const attn_case cases[] = {
     {2, 3, 77, 1, 8, 8, false, false, false, true, 0},     /* a single key */
     {1, 1, 5, 9, 8, 8, false, true, true, false, 0},       /* a row with every key masked */
     {1, 4, 64, 300, 128, 128, false, false, false, true, 8.0}, /* keys far from zero */
+    {1, 2, 40, 700, 64, 64, false, false, false, false, 0, 4.0}, /* values far from zero */
+    {1, 2, 64, 1500, 64, 64, false, false, false, false, 0, 0, 4.0}, /* a peaked softmax */
 };
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -82,11 +89,11 @@ static void make_data(const attn_case *c, attn_data *a)
     a->v = malloc((size_t)(B * H * Sk * Dv) * 8);
     a->m = malloc((size_t)(Sq * Sk) * 8);
     for (int64_t i = 0; i < B * H * Sq * D; i++)
-        a->q[i] = 3 * uniform(); /* peaked enough that the softmax matters */
+        a->q[i] = (c->q_range > 0 ? c->q_range : 3) * uniform(); /* the softmax matters */
     for (int64_t i = 0; i < B * H * Sk * D; i++)
         a->k[i] = uniform() + (i % D % 3 == 0 ? c->k_offset : 0.0);
     for (int64_t i = 0; i < B * H * Sk * Dv; i++)
-        a->v[i] = uniform();
+        a->v[i] = uniform() + (i % Dv % 2 == 0 ? c->v_offset : 0.0);
     for (int64_t i = 0; i < Sq * Sk; i++)
         a->m[i] = c->dead_row && (i / Sk == 2 || i % 3 == 0) ? -INFINITY : 0.5 * uniform();
     a->n_out = B * H * Sq * Dv;
@@ -168,6 +175,7 @@ static void test_error_bound(void **state)
         for (int mi = 0; mi < 2; mi++) {
             double *got = run(modes[mi], &cases[i], &a);
             double e = rel_l2(got, a.ref, a.n_out);
+            print_message("case %zu, mode %d: relative L2 error %.3g\n", i, mi, e);
             if (!(e <= 1e-2)) {
                 print_error("case %zu, mode %d: relative L2 error %.3g > 1e-2\n", i, mi, e);
                 fail();
@@ -210,6 +218,39 @@ static void test_paths_agree(void **state)
         skip(); /* only the portable kernel on this CPU: nothing to compare */
 }
 
+/* P's two planes hold z = round(p * 16383 / pmax) (the largest p gives 16383), 7 bits
+ * each, zeros past n; the returned sum is the quantized values' (what P V multiplies). */
+static void test_p_quantize(void **state)
+{
+    (void)state;
+    enum { n = 37, n4 = 40 };
+    float p[n], scale;
+    uint8_t u[2 * n4];
+    memset(u, 0xaa, sizeof u);
+    for (int j = 0; j < n; j++)
+        p[j] = (float)exp(-0.4 * j);
+    p[5] = 0;
+    float pmax = p[0], sum = df_attn_i8_p_quantize(p, n, n4, pmax, u, &scale);
+    assert_true(scale == pmax / 16383.0f);
+    int64_t total = 0;
+    for (int j = 0; j < n4; j++) {
+        long z = (long)u[j] * 128 + u[n4 + j];
+        long want = j < n ? lrintf(p[j] * (16383.0f / pmax)) : 0;
+        if (z != want) {
+            print_error("p[%d] = %.9g: z %ld, want %ld\n", j, p[j], z, want);
+            fail();
+        }
+        total += z;
+    }
+    assert_int_equal(u[0], 127); /* 7 bits per plane */
+    assert_int_equal(u[n4], 127);
+    assert_true(sum == (float)total * scale);
+    /* an all-zero (all masked) row: zeros and a zero sum */
+    assert_true(df_attn_i8_p_quantize(p, 0, n4, 0, u, &scale) == 0);
+    for (int j = 0; j < 2 * n4; j++)
+        assert_int_equal(u[j], 0);
+}
+
 static void test_switch_off(void **state)
 {
     (void)state;
@@ -234,6 +275,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_error_bound),
         cmocka_unit_test(test_paths_agree),
+        cmocka_unit_test(test_p_quantize),
         cmocka_unit_test(test_switch_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

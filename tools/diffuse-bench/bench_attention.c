@@ -1,7 +1,7 @@
 /*
  * Workload "attention": df_attention as the FLUX transformer calls it, 24 heads of 128 on
  * 4608 tokens (a 1024x1024 image plus 512 text tokens) and on 1536, in f32, bf16 and int8
- * compute (int8: Q K^T in int8, P V in bf16; DIFFUSE_INT8_ATTENTION=0 gives int8 compute's
+ * compute (int8: Q K^T and P V in int8; DIFFUSE_INT8_ATTENTION=0 gives int8 compute's
  * f32 attention), on 1 and 2 threads. q, k and v are [B, S, H*D] projections viewed as
  * [B, H, S, D] (a reshape and a permute, so the kernel reads strided rows), no mask.
  *

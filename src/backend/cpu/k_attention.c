@@ -20,8 +20,10 @@
  * copies and each task converts its Q rows; P is converted to bf16 (accumulation, the
  * softmax and the output stay f32). Other dtypes or overlapping rows go through copies.
  *
- * Under int8 compute the scores come from k_attention_int8.c (Q and smoothed K in int8) and
- * P V runs in bf16 where the CPU has it.
+ * Under int8 compute both products come from k_attention_int8.c: the scores from Q and
+ * smoothed K in int8, and P V from the block's probabilities in 14-bit fixed point as two u8
+ * planes (quantized per row in softmax_block, whose denominator then sums the quantized
+ * values) and smoothed V in int8, whose mean is added back to each output row.
  *
  * Rows whose every key is masked (all -inf) come out as zeros. The exp, max and scaling
  * loops use AVX-512 where the CPU has it (checked at run time), plain C elsewhere. The
@@ -55,12 +57,16 @@ typedef struct attn {
     int64_t os[3];                                    /* its strides of b, i, h */
     const df_gemm_plan *s_plan[2][2], *pv_plan[2][2]; /* [query tail?][key tail?] */
     size_t gemm_scratch;                              /* the most any plan needs per thread */
-    const df_attn_i8_k *i8;                           /* int8 scores, or NULL */
+    const df_attn_i8_k *i8;                           /* int8 products, or NULL */
+    const df_attn_i8_v *v8;                           /* V's int8 form (with i8) */
+    int64_t ldu;                                      /* int8 P rows: 2 planes of bk to 4 */
 } attn;
 
 typedef struct task_buf {
     float *s;    /* [bq, bk] scores, then f32 probabilities */
     uint16_t *p; /* [bq, bk] bf16 probabilities (bf16 compute) */
+    uint8_t *u;  /* [bq, ldu] probabilities, two u8 planes (int8 compute) */
+    float *ps;   /* [bq] their scales */
     float *o;    /* [bq, Dv] accumulator */
     void *q;     /* [bq, D] Q rows (bf16, or f32 copies) */
     float *row;  /* [D] one Q row in f32 on its way to bf16 */
@@ -129,6 +135,34 @@ __attribute__((target("avx512f"))) static float exp_sum_avx512(float *s, int64_t
         sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(k, p));
     }
     return _mm512_reduce_add_ps(sum);
+}
+
+/* Int8 compute: p = exp(s[j] - m) for j < n written straight as P's two u8 planes, the
+ * quantization of df_attn_i8_p_quantize against pmax = exp(mx - m) (mx the row's largest
+ * s, its p computed the same way), so the probabilities never go back to memory as f32;
+ * returns the row's sum as they give it. */
+__attribute__((target("avx512f"))) static float exp_quantize_avx512(const float *s, int64_t n,
+                                                                    int64_t n4, float m, float mx,
+                                                                    uint8_t *u, float *scale)
+{
+    uint8_t *lo = u + n4;
+    float pmax = n > 0 ? _mm512_cvtss_f32(exp512(_mm512_set1_ps(mx - m))) : 0.0f;
+    __m512 vm = _mm512_set1_ps(m), inv = _mm512_set1_ps(pmax > 0 ? 16383.0f / pmax : 0.0f);
+    __m512 top = _mm512_set1_ps(16383.0f);
+    __m512i low = _mm512_set1_epi32(127);
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 k = tail_mask(n - j);
+        __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+        __m512i z = _mm512_maskz_cvtps_epi32(k, _mm512_min_ps(_mm512_mul_ps(p, inv), top));
+        _mm512_mask_cvtepi32_storeu_epi8(u + j, k, _mm512_srli_epi32(z, 7));
+        _mm512_mask_cvtepi32_storeu_epi8(lo + j, k, _mm512_and_si512(z, low));
+        sum = _mm512_add_epi32(sum, z);
+    }
+    memset(u + n, 0, (size_t)(n4 - n));
+    memset(lo + n, 0, (size_t)(n4 - n));
+    *scale = pmax / 16383.0f;
+    return (float)_mm512_reduce_add_epi32(sum) * *scale;
 }
 
 __attribute__((target("avx512f"))) static void scale_row_avx512(float *o, int64_t n, float a)
@@ -212,10 +246,23 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
                            : scale_max_plain(s, lim, a->scale, mrow, a->ms[3]);
         float m_new = mx > t->m[r] ? mx : t->m[r];
         float sum = 0;
-        if (m_new == -INFINITY) {
+        if (m_new == -INFINITY)
             lim = 0; /* every key so far is masked: nothing to add */
-        } else {
+        if (a->i8) { /* the denominator sums what P V multiplies */
+            int64_t n4 = (nk + 3) & ~(int64_t)3;
+            uint8_t *u = t->u + r * a->ldu;
+            if (a->avx512) {
+                sum = exp_quantize_avx512(s, lim, n4, m_new, mx, u, &t->ps[r]);
+            } else {
+                if (lim > 0)
+                    exp_sum_plain(s, lim, m_new);
+                sum = df_attn_i8_p_quantize(s, lim, n4, lim > 0 ? expf(mx - m_new) : 0, u,
+                                            &t->ps[r]);
+            }
+        } else if (lim > 0) {
             sum = a->avx512 ? exp_sum_avx512(s, lim, m_new) : exp_sum_plain(s, lim, m_new);
+        }
+        if (m_new != -INFINITY) {
             float alpha = t->m[r] == -INFINITY ? 0.0f : expf(t->m[r] - m_new);
             if (alpha != 1.0f) {
                 if (a->avx512)
@@ -226,6 +273,8 @@ static void softmax_block(const attn *a, const task_buf *t, int64_t b, int64_t h
             t->l[r] = t->l[r] * alpha + sum;
             t->m[r] = m_new;
         }
+        if (a->i8)
+            continue; /* P is in t->u */
         if (a->bf16) {
             uint16_t *p = t->p + r * a->bk;
             df_gemm_f32_to_bf16(s, p, lim);
@@ -265,12 +314,15 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
     for (int64_t j0 = 0; j0 < kend; j0 += a->bk) {
         int64_t nk = a->Sk - j0 < a->bk ? a->Sk - j0 : a->bk;
         int ksel = nk != a->bk;
+        if (a->i8) {
+            df_attn_i8_scores(a->i8, t->q, b, h, mq, j0, nk, t->s, a->bk);
+            softmax_block(a, t, b, h, i0, mq, j0, nk);
+            df_attn_i8_pv(a->i8, a->v8, b, h, t->u, a->ldu, t->ps, mq, j0, nk, t->o, a->Dv);
+            continue;
+        }
         const char *kp = (const char *)a->kd + (b * a->ks[0] + h * a->ks[1] + j0 * a->ks[2]) * qes;
         const char *vp = (const char *)a->vd + (b * a->vs[0] + h * a->vs[1] + j0 * a->vs[2]) * qes;
-        if (a->i8)
-            df_attn_i8_scores(a->i8, t->q, b, h, mq, j0, nk, t->s, a->bk);
-        else
-            DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
+        DF_TRY(df_gemm_plan_run(a->s_plan[qsel][ksel], qa, kp, NULL, t->s, t->gemm));
         softmax_block(a, t, b, h, i0, mq, j0, nk);
         const void *p = a->bf16 ? (const void *)t->p : (const void *)t->s;
         DF_TRY(df_gemm_plan_run(a->pv_plan[qsel][ksel], p, vp, NULL, t->o, t->gemm));
@@ -283,6 +335,11 @@ static df_status run_task(const attn *a, const task_buf *t, int64_t b, int64_t h
         const float *src = t->o + r * a->Dv;
         for (int64_t c = 0; c < a->Dv; c++)
             dst[c] = src[c] * inv;
+        if (a->i8 && t->l[r] > 0) {
+            const float *mean = a->v8->mean + (b * a->H + h) * a->Dv;
+            for (int64_t c = 0; c < a->Dv; c++)
+                dst[c] += mean[c];
+        }
         if (a->out_bf16) /* for bf16 products only (defer-and-fuse) */
             df_gemm_f32_to_bf16(dst, (uint16_t *)a->out + at, a->Dv);
     }
@@ -390,9 +447,11 @@ DF_CPU_KERNEL(attention)
         memcpy(a.ms, n->in[3].stride, sizeof a.ms);
     }
     df_attn_i8_k k8;
-    bool i8 = df_attn_i8_wanted((int)n->a.compute, a.D);
+    df_attn_i8_v v8;
+    bool i8 = df_attn_i8_wanted((int)n->a.compute, a.D, a.Dv);
     if (i8)
-        a.bf16 = df_gemm_compute_dtype(DF_DTYPE_BF16) == DF_DTYPE_BF16; /* for P V */
+        a.bf16 = false; /* no GEMM runs: Q, K and V go to their int8 forms */
+    a.ldu = 2 * ((a.bk + 3) & ~(int64_t)3);
     a.q_direct = in_place(q, a.bf16);
     bool k_direct = in_place(k, a.bf16), v_direct = in_place(v, a.bf16);
     size_t es = a.bf16 ? 2 : 4;
@@ -407,16 +466,21 @@ DF_CPU_KERNEL(attention)
     } else {
         a.vs[0] = a.H * a.Sk * a.Dv, a.vs[1] = a.Sk * a.Dv, a.vs[2] = a.Dv;
     }
-    DF_TRY_CTX(get_plans(&a), "attention q [%lld, %lld, %lld, %lld]", (long long)a.B,
-               (long long)a.H, (long long)a.Sq, (long long)a.D);
+    if (!i8)
+        DF_TRY_CTX(get_plans(&a), "attention q [%lld, %lld, %lld, %lld]", (long long)a.B,
+                   (long long)a.H, (long long)a.Sq, (long long)a.D);
 
     /* Scratch: K and V copies (when needed), then one task_buf per thread. */
     size_t kbytes = k_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.D) * es);
     if (i8)
         kbytes = df_attn_i8_k_bytes(a.B, a.H, a.Sk, a.D);
     size_t vbytes = v_direct ? 0 : round64((size_t)(a.B * a.H * a.Sk * a.Dv) * es);
+    if (i8)
+        vbytes = df_attn_i8_v_bytes(a.B, a.H, a.Sk, a.Dv);
     size_t s_b = round64((size_t)(a.bq * a.bk) * sizeof(float));
     size_t p_b = a.bf16 ? round64((size_t)(a.bq * a.bk) * 2) : 0;
+    if (i8)
+        p_b = round64((size_t)(a.bq * a.ldu));
     size_t o_b = round64((size_t)(a.bq * a.Dv) * sizeof(float));
     size_t q_b = a.q_direct ? 0 : round64((size_t)(a.bq * a.D) * es);
     if (i8)
@@ -424,7 +488,7 @@ DF_CPU_KERNEL(attention)
     size_t ml_b = round64((size_t)a.bq * sizeof(float));
     size_t row_b = round64((size_t)(a.D > a.Dv ? a.D : a.Dv) * sizeof(float));
     size_t g_b = round64(a.gemm_scratch);
-    size_t per_thread = s_b + p_b + o_b + q_b + 2 * ml_b + row_b + g_b;
+    size_t per_thread = s_b + p_b + o_b + q_b + 3 * ml_b + row_b + g_b;
     size_t total = kbytes + vbytes + (size_t)threads * per_thread;
     char *scratch = df_env_scratch(env, total);
     if (!scratch)
@@ -433,12 +497,15 @@ DF_CPU_KERNEL(attention)
     a.vd = v_direct ? df_view_ptr(v) : scratch + kbytes;
     if (i8) {
         df_attn_i8_k_prepare(&k8, k, (df_i8_path)env->int8_path, scratch);
+        df_attn_i8_v_prepare(&v8, v, scratch + kbytes);
         a.i8 = &k8;
-    } else if (!k_direct) {
-        dense_copy(k, a.bf16, scratch);
+        a.v8 = &v8;
+    } else {
+        if (!k_direct)
+            dense_copy(k, a.bf16, scratch);
+        if (!v_direct)
+            dense_copy(v, a.bf16, scratch + kbytes);
     }
-    if (!v_direct)
-        dense_copy(v, a.bf16, scratch + kbytes);
 
     int64_t nqb = (a.Sq + a.bq - 1) / a.bq, tasks = a.B * a.H * nqb;
     df_status failed = DF_OK;
@@ -449,12 +516,14 @@ DF_CPU_KERNEL(attention)
         char *mine = bufs + (size_t)omp_get_thread_num() * per_thread;
         task_buf t = {.s = (float *)mine,
                       .p = (uint16_t *)(mine + s_b),
+                      .u = (uint8_t *)(mine + s_b),
                       .o = (float *)(mine + s_b + p_b),
                       .q = mine + s_b + p_b + o_b,
                       .m = (float *)(mine + s_b + p_b + o_b + q_b),
                       .l = (float *)(mine + s_b + p_b + o_b + q_b + ml_b),
-                      .row = (float *)(mine + s_b + p_b + o_b + q_b + 2 * ml_b),
-                      .gemm = mine + s_b + p_b + o_b + q_b + 2 * ml_b + row_b};
+                      .ps = (float *)(mine + s_b + p_b + o_b + q_b + 2 * ml_b),
+                      .row = (float *)(mine + s_b + p_b + o_b + q_b + 3 * ml_b),
+                      .gemm = mine + s_b + p_b + o_b + q_b + 3 * ml_b + row_b};
 #pragma omp for schedule(dynamic)
         for (int64_t ti = 0; ti < tasks; ti++) {
             df_status s;
