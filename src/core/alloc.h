@@ -39,4 +39,14 @@ static inline bool df_i64_mul(int64_t a, int64_t b, int64_t *out)
     return !__builtin_mul_overflow(a, b, out);
 }
 
+/* Makes room for `need` elements of `elem` bytes in *data (capacity *cap, doubled from 16
+ * until it is enough, with checked sizes); false when memory ran out (the array is
+ * unchanged then). The check that there is room already is inline, as the tokenizers'
+ * inner loops call it for every element. */
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem);
+static inline bool df_array_reserve(void **data, size_t *cap, size_t need, size_t elem)
+{
+    return need <= *cap || df_array_grow(data, cap, need, elem);
+}
+
 #endif
