@@ -599,16 +599,24 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
     df_free(l.gs);
     return s;
 }
+/* The sigma of the loop's first step, to which an input picture's latents are noised. */
+static df_status first_sigma(const flux_pipe *f, const run_sizes *r, float *sigma)
+{
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
+    *sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return DF_OK;
+}
+
 /* FluxImg2ImgPipeline.prepare_latents: the input picture's latents noised to the sigma of
  * the loop's first step, [B, C, h, w]. */
 static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
                                const run_sizes *r, float *out)
 {
-    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(f, r, &sigma));
     return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
                               out);
 }
@@ -618,11 +626,8 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
 static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
                                  const run_sizes *r, float *lat, df_inpaint *ip)
 {
-    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(f, r, &sigma));
     int64_t C = df_flux_config(f->transformer)->in_channels / 4;
     return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, C,
                               sigma, pack_latents, lat, ip);

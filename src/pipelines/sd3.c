@@ -610,15 +610,24 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
     return st;
 }
 
+/* The sigma of the loop's first step, to which an input picture's latents are noised. */
+static df_status first_sigma(const sd3_pipe *s, const run_cfg *r, int64_t h, int64_t w,
+                             float *sigma)
+{
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(s, r, h, w, &sched));
+    *sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return DF_OK;
+}
+
 /* StableDiffusion3Img2ImgPipeline.prepare_latents: the input picture's latents noised to
  * the sigma of the loop's first step, [B, C, h, w]. */
 static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
                                const run_cfg *r, int64_t h, int64_t w, float *out)
 {
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(s, r, h, w, &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
     return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
                               out);
@@ -629,10 +638,8 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
 static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
                                  const run_cfg *r, int64_t h, int64_t w, float *lat, df_inpaint *ip)
 {
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(s, r, h, w, &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
     int64_t C = df_sd3_config(s->transformer)->in_channels;
     return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, C,
