@@ -1,5 +1,5 @@
 /*
- * Heap memory and checked size arithmetic.
+ * Heap memory, checked size arithmetic and the growth of arrays.
  *
  * All heap memory in diffuse comes from these functions so that tests can make the Nth
  * allocation fail (df_alloc_fail_at) and count what is live (df_alloc_live).

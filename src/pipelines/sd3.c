@@ -191,11 +191,7 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(load_text(p, s, idx));
     /* The skip-layer forward of skip-layer guidance runs uncompiled: it is a different graph,
      * and runs in few steps. */
-    if (p->opts.compile)
-        DF_TRY(df_transformer_compile((df_transformer *)s->transformer));
-    if (p->opts.compile_blocks)
-        DF_TRY(
-            df_sd3_compile_repeated_blocks(s->transformer, &(df_compile_opts){.fullgraph = true}));
+    DF_TRY(df_denoise_prepare_transformer(p, (df_transformer *)s->transformer, false));
 
     /* With offloading nothing stays resident after loading. (Sequential offload of the SD3
      * transformer's blocks is not implemented: it offloads whole components, as model.) */
@@ -347,11 +343,7 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (r->H <= 0 || r->W <= 0 || r->H % factor || r->W % factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d", r->H,
                          r->W, factor);
-    if (r->steps < 1 || r->steps > 1000)
-        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
-    if (r->max_seq < 1 || r->max_seq > SD3_MAX_SEQ)
-        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, %d], not %d", SD3_MAX_SEQ,
-                         r->max_seq);
+    DF_TRY(df_denoise_check_steps(r->steps, r->max_seq, SD3_MAX_SEQ));
     if (!isfinite(r->guidance) || !isfinite(r->slg_scale) || !isfinite(r->slg_start) ||
         !isfinite(r->slg_stop))
         return df_errorf(DF_E_ARG, "guidance and skip-layer guidance settings must be finite");
