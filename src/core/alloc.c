@@ -94,3 +94,24 @@ void df_aligned_free(void *p)
 {
     df_free(p);
 }
+
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t n = *cap ? *cap : 16;
+    while (n < need) {
+        if (n > SIZE_MAX / 2)
+            return false;
+        n *= 2;
+    }
+    size_t bytes;
+    if (!df_size_mul(n, elem, &bytes))
+        return false;
+    void *p = df_realloc(*data, bytes);
+    if (!p)
+        return false;
+    *data = p;
+    *cap = n;
+    return true;
+}

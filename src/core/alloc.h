@@ -1,5 +1,5 @@
 /*
- * Heap memory and checked size arithmetic.
+ * Heap memory, checked size arithmetic and the growth of arrays.
  *
  * All heap memory in diffuse comes from these functions so that tests can make the Nth
  * allocation fail (df_alloc_fail_at) and count what is live (df_alloc_live).
@@ -37,6 +37,16 @@ static inline bool df_size_add(size_t a, size_t b, size_t *out)
 static inline bool df_i64_mul(int64_t a, int64_t b, int64_t *out)
 {
     return !__builtin_mul_overflow(a, b, out);
+}
+
+/* Makes room for `need` elements of `elem` bytes in *data (capacity *cap, doubled from 16
+ * until it is enough, with checked sizes); false when memory ran out (the array is
+ * unchanged then). The check that there is room already is inline, as the tokenizers'
+ * inner loops call it for every element. */
+bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem);
+static inline bool df_array_reserve(void **data, size_t *cap, size_t need, size_t elem)
+{
+    return need <= *cap || df_array_grow(data, cap, need, elem);
 }
 
 #endif

@@ -43,9 +43,11 @@ struct df_st_shards {
     char dir[4096], base[256];
     int64_t shard_bytes, in_shard, total;
     sh_tensor *t;
-    int64_t n, cap;
+    int64_t n;
+    size_t cap;
     sh_file *f;
-    int nf, fcap;
+    int nf;
+    size_t fcap;
     bool declared, finished;
     int fd, fd_shard; /* the open shard (fd -1: none) */
 };
@@ -175,26 +177,13 @@ df_status df_st_shards_declare(df_st_shards *w, const char *name, df_dtype dtype
         s = lay_out(w, w->nf - 1);
         w->in_shard = 0;
     }
-    if (s == DF_OK && (w->nf == 0 || w->f[w->nf - 1].laid_out)) {
-        if (w->nf == w->fcap) {
-            int cap = w->fcap ? 2 * w->fcap : 8;
-            sh_file *f = df_realloc(w->f, (size_t)cap * sizeof *f);
-            if (!f)
-                s = df_errorf(DF_E_OOM, "safetensors shards: out of memory");
-            else
-                w->f = f, w->fcap = cap;
-        }
-        if (s == DF_OK)
-            w->f[w->nf++] = (sh_file){.first = w->n};
-    }
-    if (s == DF_OK && w->n == w->cap) {
-        int64_t cap = w->cap ? 2 * w->cap : 256;
-        sh_tensor *t = df_realloc(w->t, (size_t)cap * sizeof *t);
-        if (!t)
-            s = df_errorf(DF_E_OOM, "safetensors shards: out of memory");
-        else
-            w->t = t, w->cap = cap;
-    }
+    /* room for a new file (taken when the last one is laid out) and the tensor */
+    if (s == DF_OK &&
+        (!df_array_reserve((void **)&w->f, &w->fcap, (size_t)w->nf + 1, sizeof *w->f) ||
+         !df_array_reserve((void **)&w->t, &w->cap, (size_t)w->n + 1, sizeof *w->t)))
+        s = df_errorf(DF_E_OOM, "safetensors shards: out of memory");
+    if (s == DF_OK && (w->nf == 0 || w->f[w->nf - 1].laid_out))
+        w->f[w->nf++] = (sh_file){.first = w->n};
     if (s != DF_OK) {
         df_free(d.name);
         return s;

@@ -85,9 +85,8 @@ static const df_tp_rule tp_plan[] = {
  * (norm1_context, attn.add_*_proj, ff_context). */
 typedef struct double_block {
     df_linear_weights norm1, norm1_context; /* [6D, D] */
-    df_qkv_weights img, txt;
-    df_linear_weights to_out, to_add_out; /* [D, D] */
-    df_linear_weights ff_in, ff_out;      /* [4D, D], [D, 4D] */
+    df_joint_attn_weights attn;
+    df_linear_weights ff_in, ff_out; /* [4D, D], [D, 4D] */
     df_linear_weights ff_ctx_in, ff_ctx_out;
 } double_block;
 
@@ -114,7 +113,7 @@ struct df_flux {
 
 /* Sizes of one forward call. H: this rank's attention heads; tp: ranks. */
 typedef struct dims {
-    int64_t B, s_img, s_txt, S, D, H;
+    int64_t B, s_img, s_txt, H;
     int tp;
 } dims;
 
@@ -166,12 +165,7 @@ static df_status bind_double(df_weight_set *ws, double_block *b, int64_t D, int6
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
     DF_TRY(df_ws_linear(ws, &b->norm1, 6 * D, D, true, "%s.norm1.linear", p));
     DF_TRY(df_ws_linear(ws, &b->norm1_context, 6 * D, D, true, "%s.norm1_context.linear", p));
-    char a[80];
-    snprintf(a, sizeof a, "%s.attn", p);
-    DF_TRY(df_transformer_bind_qkv(ws, &b->img, D, Dh, true, true, a, DF_QKV_IMAGE));
-    DF_TRY(df_transformer_bind_qkv(ws, &b->txt, D, Dh, true, true, a, DF_QKV_CONTEXT));
-    DF_TRY(df_ws_linear(ws, &b->to_out, D, D, true, "%s.attn.to_out.0", p));
-    DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, true, "%s.attn.to_add_out", p));
+    DF_TRY(df_transformer_bind_joint_attn(ws, &b->attn, D, Dh, true, p));
     DF_TRY(df_ws_linear(ws, &b->ff_in, 4 * D, D, true, "%s.ff.net.0.proj", p));
     DF_TRY(df_ws_linear(ws, &b->ff_out, D, 4 * D, true, "%s.ff.net.2", p));
     DF_TRY(df_ws_linear(ws, &b->ff_ctx_in, 4 * D, D, true, "%s.ff_context.net.0.proj", p));
@@ -332,8 +326,6 @@ static df_status check_inputs(const df_flux *m, const df_flux_inputs *in, dims *
     DF_TRY(df_transformer_check_sequences(t, in->hidden_states, in->encoder_hidden_states,
                                           c->in_channels, c->joint_attention_dim, &d->B, &d->s_img,
                                           &d->s_txt));
-    d->S = d->s_txt + d->s_img;
-    d->D = c->inner_dim;
     d->H = c->num_attention_heads / t->tp; /* this rank's heads */
     d->tp = t->tp;
     DF_TRY(df_transformer_check_input(t, "pooled_projections", in->pooled_projections, 2,
@@ -360,50 +352,6 @@ static df_tensor *tp_sum(df_ctx *ctx, const dims *d, df_tensor *x)
  * df_blocks_run's, holds its inputs and outputs).
  */
 
-/* FeedForward(dim, activation "gelu-approximate"): [B, S, D] -> [B, S, D]. */
-static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
-                               const df_linear_weights *out, df_tensor *x, const dims *d)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *h = df_gelu_tanh(ctx, df_linear(ctx, x, in)); /* [B, S, 4D/tp] */
-    return df_scope_end(ctx, mark, tp_sum(ctx, d, df_linear(ctx, h, out))); /* [B, S, D] */
-}
-
-/* One stream's second half: h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with
- * m the stream's six modulation vectors. */
-static df_tensor *stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
-                                      const df_linear_weights *out, df_tensor *x, df_tensor *a,
-                                      df_tensor *const *m, const dims *d)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a));                         /* [B, S, D] */
-    df_tensor *f = feed_forward(ctx, in, out, df_emb_modulate(ctx, h, m[3], m[4], FLUX_EPS), d);
-    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
-}
-
-/* FluxAttention of a double block (diffusers' `attn` module, what TaylorSeer hooks): the
- * modulated streams nx [B, S_img, D], nc [B, S_txt, D] -> a[0] image, a[1] text, after
- * to_out and to_add_out. */
-static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
-                             df_tensor *pe, const dims *d, df_tensor **a)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
-    df_transformer_project_qkv(ctx, &b->img, nx, d->H, FLUX_EPS, &qx, &kx,
-                               &vx); /* [B, S_img, H, Dh] */
-    df_transformer_project_qkv(ctx, &b->txt, nc, d->H, FLUX_EPS, &qc, &kc,
-                               &vc);                           /* [B, S_txt, H, Dh] */
-    df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
-    df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
-    df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
-    df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
-    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);          /* [B, S_txt, H*Dh] */
-    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);       /* [B, S_img, H*Dh] */
-    a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
-    a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
-    df_scope_end_n(ctx, mark, a, 2);
-}
-
 /* FluxTransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D], temb [B, D]; the new
  * streams are written back into *x and *c. `slot`: its attention module in `cache`. */
 static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor **x, df_tensor **c,
@@ -420,12 +368,15 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], FLUX_EPS); /* [B, S_img, D] */
     df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], FLUX_EPS); /* [B, S_txt, D] */
     if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
-        double_attention(ctx, b, nx, nc, pe, d, a);
+        df_transformer_joint_attention(ctx, &b->attn, nx, nc, pe, d->H, FLUX_EPS, d->tp, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
     df_scope_end_n(ctx, mark, a, 2);
-    *x = stream_feed_forward(ctx, &b->ff_in, &b->ff_out, *x, a[0], mx, d);         /* image */
-    *c = stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, *c, a[1], mc, d); /* text */
+    /* FeedForward(dim, activation "gelu-approximate") of each stream */
+    *x = df_transformer_stream_feed_forward(ctx, &b->ff_in, &b->ff_out, df_gelu_tanh, d->tp, *x,
+                                            a[0], mx, FLUX_EPS); /* image */
+    *c = df_transformer_stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, df_gelu_tanh, d->tp,
+                                            *c, a[1], mc, FLUX_EPS); /* text */
 }
 
 /* FluxSingleTransformerBlock.forward on the joint sequence. x [B, S, D] -> [B, S, D]. */
@@ -458,17 +409,11 @@ static df_tensor *single_block_forward(df_ctx *ctx, const single_block *b, df_te
 static const char *const outer_prefixes[] = {"x_embedder.", "context_embedder.", "time_text_embed.",
                                              "norm_out.", "proj_out."};
 
-/* The sizes a block call needs, from its inputs. x [B, S_x, D], c [B, S_c, D] or NULL. */
-static dims block_dims(const df_flux *m, const df_tensor *x, const df_tensor *c)
+/* The sizes a block call needs, from its input x [B, S_x, D]. */
+static dims block_dims(const df_flux *m, const df_tensor *x)
 {
-    dims d = {.B = df_tensor_dim(x, 0),
-              .D = m->cfg.inner_dim,
-              .H = m->cfg.num_attention_heads / m->t.tp,
-              .tp = m->t.tp};
-    d.s_img = df_tensor_dim(x, 1);
-    d.s_txt = c ? df_tensor_dim(c, 1) : 0;
-    d.S = d.s_img + d.s_txt;
-    return d;
+    return (dims){
+        .B = df_tensor_dim(x, 0), .H = m->cfg.num_attention_heads / m->t.tp, .tp = m->t.tp};
 }
 
 /* in: x, c, temb, pe; out: x, c. */
@@ -476,7 +421,7 @@ static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor
                                       df_tensor **out)
 {
     const df_flux *m = model;
-    dims d = block_dims(m, in[0], in[1]);
+    dims d = block_dims(m, in[0]);
     out[0] = in[0], out[1] = in[1];
     double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], &d, m->t.cache, i);
     return df_ctx_status(ctx);
@@ -487,7 +432,7 @@ static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor
                                       df_tensor **out)
 {
     const df_flux *m = model;
-    dims d = block_dims(m, in[0], NULL);
+    dims d = block_dims(m, in[0]);
     out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->t.cache,
                                   (int)m->cfg.num_layers + i);
     return df_ctx_status(ctx);

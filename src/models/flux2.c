@@ -52,9 +52,8 @@
 /* Flux2TransformerBlock: image stream (attn.to_*, ff) and text stream (attn.add_*_proj,
  * ff_context). */
 typedef struct double_block {
-    df_qkv_weights img, txt;
-    df_linear_weights to_out, to_add_out; /* [D, D] */
-    df_linear_weights ff_in, ff_out;      /* [2M, D], [D, M] */
+    df_joint_attn_weights attn;
+    df_linear_weights ff_in, ff_out; /* [2M, D], [D, M] */
     df_linear_weights ff_ctx_in, ff_ctx_out;
 } double_block;
 
@@ -80,7 +79,7 @@ struct df_flux2 {
 
 /* Sizes of one block call. H: this rank's heads; tp: ranks. */
 typedef struct dims {
-    int64_t B, s_txt, S, H;
+    int64_t B, H;
     int tp;
     float eps;
 } dims;
@@ -145,13 +144,9 @@ static df_status configure(void *model, const df_json *cfg)
 static df_status bind_double(df_weight_set *ws, double_block *b, const df_flux2_cfg *c, int i)
 {
     int64_t D = c->inner_dim, Dh = c->attention_head_dim, M = c->mlp_hidden_dim;
-    char p[64], a[80];
+    char p[64];
     snprintf(p, sizeof p, "transformer_blocks.%d", i);
-    snprintf(a, sizeof a, "%s.attn", p);
-    DF_TRY(df_transformer_bind_qkv(ws, &b->img, D, Dh, false, true, a, DF_QKV_IMAGE));
-    DF_TRY(df_transformer_bind_qkv(ws, &b->txt, D, Dh, false, true, a, DF_QKV_CONTEXT));
-    DF_TRY(df_ws_linear(ws, &b->to_out, D, D, false, "%s.attn.to_out.0", p));
-    DF_TRY(df_ws_linear(ws, &b->to_add_out, D, D, false, "%s.attn.to_add_out", p));
+    DF_TRY(df_transformer_bind_joint_attn(ws, &b->attn, D, Dh, false, p));
     DF_TRY(df_ws_linear(ws, &b->ff_in, 2 * M, D, false, "%s.ff.linear_in", p));
     DF_TRY(df_ws_linear(ws, &b->ff_out, D, M, false, "%s.ff.linear_out", p));
     DF_TRY(df_ws_linear(ws, &b->ff_ctx_in, 2 * M, D, false, "%s.ff_context.linear_in", p));
@@ -411,57 +406,6 @@ static df_tensor *swiglu(df_ctx *ctx, df_tensor *h)
  * still read rather than its whole working set.
  */
 
-/* Flux2FeedForward: [B, S, D] -> [B, S, D]. */
-static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
-                               const df_linear_weights *out, df_tensor *x, const dims *d)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *h = swiglu(ctx, df_linear(ctx, x, in));                      /* [B, S, M/tp] */
-    return df_scope_end(ctx, mark, tp_sum(ctx, d, df_linear(ctx, h, out))); /* [B, S, D] */
-}
-
-/* One stream's second half: h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with
- * m the stream's six modulation vectors. */
-static df_tensor *stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
-                                      const df_linear_weights *out, df_tensor *x, df_tensor *a,
-                                      df_tensor *const *m, const dims *d)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a));                         /* [B, S, D] */
-    df_tensor *f = feed_forward(ctx, in, out, df_emb_modulate(ctx, h, m[3], m[4], d->eps), d);
-    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
-}
-
-/* One stream's q, k, v heads [B, S, H, Dh] (q and k normed). */
-static void project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor *x, const dims *d,
-                        df_tensor **q, df_tensor **k, df_tensor **v)
-{
-    *q = heads(ctx, df_linear(ctx, x, &w->to_q), w->norm_q, d);
-    *k = heads(ctx, df_linear(ctx, x, &w->to_k), w->norm_k, d);
-    *v = heads(ctx, df_linear(ctx, x, &w->to_v), NULL, d);
-}
-
-/* Flux2Attention of a double block (its `attn` module, what TaylorSeer hooks): the
- * modulated streams nx [B, S_img, D], nc [B, S_txt, D] -> a[0] image, a[1] text, after
- * to_out and to_add_out. */
-static void double_attention(df_ctx *ctx, const double_block *b, df_tensor *nx, df_tensor *nc,
-                             df_tensor *pe, const dims *d, df_tensor **a)
-{
-    df_scope mark = df_scope_begin(ctx);
-    df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
-    project_qkv(ctx, &b->img, nx, d, &qx, &kx, &vx);    /* [B, S_img, H, Dh] */
-    project_qkv(ctx, &b->txt, nc, d, &qc, &kc, &vc);    /* [B, S_txt, H, Dh] */
-    df_tensor *q = df_concat(ctx, qc, qx, 1);           /* [B, S, H, Dh] text first */
-    df_tensor *k = df_concat(ctx, kc, kx, 1);
-    df_tensor *v = df_concat(ctx, vc, vx, 1);
-    df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
-    df_tensor *oc = df_slice(ctx, o, 1, 0, d->s_txt);
-    df_tensor *ox = df_slice(ctx, o, 1, d->s_txt, d->S);
-    a[0] = tp_sum(ctx, d, df_linear(ctx, ox, &b->to_out));     /* [B, S_img, D] */
-    a[1] = tp_sum(ctx, d, df_linear(ctx, oc, &b->to_add_out)); /* [B, S_txt, D] */
-    df_scope_end_n(ctx, mark, a, 2);
-}
-
 /* Flux2TransformerBlock.forward. x [B, S_img, D], c [B, S_txt, D]; mod_img, mod_txt
  * [B, 6D] (shift, scale, gate of attention, then of the MLP); the new streams are written
  * back into *x and *c. */
@@ -478,12 +422,15 @@ static void double_block_forward(df_ctx *ctx, const double_block *b, df_tensor *
     df_tensor *nx = df_emb_modulate(ctx, *x, mx[0], mx[1], d->eps); /* [B, S_img, D] */
     df_tensor *nc = df_emb_modulate(ctx, *c, mc[0], mc[1], d->eps); /* [B, S_txt, D] */
     if (!df_step_cache_predict(ctx, cache, slot, a, 2)) {
-        double_attention(ctx, b, nx, nc, pe, d, a);
+        df_transformer_joint_attention(ctx, &b->attn, nx, nc, pe, d->H, d->eps, d->tp, a);
         df_step_cache_update(ctx, cache, slot, a, 2);
     }
     df_scope_end_n(ctx, mark, a, 2);
-    *x = stream_feed_forward(ctx, &b->ff_in, &b->ff_out, *x, a[0], mx, d);         /* image */
-    *c = stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, *c, a[1], mc, d); /* text */
+    /* Flux2FeedForward (SwiGLU) of each stream */
+    *x = df_transformer_stream_feed_forward(ctx, &b->ff_in, &b->ff_out, swiglu, d->tp, *x, a[0],
+                                            mx, d->eps); /* image */
+    *c = df_transformer_stream_feed_forward(ctx, &b->ff_ctx_in, &b->ff_ctx_out, swiglu, d->tp, *c,
+                                            a[1], mc, d->eps); /* text */
 }
 
 /* Flux2ParallelSelfAttention (the single block's `attn` module, what TaylorSeer hooks): one
@@ -529,16 +476,13 @@ static const char *const outer_prefixes[] = {
     "x_embedder.", "context_embedder.", "time_guidance_embed.", "double_stream_modulation_img.",
     "double_stream_modulation_txt.", "single_stream_modulation.", "norm_out.", "proj_out."};
 
-/* The sizes a block call needs. x [B, S_x, D], c [B, S_c, D] or NULL. */
-static dims block_dims(const df_flux2 *m, const df_tensor *x, const df_tensor *c)
+/* The sizes a block call needs. x [B, S_x, D]. */
+static dims block_dims(const df_flux2 *m, const df_tensor *x)
 {
-    dims d = {.B = df_tensor_dim(x, 0),
-              .H = m->cfg.num_attention_heads / m->t.tp,
-              .tp = m->t.tp,
-              .eps = (float)m->cfg.eps};
-    d.s_txt = c ? df_tensor_dim(c, 1) : 0;
-    d.S = df_tensor_dim(x, 1) + d.s_txt;
-    return d;
+    return (dims){.B = df_tensor_dim(x, 0),
+                  .H = m->cfg.num_attention_heads / m->t.tp,
+                  .tp = m->t.tp,
+                  .eps = (float)m->cfg.eps};
 }
 
 /* in: x, c, mod_img, mod_txt, pe; out: x, c. */
@@ -546,7 +490,7 @@ static df_status double_class_forward(df_ctx *ctx, void *model, int i, df_tensor
                                       df_tensor **out)
 {
     const df_flux2 *m = model;
-    dims d = block_dims(m, in[0], in[1]);
+    dims d = block_dims(m, in[0]);
     out[0] = in[0], out[1] = in[1];
     double_block_forward(ctx, &m->blocks[i], &out[0], &out[1], in[2], in[3], in[4], &d, m->t.cache,
                          i);
@@ -558,7 +502,7 @@ static df_status single_class_forward(df_ctx *ctx, void *model, int i, df_tensor
                                       df_tensor **out)
 {
     const df_flux2 *m = model;
-    dims d = block_dims(m, in[0], NULL);
+    dims d = block_dims(m, in[0]);
     out[0] = single_block_forward(ctx, &m->singles[i], in[0], in[1], in[2], &d, m->t.cache,
                                   (int)m->cfg.num_layers + i);
     return df_ctx_status(ctx);

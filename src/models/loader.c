@@ -291,6 +291,25 @@ static bool lora_unmerged(const df_weight_set *ws, const df_tensor *t)
            (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F16);
 }
 
+/* Weight *t (NULL: nothing to do) replaced by its merged copy where adapters update it and
+ * are merged into it; *merged then says *t no longer holds the file's bytes. On failure *t
+ * is freed. */
+static df_status merge_lora_updates(df_weight_set *ws, const char *name, df_tensor **t,
+                                    bool *merged)
+{
+    *merged = false;
+    if (!*t || !lora_updates(ws, name) || lora_unmerged(ws, *t))
+        return DF_OK;
+    df_status s = merge_lora(ws, name, t);
+    if (s != DF_OK) {
+        df_tensor_free(*t);
+        *t = NULL;
+        return s;
+    }
+    *merged = true;
+    return DF_OK;
+}
+
 /* Binds the unmerged adapters of linear `base` (its weight [rows, cols] bound in *lw) as
  * "<base>.lora_down" / ".lora_up" in f32, kept at full precision under int8 compute. */
 static df_status attach_lora(df_weight_set *ws, const char *base, df_linear_weights *lw)
@@ -434,12 +453,9 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         df_tensor *t;
         DF_TRY(df_single_file_bind(ws->sf, ws->ctx, name, ndim, shape, &t, &data, &bytes));
         size_t read = bytes;
-        if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
-            df_status s = merge_lora(ws, name, &t);
-            if (s != DF_OK) {
-                df_tensor_free(t);
-                return s;
-            }
+        bool merged;
+        DF_TRY(merge_lora_updates(ws, name, &t, &merged));
+        if (merged) {
             data = NULL;
             bytes = (size_t)(t->v.shape[0] * t->v.shape[1]) * df_dtype_size(t->v.dtype);
         }
@@ -467,16 +483,9 @@ static df_status bind(df_weight_set *ws, const char *name, int ndim, const int64
         t = df_tensor_wrap(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
     else
         t = df_tensor_from_host(ws->ctx, info.dtype, info.shape, info.ndim, info.data);
-    const void *data = info.data;
-    if (t && lora_updates(ws, name) && !lora_unmerged(ws, t)) {
-        df_status s = merge_lora(ws, name, &t);
-        if (s != DF_OK) {
-            df_tensor_free(t);
-            return s;
-        }
-        data = NULL;
-    }
-    DF_TRY(keep(ws, name, t, data, info.nbytes, info.nbytes));
+    bool merged;
+    DF_TRY(merge_lora_updates(ws, name, &t, &merged));
+    DF_TRY(keep(ws, name, t, merged ? NULL : info.data, info.nbytes, info.nbytes));
     if (info.dtype == DF_DTYPE_I8) { /* its scales, saved beside it */
         char scale_name[600];
         df_tensor *scale;

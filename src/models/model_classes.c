@@ -84,26 +84,21 @@ static df_status check_vae_flux2(const char *dir, const df_json *config, const d
     return check_vae_class(dir, true);
 }
 
-/* Folders without weights: the scheduler and tokenizers load as the pipeline loads them. */
-static df_status check_scheduler(const char *dir, const df_json *config, const df_weights *w)
-{
-    (void)config;
-    (void)w;
-    df_scheduler *s;
-    DF_TRY(df_scheduler_load(dir, &s));
-    df_scheduler_free(s);
-    return DF_OK;
-}
+/* Folders without weights: the scheduler and tokenizers load as the pipeline loads them,
+ * without a context. */
+#define FOLDER_CHECKER(name, type, load, free_fn)                                                  \
+    static df_status name(const char *dir, const df_json *config, const df_weights *weights)       \
+    {                                                                                              \
+        (void)config;                                                                              \
+        (void)weights;                                                                             \
+        type *x;                                                                                   \
+        DF_TRY(load(dir, &x));                                                                     \
+        free_fn(x);                                                                                \
+        return DF_OK;                                                                              \
+    }
 
-static df_status check_tokenizer(const char *dir, const df_json *config, const df_weights *w)
-{
-    (void)config;
-    (void)w;
-    df_tokenizer *t;
-    DF_TRY(df_tokenizer_load(dir, &t));
-    df_tokenizer_free(t);
-    return DF_OK;
-}
+FOLDER_CHECKER(check_scheduler, df_scheduler, df_scheduler_load, df_scheduler_free)
+FOLDER_CHECKER(check_tokenizer, df_tokenizer, df_tokenizer_load, df_tokenizer_free)
 
 /* The transformers' embedders and output layers: a few percent of the weights and the
  * largest share of int8's error (docs/int8.md). */

@@ -118,6 +118,17 @@ df_status df_transformer_bind_qkv(df_weight_set *ws, df_qkv_weights *w, int64_t 
     return DF_OK;
 }
 
+df_status df_transformer_bind_joint_attn(df_weight_set *ws, df_joint_attn_weights *w, int64_t D,
+                                         int64_t Dh, bool bias, const char *block)
+{
+    char a[80];
+    snprintf(a, sizeof a, "%s.attn", block);
+    DF_TRY(df_transformer_bind_qkv(ws, &w->img, D, Dh, bias, true, a, DF_QKV_IMAGE));
+    DF_TRY(df_transformer_bind_qkv(ws, &w->txt, D, Dh, bias, true, a, DF_QKV_CONTEXT));
+    DF_TRY(df_ws_linear(ws, &w->to_out, D, D, bias, "%s.to_out.0", a));
+    return df_ws_linear(ws, &w->to_add_out, D, D, bias, "%s.to_add_out", a);
+}
+
 df_status df_transformer_list_two_streams(df_transformer *t, const char *const *outer, int n_outer,
                                           const df_block_class *dbl, int64_t n_double,
                                           const df_block_class *single, int64_t n_single)
@@ -364,6 +375,48 @@ df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_
     df_tensor *o = df_attention(ctx, q, k, v, NULL, false, 0.0f); /* [B, H, S, Dh], 1/sqrt(Dh) */
     o = df_transpose(ctx, o, 1, 2);                               /* [B, S, H, Dh] dense */
     return df_scope_end(ctx, mark, df_reshape(ctx, o, DF_SHAPE(B, S, -1))); /* [B, S, H*Dh] */
+}
+
+void df_transformer_joint_attention(df_ctx *ctx, const df_joint_attn_weights *w, df_tensor *nx,
+                                    df_tensor *nc, df_tensor *pe, int64_t H, float eps, int tp,
+                                    df_tensor **a)
+{
+    int64_t s_txt = df_tensor_dim(nc, 1), S = s_txt + df_tensor_dim(nx, 1);
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *qx, *kx, *vx, *qc, *kc, *vc;
+    df_transformer_project_qkv(ctx, &w->img, nx, H, eps, &qx, &kx, &vx); /* [B, S_img, H, Dh] */
+    df_transformer_project_qkv(ctx, &w->txt, nc, H, eps, &qc, &kc, &vc); /* [B, S_txt, H, Dh] */
+    df_tensor *q = df_concat(ctx, qc, qx, 1);                  /* [B, S, H, Dh] text first */
+    df_tensor *k = df_concat(ctx, kc, kx, 1);                  /* [B, S, H, Dh] */
+    df_tensor *v = df_concat(ctx, vc, vx, 1);                  /* [B, S, H, Dh] */
+    df_tensor *o = df_transformer_attention(ctx, q, k, v, pe); /* [B, S, H*Dh] */
+    df_tensor *oc = df_slice(ctx, o, 1, 0, s_txt);             /* [B, S_txt, H*Dh] */
+    df_tensor *ox = df_slice(ctx, o, 1, s_txt, S);             /* [B, S_img, H*Dh] */
+    a[0] = df_transformer_tp_sum(ctx, tp, df_linear(ctx, ox, &w->to_out));     /* [B, S_img, D] */
+    a[1] = df_transformer_tp_sum(ctx, tp, df_linear(ctx, oc, &w->to_add_out)); /* [B, S_txt, D] */
+    df_scope_end_n(ctx, mark, a, 2);
+}
+
+/* The feed-forward opens its own scope inside the stream's so that strict eager holds
+ * what later ops still read rather than the whole working set. [B, S, D] -> [B, S, D]. */
+static df_tensor *feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                               const df_linear_weights *out, df_transformer_act act, int tp,
+                               df_tensor *x)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = act(ctx, df_linear(ctx, x, in)); /* [B, S, M/tp] */
+    return df_scope_end(ctx, mark, df_transformer_tp_sum(ctx, tp, df_linear(ctx, h, out)));
+}
+
+df_tensor *df_transformer_stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                                              const df_linear_weights *out, df_transformer_act act,
+                                              int tp, df_tensor *x, df_tensor *a,
+                                              df_tensor *const *m, float eps)
+{
+    df_scope mark = df_scope_begin(ctx);
+    df_tensor *h = df_add(ctx, x, df_mul(ctx, m[2], a)); /* [B, S, D] */
+    df_tensor *f = feed_forward(ctx, in, out, act, tp, df_emb_modulate(ctx, h, m[3], m[4], eps));
+    return df_scope_end(ctx, mark, df_add(ctx, h, df_mul(ctx, m[5], f))); /* [B, S, D] */
 }
 
 df_tensor *df_transformer_mag_skip(df_ctx *ctx, df_transformer *t, df_tensor *c, df_tensor *x)

@@ -138,6 +138,18 @@ typedef enum df_qkv_stream {
 df_status df_transformer_bind_qkv(df_weight_set *ws, df_qkv_weights *w, int64_t D, int64_t Dh,
                                   bool bias, bool norms, const char *attn, df_qkv_stream stream);
 
+/* A FLUX double block's attention module: each stream's q, k, v with their norms, and each
+ * stream's output projection. */
+typedef struct df_joint_attn_weights {
+    df_qkv_weights img, txt;              /* to_*, add_*_proj */
+    df_linear_weights to_out, to_add_out; /* [D, D] */
+} df_joint_attn_weights;
+
+/* Binds "<block>.attn.to_q" ..., "<block>.attn.add_q_proj" ... with their q/k norms, then
+ * to_out.0 and to_add_out (with biases when `bias`); `block` is "transformer_blocks.3". */
+df_status df_transformer_bind_joint_attn(df_weight_set *ws, df_joint_attn_weights *w, int64_t D,
+                                         int64_t Dh, bool bias, const char *block);
+
 /* The blocks list of the FLUX models: `n_double` blocks "transformer_blocks.N" of class
  * `dbl`, then `n_single` "single_transformer_blocks.N" of `single`, with `outer` the
  * weights outside them. */
@@ -189,6 +201,24 @@ void df_transformer_project_qkv(df_ctx *ctx, const df_qkv_weights *w, df_tensor 
  * (NULL: none) -> [B, S, H*Dh]. */
 df_tensor *df_transformer_attention(df_ctx *ctx, df_tensor *q, df_tensor *k, df_tensor *v,
                                     df_tensor *pe);
+
+/* A FLUX double block's attention on the modulated streams nx [B, S_img, D] and
+ * nc [B, S_txt, D], text first in one attention of H heads (q, k normed with eps; pe the RoPE
+ * table) -> a[0] image [B, S_img, D] after to_out, a[1] text [B, S_txt, D] after to_add_out,
+ * each summed over the tp ranks. */
+void df_transformer_joint_attention(df_ctx *ctx, const df_joint_attn_weights *w, df_tensor *nx,
+                                    df_tensor *nc, df_tensor *pe, int64_t H, float eps, int tp,
+                                    df_tensor **a);
+/* A feed-forward's activation between its two linears (gelu-tanh, SwiGLU). */
+typedef df_tensor *(*df_transformer_act)(df_ctx *ctx, df_tensor *x);
+/* One FLUX double-block stream's second half, on x [B, S, D] and its attention output a:
+ * h = x + gate_msa * a, then h + gate_mlp * FF(modulated h), with m the stream's six
+ * modulation vectors [B, 1, D] and FF the linears `in`, `out` around `act` (`out` split
+ * rowwise over tp ranks) -> [B, S, D]. */
+df_tensor *df_transformer_stream_feed_forward(df_ctx *ctx, const df_linear_weights *in,
+                                              const df_linear_weights *out, df_transformer_act act,
+                                              int tp, df_tensor *x, df_tensor *a,
+                                              df_tensor *const *m, float eps);
 
 /* MagCache before the FLUX models' first block, on the streams c [B, S_txt, D] and
  * x [B, S_img, D]: the joint sequence [c, x'] the skipped blocks are taken to make

@@ -340,10 +340,7 @@ void df_vae_free(df_vae *vae)
 
 df_status df_vae_decode(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !vae || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_decode: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_decode", ctx, vae && latents, out));
     const df_vae_info *c = &vae->info;
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) != c->latent_channels)
@@ -568,10 +565,7 @@ df_status df_vae_decode_auto(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
 df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h, int64_t w,
                                 df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !packed)
-        return df_errorf(DF_E_ARG, "df_vae_unpack_latents: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_unpack_latents", ctx, packed, out));
     char d[96];
     bool fits = df_tensor_ndim(packed) == 3 && h >= 2 && w >= 2 && h % 2 == 0 && w % 2 == 0;
     int64_t B = fits ? df_tensor_dim(packed, 0) : 0, C4 = fits ? df_tensor_dim(packed, 2) : 0;
@@ -590,10 +584,7 @@ df_status df_vae_unpack_latents(df_ctx *ctx, df_tensor *packed, int64_t h, int64
 
 df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_pack_latents: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_pack_latents", ctx, latents, out));
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 2) % 2 ||
         df_tensor_dim(latents, 3) % 2)
@@ -612,10 +603,7 @@ df_status df_vae_pack_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
 
 df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !vae || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_unscale: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_unscale", ctx, vae && latents, out));
     const df_vae_info *c = &vae->info;
     if (c->flux2)
         return df_errorf(DF_E_ARG, "vae unscale: an AutoencoderKLFlux2 has no scaling_factor; "
@@ -627,10 +615,7 @@ df_status df_vae_unscale(df_ctx *ctx, const df_vae *vae, df_tensor *latents, df_
 df_status df_vae_bn_denormalize(df_ctx *ctx, const df_vae *vae, df_tensor *latents,
                                 df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !vae || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_bn_denormalize: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_bn_denormalize", ctx, vae && latents, out));
     const df_vae_info *c = &vae->info;
     if (!c->flux2)
         return df_errorf(DF_E_ARG, "vae bn de-normalisation: only an AutoencoderKLFlux2 has "

@@ -132,6 +132,14 @@ df_tensor *df_vae_end_block(df_ctx *ctx, df_scope mark, df_tensor *h)
     return h;
 }
 
+df_status df_vae_start(const char *fn, df_ctx *ctx, bool given, df_tensor **out)
+{
+    *out = NULL;
+    if (!ctx || !given)
+        return df_errorf(DF_E_ARG, "%s: NULL argument", fn);
+    return df_ctx_status(ctx);
+}
+
 /* The status of the work queued so far, once the decode has given up or finished. */
 df_status df_vae_finish(df_ctx *ctx, df_tensor *result, df_tensor **out)
 {

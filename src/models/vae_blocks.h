@@ -74,6 +74,9 @@ df_tensor *df_vae_attention_fwd(df_ctx *ctx, const df_vae_attention *a, int grou
 /* Ends a block of a VAE pass: releases everything made since `mark` but h and waits for
  * the block to run (see vae_blocks.c). */
 df_tensor *df_vae_end_block(df_ctx *ctx, df_scope mark, df_tensor *h);
+/* The checks a VAE entry point `fn` starts with: *out NULL, then DF_E_ARG unless `given`
+ * (its pointer arguments are all set) and ctx is, then ctx's status. */
+df_status df_vae_start(const char *fn, df_ctx *ctx, bool given, df_tensor **out);
 /* The status of the work queued so far, once a pass has given up or finished: *out is
  * result on success, NULL otherwise. */
 df_status df_vae_finish(df_ctx *ctx, df_tensor *result, df_tensor **out);

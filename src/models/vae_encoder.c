@@ -226,10 +226,7 @@ static df_tensor *downsample_fwd(df_ctx *ctx, const df_vae_conv *c, df_tensor *x
 
 df_status df_vae_encode(df_ctx *ctx, const df_vae_encoder *e, df_tensor *image, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !e || !image)
-        return df_errorf(DF_E_ARG, "df_vae_encode: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_encode", ctx, e && image, out));
     const df_vae_info *c = &e->info;
     char d[96];
     int64_t f = c->scale_factor;

@@ -104,10 +104,7 @@ static df_tensor *table_with_zero_row(df_ctx *ctx, df_tensor *table, int64_t C)
 df_status df_vae_unpack_latents_with_ids(df_ctx *ctx, df_tensor *packed, const int64_t *ids,
                                          df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !packed || !ids)
-        return df_errorf(DF_E_ARG, "df_vae_unpack_latents_with_ids: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_unpack_latents_with_ids", ctx, packed && ids, out));
     char d[96];
     if (df_tensor_ndim(packed) != 3 || df_tensor_dim(packed, 1) < 1)
         return df_errorf(DF_E_SHAPE, "unpack latents: packed %s, expected [B, S, C]",
@@ -143,10 +140,7 @@ df_status df_vae_unpack_latents_with_ids(df_ctx *ctx, df_tensor *packed, const i
 
 df_status df_vae_unpatchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_unpatchify_latents: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_unpatchify_latents", ctx, latents, out));
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 1) % 4)
         return df_errorf(DF_E_SHAPE, "unpatchify latents: %s, expected [B, 4C, h, w]",
@@ -162,10 +156,7 @@ df_status df_vae_unpatchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor *
 
 df_status df_vae_patchify_latents(df_ctx *ctx, df_tensor *latents, df_tensor **out)
 {
-    *out = NULL;
-    if (!ctx || !latents)
-        return df_errorf(DF_E_ARG, "df_vae_patchify_latents: NULL argument");
-    DF_TRY(df_ctx_status(ctx));
+    DF_TRY(df_vae_start("df_vae_patchify_latents", ctx, latents, out));
     char d[96];
     if (df_tensor_ndim(latents) != 4 || df_tensor_dim(latents, 2) % 2 ||
         df_tensor_dim(latents, 3) % 2)

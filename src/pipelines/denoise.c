@@ -39,6 +39,41 @@ df_status df_denoise_scheduler_config(const df_pipeline *p, const df_model_index
     return DF_OK;
 }
 
+df_status df_denoise_prepare_transformer(const df_pipeline *p, df_transformer *t,
+                                         bool sequential)
+{
+    if (p->opts.compile)
+        DF_TRY(df_transformer_compile(t));
+    if (p->opts.compile_blocks)
+        DF_TRY(df_transformer_compile_repeated_blocks(t->kind, t,
+                                                      &(df_compile_opts){.fullgraph = true}));
+    if (sequential && p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
+        DF_TRY(df_transformer_set_sequential_offload(t->kind, t, true));
+    return DF_OK;
+}
+
+df_status df_denoise_check_steps(int steps, int max_seq, int max_seq_limit)
+{
+    if (steps < 1 || steps > 1000)
+        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", steps);
+    if (max_seq < 1 || max_seq > max_seq_limit)
+        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, %d], not %d",
+                         max_seq_limit, max_seq);
+    return DF_OK;
+}
+
+df_status df_denoise_check_prompts(const df_gen_params *g, int np)
+{
+    if (g->prompt_embeds)
+        return DF_OK;
+    if (np < 1 || (!g->prompts && !g->prompt))
+        return df_errorf(DF_E_ARG, "no prompt given");
+    for (int i = 0; g->prompts && i < np; i++)
+        if (!g->prompts[i])
+            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, np);
+    return DF_OK;
+}
+
 df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool linear,
                                const double *mu, int first, df_scheduler **out)
 {

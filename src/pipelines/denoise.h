@@ -35,6 +35,19 @@ df_status df_denoise_scheduler_config(const df_pipeline *p, const df_model_index
 df_status df_denoise_scheduler(const df_scheduler_config *cfg, int steps, bool linear,
                                const double *mu, int first, df_scheduler **out);
 
+/* What the load options ask of a pipeline's loaded transformer t: its whole forward
+ * compiled (compile), its repeated blocks compiled (compile_blocks) and, where the model
+ * takes it (`sequential`), its blocks offloaded one at a time (DF_OFFLOAD_SEQUENTIAL). */
+df_status df_denoise_prepare_transformer(const df_pipeline *p, df_transformer *t,
+                                         bool sequential);
+
+/* The run's loop settings: steps in [1, 1000], max_sequence_length in [1, max_seq_limit]. */
+df_status df_denoise_check_steps(int steps, int max_seq, int max_seq_limit);
+
+/* Unless g gives prompt embeddings: at least one of its np prompts (g->prompts, or
+ * g->prompt alone), none of them NULL. */
+df_status df_denoise_check_prompts(const df_gen_params *g, int np);
+
 /* What a model's hook sees of one step. */
 typedef struct df_denoise_step {
     df_tensor *x;   /* the latents, a tensor of the step's scope */

@@ -160,13 +160,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
                              (long long)(f->clip ? df_clip_get_config(f->clip)->hidden_size : 0),
                              (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
     }
-    if (p->opts.compile)
-        DF_TRY(df_transformer_compile((df_transformer *)f->transformer));
-    if (p->opts.compile_blocks)
-        DF_TRY(df_flux_compile_repeated_blocks(f->transformer,
-                                               &(df_compile_opts){.fullgraph = true}));
-    if (p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
-        DF_TRY(df_flux_set_sequential_offload(f->transformer, true));
+    DF_TRY(df_denoise_prepare_transformer(p, (df_transformer *)f->transformer, true));
     /* With offloading nothing stays resident after loading. */
     DF_TRY(df_pipeline_offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
     DF_TRY(df_pipeline_offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
@@ -254,11 +248,7 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
     if (r->H <= 0 || r->W <= 0 || r->H % r->factor || r->W % r->factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d",
                          r->H, r->W, r->factor);
-    if (r->steps < 1 || r->steps > 1000)
-        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
-    if (r->max_seq < 1 || r->max_seq > 512)
-        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, 512], not %d",
-                         r->max_seq);
+    DF_TRY(df_denoise_check_steps(r->steps, r->max_seq, 512));
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
     if (g->n_images != 0)
@@ -274,11 +264,7 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
     DF_TRY(check_true_cfg(p, g, r));
     if (!df_pipeline_lead(p))
         return DF_OK; /* the prompts are rank 0's */
-    if (!g->prompt_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
-        return df_errorf(DF_E_ARG, "no prompt given");
-    for (int i = 0; !g->prompt_embeds && g->prompts && i < r->np; i++)
-        if (!g->prompts[i])
-            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, r->np);
+    DF_TRY(df_denoise_check_prompts(g, r->np));
     if (!g->prompt_embeds && !f->t5)
         return df_errorf(DF_E_ARG, "%s has no text encoders: pass prompt embeddings", p->dir);
     if (g->prompt_embeds && (!g->pooled_prompt_embeds || g->prompt_embeds_len < 1))
@@ -599,16 +585,24 @@ static df_status denoise(df_pipeline *p, flux_pipe *f, const df_gen_params *g, c
     df_free(l.gs);
     return s;
 }
+/* The sigma of the loop's first step, to which an input picture's latents are noised. */
+static df_status first_sigma(const flux_pipe *f, const run_sizes *r, float *sigma)
+{
+    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
+    *sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return DF_OK;
+}
+
 /* FluxImg2ImgPipeline.prepare_latents: the input picture's latents noised to the sigma of
  * the loop's first step, [B, C, h, w]. */
 static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
                                const run_sizes *r, float *out)
 {
-    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(f, r, &sigma));
     return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
                               out);
 }
@@ -618,11 +612,8 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
 static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_params *g,
                                  const run_sizes *r, float *lat, df_inpaint *ip)
 {
-    int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor);
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(f, r->steps, r->first, (h / 2) * (w / 2), &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(f, r, &sigma));
     int64_t C = df_flux_config(f->transformer)->in_channels / 4;
     return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, C,
                               sigma, pack_latents, lat, ip);

@@ -153,13 +153,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     }
     DF_TRY(load_text(p, f, idx));
 
-    if (p->opts.compile)
-        DF_TRY(df_transformer_compile((df_transformer *)f->transformer));
-    if (p->opts.compile_blocks)
-        DF_TRY(df_flux2_compile_repeated_blocks(f->transformer,
-                                                &(df_compile_opts){.fullgraph = true}));
-    if (p->opts.offload == DF_OFFLOAD_SEQUENTIAL)
-        DF_TRY(df_flux2_set_sequential_offload(f->transformer, true));
+    DF_TRY(df_denoise_prepare_transformer(p, (df_transformer *)f->transformer, true));
     /* With offloading nothing stays resident after loading. */
     DF_TRY(df_pipeline_offload(p, f->te ? df_decoder_lm_weight_set(f->te) : NULL));
     DF_TRY(df_pipeline_offload(p, df_flux2_weight_set(f->transformer)));
@@ -220,11 +214,7 @@ static df_status check_sizes(const df_pipeline *p, const flux2_pipe *f, const df
     if (r->H < r->factor || r->W < r->factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be at least %d", r->H, r->W,
                          r->factor);
-    if (r->steps < 1 || r->steps > 1000)
-        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
-    if (r->max_seq < 1 || r->max_seq > 512)
-        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, 512], not %d",
-                         r->max_seq);
+    DF_TRY(df_denoise_check_steps(r->steps, r->max_seq, 512));
     if (!isfinite(r->guidance))
         return df_errorf(DF_E_ARG, "guidance must be a finite number");
     if (r->has_embeds && r->L < 1)
@@ -236,11 +226,7 @@ static df_status check_sizes(const df_pipeline *p, const flux2_pipe *f, const df
                                   "guidance > 1 on a base checkpoint)" : "");
     if (!df_pipeline_lead(p))
         return DF_OK; /* the prompts are rank 0's */
-    if (!r->has_embeds && (r->np < 1 || (!g->prompts && !g->prompt)))
-        return df_errorf(DF_E_ARG, "no prompt given");
-    for (int i = 0; !r->has_embeds && g->prompts && i < r->np; i++)
-        if (!g->prompts[i])
-            return df_errorf(DF_E_ARG, "prompt %d of %d is NULL", i, r->np);
+    DF_TRY(df_denoise_check_prompts(g, r->np));
     for (int i = 0; r->cfg && g->negative_prompts && i < r->np; i++)
         if (!g->negative_prompts[i])
             return df_errorf(DF_E_ARG, "negative prompt %d of %d is NULL", i, r->np);

@@ -214,11 +214,7 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(load_text(p, s, idx));
     /* The skip-layer forward of skip-layer guidance runs uncompiled: it is a different graph,
      * and runs in few steps. */
-    if (p->opts.compile)
-        DF_TRY(df_transformer_compile((df_transformer *)s->transformer));
-    if (p->opts.compile_blocks)
-        DF_TRY(
-            df_sd3_compile_repeated_blocks(s->transformer, &(df_compile_opts){.fullgraph = true}));
+    DF_TRY(df_denoise_prepare_transformer(p, (df_transformer *)s->transformer, false));
 
     /* With offloading nothing stays resident after loading. (Sequential offload of the SD3
      * transformer's blocks is not implemented: it offloads whole components, as model.) */
@@ -370,11 +366,7 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (r->H <= 0 || r->W <= 0 || r->H % factor || r->W % factor)
         return df_errorf(DF_E_ARG, "height %d and width %d must be positive multiples of %d", r->H,
                          r->W, factor);
-    if (r->steps < 1 || r->steps > 1000)
-        return df_errorf(DF_E_ARG, "steps must be in [1, 1000], not %d", r->steps);
-    if (r->max_seq < 1 || r->max_seq > SD3_MAX_SEQ)
-        return df_errorf(DF_E_ARG, "max_sequence_length must be in [1, %d], not %d", SD3_MAX_SEQ,
-                         r->max_seq);
+    DF_TRY(df_denoise_check_steps(r->steps, r->max_seq, SD3_MAX_SEQ));
     if (!isfinite(r->guidance) || !isfinite(r->slg_scale) || !isfinite(r->slg_start) ||
         !isfinite(r->slg_stop))
         return df_errorf(DF_E_ARG, "guidance and skip-layer guidance settings must be finite");
@@ -633,15 +625,24 @@ static df_status denoise(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, co
     return st;
 }
 
+/* The sigma of the loop's first step, to which an input picture's latents are noised. */
+static df_status first_sigma(const sd3_pipe *s, const run_cfg *r, int64_t h, int64_t w,
+                             float *sigma)
+{
+    df_scheduler *sched;
+    DF_TRY(make_scheduler(s, r, h, w, &sched));
+    *sigma = df_scheduler_sigmas(sched)[r->first];
+    df_scheduler_free(sched);
+    return DF_OK;
+}
+
 /* StableDiffusion3Img2ImgPipeline.prepare_latents: the input picture's latents noised to
  * the sigma of the loop's first step, [B, C, h, w]. */
 static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
                                const run_cfg *r, int64_t h, int64_t w, float *out)
 {
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(s, r, h, w, &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
     return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
                               out);
@@ -652,10 +653,8 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
 static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params *g,
                                  const run_cfg *r, int64_t h, int64_t w, float *lat, df_inpaint *ip)
 {
-    df_scheduler *sched;
-    DF_TRY(make_scheduler(s, r, h, w, &sched));
-    float sigma = df_scheduler_sigmas(sched)[r->first];
-    df_scheduler_free(sched);
+    float sigma;
+    DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
     int64_t C = df_sd3_config(s->transformer)->in_channels;
     return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, C,

@@ -9,24 +9,25 @@
 
 #include "core/status.h"
 
+/* Each of the B [rows, cols] matrices of in transposed into out's [cols, rows]. */
+static void transpose(const float *in, int64_t B, int64_t rows, int64_t cols, float *out)
+{
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < cols; c++)
+                out[(b * cols + c) * rows + r] = in[(b * rows + r) * cols + c];
+}
+
 void df_flux2_pack_latents(const float *in, int64_t B, int64_t C, int64_t h, int64_t w,
                            float *out)
 {
-    int64_t hw = h * w;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t p = 0; p < hw; p++)
-                out[(b * hw + p) * C + c] = in[(b * C + c) * hw + p];
+    transpose(in, B, C, h * w, out); /* [B, C, hw] -> [B, hw, C] */
 }
 
 void df_flux2_unpack_latents(const float *in, int64_t B, int64_t C, int64_t h, int64_t w,
                              float *out)
 {
-    int64_t hw = h * w;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t p = 0; p < hw; p++)
-                out[(b * C + c) * hw + p] = in[(b * hw + p) * C + c];
+    transpose(in, B, h * w, C, out); /* [B, hw, C] -> [B, C, hw] */
 }
 
 df_status df_flux2_noise(df_rng *rng, int64_t B, int64_t C, int64_t h, int64_t w, float *scratch,

@@ -48,6 +48,17 @@ static bool take(df_pb_reader *r, size_t n, const uint8_t **out)
     return true;
 }
 
+/* An n-byte little-endian value, shifted in after what *v holds. */
+static bool read_fixed(df_pb_reader *r, size_t n, uint64_t *v)
+{
+    const uint8_t *bytes;
+    if (!take(r, n, &bytes))
+        return false;
+    for (size_t i = n; i-- > 0;)
+        *v = (*v << 8) | bytes[i];
+    return true;
+}
+
 int df_pb_next(df_pb_reader *r, df_pb_field *f)
 {
     memset(f, 0, sizeof *f);
@@ -63,22 +74,13 @@ int df_pb_next(df_pb_reader *r, df_pb_field *f)
         r->error = "field number out of range";
         return -1;
     }
-    const uint8_t *bytes;
     switch (f->wire_type) {
     case DF_PB_VARINT:
         return read_varint(r, &f->value) ? 1 : -1;
     case DF_PB_FIXED64:
-        if (!take(r, 8, &bytes))
-            return -1;
-        for (int i = 7; i >= 0; i--)
-            f->value = (f->value << 8) | bytes[i];
-        return 1;
+        return read_fixed(r, 8, &f->value) ? 1 : -1;
     case DF_PB_FIXED32:
-        if (!take(r, 4, &bytes))
-            return -1;
-        for (int i = 3; i >= 0; i--)
-            f->value = (f->value << 8) | bytes[i];
-        return 1;
+        return read_fixed(r, 4, &f->value) ? 1 : -1;
     case DF_PB_BYTES: {
         uint64_t n;
         if (!read_varint(r, &n))

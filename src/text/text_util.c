@@ -1,6 +1,5 @@
 /*
- * Helpers for the tokenizers (see text_util.h). Growth doubles capacity with checked sizes;
- * UTF-8 validation is utf8proc's strict decoder, so overlong forms and surrogates are
+ * Helpers for the tokenizers (see text_util.h). UTF-8 validation is utf8proc's strict decoder, so overlong forms and surrogates are
  * errors like any other invalid byte.
  */
 #include "text/text_util.h"
@@ -11,27 +10,6 @@
 #include <utf8proc.h>
 
 #include "core/alloc.h"
-
-bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return true;
-    size_t n = *cap ? *cap : 16;
-    while (n < need) {
-        if (n > SIZE_MAX / 2)
-            return false;
-        n *= 2;
-    }
-    size_t bytes;
-    if (!df_size_mul(n, elem, &bytes))
-        return false;
-    void *p = df_realloc(*data, bytes);
-    if (!p)
-        return false;
-    *data = p;
-    *cap = n;
-    return true;
-}
 
 bool df_i64_vec_push(df_i64_vec *v, int64_t x)
 {
@@ -146,6 +124,33 @@ bool df_utf8_to_cps(const char *s, size_t len, df_cp_vec *out)
         out->data[out->len++] = cp;
     }
     return true;
+}
+
+size_t df_utf8_lstrip(const char *s, size_t b, size_t e, bool (*strip)(int32_t cp))
+{
+    while (b < e) {
+        int32_t cp;
+        size_t n = df_utf8_next(s + b, e - b, &cp);
+        if (!strip(cp))
+            break;
+        b += n;
+    }
+    return b;
+}
+
+size_t df_utf8_rstrip(const char *s, size_t b, size_t e, bool (*strip)(int32_t cp))
+{
+    while (e > b) {
+        size_t k = e - 1;
+        while (k > b && ((uint8_t)s[k] & 0xC0) == 0x80) /* back to the lead byte */
+            k--;
+        int32_t cp;
+        df_utf8_next(s + k, e - k, &cp);
+        if (!strip(cp))
+            break;
+        e = k;
+    }
+    return e;
 }
 
 bool df_py_isspace(int32_t cp)

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/alloc.h" /* df_array_reserve */
 #include "core/status.h"
 
 typedef struct df_i64_vec {
@@ -27,14 +28,6 @@ typedef struct df_byte_buf {
 } df_byte_buf;
 
 /* Each returns false when memory ran out (the array is unchanged then). */
-/* Makes room for `need` elements of `elem` bytes in *data (capacity *cap, doubled from 16
- * until it is enough, with checked sizes). The check that there is room already is inline,
- * as the tokenizers' inner loops call it for every element. */
-bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem);
-static inline bool df_array_reserve(void **data, size_t *cap, size_t need, size_t elem)
-{
-    return need <= *cap || df_array_grow(data, cap, need, elem);
-}
 bool df_i64_vec_push(df_i64_vec *v, int64_t x);
 bool df_cp_vec_push(df_cp_vec *v, int32_t cp);
 bool df_cp_vec_reserve(df_cp_vec *v, size_t n);
@@ -57,6 +50,11 @@ bool df_utf8_to_cps(const char *s, size_t len, df_cp_vec *out);
 /* Python's str.isspace() for one character (the fixed list of the Unicode White_Space
  * property plus U+001C..U+001F). */
 bool df_py_isspace(int32_t cp);
+
+/* The bounds of valid UTF-8 text s[b, e) without the code points `strip` holds for at its
+ * start (df_utf8_lstrip: the new b) or at its end (df_utf8_rstrip: the new e). */
+size_t df_utf8_lstrip(const char *s, size_t b, size_t e, bool (*strip)(int32_t cp));
+size_t df_utf8_rstrip(const char *s, size_t b, size_t e, bool (*strip)(int32_t cp));
 
 /* Reads a whole file into a df_malloc'd, NUL-terminated buffer. DF_E_IO when it cannot. */
 df_status df_read_file(const char *path, char **out, size_t *out_len);

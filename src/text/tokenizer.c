@@ -896,33 +896,6 @@ static int find_added(const df_tokenizer *t, const char *text, size_t len, size_
     return -1;
 }
 
-static size_t lstrip_py(const char *s, size_t b, size_t e)
-{
-    while (b < e) {
-        int32_t cp;
-        size_t n = df_utf8_next(s + b, e - b, &cp);
-        if (!df_py_isspace(cp))
-            break;
-        b += n;
-    }
-    return b;
-}
-
-static size_t rstrip_py(const char *s, size_t b, size_t e)
-{
-    while (e > b) {
-        size_t k = e - 1;
-        while (k > b && ((uint8_t)s[k] & 0xC0) == 0x80)
-            k--;
-        int32_t cp;
-        df_utf8_next(s + k, e - k, &cp);
-        if (!df_py_isspace(cp))
-            break;
-        e = k;
-    }
-    return e;
-}
-
 static df_status split_added(const df_tokenizer *t, const char *text, size_t len, seg_list *out)
 {
     size_t pos = 0, at;
@@ -943,9 +916,11 @@ static df_status split_added(const df_tokenizer *t, const char *text, size_t len
             continue;
         const added_token *a = &t->added[out->data[i].added];
         if (a->rstrip && i + 1 < out->len && out->data[i + 1].added < 0)
-            out->data[i + 1].begin = lstrip_py(text, out->data[i + 1].begin, out->data[i + 1].end);
+            out->data[i + 1].begin = df_utf8_lstrip(text, out->data[i + 1].begin,
+                                                    out->data[i + 1].end, df_py_isspace);
         if (a->lstrip && i > 0 && out->data[i - 1].added < 0)
-            out->data[i - 1].end = rstrip_py(text, out->data[i - 1].begin, out->data[i - 1].end);
+            out->data[i - 1].end = df_utf8_rstrip(text, out->data[i - 1].begin,
+                                                  out->data[i - 1].end, df_py_isspace);
     }
     return DF_OK;
 }

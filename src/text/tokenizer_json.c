@@ -463,24 +463,10 @@ static df_status split_added(const df_tok_json *t, bool normalized, const char *
         size_t at = 0;
         int k = t->nadded ? find_added(t, normalized, s, len, pos, &at) : -1;
         size_t text_end = k >= 0 ? at : len, next = k >= 0 ? at + t->added[k].len : len;
-        if (k >= 0 && t->added[k].lstrip) {
-            while (text_end > pos) {
-                size_t b = text_end - 1;
-                while (b > pos && ((uint8_t)s[b] & 0xC0) == 0x80)
-                    b--;
-                int32_t cp;
-                df_utf8_next(s + b, text_end - b, &cp);
-                if (!is_white(cp))
-                    break;
-                text_end = b;
-            }
-        }
-        if (k >= 0 && t->added[k].rstrip) {
-            int32_t cp;
-            size_t n;
-            while (next < len && (n = df_utf8_next(s + next, len - next, &cp)) && is_white(cp))
-                next += n;
-        }
+        if (k >= 0 && t->added[k].lstrip)
+            text_end = df_utf8_rstrip(s, pos, text_end, is_white);
+        if (k >= 0 && t->added[k].rstrip)
+            next = df_utf8_lstrip(s, next, len, is_white);
         if (text_end > pos)
             DF_TRY(fn(t, s + pos, text_end - pos, ids, scratch));
         if (k < 0)
