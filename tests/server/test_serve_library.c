@@ -352,7 +352,15 @@ static void test_int8_attention_is_a_run_parameter(void **state)
         fail_msg("compiled, switched off per run vs compiled off from the start: %.3g",
                  rel_l2(c_off, fresh_off, n));
     assert_memory_equal(c_on, c_on2, n * sizeof *on);
-    assert_true(rel_l2(c_on, on, n) < 1e-3); /* compiled and eager agree with it on */
+    assert_memory_not_equal(c_on, c_off, n * sizeof *on);
+    /* Compiled and eager agree with it on: closer to each other than to a run with it off.
+     * Not bit for bit, and not to 1e-3 everywhere: where oneDNN's f32 kernels block a
+     * compiled program's products differently (AVX-512), their last-bit differences move
+     * some int8 roundings of the next layer, and this model carries that through its steps. */
+    double same = rel_l2(c_on, on, n), other = rel_l2(c_off, on, n);
+    if (!(same < 0.5 * other && same < 1e-2))
+        fail_msg("compiled vs eager with int8 attention: %.3g; compiled off vs eager on: %.3g",
+                 same, other);
     free(c_on), free(c_off), free(c_on2), free(fresh_off);
     df_pipeline_free(c1);
     df_pipeline_free(c2);
