@@ -30,7 +30,7 @@
 #include "core/int8_quant.h"
 
 #define DF_I8_MC 256 /* rows per chunk of work, at most */
-#define DF_I8_KC 128 /* quads (4 k) per piece of k: a block's piece (16 KiB) stays in L1 */
+#define DF_I8_KC 256 /* quads (4 k) per piece of k: a block's piece (32 KiB) stays in L1 */
 
 static size_t round64(size_t n)
 {
@@ -351,7 +351,11 @@ static void activate(int act, float *v, int n)
 static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0, int cols,
                      const float *acc)
 {
-    float v[DF_I8_NR];
+    /* f32 rows are computed where they go: a copy from a buffer on the stack would load
+     * wide what was just stored narrow, which store forwarding cannot serve */
+    int64_t ldc = e->ldc ? e->ldc : n;
+    float buf[DF_I8_NR];
+    float *v = e->out_bf16 ? buf : (float *)e->out + row * ldc + n0;
     for (int c = 0; c < cols; c++)
         v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
     if (e->gate) {
@@ -361,11 +365,8 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
     } else if (e->act) {
         activate(e->act, v, cols);
     }
-    int64_t ldc = e->ldc ? e->ldc : n;
     if (e->out_bf16)
         df_gemm_f32_to_bf16(v, (uint16_t *)e->out + row * ldc + n0, cols);
-    else
-        memcpy((float *)e->out + row * ldc + n0, v, (size_t)cols * sizeof(float));
 }
 
 /* --- dispatch and the driver ------------------------------------------------------------ */
@@ -530,26 +531,26 @@ static void run_chunk(df_i8_tile_fn fn, const df_i8_act *a, const df_i8_weight *
                       chunk_tiles *ct)
 {
     int64_t tiles = (m1 - m0 + DF_I8_MR - 1) / DF_I8_MR, quads = w->kp / 4;
+    int cols = (int)(n - n0 < DF_I8_NR ? n - n0 : DF_I8_NR);
     memset(ct->f, 0, (size_t)tiles * sizeof ct->f[0]);
     for (int64_t q0 = 0; q0 < quads; q0 += DF_I8_KC) {
+        int64_t q1 = q0 + DF_I8_KC < quads ? q0 + DF_I8_KC : quads;
         for (int64_t i = 0; i < tiles; i++) {
-            df_i8_tile_args t = {.w = w,
-                                 .block = b,
-                                 .q0 = q0,
-                                 .q1 = q0 + DF_I8_KC < quads ? q0 + DF_I8_KC : quads,
-                                 .part = ct->part[i]};
+            df_i8_tile_args t = {.w = w, .block = b, .q0 = q0, .q1 = q1, .part = ct->part[i]};
             int64_t r0 = m0 + i * DF_I8_MR;
+            int rows = (int)(m1 - r0 < DF_I8_MR ? m1 - r0 : DF_I8_MR);
             for (int r = 0; r < DF_I8_MR; r++) {
-                int64_t at = r0 + r < m1 ? r0 + r : r0; /* missing rows repeat the first */
+                int64_t at = r0 + (r < rows ? r : 0); /* missing rows repeat the first */
                 t.rows[r] = a->q + at * a->kp;
                 t.scales[r] = a->scale + at * a->n_groups;
             }
             fn(&t, ct->f[i]);
+            /* a finished tile's rows are written at once, so that their stores (which
+             * miss the cache) drain while the next tile computes */
+            for (int r = 0; q1 == quads && r < rows; r++)
+                epilogue(e, n, r0 + r, n0, cols, ct->f[i][r]);
         }
     }
-    int cols = (int)(n - n0 < DF_I8_NR ? n - n0 : DF_I8_NR);
-    for (int64_t row = m0; row < m1; row++)
-        epilogue(e, n, row, n0, cols, ct->f[(row - m0) / DF_I8_MR][(row - m0) % DF_I8_MR]);
 }
 
 /*
