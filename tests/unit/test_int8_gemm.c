@@ -209,6 +209,38 @@ static void test_epilogues(void **state)
     assert_true(check_product(s, 0, true, true) < 2e-2);
 }
 
+/* The gated residual written over its own residual rows (out == residual) gives the bits
+ * of the product into separate rows, on every path. */
+static void test_gated_residual_in_place(void **state)
+{
+    (void)state;
+    int64_t m = 13, n = 70, k = 96;
+    float *x = random_matrix(m, k, 1.0f), *wf = random_matrix(n, k, 0.05f);
+    float *bias = random_matrix(1, n, 0.5f), *gate = random_matrix(1, n, 1.0f);
+    float *res = random_matrix(m, n, 1.0f);
+    float *apart = malloc((size_t)(m * n) * sizeof *apart);
+    float *inplace = malloc((size_t)(m * n) * sizeof *inplace);
+    df_i8_weight *w;
+    assert_int_equal(df_i8_weight_pack(wf, DF_DTYPE_F32, n, k, k, 32, &w), DF_OK);
+    void *scratch = malloc(df_i8_act_bytes(w, m));
+    df_i8_act a;
+    df_i8_act_quantize(w, x, DF_DTYPE_F32, m, k, scratch, &a);
+    for (int p = DF_I8_PATH_PORTABLE; p < DF_I8_PATH_COUNT; p++) {
+        if (!df_i8_path_available((df_i8_path)p))
+            continue;
+        df_i8_epilogue e = {.bias = bias, .gate = gate, .residual = res, .ldr = n, .out = apart};
+        assert_int_equal(df_i8_gemm(&a, w, &e, (df_i8_path)p), DF_OK);
+        memcpy(inplace, res, (size_t)(m * n) * sizeof *inplace);
+        e.residual = inplace;
+        e.out = inplace;
+        assert_int_equal(df_i8_gemm(&a, w, &e, (df_i8_path)p), DF_OK);
+        assert_memory_equal(apart, inplace, (size_t)(m * n) * sizeof *apart);
+    }
+    free(scratch);
+    df_i8_weight_free(w);
+    free(x), free(wf), free(bias), free(gate), free(res), free(apart), free(inplace);
+}
+
 static void test_smaller_groups_are_more_accurate(void **state)
 {
     (void)state;
@@ -359,6 +391,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paths_agree_with_reference),
         cmocka_unit_test(test_epilogues),
+        cmocka_unit_test(test_gated_residual_in_place),
         cmocka_unit_test(test_smaller_groups_are_more_accurate),
         cmocka_unit_test(test_bf16_inputs),
         cmocka_unit_test(test_activations_follow_the_rounding_rule),

@@ -352,18 +352,20 @@ static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0
                      const float *acc)
 {
     /* f32 rows are computed where they go: a copy from a buffer on the stack would load
-     * wide what was just stored narrow, which store forwarding cannot serve */
+     * wide what was just stored narrow, which store forwarding cannot serve. Each value of
+     * the residual is read before its place in out is written (the two may be one row). */
     int64_t ldc = e->ldc ? e->ldc : n;
     float buf[DF_I8_NR];
     float *v = e->out_bf16 ? buf : (float *)e->out + row * ldc + n0;
-    for (int c = 0; c < cols; c++)
-        v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
     if (e->gate) {
         const float *r = e->residual + row * e->ldr + n0;
         for (int c = 0; c < cols; c++)
-            v[c] = r[c] + e->gate[n0 + c] * v[c];
-    } else if (e->act) {
-        activate(e->act, v, cols);
+            v[c] = r[c] + e->gate[n0 + c] * (acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f));
+    } else {
+        for (int c = 0; c < cols; c++)
+            v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
+        if (e->act)
+            activate(e->act, v, cols);
     }
     if (e->out_bf16)
         df_gemm_f32_to_bf16(v, (uint16_t *)e->out + row * ldc + n0, cols);
