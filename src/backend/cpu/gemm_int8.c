@@ -7,9 +7,11 @@
  * - Weights and activations are quantized by the one rule of the int8 format
  *   (core/int8_quant.h): df_i8_quantize_channel for a weight's channels, df_i8_round inline
  *   in the activations' loop.
- * - Work is split over (a chunk of up to DF_I8_MC rows, a block of DF_I8_NR channels): a
- *   block's packed weights (NR * kp bytes) stay in cache while its chunk's tiles run, and
- *   the chunk's activations (at most DF_I8_CHUNK_BYTES) are shared by the threads working
+ * - Work is split over (a chunk of up to DF_I8_MC rows, a block of DF_I8_NR channels), and
+ *   k into pieces of DF_I8_KC quads: every tile of the chunk runs over one piece of the
+ *   block's packed weights (NR * 4 * DF_I8_KC bytes, in L1) before the next piece, so the
+ *   weights are read from memory once per chunk whatever k is, and the chunk's piece of
+ *   activations (DF_I8_MC * 4 * DF_I8_KC bytes) stays in L2, shared by the threads working
  *   on its other blocks.
  */
 #include <math.h>
@@ -27,8 +29,8 @@
 #include "core/alloc.h"
 #include "core/int8_quant.h"
 
-#define DF_I8_MC          128    /* rows per chunk of work, at most */
-#define DF_I8_CHUNK_BYTES 262144 /* ... and a chunk's activations fit in L2 beside a block */
+#define DF_I8_MC 256 /* rows per chunk of work, at most */
+#define DF_I8_KC 256 /* quads (4 k) per piece of k: a block's piece (32 KiB) stays in L1 */
 
 static size_t round64(size_t n)
 {
@@ -279,10 +281,14 @@ void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int
                        .scale = (float *)(base + round64((size_t)(m * w->kp)))};
     bool bf16 = type == DF_DTYPE_BF16;
     size_t es = df_dtype_size(type);
+    df_i8_quantize_row_fn vec = df_i8_quantize_row_avx512_fn();
 #pragma omp parallel for schedule(static) if (m * w->kp > (1 << 15) && !omp_in_parallel())
     for (int64_t r = 0; r < m; r++) {
         const char *row = (const char *)x + (size_t)(r * ldx) * es;
-        if (bf16)
+        if (vec)
+            vec(row, bf16, w->k, w->group, w->n_groups, out->q + r * w->kp,
+                out->scale + r * w->n_groups);
+        else if (bf16)
             quantize_row(row, true, w->k, w, out->q + r * w->kp, out->scale + r * w->n_groups);
         else
             quantize_row(row, false, w->k, w, out->q + r * w->kp, out->scale + r * w->n_groups);
@@ -294,28 +300,32 @@ void df_i8_act_quantize(const df_i8_weight *w, const void *x, df_dtype type, int
 void df_i8_tile_portable(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
 {
     const df_i8_weight *w = t->w;
-    float acc_f[DF_I8_MR][DF_I8_NR] = {{0}};
-    for (int64_t g = 0; g < w->n_groups; g++) {
-        const int8_t *bq = w->q + (t->block * (w->kp / 4) + g * w->group / 4) * DF_I8_NR * 4;
+    int64_t gq = w->group / 4;
+    for (int64_t g = t->q0 / gq; g * gq < t->q1; g++) {
+        int64_t qs, qe;
+        df_i8_group_span(t, g, gq, &qs, &qe);
+        const int8_t *bq = w->q + t->block * (w->kp / 4) * DF_I8_NR * 4;
         const float *ws = w->scale + (t->block * w->n_groups + g) * DF_I8_NR;
         const int32_t *wc = w->corr + (t->block * w->n_groups + g) * DF_I8_NR;
         for (int r = 0; r < DF_I8_MR; r++) {
             int32_t acc[DF_I8_NR];
-            memcpy(acc, wc, sizeof acc);
-            const uint8_t *a = t->rows[r] + g * w->group;
-            for (int64_t quad = 0; quad < w->group / 4; quad++) {
+            memcpy(acc, qs == g * gq ? wc : t->part[r], sizeof acc);
+            for (int64_t quad = qs; quad < qe; quad++) {
                 const int8_t *b = bq + quad * DF_I8_NR * 4;
-                const uint8_t *aq = a + quad * 4;
+                const uint8_t *aq = t->rows[r] + quad * 4;
                 for (int c = 0; c < DF_I8_NR; c++)
                     acc[c] += aq[0] * b[c * 4] + aq[1] * b[c * 4 + 1] + aq[2] * b[c * 4 + 2] +
                               aq[3] * b[c * 4 + 3];
             }
+            if (qe < (g + 1) * gq) {
+                memcpy(t->part[r], acc, sizeof acc);
+                continue;
+            }
             float as = t->scales[r][g];
             for (int c = 0; c < DF_I8_NR; c++)
-                acc_f[r][c] = fmaf((float)acc[c], ws[c] * as, acc_f[r][c]);
+                tile[r][c] = fmaf((float)acc[c], ws[c] * as, tile[r][c]);
         }
     }
-    memcpy(tile, acc_f, sizeof acc_f);
 }
 
 /* --- the epilogue ----------------------------------------------------------------------- */
@@ -341,21 +351,24 @@ static void activate(int act, float *v, int n)
 static void epilogue(const df_i8_epilogue *e, int64_t n, int64_t row, int64_t n0, int cols,
                      const float *acc)
 {
-    float v[DF_I8_NR];
-    for (int c = 0; c < cols; c++)
-        v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
+    /* f32 rows are computed where they go: a copy from a buffer on the stack would load
+     * wide what was just stored narrow, which store forwarding cannot serve. Each value of
+     * the residual is read before its place in out is written (the two may be one row). */
+    int64_t ldc = e->ldc ? e->ldc : n;
+    float buf[DF_I8_NR];
+    float *v = e->out_bf16 ? buf : (float *)e->out + row * ldc + n0;
     if (e->gate) {
         const float *r = e->residual + row * e->ldr + n0;
         for (int c = 0; c < cols; c++)
-            v[c] = r[c] + e->gate[n0 + c] * v[c];
-    } else if (e->act) {
-        activate(e->act, v, cols);
+            v[c] = r[c] + e->gate[n0 + c] * (acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f));
+    } else {
+        for (int c = 0; c < cols; c++)
+            v[c] = acc[c] + (e->bias ? e->bias[n0 + c] : 0.0f);
+        if (e->act)
+            activate(e->act, v, cols);
     }
-    int64_t ldc = e->ldc ? e->ldc : n;
     if (e->out_bf16)
         df_gemm_f32_to_bf16(v, (uint16_t *)e->out + row * ldc + n0, cols);
-    else
-        memcpy((float *)e->out + row * ldc + n0, v, (size_t)cols * sizeof(float));
 }
 
 /* --- dispatch and the driver ------------------------------------------------------------ */
@@ -507,6 +520,41 @@ static df_i8_tile_fn tile_for(df_i8_path path)
                                           : df_i8_tile_portable;
 }
 
+/* A thread's tiles for one chunk of rows: the f32 sums and the sums of cut groups. */
+typedef struct chunk_tiles {
+    float f[DF_I8_MC / DF_I8_MR][DF_I8_MR][DF_I8_NR];
+    int32_t part[DF_I8_MC / DF_I8_MR][DF_I8_MR][DF_I8_NR];
+} chunk_tiles;
+
+/* Rows [m0, m1) (at most DF_I8_MC) against block b of w, piece of k by piece, then the
+ * epilogue, as the block of output channels from n0 (of n). */
+static void run_chunk(df_i8_tile_fn fn, const df_i8_act *a, const df_i8_weight *w, int64_t b,
+                      int64_t n, int64_t n0, int64_t m0, int64_t m1, const df_i8_epilogue *e,
+                      chunk_tiles *ct)
+{
+    int64_t tiles = (m1 - m0 + DF_I8_MR - 1) / DF_I8_MR, quads = w->kp / 4;
+    int cols = (int)(n - n0 < DF_I8_NR ? n - n0 : DF_I8_NR);
+    memset(ct->f, 0, (size_t)tiles * sizeof ct->f[0]);
+    for (int64_t q0 = 0; q0 < quads; q0 += DF_I8_KC) {
+        int64_t q1 = q0 + DF_I8_KC < quads ? q0 + DF_I8_KC : quads;
+        for (int64_t i = 0; i < tiles; i++) {
+            df_i8_tile_args t = {.w = w, .block = b, .q0 = q0, .q1 = q1, .part = ct->part[i]};
+            int64_t r0 = m0 + i * DF_I8_MR;
+            int rows = (int)(m1 - r0 < DF_I8_MR ? m1 - r0 : DF_I8_MR);
+            for (int r = 0; r < DF_I8_MR; r++) {
+                int64_t at = r0 + (r < rows ? r : 0); /* missing rows repeat the first */
+                t.rows[r] = a->q + at * a->kp;
+                t.scales[r] = a->scale + at * a->n_groups;
+            }
+            fn(&t, ct->f[i]);
+            /* a finished tile's rows are written at once, so that their stores (which
+             * miss the cache) drain while the next tile computes */
+            for (int r = 0; q1 == quads && r < rows; r++)
+                epilogue(e, n, r0 + r, n0, cols, ct->f[i][r]);
+        }
+    }
+}
+
 /*
  * The product with a weight kept in its file's form: each thread packs one block of
  * DF_I8_NR channels into its own scratch (df_i8_blocks_pack) and runs every row against
@@ -531,32 +579,23 @@ df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *src, const d
 #pragma omp parallel if (shape.n_blocks > 1 && !omp_in_parallel())
     {
         char *mem = df_aligned_alloc(scratch);
-        if (!mem) {
+        chunk_tiles *ct = df_aligned_alloc(sizeof *ct);
+        if (!mem || !ct) {
 #pragma omp atomic write
             failed = true;
         }
 #pragma omp for schedule(dynamic)
         for (int64_t b = 0; b < shape.n_blocks; b++) {
-            if (!mem)
+            if (!mem || !ct)
                 continue;
             df_i8_weight blk;
             df_i8_blocks_pack(src, b, &shape, mem, &blk);
-            int64_t n0 = b * DF_I8_NR;
-            int cols = (int)(shape.n - n0 < DF_I8_NR ? shape.n - n0 : DF_I8_NR);
-            for (int64_t m0 = 0; m0 < a->m; m0 += DF_I8_MR) {
-                df_i8_tile_args t = {.w = &blk, .block = 0};
-                int rows = (int)(a->m - m0 < DF_I8_MR ? a->m - m0 : DF_I8_MR);
-                for (int r = 0; r < DF_I8_MR; r++) {
-                    int64_t at = m0 + (r < rows ? r : 0); /* missing rows repeat the first */
-                    t.rows[r] = a->q + at * a->kp;
-                    t.scales[r] = a->scale + at * a->n_groups;
-                }
-                float tile[DF_I8_MR][DF_I8_NR] __attribute__((aligned(64)));
-                fn(&t, tile);
-                for (int r = 0; r < rows; r++)
-                    epilogue(e, shape.n, m0 + r, n0, cols, tile[r]);
+            for (int64_t m0 = 0; m0 < a->m; m0 += DF_I8_MC) {
+                int64_t m1 = m0 + DF_I8_MC < a->m ? m0 + DF_I8_MC : a->m;
+                run_chunk(fn, a, &blk, 0, shape.n, b * DF_I8_NR, m0, m1, e, ct);
             }
         }
+        df_aligned_free(ct);
         df_aligned_free(mem);
     }
     if (failed)
@@ -587,28 +626,25 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
                          "has k %lld group %lld",
                          (long long)a->kp, (long long)a->group, (long long)w->kp,
                          (long long)w->group);
-    int64_t mc = DF_I8_CHUNK_BYTES / w->kp / DF_I8_MR * DF_I8_MR;
-    mc = mc < 16 ? 16 : mc > DF_I8_MC ? DF_I8_MC : mc;
-    int64_t m = a->m, chunks = (m + mc - 1) / mc, work = chunks * w->n_blocks;
-#pragma omp parallel for schedule(static) if (work > 1 && !omp_in_parallel())
-    for (int64_t i = 0; i < work; i++) {
-        int64_t chunk = i / w->n_blocks, b = i % w->n_blocks;
-        int64_t m_end = (chunk + 1) * mc < m ? (chunk + 1) * mc : m;
-        int64_t n0 = b * DF_I8_NR;
-        int cols = (int)(w->n - n0 < DF_I8_NR ? w->n - n0 : DF_I8_NR);
-        for (int64_t m0 = chunk * mc; m0 < m_end; m0 += DF_I8_MR) {
-            df_i8_tile_args t = {.w = w, .block = b};
-            int rows = (int)(m_end - m0 < DF_I8_MR ? m_end - m0 : DF_I8_MR);
-            for (int r = 0; r < DF_I8_MR; r++) {
-                int64_t at = m0 + (r < rows ? r : 0); /* missing rows repeat the first */
-                t.rows[r] = a->q + at * a->kp;
-                t.scales[r] = a->scale + at * a->n_groups;
-            }
-            float tile[DF_I8_MR][DF_I8_NR] __attribute__((aligned(64)));
-            fn(&t, tile);
-            for (int r = 0; r < rows; r++)
-                epilogue(e, w->n, m0 + r, n0, cols, tile[r]);
+    int64_t m = a->m, chunks = (m + DF_I8_MC - 1) / DF_I8_MC, work = chunks * w->n_blocks;
+    bool failed = false;
+#pragma omp parallel if (work > 1 && !omp_in_parallel())
+    {
+        chunk_tiles *ct = df_aligned_alloc(sizeof *ct);
+        if (!ct) {
+#pragma omp atomic write
+            failed = true;
         }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < work; i++) {
+            int64_t chunk = i / w->n_blocks, b = i % w->n_blocks, m0 = chunk * DF_I8_MC;
+            if (ct)
+                run_chunk(fn, a, w, b, w->n, b * DF_I8_NR, m0,
+                          m0 + DF_I8_MC < m ? m0 + DF_I8_MC : m, e, ct);
+        }
+        df_aligned_free(ct);
     }
+    if (failed)
+        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of tiles", sizeof(chunk_tiles));
     return DF_OK;
 }

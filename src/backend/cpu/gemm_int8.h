@@ -52,7 +52,7 @@ typedef enum df_i8_path {
 } df_i8_path;
 
 #define DF_I8_NR DF_I8_TILE_NR /* output channels per packed block (core/int8_tiles.h) */
-#define DF_I8_MR 4             /* rows per micro-tile */
+#define DF_I8_MR 8             /* rows per micro-tile */
 
 /* A quantized, packed weight [n, k]. k is padded with zeros to kp (a multiple of 4 and of
  * the group); n to whole blocks of DF_I8_NR channels (scale 0). */
