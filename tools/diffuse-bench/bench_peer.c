@@ -12,8 +12,9 @@
  * configuration, which we read back and report as rows of our own. Without a Python the
  * PyTorch side is skipped with a line that says how to enable it.
  *
- * Both sides report the median (PyTorch) or fastest (diffuse) time of a few calls after a
- * warm-up. The ratios are PyTorch's ms over diffuse's: best against best, and per dtype.
+ * Both sides report the fastest of a few calls after a warm-up (the machines this runs on
+ * are shared; the fastest call is the least disturbed). The ratios are PyTorch's ms over
+ * diffuse's: best against best, and per dtype.
  * --quick shrinks both sides to hidden 128 (4 heads of 32) on 64 + 8 tokens.
  */
 #include <errno.h>
@@ -96,11 +97,11 @@ static int read_peer_line(peer_run *r, const char *line)
 {
     df_json *j;
     if (df_json_parse_string(line, strlen(line), "peer script output", &j) != DF_OK) {
-        fprintf(stderr, "peer: unexpected output from the script: %s", line);
+        fprintf(stderr, "peer: unexpected output from the script: %s\n", line);
         return 1;
     }
     const char *config = "?", *error = NULL, *dt = "?", *tv = "?", *dv = "?";
-    double ms = 0, min_ms = 0;
+    double ms = 0, median_ms = 0;
     bool compiled = false;
     df_json_get_string_or(j, "config", "?", &config);
     df_json_get_string_or(j, "error", NULL, &error);
@@ -113,7 +114,7 @@ static int read_peer_line(peer_run *r, const char *line)
                 df_error_message());
         bad = 1;
     } else {
-        df_json_get_double_or(j, "min_ms", ms, &min_ms);
+        df_json_get_double_or(j, "median_ms", ms, &median_ms);
         df_json_get_bool_or(j, "compile", false, &compiled);
         df_json_get_string_or(j, "torch", "?", &tv);
         df_json_get_string_or(j, "diffusers", "?", &dv);
@@ -123,8 +124,9 @@ static int read_peer_line(peer_run *r, const char *line)
         snprintf(shape, sizeof shape, "torch %" PRId64 "+%" PRId64 " double+single", r->s_img,
                  r->s_txt);
         snprintf(extra, sizeof extra,
-                 ",\"impl\":\"torch\",\"torch\":\"%.20s\",\"diffusers\":\"%.20s\",\"min_ms\":%.2f",
-                 tv, dv, min_ms);
+                 ",\"impl\":\"torch\",\"torch\":\"%.20s\",\"diffusers\":\"%.20s\","
+                 "\"median_ms\":%.2f",
+                 tv, dv, median_ms);
         bench_report(r->o, "peer", shape, r->threads, dt, mode, ms, r->gflop / (ms / 1e3), 0, 0,
                      extra);
         snprintf(what, sizeof what, "%s %s", dt, compiled ? "torch.compile" : "eager");
@@ -179,6 +181,7 @@ static int measure_torch(peer_run *r, const char *python, const char *script)
     int failures = 0, lines = 0;
     char line[4096];
     while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
         failures += read_peer_line(r, line);
         lines++;
     }
