@@ -17,3 +17,10 @@ set_tests_properties(bench/cache-quick PROPERTIES PASS_REGULAR_EXPRESSION "taylo
 # The unmerged-LoRA workload at its quick shape (M = 512), f32 and int8.
 add_test(NAME bench/lora-quick COMMAND diffuse-bench --quick --threads 2 lora --reps 1)
 set_tests_properties(bench/lora-quick PROPERTIES PASS_REGULAR_EXPRESSION "fused / unfused")
+# The peer workload's diffuse side at its tiny shape, with no Python: the diffuse rows, then
+# the line that says the PyTorch side was skipped and how to enable it.
+add_test(NAME bench/peer-quick COMMAND diffuse-bench --quick --threads 2 peer)
+set_tests_properties(bench/peer-quick PROPERTIES
+                     ENVIRONMENT "DIFFUSE_PEER_PYTHON="
+                     PASS_REGULAR_EXPRESSION
+                     "diffuse 64\\+8 double\\+single +2 f32.*diffuse 64\\+8 double\\+single +2 bf16.*diffuse 64\\+8 double\\+single +2 i8.*PyTorch side skipped: no Python given \\(--python PATH")

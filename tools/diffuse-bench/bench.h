@@ -108,6 +108,22 @@ int bench_temp_dir(const char *workload, char *dir, size_t cap);
 /* The compute dtypes a workload is asked for: --dtype names f32, bf16 or int8 (i8). */
 bool bench_dtype_wanted(const bench_opts *o, df_dtype t);
 
+/* One FLUX.1 double + single block pair as the "flux" workload times it (bench_flux.c). */
+typedef struct bench_flux_pair {
+    double ms[2];       /* double block, single block; 0 when not measured */
+    double gflop[2];    /* their matrix products (GFLOP per call) */
+    int64_t peak_bytes; /* the most the forwards held */
+} bench_flux_pair;
+
+/* Times one double and one single block at FLUX.1 width (hidden 128 with --quick) on
+ * s_img + s_txt tokens in each of the n compute dtypes, in `mode` ("eager" or "fuse") on
+ * `threads` threads: random checkpoints of the embedders alone, of one double block and of
+ * one single block, each block's time the fastest forward less the embedders'. out[i] is
+ * dtypes[i]'s; its gflop is set even when timing fails. Returns the number of dtypes that
+ * failed (each says why on stderr). */
+int bench_flux_pairs(const bench_opts *o, int threads, const char *mode, int64_t s_img,
+                     int64_t s_txt, const df_dtype *dtypes, int n, bench_flux_pair *out);
+
 /* The workloads (one file each). */
 int bench_ceiling(const bench_opts *o);   /* bench_gemm.c */
 int bench_gemm(const bench_opts *o);      /* bench_gemm.c */

@@ -245,6 +245,17 @@ static void remove_model(const char *dir)
     rmdir(dir);
 }
 
+/* The checkpoints under `root` (those that were written), and the folder itself. */
+static void remove_models(const char *root)
+{
+    for (int i = 0; i < 3; i++) {
+        char dir[1100];
+        if (!join(dir, sizeof dir, root, model_names[i]))
+            remove_model(dir);
+    }
+    rmdir(root);
+}
+
 /* ---- the measurement --------------------------------------------------------------------- */
 
 static double double_gflop(const shape *s, double S)
@@ -388,15 +399,24 @@ static void report(const bench_opts *o, const run_cfg *rc, const char *what, int
                  ceiling, peak, extra);
 }
 
-static int measure(const bench_opts *o, const run_cfg *rc, const char *root)
+/* sec[i][k]: the fastest forward of checkpoint i (model_names) at token setting k. */
+static int time_models(const bench_opts *o, const run_cfg *rc, const char *root, double sec[3][2],
+                       int64_t *peak)
 {
-    double sec[3][2] = {{0}};
-    int64_t peak[2] = {0};
     for (int i = 0; i < 3; i++) {
         char dir[1100];
         if (join(dir, sizeof dir, root, model_names[i]) || time_model(o, rc, dir, sec[i], peak))
             return 1;
     }
+    return 0;
+}
+
+static int measure(const bench_opts *o, const run_cfg *rc, const char *root)
+{
+    double sec[3][2] = {{0}};
+    int64_t peak[2] = {0};
+    if (time_models(o, rc, root, sec, peak))
+        return 1;
     double ceiling = bench_ceiling_gflops(rc->dtype, rc->threads);
     for (int k = 0; k < rc->n_tokens; k++) {
         double s_img = (double)rc->tokens[k][0], S = s_img + (double)rc->tokens[k][1];
@@ -410,6 +430,30 @@ static int measure(const bench_opts *o, const run_cfg *rc, const char *root)
         report(o, rc, "single block", k, t_s, single_gflop(rc->s, S), ceiling, peak[k]);
         snprintf(what, sizeof what, "forward %d+%d", rc->n_double, rc->n_single);
         report(o, rc, what, k, total, flop, ceiling, peak[k]);
+    }
+    return 0;
+}
+
+/* The three checkpoints of rc's depth in a new folder root[cap] named after `workload`.
+ * Returns 0 on success; otherwise says why on stderr and removes what it wrote. */
+static int write_models(const char *workload, const run_cfg *rc, char *root, size_t cap)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(root, cap, "%s/diffuse-bench-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", workload);
+    if (!mkdtemp(root)) {
+        fprintf(stderr, "%s: cannot create a folder from %s\n", workload, root);
+        return 1;
+    }
+    const int depth[3][2] = {{0, 0}, {rc->n_double, 0}, {0, rc->n_single}};
+    for (int i = 0; i < 3; i++) {
+        char dir[1100];
+        if (join(dir, sizeof dir, root, model_names[i]) ||
+            write_model(dir, rc->s, depth[i][0], depth[i][1])) {
+            fprintf(stderr, "%s: cannot write the random checkpoint %s/%s\n", workload, root,
+                    model_names[i]);
+            remove_models(root);
+            return 1;
+        }
     }
     return 0;
 }
@@ -437,28 +481,13 @@ int bench_flux(const bench_opts *o)
                   tiny_tokens[2][2] = {{16, 8}, {64, 8}};
     memcpy(rc.tokens, o->quick ? tiny_tokens : full_tokens, sizeof rc.tokens);
 
-    const char *tmp = getenv("TMPDIR");
     char root[1024];
-    snprintf(root, sizeof root, "%s/diffuse-bench-flux-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(root)) {
-        fprintf(stderr, "flux: cannot create a folder from %s\n", root);
+    if (write_models("flux", &rc, root, sizeof root))
         return 1;
-    }
-    const int depth[3][2] = {{0, 0}, {rc.n_double, 0}, {0, rc.n_single}};
-    int bad = 0;
-    for (int i = 0; !bad && i < 3; i++) {
-        char dir[1100];
-        bad = join(dir, sizeof dir, root, model_names[i]) ||
-              write_model(dir, rc.s, depth[i][0], depth[i][1]);
-        if (bad)
-            fprintf(stderr, "flux: cannot write the random checkpoint %s/%s\n", root,
-                    model_names[i]);
-    }
-
     static const char *const modes[2] = {"eager", "fuse"};
     static const df_dtype dtypes[3] = {DF_DTYPE_F32, DF_DTYPE_BF16, DF_DTYPE_I8};
-    int failures = bad;
-    for (int di = 0; !bad && di < 3; di++) {
+    int failures = 0;
+    for (int di = 0; di < 3; di++) {
         if (o->dtype && strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0)
             continue;
         for (int mi = 0; mi < 2; mi++) {
@@ -469,13 +498,39 @@ int bench_flux(const bench_opts *o)
             failures += measure(o, &rc, root);
         }
     }
-    for (int i = 0; i < 3; i++) {
-        char dir[1100];
-        if (!join(dir, sizeof dir, root, model_names[i]))
-            remove_model(dir);
-    }
-    rmdir(root);
+    remove_models(root);
     return failures ? 1 : 0;
+}
+
+int bench_flux_pairs(const bench_opts *o, int threads, const char *mode, int64_t s_img,
+                     int64_t s_txt, const df_dtype *dtypes, int n, bench_flux_pair *out)
+{
+    run_cfg rc = {.s = o->quick ? &tiny_shape : &full_shape,
+                  .n_double = 1,
+                  .n_single = 1,
+                  .threads = threads,
+                  .mode = mode,
+                  .tokens = {{s_img, s_txt}},
+                  .n_tokens = 1};
+    double S = (double)(s_img + s_txt);
+    for (int i = 0; i < n; i++)
+        out[i] = (bench_flux_pair){.gflop = {double_gflop(rc.s, S), single_gflop(rc.s, S)}};
+    char root[1024];
+    if (write_models("peer", &rc, root, sizeof root))
+        return n;
+    int failures = 0;
+    for (int i = 0; i < n; i++) {
+        double sec[3][2] = {{0}};
+        rc.dtype = dtypes[i];
+        if (time_models(o, &rc, root, sec, &out[i].peak_bytes)) {
+            failures++;
+            continue;
+        }
+        out[i].ms[0] = 1e3 * (sec[1][0] - sec[0][0]);
+        out[i].ms[1] = 1e3 * (sec[2][0] - sec[0][0]);
+    }
+    remove_models(root);
+    return failures;
 }
 
 /* ---- workload "modes": the execution modes side by side ---------------------------------- */

@@ -28,6 +28,7 @@ int bench_sd3(const bench_opts *o);
 int bench_tp(const bench_opts *o);
 int bench_cache(const bench_opts *o);
 int bench_lora(const bench_opts *o);
+int bench_peer(const bench_opts *o);
 
 static const bench_workload workloads[] = {
     {"ceiling", "best GEMM rate of the provider (oneDNN), f32 and bf16, 1 and 2 threads",
@@ -89,6 +90,11 @@ static const bench_workload workloads[] = {
      "plain linear, the side product as products and an add, and df_linear's fused form; "
      "f32 and int8 [--reps N]",
      bench_lora},
+    {"peer",
+     "diffuse against PyTorch + diffusers on one FLUX.1 double + single block pair at "
+     "1024+512 tokens in the same run: f32, bf16, int8 against torch eager and torch.compile, "
+     "and the ratios [--python PATH (default $DIFFUSE_PEER_PYTHON)] [--script PATH]",
+     bench_peer},
 };
 #define N_WORKLOADS ((int)(sizeof workloads / sizeof workloads[0]))
 
