@@ -20,3 +20,8 @@ if(DIFFUSE_VULKAN_BUILT)
     TIMEOUT 600 FAIL_REGULAR_EXPRESSION "vulkan validation:"
     ENVIRONMENT "VK_INSTANCE_LAYERS=VK_LAYER_KHRONOS_validation;DIFFUSE_BACKEND_DIR=${CMAKE_BINARY_DIR}/bin;DIFFUSE_CACHE_DIR=${CMAKE_BINARY_DIR}/test-tmp/vk-cache;XDG_RUNTIME_DIR=${CMAKE_BINARY_DIR}/test-tmp")
 endif()
+# `diffuse generate --profile`: phases and kernels' time, the image unchanged.
+add_test(NAME cli/profile
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/profile.sh $<TARGET_FILE:diffuse>
+                 ${CMAKE_BINARY_DIR}/test-tmp/cli-tiny-sd3 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(cli/profile PROPERTIES FIXTURES_REQUIRED tiny_sd3 TIMEOUT 600)

@@ -278,14 +278,17 @@ typedef struct df_gen_output {
     /* First-block cache: call i's relative change of the first block's residual, the number
      * compared with the threshold (NaN where none was measured: the first call). */
     double cache_diff[1000];
-    /* Weight residency and memory of each phase of the run (encode, denoise, decode): the
-     * most weight bytes resident during it, what stayed resident after it, and the RSS. */
+    /* Weight residency, memory and time of each phase of the run (encode, denoise, decode):
+     * the most weight bytes resident during it, what stayed resident after it, the RSS, and
+     * its wall-clock seconds (from the run's start or the phase before, work included that
+     * was queued before it and finished in it). */
     int n_phases;
     struct {
         const char *phase;
         int64_t peak_resident_weight_bytes;
         int64_t resident_weight_bytes;
         int64_t rss_bytes;
+        double seconds;
     } phases[8];
 } df_gen_output;
 

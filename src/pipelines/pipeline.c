@@ -20,6 +20,7 @@
 #include <diffuse/weights.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/status.h"
 #include "sched/flow_match_euler.h"
 #include "io/path.h"
@@ -698,6 +699,7 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
         return df_errorf(DF_E_ARG, "generate: preview_every must be >= 0, not %d",
                          g->preview_every);
     p->run_peak = 0;
+    p->phase_start = df_now();
     df_status s = DF_OK;
     if (g->on_step && !g->on_step(0, 0, 0.0, g->progress_user))
         s = df_errorf(DF_E_CANCELLED, "generate: cancelled before the first step");
@@ -897,6 +899,9 @@ void df_pipeline_note_phase(df_pipeline *p, df_gen_output *out, const char *phas
         p->run_peak = st.peak_resident_weight_bytes;
     out->phases[out->n_phases].resident_weight_bytes = st.resident_weight_bytes;
     out->phases[out->n_phases].rss_bytes = st.rss_bytes;
+    double now = df_now();
+    out->phases[out->n_phases].seconds = now - p->phase_start;
+    p->phase_start = now;
     out->n_phases++;
     df_stats_reset_resident_peak(p->ctx);
 }

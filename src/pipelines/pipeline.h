@@ -35,6 +35,7 @@ struct df_pipeline {
     df_dtype compute;      /* the context's compute dtype */
     char dtype_why[512];   /* why: "asked for", or df_dtype_auto's reason */
     int64_t run_peak; /* the most weight bytes resident in any phase of the current run */
+    double phase_start; /* df_now() at the current run's start or its last phase's end */
     /* Defaults a class sets at load. */
     int default_steps, default_max_seq, default_size;
     float default_guidance;

@@ -133,6 +133,10 @@ static void help(FILE *f)
         "                             predicted)\n"
         "      --stats-json FILE      write the run's counters (ops, graphs, peak memory, s/step)\n"
         "  -v, --verbose              print timings and memory at the end\n"
+        "      --profile              print where the time went at the end: each phase's\n"
+        "                             seconds (encode, denoise, decode) and the kernels'\n"
+        "                             time per op kind (off by default: timing each kernel\n"
+        "                             costs a little)\n"
         "  -h, --help                 this text\n"
         "\n"
         "example:\n"
@@ -357,6 +361,27 @@ static int load_mask(const char *path, const df_image *image, df_image **mask, c
     return 0;
 }
 
+/* --profile: the run's phases and the kernels' time per op kind, largest first. */
+static void print_profile(df_ctx *ctx, const df_gen_output *out)
+{
+    double total = 0;
+    for (int i = 0; i < out->n_phases; i++)
+        total += out->phases[i].seconds;
+    fprintf(stderr, "profile: phases (wall seconds)\n");
+    for (int i = 0; i < out->n_phases; i++)
+        fprintf(stderr, "  %-8s %9.2f s %5.1f%%\n", out->phases[i].phase, out->phases[i].seconds,
+                total > 0 ? 100.0 * out->phases[i].seconds / total : 0.0);
+    df_profile_entry e[64];
+    int n = df_ctx_profile(ctx, e, 64);
+    double ms = 0;
+    for (int i = 0; i < n; i++)
+        ms += e[i].ms;
+    fprintf(stderr, "profile: kernels (all phases; seconds of the kernels' own time)\n");
+    for (int i = 0; i < n; i++)
+        fprintf(stderr, "  %-18s %9.2f s %5.1f%% %10lld calls\n", e[i].op, e[i].ms / 1000.0,
+                ms > 0 ? 100.0 * e[i].ms / ms : 0.0, (long long)e[i].calls);
+}
+
 int cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPT_FILE = 256, O_STEPS, O_GUIDANCE, O_SEED, O_MAXSEQ, O_DTYPE, O_MODE,
@@ -364,7 +389,7 @@ int cmd_generate(int argc, char **argv)
            O_NEGATIVE, O_CLIP_SKIP, O_SLG_LAYERS, O_SLG_SCALE, O_SLG_START, O_SLG_STOP, O_TP,
            O_CACHE, O_TRANSFORMER, O_LORA, O_VAE, O_TE1, O_TE2, O_TE3, O_CONFIG,
            O_IMAGE, O_STRENGTH, O_MASK, O_PADDING_MASK_CROP, O_INT8_GROUP, O_INT8_PATH,
-           O_TRUE_CFG };
+           O_TRUE_CFG, O_PROFILE };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},     {"prompt", required_argument, 0, 'p'},
         {"prompt-file", required_argument, 0, O_PROMPT_FILE},
@@ -378,6 +403,7 @@ int cmd_generate(int argc, char **argv)
         {"offload", required_argument, 0, O_OFFLOAD}, {"device", required_argument, 0, O_DEVICE},
         {"threads", required_argument, 0, O_THREADS}, {"vae-tiling", no_argument, 0, O_TILING},
         {"stats-json", required_argument, 0, O_STATS}, {"verbose", no_argument, 0, 'v'},
+        {"profile", no_argument, 0, O_PROFILE},
         {"help", no_argument, 0, 'h'},
         {"negative-prompt", required_argument, 0, O_NEGATIVE},
         {"clip-skip", required_argument, 0, O_CLIP_SKIP},
@@ -407,7 +433,7 @@ int cmd_generate(int argc, char **argv)
     static char lora_paths[MAX_LORAS][4096];
     df_gen_params g = {0};
     df_cache_config cache;
-    int verbose = 0, rc;
+    int verbose = 0, profile = 0, rc;
     int slg_layers[64];
     int tp = 0, muted = cli_tp_mute_others(); /* usage errors from rank 0 only */
     optind = 1;
@@ -589,6 +615,7 @@ int cmd_generate(int argc, char **argv)
             break;
         case O_STATS: stats_path = optarg; break;
         case 'v': verbose = 1; break;
+        case O_PROFILE: profile = 1; break;
         case 'h': help(stdout); return 0;
         default: help(stderr); return 2;
         }
@@ -668,6 +695,8 @@ int cmd_generate(int argc, char **argv)
     int status = 1;
     double t0 = 0;
     df_status s = df_pipeline_load(model, &lo, &p);
+    if (s == DF_OK && profile)
+        df_ctx_set_profiling(df_pipeline_ctx(p), true);
     if (s == DF_OK && verbose && tpc.rank == 0) {
         const char *why;
         df_dtype dt = df_pipeline_compute_dtype(p, &why);
@@ -738,7 +767,7 @@ int cmd_generate(int argc, char **argv)
     } else if (tpc.rank == 0) { /* with --tp, rank 0 holds the failing rank's message */
         fprintf(stderr, "diffuse generate: %s\n", df_error_message());
     }
-    if (p && tpc.rank == 0 && (stats_path || verbose)) {
+    if (p && tpc.rank == 0 && (stats_path || verbose || profile)) {
         df_stats st;
         df_ctx_stats(df_pipeline_ctx(p), &st);
         static char json[24576]; /* the counters and a cache spec of up to 1000 ratios */
@@ -762,6 +791,8 @@ int cmd_generate(int argc, char **argv)
                         out.phases[i].rss_bytes / 1048576.0);
         if (verbose && g.cache && g.cache->kind != DF_CACHE_NONE)
             print_cache_steps(g.cache, &out);
+        if (profile)
+            print_profile(df_pipeline_ctx(p), &out);
         if (verbose)
             fprintf(stderr, "steps %lld, %.3f s/step, peak device bytes %.1f MiB, peak RSS "
                             "%.1f MiB, resident weights %.1f MiB\n",
