@@ -147,8 +147,9 @@ static int max_level_diff(const char *a, const char *b, char **params_a, char **
 
 /* `model` with `args` and `extra` as 2 ranks against the one-process image `ref`; ref NULL:
  * made first, in one process with the same options. `name` names the files. */
-static void two_ranks_match(const char *model, const char *args, const char *ref,
-                            const char *extra, const char *name)
+/* Two ranks against one process: at most `levels` levels apart anywhere in the image. */
+static void two_ranks_within(const char *model, const char *args, const char *ref,
+                             const char *extra, const char *name, int levels)
 {
     char own_ref[1024], out[1024], err[1024], cmd[4096];
     snprintf(out, sizeof out, "%s/tp-%s.png", DF_TEST_TMP, name);
@@ -179,12 +180,18 @@ static void two_ranks_match(const char *model, const char *args, const char *ref
     int d = max_level_diff(ref, out, &pa, &pb);
     printf("%s --tp 2 %s: largest pixel difference from one process: %d level(s)\n", name,
            extra, d);
-    assert_true(d <= 1);
+    assert_true(d <= levels);
     assert_non_null(pa);
     assert_non_null(pb);
     assert_string_equal(pa, pb); /* the same prompt, seed and sizes in tEXt */
     df_image_text_free(pa);
     df_image_text_free(pb);
+}
+
+static void two_ranks_match(const char *model, const char *args, const char *ref,
+                            const char *extra, const char *name)
+{
+    two_ranks_within(model, args, ref, extra, name, 1);
 }
 
 /* ---- FluxPipeline ---------------------------------------------------------------------- */
@@ -363,7 +370,10 @@ static void test_klein_int8_on_load(void **state)
 {
     (void)state;
     setenv("DIFFUSE_INT8_GROUP", "32", 1);
-    two_ranks_match(KLEIN4, ARGS2, NULL, "--dtype int8", "flux2-klein-int8-load");
+    /* Two levels: the split products' sums (all-reduce) differ from one process's in the
+     * last bits, and int8 compute rounds activations, attention's scores, P and V to 8 bits
+     * at every layer, so a few of those roundings move (5 of 4608 values by 2 levels here). */
+    two_ranks_within(KLEIN4, ARGS2, NULL, "--dtype int8", "flux2-klein-int8-load", 2);
     unsetenv("DIFFUSE_INT8_GROUP");
 }
 
