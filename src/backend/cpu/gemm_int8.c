@@ -475,7 +475,10 @@ static df_status gemm_onednn(const df_i8_act *a, df_i8_weight *w, const df_i8_ep
 {
     int64_t n = w->n, ldc = e->ldc ? e->ldc : n;
     float *tmp = NULL, *o = e->out;
-    if (e->out_bf16) {
+    /* oneDNN writes the whole product before the epilogue reads the residual: a residual
+     * that is the output itself (the gated residual in place) needs the product apart. */
+    bool aliased = e->residual && (const void *)e->residual == e->out;
+    if (e->out_bf16 || aliased) {
         tmp = df_aligned_alloc((size_t)(a->m * n) * sizeof(float));
         if (!tmp)
             return df_errorf(DF_E_OOM, "int8: out of memory for a [%lld, %lld] product",
