@@ -400,7 +400,7 @@ int bench_flux2(const bench_opts *o)
     else if (width)
         shapes[0] = strcmp(width, "dev") ? &klein_shape : &dev_shape, shapes[1] = NULL;
 
-    static const df_dtype dtypes[2] = {DF_DTYPE_BF16, DF_DTYPE_F32};
+    static const df_dtype dtypes[3] = {DF_DTYPE_BF16, DF_DTYPE_F32, DF_DTYPE_I8};
     int failures = 0;
     for (int si = 0; si < 2 && shapes[si]; si++) {
         rc.s = shapes[si];
@@ -422,8 +422,8 @@ int bench_flux2(const bench_opts *o)
                         model_names[i]);
         }
         failures += bad;
-        for (int di = 0; !bad && di < 2; di++) {
-            /* Without --dtype: bf16 only (the realistic setting); f32 on request. */
+        for (int di = 0; !bad && di < 3; di++) {
+            /* Without --dtype: bf16 only (the realistic setting); f32 and int8 on request. */
             if (o->dtype ? strcmp(o->dtype, df_dtype_name(dtypes[di])) != 0 : di > 0)
                 continue;
             rc.dtype = dtypes[di];
