@@ -1,6 +1,6 @@
 /*
- * Helpers for the tokenizers (see text_util.h). UTF-8 validation is utf8proc's strict decoder, so overlong forms and surrogates are
- * errors like any other invalid byte.
+ * Helpers for the tokenizers (see text_util.h). UTF-8 validation is utf8proc's strict
+ * decoder, so overlong forms and surrogates are errors like any other invalid byte.
  */
 #include "text/text_util.h"
 

@@ -648,6 +648,7 @@ df_status df_i8_gemm(const df_i8_act *a, const df_i8_weight *w, const df_i8_epil
         df_aligned_free(ct);
     }
     if (failed)
-        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of tiles", sizeof(chunk_tiles));
+        return df_errorf(DF_E_OOM, "int8: out of memory for %zu bytes of tiles",
+                         sizeof(chunk_tiles));
     return DF_OK;
 }

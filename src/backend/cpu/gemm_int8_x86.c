@@ -132,8 +132,8 @@ tile_avx512vnni(const df_i8_tile_args *t, float tile[DF_I8_MR][DF_I8_NR])
         for (int j = 0; j < 4; j++) {                                                              \
             float *o = tile[rp + r] + 8 * j;                                                       \
             __m256 s = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * j), as);                             \
-            _mm256_storeu_ps(o,                                                                    \
-                             _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][j]), s, _mm256_loadu_ps(o))); \
+            _mm256_storeu_ps(                                                                      \
+                o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][j]), s, _mm256_loadu_ps(o)));         \
         }                                                                                          \
     }
 
@@ -176,9 +176,10 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const df_i8_tile_args 
              * the sums it leaves in part are the VNNI kernels' less corr */
             __m256i acc[2][4];
             for (int r = 0; r < 2; r++)
-                for (int j = 0; j < 4; j++)
-                    acc[r][j] = qs == g * gq ? _mm256_setzero_si256()
-                                             : _mm256_loadu_si256((const __m256i *)(t->part[rp + r] + 8 * j));
+                for (int j = 0; j < 4; j++) {
+                    const __m256i *carried = (const __m256i *)(t->part[rp + r] + 8 * j);
+                    acc[r][j] = qs == g * gq ? _mm256_setzero_si256() : _mm256_loadu_si256(carried);
+                }
             const uint8_t *a0 = t->rows[rp], *a1 = t->rows[rp + 1];
             for (int64_t q = qs; q < qe; q++) {
                 const int8_t *b = bq + q * 128;
