@@ -15,7 +15,7 @@ flux=$golden/t2i-flux-schnell/pipeline
 sd3=$golden/t2i-sd3/pipeline
 args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
 failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/expect_refusal.sh"
 
 "$bin" generate -m "$flux" $args -o "$work/flux.png" 2>"$work/err" || fail "flux folder: $(cat "$work/err")"
 "$bin" generate -m "$flux" $args -o "$work/flux-files.png" \
@@ -44,20 +44,6 @@ cmp -s "$work/sd3.png" "$work/sd3-files.png" || fail "SD3: the single files' ima
     --vae "$cases/vae-single-sd3-comfy/sd3-vae-comfy.safetensors" 2>"$work/err" ||
     fail "SD3 first_stage_model. VAE: $(cat "$work/err")"
 
-# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
-expect() {
-    word=$1
-    shift
-    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
-    got=$?
-    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
-        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
-    elif [ -e "$work/bad.png" ]; then
-        fail "generate $*: left bad.png"
-    else
-        echo "ok   $(cat "$work/err")"
-    fi
-}
 expect "decoder.conv_in.weight" -m "$flux" --vae "$cases/te-single-clip-comfy/clip_l-comfy-fp8.safetensors"
 expect "token_embedding" -m "$flux" --text-encoder "$cases/vae-single-flux/ae.safetensors"
 expect "post_quant_conv" -m "$golden/t2i-flux2/pipeline" --vae "$cases/vae-single-flux/ae.safetensors"

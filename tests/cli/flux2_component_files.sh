@@ -17,7 +17,7 @@ dev=$golden/t2i-flux2/pipeline
 klein=$golden/t2i-flux2-klein/pipeline
 args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
 failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/expect_refusal.sh"
 
 for name in klein dev; do
     eval dir=\$$name
@@ -85,20 +85,6 @@ for mode in eager compile; do
         fail "the converted folder ($mode): $(tail -3 "$work/check")"
 done
 
-# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
-expect() {
-    word=$1
-    shift
-    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
-    got=$?
-    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
-        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
-    elif [ -e "$work/bad.png" ]; then
-        fail "generate $*: left bad.png"
-    else
-        echo "ok   $(cat "$work/err")"
-    fi
-}
 expect "post_quant_conv.weight" -m "$dev" --vae "$golden/t2i-flux-schnell/pipeline/vae/diffusion_pytorch_model.safetensors"
 expect "embed_tokens.weight" -m "$dev" --text-encoder "$cases/te-single-qwen3-comfy/qwen_3-tiny-comfy-fp8.safetensors"
 expect "no Qwen3 language model" -m "$klein" --text-encoder "$cases/vae-single-flux2/flux2-ae.safetensors"

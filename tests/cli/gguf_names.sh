@@ -18,7 +18,7 @@ flux=$golden/t2i-flux-schnell/pipeline
 t5=$cases/te-gguf-t5-llamacpp/t5-tiny-encoder-Q8_0.gguf
 args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
 failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/expect_refusal.sh"
 
 "$bin" generate -m "$flux" $args -o "$work/t5.png" --text-encoder-2 "$t5" 2>"$work/err" ||
     fail "llama.cpp T5 GGUF: $(cat "$work/err")"
@@ -35,20 +35,6 @@ sdd=$cases/pipe-flux-gguf-sdcpp/flux1-tiny-sdcpp-diffusers-f32.gguf
     2>"$work/err" || fail "sd.cpp GGUF, diffusers names, --transformer --vae: $(cat "$work/err")"
 cmp -s "$work/flux.png" "$work/sdd2.png" || fail "sd.cpp GGUF (--transformer --vae): the image differs"
 
-# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
-expect() {
-    word=$1
-    shift
-    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
-    got=$?
-    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
-        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
-    elif [ -e "$work/bad.png" ]; then
-        fail "generate $*: left bad.png"
-    else
-        echo "ok   $(cat "$work/err")"
-    fi
-}
 # same_image WHAT SUB SRC ARGS...: a copy of SRC with its SUB/ tokenizer and one without it
 # (same folder name: the PNG names it) give the same PNG with the T5 GGUF; the second says
 # in a note where its tokenizer came from.

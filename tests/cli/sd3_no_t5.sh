@@ -17,7 +17,7 @@ flux=$golden/t2i-flux-schnell/pipeline
 case=$cases/t2i-sd3-no-t5
 args="-p a-fox --negative-prompt blurry -W 32 -H 32 --steps 2 --seed 5 --threads 2 --guidance 2"
 failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/expect_refusal.sh"
 
 # pipeline_dir DIR INDEX: the golden SD3 folder's components but T5 and its tokenizer,
 # each a folder of its own whose files link to the golden ones, and INDEX as
@@ -70,20 +70,6 @@ grep -q "^component text_encoder_3: not included (T5 off" "$work/out" ||
     fail "inspect: $(cat "$work/out")"
 "$bin" generate --help | grep -q -- "--text-encoder-3 none" || fail "--help names none"
 
-# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
-expect() {
-    word=$1
-    shift
-    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
-    got=$?
-    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
-        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
-    elif [ -e "$work/bad.png" ]; then
-        fail "generate $*: left bad.png"
-    else
-        echo "ok   $(cat "$work/err")"
-    fi
-}
 expect "text-encoder-3 none" -m "$lost"
 expect "text-encoder-3 none" -m "$tf" --config "$lost"
 expect "FluxPipeline has no text_encoder_3" -m "$flux" --text-encoder-3 none

@@ -12,7 +12,7 @@ rm -rf "$work" && mkdir -p "$work" || exit 1
 flux=$golden/t2i-flux-schnell/pipeline
 args="-p a-fox -W 32 -H 32 --steps 2 --seed 5 --threads 2"
 failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
+. "$(dirname "$0")/expect_refusal.sh"
 
 "$bin" generate -m "$flux" $args -o "$work/folder.png" 2>"$work/err" || fail "folder run: $(cat "$work/err")"
 "$bin" generate -m "$flux" $args -o "$work/file.png" \
@@ -31,20 +31,6 @@ mkdir "$work/cfg" && cp -r "$flux" "$work/cfg/pipeline" &&
     2>"$work/err" || fail "config-only folder: $(cat "$work/err")"
 cmp -s "$work/folder.png" "$work/cfg.png" || fail "the config-only folder's image differs"
 
-# expect WORD ARGS...: exit 1 with one stderr line holding WORD, and no image.
-expect() {
-    word=$1
-    shift
-    "$bin" generate $args -o "$work/bad.png" "$@" 2>"$work/err"
-    got=$?
-    if [ "$got" -ne 1 ] || [ "$(grep -c . "$work/err")" -ne 1 ] || ! grep -q -- "$word" "$work/err"; then
-        fail "generate $*: status $got, expected 1 and one line with '$word':"; cat "$work/err"
-    elif [ -e "$work/bad.png" ]; then
-        fail "generate $*: left bad.png"
-    else
-        echo "ok   $(cat "$work/err")"
-    fi
-}
 # The tiny GGUF's pooled projection is 24 wide; this pipeline's config says 32.
 expect "vector_in.in_layer.weight" -m "$flux" --transformer "$cases/flux-gguf-q8_0/flux1-tiny-q8_0.gguf"
 # SD3 reads its own original layout: a FLUX.1 file holds none of its blocks; the tiny SD3
