@@ -218,7 +218,7 @@ static df_status check_true_cfg(const df_pipeline *p, const df_gen_params *g, co
         return df_errorf(DF_E_ARG, "true_cfg_scale must be a finite number");
     if (!r->true_cfg)
         return DF_OK;
-    if (p->cls != &df_flux_kontext_pipeline_class)
+    if (p->cls->role != DF_PIPELINE_KONTEXT)
         return df_errorf(DF_E_UNSUPPORTED,
                          "%s: true CFG (true_cfg_scale %g with a negative prompt) is "
                          "implemented for FluxKontextPipeline, not %s",
@@ -254,12 +254,12 @@ static df_status check_sizes(const df_pipeline *p, const flux_pipe *f, const df_
     if (g->n_images != 0)
         return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
                          p->dir, p->cls->name, g->n_images);
-    if (p->cls != &df_flux_kontext_pipeline_class && (g->max_area || g->keep_image_size))
+    if (p->cls->role != DF_PIPELINE_KONTEXT && (g->max_area || g->keep_image_size))
         return df_errorf(DF_E_ARG,
                          "%s: max_area and keep_image_size are FluxKontextPipeline's, "
                          "not %s's",
                          p->dir, p->cls->name);
-    if (p->cls == &df_flux_img2img_pipeline_class && !g->image)
+    if (p->cls->role == DF_PIPELINE_IMG2IMG && !g->image)
         return df_errorf(DF_E_ARG, "%s: FluxImg2ImgPipeline needs an input image", p->dir);
     DF_TRY(check_true_cfg(p, g, r));
     if (!df_pipeline_lead(p))
@@ -624,7 +624,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     flux_pipe *f = p->impl;
     df_ctx *ctx = p->ctx;
     const df_flux_cfg *cfg = df_flux_config(f->transformer);
-    bool kontext = p->cls == &df_flux_kontext_pipeline_class;
+    bool kontext = p->cls->role == DF_PIPELINE_KONTEXT;
 
     df_gen_params sized; /* Kontext: the size fitted to max_area */
     df_status s = DF_OK;
@@ -734,35 +734,13 @@ static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **
     return df_pipeline_list_weight_sets(name, all, 4, names, sets, cap);
 }
 
-const df_pipeline_kind df_flux_pipeline_class = {
-    .name = "FluxPipeline",
-    .load = flux_load,
-    .run = flux_run,
-    .free = flux_free,
-    .weight_sets = flux_weight_sets,
-};
+static const df_pipeline_ops flux_ops = {flux_load, flux_run, flux_free, flux_weight_sets};
 
-/* The same components; a run needs an input image. */
-const df_pipeline_kind df_flux_img2img_pipeline_class = {
-    .name = "FluxImg2ImgPipeline",
-    .load = flux_load,
-    .run = flux_run,
-    .free = flux_free,
-    .weight_sets = flux_weight_sets,
-};
-
-/* The same components; a run needs an input image and a mask. */
-const df_pipeline_kind df_flux_inpaint_pipeline_class = {
-    .name = "FluxInpaintPipeline",
-    .load = flux_load,
-    .run = flux_run,
-    .free = flux_free,
-};
-
-/* The same components; FluxKontextPipeline's sizes and picture (kontext.c). */
-const df_pipeline_kind df_flux_kontext_pipeline_class = {
-    .name = "FluxKontextPipeline",
-    .load = flux_load,
-    .run = flux_run,
-    .free = flux_free,
-};
+/* The image-input classes load the same components (inpaint.c, img2img.c, kontext.c). */
+const df_pipeline_kind df_flux_pipeline_class = {"FluxPipeline", &flux_ops};
+const df_pipeline_kind df_flux_img2img_pipeline_class = {"FluxImg2ImgPipeline", &flux_ops,
+                                                         DF_PIPELINE_IMG2IMG};
+const df_pipeline_kind df_flux_inpaint_pipeline_class = {"FluxInpaintPipeline", &flux_ops,
+                                                         DF_PIPELINE_INPAINT};
+const df_pipeline_kind df_flux_kontext_pipeline_class = {"FluxKontextPipeline", &flux_ops,
+                                                         DF_PIPELINE_KONTEXT};

@@ -739,18 +739,8 @@ static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set *
     return df_pipeline_list_weight_sets(name, all, 3, names, sets, cap);
 }
 
-const df_pipeline_kind df_flux2_pipeline_class = {
-    .name = "Flux2Pipeline",
-    .load = flux2_load,
-    .run = flux2_run,
-    .free = flux2_free,
-    .weight_sets = flux2_weight_sets,
-};
+static const df_pipeline_ops flux2_ops = {flux2_load, flux2_run, flux2_free,
+                                          flux2_weight_sets};
 
-const df_pipeline_kind df_flux2_klein_pipeline_class = {
-    .name = "Flux2KleinPipeline",
-    .load = flux2_load,
-    .run = flux2_run,
-    .free = flux2_free,
-    .weight_sets = flux2_weight_sets,
-};
+const df_pipeline_kind df_flux2_pipeline_class = {"Flux2Pipeline", &flux2_ops};
+const df_pipeline_kind df_flux2_klein_pipeline_class = {"Flux2KleinPipeline", &flux2_ops};

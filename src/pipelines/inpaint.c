@@ -39,8 +39,7 @@ static bool can_inpaint(const df_pipeline_kind *k)
 
 df_status df_inpaint_check(const df_pipeline *p, const df_gen_params *g)
 {
-    bool inpaint_class =
-        p->cls == &df_flux_inpaint_pipeline_class || p->cls == &df_sd3_inpaint_pipeline_class;
+    bool inpaint_class = p->cls->role == DF_PIPELINE_INPAINT;
     if (!g->mask) {
         if (inpaint_class)
             return df_errorf(DF_E_ARG, "%s: %s needs an input image and a mask", p->dir,
@@ -236,7 +235,7 @@ df_status df_inpaint_run_cropped(df_pipeline *p, const df_gen_params *g, df_gen_
     cropped.mask = mask;
     cropped.padding_mask_crop = 0;
     if (s == DF_OK)
-        s = p->cls->run(p, &cropped, out);
+        s = p->cls->ops->run(p, &cropped, out);
     if (s == DF_OK && out->count > 0) /* under tensor parallelism only rank 0 has images */
         s = overlay_outputs(g, box, out);
     df_image_free(image);

@@ -427,7 +427,7 @@ static df_status load_parts(df_pipeline *p)
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
         p->ctx->int8_keep = p->opts.int8_keep; /* read as the weights are bound */
-        s = p->cls->load(p, idx);
+        s = p->cls->ops->load(p, idx);
     }
     s = close_loras(p, s);
     if (s == DF_E_OOM)
@@ -710,7 +710,7 @@ df_status df_pipeline_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     if (s == DF_OK && g->mask && g->padding_mask_crop > 0)
         s = df_inpaint_run_cropped(p, g, out); /* the class's run on the crop */
     else if (s == DF_OK)
-        s = p->cls->run(p, g, out);
+        s = p->cls->ops->run(p, g, out);
     p->ctx->int8_attention = int8_attention;
     restore_run_peak(p);
     if (s != DF_OK) {
@@ -813,7 +813,7 @@ void df_pipeline_free(df_pipeline *p)
     if (!p)
         return;
     if (p->impl)
-        p->cls->free(p->impl);
+        p->cls->ops->free(p->impl);
     df_ctx_free(p->ctx);
     if (p->owns_comm)
         df_comm_free(p->comm);

@@ -8,14 +8,30 @@
 
 struct df_weight_set;
 
-typedef struct df_pipeline_kind {
-    const char *name; /* model_index.json "_class_name" */
+/* What a pipeline file implements, shared by the classes that load the same components
+ * (FluxPipeline, FluxImg2ImgPipeline, ... all run flux.c's). */
+typedef struct df_pipeline_ops {
     df_status (*load)(df_pipeline *p, const df_model_index *idx);
     df_status (*run)(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
     void (*free)(void *impl);
     /* The loaded components' weights, for df_pipeline_save: up to `cap` component names
      * (model_index.json's) and their weight sets; returns how many. */
     int (*weight_sets)(df_pipeline *p, const char **names, struct df_weight_set **sets, int cap);
+} df_pipeline_ops;
+
+/* What a class asks of a run beyond its prompt (diffusers' pipeline variants). */
+typedef enum df_pipeline_role {
+    DF_PIPELINE_TEXT2IMG,
+    DF_PIPELINE_IMG2IMG, /* needs an input image */
+    DF_PIPELINE_INPAINT, /* needs an input image and a mask */
+    DF_PIPELINE_KONTEXT, /* FluxKontextPipeline's sizes and picture (kontext.c) */
+} df_pipeline_role;
+
+/* One pipeline class: a row of one line per class, its code the ops of its file. */
+typedef struct df_pipeline_kind {
+    const char *name; /* model_index.json "_class_name" */
+    const df_pipeline_ops *ops;
+    df_pipeline_role role;
 } df_pipeline_kind;
 
 struct df_pipeline {

@@ -135,12 +135,14 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
 {
     if (!p || !out_dir)
         return df_errorf(DF_E_ARG, "df_pipeline_save: NULL %s", p ? "out_dir" : "pipeline");
-    if (!p->cls->weight_sets)
+    /* The inpainting and Kontext classes' folders are not written yet. */
+    bool saves = p->cls->role == DF_PIPELINE_TEXT2IMG || p->cls->role == DF_PIPELINE_IMG2IMG;
+    if (!saves || !p->cls->ops->weight_sets)
         return df_errorf(DF_E_UNSUPPORTED, "%s: writing a %s folder is not implemented", p->dir,
                          p->cls->name);
     const char *names[8];
     df_weight_set *sets[8];
-    int n = p->cls->weight_sets(p, names, sets, 8);
+    int n = p->cls->ops->weight_sets(p, names, sets, 8);
     DF_TRY(make_dirs(out_dir));
     DIR *d = opendir(p->dir);
     if (!d)

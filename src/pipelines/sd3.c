@@ -373,7 +373,7 @@ static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *
     if (g->n_images != 0)
         return df_errorf(DF_E_UNSUPPORTED, "%s: %s takes one input image, not a list of %d",
                          p->dir, p->cls->name, g->n_images);
-    if (p->cls == &df_sd3_img2img_pipeline_class && !g->image)
+    if (p->cls->role == DF_PIPELINE_IMG2IMG && !g->image)
         return df_errorf(DF_E_ARG, "%s: StableDiffusion3Img2ImgPipeline needs an input image",
                          p->dir);
     if (g->image && g->latents && !g->mask) /* inpainting takes them (inpaint.c) */
@@ -745,27 +745,11 @@ static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **s
     return df_pipeline_list_weight_sets(name, all, 5, names, sets, cap);
 }
 
-const df_pipeline_kind df_sd3_pipeline_class = {
-    .name = "StableDiffusion3Pipeline",
-    .load = sd3_load,
-    .run = sd3_run,
-    .free = sd3_free,
-    .weight_sets = sd3_weight_sets,
-};
+static const df_pipeline_ops sd3_ops = {sd3_load, sd3_run, sd3_free, sd3_weight_sets};
 
-/* The same components; a run needs an input image. */
-const df_pipeline_kind df_sd3_img2img_pipeline_class = {
-    .name = "StableDiffusion3Img2ImgPipeline",
-    .load = sd3_load,
-    .run = sd3_run,
-    .free = sd3_free,
-    .weight_sets = sd3_weight_sets,
-};
-
-/* The same components; a run needs an input image and a mask. */
-const df_pipeline_kind df_sd3_inpaint_pipeline_class = {
-    .name = "StableDiffusion3InpaintPipeline",
-    .load = sd3_load,
-    .run = sd3_run,
-    .free = sd3_free,
-};
+/* The image-input classes load the same components (inpaint.c, img2img.c). */
+const df_pipeline_kind df_sd3_pipeline_class = {"StableDiffusion3Pipeline", &sd3_ops};
+const df_pipeline_kind df_sd3_img2img_pipeline_class = {"StableDiffusion3Img2ImgPipeline",
+                                                        &sd3_ops, DF_PIPELINE_IMG2IMG};
+const df_pipeline_kind df_sd3_inpaint_pipeline_class = {"StableDiffusion3InpaintPipeline",
+                                                        &sd3_ops, DF_PIPELINE_INPAINT};
