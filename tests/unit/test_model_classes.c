@@ -9,6 +9,9 @@
  * - every make-tiny architecture of a row writes a folder holding that class (the
  *   pipeline's component slot, or a text encoder folder's architectures[0]), and make-tiny
  *   refuses one the table does not name.
+ * - every row is run by a golden case kind in diffuse-check (a transformer by
+ *   model_forward, a text encoder by text_encoder, a VAE by vae_decode and vae_encode, ...),
+ *   and every make-tiny writer is an architecture of a row (`diffuse make-tiny --list`).
  * Adding a class without one of these fails here, naming the class and what it lacks.
  */
 #include <setjmp.h>
@@ -185,6 +188,116 @@ static void test_every_tiny_arch_writes_its_class(void **state)
 }
 #endif
 
+#if defined(DF_DIFFUSE_BIN) || defined(DF_DIFFUSE_CHECK_BIN)
+/* The line that `cmd` prints for class `cls` (its first word), or "" when none. */
+static void line_of(const char *cmd, const char *cls, char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char line[512];
+    size_t n = strlen(cls);
+    while (fgets(line, sizeof line, f))
+        if (!out[0] && strncmp(line, cls, n) == 0 && (line[n] == ' ' || line[n] == '\n')) {
+            line[strcspn(line, "\n")] = '\0';
+            snprintf(out, cap, "%s", line);
+        }
+    assert_int_equal(pclose(f), 0);
+}
+#endif
+
+#ifdef DF_DIFFUSE_BIN
+/* Whether arch is a make-tiny architecture of a row of the table. */
+static bool arch_of_a_row(const char *arch)
+{
+    int n;
+    const df_model_class *rows = df_model_classes(&n);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < DF_MODEL_TINY_ARCHS && rows[i].tiny_arch[k]; k++)
+            if (strcmp(rows[i].tiny_arch[k], arch) == 0)
+                return true;
+    return false;
+}
+
+static void test_every_tiny_writer_is_a_row(void **state)
+{
+    (void)state;
+    char cmd[2048], line[512];
+    snprintf(cmd, sizeof cmd, "'%s' make-tiny --list", DF_DIFFUSE_BIN);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    int writers = 0;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (!arch_of_a_row(line))
+            fail_msg("make-tiny writes --arch %s, which no row of the model table names", line);
+        writers++;
+    }
+    assert_int_equal(pclose(f), 0);
+    assert_true(writers >= 4);
+    /* ... and every row's architecture has a writer (`make-tiny --list` names it). */
+    int n;
+    const df_model_class *rows = df_model_classes(&n);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < DF_MODEL_TINY_ARCHS && rows[i].tiny_arch[k]; k++) {
+            char found[256];
+            line_of(cmd, rows[i].tiny_arch[k], found, sizeof found);
+            if (!found[0])
+                fail_msg("%s: make-tiny has no writer for --arch %s", rows[i].name,
+                         rows[i].tiny_arch[k]);
+        }
+}
+#endif
+
+#ifdef DF_DIFFUSE_CHECK_BIN
+/* The case kinds that run a class of each component in diffuse-check. */
+static const struct {
+    const char *component;
+    const char *kinds[2];
+} kinds_of[] = {
+    {"transformer", {"model_forward"}},
+    {"text_encoder", {"text_encoder"}},
+    {"vae", {"vae_decode", "vae_encode"}},
+    {"tokenizer", {"tokenizer"}},
+    {"scheduler", {"scheduler"}},
+};
+
+static void test_every_class_runs_in_diffuse_check(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' --classes", DF_DIFFUSE_CHECK_BIN);
+    int n, checked = 0;
+    const df_model_class *rows = df_model_classes(&n);
+    for (int i = 0; i < n; i++) {
+        const df_model_class *c = &rows[i];
+        char line[512];
+        line_of(cmd, c->name, line, sizeof line);
+        if (!line[0])
+            fail_msg("%s: `diffuse-check --classes` does not list the row", c->name);
+        bool known = false;
+        for (size_t k = 0; k < sizeof kinds_of / sizeof *kinds_of; k++) {
+            if (strcmp(kinds_of[k].component, c->component) != 0)
+                continue;
+            known = true;
+            for (int j = 0; j < 2 && kinds_of[k].kinds[j]; j++, checked++) {
+                char word[64];
+                snprintf(word, sizeof word, " %s", kinds_of[k].kinds[j]);
+                size_t len = strlen(word);
+                const char *at = strstr(line, word);
+                if (!at || (at[len] != ' ' && at[len] != '\0'))
+                    fail_msg("%s: diffuse-check has no %s runner for the class (it says: %s)",
+                             c->name, kinds_of[k].kinds[j], line);
+            }
+        }
+        if (!known)
+            fail_msg("%s: no diffuse-check case kind is known for component %s", c->name,
+                     c->component);
+    }
+    assert_true(checked >= n);
+}
+#endif
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -193,6 +306,10 @@ int main(void)
         cmocka_unit_test(test_every_transformer_has_a_golden_forward),
 #ifdef DF_DIFFUSE_BIN
         cmocka_unit_test(test_every_tiny_arch_writes_its_class),
+        cmocka_unit_test(test_every_tiny_writer_is_a_row),
+#endif
+#ifdef DF_DIFFUSE_CHECK_BIN
+        cmocka_unit_test(test_every_class_runs_in_diffuse_check),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,8 +8,8 @@
  * tensor holding it); return_dict is ignored. A FLUX.1 case may name a "single_file"
  * (safetensors or GGUF, in the original or ComfyUI layout) that holds the weights, "dir"
  * then holding only the config. The transformer classes are the model table's
- * (df_model_class_find); FluxTransformer2DModel and Flux2Transformer2DModel run here,
- * SD3Transformer2DModel in kind_sd3.c.
+ * (df_model_class_find), each run by its row of `runners` below: FluxTransformer2DModel and
+ * Flux2Transformer2DModel here, SD3Transformer2DModel in kind_sd3.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,15 +145,38 @@ static int run_flux2(check_case *c, df_ctx *ctx)
     return rc;
 }
 
+/* The runner of each transformer class of the model table (models.h). */
+typedef struct forward_runner {
+    const char *cls;
+    int (*run)(check_case *c, df_ctx *ctx);
+} forward_runner;
+
+static const forward_runner runners[] = {
+    {"FluxTransformer2DModel", run_flux},
+    {"SD3Transformer2DModel", check_sd3_forward}, /* kind_sd3.c */
+    {"Flux2Transformer2DModel", run_flux2},
+};
+
+static const forward_runner *find_runner(const char *cls)
+{
+    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
+        if (strcmp(runners[i].cls, cls) == 0)
+            return &runners[i];
+    return NULL;
+}
+
+bool check_model_forward_runs(const char *cls)
+{
+    return find_runner(cls) != NULL;
+}
+
 int check_kind_model_forward(check_case *c)
 {
     const df_model_class *row = df_model_class_find(c->cls); /* models.h */
     if (!row || strcmp(row->component, "transformer") != 0)
         return check_fail(c, "model_forward: unknown class %s", c->cls);
-    bool flux = strcmp(c->cls, "FluxTransformer2DModel") == 0;
-    bool flux2 = strcmp(c->cls, "Flux2Transformer2DModel") == 0;
-    bool sd3 = strcmp(c->cls, "SD3Transformer2DModel") == 0; /* kind_sd3.c */
-    if (!flux && !flux2 && !sd3)
+    const forward_runner *runner = find_runner(c->cls);
+    if (!runner)
         return check_fail(c, "model_forward: the transformer class %s has no runner here", c->cls);
     if (!c->model_dir)
         return check_fail(c, "model_forward needs a model folder (case.json \"dir\")");
@@ -163,7 +186,7 @@ int check_kind_model_forward(check_case *c)
     if (df_ctx_create(&opts, &ctx) != DF_OK)
         return check_fail(c, "cannot create a context on %s: %s",
                           c->device ? c->device : "the default device", df_error_message());
-    int rc = sd3 ? check_sd3_forward(c, ctx) : flux2 ? run_flux2(c, ctx) : run_flux(c, ctx);
+    int rc = runner->run(c, ctx);
     df_ctx_free(ctx);
     return rc;
 }

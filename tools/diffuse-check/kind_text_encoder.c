@@ -144,17 +144,6 @@ static int run_t5(check_case *c, df_ctx *ctx, te_outputs *o)
     return rc;
 }
 
-static bool is_decoder_lm(const char *cls)
-{
-    static const char *const names[] = {"MistralModel", "MistralForCausalLM",
-                                        "Mistral3ForConditionalGeneration", "Qwen3Model",
-                                        "Qwen3ForCausalLM"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (strcmp(cls, names[i]) == 0)
-            return true;
-    return false;
-}
-
 static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
 {
     df_decoder_lm *m;
@@ -202,13 +191,40 @@ static int run_decoder_lm(check_case *c, df_ctx *ctx, te_outputs *o)
     return rc;
 }
 
+/* The runner of each text encoder class of the model table (models.h). */
+typedef struct te_runner {
+    const char *cls;
+    int (*run)(check_case *c, df_ctx *ctx, te_outputs *o);
+} te_runner;
+
+static const te_runner runners[] = {
+    {"CLIPTextModel", run_clip},
+    {"CLIPTextModelWithProjection", run_clip},
+    {"T5EncoderModel", run_t5},
+    {"MistralModel", run_decoder_lm},
+    {"MistralForCausalLM", run_decoder_lm},
+    {"Mistral3ForConditionalGeneration", run_decoder_lm},
+    {"Qwen3Model", run_decoder_lm},
+    {"Qwen3ForCausalLM", run_decoder_lm},
+};
+
+static const te_runner *find_runner(const char *cls)
+{
+    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
+        if (strcmp(runners[i].cls, cls) == 0)
+            return &runners[i];
+    return NULL;
+}
+
+bool check_text_encoder_runs(const char *cls)
+{
+    return find_runner(cls) != NULL;
+}
+
 int check_kind_text_encoder(check_case *c)
 {
-    bool clip =
-        strcmp(c->cls, "CLIPTextModel") == 0 || strcmp(c->cls, "CLIPTextModelWithProjection") == 0;
-    bool t5 = strcmp(c->cls, "T5EncoderModel") == 0;
-    bool lm = is_decoder_lm(c->cls);
-    if (!clip && !t5 && !lm)
+    const te_runner *runner = find_runner(c->cls);
+    if (!runner)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "case.json \"dir\" is null; a text encoder needs its folder");
@@ -219,7 +235,7 @@ int check_kind_text_encoder(check_case *c)
         return check_fail(c, "%s", df_error_message());
     te_outputs o = {0};
     df_scope mark = df_scope_begin(ctx);
-    int rc = clip ? run_clip(c, ctx, &o) : t5 ? run_t5(c, ctx, &o) : run_decoder_lm(c, ctx, &o);
+    int rc = runner->run(c, ctx, &o);
     df_scope_end(ctx, mark, NULL);
     check_write_stats(c, ctx);
     df_ctx_free(ctx);

@@ -211,7 +211,7 @@ static int run(run_state *r)
 
 int check_kind_vae_decode(check_case *c)
 {
-    if (strcmp(c->cls, "AutoencoderKL") != 0 && strcmp(c->cls, "AutoencoderKLFlux2") != 0)
+    if (!check_runs_class("vae_decode", c->cls)) /* a VAE row of the model table */
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "a vae_decode case needs \"dir\" (the vae folder)");

@@ -157,7 +157,7 @@ static int run(check_case *c, df_ctx *ctx, df_vae_encoder *enc)
 
 int check_kind_vae_encode(check_case *c)
 {
-    if (strcmp(c->cls, "AutoencoderKL") != 0 && strcmp(c->cls, "AutoencoderKLFlux2") != 0)
+    if (!check_runs_class("vae_encode", c->cls)) /* a VAE row of the model table */
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)
         return check_fail(c, "a vae_encode case needs \"dir\" (the vae folder)");

@@ -4,6 +4,7 @@
  *   diffuse-check [--mode eager|fuse|compile|blocks] [--device NAME] [--dtype f32|bf16|int8]
  *                 [--threads N] [--stats-json FILE] [-v] CASE_DIR...
  *   mpirun -np N diffuse-check --tp N [options] CASE_DIR...
+ *   diffuse-check --classes
  *
  * For each folder: case.json is parsed, case.safetensors opened, "dir" resolved against the
  * case folder, and the handler of the case's "kind" runs it (check.h). A case that cannot be
@@ -37,6 +38,49 @@ static const kind_entry kinds[] = {
     {"rng", check_kind_rng},
 };
 
+/* The kinds that run the classes of each component of the model table (models.h), with
+ * whether the kind's handler has a runner for a class (NULL: every class of the component,
+ * which the library's loader tells apart, as df_vae_load tells the two VAEs). */
+typedef struct class_kind {
+    const char *component, *kind;
+    bool (*runs)(const char *cls);
+} class_kind;
+
+static const class_kind class_kinds[] = {
+    {"transformer", "model_forward", check_model_forward_runs},
+    {"text_encoder", "text_encoder", check_text_encoder_runs},
+    {"vae", "vae_decode", NULL},
+    {"vae", "vae_encode", NULL},
+    {"tokenizer", "tokenizer", NULL},
+    {"scheduler", "scheduler", NULL},
+};
+
+bool check_runs_class(const char *kind, const char *cls)
+{
+    const df_model_class *row = df_model_class_find(cls);
+    for (size_t i = 0; row && i < sizeof class_kinds / sizeof *class_kinds; i++) {
+        const class_kind *k = &class_kinds[i];
+        if (strcmp(k->kind, kind) == 0 && strcmp(k->component, row->component) == 0)
+            return !k->runs || k->runs(cls);
+    }
+    return false;
+}
+
+/* --classes: each row of the model table, then the kinds that run it ("-": none). */
+static void print_classes(void)
+{
+    int n;
+    const df_model_class *rows = df_model_classes(&n);
+    for (int i = 0; i < n; i++) {
+        int kinds_found = 0;
+        printf("%s", rows[i].name);
+        for (size_t k = 0; k < sizeof class_kinds / sizeof *class_kinds; k++)
+            if (check_runs_class(class_kinds[k].kind, rows[i].name) && ++kinds_found)
+                printf(" %s", class_kinds[k].kind);
+        printf("%s\n", kinds_found ? "" : " -");
+    }
+}
+
 typedef struct options {
     const char *mode, *device;
     df_dtype compute;
@@ -55,7 +99,9 @@ static void usage(FILE *f)
                "  --stats-json FILE                 write the run's counters as JSON lines\n"
                "  --tp N                            split pipeline cases over N ranks, started as\n"
                "                                    mpirun -np N diffuse-check --tp N ...\n"
-               "  -v                                more detail on failures\n");
+               "  -v                                more detail on failures\n"
+               "  --classes                         print each class of the model table with\n"
+               "                                    the case kinds that run it, and exit\n");
 }
 
 static double now(void)
@@ -179,6 +225,10 @@ static int parse_args(int argc, char **argv, options *o)
         if (strcmp(a, "-v") == 0) {
             o->verbose++;
             continue;
+        }
+        if (strcmp(a, "--classes") == 0) {
+            print_classes();
+            exit(0);
         }
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);

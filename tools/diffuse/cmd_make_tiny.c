@@ -703,6 +703,120 @@ static bool arch_in_table(const char *arch, char *list, size_t cap)
     return found;
 }
 
+/* What the command line asked of a writer besides the tiny sizes. */
+typedef struct tiny_run {
+    const char *arch, *size; /* --arch, --size */
+    unsigned sized;          /* which of --heads, --head-dim, --double, --single were given */
+    uint64_t seed;
+    const char *out; /* DIR */
+} tiny_run;
+
+static int write_mistral3_folder(tiny *t, const tiny_run *r)
+{
+    return tiny_write_mistral3(r->out, &TINY_LM_SIZES, t->dtype, r->seed) ? 1 : 0;
+}
+
+static int write_qwen3_folder(tiny *t, const tiny_run *r)
+{
+    return tiny_write_qwen3(r->out, &TINY_LM_SIZES, t->dtype, r->seed) ? 1 : 0;
+}
+
+/* Flux2Pipeline or Flux2KleinPipeline (make_tiny_flux2.c), into t->dir. */
+static int write_flux2_pipeline(tiny *t, const tiny_run *r)
+{
+    bool klein = strcmp(r->arch, "flux2-klein") == 0;
+    tiny_flux2_sizes z = strcmp(r->size, "klein-4b") == 0 ? TINY_FLUX2_KLEIN_4B
+                                                           : TINY_FLUX2_SIZES(klein);
+    if (t->shard_bytes > 0)
+        z.shard_bytes = t->shard_bytes;
+    z.heads = r->sized & 1u ? t->fx_heads : z.heads;
+    z.head_dim = r->sized & 2u ? t->fx_head_dim : z.head_dim;
+    z.double_blocks = r->sized & 4u ? t->fx_double : z.double_blocks;
+    z.single_blocks = r->sized & 8u ? t->fx_single : z.single_blocks;
+    if (tiny_write_flux2(t->dir, klein, &z, t->dtype, r->seed))
+        return 1;
+    printf("%s\n", t->dir);
+    return 0;
+}
+
+/* FluxPipeline or StableDiffusion3Pipeline into t->dir: the two share the scheduler, the
+ * CLIP tokenizer and encoder writers, the T5 and the VAE. */
+static int write_flux_or_sd3(tiny *t, const tiny_run *r, bool sd3)
+{
+    df_rng_init(&t->rng, r->seed);
+    int clip_vocab = 0, t5_vocab = 0;
+    int rc = write_text(t, "model_index.json", sd3 ? sd3_index : flux_index);
+    char sched[4096];
+    snprintf(sched, sizeof sched, "%s/scheduler", t->dir);
+    rc = rc ? rc : tw_make_dir(sched);
+    char sched_cfg[1024];
+    snprintf(sched_cfg, sizeof sched_cfg,
+        "{\n  \"_class_name\": \"FlowMatchEulerDiscreteScheduler\",\n"
+        "  \"_diffusers_version\": \"0.37.1\",\n  \"base_image_seq_len\": 256,\n"
+        "  \"base_shift\": 0.5,\n  \"invert_sigmas\": false,\n  \"max_image_seq_len\": 4096,\n"
+        "  \"max_shift\": 1.15,\n  \"num_train_timesteps\": 1000,\n  \"shift\": %s,\n"
+        "  \"shift_terminal\": null,\n  \"stochastic_sampling\": false,\n"
+        "  \"time_shift_type\": \"exponential\",\n  \"use_beta_sigmas\": false,\n"
+        "  \"use_dynamic_shifting\": false,\n  \"use_exponential_sigmas\": false,\n"
+        "  \"use_karras_sigmas\": false\n}\n", sd3 ? "3.0" : "1.0");
+    rc = rc ? rc : write_text(t, "scheduler/scheduler_config.json", sched_cfg);
+    rc = rc ? rc : write_clip_tokenizer(t, "tokenizer", "<|endoftext|>", &clip_vocab);
+    if (sd3) {
+        rc = rc ? rc : write_clip(t, "text_encoder", &sd3_clip_l, clip_vocab);
+        rc = rc ? rc : write_clip_tokenizer(t, "tokenizer_2", "!", &clip_vocab);
+        rc = rc ? rc : write_clip(t, "text_encoder_2", &sd3_clip_g, clip_vocab);
+        rc = rc ? rc : write_t5_tokenizer(t, "tokenizer_3", &t5_vocab);
+        rc = rc ? rc : write_t5(t, "text_encoder_3", &sd3_t5, t5_vocab);
+        rc = rc ? rc : write_sd3(t);
+        rc = rc ? rc : write_vae(t, 1.5305, 0.0609);
+    } else {
+        rc = rc ? rc : write_clip(t, "text_encoder", &t->clip, clip_vocab);
+        rc = rc ? rc : write_t5_tokenizer(t, "tokenizer_2", &t5_vocab);
+        rc = rc ? rc : write_t5(t, "text_encoder_2", &t->t5, t5_vocab);
+        rc = rc ? rc : write_flux(t);
+        rc = rc ? rc : write_vae(t, 0.3611, 0.1159);
+    }
+    if (rc)
+        return 1;
+    printf("%s\n", t->dir);
+    return 0;
+}
+
+static int write_flux_pipeline(tiny *t, const tiny_run *r)
+{
+    return write_flux_or_sd3(t, r, false);
+}
+
+static int write_sd3_pipeline(tiny *t, const tiny_run *r)
+{
+    return write_flux_or_sd3(t, r, true);
+}
+
+/* The writer of each architecture that a row of the model table (models.h) names; `diffuse
+ * make-tiny --list` prints them and test_model_classes holds them against the table. */
+typedef struct tiny_arch {
+    const char *name;
+    bool pipeline; /* a pipeline folder (--size applies, DIR's parents are made) */
+    int (*write)(tiny *t, const tiny_run *r);
+} tiny_arch;
+
+static const tiny_arch writers[] = {
+    {"flux", true, write_flux_pipeline},
+    {"sd3", true, write_sd3_pipeline},
+    {"flux2", true, write_flux2_pipeline},
+    {"flux2-klein", true, write_flux2_pipeline},
+    {"mistral3-text-encoder", false, write_mistral3_folder},
+    {"qwen3-text-encoder", false, write_qwen3_folder},
+};
+
+static const tiny_arch *find_writer(const char *arch)
+{
+    for (size_t i = 0; i < sizeof writers / sizeof *writers; i++)
+        if (strcmp(writers[i].name, arch) == 0)
+            return &writers[i];
+    return NULL;
+}
+
 int cmd_make_tiny(int argc, char **argv)
 {
     static const struct option longopts[] = {{"arch", required_argument, 0, 'a'},
@@ -714,6 +828,7 @@ int cmd_make_tiny(int argc, char **argv)
                                              {"single", required_argument, 0, 'S'},
                                              {"size", required_argument, 0, 'Z'},
                                              {"shard-size", required_argument, 0, 'X'},
+                                             {"list", no_argument, 0, 'l'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *arch = "flux";
@@ -771,11 +886,15 @@ int cmd_make_tiny(int argc, char **argv)
             }
             break;
         }
+        case 'l':
+            for (size_t i = 0; i < sizeof writers / sizeof *writers; i++)
+                printf("%s\n", writers[i].name);
+            return 0;
         case 'h':
             printf("usage: diffuse make-tiny [--arch flux|sd3|flux2|flux2-klein] [--seed N] "
                    "[--dtype f32|bf16|f16] "
                    "[--heads N --head-dim N --double N --single N] [--size tiny|klein-4b|schnell]\n"
-                   "[--shard-size BYTES] DIR\n"
+                   "[--shard-size BYTES] DIR | --list\n"
                    "Writes a small pipeline folder with seeded random weights in the diffusers\n"
                    "layout: flux (FluxPipeline: model_index.json, scheduler/, text_encoder/ +\n"
                    "tokenizer/ (CLIP-L), text_encoder_2/ + tokenizer_2/ (T5), transformer/, vae/)\n"
@@ -796,7 +915,8 @@ int cmd_make_tiny(int argc, char **argv)
                    "weight files past that size (default 2 GiB), with the index; writing holds\n"
                    "one shard in memory.\n"
                    "--arch mistral3-text-encoder | qwen3-text-encoder writes DIR as one text\n"
-                   "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n");
+                   "encoder folder (Mistral3ForConditionalGeneration / Qwen3ForCausalLM).\n"
+                   "--list prints the architectures this program writes, one a line.\n");
             return 0;
         default: return 2;
         }
@@ -811,22 +931,20 @@ int cmd_make_tiny(int argc, char **argv)
                 archs);
         return 2;
     }
-    /* One text encoder component folder (make_tiny_lm.c), for the FLUX.2 encoders. */
-    if (strcmp(arch, "mistral3-text-encoder") == 0)
-        return tiny_write_mistral3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
-    if (strcmp(arch, "qwen3-text-encoder") == 0)
-        return tiny_write_qwen3(argv[optind], &TINY_LM_SIZES, t.dtype, seed) ? 1 : 0;
-    bool sd3 = strcmp(arch, "sd3") == 0, klein = strcmp(arch, "flux2-klein") == 0;
-    bool flux2 = klein || strcmp(arch, "flux2") == 0;
-    if (strcmp(arch, "flux") != 0 && !sd3 && !flux2) {
+    const tiny_arch *w = find_writer(arch);
+    if (!w) {
         fprintf(stderr,
                 "diffuse make-tiny: architecture '%s' is in the model table but has no "
                 "writer here\n",
                 arch);
         return 2;
     }
+    tiny_run r = {.arch = arch, .size = size, .sized = sized, .seed = seed, .out = argv[optind]};
+    /* One text encoder component folder (make_tiny_lm.c), for the FLUX.2 encoders. */
+    if (!w->pipeline)
+        return w->write(&t, &r);
     bool schnell = strcmp(size, "schnell") == 0;
-    if ((strcmp(size, "klein-4b") == 0 && !klein) ||
+    if ((strcmp(size, "klein-4b") == 0 && strcmp(arch, "flux2-klein") != 0) ||
         (schnell && strcmp(arch, "flux") != 0)) {
         fprintf(stderr, "diffuse make-tiny: --size %s is for --arch %s\n", size,
                 schnell ? "flux" : "flux2-klein");
@@ -855,55 +973,5 @@ int cmd_make_tiny(int argc, char **argv)
         }
     if (tw_make_dir(t.dir))
         return 1;
-    if (flux2) {
-        tiny_flux2_sizes z = strcmp(size, "klein-4b") == 0 ? TINY_FLUX2_KLEIN_4B
-                                                           : TINY_FLUX2_SIZES(klein);
-        if (shard_size > 0)
-            z.shard_bytes = shard_size;
-        z.heads = sized & 1u ? t.fx_heads : z.heads;
-        z.head_dim = sized & 2u ? t.fx_head_dim : z.head_dim;
-        z.double_blocks = sized & 4u ? t.fx_double : z.double_blocks;
-        z.single_blocks = sized & 8u ? t.fx_single : z.single_blocks;
-        if (tiny_write_flux2(t.dir, klein, &z, t.dtype, seed))
-            return 1;
-        printf("%s\n", t.dir);
-        return 0;
-    }
-    df_rng_init(&t.rng, seed);
-    int clip_vocab = 0, t5_vocab = 0;
-    int rc = write_text(&t, "model_index.json", sd3 ? sd3_index : flux_index);
-    char sched[4096];
-    snprintf(sched, sizeof sched, "%s/scheduler", t.dir);
-    rc = rc ? rc : tw_make_dir(sched);
-    char sched_cfg[1024];
-    snprintf(sched_cfg, sizeof sched_cfg,
-        "{\n  \"_class_name\": \"FlowMatchEulerDiscreteScheduler\",\n"
-        "  \"_diffusers_version\": \"0.37.1\",\n  \"base_image_seq_len\": 256,\n"
-        "  \"base_shift\": 0.5,\n  \"invert_sigmas\": false,\n  \"max_image_seq_len\": 4096,\n"
-        "  \"max_shift\": 1.15,\n  \"num_train_timesteps\": 1000,\n  \"shift\": %s,\n"
-        "  \"shift_terminal\": null,\n  \"stochastic_sampling\": false,\n"
-        "  \"time_shift_type\": \"exponential\",\n  \"use_beta_sigmas\": false,\n"
-        "  \"use_dynamic_shifting\": false,\n  \"use_exponential_sigmas\": false,\n"
-        "  \"use_karras_sigmas\": false\n}\n", sd3 ? "3.0" : "1.0");
-    rc = rc ? rc : write_text(&t, "scheduler/scheduler_config.json", sched_cfg);
-    rc = rc ? rc : write_clip_tokenizer(&t, "tokenizer", "<|endoftext|>", &clip_vocab);
-    if (sd3) {
-        rc = rc ? rc : write_clip(&t, "text_encoder", &sd3_clip_l, clip_vocab);
-        rc = rc ? rc : write_clip_tokenizer(&t, "tokenizer_2", "!", &clip_vocab);
-        rc = rc ? rc : write_clip(&t, "text_encoder_2", &sd3_clip_g, clip_vocab);
-        rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_3", &t5_vocab);
-        rc = rc ? rc : write_t5(&t, "text_encoder_3", &sd3_t5, t5_vocab);
-        rc = rc ? rc : write_sd3(&t);
-        rc = rc ? rc : write_vae(&t, 1.5305, 0.0609);
-    } else {
-        rc = rc ? rc : write_clip(&t, "text_encoder", &t.clip, clip_vocab);
-        rc = rc ? rc : write_t5_tokenizer(&t, "tokenizer_2", &t5_vocab);
-        rc = rc ? rc : write_t5(&t, "text_encoder_2", &t.t5, t5_vocab);
-        rc = rc ? rc : write_flux(&t);
-        rc = rc ? rc : write_vae(&t, 0.3611, 0.1159);
-    }
-    if (rc)
-        return 1;
-    printf("%s\n", t.dir);
-    return 0;
+    return w->write(&t, &r);
 }
