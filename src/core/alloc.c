@@ -9,6 +9,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static _Atomic int64_t fail_countdown; /* 0 = off */
 static _Atomic int64_t live;
@@ -114,4 +116,14 @@ bool df_array_grow(void **data, size_t *cap, size_t need, size_t elem)
     *data = p;
     *cap = n;
     return true;
+}
+
+void df_pages_advise(const void *p, size_t n, int advice)
+{
+    if (!p || n == 0)
+        return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t begin = (uintptr_t)p / page * page;
+    uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
+    madvise((void *)begin, end - begin, advice);
 }

@@ -20,6 +20,11 @@ char *df_strdup(const char *s);
 void *df_aligned_alloc(size_t n);
 void  df_aligned_free(void *p);
 
+/* madvise(advice) over the whole pages that [p, p + n) touches: begin rounded down, end up.
+ * Advice only: a failure changes nothing, and NULL or n == 0 asks nothing. The one helper
+ * for the weights' file pages (runtime/weight.c) and the CPU device's (cpu_buffer.c). */
+void df_pages_advise(const void *p, size_t n, int advice);
+
 /* Testing hooks: the `nth` allocation from now on (1 = the next) fails, and every
  * allocation after it succeeds again. 0 turns failure injection off. */
 void    df_alloc_fail_at(int64_t nth);

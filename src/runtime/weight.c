@@ -91,15 +91,6 @@ static df_weight *record(const df_weight_ref *r)
     return r->t->v.st->weight;
 }
 
-static void advise(const void *data, size_t bytes, int advice)
-{
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (uintptr_t)data / page * page;
-    uintptr_t end = ((uintptr_t)data + bytes + page - 1) / page * page;
-    if (end > begin)
-        madvise((void *)begin, end - begin, advice); /* advice only: failure changes nothing */
-}
-
 /* The file-backed weights a release names, whose pages go once the stream gets there. The
  * list's owner keeps the storages alive until then (it syncs before it frees them). */
 typedef struct release_job {
@@ -113,7 +104,8 @@ static void release_pages(void *arg, df_status s)
     release_job *j = arg;
     for (int i = 0; i < j->n; i++)
         if (df_storage_host_ptr(j->st[i]))
-            advise(j->st[i]->weight->pages, j->st[i]->weight->page_bytes, MADV_DONTNEED);
+            df_pages_advise(j->st[i]->weight->pages, j->st[i]->weight->page_bytes,
+                            MADV_DONTNEED);
     df_free(j);
 }
 
@@ -166,7 +158,7 @@ void df_weight_acquire(df_ctx *ctx, const df_weight_ref *w, int n, const char *p
         df_storage *st = w[i].t->v.st;
         df_weight *r = st->weight;
         if (r->file_backed)
-            advise(r->pages, r->page_bytes, MADV_WILLNEED); /* read ahead while work runs */
+            df_pages_advise(r->pages, r->page_bytes, MADV_WILLNEED); /* read ahead meanwhile */
         df_residency_note_acquire(ctx, r, prefix != NULL);
         df_status s = df_residency_restore(ctx, st); /* on the copy stream */
         if (s != DF_OK)

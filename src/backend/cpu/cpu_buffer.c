@@ -46,12 +46,8 @@ void df_cpu_drop_derived(df_dev_buffer *b)
  * nothing). */
 static void advise_file_pages(const df_view *v, const void *p, size_t n, int advice)
 {
-    if (!(v->flags & DF_VIEW_FILE_PAGES) || !p || n == 0)
-        return;
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t begin = (uintptr_t)p / page * page;
-    uintptr_t end = ((uintptr_t)p + n + page - 1) / page * page;
-    madvise((void *)begin, end - begin, advice);
+    if (v->flags & DF_VIEW_FILE_PAGES)
+        df_pages_advise(p, n, advice);
 }
 
 void df_cpu_drop_pages(const df_view *v, const void *p, size_t n)
