@@ -11,7 +11,9 @@
  *   refuses one the table does not name.
  * - every row is run by a golden case kind in diffuse-check (a transformer by
  *   model_forward, a text encoder by text_encoder, a VAE by vae_decode and vae_encode, ...),
- *   and every make-tiny writer is an architecture of a row (`diffuse make-tiny --list`).
+ *   and every make-tiny writer is an architecture of a row (`diffuse make-tiny --list`);
+ * - every pipeline class the library loads (pipeline.c's tables) is run by diffuse-check's
+ *   pipeline kind, and that kind runs no other.
  * Adding a class without one of these fails here, naming the class and what it lacks.
  */
 #include <setjmp.h>
@@ -29,6 +31,7 @@
 #include <diffuse/diffuse.h>
 
 #include "models/quant_policy.h"
+#include "pipelines/pipeline.h"
 
 static bool is_transformer(const df_model_class *c)
 {
@@ -296,6 +299,40 @@ static void test_every_class_runs_in_diffuse_check(void **state)
     }
     assert_true(checked >= n);
 }
+
+/* Every pipeline class the library loads has a pipeline runner in diffuse-check, and
+ * diffuse-check runs no pipeline class the library does not load. */
+static void test_every_pipeline_class_runs_in_diffuse_check(void **state)
+{
+    (void)state;
+    char cmd[2048], line[512];
+    snprintf(cmd, sizeof cmd, "'%s' --classes", DF_DIFFUSE_CHECK_BIN);
+    int n;
+    const df_pipeline_table *tables = df_pipeline_tables(&n);
+    for (int i = 0; i < n; i++) {
+        const char *cls = tables[i].kind->name;
+        line_of(cmd, cls, line, sizeof line);
+        if (!strstr(line, " pipeline"))
+            fail_msg("%s: diffuse-check has no pipeline runner for the class", cls);
+    }
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    int runners = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *kind = strstr(line, " pipeline\n");
+        if (!kind)
+            continue;
+        *kind = '\0';
+        bool loaded = false;
+        for (int i = 0; i < n; i++)
+            loaded = loaded || strcmp(tables[i].kind->name, line) == 0;
+        if (!loaded)
+            fail_msg("diffuse-check runs pipeline class %s, which the library does not load", line);
+        runners++;
+    }
+    assert_int_equal(pclose(f), 0);
+    assert_int_equal(runners, n);
+}
 #endif
 
 int main(void)
@@ -310,6 +347,7 @@ int main(void)
 #endif
 #ifdef DF_DIFFUSE_CHECK_BIN
         cmocka_unit_test(test_every_class_runs_in_diffuse_check),
+        cmocka_unit_test(test_every_pipeline_class_runs_in_diffuse_check),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

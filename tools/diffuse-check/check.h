@@ -103,12 +103,15 @@ void check_tp_end(check_tp *t);
 
 /* Whether a case of `kind` runs class `cls`: a row of the library's model table (models.h)
  * of the component that the kind runs, which the kind's handler has a runner for.
- * `diffuse-check --classes` prints each row of the table with the kinds that run it. */
+ * `diffuse-check --classes` prints each row of the table with the kinds that run it, then
+ * each pipeline class with "pipeline". */
 bool check_runs_class(const char *kind, const char *cls);
 /* Whether the handler has a runner of its own for the class (kind_model_forward.c,
  * kind_text_encoder.c). */
 bool check_model_forward_runs(const char *cls);
 bool check_text_encoder_runs(const char *cls);
+/* The i-th pipeline class the pipeline kind runs (kind_pipeline.c), NULL past the last. */
+const char *check_pipeline_class(int i);
 
 /* The handlers, one per kind, each in its own file (kind_<kind>.c). */
 int check_kind_model_forward(check_case *c);

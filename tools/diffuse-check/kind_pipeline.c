@@ -297,18 +297,43 @@ static int get_from_pretrained(check_case *c, bool *no_t5)
     return 0;
 }
 
+/* The pipeline classes run here, each with the family whose arguments and defaults it
+ * takes; `diffuse-check --classes` lists them and test_model_classes holds them against
+ * the library's pipeline classes. */
+typedef enum pipeline_family { FAMILY_FLUX, FAMILY_SD3, FAMILY_FLUX2 } pipeline_family;
+
+typedef struct pipeline_runner {
+    const char *cls;
+    pipeline_family family;
+    bool kontext; /* FluxKontextPipeline's sizes */
+} pipeline_runner;
+
+static const pipeline_runner runners[] = {
+    {"FluxPipeline", FAMILY_FLUX, false},
+    {"FluxImg2ImgPipeline", FAMILY_FLUX, false},
+    {"FluxInpaintPipeline", FAMILY_FLUX, false},
+    {"FluxKontextPipeline", FAMILY_FLUX, true},
+    {"StableDiffusion3Pipeline", FAMILY_SD3, false},
+    {"StableDiffusion3Img2ImgPipeline", FAMILY_SD3, false},
+    {"StableDiffusion3InpaintPipeline", FAMILY_SD3, false},
+    {"Flux2Pipeline", FAMILY_FLUX2, false},
+    {"Flux2KleinPipeline", FAMILY_FLUX2, false},
+};
+
+const char *check_pipeline_class(int i)
+{
+    return i >= 0 && i < (int)(sizeof runners / sizeof *runners) ? runners[i].cls : NULL;
+}
+
 int check_kind_pipeline(check_case *c)
 {
-    bool sd3 = strcmp(c->cls, "StableDiffusion3Pipeline") == 0 ||
-               strcmp(c->cls, "StableDiffusion3Img2ImgPipeline") == 0 ||
-               strcmp(c->cls, "StableDiffusion3InpaintPipeline") == 0;
-    bool flux2 =
-        strcmp(c->cls, "Flux2Pipeline") == 0 || strcmp(c->cls, "Flux2KleinPipeline") == 0;
-    bool kontext = strcmp(c->cls, "FluxKontextPipeline") == 0;
-    bool flux = strcmp(c->cls, "FluxPipeline") == 0 || strcmp(c->cls, "FluxImg2ImgPipeline") == 0 ||
-                strcmp(c->cls, "FluxInpaintPipeline") == 0 || kontext;
-    if (!flux && !sd3 && !flux2)
+    const pipeline_runner *r = NULL;
+    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
+        if (strcmp(runners[i].cls, c->cls) == 0)
+            r = &runners[i];
+    if (!r)
         return check_fail(c, "class %s is not implemented yet", c->cls);
+    bool sd3 = r->family == FAMILY_SD3, flux2 = r->family == FAMILY_FLUX2, kontext = r->kontext;
     if (!c->model_dir)
         return check_fail(c, "the case names no pipeline folder");
 

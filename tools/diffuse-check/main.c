@@ -66,7 +66,8 @@ bool check_runs_class(const char *kind, const char *cls)
     return false;
 }
 
-/* --classes: each row of the model table, then the kinds that run it ("-": none). */
+/* --classes: each row of the model table, then the kinds that run it ("-": none); then the
+ * pipeline classes the pipeline kind runs. */
 static void print_classes(void)
 {
     int n;
@@ -79,6 +80,8 @@ static void print_classes(void)
                 printf(" %s", class_kinds[k].kind);
         printf("%s\n", kinds_found ? "" : " -");
     }
+    for (int i = 0; check_pipeline_class(i); i++)
+        printf("%s pipeline\n", check_pipeline_class(i));
 }
 
 typedef struct options {
@@ -101,7 +104,8 @@ static void usage(FILE *f)
                "                                    mpirun -np N diffuse-check --tp N ...\n"
                "  -v                                more detail on failures\n"
                "  --classes                         print each class of the model table with\n"
-               "                                    the case kinds that run it, and exit\n");
+               "                                    the case kinds that run it, and the pipeline\n"
+               "                                    classes, and exit\n");
 }
 
 static double now(void)
