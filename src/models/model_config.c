@@ -25,6 +25,29 @@ df_status df_config_class(const df_json *cfg, const char *cls)
     return DF_OK;
 }
 
+df_status df_config_names_all(const df_json *cfg, const char *key, const char *want, int64_t n,
+                              const char *n_key)
+{
+    const df_json *names = df_json_get(cfg, key);
+    if (df_json_is_null(names))
+        return DF_OK;
+    const char *src = df_json_source(cfg);
+    DF_TRY(df_json_get_array(cfg, key, &names));
+    int64_t got = df_json_array_size(names);
+    if (n >= 0 && got != n)
+        return df_errorf(DF_E_FORMAT, "%s: %s has %lld entries but %s has %lld", src, key,
+                         (long long)got, n_key, (long long)n);
+    for (int64_t i = 0; i < got; i++) {
+        const char *t;
+        DF_TRY(df_json_to_string(df_json_array_get(names, i), &t));
+        if (strcmp(t, want) != 0)
+            return df_errorf(DF_E_UNSUPPORTED,
+                             "%s: key '%s[%lld]' is '%.64s'; only \"%s\" is implemented", src,
+                             key, (long long)i, t, want);
+    }
+    return DF_OK;
+}
+
 df_status df_config_rope_axes(const df_json *cfg, const int64_t *dflt, int n_dflt, int max_axes,
                               int64_t max, int64_t head_dim, int64_t *axes, int *n)
 {

@@ -13,6 +13,12 @@ df_status df_config_size(const df_json *cfg, const char *key, int64_t dflt, int6
 /* When the config names its "_class_name", it must be `cls`: DF_E_FORMAT when it is not a
  * string, DF_E_UNSUPPORTED naming both classes when it is another class. */
 df_status df_config_class(const df_json *cfg, const char *cls);
+/* The list of names `key`, each of which must be `want` (nothing to check when the key is
+ * absent or null): DF_E_FORMAT when it is not a list of strings or, for n >= 0, when it does
+ * not have n entries (the count `n_key` gives); DF_E_UNSUPPORTED naming the first other
+ * entry. */
+df_status df_config_names_all(const df_json *cfg, const char *key, const char *want, int64_t n,
+                              const char *n_key);
 /* RoPE's "axes_dims_rope": at most `max_axes` positive even sizes of at most `max` that sum
  * to `head_dim` (RoPE covers the whole head); `dflt` (n_dflt sizes) when absent or null.
  * The sizes go to axes[], their count to *n. */

@@ -15,30 +15,11 @@
 
 #include "core/status.h"
 #include "models/decoder_lm.h"
+#include "models/model_config.h"
 #include "models/text_config.h"
 
 static const char *const prefixes[] = {"model.", "", NULL};
 static const char *const skipped[] = {"lm_head.", NULL};
-
-/* transformers 5.x's layer_types: one attention kind per layer. Only full attention is
- * implemented; a config that names another kind for any layer is refused. */
-static df_status check_layer_types(const df_json *j)
-{
-    const df_json *types = df_json_get(j, "layer_types");
-    if (df_json_is_null(types))
-        return DF_OK;
-    DF_TRY(df_json_get_array(j, "layer_types", &types));
-    for (int64_t i = 0; i < df_json_array_size(types); i++) {
-        const char *t;
-        DF_TRY(df_json_to_string(df_json_array_get(types, i), &t));
-        if (strcmp(t, "full_attention") != 0)
-            return df_errorf(DF_E_UNSUPPORTED,
-                             "%s: key 'layer_types[%lld]' is '%.64s'; only \"full_attention\" "
-                             "is implemented",
-                             df_json_source(j), (long long)i, t);
-    }
-    return DF_OK;
-}
 
 static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t *window)
 {
@@ -54,7 +35,9 @@ static df_status read_config(const df_json *j, df_decoder_lm_config *c, int64_t 
             "%s: key 'use_sliding_window' is true; windowed attention is not implemented",
             df_json_source(j));
     DF_TRY(df_decoder_lm_read_common(j, 10000.0, 128, 1e-6, c));
-    DF_TRY(check_layer_types(j));
+    /* transformers 5.x's layer_types: one attention kind per layer, of which only full
+     * attention is implemented. */
+    DF_TRY(df_config_names_all(j, "layer_types", "full_attention", -1, NULL));
     c->qk_norm = true;
     return DF_OK;
 }

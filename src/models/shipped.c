@@ -37,11 +37,11 @@
 
 /* SD3 and SD3.5: one stack of joint blocks, whose last block's context half is "pre-only"
  * but still has its attention's qkv; the width is the context embedder's output. */
-#define SD3_TOKENIZERS                                                                             \
+#define SD3_RELEASED(width, last, past)                                                            \
     .tokenizers = "tokenizer/ (CLIP-L: vocab.json and merges.txt), tokenizer_2/ (CLIP-G: "         \
                   "vocab.json and merges.txt) and tokenizer_3/ (T5: spiece.model or "              \
-                  "tokenizer.json)"
-#define SD3_BLOCKS(last, past)                                                                     \
+                  "tokenizer.json)",                                                               \
+    .width_key = "context_embedder.weight", .width_rows = width, .width_cols = 4096,               \
     .last_key = {"joint_blocks." #last ".x_block.attn.qkv.weight",                                 \
                  "joint_blocks." #last ".context_block.attn.qkv.weight"},                          \
     .past_key = {"joint_blocks." #past ".x_block.attn.qkv.weight",                                 \
@@ -50,18 +50,8 @@
 static const df_shipped_config sets[] = {
     {.name = "FLUX.1-dev", FLUX1_RELEASED},
     {.name = "FLUX.1-schnell", FLUX1_RELEASED},
-    {.name = "SD3-medium",
-     SD3_TOKENIZERS,
-     .width_key = "context_embedder.weight",
-     .width_rows = 1536,
-     .width_cols = 4096,
-     SD3_BLOCKS(23, 24)},
-    {.name = "SD3.5-large",
-     SD3_TOKENIZERS,
-     .width_key = "context_embedder.weight",
-     .width_rows = 2432,
-     .width_cols = 4096,
-     SD3_BLOCKS(37, 38)},
+    {.name = "SD3-medium", SD3_RELEASED(1536, 23, 24)},
+    {.name = "SD3.5-large", SD3_RELEASED(2432, 37, 38)},
 };
 
 /* Every model checkpoint.c names that has no set, and why. */

@@ -56,6 +56,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/model_config.h"
 #include "models/weight_sets.h"
 #include "models/vae_blocks.h"
 
@@ -189,24 +190,8 @@ df_status df_vae_read_config(const df_json *cfg, df_vae_info *info)
     }
 
     /* Only UpDecoderBlock2D exists for AutoencoderKL; absent means all of them. */
-    const df_json *types = df_json_get(cfg, "up_block_types");
-    if (!df_json_is_null(types)) {
-        DF_TRY(df_json_get_array(cfg, "up_block_types", &types));
-        if (df_json_array_size(types) != n_blocks)
-            return df_errorf(DF_E_FORMAT,
-                             "%s: up_block_types has %lld entries but "
-                             "block_out_channels has %lld",
-                             src, (long long)df_json_array_size(types), (long long)n_blocks);
-        for (int64_t i = 0; i < n_blocks; i++) {
-            const char *t;
-            DF_TRY(df_json_to_string(df_json_array_get(types, i), &t));
-            if (strcmp(t, "UpDecoderBlock2D") != 0)
-                return df_errorf(DF_E_UNSUPPORTED,
-                                 "%s: up_block_types[%lld] is '%s' (only "
-                                 "UpDecoderBlock2D is supported)",
-                                 src, (long long)i, t);
-        }
-    }
+    DF_TRY(df_config_names_all(cfg, "up_block_types", "UpDecoderBlock2D", n_blocks,
+                               "block_out_channels"));
 
     DF_TRY(
         df_json_get_bool_or(cfg, "mid_block_add_attention", true, &info->mid_block_add_attention));
@@ -653,30 +638,40 @@ static float to_unit(float x)
     return v < 0.0f ? 0.0f : v > 1.0f ? 1.0f : v;
 }
 
-df_status df_vae_postprocess_f32(const float *decoded, int64_t batch, int64_t channels,
-                                 int64_t height, int64_t width, float *out)
+/* decoded [B, C, H, W] -> [B, H, W, C] in [0, 1]: as floats into f32, or when f32 is NULL
+ * scaled to 0..255 and rounded into u8 (NaN as 0). */
+static df_status postprocess(const char *fn, const float *decoded, int64_t batch,
+                             int64_t channels, int64_t height, int64_t width, float *f32,
+                             uint8_t *u8)
 {
-    DF_TRY(
-        check_image_args("df_vae_postprocess_f32", decoded, out, batch, channels, height, width));
+    DF_TRY(check_image_args(fn, decoded, f32 ? (const void *)f32 : u8, batch, channels, height,
+                            width));
     int64_t hw = height * width;
     for (int64_t b = 0; b < batch; b++)
         for (int64_t c = 0; c < channels; c++)
-            for (int64_t p = 0; p < hw; p++)
-                out[(b * hw + p) * channels + c] = to_unit(decoded[(b * channels + c) * hw + p]);
+            for (int64_t p = 0; p < hw; p++) {
+                float v = to_unit(decoded[(b * channels + c) * hw + p]);
+                int64_t at = (b * hw + p) * channels + c;
+                if (f32) {
+                    f32[at] = v;
+                } else {
+                    v *= 255.0f;
+                    u8[at] = v == v ? (uint8_t)nearbyintf(v) : 0;
+                }
+            }
     return DF_OK;
+}
+
+df_status df_vae_postprocess_f32(const float *decoded, int64_t batch, int64_t channels,
+                                 int64_t height, int64_t width, float *out)
+{
+    return postprocess("df_vae_postprocess_f32", decoded, batch, channels, height, width, out,
+                       NULL);
 }
 
 df_status df_vae_postprocess_rgb8(const float *decoded, int64_t batch, int64_t channels,
                                   int64_t height, int64_t width, uint8_t *out)
 {
-    DF_TRY(
-        check_image_args("df_vae_postprocess_rgb8", decoded, out, batch, channels, height, width));
-    int64_t hw = height * width;
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t c = 0; c < channels; c++)
-            for (int64_t p = 0; p < hw; p++) {
-                float v = to_unit(decoded[(b * channels + c) * hw + p]) * 255.0f;
-                out[(b * hw + p) * channels + c] = v == v ? (uint8_t)nearbyintf(v) : 0;
-            }
-    return DF_OK;
+    return postprocess("df_vae_postprocess_rgb8", decoded, batch, channels, height, width, NULL,
+                       out);
 }

@@ -40,6 +40,7 @@
 #include "core/alloc.h"
 #include "core/status.h"
 #include "models/loader.h"
+#include "models/model_config.h"
 #include "models/vae_blocks.h"
 
 typedef struct down_block {
@@ -87,24 +88,8 @@ static df_status read_encoder_config(const df_json *cfg, df_vae_encoder *e)
     if (e->in_channels < 1 || e->in_channels > 64)
         return df_errorf(DF_E_FORMAT, "%s: in_channels is %lld", src, (long long)e->in_channels);
     DF_TRY(df_json_get_bool_or(cfg, "use_quant_conv", true, &e->use_quant_conv));
-    const df_json *types = df_json_get(cfg, "down_block_types");
-    if (!df_json_is_null(types)) {
-        DF_TRY(df_json_get_array(cfg, "down_block_types", &types));
-        if (df_json_array_size(types) != e->info.n_blocks)
-            return df_errorf(DF_E_FORMAT,
-                             "%s: down_block_types has %lld entries but block_out_channels "
-                             "has %d",
-                             src, (long long)df_json_array_size(types), e->info.n_blocks);
-        for (int i = 0; i < e->info.n_blocks; i++) {
-            const char *t;
-            DF_TRY(df_json_to_string(df_json_array_get(types, i), &t));
-            if (strcmp(t, "DownEncoderBlock2D") != 0)
-                return df_errorf(DF_E_UNSUPPORTED,
-                                 "%s: down_block_types[%d] is '%s' (only DownEncoderBlock2D "
-                                 "is supported)",
-                                 src, i, t);
-        }
-    }
+    DF_TRY(df_config_names_all(cfg, "down_block_types", "DownEncoderBlock2D", e->info.n_blocks,
+                               "block_out_channels"));
     return DF_OK;
 }
 
