@@ -58,14 +58,11 @@
 #include "sched/flow_match_euler.h"
 
 typedef struct flux_pipe {
+    df_pipeline_parts parts; /* first: pipeline.c allocates and frees it */
     df_tokenizer *tok_clip, *tok_t5;
     df_clip *clip;
     df_t5 *t5;
     df_flux *transformer;
-    df_vae *vae;
-    df_vae_encoder *vae_enc; /* image to image: loaded on first use */
-    char vae_dir[4096];
-    df_scheduler_config sched;
 } flux_pipe;
 
 static void flux_free(void *impl)
@@ -76,9 +73,6 @@ static void flux_free(void *impl)
     df_clip_free(f->clip);
     df_t5_free(f->t5);
     df_flux_free(f->transformer);
-    df_vae_free(f->vae);
-    df_vae_encoder_free(f->vae_enc);
-    df_free(f);
 }
 
 /* What a folder made for smaller images says (the demo pipeline, models/demo): the image
@@ -89,7 +83,7 @@ static void flux_free(void *impl)
  * its defaults decide a run. */
 static df_status folder_defaults(df_pipeline *p, const df_model_index *idx, flux_pipe *f)
 {
-    if (f->vae) {
+    if (f->parts.vae) {
         char dir[4096], path[4200];
         DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
         snprintf(path, sizeof path, "%s/config.json", dir);
@@ -98,7 +92,7 @@ static df_status folder_defaults(df_pipeline *p, const df_model_index *idx, flux
         const df_json *v = df_json_get(cfg, "sample_size");
         double side = v && df_json_type_of(v) == DF_JSON_NUMBER ? df_json_number(v) : 0;
         df_json_free(cfg);
-        int64_t factor = df_vae_config(f->vae)->scale_factor * 2;
+        int64_t factor = df_vae_config(f->parts.vae)->scale_factor * 2;
         if (side >= (double)factor && side <= 16384 && side == floor(side) &&
             (int64_t)side % factor == 0)
             p->default_size = (int)side;
@@ -114,13 +108,10 @@ static df_status folder_defaults(df_pipeline *p, const df_model_index *idx, flux
 
 static df_status flux_load(df_pipeline *p, const df_model_index *idx)
 {
-    flux_pipe *f = df_calloc(1, sizeof *f);
-    if (!f)
-        return df_errorf(DF_E_OOM, "out of memory");
-    p->impl = f;
+    flux_pipe *f = p->impl;
     char dir[4096];
 
-    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->parts.sched));
 
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     if (p->opts.transformer_file)
@@ -128,9 +119,9 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     else
         DF_TRY_CTX(df_flux_load(p->ctx, dir, &f->transformer), "%s", dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
+    snprintf(f->parts.vae_dir, sizeof f->parts.vae_dir, "%s", dir);
     if (df_pipeline_lead(p))
-        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->vae), "%s", dir);
+        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->parts.vae), "%s", dir);
     /* Text side: optional as a whole (prompt embeddings may be given instead). */
     bool text = df_pipeline_has_component(idx, "text_encoder") ||
                 df_pipeline_has_component(idx, "text_encoder_2");
@@ -165,7 +156,7 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_offload(p, f->clip ? df_clip_weight_set(f->clip) : NULL));
     DF_TRY(df_pipeline_offload(p, f->t5 ? df_t5_weight_set(f->t5) : NULL));
     DF_TRY(df_pipeline_offload(p, df_flux_weight_set(f->transformer)));
-    DF_TRY(df_pipeline_offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
+    DF_TRY(df_pipeline_offload(p, f->parts.vae ? df_vae_weight_set(f->parts.vae) : NULL));
     bool dev = df_flux_config(f->transformer)->guidance_embeds;
     p->default_steps = dev ? 28 : 4;
     p->default_guidance = dev ? 3.5f : 0.0f;
@@ -196,7 +187,7 @@ static run_sizes resolve(const df_pipeline *p, const flux_pipe *f, const df_gen_
         .max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq,
         .per = g->num_images > 0 ? g->num_images : 1,
         .np = g->prompts ? g->n_prompts : (g->prompt ? 1 : 0),
-        .factor = f->vae ? (int32_t)df_vae_config(f->vae)->scale_factor * 2 : 0,
+        .factor = f->parts.vae ? (int32_t)df_vae_config(f->parts.vae)->scale_factor * 2 : 0,
         .has_embeds = g->prompt_embeds != NULL,
     };
     r.B = (g->prompt_embeds ? 1 : r.np) * r.per;
@@ -419,14 +410,14 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
     df_ctx *ctx = p->ctx;
     int64_t B = r->B, Ci = df_flux_config(f->transformer)->in_channels;
     int64_t h = 2 * (r->H / r->factor), w = 2 * (r->W / r->factor), S = (h / 2) * (w / 2);
-    df_pipeline_onload(p, df_vae_weight_set(f->vae));
+    df_pipeline_onload(p, df_vae_weight_set(f->parts.vae));
     df_tensor *packed = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(B, S, Ci), lat);
     df_tensor *z = NULL;
     df_status s = packed ? df_vae_unpack_latents(ctx, packed, h, w, &z) : df_ctx_status(ctx);
     if (s == DF_OK)
-        s = df_vae_unscale(ctx, f->vae, z, &z);
+        s = df_vae_unscale(ctx, f->parts.vae, z, &z);
     if (s == DF_OK)
-        s = df_denoise_decode(p, f->vae, z, g->vae_tiling, true, B, r->H, r->W, out);
+        s = df_denoise_decode(p, f->parts.vae, z, g->vae_tiling, true, B, r->H, r->W, out);
     return s;
 }
 
@@ -435,9 +426,9 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
 static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
                                 df_scheduler **out)
 {
-    double mu = df_flux_calculate_shift(S, f->sched.base_image_seq_len, f->sched.max_image_seq_len,
-                                        f->sched.base_shift, f->sched.max_shift);
-    return df_denoise_scheduler(&f->sched, steps, true, &mu, first, out);
+    double mu = df_flux_calculate_shift(S, f->parts.sched.base_image_seq_len, f->parts.sched.max_image_seq_len,
+                                        f->parts.sched.base_shift, f->parts.sched.max_shift);
+    return df_denoise_scheduler(&f->parts.sched, steps, true, &mu, first, out);
 }
 
 /* One transformer forward (compiled or not) on `in`; with `S` > 0 only the first S tokens
@@ -603,7 +594,7 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
 {
     float sigma;
     DF_TRY(first_sigma(f, r, &sigma));
-    return df_img2img_latents(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
+    return df_img2img_latents(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
                               out);
 }
 
@@ -615,7 +606,7 @@ static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_para
     float sigma;
     DF_TRY(first_sigma(f, r, &sigma));
     int64_t C = df_flux_config(f->transformer)->in_channels / 4;
-    return df_inpaint_prepare(p, f->vae_dir, &f->vae_enc, g, r->B, r->H, r->W, r->factor, C,
+    return df_inpaint_prepare(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W, r->factor, C,
                               sigma, pack_latents, lat, ip);
 }
 
@@ -629,7 +620,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     df_gen_params sized; /* Kontext: the size fitted to max_area */
     df_status s = DF_OK;
     if (kontext) { /* rank 0 has the VAE, and decides */
-        int factor = f->vae ? (int)df_vae_config(f->vae)->scale_factor * 2 : 0;
+        int factor = f->parts.vae ? (int)df_vae_config(f->parts.vae)->scale_factor * 2 : 0;
         s = df_kontext_params(p, g, p->default_size, factor, &sized);
         g = &sized;
     }
@@ -693,7 +684,7 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
     }
     df_image_tokens ki = {0}; /* the picture's tokens, after the noise as prepare_latents */
     if (s == DF_OK && kontext && g->image && df_pipeline_lead(p))
-        s = df_kontext_image_make(p, f->vae_dir, &f->vae_enc, g, r.factor, &ki);
+        s = df_kontext_image_make(p, f->parts.vae_dir, &f->parts.vae_enc, g, r.factor, &ki);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && kontext && g->image && df_pipeline_tp(p))
         s = df_image_tokens_share(p, &ki, 3, "the picture's tokens");
@@ -727,14 +718,20 @@ static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output 
 static int flux_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
 {
     flux_pipe *f = p->impl;
-    df_weight_set *all[] = {df_flux_weight_set(f->transformer), df_vae_weight_set(f->vae),
+    df_weight_set *all[] = {df_flux_weight_set(f->transformer), df_vae_weight_set(f->parts.vae),
                             f->clip ? df_clip_weight_set(f->clip) : NULL,
                             f->t5 ? df_t5_weight_set(f->t5) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder", "text_encoder_2"};
     return df_pipeline_list_weight_sets(name, all, 4, names, sets, cap);
 }
 
-static const df_pipeline_ops flux_ops = {flux_load, flux_run, flux_free, flux_weight_sets};
+static const df_pipeline_ops flux_ops = {
+    .size = sizeof(flux_pipe),
+    .load = flux_load,
+    .run = flux_run,
+    .free = flux_free,
+    .weight_sets = flux_weight_sets,
+};
 
 /* The image-input classes load the same components (inpaint.c, img2img.c, kontext.c). */
 const df_pipeline_kind df_flux_pipeline_class = {"FluxPipeline", &flux_ops};

@@ -70,15 +70,12 @@
 #include "sched/flux2_latents.h"
 
 typedef struct flux2_pipe {
+    df_pipeline_parts parts; /* first: pipeline.c allocates and frees it */
     bool klein;        /* Flux2KleinPipeline */
     bool is_distilled; /* klein: step-wise distilled (no CFG) */
     df_tokenizer *tok; /* rank 0 */
     df_decoder_lm *te; /* NULL when the folder has no text encoder */
     df_flux2 *transformer;
-    df_vae *vae; /* rank 0 */
-    df_vae_encoder *vae_enc; /* reference images: loaded on first use */
-    char vae_dir[4096];
-    df_scheduler_config sched;
 } flux2_pipe;
 
 static void flux2_free(void *impl)
@@ -87,9 +84,6 @@ static void flux2_free(void *impl)
     df_tokenizer_free(f->tok);
     df_decoder_lm_free(f->te);
     df_flux2_free(f->transformer);
-    df_vae_free(f->vae);
-    df_vae_encoder_free(f->vae_enc);
-    df_free(f);
 }
 
 /* The text side (optional as a whole: prompt embeddings may be given instead): the
@@ -123,33 +117,30 @@ static df_status load_text(df_pipeline *p, flux2_pipe *f, const df_model_index *
 
 static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
 {
-    flux2_pipe *f = df_calloc(1, sizeof *f);
-    if (!f)
-        return df_errorf(DF_E_OOM, "out of memory");
-    p->impl = f;
+    flux2_pipe *f = p->impl;
     f->klein = strcmp(p->cls->name, "Flux2KleinPipeline") == 0;
     if (f->klein)
         DF_TRY(df_json_get_bool_or(df_model_index_json(idx), "is_distilled", false,
                                    &f->is_distilled));
 
-    DF_TRY(df_denoise_scheduler_config(p, idx, &f->sched));
+    DF_TRY(df_denoise_scheduler_config(p, idx, &f->parts.sched));
 
     char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_flux2_load_file(p->ctx, dir, p->opts.transformer_file, &f->transformer), "%s",
                dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    snprintf(f->vae_dir, sizeof f->vae_dir, "%s", dir);
+    snprintf(f->parts.vae_dir, sizeof f->parts.vae_dir, "%s", dir);
     const df_flux2_cfg *c = df_flux2_config(f->transformer);
     if (df_pipeline_lead(p)) {
-        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->vae), "%s", dir);
-        if (!df_vae_config(f->vae)->flux2 ||
-            c->in_channels != df_vae_config(f->vae)->bn_channels)
+        DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &f->parts.vae), "%s", dir);
+        if (!df_vae_config(f->parts.vae)->flux2 ||
+            c->in_channels != df_vae_config(f->parts.vae)->bn_channels)
             return df_errorf(DF_E_FORMAT,
                              "%s: the transformer takes %lld latent channels but the VAE's "
                              "patchified latents have %lld",
                              p->dir, (long long)c->in_channels,
-                             (long long)df_vae_config(f->vae)->bn_channels);
+                             (long long)df_vae_config(f->parts.vae)->bn_channels);
     }
     DF_TRY(load_text(p, f, idx));
 
@@ -157,7 +148,7 @@ static df_status flux2_load(df_pipeline *p, const df_model_index *idx)
     /* With offloading nothing stays resident after loading. */
     DF_TRY(df_pipeline_offload(p, f->te ? df_decoder_lm_weight_set(f->te) : NULL));
     DF_TRY(df_pipeline_offload(p, df_flux2_weight_set(f->transformer)));
-    DF_TRY(df_pipeline_offload(p, f->vae ? df_vae_weight_set(f->vae) : NULL));
+    DF_TRY(df_pipeline_offload(p, f->parts.vae ? df_vae_weight_set(f->parts.vae) : NULL));
     bool distilled = f->klein && f->is_distilled;
     p->default_steps = distilled ? 4 : 50;
     p->default_guidance = distilled ? 1.0f : 4.0f;
@@ -185,7 +176,7 @@ static run_sizes resolve(const df_pipeline *p, const flux2_pipe *f, const df_gen
         .guidance = g->guidance_set ? g->guidance : p->default_guidance,
         .max_seq = g->max_sequence_length ? g->max_sequence_length : p->default_max_seq,
         .per = g->num_images > 0 ? g->num_images : 1,
-        .factor = f->vae ? (int32_t)df_vae_config(f->vae)->scale_factor * 2 : 0,
+        .factor = f->parts.vae ? (int32_t)df_vae_config(f->parts.vae)->scale_factor * 2 : 0,
         .has_embeds = g->prompt_embeds != NULL,
         .has_neg_embeds = g->negative_prompt_embeds != NULL,
         .C = df_flux2_config(f->transformer)->in_channels,
@@ -328,7 +319,7 @@ static df_status encode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
 static df_status make_scheduler(const flux2_pipe *f, const run_sizes *r, df_scheduler **out)
 {
     double mu = df_flux2_compute_empirical_mu(r->S, r->steps);
-    return df_denoise_scheduler(&f->sched, r->steps, true, &mu, 0, out);
+    return df_denoise_scheduler(&f->parts.sched, r->steps, true, &mu, 0, out);
 }
 
 /* The ids of S image tokens and L text tokens, as f32 [S, 4] and [L, 4] tensors. */
@@ -450,7 +441,7 @@ static df_status to_decoder_input(df_ctx *ctx, const flux2_pipe *f, const run_si
                          : df_ctx_status(ctx);
     df_free(ids);
     if (s == DF_OK)
-        s = df_vae_bn_denormalize(ctx, f->vae, z, &z);
+        s = df_vae_bn_denormalize(ctx, f->parts.vae, z, &z);
     if (s == DF_OK)
         s = df_vae_unpatchify_latents(ctx, z, &z);
     *out = s == DF_OK ? z : NULL;
@@ -464,7 +455,7 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                         df_gen_output *out)
 {
     df_ctx *ctx = p->ctx;
-    df_pipeline_onload(p, df_vae_weight_set(f->vae));
+    df_pipeline_onload(p, df_vae_weight_set(f->parts.vae));
     df_tensor *z = NULL;
     df_status s = to_decoder_input(ctx, f, r, lat, &z);
     if (s == DF_OK && unpacked) {
@@ -474,7 +465,7 @@ static df_status decode(df_pipeline *p, flux2_pipe *f, const df_gen_params *g,
                       : df_errorf(DF_E_OOM, "out of memory");
     }
     if (s == DF_OK)
-        s = df_denoise_decode(p, f->vae, z, g->vae_tiling, true, r->B, r->factor * r->h,
+        s = df_denoise_decode(p, f->parts.vae, z, g->vae_tiling, true, r->B, r->factor * r->h,
                               r->factor * r->w, out);
     return s;
 }
@@ -688,7 +679,7 @@ static df_status flux2_run(df_pipeline *p, const df_gen_params *g, df_gen_output
         s = initial_latents(g, &r, lat);
     df_image_tokens ref = {0}; /* after the noise, as prepare_image_latents runs */
     if (s == DF_OK && n_refs > 0 && df_pipeline_lead(p)) /* rank 0 encodes and shares */
-        s = df_flux2_reference_make(p, f->vae_dir, &f->vae_enc, refs, n_refs, r.factor,
+        s = df_flux2_reference_make(p, f->parts.vae_dir, &f->parts.vae_enc, refs, n_refs, r.factor,
                                     g->vae_tiling, &ref);
     s = df_pipeline_tp_agree(p, s);
     if (s == DF_OK && n_refs > 0 && df_pipeline_tp(p))
@@ -733,14 +724,19 @@ static int flux2_weight_sets(df_pipeline *p, const char **names, df_weight_set *
 {
     flux2_pipe *f = p->impl;
     df_weight_set *all[] = {df_flux2_weight_set(f->transformer),
-                            f->vae ? df_vae_weight_set(f->vae) : NULL,
+                            f->parts.vae ? df_vae_weight_set(f->parts.vae) : NULL,
                             f->te ? df_decoder_lm_weight_set(f->te) : NULL};
     static const char *const name[] = {"transformer", "vae", "text_encoder"};
     return df_pipeline_list_weight_sets(name, all, 3, names, sets, cap);
 }
 
-static const df_pipeline_ops flux2_ops = {flux2_load, flux2_run, flux2_free,
-                                          flux2_weight_sets};
+static const df_pipeline_ops flux2_ops = {
+    .size = sizeof(flux2_pipe),
+    .load = flux2_load,
+    .run = flux2_run,
+    .free = flux2_free,
+    .weight_sets = flux2_weight_sets,
+};
 
 const df_pipeline_kind df_flux2_pipeline_class = {"Flux2Pipeline", &flux2_ops};
 const df_pipeline_kind df_flux2_klein_pipeline_class = {"Flux2KleinPipeline", &flux2_ops};

@@ -427,7 +427,8 @@ static df_status load_parts(df_pipeline *p)
     if (s == DF_OK) {
         df_ctx_set_comm(p->ctx, p->comm);
         p->ctx->int8_keep = p->opts.int8_keep; /* read as the weights are bound */
-        s = p->cls->ops->load(p, idx);
+        p->impl = df_calloc(1, p->cls->ops->size);
+        s = p->impl ? p->cls->ops->load(p, idx) : df_errorf(DF_E_OOM, "out of memory");
     }
     s = close_loras(p, s);
     if (s == DF_E_OOM)
@@ -812,8 +813,14 @@ void df_pipeline_free(df_pipeline *p)
 {
     if (!p)
         return;
-    if (p->impl)
-        p->cls->ops->free(p->impl);
+    if (p->impl) {
+        if (p->cls->ops->free)
+            p->cls->ops->free(p->impl);
+        df_pipeline_parts *parts = p->impl;
+        df_vae_free(parts->vae);
+        df_vae_encoder_free(parts->vae_enc);
+        df_free(p->impl);
+    }
     df_ctx_free(p->ctx);
     if (p->owns_comm)
         df_comm_free(p->comm);

@@ -4,16 +4,28 @@
 
 #include <diffuse/layout.h>
 #include <diffuse/pipeline.h>
+#include <diffuse/scheduler.h>
 #include <diffuse/tokenizer.h>
+#include <diffuse/vae.h>
 
 struct df_weight_set;
+
+/* What every class's state (p->impl) starts with: pipeline.c allocates the state zeroed
+ * before the class loads, and frees these after the class freed its own parts. */
+typedef struct df_pipeline_parts {
+    df_vae *vae;             /* NULL where the class loads none (ranks other than 0) */
+    df_vae_encoder *vae_enc; /* image inputs: loaded on first use */
+    char vae_dir[4096];
+    df_scheduler_config sched;
+} df_pipeline_parts;
 
 /* What a pipeline file implements, shared by the classes that load the same components
  * (FluxPipeline, FluxImg2ImgPipeline, ... all run flux.c's). */
 typedef struct df_pipeline_ops {
+    size_t size; /* of the state, a struct whose first member is a df_pipeline_parts */
     df_status (*load)(df_pipeline *p, const df_model_index *idx);
     df_status (*run)(df_pipeline *p, const df_gen_params *g, df_gen_output *out);
-    void (*free)(void *impl);
+    void (*free)(void *impl); /* the state's own parts; NULL: it has none */
     /* The loaded components' weights, for df_pipeline_save: up to `cap` component names
      * (model_index.json's) and their weight sets; returns how many. */
     int (*weight_sets)(df_pipeline *p, const char **names, struct df_weight_set **sets, int cap);

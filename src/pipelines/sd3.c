@@ -61,14 +61,11 @@
 #define SD3_MAX_SEQ 512 /* diffusers refuses longer T5 sequences */
 
 typedef struct sd3_pipe {
+    df_pipeline_parts parts; /* first: pipeline.c allocates and frees it */
     df_tokenizer *tok_l, *tok_g, *tok_t5;
     df_clip *clip_l, *clip_g;
     df_t5 *t5; /* NULL: the T5 part of the prompt is zeros */
     df_sd3 *transformer;
-    df_vae *vae;
-    df_vae_encoder *vae_enc; /* image to image: loaded on first use */
-    char vae_dir[4096];
-    df_scheduler_config sched;
     int64_t clip_len; /* the CLIP tokenizer's model_max_length (77) */
 } sd3_pipe;
 
@@ -82,9 +79,6 @@ static void sd3_free(void *impl)
     df_clip_free(s->clip_g);
     df_t5_free(s->t5);
     df_sd3_free(s->transformer);
-    df_vae_free(s->vae);
-    df_vae_encoder_free(s->vae_enc);
-    df_free(s);
 }
 
 /* --- loading ----------------------------------------------------------------------------- */
@@ -184,27 +178,24 @@ static df_status load_text(df_pipeline *p, sd3_pipe *s, const df_model_index *id
 
 static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
 {
-    sd3_pipe *s = df_calloc(1, sizeof *s);
-    if (!s)
-        return df_errorf(DF_E_OOM, "out of memory");
-    p->impl = s;
+    sd3_pipe *s = p->impl;
     if (df_pipeline_has_component(idx, "image_encoder"))
         return df_errorf(DF_E_UNSUPPORTED,
                          "%s/model_index.json: IP-Adapter image encoders are "
                          "not supported",
                          p->dir);
 
-    DF_TRY(df_denoise_scheduler_config(p, idx, &s->sched));
+    DF_TRY(df_denoise_scheduler_config(p, idx, &s->parts.sched));
 
     char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "transformer", dir, sizeof dir));
     DF_TRY_CTX(df_sd3_load_file(p->ctx, dir, p->opts.transformer_file, &s->transformer), "%s",
                dir);
     DF_TRY(df_pipeline_component_dir(p, idx, "vae", dir, sizeof dir));
-    DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &s->vae), "%s", dir);
-    snprintf(s->vae_dir, sizeof s->vae_dir, "%s", dir);
+    DF_TRY_CTX(df_vae_load_file(p->ctx, dir, p->opts.vae_file, &s->parts.vae), "%s", dir);
+    snprintf(s->parts.vae_dir, sizeof s->parts.vae_dir, "%s", dir);
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
-    const df_vae_info *vi = df_vae_config(s->vae);
+    const df_vae_info *vi = df_vae_config(s->parts.vae);
     if (vi->latent_channels != c->in_channels || vi->latent_channels != c->out_channels)
         return df_errorf(DF_E_FORMAT,
                          "%s: the VAE has %lld latent channels but the transformer "
@@ -222,7 +213,7 @@ static df_status sd3_load(df_pipeline *p, const df_model_index *idx)
     DF_TRY(df_pipeline_offload(p, s->clip_g ? df_clip_weight_set(s->clip_g) : NULL));
     DF_TRY(df_pipeline_offload(p, s->t5 ? df_t5_weight_set(s->t5) : NULL));
     DF_TRY(df_pipeline_offload(p, df_sd3_weight_set(s->transformer)));
-    DF_TRY(df_pipeline_offload(p, df_vae_weight_set(s->vae)));
+    DF_TRY(df_pipeline_offload(p, df_vae_weight_set(s->parts.vae)));
     p->default_steps = 28;
     p->default_guidance = 7.0f;
     p->default_max_seq = 256;
@@ -352,7 +343,7 @@ typedef struct run_cfg {
 static df_status check_params(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, run_cfg *r)
 {
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
-    int factor = (int)(df_vae_config(s->vae)->scale_factor * c->patch_size);
+    int factor = (int)(df_vae_config(s->parts.vae)->scale_factor * c->patch_size);
     r->H = g->height ? g->height : p->default_size;
     r->W = g->width ? g->width : p->default_size;
     r->steps = g->steps ? g->steps : p->default_steps;
@@ -486,10 +477,10 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     int64_t seq = (h / c->patch_size) * (w / c->patch_size);
     double mu =
-        df_flux_calculate_shift(seq, s->sched.base_image_seq_len, s->sched.max_image_seq_len,
-                                s->sched.base_shift, s->sched.max_shift);
-    return df_denoise_scheduler(&s->sched, r->steps, false,
-                                s->sched.use_dynamic_shifting ? &mu : NULL, r->first, out);
+        df_flux_calculate_shift(seq, s->parts.sched.base_image_seq_len, s->parts.sched.max_image_seq_len,
+                                s->parts.sched.base_shift, s->parts.sched.max_shift);
+    return df_denoise_scheduler(&s->parts.sched, r->steps, false,
+                                s->parts.sched.use_dynamic_shifting ? &mu : NULL, r->first, out);
 }
 
 /* Decodes lat [B, C, h, w] and fills the output's images. */
@@ -500,11 +491,11 @@ static df_status decode(df_pipeline *p, sd3_pipe *s, const df_gen_params *g, con
     df_tensor *z = df_tensor_from_host(ctx, DF_DTYPE_F32, DF_SHAPE(r->B, C, h, w), lat);
     df_status st = df_ctx_status(ctx);
     if (st == DF_OK && g->mask) /* StableDiffusion3InpaintPipeline decodes latents / scale */
-        z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->vae)->scaling_factor), -0.0f);
+        z = df_scale(ctx, z, (float)(1.0 / df_vae_config(s->parts.vae)->scaling_factor), -0.0f);
     else if (st == DF_OK)
-        st = df_vae_unscale(ctx, s->vae, z, &z);
+        st = df_vae_unscale(ctx, s->parts.vae, z, &z);
     if (st == DF_OK)
-        st = df_denoise_decode(p, s->vae, z, g->vae_tiling, false, r->B, r->H, r->W, out);
+        st = df_denoise_decode(p, s->parts.vae, z, g->vae_tiling, false, r->B, r->H, r->W, out);
     return st;
 }
 
@@ -643,8 +634,8 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
 {
     float sigma;
     DF_TRY(first_sigma(s, r, h, w, &sigma));
-    int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
-    return df_img2img_latents(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, sigma,
+    int multiple = (int)df_vae_config(s->parts.vae)->scale_factor; /* VaeImageProcessor's */
+    return df_img2img_latents(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple, sigma,
                               out);
 }
 
@@ -655,9 +646,9 @@ static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_param
 {
     float sigma;
     DF_TRY(first_sigma(s, r, h, w, &sigma));
-    int multiple = (int)df_vae_config(s->vae)->scale_factor; /* VaeImageProcessor's */
+    int multiple = (int)df_vae_config(s->parts.vae)->scale_factor; /* VaeImageProcessor's */
     int64_t C = df_sd3_config(s->transformer)->in_channels;
-    return df_inpaint_prepare(p, s->vae_dir, &s->vae_enc, g, r->B, r->H, r->W, multiple, C,
+    return df_inpaint_prepare(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple, C,
                               sigma, NULL, lat, ip);
 }
 
@@ -672,7 +663,7 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
                          "in diffusers 0.42 (no enable_cache); they run on FluxPipeline and "
                          "Flux2KleinPipeline");
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
-    int64_t f = df_vae_config(s->vae)->scale_factor;
+    int64_t f = df_vae_config(s->parts.vae)->scale_factor;
     int64_t C = c->in_channels, h = r.H / f, w = r.W / f, n_lat = (int64_t)r.B * C * h * w;
 
     df_scope outer = df_scope_begin(ctx);
@@ -710,11 +701,11 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
     if (st == DF_OK)
         st = denoise(p, s, g, &r, embeds, pooled, pe, pp, g->mask ? &ip : NULL, lat, C, h, w);
     df_pipeline_note_phase(p, out, "denoise");
-    df_pipeline_onload(p, df_vae_weight_set(s->vae));
+    df_pipeline_onload(p, df_vae_weight_set(s->parts.vae));
     if (st == DF_OK)
         st = decode(p, s, g, &r, lat, C, h, w, out);
     if (st == DF_OK)
-        st = df_pipeline_offload(p, df_vae_weight_set(s->vae));
+        st = df_pipeline_offload(p, df_vae_weight_set(s->parts.vae));
     df_pipeline_note_phase(p, out, "decode");
     if (st == DF_OK) {
         out->width = r.W;
@@ -736,7 +727,7 @@ static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *
 static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **sets, int cap)
 {
     sd3_pipe *s = p->impl;
-    df_weight_set *all[] = {df_sd3_weight_set(s->transformer), df_vae_weight_set(s->vae),
+    df_weight_set *all[] = {df_sd3_weight_set(s->transformer), df_vae_weight_set(s->parts.vae),
                             s->clip_l ? df_clip_weight_set(s->clip_l) : NULL,
                             s->clip_g ? df_clip_weight_set(s->clip_g) : NULL,
                             s->t5 ? df_t5_weight_set(s->t5) : NULL};
@@ -745,7 +736,13 @@ static int sd3_weight_sets(df_pipeline *p, const char **names, df_weight_set **s
     return df_pipeline_list_weight_sets(name, all, 5, names, sets, cap);
 }
 
-static const df_pipeline_ops sd3_ops = {sd3_load, sd3_run, sd3_free, sd3_weight_sets};
+static const df_pipeline_ops sd3_ops = {
+    .size = sizeof(sd3_pipe),
+    .load = sd3_load,
+    .run = sd3_run,
+    .free = sd3_free,
+    .weight_sets = sd3_weight_sets,
+};
 
 /* The image-input classes load the same components (inpaint.c, img2img.c). */
 const df_pipeline_kind df_sd3_pipeline_class = {"StableDiffusion3Pipeline", &sd3_ops};
