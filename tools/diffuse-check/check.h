@@ -101,6 +101,12 @@ int check_tp_start(int tp, check_tp *out);
 int check_tp_agree(const check_case *c, int rc);
 void check_tp_end(check_tp *t);
 
+/* The row named `name` of the table `rows` (n rows of `size` bytes, each a struct whose
+ * first member is its name), or NULL: the lookup of the handlers' tables of runners. */
+const void *check_find_row(const void *rows, size_t n, size_t size, const char *name);
+#define CHECK_FIND_ROW(rows, name)                                                                 \
+    check_find_row(rows, sizeof rows / sizeof *rows, sizeof *rows, name)
+
 /* Whether a case of `kind` runs class `cls`: a row of the library's model table (models.h)
  * of the component that the kind runs, which the kind's handler has a runner for.
  * `diffuse-check --classes` prints each row of the table with the kinds that run it, then

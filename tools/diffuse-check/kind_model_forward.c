@@ -157,17 +157,9 @@ static const forward_runner runners[] = {
     {"Flux2Transformer2DModel", run_flux2},
 };
 
-static const forward_runner *find_runner(const char *cls)
-{
-    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
-        if (strcmp(runners[i].cls, cls) == 0)
-            return &runners[i];
-    return NULL;
-}
-
 bool check_model_forward_runs(const char *cls)
 {
-    return find_runner(cls) != NULL;
+    return CHECK_FIND_ROW(runners, cls) != NULL;
 }
 
 int check_kind_model_forward(check_case *c)
@@ -175,7 +167,7 @@ int check_kind_model_forward(check_case *c)
     const df_model_class *row = df_model_class_find(c->cls); /* models.h */
     if (!row || strcmp(row->component, "transformer") != 0)
         return check_fail(c, "model_forward: unknown class %s", c->cls);
-    const forward_runner *runner = find_runner(c->cls);
+    const forward_runner *runner = CHECK_FIND_ROW(runners, c->cls);
     if (!runner)
         return check_fail(c, "model_forward: the transformer class %s has no runner here", c->cls);
     if (!c->model_dir)

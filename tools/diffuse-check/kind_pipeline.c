@@ -327,10 +327,7 @@ const char *check_pipeline_class(int i)
 
 int check_kind_pipeline(check_case *c)
 {
-    const pipeline_runner *r = NULL;
-    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
-        if (strcmp(runners[i].cls, c->cls) == 0)
-            r = &runners[i];
+    const pipeline_runner *r = CHECK_FIND_ROW(runners, c->cls);
     if (!r)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     bool sd3 = r->family == FAMILY_SD3, flux2 = r->family == FAMILY_FLUX2, kontext = r->kontext;

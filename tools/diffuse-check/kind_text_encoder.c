@@ -208,22 +208,14 @@ static const te_runner runners[] = {
     {"Qwen3ForCausalLM", run_decoder_lm},
 };
 
-static const te_runner *find_runner(const char *cls)
-{
-    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
-        if (strcmp(runners[i].cls, cls) == 0)
-            return &runners[i];
-    return NULL;
-}
-
 bool check_text_encoder_runs(const char *cls)
 {
-    return find_runner(cls) != NULL;
+    return CHECK_FIND_ROW(runners, cls) != NULL;
 }
 
 int check_kind_text_encoder(check_case *c)
 {
-    const te_runner *runner = find_runner(c->cls);
+    const te_runner *runner = CHECK_FIND_ROW(runners, c->cls);
     if (!runner)
         return check_fail(c, "class %s is not implemented yet", c->cls);
     if (!c->model_dir)

@@ -55,6 +55,16 @@ static const class_kind class_kinds[] = {
     {"scheduler", "scheduler", NULL},
 };
 
+const void *check_find_row(const void *rows, size_t n, size_t size, const char *name)
+{
+    for (size_t i = 0; name && i < n; i++) {
+        const char *const *row_name = (const void *)((const char *)rows + i * size);
+        if (strcmp(*row_name, name) == 0)
+            return row_name;
+    }
+    return NULL;
+}
+
 bool check_runs_class(const char *kind, const char *cls)
 {
     const df_model_class *row = df_model_class_find(cls);
