@@ -113,3 +113,11 @@ add_test(NAME single-files/cli-gguf-names
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/gguf_names.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-gguf-names PROPERTIES TIMEOUT 300)
+
+# Mistral's tekken.json from a ComfyUI text encoder file (tests/cli/tekken_tokenizer.sh,
+# tools/refgen/tekken_tokenizer.py).
+add_test(NAME single-files/cli-tekken-tokenizer
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/tekken_tokenizer.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-tekken-tokenizer PROPERTIES TIMEOUT 300)
