@@ -17,6 +17,7 @@ typedef struct df_name_src {
     int units;
     int n;
     int part[2][2];
+    bool transpose; /* a 2-D original stored transposed (read whole, then transposed) */
 } df_name_src;
 
 /* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. `arg` is
@@ -83,6 +84,11 @@ bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_clip_probe(void);
 const char *df_names_clip_bare_probe(void);
 const char *df_names_t5_probe(void);
+/* A CLIP text model in OpenCLIP's layout (transformer.resblocks.N with a fused in_proj,
+ * ln_final, text_projection stored [width, proj]), as diffusers' convert_open_clip_checkpoint
+ * reads it, and a name every such file holds. */
+bool df_names_clip_openclip(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_clip_openclip_probe(void);
 /* A T5 encoder in llama.cpp's names (token_embd, enc.blk.N.attn_q, ..., enc.output_norm), as
  * llama.cpp's and city96's T5 GGUFs hold it, and a name every such file holds. */
 bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out);
