@@ -18,7 +18,8 @@ set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-com
     te-single-qwen3-gguf te-single-mistral-comfy te-single-mistral-pruned-comfy
     pipe-flux2-all-in-one pipe-flux2-klein-all-in-one
     flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp flux2-gguf-sdcpp te-gguf-clip-sdcpp
-    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp te-single-clip-g-openclip)
+    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp te-single-clip-g-openclip
+    te-single-mistral-consolidated)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}

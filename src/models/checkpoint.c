@@ -141,6 +141,8 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
             out->t5 = true;
         if (ends_with(name, df_names_t5_llamacpp_probe()))
             out->t5 = out->t5_llamacpp = true;
+        if (ends_with(name, df_names_mistral_consolidated_probe()))
+            out->mistral = true; /* Mistral's own names: tok_embeddings (no Qwen3 has them) */
         if (ends_with(name, df_names_lm_probe())) {
             if (has_sibling(keys, n, name, df_names_lm_probe(), df_names_qwen3_probe()))
                 out->qwen3 = true;

@@ -163,3 +163,47 @@ const char *df_names_clip_openclip_probe(void)
 {
     return "transformer.resblocks.0.attn.in_proj_weight";
 }
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+/* clang-format off */
+static const df_name_rule mistral_consolidated[] = {
+    {"embed_tokens.weight",                     "tok_embeddings.weight",      DF_NAME_WHOLE},
+    {"norm.weight",                             "norm.weight",                DF_NAME_WHOLE},
+    {"layers.*.input_layernorm.weight",         "layers.*.attention_norm.weight", DF_NAME_WHOLE},
+    {"layers.*.post_attention_layernorm.weight", "layers.*.ffn_norm.weight",  DF_NAME_WHOLE},
+    {"layers.*.self_attn.q_proj.weight",        "layers.*.attention.wq.weight", DF_NAME_WHOLE},
+    {"layers.*.self_attn.k_proj.weight",        "layers.*.attention.wk.weight", DF_NAME_WHOLE},
+    {"layers.*.self_attn.v_proj.weight",        "layers.*.attention.wv.weight", DF_NAME_WHOLE},
+    {"layers.*.self_attn.o_proj.weight",        "layers.*.attention.wo.weight", DF_NAME_WHOLE},
+    {"layers.*.mlp.gate_proj.weight",           "layers.*.feed_forward.w1.weight", DF_NAME_WHOLE},
+    {"layers.*.mlp.down_proj.weight",           "layers.*.feed_forward.w2.weight", DF_NAME_WHOLE},
+    {"layers.*.mlp.up_proj.weight",             "layers.*.feed_forward.w3.weight", DF_NAME_WHOLE},
+};
+/* clang-format on */
+
+bool df_names_mistral_consolidated(const char *diffusers, int arg, df_name_src *out)
+{
+    const char *prefix = df_names_lm_class_prefix(arg & 15);
+    size_t n = strlen(prefix);
+    if (strncmp(diffusers, prefix, n) != 0 ||
+        !df_names_lookup(mistral_consolidated,
+                         sizeof mistral_consolidated / sizeof *mistral_consolidated,
+                         diffusers + n, out))
+        return false;
+    /* Mistral's wq / wk keep each head's rotary pairs interleaved (rows 2i, 2i + 1); the
+     * conversion's permute_for_rope puts them in halves (rows i, i + head_dim / 2). */
+    if (ends_with(out->name, ".attention.wq.weight") ||
+        ends_with(out->name, ".attention.wk.weight"))
+        out->rope_head_dim = arg >> 4;
+    return true;
+}
+
+const char *df_names_mistral_consolidated_probe(void)
+{
+    return "tok_embeddings.weight";
+}
