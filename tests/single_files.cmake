@@ -122,3 +122,11 @@ add_test(NAME single-files/cli-tekken-tokenizer
                  $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
                  ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-tekken-tokenizer PROPERTIES TIMEOUT 300)
+
+# Text encoders in OpenCLIP's and Mistral's own names, through generate and convert
+# (tests/cli/text_encoder_layouts.sh).
+add_test(NAME single-files/cli-text-encoder-layouts
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/text_encoder_layouts.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-text-encoder-layouts PROPERTIES TIMEOUT 300)
