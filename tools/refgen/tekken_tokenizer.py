@@ -18,6 +18,7 @@ Files (tests/cases/te-tekken-comfy/):
   bad-*.safetensors                hostile tekken_model tensors (F32, 2-D, not JSON, the old
                                    layout without special_tokens, bad base64, a repeated token)
   prompt-N.txt, expected.txt       the prompts, and on line N + 1 transformers' ids for prompt N
+and the seeds of tests/fuzz/fuzz_tekken.c (tests/fuzz/corpus/tekken/).
 
     /work/venv/bin/python tools/refgen/tekken_tokenizer.py
 """
@@ -142,6 +143,19 @@ def main():
         save_file(v, os.path.join(out, f"bad-{k}.safetensors"))
     for f in os.listdir(out):
         os.chmod(os.path.join(out, f), 0o644)
+
+    # Seeds of tests/fuzz/fuzz_tekken.c: "TEKKEN \0 PROMPT".
+    corpus = os.path.join(refcase.ROOT, "tests", "fuzz", "corpus", "tekken")
+    os.makedirs(corpus, exist_ok=True)
+    padded = json.loads(json.dumps(small))
+    padded["config"]["default_vocab_size"] -= 20  # rows past it are dropped
+    clash = json.loads(json.dumps(small))
+    clash["special_tokens"][19]["token_str"] = "a"  # a special spelled as a byte token
+    seeds = {"small": small, "padded": padded, "clash": clash, "old": old, "dup": dup,
+             "b64": bad64}
+    for k, v in seeds.items():
+        with open(os.path.join(corpus, f"{k}.bin"), "wb") as f:
+            f.write(json.dumps(v).encode() + b"\0" + PROMPTS[1].encode())
     print(NAME, "done")
 
 
