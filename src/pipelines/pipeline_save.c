@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include <diffuse/json.h>
-
 #include <diffuse/safetensors_writer.h>
 #include <diffuse/vae.h>
 
