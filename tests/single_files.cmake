@@ -18,7 +18,8 @@ set(DF_SINGLE_FILE_CASES vae-single-flux vae-single-sd3-comfy te-single-clip-com
     te-single-qwen3-gguf te-single-mistral-comfy te-single-mistral-pruned-comfy
     pipe-flux2-all-in-one pipe-flux2-klein-all-in-one
     flux-gguf-sdcpp vae-gguf-sdcpp sd3-gguf-sdcpp flux2-gguf-sdcpp te-gguf-clip-sdcpp
-    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp)
+    te-gguf-t5-llamacpp pipe-flux-gguf-sdcpp te-single-clip-g-openclip
+    te-single-mistral-consolidated)
 foreach(case ${DF_SINGLE_FILE_CASES})
   foreach(mode eager fuse compile)
     add_test(NAME single-files/${mode}/${case}
@@ -113,3 +114,19 @@ add_test(NAME single-files/cli-gguf-names
          COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/gguf_names.sh $<TARGET_FILE:diffuse>
                  ${DF_GOLDEN_DIR} ${CMAKE_SOURCE_DIR}/tests/cases ${CMAKE_BINARY_DIR}/test-tmp)
 set_tests_properties(single-files/cli-gguf-names PROPERTIES TIMEOUT 300)
+
+# Mistral's tekken.json from a ComfyUI text encoder file (tests/cli/tekken_tokenizer.sh,
+# tools/refgen/tekken_tokenizer.py).
+add_test(NAME single-files/cli-tekken-tokenizer
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/tekken_tokenizer.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-tekken-tokenizer PROPERTIES TIMEOUT 300)
+
+# Text encoders in OpenCLIP's and Mistral's own names, through generate and convert
+# (tests/cli/text_encoder_layouts.sh).
+add_test(NAME single-files/cli-text-encoder-layouts
+         COMMAND sh ${CMAKE_SOURCE_DIR}/tests/cli/text_encoder_layouts.sh $<TARGET_FILE:diffuse>
+                 $<TARGET_FILE:diffuse-check> ${DF_GOLDEN_DIR} ${DF_CASES_DIR}
+                 ${CMAKE_BINARY_DIR}/test-tmp)
+set_tests_properties(single-files/cli-text-encoder-layouts PROPERTIES TIMEOUT 300)

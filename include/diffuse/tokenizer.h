@@ -99,6 +99,20 @@ DF_API df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out);
 /* The same from an open GGUF, which may be freed afterwards. */
 DF_API df_status df_tokenizer_from_gguf(const df_gguf *g, df_tokenizer **out);
 
+/*
+ * Loads the Mistral tokenizer a safetensors file carries as ComfyUI's FLUX.2 Mistral 3 files
+ * do: Mistral's tekken.json, as the bytes of a 1-D uint8 tensor named "tekken_model" (or
+ * "<prefix>.tekken_model"). It behaves as FLUX.2-dev's tokenizer folder (transformers'
+ * conversion of tekken.json, left padding). DF_E_IO when the file has no such tensor (or is
+ * not a safetensors file); DF_E_FORMAT when the tensor is not 1-D U8, is larger than 64 MiB
+ * or is not a tekken.json (the message names the file, the tensor and the key);
+ * DF_E_UNSUPPORTED for tekken.json's old layout without "special_tokens".
+ */
+DF_API df_status df_tokenizer_load_tekken(const char *path, df_tokenizer **out);
+
+/* Whether `path` is a safetensors file holding a tensor df_tokenizer_load_tekken reads. */
+DF_API bool df_tokenizer_file_has_tekken(const char *path);
+
 /* Which kind of tokenizer this is. */
 DF_API df_tokenizer_type df_tokenizer_kind(const df_tokenizer *tok);
 

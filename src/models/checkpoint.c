@@ -115,6 +115,15 @@ static bool has_sibling(const df_checkpoint_key *keys, int n, const char *name,
     return false;
 }
 
+/* A CLIP text model's key (its width in dimension 1): CLIP-G under "clip_g" or 1280 wide. */
+static void note_clip(const df_checkpoint_key *k, df_checkpoint_parts *out)
+{
+    if (strstr(k->name, "clip_g") || (!strstr(k->name, "clip_l") && dim(k, 1) == 1280))
+        out->clip_g = true;
+    else
+        out->clip_l = true;
+}
+
 void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_checkpoint_parts *out)
 {
     memset(out, 0, sizeof *out);
@@ -132,20 +141,19 @@ void df_checkpoint_recognise_keys(const df_checkpoint_key *keys, int n, df_check
             out->t5 = true;
         if (ends_with(name, df_names_t5_llamacpp_probe()))
             out->t5 = out->t5_llamacpp = true;
+        if (ends_with(name, df_names_mistral_consolidated_probe()))
+            out->mistral = true; /* Mistral's own names: tok_embeddings (no Qwen3 has them) */
         if (ends_with(name, df_names_lm_probe())) {
             if (has_sibling(keys, n, name, df_names_lm_probe(), df_names_qwen3_probe()))
                 out->qwen3 = true;
             else
                 out->mistral = true;
         }
-        if (ends_with(name, df_names_clip_bare_probe())) {
-            bool g =
-                strstr(name, "clip_g") || (!strstr(name, "clip_l") && dim(&keys[i], 1) == 1280);
-            if (g)
-                out->clip_g = true;
-            else
-                out->clip_l = true;
-        }
+        /* OpenCLIP's in_proj is [3 x width, width]; a vision tower's (visual.transformer.
+         * resblocks) is no text encoder. */
+        if (ends_with(name, df_names_clip_bare_probe()) ||
+            (ends_with(name, df_names_clip_openclip_probe()) && !strstr(name, "visual.")))
+            note_clip(&keys[i], out);
     }
     const df_shipped_config *c = df_shipped_match(keys, n, out, out->shipped_why,
                                                   sizeof out->shipped_why);

@@ -161,15 +161,17 @@ df_status df_clip_load(df_ctx *ctx, const char *dir, df_clip **out)
     return df_clip_load_file(ctx, dir, NULL, out);
 }
 
-/* A single file: transformers' names under some prefix, or without "text_model.". */
+/* A single file: transformers' names under some prefix, without "text_model.", or
+ * OpenCLIP's. */
 static df_status open_file(df_ctx *ctx, const char *dir, const char *file, const char *name,
                            df_weight_set **out)
 {
     /* SD3's second CLIP is CLIP-G: in an all-in-one file, the one under "clip_g". */
     const char *hint = strcmp(name, "text_encoder_2") == 0 ? "clip_g" : "clip_l";
     DF_TRY(df_weight_set_open_single(ctx, dir, file, name, NULL, 0, NULL, out));
-    if (!df_ws_try_map(*out, df_names_same, 0, df_names_clip_probe(), hint))
-        df_ws_try_map(*out, df_names_clip_bare, 0, df_names_clip_bare_probe(), hint);
+    if (!df_ws_try_map(*out, df_names_same, 0, df_names_clip_probe(), hint) &&
+        !df_ws_try_map(*out, df_names_clip_bare, 0, df_names_clip_bare_probe(), hint))
+        df_ws_try_map(*out, df_names_clip_openclip, 0, df_names_clip_openclip_probe(), hint);
     return DF_OK;
 }
 

@@ -285,8 +285,10 @@ static df_status load_parts(df_decoder_lm *m, df_ctx *ctx, const char *dir, cons
     /* A single file: its own prefix is whatever precedes the first layer there ("model.",
      * ComfyUI's "text_encoders.<name>.transformer.model."), and the model is bound under
      * the names transformers gives the config's class, as a folder of it holds them. */
-    if (file)
-        df_ws_try_map(m->ws, df_names_lm, class_layout(cfg), df_names_lm_probe(), NULL);
+    if (file && !df_ws_try_map(m->ws, df_names_lm, class_layout(cfg), df_names_lm_probe(), NULL))
+        df_ws_try_map(m->ws, df_names_mistral_consolidated,
+                      DF_NAMES_MISTRAL_ARG(class_layout(cfg), m->cfg.head_dim),
+                      df_names_mistral_consolidated_probe(), NULL);
     m->layers = df_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     if (!m->layers)
         return df_errorf(DF_E_OOM, "%s: out of memory", m->component);

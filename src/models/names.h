@@ -17,6 +17,9 @@ typedef struct df_name_src {
     int units;
     int n;
     int part[2][2];
+    bool transpose; /* a 2-D original stored transposed (read whole, then transposed) */
+    int rope_head_dim; /* > 0: rows stored in Mistral's rotary order, heads of this many rows
+                        * (each head's rows interleaved pairs, where transformers has halves) */
 } df_name_src;
 
 /* Fills *out for diffusers tensor `diffusers`; false when the map has no such name. `arg` is
@@ -83,6 +86,11 @@ bool df_names_clip_bare(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_clip_probe(void);
 const char *df_names_clip_bare_probe(void);
 const char *df_names_t5_probe(void);
+/* A CLIP text model in OpenCLIP's layout (transformer.resblocks.N with a fused in_proj,
+ * ln_final, text_projection stored [width, proj]), as diffusers' convert_open_clip_checkpoint
+ * reads it, and a name every such file holds. */
+bool df_names_clip_openclip(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_clip_openclip_probe(void);
 /* A T5 encoder in llama.cpp's names (token_embd, enc.blk.N.attn_q, ..., enc.output_norm), as
  * llama.cpp's and city96's T5 GGUFs hold it, and a name every such file holds. */
 bool df_names_t5_llamacpp(const char *diffusers, int arg, df_name_src *out);
@@ -100,5 +108,12 @@ enum { DF_NAMES_LM_ROOT, DF_NAMES_LM_MODEL, DF_NAMES_LM_LANGUAGE_MODEL };
 bool df_names_lm(const char *diffusers, int arg, df_name_src *out);
 const char *df_names_lm_class_prefix(int arg);
 const char *df_names_qwen3_probe(void);
+/* A Mistral language model in Mistral's own names (consolidated.safetensors: tok_embeddings,
+ * layers.N.attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm, norm),
+ * as transformers' convert_mistral_weights_to_hf.py maps them: wq and wk rows permuted back
+ * from the rotary layout. arg = DF_NAMES_MISTRAL_ARG(class layout, head_dim). */
+#define DF_NAMES_MISTRAL_ARG(layout, head_dim) ((layout) | (int)(head_dim) << 4)
+bool df_names_mistral_consolidated(const char *diffusers, int arg, df_name_src *out);
+const char *df_names_mistral_consolidated_probe(void);
 
 #endif

@@ -398,6 +398,85 @@ static df_status read_rows_threaded(const df_single_file *sf, const src_info *in
     return DF_OK;
 }
 
+/* A 2-D tensor the file stores transposed (OpenCLIP's text_projection): read whole in the
+ * dtype the model computes with, transposed into a copy. */
+static df_status bind_transposed(df_single_file *sf, df_ctx *ctx, const char *name,
+                                 const df_name_src *src, const src_info *info, int ndim,
+                                 const int64_t *shape, df_tensor **out, size_t *bytes)
+{
+    int64_t r = info->ndim == 2 ? info->shape[0] : -1, c = info->ndim == 2 ? info->shape[1] : -1;
+    if (ndim != 2 || r < 0 || (shape[0] >= 0 && shape[0] != c) ||
+        (shape[1] >= 0 && shape[1] != r)) {
+        char want[160], got[160];
+        shape_str(want, sizeof want, ndim, shape);
+        shape_str(got, sizeof got, info->ndim, info->shape);
+        return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' (diffusers' '%s', stored "
+                         "transposed) has shape %s; expected %s transposed", sf->component,
+                         df_single_file_path(sf), src->name, name, got, want);
+    }
+    df_dtype as = info->dtype;
+    if (as == DF_DTYPE_COUNT)
+        as = df_ctx_compute_dtype(ctx) == DF_DTYPE_F32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    size_t es = df_dtype_size(as), total = (size_t)(r * c) * es;
+    uint8_t *stored = df_malloc(total ? total : 1), *t = df_malloc(total ? total : 1);
+    df_status s = stored && t ? DF_OK
+                              : df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'",
+                                          sf->component, name);
+    if (s == DF_OK)
+        s = read_rows_threaded(sf, info, 0, r, as, stored, (size_t)c * es, df_ctx_threads(ctx));
+    for (int64_t i = 0; s == DF_OK && i < r; i++)
+        for (int64_t j = 0; j < c; j++)
+            memcpy(t + (size_t)(j * r + i) * es, stored + (size_t)(i * c + j) * es, es);
+    if (s == DF_OK && !(*out = df_tensor_from_host(ctx, as, (int64_t[]){c, r}, 2, t)))
+        s = df_ctx_status(ctx);
+    df_free(stored);
+    df_free(t);
+    if (s == DF_OK)
+        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info->name)
+                     : df_weights_release_pages(sf->st, info->name);
+    *bytes = total;
+    return s;
+}
+
+/* Mistral's wq / wk (consolidated.safetensors): each head's rows hold the rotary pairs
+ * interleaved (2i, 2i + 1) where transformers holds them in halves (i, i + head_dim / 2).
+ * Read whole, then row i + t * head_dim / 2 of a head is the file's row 2i + t. */
+static df_status bind_rope_permuted(df_single_file *sf, df_ctx *ctx, const char *name,
+                                    const df_name_src *src, const src_info *info,
+                                    const int64_t *shape, int ndim, df_tensor **out,
+                                    size_t *bytes)
+{
+    int64_t rows = info->shape[0], hd = src->rope_head_dim, half = hd / 2;
+    if (hd % 2 || rows % hd || src->n != 1 || src->units != 1)
+        return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' (diffusers' '%s') has %lld rows, "
+                         "not whole heads of %lld", sf->component, df_single_file_path(sf),
+                         src->name, name, (long long)rows, (long long)hd);
+    df_dtype as = info->dtype;
+    if (as == DF_DTYPE_COUNT)
+        as = df_ctx_compute_dtype(ctx) == DF_DTYPE_F32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    size_t row = (size_t)(info->numel / rows) * df_dtype_size(as), total = (size_t)rows * row;
+    uint8_t *stored = df_malloc(total ? total : 1), *t = df_malloc(total ? total : 1);
+    df_status s = stored && t ? DF_OK
+                              : df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'",
+                                          sf->component, name);
+    if (s == DF_OK)
+        s = read_rows_threaded(sf, info, 0, rows, as, stored, row, df_ctx_threads(ctx));
+    for (int64_t h = 0; s == DF_OK && h < rows; h += hd)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t k = 0; k < 2; k++)
+                memcpy(t + (size_t)(h + k * half + i) * row, stored + (size_t)(h + 2 * i + k) * row,
+                       row);
+    if (s == DF_OK && !(*out = df_tensor_from_host(ctx, as, shape, ndim, t)))
+        s = df_ctx_status(ctx);
+    df_free(stored);
+    df_free(t);
+    if (s == DF_OK)
+        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info->name)
+                     : df_weights_release_pages(sf->st, info->name);
+    *bytes = total;
+    return s;
+}
+
 df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name, int ndim,
                               const int64_t *shape, df_tensor **out, const void **data,
                               size_t *bytes)
@@ -420,6 +499,12 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
                          "weights must be F32, BF16, F16, F8_E4M3, F8_E5M2 or a GGUF type "
                          "diffuse dequantises",
                          sf->component, df_single_file_path(sf), src.name, info.dtype_name);
+    if (src.transpose) {
+        sf->used[idx] = 1;
+        if (info.upcast && !sf->gguf)
+            mark_scale_used(sf, src.name);
+        return bind_transposed(sf, ctx, name, &src, &info, ndim, shape, out, bytes);
+    }
     int64_t rows;
     DF_TRY(check_shape(sf, name, &src, &info, ndim, shape, &rows));
     int64_t local[DF_SAFETENSORS_MAX_DIMS];
@@ -438,6 +523,8 @@ df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name,
         mark_scale_used(sf, src.name);
 
     float scale;
+    if (src.rope_head_dim > 0)
+        return bind_rope_permuted(sf, ctx, name, &src, &info, local, local_ndim, out, bytes);
     if (stays_compact(sf, ctx, name, ndim, &src, &info, &scale)) {
         size_t row_bytes = info.shape[0] ? info.nbytes / (size_t)info.shape[0] : 0;
         const uint8_t *p =

@@ -49,6 +49,7 @@
  * encoder's full hidden states. Failures follow FluxPipeline's rules (flux.c).
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <diffuse/flux2.h>
@@ -86,6 +87,24 @@ static void flux2_free(void *impl)
     df_flux2_free(f->transformer);
 }
 
+/* The folder's tokenizer; when the folder has no tokenizer files and the text encoder's file
+ * carries Mistral's tekken.json (ComfyUI's tekken_model), the file's. */
+static df_status load_tokenizer(const df_pipeline *p, const char *dir, df_tokenizer **out)
+{
+    df_status s = df_tokenizer_load(dir, out);
+    const char *file = p->opts.text_encoder_file;
+    if (s == DF_OK || s != DF_E_IO || !df_tokenizer_file_has_tekken(file))
+        return s == DF_OK ? s : df_error_context(s, "%s", dir);
+    char why[1024];
+    snprintf(why, sizeof why, "%s", df_error_message());
+    s = df_tokenizer_load_tekken(file, out);
+    if (s != DF_OK)
+        return df_error_context(s, "%s; the text encoder file's tokenizer (tekken_model)", why);
+    df_logf(1, "tokenizer: Mistral's tekken.json (tekken_model) from %s; the folder has none",
+            file);
+    return DF_OK;
+}
+
 /* The text side (optional as a whole: prompt embeddings may be given instead): the
  * tokenizer on rank 0, the encoder on every rank (sharded under tensor parallelism). */
 static df_status load_text(df_pipeline *p, flux2_pipe *f, const df_model_index *idx)
@@ -95,7 +114,7 @@ static df_status load_text(df_pipeline *p, flux2_pipe *f, const df_model_index *
     char dir[DF_PATH_MAX];
     DF_TRY(df_pipeline_component_dir(p, idx, "tokenizer", dir, sizeof dir));
     if (df_pipeline_lead(p))
-        DF_TRY_CTX(df_tokenizer_load(dir, &f->tok), "%s", dir);
+        DF_TRY(load_tokenizer(p, dir, &f->tok));
     if (f->tok && df_tokenizer_kind(f->tok) != DF_TOKENIZER_BPE_JSON)
         return df_errorf(DF_E_FORMAT, "%s: %s's tokenizer must be a tokenizer.json (found a %s "
                          "tokenizer)", dir, p->cls->name,

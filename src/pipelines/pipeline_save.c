@@ -13,12 +13,18 @@
  * and the weights of components the pipeline did not load) is copied as it is; with shipped
  * configs, the tokenizers come from the folder they were read from. A
  * component's file is built in memory before it is written (its size in RAM).
+ *
+ * An SD3 load without T5 (no_text_encoder_3) writes a folder without it: no
+ * text_encoder_3/ or tokenizer_3/, and model_index.json naming both [null, null], as
+ * diffusers' save_pretrained writes a component passed as None.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
+#include <diffuse/json.h>
 #include <diffuse/safetensors_writer.h>
 #include <diffuse/vae.h>
 
@@ -116,6 +122,107 @@ static df_status write_component(df_pipeline *p, const char *name, df_weight_set
     return s;
 }
 
+/* Whether the load left `name` (a component folder) out of the pipeline. */
+static bool left_out(const df_pipeline *p, const char *name)
+{
+    return p->opts.no_text_encoder_3 &&
+           (strcmp(name, "text_encoder_3") == 0 || strcmp(name, "tokenizer_3") == 0);
+}
+
+static void write_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
+/* One JSON value, indented as diffusers' save_pretrained indents (2 spaces, one array
+ * element or member a line). Numbers keep their integer digits when integral. */
+static void write_value(FILE *f, const df_json *j, int depth)
+{
+    int64_t n = df_json_type_of(j) == DF_JSON_ARRAY ? df_json_array_size(j)
+                                                     : df_json_object_size(j);
+    int64_t iv;
+    switch (df_json_type_of(j)) {
+    case DF_JSON_NULL:
+        fputs("null", f);
+        return;
+    case DF_JSON_BOOL:
+        fputs(df_json_bool(j) ? "true" : "false", f);
+        return;
+    case DF_JSON_NUMBER:
+        if (df_json_to_int(j, &iv) == DF_OK)
+            fprintf(f, "%" PRId64, iv);
+        else
+            fprintf(f, "%.17g", df_json_number(j));
+        return;
+    case DF_JSON_STRING:
+        write_string(f, df_json_string(j));
+        return;
+    case DF_JSON_ARRAY:
+    case DF_JSON_OBJECT:
+        break;
+    }
+    bool obj = df_json_type_of(j) == DF_JSON_OBJECT;
+    fputc(obj ? '{' : '[', f);
+    for (int64_t i = 0; i < n; i++) {
+        const char *key = NULL;
+        const df_json *v = obj ? df_json_object_at(j, i, &key) : df_json_array_get(j, i);
+        fprintf(f, "%s\n%*s", i ? "," : "", 2 * (depth + 1), "");
+        if (obj) {
+            write_string(f, key);
+            fputs(": ", f);
+        }
+        write_value(f, v, depth + 1);
+    }
+    if (n)
+        fprintf(f, "\n%*s", 2 * depth, "");
+    fputc(obj ? '}' : ']', f);
+}
+
+/* `from`'s model_index.json written to `to` with the left-out components [null, null]
+ * (added where `from` does not name them). */
+static df_status write_index(const df_pipeline *p, const char *from, const char *to)
+{
+    static const char *const dropped[] = {"text_encoder_3", "tokenizer_3"};
+    df_json *idx;
+    DF_TRY(df_json_parse_file(from, &idx));
+    FILE *f = fopen(to, "w");
+    if (!f) {
+        df_json_free(idx);
+        return df_errorf(DF_E_IO, "%s: cannot write: %s", to, strerror(errno));
+    }
+    fputc('{', f);
+    int64_t n = df_json_object_size(idx);
+    for (int64_t i = 0; i < n; i++) {
+        const char *key;
+        const df_json *v = df_json_object_at(idx, i, &key);
+        fprintf(f, "%s\n  ", i ? "," : "");
+        write_string(f, key);
+        fputs(": ", f);
+        if (left_out(p, key))
+            fputs("[\n    null,\n    null\n  ]", f);
+        else
+            write_value(f, v, 1);
+    }
+    for (int i = 0; i < 2; i++)
+        if (left_out(p, dropped[i]) && !df_json_get(idx, dropped[i]))
+            fprintf(f, "%s\n  \"%s\": [\n    null,\n    null\n  ]", n++ ? "," : "",
+                    dropped[i]);
+    fputs("\n}\n", f);
+    df_json_free(idx);
+    if (ferror(f) | fclose(f))
+        return df_errorf(DF_E_IO, "%s: write failed", to);
+    return DF_OK;
+}
+
 /* `path` and the folders above it that do not exist yet. */
 static df_status make_dirs(const char *path)
 {
@@ -151,7 +258,7 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
     struct dirent *e;
     char from[4096], to[4096];
     while (s == DF_OK && (e = readdir(d))) {
-        if (e->d_name[0] == '.')
+        if (e->d_name[0] == '.' || left_out(p, e->d_name))
             continue;
         snprintf(from, sizeof from, "%s/%s", p->dir, e->d_name);
         snprintf(to, sizeof to, "%s/%s", out_dir, e->d_name);
@@ -159,7 +266,9 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
         for (int i = 0; i < n; i++)
             if (strcmp(names[i], e->d_name) == 0)
                 k = i;
-        if (df_path_is_file(from) && !is_weights(e->d_name))
+        if (p->opts.no_text_encoder_3 && strcmp(e->d_name, "model_index.json") == 0)
+            s = write_index(p, from, to);
+        else if (df_path_is_file(from) && !is_weights(e->d_name))
             s = df_file_copy(from, to);
         else if (df_path_is_dir(from))
             s = copy_folder(from, to, k >= 0);
@@ -177,7 +286,8 @@ df_status df_pipeline_save(df_pipeline *p, const char *out_dir)
     while (d && s == DF_OK && (e = readdir(d))) {
         snprintf(from, sizeof from, "%s/%s", p->tokenizer_dir, e->d_name);
         snprintf(to, sizeof to, "%s/%s", out_dir, e->d_name);
-        if (strncmp(e->d_name, "tokenizer", 9) == 0 && df_path_is_dir(from))
+        if (strncmp(e->d_name, "tokenizer", 9) == 0 && !left_out(p, e->d_name) &&
+            df_path_is_dir(from))
             s = copy_folder(from, to, false);
     }
     if (d)

@@ -31,6 +31,7 @@
  */
 #include <diffuse/gguf.h>
 #include <diffuse/json.h>
+#include <diffuse/safetensors.h>
 #include <diffuse/tokenizer.h>
 
 #include <errno.h>
@@ -44,6 +45,7 @@
 #include "text/clip_bpe.h"
 #include "text/str_map.h"
 #include "text/t5_unigram.h"
+#include "text/tekken.h"
 #include "text/text_util.h"
 #include "text/tokenizer_json.h"
 
@@ -784,6 +786,70 @@ df_status df_tokenizer_load_gguf(const char *path, df_tokenizer **out)
     df_status s = df_tokenizer_from_gguf(g, out);
     df_gguf_free(g);
     return s;
+}
+
+/* ---- Mistral's tekken.json inside a safetensors file (ComfyUI's tekken_model) -------------- */
+
+/* The tekken_model tensor of `st`: the exact name first, else the first "*.tekken_model". */
+static bool find_tekken(const df_safetensors *st, df_tensor_info *info)
+{
+    if (df_safetensors_find(st, "tekken_model", info) == DF_OK)
+        return true;
+    for (int64_t i = 0; i < df_safetensors_count(st); i++)
+        if (df_safetensors_at(st, i, info) == DF_OK &&
+            df_str_ends_with(info->name, ".tekken_model"))
+            return true;
+    return false;
+}
+
+bool df_tokenizer_file_has_tekken(const char *path)
+{
+    df_safetensors *st = NULL;
+    df_tensor_info info;
+    bool has = path && df_str_ends_with(path, ".safetensors") &&
+               df_safetensors_open(path, &st) == DF_OK && find_tekken(st, &info);
+    df_safetensors_free(st);
+    return has;
+}
+
+df_status df_tokenizer_load_tekken(const char *path, df_tokenizer **out)
+{
+    *out = NULL;
+    if (!path)
+        return df_errorf(DF_E_ARG, "df_tokenizer_load_tekken: path is NULL");
+    if (!df_str_ends_with(path, ".safetensors"))
+        return df_errorf(DF_E_IO, "%s: not a .safetensors file (tekken_model is looked for "
+                         "in ComfyUI's safetensors files)", path);
+    df_safetensors *st;
+    DF_TRY(df_safetensors_open(path, &st));
+    df_tensor_info info;
+    char name[4200];
+    df_status s = DF_OK;
+    if (!find_tekken(st, &info))
+        s = df_errorf(DF_E_IO, "%s: no tekken_model tensor (the Mistral tokenizer ComfyUI's "
+                      "FLUX.2 text encoder files carry)", path);
+    else if (strcmp(info.dtype_name, "U8") != 0 || info.ndim != 1)
+        s = df_errorf(DF_E_FORMAT, "%s: tensor '%s' is %s with %d dimensions; a tokenizer's "
+                      "bytes are a 1-D U8 tensor", path, info.name, info.dtype_name, info.ndim);
+    else if (info.nbytes > DF_TEKKEN_MAX_BYTES)
+        s = df_errorf(DF_E_FORMAT, "%s: tensor '%s' holds %zu bytes; a tekken.json is read up "
+                      "to %zu", path, info.name, info.nbytes, DF_TEKKEN_MAX_BYTES);
+    df_tokenizer *t = NULL;
+    if (s == DF_OK && !(t = df_calloc(1, sizeof *t)))
+        s = df_errorf(DF_E_OOM, "%s: out of memory", path);
+    if (s == DF_OK) {
+        df_str_map_init(&t->added_map);
+        t->type = DF_TOKENIZER_BPE_JSON;
+        snprintf(name, sizeof name, "%s: tensor '%s' (tekken.json)", path, info.name);
+        s = df_tekken_create(info.data, info.nbytes, name, &t->json);
+    }
+    df_safetensors_free(st);
+    if (s != DF_OK) {
+        df_tokenizer_free(t);
+        return s;
+    }
+    *out = t;
+    return DF_OK;
 }
 
 void df_tokenizer_free(df_tokenizer *tok)

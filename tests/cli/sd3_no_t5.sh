@@ -6,7 +6,8 @@
 # on the full folder; -v and inspect say T5 is off. A folder that names T5 but lacks its
 # folders fails saying how to run without it, and runs with the option, from -m FILE
 # --config DIR too. Refused with one
-# line: the option on FLUX.1, `none` with a T5 file; `convert --text-encoder-3 none`.
+# line: the option on FLUX.1, `none` with a T5 file. `convert --text-encoder-3 none` writes
+# a folder without T5 that runs so (below).
 # Usage: sd3_no_t5.sh PATH/TO/diffuse PATH/TO/diffuse-check GOLDEN_DIR CASES_DIR WORK_DIR
 set -u
 bin=$1 check=$2 golden=$3 cases=$4
@@ -75,8 +76,39 @@ expect "text-encoder-3 none" -m "$tf" --config "$lost"
 expect "FluxPipeline has no text_encoder_3" -m "$flux" --text-encoder-3 none
 expect "without T5 or with that file, not both" -m "$sd3" --text-encoder-3 none \
     --text-encoder-3 "$sd3/text_encoder_3/model.safetensors"
-"$bin" convert "$sd3" -o "$work/conv" --text-encoder-3 none 2>"$work/err"
-[ $? -eq 2 ] && grep -q "is for generate" "$work/err" || fail "convert with none: $(cat "$work/err")"
+# convert --text-encoder-3 none: a folder without T5 whose model_index.json is the one
+# diffusers' save_pretrained writes for text_encoder_3=None (the case's, but for the
+# version), which runs without any option to the image of `none`, and passes the case.
+# From the full folder, and from -m FILE --config DIR (the T5 folder's tokenizer not copied).
+conv=$work/conv/pipeline
+"$bin" convert "$sd3" -o "$conv" --text-encoder-3 none --threads 2 >/dev/null 2>"$work/err" ||
+    fail "convert with none: $(cat "$work/err")"
+for c in text_encoder_3 tokenizer_3; do
+    [ -e "$conv/$c" ] && fail "convert with none wrote $c/"
+done
+grep -v '"_diffusers_version"' "$conv/model_index.json" > "$work/index-got"
+grep -v '"_diffusers_version"' "$case/model_index-no-t5.json" > "$work/index-want"
+cmp -s "$work/index-got" "$work/index-want" ||
+    fail "convert with none: model_index.json: $(diff "$work/index-want" "$work/index-got")"
+"$bin" generate -m "$conv" $args -v -o "$work/conv.png" 2>"$work/err" ||
+    fail "the converted folder: $(cat "$work/err")"
+grep -q "^T5: off (text_encoder_3 is null in model_index.json)" "$work/err" ||
+    fail "the converted folder -v: $(cat "$work/err")"
+cmp -s "$work/conv.png" "$work/none.png" || fail "the converted folder's image differs"
+sed -i 's|"dir": "[^"]*"|"dir": "../conv/pipeline"|' "$work/case/case.json" &&
+    "$check" --mode eager --threads 2 "$work/case" > "$work/out" 2>&1 ||
+    fail "the converted folder against diffusers: $(cat "$work/out")"
+conv2=$work/conv2/pipeline
+"$bin" convert "$tf" --config "$lost" -o "$conv2" --text-encoder-3 none --threads 2 \
+    >/dev/null 2>"$work/err" || fail "convert FILE --config DIR with none: $(cat "$work/err")"
+[ -e "$conv2/tokenizer_3" ] || [ -e "$conv2/text_encoder_3" ] &&
+    fail "convert FILE --config DIR with none wrote T5's folders"
+"$bin" generate -m "$conv2" $args -o "$work/conv2.png" 2>"$work/err" ||
+    fail "the folder converted from FILE: $(cat "$work/err")"
+cmp -s "$work/conv2.png" "$work/none.png" || fail "the folder converted from FILE differs"
+"$bin" convert "$flux" -o "$work/conv-flux" --text-encoder-3 none 2>"$work/err"
+[ $? -eq 1 ] && grep -q "FluxPipeline has no text_encoder_3" "$work/err" ||
+    fail "convert of FLUX.1 with none: $(cat "$work/err")"
 
 rm -rf "$work"
 [ "$failures" -eq 0 ] && echo "all passed"

@@ -30,6 +30,8 @@ static void usage(FILE *f)
                "  -m, --model DIR            a diffusers folder, with the component options below\n"
                "      --transformer FILE     --vae FILE  --text-encoder FILE\n"
                "      --text-encoder-2 FILE  --text-encoder-3 FILE   as for generate\n"
+               "      --text-encoder-3 none  SD3 without T5: OUT's model_index.json names\n"
+               "                             text_encoder_3 and tokenizer_3 null\n"
                "      --threads N            threads (default: all cores)\n");
 }
 
@@ -75,12 +77,10 @@ int cmd_convert(int argc, char **argv)
             lo.text_encoder_2_file = optarg;
             break;
         case O_TE3:
-            if (!strcmp(optarg, "none")) { /* the folder written would still name T5 */
-                fprintf(stderr, "diffuse convert: --text-encoder-3 none is for generate: a "
-                                "converted folder keeps every component its configs name\n");
-                return 2;
-            }
-            lo.text_encoder_3_file = optarg;
+            if (!strcmp(optarg, "none")) /* SD3 without T5: written as null components */
+                lo.no_text_encoder_3 = true;
+            else
+                lo.text_encoder_3_file = optarg;
             break;
         case O_THREADS:
             lo.threads = atoi(optarg);

@@ -11,7 +11,8 @@
  * MODEL_DIR is a pipeline folder (the tokenizer is its `tokenizer/` subfolder, or the
  * --component given: tokenizer_2, tokenizer_3) or a tokenizer folder itself (vocab.json,
  * spiece.model or tokenizer.json), or a GGUF file carrying llama.cpp's T5 tokenizer
- * (tokenizer.ggml.*, as city96's T5 encoder files do). TEXT "-" reads
+ * (tokenizer.ggml.*, as city96's T5 encoder files do), or a safetensors file carrying
+ * Mistral's tekken.json as ComfyUI's FLUX.2 Mistral files do (tekken_model). TEXT "-" reads
  * the text from stdin (all of it, as is). Output: one line `input_ids: [...]`, with
  * --max-length also `attention_mask: [...]`; -v lists each id with its token, one per
  * line, with control characters escaped. Errors print one "error:" line and exit 1; usage
@@ -34,7 +35,8 @@ static void usage(FILE *f)
             "                        [--template flux2|flux2-klein] [-v] TEXT\n"
             "  prints the token ids of TEXT (\"-\" reads stdin)\n"
             "  -m, --model DIR     a pipeline folder, a tokenizer folder, or a T5 GGUF\n"
-            "                      carrying llama.cpp's tokenizer (tokenizer.ggml.*)\n"
+            "                      carrying llama.cpp's tokenizer (tokenizer.ggml.*), or a\n"
+            "                      .safetensors carrying tekken.json (tekken_model)\n"
             "  -c, --component N   the pipeline's tokenizer folder (default: tokenizer;\n"
             "                      tokenizer_2, tokenizer_3 for CLIP-G / T5)\n"
             "  -n, --max-length N  pad and truncate to N ids, as the pipelines do\n"
@@ -149,13 +151,15 @@ int cmd_tokenize(int argc, char **argv)
     char dir[4096];
     size_t mlen = strlen(model);
     bool gguf = !component && mlen > 5 && !strcmp(model + mlen - 5, ".gguf") && !is_dir(model);
+    bool tekken = !component && mlen > 12 && !strcmp(model + mlen - 12, ".safetensors") &&
+                  !is_dir(model);
     bool direct = !component && (has_file(model, "vocab.json") || has_file(model, "spiece.model") ||
                                  has_file(model, "tokenizer.json"));
-    if (direct || gguf)
+    if (direct || gguf || tekken)
         snprintf(dir, sizeof dir, "%s", model);
     else
         snprintf(dir, sizeof dir, "%s/%s", model, component ? component : "tokenizer");
-    if (!gguf && !is_dir(dir)) {
+    if (!gguf && !tekken && !is_dir(dir)) {
         fprintf(stderr, "error: %s: no such tokenizer folder\n", dir);
         return 1;
     }
@@ -176,7 +180,9 @@ int cmd_tokenize(int argc, char **argv)
     df_tokenize_opts opts = {
         .max_length = max_length, .pad = max_length > 0, .truncate = max_length > 0};
     int rc = 0;
-    df_status s = gguf ? df_tokenizer_load_gguf(dir, &tok) : df_tokenizer_load(dir, &tok);
+    df_status s = gguf     ? df_tokenizer_load_gguf(dir, &tok)
+                  : tekken ? df_tokenizer_load_tekken(dir, &tok)
+                           : df_tokenizer_load(dir, &tok);
     if (s == DF_OK && format)
         s = df_tokenizer_encode_prompt(tok, format, text, len, NULL, &opts, &t);
     else if (s == DF_OK)
