@@ -461,14 +461,11 @@ df_i8_path df_i8_best_kernel(void)
     return DF_I8_PATH_PORTABLE;
 }
 
+/* The project's kernel: whole-k products may run oneDNN's instead where it measured faster
+ * (df_i8_whole_k_path), which the cache file says. */
 const char *df_cpu_int8_kernel(void)
 {
-    df_i8_path p = df_i8_path_best();
-    if (forced_path() != DF_I8_PATH_AUTO || !df_i8_dnnl_available())
-        return df_i8_path_name(p);
-    return p == DF_I8_PATH_AVX512_VNNI ? "avx512-vnni (whole-k: or onednn, measured per shape)"
-           : p == DF_I8_PATH_AVX_VNNI  ? "avx-vnni (whole-k: or onednn, measured per shape)"
-                                       : df_i8_path_name(p);
+    return df_i8_path_name(df_i8_path_best());
 }
 
 /* The oneDNN path: its product into f32 rows (out itself when f32), then each row's scale,
