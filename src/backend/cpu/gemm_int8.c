@@ -30,7 +30,7 @@
 #include "core/int8_quant.h"
 
 /* rows per chunk of work, at most: each chunk reads every weight block once, so the larger
- * the chunk the less weight traffic; 512 rows measured 2-3% faster than 256 at k = 12288
+ * the chunk the less weight traffic; 512 rows measured about 2% faster than 256 at k = 12288
  * (the chunk's piece of activations, 512 KiB, still stays in L2) */
 #define DF_I8_MC 512
 #define DF_I8_KC 256 /* quads (4 k) per piece of k: a block's piece (32 KiB) stays in L1 */
