@@ -22,8 +22,9 @@
  * - onednn: oneDNN's u8 x s8 matmul (AMX-INT8 where the CPU has it), for whole-k groups
  *   only (oneDNN 2.6 scales per output channel, not per group); it agrees with the others
  *   to f32 rounding, not bit for bit. Weights with groups run on the best other path.
- * The path is picked at run time from cpuid (the best the CPU has: oneDNN for whole-k
- * groups on AMX CPUs, else the VNNI kernels, else AVX2, else portable); DIFFUSE_INT8_PATH=
+ * The path is picked at run time: the best kernel of the project's own the CPU has (the VNNI
+ * kernels, else AVX2, else portable), and for whole-k groups that kernel or oneDNN, which
+ * ever measured faster at that shape on this CPU (df_i8_whole_k_path); DIFFUSE_INT8_PATH=
  * portable|avx2|avx-vnni|avx512-vnni|onednn or df_i8_force_path() forces one the CPU has,
  * for the process; a device opened with int8_path=NAME (df_kernel_env.int8_path, from
  * df_ctx_opts.int8_path) forces one for its own kernels.
@@ -158,6 +159,19 @@ void df_i8_blocks_pack(const df_i8_blocks *w, int64_t b, const df_i8_weight *sha
 /* out = epilogue(a w^T), packing w block by block on the calling thread's OpenMP team. */
 df_status df_i8_gemm_blocks(const df_i8_act *a, const df_i8_blocks *w, const df_i8_epilogue *e,
                             df_i8_path path);
+
+/* The path of a whole-k product (w->n_groups == 1) when none is forced: the best kernel of
+ * the project's own, or DF_I8_PATH_ONEDNN where oneDNN measured faster for w's (k, n) on
+ * this many threads (int8_choice.c: timed once per CPU and shape class, the verdict cached on
+ * disk and read back by later processes). DIFFUSE_INT8_GEMM=own|onednn|auto overrides (DF_E_ARG
+ * for another value, DF_E_UNSUPPORTED for onednn on a CPU whose oneDNN has no exact int8
+ * products). Grouped weights get the own kernel. `how` (may be NULL) says where the answer
+ * came from. */
+df_status df_i8_whole_k_path(const df_i8_weight *w, df_i8_path *out, char *how, size_t cap);
+/* Forgets the verdicts taken in this process (the next product reads the file again). */
+void df_i8_choice_forget(void);
+/* The cache file of the verdict for (k, n) on `threads` ("" without a cache folder). */
+void df_i8_choice_file(int64_t k, int64_t n, int threads, char *out, size_t cap);
 
 /* Whether this CPU can run `path`; the dispatched path; its name. */
 bool df_i8_path_available(df_i8_path path);

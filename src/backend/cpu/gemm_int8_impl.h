@@ -63,6 +63,13 @@ bool df_i8_dnnl_available(void);
 df_status df_i8_gemm_dnnl(const df_i8_act *a, df_i8_weight *w, float *out, int64_t ldc);
 void df_i8_dnnl_free(void *form);
 
+/* out = epilogue(a w^T) on exactly `path` (a kernel this CPU has, or ONEDNN for whole-k
+ * weights), not counted by df_i8_products: the whole-k choice's probe. The best of the
+ * project's own kernels on this CPU. */
+df_status df_i8_gemm_run(const df_i8_act *a, const df_i8_weight *w, const df_i8_epilogue *e,
+                         df_i8_path path);
+df_i8_path df_i8_best_kernel(void);
+
 /* Whether oneDNN runs AMX-INT8 on this CPU (gemm.c). */
 bool df_cpu_has_amx_int8(void);
 

@@ -11,6 +11,7 @@
  * Each is chosen only when cpuid says the CPU has its instructions.
  */
 #include <immintrin.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/gemm_int8_impl.h"
@@ -211,6 +212,13 @@ __attribute__((target("avx2,fma"))) static void tile_avx2(const df_i8_tile_args 
  * rounding mode, the clamp ordered so that a NaN reaches the conversion as it does in C,
  * and the low byte of q + 128 stored: the same bytes as the scalar loop.
  */
+/* Bytes ahead of the values being read that the quantizer asks for: the activations come
+ * from memory (a [1536, 12288] f32 input is 75 MB), and the hardware prefetcher alone left
+ * the loop waiting on them (1.5 G values/s from memory, 3.2 from L1); prefetching 4 KiB
+ * ahead gave 2.8-3.0 G values/s on one core of the AVX512-VNNI Xeon. A prefetch past the end
+ * of x is harmless (it never faults). */
+#define QUANT_PREFETCH 4096
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
 quantize_row_avx512(const void *x, bool bf16, int64_t k, int64_t group, int64_t n_groups,
                     uint8_t *q, float *sc)
@@ -229,6 +237,8 @@ quantize_row_avx512(const void *x, bool bf16, int64_t k, int64_t group, int64_t 
                                   16))
                             : _mm512_maskz_loadu_ps(m, (const float *)x + i);
             vmax = _mm512_max_ps(_mm512_abs_ps(v), vmax);
+            uintptr_t ahead = (uintptr_t)x + (uintptr_t)i * (bf16 ? 2 : 4) + QUANT_PREFETCH;
+            _mm_prefetch((const char *)ahead, _MM_HINT_T0);
         }
         float amax = _mm512_reduce_max_ps(vmax);
         float inv = amax > 0 ? 127.0f / amax : 0.0f;

@@ -30,6 +30,7 @@
 
 #include <diffuse/cpu.h>
 
+#include "backend/cpu/cpu_cache.h"
 #include "backend/cpu/gemm.h"
 #include "core/status.h"
 
@@ -69,8 +70,7 @@ df_status df_matmul_rates_parse(const char *var, const char *v, double *f32, dou
     return DF_OK;
 }
 
-/* What decides the rates, as one line: CPU model, oneDNN ISA and version, threads. */
-static void cache_key(int threads, char *out, size_t cap)
+void df_cpu_cache_key(int threads, char *out, size_t cap)
 {
     char model[128] = "unknown CPU";
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -95,7 +95,7 @@ static void cache_key(int threads, char *out, size_t cap)
              (unsigned)dnnl_get_effective_cpu_isa(), v->major, v->minor, v->patch, threads);
 }
 
-static void cache_path(const char *key, char *out, size_t cap)
+void df_cpu_cache_path(const char *stem, const char *key, char *out, size_t cap)
 {
     const char *dir = getenv("DIFFUSE_CACHE_DIR");
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
@@ -112,7 +112,7 @@ static void cache_path(const char *key, char *out, size_t cap)
     for (const char *c = key; *c; c++)
         h = (h ^ (unsigned char)*c) * 1099511628211ull;
     if (base[0])
-        snprintf(out, cap, "%s/matmul-rates-%016llx.txt", base, (unsigned long long)h);
+        snprintf(out, cap, "%s/%s-%016llx.txt", base, stem, (unsigned long long)h);
     else
         out[0] = '\0';
 }
@@ -138,8 +138,7 @@ static bool cache_read(const char *path, const char *key, double *f32, double *b
     return ok;
 }
 
-/* Writes the cache file whole (a temporary name, then rename); false when it cannot. */
-static bool cache_write(const char *path, const char *key, double f32, double bf16)
+bool df_cpu_cache_write(const char *path, const char *text)
 {
     char dir[4096], tmp[4200];
     snprintf(dir, sizeof dir, "%s", path);
@@ -158,12 +157,20 @@ static bool cache_write(const char *path, const char *key, double f32, double bf
     FILE *f = fopen(tmp, "w");
     if (!f)
         return false;
-    bool ok = fprintf(f, CACHE_MAGIC "\nkey %s\nf32 %.1f\nbf16 %.1f\n", key, f32, bf16) > 0;
+    bool ok = fputs(text, f) >= 0;
     ok = fclose(f) == 0 && ok;
     if (ok && rename(tmp, path) == 0)
         return true;
     unlink(tmp);
     return false;
+}
+
+/* Writes the rates' cache file; false when it cannot. */
+static bool cache_write(const char *path, const char *key, double f32, double bf16)
+{
+    char text[1024];
+    snprintf(text, sizeof text, CACHE_MAGIC "\nkey %s\nf32 %.1f\nbf16 %.1f\n", key, f32, bf16);
+    return df_cpu_cache_write(path, text);
 }
 
 static df_status measure(int threads, double *f32, double *bf16)
@@ -185,8 +192,8 @@ df_status df_cpu_matmul_rates(int threads, double *f32, double *bf16, char *how,
         return DF_OK;
     }
     char key[512], path[4096];
-    cache_key(threads, key, sizeof key);
-    cache_path(key, path, sizeof path);
+    df_cpu_cache_key(threads, key, sizeof key);
+    df_cpu_cache_path("matmul-rates", key, path, sizeof path);
     if (path[0] && cache_read(path, key, f32, bf16)) {
         snprintf(how, cap, "measured earlier on %d threads, cached in %s", threads, path);
         return DF_OK;
