@@ -10,8 +10,13 @@
  * Exact sizes alone would let the cache grow without bound where the sizes change: a
  * VAE decode that walks up four resolutions leaves every resolution's blocks behind, and
  * the transformer's blocks are still there when the decode starts. So the memory held
- * (live + cached) is kept within the most that was ever live at once, plus SLACK: a miss
+ * (live + cached) is kept within the most that was ever live at once, plus a slack: a miss
  * that would pass that bound first gives back the cached blocks released longest ago.
+ * The slack grows with that high water (as much again, between 64 MiB and 1 GiB): the
+ * host runs ahead of the stream, so a step asks for its blocks before the previous step's
+ * are back, and with a fixed 64 MiB a FLUX.1 block pair at 1536 tokens (333 MiB live)
+ * evicted and mapped afresh about 590 MB a forward, whose page faults cost about a tenth
+ * of its time; 256 MiB stopped that.
  * A loop that allocates the same sizes every step hits the cache and never evicts; one
  * whose distinct sizes add up to more than its peak pays an allocation per miss, which
  * costs far less than the kernels that fill the block.
@@ -26,7 +31,8 @@
 #include "core/alloc.h"
 #include "core/status.h"
 
-#define SLACK ((int64_t)64 << 20)
+#define SLACK_MIN ((int64_t)64 << 20)
+#define SLACK_MAX ((int64_t)1 << 30)
 
 typedef struct block {
     struct block *next;
@@ -77,7 +83,9 @@ static void free_blocks(df_buffer_cache *c, block *b)
 static void evict_for(df_buffer_cache *c, size_t n)
 {
     int64_t want = c->stats.live_bytes + (int64_t)n;
-    int64_t bound = (c->high_water > want ? c->high_water : want) + SLACK;
+    int64_t peak = c->high_water > want ? c->high_water : want;
+    int64_t slack = peak < SLACK_MIN ? SLACK_MIN : peak > SLACK_MAX ? SLACK_MAX : peak;
+    int64_t bound = peak + slack;
     int64_t excess = want + c->stats.cached_bytes - bound;
     if (excess <= 0)
         return;
