@@ -2,10 +2,11 @@
  * The CPU kernels' own exponential and the sigmoid-based activations built on it
  * (backend/cpu/k_common.h, k_elementwise.c), against libm in double precision over their
  * whole range: df_cpu_expf within 1.5 ulp of exp() from -104 to ln(FLT_MAX) (gradual
- * underflow included, inf above), and gelu_tanh / silu / quick_gelu within a bound of ulp of
- * their double forms (set by the f32 argument of their exponential, see below). The 16-lane AVX-512 forms (df_cpu_expf16, df_cpu_x_sigmoid16, the row functions'
- * AVX-512 path) must give the scalar forms' bits, special values included; on a CPU without
- * AVX-512 only the scalar checks run.
+ * underflow included, inf above), and gelu_tanh / silu / quick_gelu within a bound in ulp of
+ * their double forms (set by the f32 argument of their exponential, see below). The 16-lane
+ * AVX-512 forms (df_cpu_expf16, df_cpu_x_sigmoid16, the row functions' AVX-512 path) must
+ * give the scalar forms' bits, special values included; on a CPU without AVX-512 that test
+ * is skipped and only the scalar checks run.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,7 +36,7 @@ static double ulps(float f, double ref)
     return fabs((double)f - ref) / ulp;
 }
 
-/* Points from lo to hi: a dense even grid plus every f32 near a few hand-picked values. */
+/* n points evenly from lo to hi into x; returns n. */
 static int64_t sweep(float lo, float hi, int64_t n, float *x)
 {
     for (int64_t i = 0; i < n; i++)

@@ -13,7 +13,8 @@
  * with unit stride is read in place, a stride-0 operand becomes a scalar, anything else is
  * converted into a small f32 buffer first. The inner loops are plain C that gcc vectorises
  * (-mavx2 -mfma -mf16c), including the f32/bf16/f16 conversions and the exponential of
- * the sigmoid-based activations (k_common.h; about 1 ulp). GELU keeps libm's erfcf,
+ * the sigmoid-based activations (k_common.h; about 1 ulp); those activations take 16 lanes
+ * at a time with AVX-512 where the CPU has it (the same bits). GELU keeps libm's erfcf,
  * written as 0.5 x erfc(-x/sqrt 2) so that negative inputs keep their relative accuracy.
  *
  * Casts follow df_convert: f32 <-> bf16/f16 round to nearest even and keep NaN; integer to
