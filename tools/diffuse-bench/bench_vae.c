@@ -7,7 +7,10 @@
  *
  * SIZE is the image side in pixels (default 512, 256 with --quick; a multiple of 8).
  * TILE and OVERLAP are in latents; by default TILE is half the latent side, at most 64,
- * and OVERLAP a quarter of TILE, so the image is cut into 3 x 3 tiles.
+ * and OVERLAP a quarter of TILE, so the image is cut into 3 x 3 tiles. TILE 0 decodes whole
+ * only. --profile prints the kernel time per op kind of the whole decode, and the convs'
+ * GFLOP/s against the ceiling (DIFFUSE_CONV=im2col runs the convs through im2col + GEMM
+ * instead of oneDNN's convolution, for a before/after in back-to-back runs).
  *
  * The weights are random, the residual branches at a tenth of unit gain (RESIDUAL_GAIN).
  * The checkpoint (decoder only, ~200 MB) is written once into a temporary folder and
@@ -189,13 +192,11 @@ static double resnet_flop(int64_t in, int64_t out, int64_t h, int64_t w)
            (in != out ? conv_flop(in, out, 1, h, w) : 0);
 }
 
-/* Decoder FLOPs for an h x w latent (see the top of the file). */
-static double decoder_gflop(int64_t h, int64_t w)
+/* The decoder's conv FLOPs for an h x w latent, in GFLOP. */
+static double decoder_conv_gflop(int64_t h, int64_t w)
 {
     int64_t top = blocks[N_BLOCKS - 1];
-    double s = (double)(h * w), c = (double)top;
-    double f = conv_flop(LATENT, top, 3, h, w) + 2 * resnet_flop(top, top, h, w) + 8 * s * c * c +
-               4 * s * s * c;
+    double f = conv_flop(LATENT, top, 3, h, w) + 2 * resnet_flop(top, top, h, w);
     int64_t prev = top;
     for (int b = 0; b < N_BLOCKS; b++) {
         int64_t out = blocks[N_BLOCKS - 1 - b];
@@ -208,6 +209,14 @@ static double decoder_gflop(int64_t h, int64_t w)
         prev = out;
     }
     return (f + conv_flop(blocks[0], 3, 3, h, w)) / 1e9;
+}
+
+/* Decoder FLOPs for an h x w latent (see the top of the file): the convs and the mid-block
+ * attention. */
+static double decoder_gflop(int64_t h, int64_t w)
+{
+    double s = (double)(h * w), c = (double)blocks[N_BLOCKS - 1];
+    return decoder_conv_gflop(h, w) + (8 * s * c * c + 4 * s * s * c) / 1e9;
 }
 
 typedef struct result {
@@ -253,6 +262,33 @@ static double rel_l2(const float *a, const float *b, int64_t n)
     return r > 0 ? sqrt(d / r) : sqrt(d);
 }
 
+/* Kernel time per op kind of the last decode, and the convs' rate against the ceiling. */
+static void print_profile(const bench_opts *o, df_ctx *ctx, double conv_gflop, double ceiling)
+{
+    df_profile_entry e[64];
+    int n = df_ctx_profile(ctx, e, 64);
+    double total = 0, conv_ms = 0;
+    for (int i = 0; i < n; i++) {
+        total += e[i].ms;
+        conv_ms += strcmp(e[i].op, "conv2d") == 0 ? e[i].ms : 0;
+    }
+    double rate = conv_ms > 0 ? conv_gflop / (conv_ms * 1e-3) : 0;
+    if (o->json) {
+        printf("{\"workload\":\"vae\",\"profile\":\"whole\",\"total_ms\":%.2f,"
+               "\"conv_gflops\":%.1f,\"ceiling\":%.1f,\"ops\":{",
+               total, rate, ceiling);
+        for (int i = 0; i < n; i++)
+            printf("%s\"%s\":%.2f", i ? "," : "", e[i].op, e[i].ms);
+        printf("}}\n");
+        return;
+    }
+    printf("  profile whole decode: kernels %.1f ms; conv2d %.1f GFLOP/s (%.0f%% of %.1f)\n",
+           total, rate, ceiling > 0 ? 100 * rate / ceiling : 0, ceiling);
+    for (int i = 0; i < n && i < 16; i++)
+        printf("    %-16s %6" PRId64 " calls %10.1f ms %5.1f%%\n", e[i].op, e[i].calls, e[i].ms,
+               total > 0 ? 100 * e[i].ms / total : 0);
+}
+
 typedef struct setting {
     int64_t size, tile, overlap;
     int threads;
@@ -287,8 +323,15 @@ static int measure(const bench_opts *o, const char *dir, const setting *set)
     /* Warm-up on a small latent: weights packed for the kernels, pages read. */
     df_tensor *small = bad ? NULL : df_slice(ctx, df_slice(ctx, z, 2, 0, 4), 3, 0, 4);
     bad = bad || decode_once(ctx, vae, small, 0, 0, &warm);
+    if (!bad && o->profile)
+        df_ctx_set_profiling(ctx, true);
     bad = bad || decode_once(ctx, vae, z, 0, 0, &whole);
-    bad = bad || decode_once(ctx, vae, z, set->tile, set->overlap, &tiled);
+    if (!bad && o->profile) {
+        print_profile(o, ctx, decoder_conv_gflop(h, h),
+                      bench_ceiling_gflops(set->dtype, df_ctx_threads(ctx)));
+        df_ctx_set_profiling(ctx, false);
+    }
+    bad = bad || (set->tile > 0 && decode_once(ctx, vae, z, set->tile, set->overlap, &tiled));
 
     if (!bad) {
         char shape[96], extra[160];
@@ -305,9 +348,10 @@ static int measure(const bench_opts *o, const char *dir, const setting *set)
                  ",\"rel_l2_vs_whole\":%.3g",
                  set->tile, set->overlap, rel_l2(tiled.pixels, whole.pixels, npix));
         /* tiled decodes a little more (the overlaps): the same count is used for both */
-        bench_report(o, "vae", shape, df_ctx_threads(ctx), df_dtype_name(set->dtype), set->mode,
+        if (set->tile > 0)
+            bench_report(o, "vae", shape, df_ctx_threads(ctx), df_dtype_name(set->dtype), set->mode,
                      tiled.seconds * 1e3, gflop / tiled.seconds, ceiling, tiled.peak_bytes, extra);
-        if (!o->json)
+        if (!o->json && set->tile > 0)
             printf("vae %" PRId64 "x%" PRId64 ": peak %.1f MiB whole, %.1f MiB tiled "
                    "(tile %" PRId64 ", overlap %" PRId64 " latents); tiled vs whole rel_l2 "
                    "%.3g\n",

@@ -9,11 +9,17 @@
  * (row stride Ho*Wo). A 1x1 convolution with stride 1 and no padding needs no patches in
  * f32: x itself is the B operand. The bias is written first and the GEMM accumulates.
  * Any kernel size, stride and padding work; 3x3 and 1x1 are what the VAE uses.
+ *
+ * This is the fallback: oneDNN's direct convolution (k_conv_dnnl.c) is tried first, and
+ * this path runs where it has no fast kernel (DF_E_UNSUPPORTED) or DIFFUSE_CONV=im2col
+ * asks for it (DIFFUSE_CONV=dnnl or unset: try oneDNN first).
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/k_conv_dnnl.h"
 #include "core/status.h"
 
 #define COL_BYTES (8u << 20) /* patch matrix per chunk */
@@ -73,6 +79,14 @@ static size_t round64(size_t n)
     return (n + 63) & ~(size_t)63;
 }
 
+/* Whether to try oneDNN's convolution first: yes unless DIFFUSE_CONV=im2col (read per call:
+ * a lookup is nothing beside a convolution). */
+static bool want_dnnl(void)
+{
+    const char *e = getenv("DIFFUSE_CONV");
+    return !(e && !strcmp(e, "im2col"));
+}
+
 DF_CPU_KERNEL(conv2d)
 {
     const df_view *xv = &n->in[0], *wv = &n->in[1];
@@ -91,6 +105,11 @@ DF_CPU_KERNEL(conv2d)
     int64_t K = s.C * s.kh * s.kw, P = s.Ho * s.Wo;
     if (B == 0 || O == 0 || P == 0)
         return DF_OK;
+    if (want_dnnl()) {
+        df_status st = df_conv2d_dnnl(n, env, compute);
+        if (st != DF_E_UNSUPPORTED)
+            return st;
+    }
     bool direct = s.kh == 1 && s.kw == 1 && s.stride == 1 && s.pad == 0 && compute == DF_DTYPE_F32;
     size_t es = df_dtype_size(compute);
     int64_t chunk = direct ? P : (int64_t)(COL_BYTES / (K > 0 ? (size_t)K * es : 1));
