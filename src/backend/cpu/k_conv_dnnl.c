@@ -46,6 +46,8 @@ typedef struct conv_cache {
     int next; /* slot replaced next when all are taken */
 } conv_cache;
 
+#define DNNL_COPIES_MAX ((size_t)512 << 20) /* input + output in oneDNN's layouts */
+
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static pthread_key_t cache_key;
 static dnnl_engine_t engine;
@@ -362,6 +364,11 @@ df_status df_conv2d_dnnl(const df_node *n, df_kernel_env *env, df_dtype compute)
     size_t sw = (wv->flags & DF_VIEW_CONST) ? 0 : round64(dnnl_memory_desc_get_size(&p->wei_md));
     size_t sb = bv ? round64(df_gemm_operand_scratch(bv, DF_DTYPE_F32)) : 0;
     size_t ss = round64(p->src_bytes), sd = round64(p->dst_bytes);
+    /* The copies in oneDNN's layouts live in the stream's scratch, which stays grown: past
+     * this size (a 1024x1024 decode's full-resolution convs want 1-2 GiB) the im2col path,
+     * whose scratch is a few MiB, runs instead. */
+    if (ss + sd > DNNL_COPIES_MAX)
+        return DF_E_UNSUPPORTED;
     char *scratch = NULL;
     if (sw + sb + ss + sd > 0 && !(scratch = df_env_scratch(env, sw + sb + ss + sd)))
         return df_errorf(DF_E_OOM, "conv2d: out of memory for %zu bytes of scratch",
