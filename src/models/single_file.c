@@ -398,6 +398,66 @@ static df_status read_rows_threaded(const df_single_file *sf, const src_info *in
     return DF_OK;
 }
 
+/* How a copy's element or row `d` is found in the file's order (the rearrangements below). */
+typedef struct rearrange {
+    int64_t r, c;   /* bind_transposed: the file's rows and columns */
+    int64_t hd;     /* bind_rope_permuted: a head's rows */
+    bool transpose; /* else the per-head rotary permutation */
+} rearrange;
+
+/* The dtype a tensor stored in the file is copied in: its own, or the compute dtype's
+ * where the file's has no host form (DF_DTYPE_COUNT). */
+static df_dtype copy_dtype(df_ctx *ctx, const src_info *info)
+{
+    if (info->dtype != DF_DTYPE_COUNT)
+        return info->dtype;
+    return df_ctx_compute_dtype(ctx) == DF_DTYPE_F32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+}
+
+static void rearrange_into(const rearrange *a, const uint8_t *stored, uint8_t *t, int64_t rows,
+                           size_t row, size_t es)
+{
+    if (a->transpose) {
+        for (int64_t i = 0; i < a->r; i++)
+            for (int64_t j = 0; j < a->c; j++)
+                memcpy(t + (size_t)(j * a->r + i) * es, stored + (size_t)(i * a->c + j) * es, es);
+        return;
+    }
+    int64_t half = a->hd / 2;
+    for (int64_t h = 0; h < rows; h += a->hd)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t k = 0; k < 2; k++)
+                memcpy(t + (size_t)(h + k * half + i) * row, stored + (size_t)(h + 2 * i + k) * row,
+                       row);
+}
+
+/* Reads a tensor whole (`rows` rows of `row` bytes in dtype `as`), rearranges it into a
+ * copy of shape `shape` as `a` says and binds the copy; the file's pages are released. */
+static df_status bind_rearranged(df_single_file *sf, df_ctx *ctx, const char *name,
+                                 const src_info *info, df_dtype as, int64_t rows, size_t row,
+                                 const rearrange *a, const int64_t *shape, int ndim,
+                                 df_tensor **out, size_t *bytes)
+{
+    size_t total = (size_t)rows * row;
+    uint8_t *stored = df_malloc(total ? total : 1), *t = df_malloc(total ? total : 1);
+    df_status s = stored && t ? DF_OK
+                              : df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'",
+                                          sf->component, name);
+    if (s == DF_OK)
+        s = read_rows_threaded(sf, info, 0, rows, as, stored, row, df_ctx_threads(ctx));
+    if (s == DF_OK)
+        rearrange_into(a, stored, t, rows, row, df_dtype_size(as));
+    if (s == DF_OK && !(*out = df_tensor_from_host(ctx, as, shape, ndim, t)))
+        s = df_ctx_status(ctx);
+    df_free(stored);
+    df_free(t);
+    if (s == DF_OK)
+        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info->name)
+                     : df_weights_release_pages(sf->st, info->name);
+    *bytes = total;
+    return s;
+}
+
 /* A 2-D tensor the file stores transposed (OpenCLIP's text_projection): read whole in the
  * dtype the model computes with, transposed into a copy. */
 static df_status bind_transposed(df_single_file *sf, df_ctx *ctx, const char *name,
@@ -414,28 +474,10 @@ static df_status bind_transposed(df_single_file *sf, df_ctx *ctx, const char *na
                          "transposed) has shape %s; expected %s transposed", sf->component,
                          df_single_file_path(sf), src->name, name, got, want);
     }
-    df_dtype as = info->dtype;
-    if (as == DF_DTYPE_COUNT)
-        as = df_ctx_compute_dtype(ctx) == DF_DTYPE_F32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
-    size_t es = df_dtype_size(as), total = (size_t)(r * c) * es;
-    uint8_t *stored = df_malloc(total ? total : 1), *t = df_malloc(total ? total : 1);
-    df_status s = stored && t ? DF_OK
-                              : df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'",
-                                          sf->component, name);
-    if (s == DF_OK)
-        s = read_rows_threaded(sf, info, 0, r, as, stored, (size_t)c * es, df_ctx_threads(ctx));
-    for (int64_t i = 0; s == DF_OK && i < r; i++)
-        for (int64_t j = 0; j < c; j++)
-            memcpy(t + (size_t)(j * r + i) * es, stored + (size_t)(i * c + j) * es, es);
-    if (s == DF_OK && !(*out = df_tensor_from_host(ctx, as, (int64_t[]){c, r}, 2, t)))
-        s = df_ctx_status(ctx);
-    df_free(stored);
-    df_free(t);
-    if (s == DF_OK)
-        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info->name)
-                     : df_weights_release_pages(sf->st, info->name);
-    *bytes = total;
-    return s;
+    df_dtype as = copy_dtype(ctx, info);
+    rearrange a = {.r = r, .c = c, .transpose = true};
+    return bind_rearranged(sf, ctx, name, info, as, r, (size_t)c * df_dtype_size(as), &a,
+                           (int64_t[]){c, r}, 2, out, bytes);
 }
 
 /* Mistral's wq / wk (consolidated.safetensors): each head's rows hold the rotary pairs
@@ -446,35 +488,16 @@ static df_status bind_rope_permuted(df_single_file *sf, df_ctx *ctx, const char 
                                     const int64_t *shape, int ndim, df_tensor **out,
                                     size_t *bytes)
 {
-    int64_t rows = info->shape[0], hd = src->rope_head_dim, half = hd / 2;
+    int64_t rows = info->shape[0], hd = src->rope_head_dim;
     if (hd % 2 || rows % hd || src->n != 1 || src->units != 1)
         return df_errorf(DF_E_FORMAT, "%s: %s: tensor '%s' (diffusers' '%s') has %lld rows, "
                          "not whole heads of %lld", sf->component, df_single_file_path(sf),
                          src->name, name, (long long)rows, (long long)hd);
-    df_dtype as = info->dtype;
-    if (as == DF_DTYPE_COUNT)
-        as = df_ctx_compute_dtype(ctx) == DF_DTYPE_F32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
-    size_t row = (size_t)(info->numel / rows) * df_dtype_size(as), total = (size_t)rows * row;
-    uint8_t *stored = df_malloc(total ? total : 1), *t = df_malloc(total ? total : 1);
-    df_status s = stored && t ? DF_OK
-                              : df_errorf(DF_E_OOM, "%s: out of memory for tensor '%s'",
-                                          sf->component, name);
-    if (s == DF_OK)
-        s = read_rows_threaded(sf, info, 0, rows, as, stored, row, df_ctx_threads(ctx));
-    for (int64_t h = 0; s == DF_OK && h < rows; h += hd)
-        for (int64_t i = 0; i < half; i++)
-            for (int64_t k = 0; k < 2; k++)
-                memcpy(t + (size_t)(h + k * half + i) * row, stored + (size_t)(h + 2 * i + k) * row,
-                       row);
-    if (s == DF_OK && !(*out = df_tensor_from_host(ctx, as, shape, ndim, t)))
-        s = df_ctx_status(ctx);
-    df_free(stored);
-    df_free(t);
-    if (s == DF_OK)
-        s = sf->gguf ? df_gguf_release_pages(sf->gguf, info->name)
-                     : df_weights_release_pages(sf->st, info->name);
-    *bytes = total;
-    return s;
+    df_dtype as = copy_dtype(ctx, info);
+    rearrange a = {.hd = hd};
+    return bind_rearranged(sf, ctx, name, info, as, rows,
+                           (size_t)(info->numel / rows) * df_dtype_size(as), &a, shape, ndim,
+                           out, bytes);
 }
 
 df_status df_single_file_bind(df_single_file *sf, df_ctx *ctx, const char *name, int ndim,

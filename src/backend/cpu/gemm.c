@@ -32,6 +32,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "backend/cpu/dnnl_weight.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/gemm_int8.h"
 #include "backend/cpu/gemm_int8_impl.h"
@@ -537,12 +538,6 @@ static void convert(const void *src, df_dtype st, void *dst, df_dtype dt, int64_
 
 /* --- derived forms of weights ----------------------------------------------------------- */
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 31);
-}
 
 size_t df_gemm_operand_scratch(const df_view *v, df_dtype type)
 {
@@ -565,7 +560,7 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
         return DF_OK;
     }
     uint64_t h =
-        mix(mix(mix(mix(0x706c61696eull /* "plain" */, (uint64_t)type), (uint64_t)v->dtype),
+        df_hash_mix(df_hash_mix(df_hash_mix(df_hash_mix(0x706c61696eull /* "plain" */, (uint64_t)type), (uint64_t)v->dtype),
                 (uint64_t)v->offset),
             (uint64_t)n);
     df_derived *d = df_cpu_find_derived(v->buf, (int64_t)h);
@@ -590,30 +585,67 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
     return DF_OK;
 }
 
-typedef struct packed_weight {
+typedef struct kept_weight {
     dnnl_memory_desc_t md;
     void *data;
-} packed_weight;
+} kept_weight;
 
-static void packed_free(void *p)
+static void kept_free(void *p)
 {
-    packed_weight *pw = p;
-    df_aligned_free(pw->data);
-    df_free(pw);
+    kept_weight *kw = p;
+    df_aligned_free(kw->data);
+    df_free(kw);
+}
+
+df_status df_dnnl_weight_kept(const df_view *w, uint64_t key, const dnnl_memory_desc_t *md,
+                              df_dnnl_fill_fn fill, void *arg, const char *what,
+                              const void **out, bool *made)
+{
+    *made = false;
+    df_derived *d = df_cpu_find_derived(w->buf, (int64_t)key);
+    if (d && dnnl_memory_desc_equal(&((kept_weight *)d->data)->md, md)) {
+        *out = ((kept_weight *)d->data)->data;
+        return DF_OK;
+    }
+    size_t bytes = dnnl_memory_desc_get_size(md);
+    kept_weight *kw = df_calloc(1, sizeof *kw);
+    d = df_calloc(1, sizeof *d);
+    if (kw)
+        kw->data = df_aligned_alloc(bytes);
+    if (!kw || !d || !kw->data) {
+        if (kw)
+            df_aligned_free(kw->data);
+        df_free(kw);
+        df_free(d);
+        return df_errorf(DF_E_OOM, "%s: out of memory for a %zu-byte form of a weight", what,
+                         bytes);
+    }
+    kw->md = *md;
+    df_status s = fill(w, md, kw->data, arg);
+    if (s != DF_OK) {
+        kept_free(kw);
+        df_free(d);
+        return s;
+    }
+    *d = (df_derived){.key = (int64_t)key, .data = kw, .bytes = bytes, .free = kept_free};
+    df_cpu_add_derived(w->buf, d);
+    *out = kw->data;
+    *made = true;
+    return DF_OK;
 }
 
 static uint64_t md_hash(const dnnl_memory_desc_t *md)
 {
-    uint64_t h = mix(mix(0x7061636bull /* "pack" */, (uint64_t)md->ndims), (uint64_t)md->data_type);
+    uint64_t h = df_hash_mix(df_hash_mix(0x7061636bull /* "pack" */, (uint64_t)md->ndims), (uint64_t)md->data_type);
     for (int i = 0; i < md->ndims; i++)
-        h = mix(mix(h, (uint64_t)md->dims[i]), (uint64_t)md->padded_dims[i]);
-    h = mix(h, (uint64_t)md->format_kind);
+        h = df_hash_mix(df_hash_mix(h, (uint64_t)md->dims[i]), (uint64_t)md->padded_dims[i]);
+    h = df_hash_mix(h, (uint64_t)md->format_kind);
     if (md->format_kind == dnnl_blocked) {
         const dnnl_blocking_desc_t *b = &md->format_desc.blocking;
         for (int i = 0; i < md->ndims; i++)
-            h = mix(h, (uint64_t)b->strides[i]);
+            h = df_hash_mix(h, (uint64_t)b->strides[i]);
         for (int i = 0; i < b->inner_nblks; i++)
-            h = mix(mix(h, (uint64_t)b->inner_blks[i]), (uint64_t)b->inner_idxs[i]);
+            h = df_hash_mix(df_hash_mix(h, (uint64_t)b->inner_blks[i]), (uint64_t)b->inner_idxs[i]);
     }
     return h;
 }
@@ -676,44 +708,26 @@ static df_status pack(const df_view *w, const dnnl_memory_desc_t *md, void *dst)
     return status;
 }
 
+static df_status pack_fill(const df_view *w, const dnnl_memory_desc_t *md, void *dst, void *arg)
+{
+    (void)arg;
+    return pack(w, md, dst);
+}
+
 /* The weight w packed into the layout of plan p, made once and kept on w's storage. */
 static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const void **out)
 {
-    uint64_t h = mix(mix(mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
+    uint64_t h = df_hash_mix(df_hash_mix(df_hash_mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
                      (uint64_t)w->shape[0] * 0x100000001ull + (uint64_t)w->shape[1]);
-    df_derived *d = df_cpu_find_derived(w->buf, (int64_t)h);
-    if (d && dnnl_memory_desc_equal(&((packed_weight *)d->data)->md, &p->b_md)) {
-        *out = ((packed_weight *)d->data)->data;
+    bool made;
+    DF_TRY(df_dnnl_weight_kept(w, h, &p->b_md, pack_fill, NULL, "gemm", out, &made));
+    if (!made)
         return DF_OK;
-    }
-    size_t bytes = dnnl_memory_desc_get_size(&p->b_md);
-    packed_weight *pw = df_calloc(1, sizeof *pw);
-    d = df_calloc(1, sizeof *d);
-    if (pw)
-        pw->data = df_aligned_alloc(bytes);
-    if (!pw || !d || !pw->data) {
-        if (pw)
-            df_aligned_free(pw->data);
-        df_free(pw);
-        df_free(d);
-        return df_errorf(DF_E_OOM, "gemm: out of memory for a packed [%lld, %lld] weight",
-                         (long long)w->shape[0], (long long)w->shape[1]);
-    }
-    pw->md = p->b_md;
-    df_status s = pack(w, &p->b_md, pw->data);
-    if (s != DF_OK) {
-        packed_free(pw);
-        df_free(d);
-        return s;
-    }
-    *d = (df_derived){.key = (int64_t)h, .data = pw, .bytes = bytes, .free = packed_free};
-    df_cpu_add_derived(w->buf, d);
     atomic_fetch_add(&pack_count, 1);
     /* The packed copy is what runs from now on: the file's pages need not stay in memory
      * too (they are read again if the packed copy is ever dropped). */
     df_cpu_drop_pages(w, df_view_ptr(w),
-                          (size_t)(w->shape[0] * w->shape[1]) * df_dtype_size(w->dtype));
-    *out = pw->data;
+                      (size_t)(w->shape[0] * w->shape[1]) * df_dtype_size(w->dtype));
     return DF_OK;
 }
 

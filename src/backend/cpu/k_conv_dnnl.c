@@ -20,6 +20,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/dnnl_weight.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/k_conv_dnnl.h"
 #include "core/alloc.h"
@@ -193,24 +194,6 @@ static df_status plan_get(const conv_key *key, const conv_plan **out)
     return DF_OK;
 }
 
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    return h ^ (h >> 31);
-}
-
-typedef struct conv_weight {
-    dnnl_memory_desc_t md;
-    void *data;
-} conv_weight;
-
-static void weight_free(void *arg)
-{
-    conv_weight *cw = arg;
-    df_aligned_free(cw->data);
-    df_free(cw);
-}
 
 static dnnl_status_t run1(dnnl_stream_t s, dnnl_primitive_t prim, int nargs,
                           const dnnl_exec_arg_t *args)
@@ -243,6 +226,19 @@ static dnnl_status_t reorder_once(dnnl_stream_t s, const dnnl_memory_desc_t *src
     return r;
 }
 
+typedef struct reorder_arg {
+    dnnl_stream_t s;
+    const dnnl_memory_desc_t *from;
+} reorder_arg;
+
+static df_status reorder_fill(const df_view *w, const dnnl_memory_desc_t *md, void *dst,
+                              void *arg)
+{
+    const reorder_arg *a = arg;
+    dnnl_status_t r = reorder_once(a->s, a->from, df_view_ptr(w), md, dst);
+    return r == dnnl_success ? DF_OK : failed(r, "reordering a weight");
+}
+
 /* The weight in the plan's layout: reordered once (from f32 or bf16 OIHW) and kept on the
  * weight's storage when it is a constant, else reordered into `scratch`. */
 static df_status weight_of(const df_view *w, const conv_plan *p, dnnl_stream_t s, void *scratch,
@@ -252,45 +248,19 @@ static df_status weight_of(const df_view *w, const conv_plan *p, dnnl_stream_t s
     dnnl_dims_t dims = {w->shape[0], w->shape[1], w->shape[2], w->shape[3]};
     dnnl_memory_desc_init_by_tag(&from, 4, dims,
                                  w->dtype == DF_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32, dnnl_oihw);
-    const void *src = df_view_ptr(w);
-    size_t bytes = dnnl_memory_desc_get_size(&p->wei_md);
+    reorder_arg a = {.s = s, .from = &from};
     if (!(w->flags & DF_VIEW_CONST)) {
-        dnnl_status_t r = reorder_once(s, &from, src, &p->wei_md, scratch);
         *out = scratch;
-        return r == dnnl_success ? DF_OK : failed(r, "reordering a weight");
+        return reorder_fill(w, &p->wei_md, scratch, &a);
     }
-    uint64_t h = mix(mix(mix(0x636f6e76ull /* "conv" */, (uint64_t)p->key.type),
-                         (uint64_t)w->dtype),
-                     (uint64_t)w->offset);
+    uint64_t h = df_hash_mix(df_hash_mix(df_hash_mix(0x636f6e76ull /* "conv" */,
+                                                     (uint64_t)p->key.type),
+                                         (uint64_t)w->dtype),
+                             (uint64_t)w->offset);
     for (int i = 0; i < 4; i++)
-        h = mix(h, (uint64_t)dims[i]);
-    df_derived *d = df_cpu_find_derived(w->buf, (int64_t)h);
-    if (d && dnnl_memory_desc_equal(&((conv_weight *)d->data)->md, &p->wei_md)) {
-        *out = ((conv_weight *)d->data)->data;
-        return DF_OK;
-    }
-    conv_weight *cw = df_calloc(1, sizeof *cw);
-    d = df_calloc(1, sizeof *d);
-    if (cw)
-        cw->data = df_aligned_alloc(bytes);
-    if (!cw || !d || !cw->data) {
-        if (cw)
-            df_aligned_free(cw->data);
-        df_free(cw);
-        df_free(d);
-        return df_errorf(DF_E_OOM, "conv2d: out of memory for a reordered weight");
-    }
-    dnnl_status_t r = reorder_once(s, &from, src, &p->wei_md, cw->data);
-    if (r != dnnl_success) {
-        weight_free(cw);
-        df_free(d);
-        return failed(r, "reordering a weight");
-    }
-    cw->md = p->wei_md;
-    *d = (df_derived){.key = (int64_t)h, .data = cw, .bytes = bytes, .free = weight_free};
-    df_cpu_add_derived(w->buf, d);
-    *out = cw->data;
-    return DF_OK;
+        h = df_hash_mix(h, (uint64_t)dims[i]);
+    bool made;
+    return df_dnnl_weight_kept(w, h, &p->wei_md, reorder_fill, &a, "conv2d", out, &made);
 }
 
 static size_t round64(size_t n)
@@ -343,6 +313,11 @@ df_status df_conv2d_dnnl(const df_node *n, df_kernel_env *env, df_dtype compute)
     if (xv->dtype != DF_DTYPE_F32 || n->out.dtype != DF_DTYPE_F32 ||
         (wv->dtype != DF_DTYPE_F32 && wv->dtype != DF_DTYPE_BF16))
         return df_errorf(DF_E_UNSUPPORTED, "conv2d: oneDNN path takes f32 x and f32/bf16 w");
+    /* bf16 compute stays on im2col + GEMM: oneDNN's bf16 convolutions round differently on
+     * one thread and on two, and a tensor-parallel rank (one thread) must decode the image
+     * the single process (two) decodes (matrix/flux2-klein-tp2: 5 levels apart). */
+    if (compute != DF_DTYPE_F32)
+        return DF_E_UNSUPPORTED;
     conv_key key = {.n = xv->shape[0],
                     .c = xv->shape[1],
                     .h = xv->shape[2],
