@@ -144,12 +144,14 @@ static df_status flux_load(df_pipeline *p, const df_model_index *idx)
         const df_flux_cfg *c = df_flux_config(f->transformer);
         if (df_t5_get_config(f->t5)->d_model != c->joint_attention_dim ||
             (f->clip && df_clip_get_config(f->clip)->hidden_size != c->pooled_projection_dim))
-            return df_errorf(DF_E_FORMAT, "%s: text encoder widths (T5 %lld, CLIP %lld) do not "
+            return df_errorf(DF_E_FORMAT,
+                             "%s: text encoder widths (T5 %lld, CLIP %lld) do not "
                              "match the transformer's joint_attention_dim %lld and "
-                             "pooled_projection_dim %lld", p->dir,
-                             (long long)df_t5_get_config(f->t5)->d_model,
+                             "pooled_projection_dim %lld",
+                             p->dir, (long long)df_t5_get_config(f->t5)->d_model,
                              (long long)(f->clip ? df_clip_get_config(f->clip)->hidden_size : 0),
-                             (long long)c->joint_attention_dim, (long long)c->pooled_projection_dim);
+                             (long long)c->joint_attention_dim,
+                             (long long)c->pooled_projection_dim);
     }
     DF_TRY(df_denoise_prepare_transformer(p, (df_transformer *)f->transformer, true));
     /* With offloading nothing stays resident after loading. */
@@ -273,9 +275,9 @@ static df_status tokenize(flux_pipe *f, const char *const *prompts, const run_si
     for (int i = 0; i < r->np && s == DF_OK; i++) {
         df_tokens tc = {0}, tt = {0};
         size_t len = strlen(prompts[i]);
-        s = df_tokenizer_encode(f->tok_clip, prompts[i], len,
-                                &(df_tokenize_opts){.max_length = 77, .pad = true, .truncate = true},
-                                &tc);
+        s = df_tokenizer_encode(
+            f->tok_clip, prompts[i], len,
+            &(df_tokenize_opts){.max_length = 77, .pad = true, .truncate = true}, &tc);
         if (s == DF_OK)
             s = df_tokenizer_encode(f->tok_t5, prompts[i], len,
                                     &(df_tokenize_opts){.max_length = max_seq, .pad = true,
@@ -426,8 +428,9 @@ static df_status decode(df_pipeline *p, flux_pipe *f, const df_gen_params *g, co
 static df_status make_scheduler(const flux_pipe *f, int steps, int first, int64_t S,
                                 df_scheduler **out)
 {
-    double mu = df_flux_calculate_shift(S, f->parts.sched.base_image_seq_len, f->parts.sched.max_image_seq_len,
-                                        f->parts.sched.base_shift, f->parts.sched.max_shift);
+    double mu = df_flux_calculate_shift(S, f->parts.sched.base_image_seq_len,
+                                        f->parts.sched.max_image_seq_len, f->parts.sched.base_shift,
+                                        f->parts.sched.max_shift);
     return df_denoise_scheduler(&f->parts.sched, steps, true, &mu, first, out);
 }
 
@@ -594,8 +597,8 @@ static df_status image_latents(df_pipeline *p, flux_pipe *f, const df_gen_params
 {
     float sigma;
     DF_TRY(first_sigma(f, r, &sigma));
-    return df_img2img_latents(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W, r->factor, sigma,
-                              out);
+    return df_img2img_latents(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W,
+                              r->factor, sigma, out);
 }
 
 /* FluxInpaintPipeline's prepare_latents and prepare_mask_latents: the starting latents
@@ -606,8 +609,8 @@ static df_status inpaint_latents(df_pipeline *p, flux_pipe *f, const df_gen_para
     float sigma;
     DF_TRY(first_sigma(f, r, &sigma));
     int64_t C = df_flux_config(f->transformer)->in_channels / 4;
-    return df_inpaint_prepare(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W, r->factor, C,
-                              sigma, pack_latents, lat, ip);
+    return df_inpaint_prepare(p, f->parts.vae_dir, &f->parts.vae_enc, g, r->B, r->H, r->W,
+                              r->factor, C, sigma, pack_latents, lat, ip);
 }
 
 static df_status flux_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)

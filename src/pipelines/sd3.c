@@ -476,9 +476,9 @@ static df_status make_scheduler(const sd3_pipe *s, const run_cfg *r, int64_t h, 
 {
     const df_sd3_cfg *c = df_sd3_config(s->transformer);
     int64_t seq = (h / c->patch_size) * (w / c->patch_size);
-    double mu =
-        df_flux_calculate_shift(seq, s->parts.sched.base_image_seq_len, s->parts.sched.max_image_seq_len,
-                                s->parts.sched.base_shift, s->parts.sched.max_shift);
+    double mu = df_flux_calculate_shift(seq, s->parts.sched.base_image_seq_len,
+                                        s->parts.sched.max_image_seq_len, s->parts.sched.base_shift,
+                                        s->parts.sched.max_shift);
     return df_denoise_scheduler(&s->parts.sched, r->steps, false,
                                 s->parts.sched.use_dynamic_shifting ? &mu : NULL, r->first, out);
 }
@@ -635,8 +635,8 @@ static df_status image_latents(df_pipeline *p, sd3_pipe *s, const df_gen_params 
     float sigma;
     DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->parts.vae)->scale_factor; /* VaeImageProcessor's */
-    return df_img2img_latents(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple, sigma,
-                              out);
+    return df_img2img_latents(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple,
+                              sigma, out);
 }
 
 /* StableDiffusion3InpaintPipeline's prepare_latents and prepare_mask_latents: the starting
@@ -648,8 +648,8 @@ static df_status inpaint_latents(df_pipeline *p, sd3_pipe *s, const df_gen_param
     DF_TRY(first_sigma(s, r, h, w, &sigma));
     int multiple = (int)df_vae_config(s->parts.vae)->scale_factor; /* VaeImageProcessor's */
     int64_t C = df_sd3_config(s->transformer)->in_channels;
-    return df_inpaint_prepare(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple, C,
-                              sigma, NULL, lat, ip);
+    return df_inpaint_prepare(p, s->parts.vae_dir, &s->parts.vae_enc, g, r->B, r->H, r->W, multiple,
+                              C, sigma, NULL, lat, ip);
 }
 
 static df_status sd3_run(df_pipeline *p, const df_gen_params *g, df_gen_output *out)

@@ -389,8 +389,10 @@ int check_kind_pipeline(check_case *c)
     /* diffusers: a list of negative prompts pairs with a list of prompts, one each */
     int batch = g.prompts ? g.n_prompts : g.prompt ? 1 : embeds ? (int)es[0] : 0;
     if (rc == 0 && n_negative && (n_negative != batch || g.prompt))
-        rc |= check_fail(c, "args.negative_prompt: %d negative prompts for a batch of %d "
-                         "prompts given as %s", n_negative, batch, g.prompt ? "a string" : "a list");
+        rc |= check_fail(c,
+                         "args.negative_prompt: %d negative prompts for a batch of %d "
+                         "prompts given as %s",
+                         n_negative, batch, g.prompt ? "a string" : "a list");
     uint64_t seeds[MAX_BATCH];
     rc |= get_generators(c, &g, seeds);
     if (embeds) {

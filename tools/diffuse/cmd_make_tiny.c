@@ -194,16 +194,17 @@ static int write_clip(tiny *t, const char *folder, const clip_dims *c, int vocab
     if (vocab < c->vocab)
         vocab = c->vocab;
     char cfg[2048], rel[256];
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"architectures\": [\"%s\"],\n  \"bos_token_id\": 0,\n"
-             "  \"eos_token_id\": 2,\n  \"hidden_act\": \"%s\",\n  \"hidden_size\": %d,\n"
-             "  \"intermediate_size\": %d,\n  \"layer_norm_eps\": 1e-05,\n"
-             "  \"max_position_embeddings\": 77,\n  \"model_type\": \"clip_text_model\",\n"
-             "  \"num_attention_heads\": %d,\n  \"num_hidden_layers\": %d,\n  \"pad_token_id\": 1,\n"
-             "  \"projection_dim\": %d,\n  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
-             c->proj ? "CLIPTextModelWithProjection" : "CLIPTextModel", c->act, c->d, c->ff,
-             c->heads, c->layers, c->proj ? c->proj : c->d,
-             t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32", vocab);
+    snprintf(
+        cfg, sizeof cfg,
+        "{\n  \"architectures\": [\"%s\"],\n  \"bos_token_id\": 0,\n"
+        "  \"eos_token_id\": 2,\n  \"hidden_act\": \"%s\",\n  \"hidden_size\": %d,\n"
+        "  \"intermediate_size\": %d,\n  \"layer_norm_eps\": 1e-05,\n"
+        "  \"max_position_embeddings\": 77,\n  \"model_type\": \"clip_text_model\",\n"
+        "  \"num_attention_heads\": %d,\n  \"num_hidden_layers\": %d,\n  \"pad_token_id\": 1,\n"
+        "  \"projection_dim\": %d,\n  \"torch_dtype\": \"%s\",\n  \"vocab_size\": %d\n}\n",
+        c->proj ? "CLIPTextModelWithProjection" : "CLIPTextModel", c->act, c->d, c->ff, c->heads,
+        c->layers, c->proj ? c->proj : c->d, t->dtype == DF_DTYPE_BF16 ? "bfloat16" : "float32",
+        vocab);
     snprintf(rel, sizeof rel, "%s/config.json", folder);
     if (begin(t, folder, "model") || write_text(t, rel, cfg))
         return -1;
@@ -313,7 +314,8 @@ static int write_t5_tokenizer(tiny *t, const char *folder, int *vocab_size)
         snprintf(s, sizeof s, "\xe2\x96\x81%c", c);
         piece(&m, s, -7.0f - 0.01f * (float)(c - 'a'), NORMAL), n++;
     }
-    const char *singles = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()";
+    const char *singles =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-:;()";
     for (const char *c = singles; *c; c++) {
         char s[2] = {*c, 0};
         piece(&m, s, -9.0f - 0.01f * (float)(c - singles), NORMAL), n++;
@@ -354,10 +356,11 @@ static int write_t5_tokenizer(tiny *t, const char *folder, int *vocab_size)
     sprintf(text + len, "}\n");
     snprintf(rel, sizeof rel, "%s/added_tokens.json", folder);
     rc = write_text(t, rel, text);
-    len = (size_t)sprintf(text, "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
-                                "\"unk_token\": \"<unk>\", \"extra_ids\": 100, \"legacy\": true,\n"
-                                " \"model_max_length\": 512, \"tokenizer_class\": \"T5Tokenizer\",\n"
-                                " \"additional_special_tokens\": [");
+    len =
+        (size_t)sprintf(text, "{\"eos_token\": \"</s>\", \"pad_token\": \"<pad>\", "
+                              "\"unk_token\": \"<unk>\", \"extra_ids\": 100, \"legacy\": true,\n"
+                              " \"model_max_length\": 512, \"tokenizer_class\": \"T5Tokenizer\",\n"
+                              " \"additional_special_tokens\": [");
     for (int i = 0; i < 100; i++)
         len += (size_t)sprintf(text + len, "%s\"<extra_id_%d>\"", i ? ", " : "", i);
     sprintf(text + len, "]}\n");
@@ -430,14 +433,15 @@ static int write_flux(tiny *t)
      * ((8, 12, 12) at the default 32). */
     int hd = t->fx_head_dim, a0 = hd == 32 ? 8 : hd / 8, a1 = (hd - a0) / 2;
     char cfg[1024];
-    snprintf(cfg, sizeof cfg,
-             "{\n  \"_class_name\": \"FluxTransformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
-             "  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [%d, %d, %d],\n"
-             "  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"joint_attention_dim\": %d,\n"
-             "  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
-             "  \"out_channels\": null,\n  \"patch_size\": 1,\n  \"pooled_projection_dim\": %d\n}\n",
-             hd, a0, a1, hd - a0 - a1, FX_IN, t->t5.d, t->fx_heads, t->fx_double, t->fx_single,
-             t->clip.d);
+    snprintf(
+        cfg, sizeof cfg,
+        "{\n  \"_class_name\": \"FluxTransformer2DModel\",\n  \"_diffusers_version\": \"0.37.1\",\n"
+        "  \"attention_head_dim\": %d,\n  \"axes_dims_rope\": [%d, %d, %d],\n"
+        "  \"guidance_embeds\": false,\n  \"in_channels\": %d,\n  \"joint_attention_dim\": %d,\n"
+        "  \"num_attention_heads\": %d,\n  \"num_layers\": %d,\n  \"num_single_layers\": %d,\n"
+        "  \"out_channels\": null,\n  \"patch_size\": 1,\n  \"pooled_projection_dim\": %d\n}\n",
+        hd, a0, a1, hd - a0 - a1, FX_IN, t->t5.d, t->fx_heads, t->fx_double, t->fx_single,
+        t->clip.d);
     if (begin(t, "transformer", "diffusion_pytorch_model") ||
         write_text(t, "transformer/config.json", cfg))
         return -1;
@@ -859,7 +863,10 @@ int cmd_make_tiny(int argc, char **argv)
             long lo = c == 'B' || c == 'S' ? 0 : 1, hi = c == 'D' ? 512 : 64;
             if (*end || end == optarg || v < lo || v > hi || (c == 'D' && (v < 16 || v % 8))) {
                 fprintf(stderr, "diffuse make-tiny: bad value '%s' for --%s\n", optarg,
-                        c == 'H' ? "heads" : c == 'D' ? "head-dim" : c == 'B' ? "double" : "single");
+                        c == 'H'   ? "heads"
+                        : c == 'D' ? "head-dim"
+                        : c == 'B' ? "double"
+                                   : "single");
                 return 2;
             }
             *(c == 'H' ? &t.fx_heads : c == 'D' ? &t.fx_head_dim : c == 'B' ? &t.fx_double

@@ -559,10 +559,11 @@ df_status df_gemm_operand(const df_view *v, df_dtype type, void *scratch, const 
         *out = scratch;
         return DF_OK;
     }
-    uint64_t h =
-        df_hash_mix(df_hash_mix(df_hash_mix(df_hash_mix(0x706c61696eull /* "plain" */, (uint64_t)type), (uint64_t)v->dtype),
-                (uint64_t)v->offset),
-            (uint64_t)n);
+    uint64_t h = df_hash_mix(
+        df_hash_mix(df_hash_mix(df_hash_mix(0x706c61696eull /* "plain" */, (uint64_t)type),
+                                (uint64_t)v->dtype),
+                    (uint64_t)v->offset),
+        (uint64_t)n);
     df_derived *d = df_cpu_find_derived(v->buf, (int64_t)h);
     if (!d) {
         size_t bytes = (size_t)n * df_dtype_size(type);
@@ -636,7 +637,8 @@ df_status df_dnnl_weight_kept(const df_view *w, uint64_t key, const dnnl_memory_
 
 static uint64_t md_hash(const dnnl_memory_desc_t *md)
 {
-    uint64_t h = df_hash_mix(df_hash_mix(0x7061636bull /* "pack" */, (uint64_t)md->ndims), (uint64_t)md->data_type);
+    uint64_t h = df_hash_mix(df_hash_mix(0x7061636bull /* "pack" */, (uint64_t)md->ndims),
+                             (uint64_t)md->data_type);
     for (int i = 0; i < md->ndims; i++)
         h = df_hash_mix(df_hash_mix(h, (uint64_t)md->dims[i]), (uint64_t)md->padded_dims[i]);
     h = df_hash_mix(h, (uint64_t)md->format_kind);
@@ -717,8 +719,9 @@ static df_status pack_fill(const df_view *w, const dnnl_memory_desc_t *md, void 
 /* The weight w packed into the layout of plan p, made once and kept on w's storage. */
 static df_status packed_weight_of(const df_view *w, const df_gemm_plan *p, const void **out)
 {
-    uint64_t h = df_hash_mix(df_hash_mix(df_hash_mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
-                     (uint64_t)w->shape[0] * 0x100000001ull + (uint64_t)w->shape[1]);
+    uint64_t h = df_hash_mix(
+        df_hash_mix(df_hash_mix(md_hash(&p->b_md), (uint64_t)w->dtype), (uint64_t)w->offset),
+        (uint64_t)w->shape[0] * 0x100000001ull + (uint64_t)w->shape[1]);
     bool made;
     DF_TRY(df_dnnl_weight_kept(w, h, &p->b_md, pack_fill, NULL, "gemm", out, &made));
     if (!made)
